@@ -1,0 +1,114 @@
+//! Operations and batches: what a caller asks a partition to do.
+
+use crate::key::Key;
+
+/// One operation on one object. Every operation is idempotent when replayed
+/// in order, so the OSD's operation log can redo a batch after a crash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Write `data` at `offset`, creating the object if needed and extending
+    /// its size; gaps read as zeros.
+    Write {
+        key: Key,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    /// Set the size, creating the object if needed; bytes past a new,
+    /// smaller size are discarded and read as zeros if the object grows again.
+    Truncate { key: Key, size: u64 },
+    /// Remove the object (no-op if absent). Its space is reclaimed by a later
+    /// commit: delayed deallocation.
+    Delete { key: Key },
+    /// Create an object of `size` bytes (reading as zeros) backed by one
+    /// contiguous extent, so that overwrites inside it change no metadata.
+    /// No-op if the object exists with that size and is pre-allocated;
+    /// [`crate::StoreError::AlreadyExists`] if it exists otherwise.
+    CreatePreallocated { key: Key, size: u64 },
+    /// Set an attribute, creating the object if needed.
+    SetAttr {
+        key: Key,
+        name: Vec<u8>,
+        value: Vec<u8>,
+    },
+    /// Remove an attribute (no-op if absent or if the object is absent).
+    RemoveAttr { key: Key, name: Vec<u8> },
+}
+
+impl Op {
+    pub fn key(&self) -> &Key {
+        match self {
+            Op::Write { key, .. }
+            | Op::Truncate { key, .. }
+            | Op::Delete { key }
+            | Op::CreatePreallocated { key, .. }
+            | Op::SetAttr { key, .. }
+            | Op::RemoveAttr { key, .. } => key,
+        }
+    }
+}
+
+/// Operations applied in order and made durable together by
+/// [`crate::Partition::apply`] with one device flush.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub ops: Vec<Op>,
+}
+
+impl Batch {
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    pub fn push(&mut self, op: Op) -> &mut Self {
+        self.ops.push(op);
+        self
+    }
+
+    pub fn write(&mut self, key: Key, offset: u64, data: impl Into<Vec<u8>>) -> &mut Self {
+        self.push(Op::Write {
+            key,
+            offset,
+            data: data.into(),
+        })
+    }
+
+    pub fn truncate(&mut self, key: Key, size: u64) -> &mut Self {
+        self.push(Op::Truncate { key, size })
+    }
+
+    pub fn delete(&mut self, key: Key) -> &mut Self {
+        self.push(Op::Delete { key })
+    }
+
+    pub fn create_preallocated(&mut self, key: Key, size: u64) -> &mut Self {
+        self.push(Op::CreatePreallocated { key, size })
+    }
+
+    pub fn set_attr(
+        &mut self,
+        key: Key,
+        name: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+    ) -> &mut Self {
+        self.push(Op::SetAttr {
+            key,
+            name: name.into(),
+            value: value.into(),
+        })
+    }
+
+    pub fn remove_attr(&mut self, key: Key, name: impl Into<Vec<u8>>) -> &mut Self {
+        self.push(Op::RemoveAttr {
+            key,
+            name: name.into(),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}

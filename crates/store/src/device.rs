@@ -1,0 +1,491 @@
+//! The I/O seam: a device (file or block device, opened with `O_DIRECT`) and
+//! per-partition I/O queues ([`BlockIo`]) over it.
+//!
+//! Each partition owns its own [`BlockIo`]: an io_uring ring where the kernel
+//! allows one, `pread`/`pwrite` otherwise (chosen at runtime, or forced by
+//! [`IoBackend`]). Partitions share the file descriptor, which needs no lock:
+//! positioned I/O does not move a shared offset. `flush` is `fdatasync`.
+//!
+//! Every buffer handed to a [`BlockIo`] must be aligned to the device's direct
+//! I/O alignment ([`Device::sector_size`]); [`AlignedBuf`] provides that.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::ops::{Deref, DerefMut};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{Result, StoreError};
+use crate::BLOCK_SIZE;
+
+/// Alignment of every [`AlignedBuf`]: enough for any device's direct I/O.
+pub const BUFFER_ALIGN: usize = 4096;
+
+/// A zero-initialised heap buffer aligned to [`BUFFER_ALIGN`].
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf uniquely owns its allocation, like a Box<[u8]>.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `len` bytes (`len` > 0, a multiple of 512).
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        assert!(
+            len > 0 && len.is_multiple_of(512),
+            "aligned buffer length {len} must be a positive multiple of 512"
+        );
+        let layout = Layout::from_size_align(len, BUFFER_ALIGN).expect("valid layout");
+        // SAFETY: layout has non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len }
+    }
+
+    pub fn from_slice(bytes: &[u8]) -> AlignedBuf {
+        let mut buf = AlignedBuf::zeroed(bytes.len().div_ceil(512) * 512);
+        buf[..bytes.len()].copy_from_slice(bytes);
+        buf
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialised bytes for the lifetime of self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self guarantees uniqueness.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Clone for AlignedBuf {
+    fn clone(&self) -> Self {
+        AlignedBuf::from_slice(self)
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len, BUFFER_ALIGN).expect("valid layout");
+        // SAFETY: allocated in `zeroed` with this exact layout.
+        unsafe { dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+/// Which I/O engine a partition uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoBackend {
+    /// io_uring if the kernel allows it, else pread/pwrite.
+    Auto,
+    /// io_uring or fail.
+    Uring,
+    /// pread/pwrite, one request at a time.
+    Pread,
+}
+
+/// What to do when the file system refuses `O_DIRECT` (tmpfs, for one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirectIo {
+    /// Fail to open with a message that says what to do.
+    Require,
+    /// Warn and use buffered I/O (flushes still reach the device with fdatasync).
+    Fallback,
+}
+
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    pub backend: IoBackend,
+    pub direct_io: DirectIo,
+    /// Entries of each partition's io_uring ring: the most requests in flight at once.
+    pub queue_depth: u32,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            backend: IoBackend::Auto,
+            direct_io: DirectIo::Require,
+            queue_depth: 256,
+        }
+    }
+}
+
+/// Byte and request counters of one [`BlockIo`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IoStats {
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub flushes: u64,
+}
+
+impl IoStats {
+    pub fn add(&mut self, other: &IoStats) {
+        self.bytes_read += other.bytes_read;
+        self.bytes_written += other.bytes_written;
+        self.reads += other.reads;
+        self.writes += other.writes;
+        self.flushes += other.flushes;
+    }
+}
+
+/// One partition's queue to the device. Requests of one call may complete in
+/// any order; the call returns when all have completed (or the first failed).
+pub trait BlockIo: Send {
+    fn read_many(&mut self, requests: &mut [(u64, &mut [u8])]) -> io::Result<()>;
+    fn write_many(&mut self, requests: &[(u64, &[u8])]) -> io::Result<()>;
+    /// Make every completed write durable (`fdatasync`).
+    fn flush(&mut self) -> io::Result<()>;
+    fn stats(&self) -> IoStats;
+    fn engine(&self) -> &'static str;
+}
+
+/// An open device: a regular file or a block device.
+pub struct Device {
+    file: Arc<File>,
+    path: PathBuf,
+    size_bytes: u64,
+    sector_size: u32,
+    direct: bool,
+    config: DeviceConfig,
+}
+
+const STATX_DIOALIGN: u32 = 0x2000;
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+
+impl Device {
+    /// Opens `path` for reading and writing with `O_DIRECT` (see [`DirectIo`]).
+    pub fn open(path: &Path, config: &DeviceConfig, writable: bool) -> Result<Device> {
+        let shown = path.display().to_string();
+        let open = |direct: bool| {
+            let mut options = OpenOptions::new();
+            options.read(true).write(writable);
+            if direct {
+                options.custom_flags(libc::O_DIRECT);
+            }
+            options.open(path)
+        };
+        let (file, direct) = match open(true) {
+            Ok(file) => (file, true),
+            Err(err) if err.raw_os_error() == Some(libc::EINVAL) => match config.direct_io {
+                DirectIo::Require => {
+                    return Err(StoreError::DirectIoUnsupported {
+                        path: shown,
+                        detail: err.to_string(),
+                    })
+                }
+                DirectIo::Fallback => {
+                    tracing::warn!(path = %shown, "O_DIRECT refused by the file system; using buffered I/O");
+                    (
+                        open(false).map_err(|e| StoreError::io(format!("opening {shown}"), e))?,
+                        false,
+                    )
+                }
+            },
+            Err(err) => return Err(StoreError::io(format!("opening {shown}"), err)),
+        };
+        let metadata = file
+            .metadata()
+            .map_err(|e| StoreError::io(format!("stat {shown}"), e))?;
+        let is_block_device = metadata.file_type().is_block_device();
+        let size_bytes = if is_block_device {
+            let mut size: u64 = 0;
+            // SAFETY: BLKGETSIZE64 writes one u64 through the pointer.
+            let rc =
+                unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
+            if rc != 0 {
+                return Err(StoreError::io(
+                    format!("reading the size of {shown}"),
+                    io::Error::last_os_error(),
+                ));
+            }
+            size
+        } else {
+            metadata.len()
+        };
+        let sector_size = if !direct {
+            512
+        } else {
+            direct_io_alignment(&file, is_block_device)
+        };
+        if !(512..=BLOCK_SIZE as u32).contains(&sector_size) || !sector_size.is_power_of_two() {
+            return Err(StoreError::invalid(format!(
+                "{shown}: direct I/O alignment {sector_size} is not a power of two between 512 and 4096"
+            )));
+        }
+        Ok(Device {
+            file: Arc::new(file),
+            path: path.to_path_buf(),
+            size_bytes,
+            sector_size,
+            direct,
+            config: config.clone(),
+        })
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    /// The smallest unit of direct I/O: journal records are padded to it.
+    pub fn sector_size(&self) -> u32 {
+        self.sector_size
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A new I/O queue for one partition.
+    pub fn queue(&self) -> Result<Box<dyn BlockIo>> {
+        let pread = || {
+            Box::new(PreadIo {
+                file: self.file.clone(),
+                stats: IoStats::default(),
+            }) as Box<dyn BlockIo>
+        };
+        match self.config.backend {
+            IoBackend::Pread => Ok(pread()),
+            IoBackend::Uring => Ok(Box::new(
+                UringIo::new(self.file.clone(), self.config.queue_depth)
+                    .map_err(|e| StoreError::io("creating an io_uring ring", e))?,
+            )),
+            IoBackend::Auto => match UringIo::new(self.file.clone(), self.config.queue_depth) {
+                Ok(ring) => Ok(Box::new(ring)),
+                Err(err) => {
+                    tracing::info!(error = %err, "io_uring unavailable; using pread/pwrite");
+                    Ok(pread())
+                }
+            },
+        }
+    }
+}
+
+fn direct_io_alignment(file: &File, is_block_device: bool) -> u32 {
+    if is_block_device {
+        let mut sector: libc::c_int = 0;
+        // SAFETY: BLKSSZGET writes one int through the pointer.
+        let rc = unsafe {
+            libc::ioctl(
+                file.as_raw_fd(),
+                libc::BLKSSZGET as _,
+                &mut sector as *mut libc::c_int,
+            )
+        };
+        return if rc == 0 && sector > 0 {
+            sector as u32
+        } else {
+            BLOCK_SIZE as u32
+        };
+    }
+    // SAFETY: statx fills the zeroed struct; the empty path with AT_EMPTY_PATH names the fd.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if rc == 0 && stx.stx_mask & STATX_DIOALIGN != 0 && stx.stx_dio_offset_align != 0 {
+        stx.stx_dio_offset_align
+    } else {
+        // Unknown: the block size is always safe.
+        BLOCK_SIZE as u32
+    }
+}
+
+/// Creates (or extends) a regular file of `size_bytes` for use as a device.
+/// The file is sparse: untouched areas cost no disk space.
+pub fn create_file(path: &Path, size_bytes: u64) -> Result<()> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| StoreError::io(format!("creating {}", path.display()), e))?;
+    file.set_len(size_bytes)
+        .map_err(|e| StoreError::io(format!("sizing {}", path.display()), e))
+}
+
+fn check_aligned(offset: u64, len: usize, ptr: *const u8) {
+    debug_assert!(
+        offset.is_multiple_of(512),
+        "unaligned device offset {offset}"
+    );
+    debug_assert!(
+        len.is_multiple_of(512) && len > 0,
+        "unaligned I/O length {len}"
+    );
+    debug_assert!((ptr as usize).is_multiple_of(512), "unaligned I/O buffer");
+}
+
+struct PreadIo {
+    file: Arc<File>,
+    stats: IoStats,
+}
+
+impl BlockIo for PreadIo {
+    fn read_many(&mut self, requests: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        for (offset, buf) in requests.iter_mut() {
+            check_aligned(*offset, buf.len(), buf.as_ptr());
+            self.file.read_exact_at(buf, *offset)?;
+            self.stats.reads += 1;
+            self.stats.bytes_read += buf.len() as u64;
+        }
+        Ok(())
+    }
+
+    fn write_many(&mut self, requests: &[(u64, &[u8])]) -> io::Result<()> {
+        for (offset, buf) in requests {
+            check_aligned(*offset, buf.len(), buf.as_ptr());
+            self.file.write_all_at(buf, *offset)?;
+            self.stats.writes += 1;
+            self.stats.bytes_written += buf.len() as u64;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stats.flushes += 1;
+        self.file.sync_data()
+    }
+
+    fn stats(&self) -> IoStats {
+        self.stats
+    }
+
+    fn engine(&self) -> &'static str {
+        "pread"
+    }
+}
+
+struct UringIo {
+    file: Arc<File>,
+    ring: io_uring::IoUring,
+    stats: IoStats,
+}
+
+impl UringIo {
+    fn new(file: Arc<File>, entries: u32) -> io::Result<UringIo> {
+        let ring = io_uring::IoUring::new(entries.max(8))?;
+        Ok(UringIo {
+            file,
+            ring,
+            stats: IoStats::default(),
+        })
+    }
+
+    /// Submits `entries` in windows of at most the ring's size and waits for
+    /// every completion. Short transfers are errors: the store never reads
+    /// or writes past the end of its device.
+    fn run(&mut self, entries: &[(io_uring::squeue::Entry, usize)]) -> io::Result<()> {
+        let window = self.ring.params().sq_entries() as usize;
+        let mut first_error: Option<io::Error> = None;
+        for chunk in entries.chunks(window) {
+            for (index, (entry, _)) in chunk.iter().enumerate() {
+                let entry = entry.clone().user_data(index as u64);
+                // SAFETY: the buffers behind each entry outlive this call, which
+                // waits for every completion before returning.
+                unsafe { self.ring.submission().push(&entry) }
+                    .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+            }
+            let mut remaining = chunk.len();
+            while remaining > 0 {
+                match self.ring.submit_and_wait(remaining.min(chunk.len())) {
+                    Ok(_) => {}
+                    Err(err) if err.raw_os_error() == Some(libc::EINTR) => continue,
+                    Err(err) => return Err(err),
+                }
+                for cqe in self.ring.completion() {
+                    remaining -= 1;
+                    let expected = chunk[cqe.user_data() as usize].1;
+                    let result = cqe.result();
+                    if result < 0 {
+                        first_error.get_or_insert(io::Error::from_raw_os_error(-result));
+                    } else if result as usize != expected {
+                        first_error.get_or_insert(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("short transfer: {result} of {expected} bytes"),
+                        ));
+                    }
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl BlockIo for UringIo {
+    fn read_many(&mut self, requests: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        let fd = io_uring::types::Fd(self.file.as_raw_fd());
+        let entries: Vec<_> = requests
+            .iter_mut()
+            .map(|(offset, buf)| {
+                check_aligned(*offset, buf.len(), buf.as_ptr());
+                let entry = io_uring::opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32)
+                    .offset(*offset)
+                    .build();
+                (entry, buf.len())
+            })
+            .collect();
+        self.run(&entries)?;
+        self.stats.reads += requests.len() as u64;
+        self.stats.bytes_read += requests.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+        Ok(())
+    }
+
+    fn write_many(&mut self, requests: &[(u64, &[u8])]) -> io::Result<()> {
+        let fd = io_uring::types::Fd(self.file.as_raw_fd());
+        let entries: Vec<_> = requests
+            .iter()
+            .map(|(offset, buf)| {
+                check_aligned(*offset, buf.len(), buf.as_ptr());
+                let entry = io_uring::opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32)
+                    .offset(*offset)
+                    .build();
+                (entry, buf.len())
+            })
+            .collect();
+        self.run(&entries)?;
+        self.stats.writes += requests.len() as u64;
+        self.stats.bytes_written += requests.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stats.flushes += 1;
+        self.file.sync_data()
+    }
+
+    fn stats(&self) -> IoStats {
+        self.stats
+    }
+
+    fn engine(&self) -> &'static str {
+        "io_uring"
+    }
+}

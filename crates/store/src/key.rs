@@ -1,0 +1,151 @@
+//! Object keys: byte strings of 1..=[`MAX_KEY_LEN`] bytes, ordered bytewise.
+//!
+//! The first four bytes, big-endian, are the key's **group** (the OSD puts the
+//! placement group there), so all keys of one group sort together and live in
+//! one partition. Keys of up to 22 bytes are stored inline: the in-memory
+//! index costs no heap allocation per key for the common case.
+
+use std::borrow::Borrow;
+use std::cmp::Ordering;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+use crate::{StoreError, MAX_KEY_LEN};
+
+const INLINE_CAPACITY: usize = 22;
+
+#[derive(Clone)]
+pub struct Key(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_CAPACITY],
+    },
+    Heap(Box<[u8]>),
+}
+
+const _: () = assert!(std::mem::size_of::<Key>() == 24);
+
+impl Key {
+    /// A key from bytes; fails on an empty key or one longer than [`MAX_KEY_LEN`].
+    pub fn new(bytes: &[u8]) -> Result<Key, StoreError> {
+        if bytes.is_empty() || bytes.len() > MAX_KEY_LEN {
+            return Err(StoreError::invalid(format!(
+                "key length {} is outside 1..={MAX_KEY_LEN}",
+                bytes.len()
+            )));
+        }
+        if bytes.len() <= INLINE_CAPACITY {
+            let mut inline = [0u8; INLINE_CAPACITY];
+            inline[..bytes.len()].copy_from_slice(bytes);
+            Ok(Key(Repr::Inline {
+                len: bytes.len() as u8,
+                bytes: inline,
+            }))
+        } else {
+            Ok(Key(Repr::Heap(bytes.into())))
+        }
+    }
+
+    /// A key made of a group id followed by a name: the layout the OSD uses.
+    pub fn in_group(group: u32, name: &[u8]) -> Result<Key, StoreError> {
+        let mut bytes = Vec::with_capacity(4 + name.len());
+        bytes.extend_from_slice(&group.to_be_bytes());
+        bytes.extend_from_slice(name);
+        Key::new(&bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline { len, bytes } => &bytes[..*len as usize],
+            Repr::Heap(bytes) => bytes,
+        }
+    }
+
+    /// The key's group: its first four bytes, big-endian (zero-padded when shorter).
+    pub fn group(&self) -> u32 {
+        group_of(self.as_bytes())
+    }
+}
+
+/// The group of raw key bytes (see [`Key::group`]).
+pub fn group_of(bytes: &[u8]) -> u32 {
+    let mut first = [0u8; 4];
+    let n = bytes.len().min(4);
+    first[..n].copy_from_slice(&bytes[..n]);
+    u32::from_be_bytes(first)
+}
+
+impl Borrow<[u8]> for Key {
+    fn borrow(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+impl Eq for Key {}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state)
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key(")?;
+        for byte in self.as_bytes() {
+            if byte.is_ascii_graphic() {
+                write!(f, "{}", *byte as char)?;
+            } else {
+                write!(f, "\\x{byte:02x}")?;
+            }
+        }
+        write!(f, ")")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_and_heap_keys_compare_by_bytes() {
+        let short = Key::new(b"abc").unwrap();
+        let long = Key::new(&[b'a'; 40]).unwrap();
+        assert!(short > long, "'abc' sorts after 'aaaa...'");
+        assert_eq!(Key::new(b"abc").unwrap(), short);
+        assert_eq!(short.as_bytes(), b"abc");
+        assert_eq!(long.as_bytes().len(), 40);
+    }
+
+    #[test]
+    fn rejects_empty_and_overlong_keys() {
+        assert!(Key::new(b"").is_err());
+        assert!(Key::new(&[0u8; MAX_KEY_LEN + 1]).is_err());
+        assert!(Key::new(&[0u8; MAX_KEY_LEN]).is_ok());
+    }
+
+    #[test]
+    fn group_is_the_big_endian_prefix() {
+        assert_eq!(Key::in_group(0x01020304, b"x").unwrap().group(), 0x01020304);
+        assert_eq!(Key::new(&[0xff]).unwrap().group(), 0xff00_0000);
+    }
+}

@@ -1,0 +1,491 @@
+//! Onodes: an object's metadata, serialised into a blob and stored in a
+//! chain of 512-byte slots in the partition's onode area.
+//!
+//! Slot format (512 bytes, little-endian):
+//! ```text
+//! 0   magic u16 = 0xD0DE      2  kind u8 (1 head, 2 continuation)   3  flags u8 (head: 1 = deleted)
+//! 4   crc32c u32 (of the slot, field excluded)
+//! 8   head slot u32           12 next slot u32 (u32::MAX = end)     16 index in chain u16
+//! 18  fragment length u16     20 blob length u32 (whole chain)      24 fragment (488 bytes)
+//! ```
+//! Blob format:
+//! ```text
+//! key length u8, key, size u64, flags u8 (1 = preallocated),
+//! extent count u32, extents (logical block u32, physical data block u32, block count u32)...,
+//! attribute count u16, attributes (name length u8, name, value length u16, value)...
+//! ```
+//! A deleted object keeps its chain (flag on the head) until its space is
+//! reclaimed: that is the delayed deallocation of DESIGN.md §7.
+
+use crate::codec::{seal, verify_seal, Reader, Writer};
+use crate::error::{Result, StoreError};
+use crate::key::Key;
+use crate::{
+    BLOCK_SIZE, MAX_ATTR_BYTES, MAX_ATTR_NAME_LEN, MAX_ATTR_VALUE_LEN, MAX_OBJECT_SIZE, SLOT_SIZE,
+};
+
+pub const SLOT_MAGIC: u16 = 0xD0DE;
+pub const KIND_HEAD: u8 = 1;
+pub const KIND_CONTINUATION: u8 = 2;
+pub const HEAD_FLAG_DELETED: u8 = 1;
+pub const NO_SLOT: u32 = u32::MAX;
+pub const FRAGMENT_CAPACITY: usize = SLOT_SIZE - 24;
+const SLOT_CRC_AT: usize = 4;
+pub const OBJECT_FLAG_PREALLOCATED: u8 = 1;
+/// Longest chain: bounds the blob (and so one object's metadata).
+pub const MAX_CHAIN_SLOTS: usize = 512;
+
+/// `len` data blocks mapped contiguously: logical block `logical + i` of the
+/// object lives in partition data block `physical + i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub logical: u32,
+    pub physical: u32,
+    pub len: u32,
+}
+
+impl Extent {
+    pub fn logical_end(&self) -> u32 {
+        self.logical + self.len
+    }
+    pub fn physical_for(&self, logical: u32) -> Option<u32> {
+        (self.logical..self.logical_end())
+            .contains(&logical)
+            .then(|| self.physical + (logical - self.logical))
+    }
+}
+
+/// Everything stored about one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectMeta {
+    pub key: Key,
+    pub size: u64,
+    pub flags: u8,
+    /// Sorted by logical block, non-overlapping.
+    pub extents: Vec<Extent>,
+    /// Sorted by name, names unique.
+    pub attrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl ObjectMeta {
+    pub fn new(key: Key) -> ObjectMeta {
+        ObjectMeta {
+            key,
+            size: 0,
+            flags: 0,
+            extents: Vec::new(),
+            attrs: Vec::new(),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let key = self.key.as_bytes();
+        let attr_bytes: usize = self.attrs.iter().map(|(n, v)| 3 + n.len() + v.len()).sum();
+        let mut blob =
+            vec![0u8; 1 + key.len() + 8 + 1 + 4 + 12 * self.extents.len() + 2 + attr_bytes];
+        let mut w = Writer::new(&mut blob);
+        w.u8(key.len() as u8);
+        w.bytes(key);
+        w.u64(self.size);
+        w.u8(self.flags);
+        w.u32(self.extents.len() as u32);
+        for e in &self.extents {
+            w.u32(e.logical);
+            w.u32(e.physical);
+            w.u32(e.len);
+        }
+        w.u16(self.attrs.len() as u16);
+        for (name, value) in &self.attrs {
+            w.u8(name.len() as u8);
+            w.bytes(name);
+            w.u16(value.len() as u16);
+            w.bytes(value);
+        }
+        debug_assert_eq!(w.pos(), blob.len());
+        blob
+    }
+
+    /// Decodes and validates a blob against `data_blocks` (the partition's
+    /// data area size): extents sorted, disjoint, inside the object and the area.
+    pub fn decode(blob: &[u8], data_blocks: u64) -> Result<ObjectMeta> {
+        let mut r = Reader::new(blob, "onode");
+        let key_len = r.u8()? as usize;
+        let key = Key::new(r.bytes(key_len)?)
+            .map_err(|_| StoreError::corrupt("onode: bad key length"))?;
+        let size = r.u64()?;
+        let flags = r.u8()?;
+        if size > MAX_OBJECT_SIZE {
+            return Err(StoreError::corrupt(format!(
+                "onode: size {size} exceeds the maximum"
+            )));
+        }
+        let extent_count = r.u32()? as usize;
+        if extent_count * 12 > r.remaining() {
+            return Err(StoreError::corrupt("onode: extent count exceeds the blob"));
+        }
+        let mut extents = Vec::with_capacity(extent_count);
+        let size_blocks = size.div_ceil(BLOCK_SIZE as u64);
+        for _ in 0..extent_count {
+            let e = Extent {
+                logical: r.u32()?,
+                physical: r.u32()?,
+                len: r.u32()?,
+            };
+            if e.len == 0
+                || e.logical as u64 + e.len as u64 > size_blocks
+                || e.physical as u64 + e.len as u64 > data_blocks
+                || extents
+                    .last()
+                    .is_some_and(|p: &Extent| p.logical_end() > e.logical)
+            {
+                return Err(StoreError::corrupt(format!(
+                    "onode: bad extent {e:?} (size {size})"
+                )));
+            }
+            extents.push(e);
+        }
+        let attr_count = r.u16()? as usize;
+        let mut attrs: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(attr_count.min(256));
+        for _ in 0..attr_count {
+            let name_len = r.u8()? as usize;
+            let name = r.bytes(name_len)?.to_vec();
+            let value_len = r.u16()? as usize;
+            let value = r.bytes(value_len)?.to_vec();
+            if name.is_empty()
+                || value.len() > MAX_ATTR_VALUE_LEN
+                || attrs.last().is_some_and(|(p, _)| *p >= name)
+            {
+                return Err(StoreError::corrupt(
+                    "onode: attributes unsorted, duplicated or oversized",
+                ));
+            }
+            attrs.push((name, value));
+        }
+        if r.remaining() != 0 {
+            return Err(StoreError::corrupt("onode: trailing bytes"));
+        }
+        Ok(ObjectMeta {
+            key,
+            size,
+            flags,
+            extents,
+            attrs,
+        })
+    }
+
+    pub fn is_preallocated(&self) -> bool {
+        self.flags & OBJECT_FLAG_PREALLOCATED != 0
+    }
+
+    /// The data block holding logical block `logical`, if allocated.
+    pub fn physical_for(&self, logical: u32) -> Option<u32> {
+        let index = self.extents.partition_point(|e| e.logical_end() <= logical);
+        self.extents
+            .get(index)
+            .and_then(|e| e.physical_for(logical))
+    }
+
+    /// Maps logical block `logical` to `physical`, merging with neighbours.
+    pub fn map_block(&mut self, logical: u32, physical: u32) {
+        debug_assert!(
+            self.physical_for(logical).is_none(),
+            "block {logical} mapped twice"
+        );
+        let index = self.extents.partition_point(|e| e.logical_end() <= logical);
+        if index > 0 {
+            let previous = &mut self.extents[index - 1];
+            if previous.logical_end() == logical && previous.physical + previous.len == physical {
+                previous.len += 1;
+                if let Some(next) = self.extents.get(index).copied() {
+                    let previous = &mut self.extents[index - 1];
+                    if next.logical == logical + 1 && next.physical == physical + 1 {
+                        previous.len += next.len;
+                        self.extents.remove(index);
+                    }
+                }
+                return;
+            }
+        }
+        if let Some(next) = self.extents.get_mut(index) {
+            if next.logical == logical + 1 && next.physical == physical + 1 {
+                next.logical -= 1;
+                next.physical -= 1;
+                next.len += 1;
+                return;
+            }
+        }
+        self.extents.insert(
+            index,
+            Extent {
+                logical,
+                physical,
+                len: 1,
+            },
+        );
+    }
+
+    /// Unmaps every block at or past logical block `first`; returns the freed
+    /// physical runs as `(start, count)`.
+    pub fn unmap_from(&mut self, first: u32) -> Vec<(u32, u32)> {
+        let mut freed = Vec::new();
+        self.extents.retain_mut(|e| {
+            if e.logical >= first {
+                freed.push((e.physical, e.len));
+                false
+            } else if e.logical_end() > first {
+                let keep = first - e.logical;
+                freed.push((e.physical + keep, e.len - keep));
+                e.len = keep;
+                true
+            } else {
+                true
+            }
+        });
+        freed
+    }
+
+    /// Validates a change to the attributes against the limits.
+    pub fn check_attr(name: &[u8], value: &[u8]) -> Result<()> {
+        if name.is_empty() || name.len() > MAX_ATTR_NAME_LEN {
+            return Err(StoreError::invalid(format!(
+                "attribute name length {} is outside 1..={MAX_ATTR_NAME_LEN}",
+                name.len()
+            )));
+        }
+        if value.len() > MAX_ATTR_VALUE_LEN {
+            return Err(StoreError::invalid(format!(
+                "attribute value of {} bytes exceeds {MAX_ATTR_VALUE_LEN}",
+                value.len()
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn attr_bytes(&self) -> usize {
+        self.attrs.iter().map(|(n, v)| n.len() + v.len()).sum()
+    }
+
+    pub fn set_attr(&mut self, name: &[u8], value: &[u8]) -> Result<()> {
+        Self::check_attr(name, value)?;
+        let index = self.attrs.partition_point(|(n, _)| n.as_slice() < name);
+        let replaced = match self.attrs.get(index) {
+            Some((n, _)) if n.as_slice() == name => Some(index),
+            _ => None,
+        };
+        let old_len = replaced.map_or(0, |i| self.attrs[i].0.len() + self.attrs[i].1.len());
+        if self.attr_bytes() - old_len + name.len() + value.len() > MAX_ATTR_BYTES {
+            return Err(StoreError::invalid(format!(
+                "attributes of one object may total at most {MAX_ATTR_BYTES} bytes"
+            )));
+        }
+        match replaced {
+            Some(i) => self.attrs[i].1 = value.to_vec(),
+            None => self.attrs.insert(index, (name.to_vec(), value.to_vec())),
+        }
+        Ok(())
+    }
+
+    pub fn remove_attr(&mut self, name: &[u8]) {
+        self.attrs.retain(|(n, _)| n.as_slice() != name);
+    }
+
+    pub fn attr(&self, name: &[u8]) -> Option<&[u8]> {
+        self.attrs
+            .iter()
+            .find(|(n, _)| n.as_slice() == name)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// The header fields of a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotHeader {
+    pub kind: u8,
+    pub flags: u8,
+    pub head: u32,
+    pub next: u32,
+    pub index: u16,
+    pub fragment_len: u16,
+    pub blob_len: u32,
+}
+
+/// Number of slots a blob of `blob_len` bytes needs.
+pub fn slots_needed(blob_len: usize) -> usize {
+    blob_len.div_ceil(FRAGMENT_CAPACITY).max(1)
+}
+
+/// The slot images of `blob` stored in `slots` (head first).
+pub fn encode_chain(blob: &[u8], slots: &[u32], deleted: bool) -> Vec<[u8; SLOT_SIZE]> {
+    assert_eq!(
+        slots.len(),
+        slots_needed(blob.len()),
+        "chain length must fit the blob"
+    );
+    let mut chunks = blob.chunks(FRAGMENT_CAPACITY);
+    (0..slots.len())
+        .map(|i| {
+            let fragment = chunks.next().unwrap_or(&[]);
+            let header = SlotHeader {
+                kind: if i == 0 { KIND_HEAD } else { KIND_CONTINUATION },
+                flags: if i == 0 && deleted {
+                    HEAD_FLAG_DELETED
+                } else {
+                    0
+                },
+                head: slots[0],
+                next: slots.get(i + 1).copied().unwrap_or(NO_SLOT),
+                index: i as u16,
+                fragment_len: fragment.len() as u16,
+                blob_len: blob.len() as u32,
+            };
+            encode_slot(&header, fragment)
+        })
+        .collect()
+}
+
+pub fn encode_slot(header: &SlotHeader, fragment: &[u8]) -> [u8; SLOT_SIZE] {
+    assert!(fragment.len() <= FRAGMENT_CAPACITY);
+    let mut slot = [0u8; SLOT_SIZE];
+    let mut w = Writer::new(&mut slot);
+    w.u16(SLOT_MAGIC);
+    w.u8(header.kind);
+    w.u8(header.flags);
+    w.u32(0);
+    w.u32(header.head);
+    w.u32(header.next);
+    w.u16(header.index);
+    w.u16(header.fragment_len);
+    w.u32(header.blob_len);
+    w.bytes(fragment);
+    seal(&mut slot, SLOT_CRC_AT);
+    slot
+}
+
+/// Decodes a slot's header and fragment; errors on a bad checksum or fields.
+pub fn decode_slot(slot: &[u8]) -> Result<(SlotHeader, &[u8])> {
+    if slot.len() != SLOT_SIZE {
+        return Err(StoreError::corrupt("onode slot: wrong size"));
+    }
+    let mut r = Reader::new(slot, "onode slot");
+    if r.u16()? != SLOT_MAGIC {
+        return Err(StoreError::corrupt("onode slot: bad magic"));
+    }
+    if !verify_seal(slot, SLOT_CRC_AT) {
+        return Err(StoreError::corrupt("onode slot: checksum mismatch"));
+    }
+    let kind = r.u8()?;
+    let flags = r.u8()?;
+    r.u32()?;
+    let header = SlotHeader {
+        kind,
+        flags,
+        head: r.u32()?,
+        next: r.u32()?,
+        index: r.u16()?,
+        fragment_len: r.u16()?,
+        blob_len: r.u32()?,
+    };
+    if !(kind == KIND_HEAD || kind == KIND_CONTINUATION)
+        || header.fragment_len as usize > FRAGMENT_CAPACITY
+    {
+        return Err(StoreError::corrupt(
+            "onode slot: bad kind or fragment length",
+        ));
+    }
+    if header.blob_len as usize > MAX_CHAIN_SLOTS * FRAGMENT_CAPACITY {
+        return Err(StoreError::corrupt("onode slot: blob too long"));
+    }
+    let fragment = r.bytes(header.fragment_len as usize)?;
+    Ok((header, fragment))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn meta_strategy() -> impl Strategy<Value = ObjectMeta> {
+        (
+            proptest::collection::vec(any::<u8>(), 1..60),
+            proptest::collection::btree_map(
+                proptest::collection::vec(any::<u8>(), 1..20),
+                proptest::collection::vec(any::<u8>(), 0..300),
+                0..12,
+            ),
+            proptest::collection::vec(0u32..4, 0..40),
+        )
+            .prop_map(|(key, attrs, gaps)| {
+                let mut meta = ObjectMeta::new(Key::new(&key).unwrap());
+                let mut logical = 0;
+                for (i, gap) in gaps.into_iter().enumerate() {
+                    logical += gap;
+                    meta.extents.push(Extent {
+                        logical,
+                        physical: i as u32 * 100,
+                        len: 2,
+                    });
+                    logical += 2;
+                }
+                meta.size = logical as u64 * BLOCK_SIZE as u64;
+                meta.attrs = attrs.into_iter().collect();
+                meta
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn blob_and_chain_round_trip(meta in meta_strategy()) {
+            let blob = meta.encode();
+            prop_assert_eq!(ObjectMeta::decode(&blob, 1 << 20).unwrap(), meta.clone());
+            let slots: Vec<u32> = (0..slots_needed(blob.len()) as u32).map(|i| i * 3 + 1).collect();
+            let images = encode_chain(&blob, &slots, false);
+            let mut rebuilt = Vec::new();
+            for (i, image) in images.iter().enumerate() {
+                let (header, fragment) = decode_slot(image).unwrap();
+                prop_assert_eq!(header.index as usize, i);
+                prop_assert_eq!(header.head, slots[0]);
+                rebuilt.extend_from_slice(fragment);
+            }
+            prop_assert_eq!(rebuilt, blob);
+        }
+
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..1200)) {
+            let _ = ObjectMeta::decode(&bytes, 1 << 20);
+            let _ = decode_slot(&bytes);
+            let mut slot = [0u8; SLOT_SIZE];
+            let n = bytes.len().min(SLOT_SIZE);
+            slot[..n].copy_from_slice(&bytes[..n]);
+            let _ = decode_slot(&slot);
+        }
+
+        #[test]
+        fn map_and_unmap_keep_extents_sorted_and_minimal(blocks in proptest::collection::btree_map(0u32..200, 0u32..400, 0..100), cut in 0u32..210) {
+            let mut meta = ObjectMeta::new(Key::new(b"k").unwrap());
+            let mut used = std::collections::HashSet::new();
+            for (logical, physical) in &blocks {
+                if used.insert(*physical) { meta.map_block(*logical, *physical); }
+            }
+            for w in meta.extents.windows(2) {
+                prop_assert!(w[0].logical_end() <= w[1].logical);
+                prop_assert!(!(w[0].logical_end() == w[1].logical && w[0].physical + w[0].len == w[1].physical), "unmerged neighbours");
+            }
+            let before: Vec<(u32, Option<u32>)> = (0..210).map(|l| (l, meta.physical_for(l))).collect();
+            let freed = meta.unmap_from(cut);
+            let freed_count: u32 = freed.iter().map(|(_, n)| n).sum();
+            prop_assert_eq!(freed_count as usize, before.iter().filter(|(l, p)| *l >= cut && p.is_some()).count());
+            for (l, p) in before {
+                prop_assert_eq!(meta.physical_for(l), if l < cut { p } else { None });
+            }
+        }
+    }
+
+    #[test]
+    fn corrupt_slot_is_detected() {
+        let blob = ObjectMeta::new(Key::new(b"key").unwrap()).encode();
+        let mut image = encode_chain(&blob, &[5], false)[0];
+        assert!(decode_slot(&image).is_ok());
+        image[100] ^= 0x20;
+        assert!(matches!(decode_slot(&image), Err(StoreError::Corrupt(_))));
+    }
+}

@@ -1,0 +1,281 @@
+//! Committing a planned batch, applying records to memory, and checkpoints.
+//!
+//! Commit order (the durability contract of the crate docs):
+//! record write → (wait) → data writes → (wait) → one flush → apply in memory.
+//! The record goes first so that, after a crash, the last record names every
+//! block the batch may have touched, with its old and new crc32c.
+
+use super::plan::Prepared;
+use super::{CommitInfo, Partition};
+use crate::batch::Batch;
+use crate::device::AlignedBuf;
+use crate::error::{Result, StoreError};
+use crate::journal::{BitmapKind, Entry, Record};
+use crate::layout::PartitionHeader;
+use crate::BLOCK_SIZE;
+
+impl Partition {
+    /// Applies `batch` and makes it durable with one device flush.
+    ///
+    /// `Ok`: every operation is durable (survives a process crash and a power
+    /// loss). `Err` other than [`StoreError::Io`]: nothing was applied
+    /// (validation, space, or a checksum error while reading a block to
+    /// merge a partial write). `Err(Io)`: the device failed mid-commit; the
+    /// partition has stopped ([`StoreError::PartitionFailed`] from then on)
+    /// and must be remounted, which replays the journal.
+    pub fn apply(&mut self, batch: &Batch) -> Result<CommitInfo> {
+        self.check_usable()?;
+        if self.config.read_only {
+            return Err(StoreError::ReadOnly);
+        }
+        let mut prepared = self.prepare(batch)?;
+        let mut checkpointed = false;
+        if self.needs_room(&prepared) {
+            // Checkpoint outside any plan: its bitmap pages must not carry the
+            // plan's quiet reservations, so undo them and plan again after.
+            self.rollback(&prepared.reserved_blocks, &prepared.reserved_slots);
+            self.checkpoint()?;
+            checkpointed = true;
+            prepared = self.prepare(batch)?;
+        }
+        let result = self.commit(prepared).map(|info| CommitInfo {
+            checkpointed,
+            ..info
+        });
+        self.stats.batches += 1;
+        self.stats.ops += batch.len() as u64;
+        self.pages.trim();
+        result
+    }
+
+    /// Convenience: a batch of one write.
+    pub fn write(&mut self, key: &crate::Key, offset: u64, data: &[u8]) -> Result<CommitInfo> {
+        let mut batch = Batch::new();
+        batch.write(key.clone(), offset, data);
+        self.apply(&batch)
+    }
+
+    fn commit(&mut self, prepared: Prepared) -> Result<CommitInfo> {
+        if prepared.record.entries.is_empty() {
+            debug_assert!(prepared.staged.is_empty());
+            return Ok(CommitInfo::default());
+        }
+        let record_len = prepared.record.padded_len(self.sector) as u64;
+        // Pages the record will touch, loaded now so applying it cannot fail.
+        if let Err(err) = self.preload_for(&prepared.record) {
+            self.rollback(&prepared.reserved_blocks, &prepared.reserved_slots);
+            return Err(err);
+        }
+
+        let seq = self.next_seq;
+        let record_buf = prepared
+            .record
+            .encode(seq, &self.fsid, self.index, self.sector);
+        let record_offset = self.geometry.journal.byte_offset() + self.journal_used_bytes;
+        let data: Vec<(u64, &[u8])> = prepared
+            .staged
+            .iter()
+            .map(|(block, staged)| (self.data_offset(*block), &staged.buf[..]))
+            .collect();
+        let io_result = self
+            .io
+            .write_many(&[(record_offset, &record_buf[..])])
+            .and_then(|()| {
+                if data.is_empty() {
+                    Ok(())
+                } else {
+                    self.io.write_many(&data)
+                }
+            })
+            .and_then(|()| self.io.flush());
+        if let Err(err) = io_result {
+            self.failed = true;
+            tracing::error!(partition = self.index, error = %err, "device error during commit; partition stopped");
+            return Err(StoreError::io(
+                format!("committing batch {seq} of partition {}", self.index),
+                err,
+            ));
+        }
+        self.next_seq += 1;
+        self.journal_used_bytes += record_len;
+        self.apply_record(&prepared.record)?;
+        for (key, entry) in prepared.index_updates {
+            match entry {
+                Some(entry) => self.objects.insert(key, entry),
+                None => self.objects.remove(key.as_bytes()),
+            };
+        }
+        self.reclaim.drain(..prepared.reclaimed);
+        self.reclaim.extend(prepared.new_reclaims);
+        self.stats.user_bytes_written += prepared.user_bytes;
+        self.stats.data_blocks_written += prepared.staged.len() as u64;
+        self.stats.journal_bytes_written += record_len;
+        Ok(CommitInfo {
+            seq,
+            data_blocks: prepared.staged.len(),
+            journal_bytes: record_len as usize,
+            checkpointed: false,
+        })
+    }
+
+    /// Whether the journal or the dirty-page budget lacks room for `prepared`.
+    fn needs_room(&self, prepared: &Prepared) -> bool {
+        let record_len = prepared.record.padded_len(self.sector) as u64;
+        let journal_capacity = self.geometry.journal.blocks * BLOCK_SIZE as u64;
+        self.journal_used_bytes + record_len > journal_capacity
+            || self.dirty_pages() + prepared.record.entries.len() > self.config.max_dirty_pages
+    }
+
+    pub(crate) fn dirty_pages(&self) -> usize {
+        self.pages.dirty_count()
+            + self.slots.dirty_page_count()
+            + self.alloc.dirty_page_count()
+            + self.written.dirty_page_count()
+    }
+
+    fn preload_for(&mut self, record: &Record) -> Result<()> {
+        let pages: Vec<u64> = record
+            .entries
+            .iter()
+            .filter_map(|entry| match entry {
+                Entry::DataWrite { block, .. } => Some(self.crc_location(*block).0),
+                Entry::WriteSlot { slot, .. } => Some(self.slot_location(*slot).0),
+                Entry::SetBits { .. } => None,
+            })
+            .collect();
+        self.pages.load(self.io.as_mut(), &pages)
+    }
+
+    /// Applies a durable record to the in-memory metadata (marking pages
+    /// dirty). Used after a commit and by journal replay; idempotent.
+    pub(crate) fn apply_record(&mut self, record: &Record) -> Result<()> {
+        for entry in &record.entries {
+            match entry {
+                Entry::SetBits {
+                    map,
+                    start,
+                    count,
+                    value,
+                } => {
+                    let bitmap = match map {
+                        BitmapKind::Slots => &mut self.slots,
+                        BitmapKind::Alloc => &mut self.alloc,
+                        BitmapKind::Written => &mut self.written,
+                    };
+                    if start
+                        .checked_add(*count)
+                        .is_none_or(|end| end > bitmap.len())
+                    {
+                        return Err(StoreError::corrupt(format!(
+                            "partition {}: journal entry sets bits {start}+{count} past the bitmap's {} bits",
+                            self.index,
+                            bitmap.len()
+                        )));
+                    }
+                    bitmap.set_range(*start, *count, *value);
+                }
+                Entry::DataWrite { block, new_crc, .. } => {
+                    if *block as u64 >= self.written.len() {
+                        return Err(StoreError::corrupt(format!(
+                            "partition {}: journal names data block {block}",
+                            self.index
+                        )));
+                    }
+                    self.written.set_range(*block as u64, 1, true);
+                    self.crc_set(*block, *new_crc)?;
+                }
+                Entry::WriteSlot { slot, image } => {
+                    if *slot as u64 >= self.geometry.slot_count() {
+                        return Err(StoreError::corrupt(format!(
+                            "partition {}: journal names onode slot {slot}",
+                            self.index
+                        )));
+                    }
+                    let (page, at) = self.slot_location(*slot);
+                    self.pages.load(self.io.as_mut(), &[page])?;
+                    self.pages.get_mut(page)[at..at + image.len()].copy_from_slice(&image[..]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes every dirty metadata page in place, flushes, then moves the
+    /// journal's start past everything written so far (new header, flush).
+    pub fn checkpoint(&mut self) -> Result<()> {
+        self.check_usable()?;
+        if self.config.read_only {
+            return Err(StoreError::ReadOnly);
+        }
+        let mut writes: Vec<(u64, AlignedBuf)> = Vec::new();
+        for bitmap in [&self.slots, &self.alloc, &self.written] {
+            for page in bitmap.dirty_pages() {
+                writes.push((
+                    (bitmap.area().start + page) * BLOCK_SIZE as u64,
+                    AlignedBuf::from_slice(&bitmap.page_bytes(page)),
+                ));
+            }
+        }
+        let requests: Vec<(u64, &[u8])> = writes
+            .iter()
+            .map(|(offset, buf)| (*offset, &buf[..]))
+            .chain(
+                self.pages
+                    .dirty_pages()
+                    .into_iter()
+                    .map(|(block, bytes)| (block * BLOCK_SIZE as u64, bytes)),
+            )
+            .collect();
+        let metadata_bytes: u64 = requests.iter().map(|(_, b)| b.len() as u64).sum();
+        let header = PartitionHeader {
+            fsid: self.fsid,
+            partition: self.index,
+            header_seq: self.header_seq + 1,
+            journal_start_seq: self.next_seq,
+        };
+        let header_buf = AlignedBuf::from_slice(&pad_to_block(&header.encode()));
+        let header_offset =
+            (self.geometry.headers.start + header.header_seq % 2) * BLOCK_SIZE as u64;
+        let result = (if requests.is_empty() {
+            Ok(())
+        } else {
+            self.io.write_many(&requests)
+        })
+        .and_then(|()| self.io.flush())
+        .and_then(|()| self.io.write_many(&[(header_offset, &header_buf[..])]))
+        .and_then(|()| self.io.flush());
+        drop(requests);
+        if let Err(err) = result {
+            self.failed = true;
+            tracing::error!(partition = self.index, error = %err, "device error during checkpoint; partition stopped");
+            return Err(StoreError::io(
+                format!("checkpointing partition {}", self.index),
+                err,
+            ));
+        }
+        self.header_seq = header.header_seq;
+        self.journal_used_bytes = 0;
+        self.slots.mark_clean();
+        self.alloc.mark_clean();
+        self.written.mark_clean();
+        self.pages.mark_clean();
+        self.pages.trim();
+        self.stats.checkpoints += 1;
+        self.stats.metadata_bytes_written += metadata_bytes + BLOCK_SIZE as u64;
+        Ok(())
+    }
+
+    /// Checkpoints (so the next mount replays nothing) and releases the partition.
+    pub fn close(mut self) -> Result<()> {
+        if self.failed || self.config.read_only {
+            return Ok(());
+        }
+        self.checkpoint()
+    }
+}
+
+pub(crate) fn pad_to_block(bytes: &[u8]) -> Vec<u8> {
+    let mut block = vec![0u8; BLOCK_SIZE];
+    block[..bytes.len()].copy_from_slice(bytes);
+    block
+}

@@ -1,0 +1,326 @@
+//! One partition of the store, owned and driven by exactly one thread.
+//!
+//! A `Partition` owns its I/O queue, its index, bitmaps, page cache and
+//! journal position; it shares nothing mutable with other partitions, so it
+//! needs no lock (it is `Send`, and deliberately not shared).
+//!
+//! - [`mount`](self::mount): header, bitmaps, journal replay, last-record recovery, index rebuild.
+//! - [`plan`]: turns a [`Batch`](crate::Batch) into a journal record and staged data blocks.
+//! - [`commit`]: writes record, data, flush; applies the record in memory; checkpoints.
+//! - [`read`]: reads (batched, crc32c-verified), stat, attributes, listing.
+
+pub(crate) mod commit;
+pub(crate) mod mount;
+mod plan;
+mod read;
+
+use std::collections::BTreeMap;
+
+use crate::bitmap::Bitmap;
+use crate::device::{BlockIo, IoStats};
+use crate::error::{Result, StoreError};
+use crate::key::Key;
+use crate::layout::PartitionGeometry;
+use crate::onode::{decode_slot, Extent, ObjectMeta, KIND_HEAD, MAX_CHAIN_SLOTS, NO_SLOT};
+use crate::pages::PageCache;
+use crate::{BLOCK_SIZE, SLOTS_PER_PAGE, SLOT_SIZE};
+
+pub use read::ReadRequest;
+
+/// What the index keeps per object: enough to serve reads and pre-allocated
+/// overwrites without touching the onode (attributes stay on disk).
+#[derive(Clone, Debug)]
+pub(crate) struct IndexEntry {
+    pub head_slot: u32,
+    pub size: u64,
+    pub flags: u8,
+    pub extents: Extents,
+}
+
+/// An object's extents, without a heap allocation for the common single extent.
+#[derive(Clone, Debug)]
+pub(crate) enum Extents {
+    Empty,
+    One(Extent),
+    Many(Box<[Extent]>),
+}
+
+impl Extents {
+    pub fn from_vec(extents: &[Extent]) -> Extents {
+        match extents {
+            [] => Extents::Empty,
+            [one] => Extents::One(*one),
+            many => Extents::Many(many.into()),
+        }
+    }
+
+    pub fn as_slice(&self) -> &[Extent] {
+        match self {
+            Extents::Empty => &[],
+            Extents::One(one) => std::slice::from_ref(one),
+            Extents::Many(many) => many,
+        }
+    }
+}
+
+impl IndexEntry {
+    pub fn from_meta(head_slot: u32, meta: &ObjectMeta) -> IndexEntry {
+        IndexEntry {
+            head_slot,
+            size: meta.size,
+            flags: meta.flags,
+            extents: Extents::from_vec(&meta.extents),
+        }
+    }
+
+    /// The data block holding logical block `logical`, if allocated.
+    pub fn physical_for(&self, logical: u32) -> Option<u32> {
+        let extents = self.extents.as_slice();
+        let index = extents.partition_point(|e| e.logical_end() <= logical);
+        extents.get(index).and_then(|e| e.physical_for(logical))
+    }
+}
+
+/// A deleted object whose blocks and slots a later commit will free.
+#[derive(Clone, Debug)]
+pub(crate) struct Reclaim {
+    pub runs: Vec<(u32, u32)>,
+    pub slots: Vec<u32>,
+}
+
+/// Counters of one partition since mount.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct PartitionStats {
+    pub batches: u64,
+    pub ops: u64,
+    /// Bytes callers asked to write (the denominator of write amplification).
+    pub user_bytes_written: u64,
+    pub data_blocks_written: u64,
+    pub journal_bytes_written: u64,
+    pub metadata_bytes_written: u64,
+    pub checkpoints: u64,
+    pub io: IoStats,
+    pub cache_misses: u64,
+}
+
+/// What a committed batch cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitInfo {
+    /// Journal sequence number of the batch's record (0 if nothing changed).
+    pub seq: u64,
+    pub data_blocks: usize,
+    pub journal_bytes: usize,
+    /// Whether a checkpoint ran before this batch to make room.
+    pub checkpointed: bool,
+}
+
+/// What [`Partition::stat`] reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub size: u64,
+    pub preallocated: bool,
+    /// Bytes of data blocks mapped to the object.
+    pub allocated_bytes: u64,
+}
+
+/// Tunables of a mounted partition.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PartitionConfig {
+    pub cache_pages: usize,
+    pub max_dirty_pages: usize,
+    pub read_only: bool,
+}
+
+pub struct Partition {
+    pub(crate) index: u32,
+    pub(crate) partition_count: u32,
+    pub(crate) fsid: [u8; 16],
+    pub(crate) geometry: PartitionGeometry,
+    pub(crate) sector: u32,
+    pub(crate) io: Box<dyn BlockIo>,
+    pub(crate) objects: BTreeMap<Key, IndexEntry>,
+    pub(crate) slots: Bitmap,
+    pub(crate) alloc: Bitmap,
+    pub(crate) written: Bitmap,
+    pub(crate) pages: PageCache,
+    pub(crate) header_seq: u64,
+    pub(crate) next_seq: u64,
+    pub(crate) journal_used_bytes: u64,
+    pub(crate) reclaim: Vec<Reclaim>,
+    pub(crate) alloc_hint: u64,
+    pub(crate) slot_hint: u64,
+    pub(crate) failed: bool,
+    pub(crate) config: PartitionConfig,
+    pub(crate) stats: PartitionStats,
+    /// Onode chains that could not be read at mount (reported by fsck).
+    pub(crate) mount_issues: Vec<String>,
+}
+
+impl Partition {
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    pub fn object_count(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn free_blocks(&self) -> u64 {
+        self.alloc.len() - self.alloc.count_ones()
+    }
+
+    pub fn data_blocks(&self) -> u64 {
+        self.alloc.len()
+    }
+
+    pub fn io_engine(&self) -> &'static str {
+        self.io.engine()
+    }
+
+    pub fn stats(&self) -> PartitionStats {
+        PartitionStats {
+            io: self.io.stats(),
+            cache_misses: self.pages.misses,
+            ..self.stats
+        }
+    }
+
+    /// Fails unless `key` belongs here (its group modulo the partition count).
+    pub fn check_key(&self, key: &[u8]) -> Result<()> {
+        let expected = crate::key::group_of(key) % self.partition_count;
+        if expected != self.index {
+            return Err(StoreError::WrongPartition {
+                expected,
+                actual: self.index,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        if self.failed {
+            return Err(StoreError::PartitionFailed(self.index));
+        }
+        Ok(())
+    }
+
+    /// Device byte offset of a data block.
+    pub(crate) fn data_offset(&self, block: u32) -> u64 {
+        (self.geometry.data.start + block as u64) * BLOCK_SIZE as u64
+    }
+
+    /// Device block of the crc page covering data block `block`, and the byte offset in it.
+    pub(crate) fn crc_location(&self, block: u32) -> (u64, usize) {
+        let per_page = (BLOCK_SIZE / 4) as u64;
+        (
+            self.geometry.crc_table.start + block as u64 / per_page,
+            (block as u64 % per_page) as usize * 4,
+        )
+    }
+
+    /// Device block of the onode page holding `slot`, and the byte offset in it.
+    pub(crate) fn slot_location(&self, slot: u32) -> (u64, usize) {
+        (
+            self.geometry.onodes.start + slot as u64 / SLOTS_PER_PAGE as u64,
+            (slot as usize % SLOTS_PER_PAGE) * SLOT_SIZE,
+        )
+    }
+
+    pub(crate) fn crc_get(&mut self, block: u32) -> Result<u32> {
+        let (page, at) = self.crc_location(block);
+        self.pages.load(self.io.as_mut(), &[page])?;
+        let bytes = &self.pages.get(page)[at..at + 4];
+        Ok(u32::from_le_bytes(bytes.try_into().expect("4 bytes")))
+    }
+
+    pub(crate) fn crc_set(&mut self, block: u32, crc: u32) -> Result<()> {
+        let (page, at) = self.crc_location(block);
+        self.pages.load(self.io.as_mut(), &[page])?;
+        self.pages.get_mut(page)[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    pub(crate) fn slot_image(&mut self, slot: u32) -> Result<[u8; SLOT_SIZE]> {
+        let (page, at) = self.slot_location(slot);
+        self.pages.load(self.io.as_mut(), &[page])?;
+        Ok(self.pages.get(page)[at..at + SLOT_SIZE]
+            .try_into()
+            .expect("slot size"))
+    }
+
+    /// Follows the chain from `head`; returns its slots, whether the head is
+    /// marked deleted, and the decoded metadata.
+    pub(crate) fn read_chain(&mut self, head: u32) -> Result<(Vec<u32>, bool, ObjectMeta)> {
+        let mut slots = Vec::new();
+        let mut blob = Vec::new();
+        let mut deleted = false;
+        let mut expected_len = None;
+        let mut current = head;
+        while current != NO_SLOT {
+            if slots.len() >= MAX_CHAIN_SLOTS
+                || current as u64 >= self.geometry.slot_count()
+                || !self.slots.get(current as u64)
+            {
+                return Err(StoreError::corrupt(format!(
+                    "partition {}: onode chain from slot {head} reaches slot {current}, which is not in use",
+                    self.index
+                )));
+            }
+            let image = self.slot_image(current)?;
+            let (header, fragment) = decode_slot(&image).map_err(|e| {
+                StoreError::corrupt(format!(
+                    "partition {}: onode slot {current}: {e}",
+                    self.index
+                ))
+            })?;
+            let kind_ok = if slots.is_empty() {
+                header.kind == KIND_HEAD
+            } else {
+                header.kind != KIND_HEAD
+            };
+            if !kind_ok || header.head != head || header.index as usize != slots.len() {
+                return Err(StoreError::corrupt(format!(
+                    "partition {}: onode slot {current} does not continue the chain of slot {head}",
+                    self.index
+                )));
+            }
+            if slots.is_empty() {
+                deleted = header.flags & crate::onode::HEAD_FLAG_DELETED != 0;
+                expected_len = Some(header.blob_len as usize);
+            }
+            blob.extend_from_slice(fragment);
+            slots.push(current);
+            current = header.next;
+        }
+        if Some(blob.len()) != expected_len {
+            return Err(StoreError::corrupt(format!(
+                "partition {}: onode chain of slot {head} is truncated",
+                self.index
+            )));
+        }
+        let meta = ObjectMeta::decode(&blob, self.geometry.data_blocks()).map_err(|e| {
+            StoreError::corrupt(format!(
+                "partition {}: onode at slot {head}: {e}",
+                self.index
+            ))
+        })?;
+        Ok((slots, deleted, meta))
+    }
+
+    /// Diagnostics: the device byte offset of the data block holding byte
+    /// `offset` of `key`, if that block holds data.
+    pub fn locate_data(&self, key: &[u8], offset: u64) -> Option<u64> {
+        let entry = self.objects.get(key)?;
+        let block = entry.physical_for(u32::try_from(offset / BLOCK_SIZE as u64).ok()?)?;
+        self.written
+            .get(block as u64)
+            .then(|| self.data_offset(block))
+    }
+
+    /// Diagnostics: the device byte offset of `key`'s head onode slot.
+    pub fn locate_onode(&self, key: &[u8]) -> Option<u64> {
+        let entry = self.objects.get(key)?;
+        let (page, at) = self.slot_location(entry.head_slot);
+        Some(page * BLOCK_SIZE as u64 + at as u64)
+    }
+}

@@ -1,0 +1,269 @@
+//! Mounting a partition: headers, bitmaps, journal replay, recovery of the
+//! last record's data blocks, and the index rebuild from the onode area.
+
+use std::collections::BTreeMap;
+
+use super::{IndexEntry, Partition, PartitionConfig, PartitionStats, Reclaim};
+use crate::bitmap::Bitmap;
+use crate::device::{AlignedBuf, BlockIo};
+use crate::error::{Result, StoreError};
+use crate::journal::{Entry, Record};
+use crate::key::Key;
+use crate::layout::{Area, PartitionGeometry, PartitionHeader};
+use crate::onode::{decode_slot, KIND_HEAD};
+use crate::pages::PageCache;
+use crate::{BLOCK_SIZE, SLOTS_PER_PAGE};
+
+/// Largest single read at mount.
+const MOUNT_READ_BYTES: usize = 1 << 20;
+
+fn read_area(io: &mut dyn BlockIo, area: Area, what: &str) -> Result<Vec<u8>> {
+    let total = (area.blocks * BLOCK_SIZE as u64) as usize;
+    let mut out = Vec::with_capacity(total);
+    let mut offset = 0usize;
+    while offset < total {
+        let len = (total - offset).min(MOUNT_READ_BYTES);
+        let mut buf = AlignedBuf::zeroed(len);
+        io.read_many(&mut [(area.byte_offset() + offset as u64, &mut buf[..])])
+            .map_err(|e| StoreError::io(format!("reading the {what}"), e))?;
+        out.extend_from_slice(&buf);
+        offset += len;
+    }
+    Ok(out)
+}
+
+pub(crate) struct MountParams {
+    pub index: u32,
+    pub partition_count: u32,
+    pub fsid: [u8; 16],
+    pub geometry: PartitionGeometry,
+    pub sector: u32,
+    pub config: PartitionConfig,
+}
+
+impl Partition {
+    pub(crate) fn mount(mut io: Box<dyn BlockIo>, params: MountParams) -> Result<Partition> {
+        let MountParams {
+            index,
+            partition_count,
+            fsid,
+            geometry,
+            sector,
+            config,
+        } = params;
+        let headers = read_area(io.as_mut(), geometry.headers, "partition headers")?;
+        let header = [0usize, BLOCK_SIZE]
+            .iter()
+            .filter_map(|&at| PartitionHeader::decode(&headers[at..at + 512], &fsid, index))
+            .max_by_key(|h| h.header_seq)
+            .ok_or_else(|| {
+                StoreError::corrupt(format!(
+                    "partition {index}: neither partition header is valid"
+                ))
+            })?;
+        let g = geometry;
+        let slots = Bitmap::from_bytes(
+            g.slot_count(),
+            g.slot_bitmap,
+            &read_area(io.as_mut(), g.slot_bitmap, "slot bitmap")?,
+        );
+        let alloc = Bitmap::from_bytes(
+            g.data_blocks(),
+            g.alloc_bitmap,
+            &read_area(io.as_mut(), g.alloc_bitmap, "allocation bitmap")?,
+        );
+        let written = Bitmap::from_bytes(
+            g.data_blocks(),
+            g.written_bitmap,
+            &read_area(io.as_mut(), g.written_bitmap, "written bitmap")?,
+        );
+        let mut partition = Partition {
+            index,
+            partition_count,
+            fsid,
+            geometry,
+            sector,
+            io,
+            objects: BTreeMap::new(),
+            slots,
+            alloc,
+            written,
+            pages: PageCache::new(config.cache_pages),
+            header_seq: header.header_seq,
+            next_seq: header.journal_start_seq,
+            journal_used_bytes: 0,
+            reclaim: Vec::new(),
+            alloc_hint: 0,
+            slot_hint: 0,
+            failed: false,
+            config,
+            stats: PartitionStats::default(),
+            mount_issues: Vec::new(),
+        };
+        let replayed = partition.replay_journal()?;
+        partition.rebuild_index()?;
+        if replayed > 0 && !config.read_only {
+            partition.checkpoint()?;
+        }
+        tracing::debug!(
+            partition = index,
+            replayed,
+            objects = partition.objects.len(),
+            "partition mounted"
+        );
+        Ok(partition)
+    }
+
+    /// Replays the journal's valid records in order; returns how many.
+    fn replay_journal(&mut self) -> Result<u64> {
+        let journal = read_area(self.io.as_mut(), self.geometry.journal, "journal")?;
+        let mut position = 0usize;
+        let mut last: Option<Record> = None;
+        let mut count = 0;
+        while position < journal.len() {
+            let Some((record, len)) = Record::decode(
+                &journal[position..],
+                &self.fsid,
+                self.index,
+                self.next_seq,
+                self.sector,
+            ) else {
+                break;
+            };
+            self.apply_record(&record)?;
+            self.next_seq += 1;
+            position += len;
+            count += 1;
+            last = Some(record);
+        }
+        self.journal_used_bytes = position as u64;
+        if let Some(record) = last {
+            self.recover_last_record(&record)?;
+        }
+        Ok(count)
+    }
+
+    /// The last record's flush may not have completed before the crash, so
+    /// each of its data blocks may hold old or new contents. Keep whichever
+    /// crc32c matches: new data keeps the new crc; old data gets its old crc
+    /// back (or reads as zeros again if it never held data). A block that
+    /// matches neither (torn by a power loss) keeps the new crc and will read
+    /// as a checksum error until rewritten; fsck reports it.
+    fn recover_last_record(&mut self, record: &Record) -> Result<()> {
+        let writes: Vec<(u32, bool, u32, u32)> = record
+            .entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::DataWrite {
+                    block,
+                    was_written,
+                    old_crc,
+                    new_crc,
+                } => Some((*block, *was_written, *old_crc, *new_crc)),
+                _ => None,
+            })
+            .collect();
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let mut bufs: Vec<AlignedBuf> = writes
+            .iter()
+            .map(|_| AlignedBuf::zeroed(BLOCK_SIZE))
+            .collect();
+        {
+            let mut requests: Vec<(u64, &mut [u8])> = writes
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|((block, ..), buf)| (self.data_offset(*block), &mut buf[..]))
+                .collect();
+            self.io
+                .read_many(&mut requests)
+                .map_err(|e| StoreError::io("reading the last journaled batch's blocks", e))?;
+        }
+        for ((block, was_written, old_crc, new_crc), buf) in writes.into_iter().zip(bufs) {
+            let actual = crate::crc32c(&buf);
+            if actual == new_crc {
+                continue;
+            }
+            if was_written && actual == old_crc {
+                self.crc_set(block, old_crc)?;
+            } else if !was_written {
+                self.written.set_range(block as u64, 1, false);
+            } else {
+                tracing::warn!(partition = self.index, block, "block of the interrupted batch is torn; it reads as a checksum error until rewritten");
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads every in-use onode slot and rebuilds the ordered index; deleted
+    /// objects go to the reclaim queue, unreadable chains to `mount_issues`.
+    fn rebuild_index(&mut self) -> Result<()> {
+        let mut entries: Vec<(Key, IndexEntry)> = Vec::new();
+        let mut heads: Vec<u32> = Vec::new();
+        let pages_per_window = (MOUNT_READ_BYTES / BLOCK_SIZE) as u64;
+        let used: Vec<u64> = self.slots.ones().collect();
+        let mut cursor = 0usize;
+        while cursor < used.len() {
+            let window_start =
+                used[cursor] / SLOTS_PER_PAGE as u64 / pages_per_window * pages_per_window;
+            let window_pages = pages_per_window.min(self.geometry.onodes.blocks - window_start);
+            let area = Area {
+                start: self.geometry.onodes.start + window_start,
+                blocks: window_pages,
+            };
+            let bytes = read_area(self.io.as_mut(), area, "onode area")?;
+            let window_end_slot = (window_start + window_pages) * SLOTS_PER_PAGE as u64;
+            while cursor < used.len() && used[cursor] < window_end_slot {
+                let slot = used[cursor] as u32;
+                cursor += 1;
+                let (page, at) = self.slot_location(slot);
+                // Pages changed by replay are newer in the cache than on disk.
+                let image = if self.pages.is_cached(page) {
+                    self.pages.get(page)[at..at + crate::SLOT_SIZE].to_vec()
+                } else {
+                    let local = ((page - area.start) as usize) * BLOCK_SIZE + at;
+                    bytes[local..local + crate::SLOT_SIZE].to_vec()
+                };
+                match decode_slot(&image) {
+                    Ok((header, _)) if header.kind == KIND_HEAD => heads.push(slot),
+                    Ok(_) => {}
+                    Err(err) => self.mount_issues.push(format!("onode slot {slot}: {err}")),
+                }
+            }
+        }
+        for head in heads {
+            match self.read_chain(head) {
+                Ok((chain, true, meta)) => {
+                    let runs = meta.extents.iter().map(|e| (e.physical, e.len)).collect();
+                    self.reclaim.push(Reclaim { runs, slots: chain });
+                }
+                Ok((_, false, meta)) => {
+                    entries.push((meta.key.clone(), IndexEntry::from_meta(head, &meta)))
+                }
+                Err(err) => self.mount_issues.push(err.to_string()),
+            }
+            self.pages.trim();
+        }
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        for pair in entries.windows(2) {
+            if pair[0].0 == pair[1].0 {
+                self.mount_issues.push(format!(
+                    "key {:?} has two live onodes (slots {} and {})",
+                    pair[0].0, pair[0].1.head_slot, pair[1].1.head_slot
+                ));
+            }
+        }
+        entries.dedup_by(|later, earlier| later.0 == earlier.0);
+        // Built from sorted input, the map's nodes are packed full.
+        self.objects = entries.into_iter().collect();
+        for issue in &self.mount_issues {
+            tracing::warn!(
+                partition = self.index,
+                issue,
+                "onode problem found at mount; run fsck"
+            );
+        }
+        Ok(())
+    }
+}

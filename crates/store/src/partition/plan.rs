@@ -1,0 +1,654 @@
+//! Planning a batch: apply its operations, in order, to working copies of
+//! the objects they touch; produce one journal record (the metadata redo),
+//! the data blocks to write, and the index changes to make once durable.
+//!
+//! Planning reserves blocks and slots in the in-memory bitmaps *quietly*
+//! (no dirty pages) so that two operations of one batch never get the same
+//! block; if an operation fails, [`Plan::rollback`] releases them and nothing
+//! of the batch happened. Frees are never visible to the allocator before
+//! the commit that frees them is durable: a block still holding an old
+//! object's data is not reused by a batch that might not commit.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::{IndexEntry, Partition, Reclaim};
+use crate::batch::{Batch, Op};
+use crate::device::AlignedBuf;
+use crate::error::{Result, StoreError};
+use crate::journal::{BitmapKind, Entry, Record};
+use crate::key::Key;
+use crate::onode::{
+    encode_chain, slots_needed, ObjectMeta, HEAD_FLAG_DELETED, MAX_CHAIN_SLOTS,
+    OBJECT_FLAG_PREALLOCATED,
+};
+use crate::{BLOCK_SIZE, MAX_OBJECT_SIZE, SLOT_SIZE};
+
+/// The new contents of one data block.
+pub(crate) struct StagedBlock {
+    pub buf: AlignedBuf,
+    pub was_written: bool,
+    pub old_crc: u32,
+}
+
+/// One object as the batch sees it.
+struct Working {
+    /// The object now (`None`: absent at this point of the batch).
+    current: Option<ObjectMeta>,
+    /// Whether `current.attrs` holds the stored attributes.
+    attrs_loaded: bool,
+    /// Head slot of the object as it was before the batch.
+    original_head: Option<u32>,
+    /// `current` is the pre-batch object (not deleted and recreated).
+    original_alive: bool,
+    meta_dirty: bool,
+    /// Blocks reserved by this batch and still mapped.
+    new_blocks: HashSet<u32>,
+    /// The pre-batch object was deleted: its remaining blocks, for reclaim.
+    deleted_runs: Option<Vec<(u32, u32)>>,
+}
+
+#[derive(Default)]
+pub(crate) struct Plan {
+    objects: BTreeMap<Key, Working>,
+    pub staged: BTreeMap<u32, StagedBlock>,
+    /// Blocks and slots reserved quietly, to undo on failure.
+    reserved_blocks: Vec<u32>,
+    reserved_slots: Vec<u32>,
+    /// Blocks freed by truncation (cleared on disk by the record).
+    freed_blocks: Vec<u32>,
+    freed_slots: Vec<u32>,
+    pub user_bytes: u64,
+}
+
+/// What a commit applies once its record is durable.
+pub(crate) struct Prepared {
+    pub record: Record,
+    pub staged: BTreeMap<u32, StagedBlock>,
+    pub index_updates: Vec<(Key, Option<IndexEntry>)>,
+    pub new_reclaims: Vec<Reclaim>,
+    pub user_bytes: u64,
+    pub reserved_blocks: Vec<u32>,
+    pub reserved_slots: Vec<u32>,
+    /// How many entries of the partition's reclaim queue the record frees.
+    pub reclaimed: usize,
+}
+
+impl Partition {
+    /// Plans `batch`; on error nothing is reserved and nothing changed.
+    pub(crate) fn prepare(&mut self, batch: &Batch) -> Result<Prepared> {
+        let mut plan = Plan::default();
+        let result = self
+            .plan_ops(&mut plan, batch)
+            .and_then(|()| self.finish(&mut plan));
+        match result {
+            Ok(prepared) => Ok(prepared),
+            Err(err) => {
+                self.rollback(&plan.reserved_blocks, &plan.reserved_slots);
+                Err(err)
+            }
+        }
+    }
+
+    pub(crate) fn rollback(&mut self, blocks: &[u32], slots: &[u32]) {
+        for &block in blocks {
+            self.alloc.set_range_quiet(block as u64, 1, false);
+        }
+        for &slot in slots {
+            self.slots.set_range_quiet(slot as u64, 1, false);
+        }
+    }
+
+    fn plan_ops(&mut self, plan: &mut Plan, batch: &Batch) -> Result<()> {
+        for op in &batch.ops {
+            self.check_key(op.key().as_bytes())?;
+            self.load_working(plan, op.key());
+            match op {
+                Op::Write { key, offset, data } => {
+                    plan.user_bytes += data.len() as u64;
+                    self.plan_write(plan, key, *offset, data)?
+                }
+                Op::Truncate { key, size } => self.plan_truncate(plan, key, *size)?,
+                Op::Delete { key } => self.plan_delete(plan, key),
+                Op::CreatePreallocated { key, size } => self.plan_preallocate(plan, key, *size)?,
+                Op::SetAttr { key, name, value } => {
+                    ObjectMeta::check_attr(name, value)?;
+                    self.ensure_attrs(plan, key)?;
+                    let w = plan.objects.get_mut(key).expect("loaded");
+                    let meta = w
+                        .current
+                        .get_or_insert_with(|| ObjectMeta::new(key.clone()));
+                    meta.set_attr(name, value)?;
+                    w.meta_dirty = true;
+                }
+                Op::RemoveAttr { key, name } => {
+                    if plan.objects[key].current.is_some() {
+                        self.ensure_attrs(plan, key)?;
+                        let w = plan.objects.get_mut(key).expect("loaded");
+                        let meta = w.current.as_mut().expect("present");
+                        if meta.attr(name).is_some() {
+                            meta.remove_attr(name);
+                            w.meta_dirty = true;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn load_working(&mut self, plan: &mut Plan, key: &Key) {
+        if plan.objects.contains_key(key) {
+            return;
+        }
+        let working = match self.objects.get(key.as_bytes()) {
+            Some(entry) => Working {
+                current: Some(ObjectMeta {
+                    key: key.clone(),
+                    size: entry.size,
+                    flags: entry.flags,
+                    extents: entry.extents.as_slice().to_vec(),
+                    attrs: Vec::new(),
+                }),
+                attrs_loaded: false,
+                original_head: Some(entry.head_slot),
+                original_alive: true,
+                meta_dirty: false,
+                new_blocks: HashSet::new(),
+                deleted_runs: None,
+            },
+            None => Working {
+                current: None,
+                attrs_loaded: true,
+                original_head: None,
+                original_alive: false,
+                meta_dirty: false,
+                new_blocks: HashSet::new(),
+                deleted_runs: None,
+            },
+        };
+        plan.objects.insert(key.clone(), working);
+    }
+
+    /// Makes `current.attrs` hold the stored attributes (reads the onode).
+    fn ensure_attrs(&mut self, plan: &mut Plan, key: &Key) -> Result<()> {
+        let w = &plan.objects[key];
+        if w.attrs_loaded || !w.original_alive {
+            return Ok(());
+        }
+        let head = w.original_head.expect("alive original has a head");
+        let (_, _, stored) = self.read_chain(head)?;
+        let w = plan.objects.get_mut(key).expect("loaded");
+        w.current.as_mut().expect("alive").attrs = stored.attrs;
+        w.attrs_loaded = true;
+        Ok(())
+    }
+
+    fn reserve_block(&mut self, plan: &mut Plan, hint: Option<u32>) -> Result<u32> {
+        let hinted = hint.filter(|&h| (h as u64) < self.alloc.len() && !self.alloc.get(h as u64));
+        let block = match hinted {
+            Some(block) => block as u64,
+            None => self
+                .alloc
+                .find_clear(self.alloc_hint)
+                .ok_or_else(|| StoreError::NoSpace {
+                    partition: self.index,
+                    detail: "every data block is allocated".into(),
+                })?,
+        };
+        self.alloc.set_range_quiet(block, 1, true);
+        self.alloc_hint = block + 1;
+        plan.reserved_blocks.push(block as u32);
+        Ok(block as u32)
+    }
+
+    /// Releases a block reserved by this batch (it never reached the disk).
+    fn release_reserved(&mut self, plan: &mut Plan, block: u32) {
+        self.alloc.set_range_quiet(block as u64, 1, false);
+        plan.reserved_blocks.retain(|b| *b != block);
+        plan.staged.remove(&block);
+    }
+
+    /// The staged buffer for `block`, created from its current contents.
+    fn stage(
+        &mut self,
+        plan: &mut Plan,
+        block: u32,
+        fully_overwritten: bool,
+        newly_reserved: bool,
+    ) -> Result<()> {
+        if plan.staged.contains_key(&block) {
+            return Ok(());
+        }
+        let was_written = !newly_reserved && self.written.get(block as u64);
+        let old_crc = if was_written { self.crc_get(block)? } else { 0 };
+        let buf = if was_written && !fully_overwritten {
+            self.read_block_verified(block, old_crc)?
+        } else {
+            AlignedBuf::zeroed(BLOCK_SIZE)
+        };
+        plan.staged.insert(
+            block,
+            StagedBlock {
+                buf,
+                was_written,
+                old_crc,
+            },
+        );
+        Ok(())
+    }
+
+    fn plan_write(&mut self, plan: &mut Plan, key: &Key, offset: u64, data: &[u8]) -> Result<()> {
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|end| *end <= MAX_OBJECT_SIZE)
+            .ok_or_else(|| {
+                StoreError::invalid(format!(
+                    "write past the maximum object size ({MAX_OBJECT_SIZE} bytes)"
+                ))
+            })?;
+        {
+            let w = plan.objects.get_mut(key).expect("loaded");
+            if w.current.is_none() {
+                w.current = Some(ObjectMeta::new(key.clone()));
+                w.meta_dirty = true;
+            }
+        }
+        let old_size = plan.objects[key].current.as_ref().expect("present").size;
+        if end > old_size {
+            self.zero_tail_for_growth(plan, key, old_size)?;
+        }
+        let block_size = BLOCK_SIZE as u64;
+        let mut position = offset;
+        while position < end {
+            let logical = (position / block_size) as u32;
+            let block_start = logical as u64 * block_size;
+            let from = (position - block_start) as usize;
+            let to = (end.min(block_start + block_size) - block_start) as usize;
+            let (mapped, hint) = {
+                let meta = plan.objects[key].current.as_ref().expect("present");
+                let hint = logical
+                    .checked_sub(1)
+                    .and_then(|l| meta.physical_for(l))
+                    .map(|p| p + 1);
+                (meta.physical_for(logical), hint)
+            };
+            let (block, newly_reserved) = match mapped {
+                Some(block) => (block, plan.objects[key].new_blocks.contains(&block)),
+                None => {
+                    let block = self.reserve_block(plan, hint)?;
+                    let w = plan.objects.get_mut(key).expect("loaded");
+                    w.current
+                        .as_mut()
+                        .expect("present")
+                        .map_block(logical, block);
+                    w.new_blocks.insert(block);
+                    w.meta_dirty = true;
+                    (block, true)
+                }
+            };
+            self.stage(plan, block, from == 0 && to == BLOCK_SIZE, newly_reserved)?;
+            let staged = plan.staged.get_mut(&block).expect("staged");
+            let source = (block_start + from as u64 - offset) as usize;
+            staged.buf[from..to].copy_from_slice(&data[source..source + (to - from)]);
+            position = block_start + to as u64;
+        }
+        let w = plan.objects.get_mut(key).expect("loaded");
+        let meta = w.current.as_mut().expect("present");
+        if end > meta.size {
+            meta.size = end;
+            w.meta_dirty = true;
+        }
+        Ok(())
+    }
+
+    fn plan_truncate(&mut self, plan: &mut Plan, key: &Key, size: u64) -> Result<()> {
+        if size > MAX_OBJECT_SIZE {
+            return Err(StoreError::invalid(format!(
+                "size {size} exceeds the maximum object size ({MAX_OBJECT_SIZE} bytes)"
+            )));
+        }
+        let (to_release, to_free) = {
+            let w = plan.objects.get_mut(key).expect("loaded");
+            if w.current.is_none() {
+                w.current = Some(ObjectMeta::new(key.clone()));
+                w.meta_dirty = true;
+            }
+            let meta = w.current.as_mut().expect("present");
+            if size == meta.size {
+                return Ok(());
+            }
+            w.meta_dirty = true;
+            if size > meta.size {
+                let old_size = meta.size;
+                meta.size = size;
+                return self.zero_tail_for_growth(plan, key, old_size);
+            }
+            let freed = meta.unmap_from(size.div_ceil(BLOCK_SIZE as u64) as u32);
+            meta.size = size;
+            let (mut to_release, mut to_free) = (Vec::new(), Vec::new());
+            for (start, count) in freed {
+                for block in start..start + count {
+                    if w.new_blocks.remove(&block) {
+                        to_release.push(block);
+                    } else {
+                        to_free.push(block);
+                    }
+                }
+            }
+            (to_release, to_free)
+        };
+        for block in to_release {
+            self.release_reserved(plan, block);
+        }
+        for block in to_free {
+            plan.staged.remove(&block);
+            plan.freed_blocks.push(block);
+        }
+        Ok(())
+    }
+
+    /// Bytes past an object's size inside its last block are undefined on
+    /// disk (a shrink does not rewrite them, and a crash may leave either
+    /// version), so growing the object zeroes them first.
+    fn zero_tail_for_growth(&mut self, plan: &mut Plan, key: &Key, old_size: u64) -> Result<()> {
+        let tail = (old_size % BLOCK_SIZE as u64) as usize;
+        if tail == 0 {
+            return Ok(());
+        }
+        let w = &plan.objects[key];
+        let Some(block) = w
+            .current
+            .as_ref()
+            .expect("present")
+            .physical_for((old_size / BLOCK_SIZE as u64) as u32)
+        else {
+            return Ok(());
+        };
+        let newly_reserved = w.new_blocks.contains(&block);
+        if !plan.staged.contains_key(&block) && (newly_reserved || !self.written.get(block as u64))
+        {
+            return Ok(()); // reads as zeros already
+        }
+        self.stage(plan, block, false, newly_reserved)?;
+        plan.staged.get_mut(&block).expect("staged").buf[tail..].fill(0);
+        Ok(())
+    }
+
+    fn plan_delete(&mut self, plan: &mut Plan, key: &Key) {
+        let w = plan.objects.get_mut(key).expect("loaded");
+        let Some(meta) = w.current.take() else { return };
+        let new_blocks = std::mem::take(&mut w.new_blocks);
+        let was_original = w.original_alive;
+        w.original_alive = false;
+        w.meta_dirty = false;
+        w.attrs_loaded = true;
+        let mut runs = Vec::new();
+        for extent in &meta.extents {
+            for block in extent.physical..extent.physical + extent.len {
+                if new_blocks.contains(&block) {
+                    self.release_reserved(plan, block);
+                } else {
+                    plan.staged.remove(&block);
+                    match runs.last_mut() {
+                        Some((start, count)) if *start + *count == block => *count += 1,
+                        _ => runs.push((block, 1)),
+                    }
+                }
+            }
+        }
+        if was_original {
+            plan.objects.get_mut(key).expect("loaded").deleted_runs = Some(runs);
+        } else {
+            debug_assert!(
+                runs.is_empty(),
+                "an object created by this batch owns only reserved blocks"
+            );
+        }
+    }
+
+    fn plan_preallocate(&mut self, plan: &mut Plan, key: &Key, size: u64) -> Result<()> {
+        if let Some(meta) = &plan.objects[key].current {
+            return if meta.is_preallocated() && meta.size == size {
+                Ok(())
+            } else {
+                Err(StoreError::AlreadyExists)
+            };
+        }
+        if size > MAX_OBJECT_SIZE {
+            return Err(StoreError::invalid(format!(
+                "size {size} exceeds the maximum object size ({MAX_OBJECT_SIZE} bytes)"
+            )));
+        }
+        let blocks = size.div_ceil(BLOCK_SIZE as u64);
+        let mut meta = ObjectMeta::new(key.clone());
+        meta.size = size;
+        meta.flags = OBJECT_FLAG_PREALLOCATED;
+        let mut new_blocks = HashSet::new();
+        if blocks > 0 {
+            let start = self
+                .alloc
+                .find_clear_run(self.alloc_hint, blocks)
+                .ok_or_else(|| StoreError::NoSpace {
+                    partition: self.index,
+                    detail: format!(
+                        "no contiguous run of {blocks} free blocks for a pre-allocated object"
+                    ),
+                })?;
+            self.alloc.set_range_quiet(start, blocks, true);
+            self.alloc_hint = start + blocks;
+            for block in start..start + blocks {
+                plan.reserved_blocks.push(block as u32);
+                new_blocks.insert(block as u32);
+            }
+            meta.extents.push(crate::onode::Extent {
+                logical: 0,
+                physical: start as u32,
+                len: blocks as u32,
+            });
+        }
+        let w = plan.objects.get_mut(key).expect("loaded");
+        w.current = Some(meta);
+        w.new_blocks = new_blocks;
+        w.meta_dirty = true;
+        Ok(())
+    }
+
+    fn reserve_slots(&mut self, plan: &mut Plan, count: usize) -> Result<Vec<u32>> {
+        let mut out = Vec::with_capacity(count);
+        for _ in 0..count {
+            let slot = self.slots.find_clear(self.slot_hint).ok_or_else(|| StoreError::NoSpace {
+                partition: self.index,
+                detail: "every onode slot is in use (mkfs with a smaller bytes-per-onode for more objects)".into(),
+            })?;
+            self.slots.set_range_quiet(slot, 1, true);
+            self.slot_hint = slot + 1;
+            plan.reserved_slots.push(slot as u32);
+            out.push(slot as u32);
+        }
+        Ok(out)
+    }
+
+    /// Turns the working objects into the record, staged data and index changes.
+    fn finish(&mut self, plan: &mut Plan) -> Result<Prepared> {
+        let mut entries = Vec::new();
+        let mut index_updates = Vec::new();
+        let mut new_reclaims = Vec::new();
+        let mut new_block_runs: Vec<u32> = Vec::new();
+
+        // Delayed deallocation: free what earlier deletes left behind.
+        let reclaimed = self.reclaim.len().min(64);
+        for reclaim in &self.reclaim[..reclaimed] {
+            for &(start, count) in &reclaim.runs {
+                entries.push(Entry::SetBits {
+                    map: BitmapKind::Alloc,
+                    start: start as u64,
+                    count: count as u64,
+                    value: false,
+                });
+                entries.push(Entry::SetBits {
+                    map: BitmapKind::Written,
+                    start: start as u64,
+                    count: count as u64,
+                    value: false,
+                });
+            }
+            for &slot in &reclaim.slots {
+                entries.push(Entry::SetBits {
+                    map: BitmapKind::Slots,
+                    start: slot as u64,
+                    count: 1,
+                    value: false,
+                });
+            }
+        }
+
+        let keys: Vec<Key> = plan.objects.keys().cloned().collect();
+        for key in keys {
+            if plan.objects[&key].deleted_runs.is_some() {
+                let head = plan.objects[&key]
+                    .original_head
+                    .expect("deleted original has a head");
+                let (chain, _, _) = self.read_chain(head)?;
+                let mut image = self.slot_image(head)?;
+                image[3] |= HEAD_FLAG_DELETED;
+                crate::codec::seal(&mut image, 4);
+                entries.push(Entry::WriteSlot {
+                    slot: head,
+                    image: Box::new(image),
+                });
+                let runs = plan
+                    .objects
+                    .get_mut(&key)
+                    .expect("present")
+                    .deleted_runs
+                    .take()
+                    .expect("checked");
+                new_reclaims.push(Reclaim { runs, slots: chain });
+            }
+            let w = &plan.objects[&key];
+            new_block_runs.extend(w.new_blocks.iter().copied());
+            match (&w.current, w.meta_dirty) {
+                (Some(_), true) => {
+                    self.ensure_attrs(plan, &key)?;
+                    let w = &plan.objects[&key];
+                    let meta = w.current.as_ref().expect("present");
+                    let blob = meta.encode();
+                    let needed = slots_needed(blob.len());
+                    if needed > MAX_CHAIN_SLOTS {
+                        return Err(StoreError::invalid(format!(
+                            "object {key:?} has too much metadata ({} bytes)",
+                            blob.len()
+                        )));
+                    }
+                    let mut chain = match (w.original_alive, w.original_head) {
+                        (true, Some(head)) => self.read_chain(head)?.0,
+                        _ => Vec::new(),
+                    };
+                    if chain.len() > needed {
+                        plan.freed_slots.extend(chain.split_off(needed));
+                    } else if chain.len() < needed {
+                        let extra = self.reserve_slots(plan, needed - chain.len())?;
+                        for &slot in &extra {
+                            entries.push(Entry::SetBits {
+                                map: BitmapKind::Slots,
+                                start: slot as u64,
+                                count: 1,
+                                value: true,
+                            });
+                        }
+                        chain.extend(extra);
+                    }
+                    let meta = plan.objects[&key].current.as_ref().expect("present");
+                    for (slot, image) in chain.iter().zip(encode_chain(&blob, &chain, false)) {
+                        entries.push(Entry::WriteSlot {
+                            slot: *slot,
+                            image: Box::new(image),
+                        });
+                    }
+                    index_updates.push((key.clone(), Some(IndexEntry::from_meta(chain[0], meta))));
+                }
+                (None, _) if w.original_head.is_some() => index_updates.push((key.clone(), None)),
+                _ => {}
+            }
+        }
+
+        new_block_runs.sort_unstable();
+        for (start, count) in runs_of(&new_block_runs) {
+            entries.push(Entry::SetBits {
+                map: BitmapKind::Alloc,
+                start,
+                count,
+                value: true,
+            });
+        }
+        plan.freed_blocks.sort_unstable();
+        for (start, count) in runs_of(&plan.freed_blocks) {
+            entries.push(Entry::SetBits {
+                map: BitmapKind::Alloc,
+                start,
+                count,
+                value: false,
+            });
+            entries.push(Entry::SetBits {
+                map: BitmapKind::Written,
+                start,
+                count,
+                value: false,
+            });
+        }
+        for &slot in &plan.freed_slots {
+            entries.push(Entry::SetBits {
+                map: BitmapKind::Slots,
+                start: slot as u64,
+                count: 1,
+                value: false,
+            });
+        }
+        for (&block, staged) in &plan.staged {
+            debug_assert!(
+                self.alloc.get(block as u64),
+                "staged block {block} is not allocated"
+            );
+            entries.push(Entry::DataWrite {
+                block,
+                was_written: staged.was_written,
+                old_crc: staged.old_crc,
+                new_crc: crate::crc32c(&staged.buf),
+            });
+        }
+        let record = crate::journal::Record { entries };
+        let capacity = self.geometry.journal.blocks * BLOCK_SIZE as u64;
+        if record.padded_len(self.sector) as u64 > capacity / 2 {
+            return Err(StoreError::invalid(format!(
+                "batch too large: its journal record needs {} bytes, more than half the {capacity}-byte journal",
+                record.padded_len(self.sector)
+            )));
+        }
+        debug_assert!(record
+            .entries
+            .iter()
+            .all(|e| !matches!(e, Entry::WriteSlot { image, .. } if image.len() != SLOT_SIZE)));
+        Ok(Prepared {
+            record,
+            staged: std::mem::take(&mut plan.staged),
+            index_updates,
+            new_reclaims,
+            user_bytes: plan.user_bytes,
+            reserved_blocks: std::mem::take(&mut plan.reserved_blocks),
+            reserved_slots: std::mem::take(&mut plan.reserved_slots),
+            reclaimed,
+        })
+    }
+}
+
+/// Sorted, distinct values as `(start, count)` runs.
+fn runs_of(sorted: &[u32]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &value in sorted {
+        match runs.last_mut() {
+            Some((start, count)) if *start + *count == value as u64 => *count += 1,
+            _ => runs.push((value as u64, 1)),
+        }
+    }
+    runs
+}

@@ -1,0 +1,242 @@
+//! Reads (crc32c-verified, batched), stat, attributes and key listing.
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+
+use super::{ObjectInfo, Partition};
+use crate::device::AlignedBuf;
+use crate::error::{Result, StoreError};
+use crate::key::Key;
+use crate::onode::OBJECT_FLAG_PREALLOCATED;
+use crate::BLOCK_SIZE;
+
+/// One read of a batch: `len` bytes of `key` from `offset`, cut at the object's end.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadRequest<'a> {
+    pub key: &'a [u8],
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// A planned read: the byte range to return and, per logical block, the
+/// data block its bytes come from (`None`: zeros).
+type ReadPlan = (u64, u64, Vec<(u64, Option<u32>)>);
+
+impl Partition {
+    /// Reads `len` bytes from `offset`; the result is shorter when it passes
+    /// the object's end. Holes and unwritten pre-allocated blocks read as
+    /// zeros. Each block read is checked against its crc32c.
+    pub fn read(&mut self, key: &[u8], offset: u64, len: u64) -> Result<Vec<u8>> {
+        self.read_many(&[ReadRequest { key, offset, len }])
+            .pop()
+            .expect("one result per request")
+    }
+
+    /// Several reads with one batch of device I/O; one result per request.
+    /// A checksum error fails only the reads that touch the bad block.
+    pub fn read_many(&mut self, requests: &[ReadRequest<'_>]) -> Vec<Result<Vec<u8>>> {
+        if self.failed {
+            return requests
+                .iter()
+                .map(|_| Err(StoreError::PartitionFailed(self.index)))
+                .collect();
+        }
+        // Per request: the byte range to return and, per block, where its bytes come from.
+        let mut plans: Vec<Result<ReadPlan>> = Vec::with_capacity(requests.len());
+        let mut blocks: BTreeSet<u32> = BTreeSet::new();
+        for request in requests {
+            plans.push(self.plan_read(request, &mut blocks));
+        }
+        let block_list: Vec<u32> = blocks.into_iter().collect();
+        let mut data: Vec<Result<AlignedBuf>> = Vec::new();
+        if !block_list.is_empty() {
+            match self.read_blocks(&block_list) {
+                Ok(results) => data = results,
+                Err(err) => {
+                    let message = err.to_string();
+                    return plans
+                        .into_iter()
+                        .map(|p| {
+                            p.and_then(|_| {
+                                Err(StoreError::io(
+                                    "reading data blocks",
+                                    std::io::Error::other(message.clone()),
+                                ))
+                            })
+                        })
+                        .collect();
+                }
+            }
+        }
+        self.pages.trim();
+        plans
+            .into_iter()
+            .map(|plan| {
+                let (start, end, pieces) = plan?;
+                let mut out = vec![0u8; (end - start) as usize];
+                for (logical, block) in pieces {
+                    let Some(block) = block else { continue };
+                    let position = block_list
+                        .binary_search(&block)
+                        .expect("every planned block was read");
+                    let buf = data[position].as_ref().map_err(clone_error)?;
+                    let block_start = logical * BLOCK_SIZE as u64;
+                    let from = start.max(block_start);
+                    let to = end.min(block_start + BLOCK_SIZE as u64);
+                    out[(from - start) as usize..(to - start) as usize].copy_from_slice(
+                        &buf[(from - block_start) as usize..(to - block_start) as usize],
+                    );
+                }
+                Ok(out)
+            })
+            .collect()
+    }
+
+    fn plan_read(&self, request: &ReadRequest<'_>, blocks: &mut BTreeSet<u32>) -> Result<ReadPlan> {
+        self.check_key(request.key)?;
+        let entry = self.objects.get(request.key).ok_or(StoreError::NotFound)?;
+        let start = request.offset.min(entry.size);
+        let end = request.offset.saturating_add(request.len).min(entry.size);
+        let mut pieces = Vec::new();
+        if start < end {
+            for logical in start / BLOCK_SIZE as u64..end.div_ceil(BLOCK_SIZE as u64) {
+                let block = entry
+                    .physical_for(logical as u32)
+                    .filter(|b| self.written.get(*b as u64));
+                if let Some(block) = block {
+                    blocks.insert(block);
+                }
+                pieces.push((logical, block));
+            }
+        }
+        Ok((start, end, pieces))
+    }
+
+    /// Reads and verifies `list` (sorted); results are indexed like the list.
+    fn read_blocks(&mut self, list: &[u32]) -> Result<Vec<Result<AlignedBuf>>> {
+        let crc_pages: Vec<u64> = list.iter().map(|b| self.crc_location(*b).0).collect();
+        self.pages.load(self.io.as_mut(), &crc_pages)?;
+        let mut bufs: Vec<AlignedBuf> = list
+            .iter()
+            .map(|_| AlignedBuf::zeroed(BLOCK_SIZE))
+            .collect();
+        {
+            let mut requests: Vec<(u64, &mut [u8])> = list
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|(b, buf)| (self.data_offset(*b), &mut buf[..]))
+                .collect();
+            self.io
+                .read_many(&mut requests)
+                .map_err(|e| StoreError::io("reading data blocks", e))?;
+        }
+        let mut out = Vec::with_capacity(list.len());
+        for (block, buf) in list.iter().zip(bufs) {
+            let stored = self.crc_get(*block)?;
+            out.push(self.verify(*block, stored, buf));
+        }
+        Ok(out)
+    }
+
+    fn verify(&self, block: u32, stored: u32, buf: AlignedBuf) -> Result<AlignedBuf> {
+        let computed = crate::crc32c(&buf);
+        if computed != stored {
+            return Err(StoreError::ChecksumMismatch {
+                partition: self.index,
+                block: block as u64,
+                device_offset: self.data_offset(block),
+                stored,
+                computed,
+            });
+        }
+        Ok(buf)
+    }
+
+    /// Reads one block and checks it against `crc` (for read-modify-write).
+    pub(crate) fn read_block_verified(&mut self, block: u32, crc: u32) -> Result<AlignedBuf> {
+        let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+        let offset = self.data_offset(block);
+        self.io
+            .read_many(&mut [(offset, &mut buf[..])])
+            .map_err(|e| StoreError::io("reading a data block", e))?;
+        self.verify(block, crc, buf)
+    }
+
+    pub fn exists(&self, key: &[u8]) -> bool {
+        self.objects.contains_key(key)
+    }
+
+    pub fn stat(&self, key: &[u8]) -> Result<ObjectInfo> {
+        let entry = self.objects.get(key).ok_or(StoreError::NotFound)?;
+        Ok(ObjectInfo {
+            size: entry.size,
+            preallocated: entry.flags & OBJECT_FLAG_PREALLOCATED != 0,
+            allocated_bytes: entry
+                .extents
+                .as_slice()
+                .iter()
+                .map(|e| e.len as u64 * BLOCK_SIZE as u64)
+                .sum(),
+        })
+    }
+
+    pub fn get_attr(&mut self, key: &[u8], name: &[u8]) -> Result<Vec<u8>> {
+        self.check_usable()?;
+        let head = self.objects.get(key).ok_or(StoreError::NotFound)?.head_slot;
+        let (_, _, meta) = self.read_chain(head)?;
+        self.pages.trim();
+        meta.attr(name)
+            .map(<[u8]>::to_vec)
+            .ok_or(StoreError::AttrNotFound)
+    }
+
+    /// All attributes of `key`, sorted by name.
+    pub fn list_attrs(&mut self, key: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.check_usable()?;
+        let head = self.objects.get(key).ok_or(StoreError::NotFound)?.head_slot;
+        let (_, _, meta) = self.read_chain(head)?;
+        self.pages.trim();
+        Ok(meta.attrs)
+    }
+
+    /// Keys in `[start, end)` in order (`end = None`: to the last key), at most `limit`.
+    pub fn list(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Vec<Key> {
+        let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
+        self.objects
+            .range::<[u8], _>((Bound::Included(start), upper))
+            .take(limit)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Keys of one group (placement group), in order, at most `limit`.
+    pub fn list_group(&self, group: u32, limit: usize) -> Vec<Key> {
+        let start = group.to_be_bytes();
+        match group.checked_add(1) {
+            Some(next) => self.list(&start, Some(&next.to_be_bytes()), limit),
+            None => self.list(&start, None, limit),
+        }
+    }
+}
+
+fn clone_error(err: &StoreError) -> StoreError {
+    match err {
+        StoreError::ChecksumMismatch {
+            partition,
+            block,
+            device_offset,
+            stored,
+            computed,
+        } => StoreError::ChecksumMismatch {
+            partition: *partition,
+            block: *block,
+            device_offset: *device_offset,
+            stored: *stored,
+            computed: *computed,
+        },
+        other => StoreError::io(
+            "reading data blocks",
+            std::io::Error::other(other.to_string()),
+        ),
+    }
+}

@@ -1,0 +1,222 @@
+//! Shared test support: a reference model of the store (a map of byte
+//! vectors) and a seeded random batch generator.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use duplex_store::{
+    mkfs, Batch, DeviceConfig, IoBackend, Key, MkfsOptions, Op, StoreConfig, StoreError,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+pub const BLOCK: usize = 4096;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelObject {
+    pub data: Vec<u8>,
+    pub attrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub preallocated: bool,
+}
+
+/// What the store should hold: key → object.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Model {
+    pub objects: BTreeMap<Vec<u8>, ModelObject>,
+}
+
+impl Model {
+    /// Applies `batch` like the store does: all or nothing.
+    pub fn apply(&mut self, batch: &Batch) -> Result<(), &'static str> {
+        let mut next = self.clone();
+        for op in &batch.ops {
+            next.apply_op(op)?;
+        }
+        *self = next;
+        Ok(())
+    }
+
+    fn apply_op(&mut self, op: &Op) -> Result<(), &'static str> {
+        let key = op.key().as_bytes().to_vec();
+        match op {
+            Op::Write { offset, data, .. } => {
+                let object = self.objects.entry(key).or_default();
+                let end = *offset as usize + data.len();
+                if object.data.len() < end {
+                    object.data.resize(end, 0);
+                }
+                object.data[*offset as usize..end].copy_from_slice(data);
+            }
+            Op::Truncate { size, .. } => self
+                .objects
+                .entry(key)
+                .or_default()
+                .data
+                .resize(*size as usize, 0),
+            Op::Delete { .. } => {
+                self.objects.remove(&key);
+            }
+            Op::CreatePreallocated { size, .. } => match self.objects.get(&key) {
+                Some(o) if o.preallocated && o.data.len() as u64 == *size => {}
+                Some(_) => return Err("exists"),
+                None => {
+                    self.objects.insert(
+                        key,
+                        ModelObject {
+                            data: vec![0; *size as usize],
+                            attrs: BTreeMap::new(),
+                            preallocated: true,
+                        },
+                    );
+                }
+            },
+            Op::SetAttr { name, value, .. } => {
+                self.objects
+                    .entry(key)
+                    .or_default()
+                    .attrs
+                    .insert(name.clone(), value.clone());
+            }
+            Op::RemoveAttr { name, .. } => {
+                if let Some(o) = self.objects.get_mut(&key) {
+                    o.attrs.remove(name);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Keys used by the generators: a few names in each of `groups` groups.
+pub fn key(group: u32, name: u8) -> Key {
+    Key::in_group(group, format!("obj-{name}").as_bytes()).unwrap()
+}
+
+/// A random batch of 1..=max_ops operations over `names` names in `groups` groups.
+pub fn random_batch(rng: &mut StdRng, groups: u32, names: u8, max_ops: usize) -> Batch {
+    let mut batch = Batch::new();
+    for _ in 0..rng.gen_range(1..=max_ops) {
+        let k = key(rng.gen_range(0..groups), rng.gen_range(0..names));
+        let op = match rng.gen_range(0..100) {
+            0..=44 => {
+                // Mostly block-aligned 4 KiB writes, some unaligned and multi-block.
+                let (offset, len) = if rng.gen_bool(0.6) {
+                    (
+                        rng.gen_range(0..24u64) * BLOCK as u64,
+                        BLOCK * rng.gen_range(1..=2),
+                    )
+                } else {
+                    (rng.gen_range(0..100_000u64), rng.gen_range(1..9000))
+                };
+                let fill: u8 = rng.gen();
+                let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add((i / 7) as u8)).collect();
+                Op::Write {
+                    key: k,
+                    offset,
+                    data,
+                }
+            }
+            45..=54 => Op::Truncate {
+                key: k,
+                size: rng.gen_range(0..110_000),
+            },
+            55..=62 => Op::Delete { key: k },
+            63..=74 => Op::CreatePreallocated {
+                key: k,
+                size: rng.gen_range(1..=32u64) * BLOCK as u64,
+            },
+            75..=89 => {
+                let name = format!("attr-{}", rng.gen_range(0..4)).into_bytes();
+                let value = vec![rng.gen(); rng.gen_range(0..600)];
+                Op::SetAttr {
+                    key: k,
+                    name,
+                    value,
+                }
+            }
+            _ => Op::RemoveAttr {
+                key: k,
+                name: format!("attr-{}", rng.gen_range(0..4)).into_bytes(),
+            },
+        };
+        batch.push(op);
+    }
+    batch
+}
+
+pub fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+/// A store config for tests: small caches so eviction and checkpoints run often.
+pub fn test_config(backend: IoBackend) -> StoreConfig {
+    StoreConfig {
+        device: DeviceConfig {
+            backend,
+            ..DeviceConfig::default()
+        },
+        metadata_cache_bytes: 64 << 10,
+        max_dirty_bytes: 256 << 10,
+        read_only: false,
+    }
+}
+
+/// Makes a fresh store file in `dir`.
+pub fn make_store(
+    dir: &Path,
+    size: u64,
+    partitions: u32,
+    journal_bytes: u64,
+    config: &StoreConfig,
+) -> PathBuf {
+    let path = dir.join("store.img");
+    let options = MkfsOptions {
+        partitions,
+        journal_bytes: Some(journal_bytes),
+        bytes_per_onode: 16 << 10,
+        size_bytes: Some(size),
+    };
+    mkfs(&path, &options, config).expect("mkfs");
+    path
+}
+
+/// Asserts that every partition of the store holds exactly `model`.
+pub fn assert_matches_model(store: &mut duplex_store::Store, model: &Model) {
+    let mut seen = 0;
+    for index in 0..store.partitions().len() {
+        let partition = store.partition_mut(index);
+        let keys = partition.list(&[], None, usize::MAX);
+        for k in keys {
+            let expected = model
+                .objects
+                .get(k.as_bytes())
+                .unwrap_or_else(|| panic!("store has {k:?}, the model does not"));
+            let info = partition.stat(k.as_bytes()).unwrap();
+            assert_eq!(info.size, expected.data.len() as u64, "size of {k:?}");
+            let data = partition.read(k.as_bytes(), 0, info.size + 100).unwrap();
+            assert!(
+                data == expected.data,
+                "contents of {k:?} differ from the model"
+            );
+            let attrs: BTreeMap<Vec<u8>, Vec<u8>> = partition
+                .list_attrs(k.as_bytes())
+                .unwrap()
+                .into_iter()
+                .collect();
+            assert_eq!(attrs, expected.attrs, "attributes of {k:?}");
+            seen += 1;
+        }
+    }
+    assert_eq!(
+        seen,
+        model.objects.len(),
+        "store and model hold different key sets"
+    );
+}
+
+/// Whether an error is one the model also rejects (the batch had no effect).
+pub fn is_rejection(err: &StoreError) -> bool {
+    matches!(err, StoreError::AlreadyExists)
+}
