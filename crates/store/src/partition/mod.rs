@@ -91,6 +91,7 @@ pub(crate) struct Reclaim {
 /// Counters of one partition since mount.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct PartitionStats {
+    /// Batches committed (refused batches are not counted).
     pub batches: u64,
     pub ops: u64,
     /// Bytes callers asked to write (the denominator of write amplification).

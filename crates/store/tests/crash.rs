@@ -1,0 +1,218 @@
+//! Crash test: a child process applies random batches and reports each one
+//! that `apply` returned as durable; the parent kills it with SIGKILL at a
+//! random moment, then checks:
+//! - fsck (read-only, replaying the journal in memory) is clean;
+//! - every batch reported durable is present;
+//! - the batch in flight left the metadata wholly before or wholly after it,
+//!   and each of its 4 KiB data blocks either old or new;
+//!
+//! and continues from the store's actual state with a new child, many times.
+//! Bounded by `DUPLEX_CRASH_SECONDS` (default 20) and 300 iterations.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use duplex_store::{fsck, Batch, IoBackend, Store};
+use rand::Rng;
+
+const GROUPS: u32 = 1;
+const NAMES: u8 = 6;
+const MAX_OPS: usize = 5;
+
+fn batch_for(seed: u64, index: u64) -> Batch {
+    random_batch(
+        &mut rng(seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        GROUPS,
+        NAMES,
+        MAX_OPS,
+    )
+}
+
+/// The child: runs only when the parent re-executes this binary with the
+/// environment set (it is `#[ignore]`d in normal runs).
+#[test]
+#[ignore = "run by crash_test as a child process"]
+fn crash_child() {
+    let Ok(store_path) = std::env::var("DUPLEX_CRASH_STORE") else {
+        return;
+    };
+    let seed: u64 = std::env::var("DUPLEX_CRASH_SEED").unwrap().parse().unwrap();
+    let first: u64 = std::env::var("DUPLEX_CRASH_FIRST")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let config = test_config(IoBackend::Auto);
+    let mut store = Store::open(store_path.as_ref(), &config).unwrap();
+    let mut out = std::io::stdout().lock();
+    for index in first..first + 10_000 {
+        let batch = batch_for(seed, index);
+        match store.partition_mut(0).apply(&batch) {
+            Ok(_) => writeln!(out, "durable {index}").unwrap(),
+            Err(err) if is_rejection(&err) => writeln!(out, "rejected {index}").unwrap(),
+            Err(err) => panic!("batch {index}: {err}"),
+        }
+        out.flush().unwrap();
+    }
+}
+
+type Snapshot = BTreeMap<Vec<u8>, (Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>, bool)>;
+
+fn snapshot(store: &mut Store) -> Snapshot {
+    let partition = store.partition_mut(0);
+    let mut out = Snapshot::new();
+    for key in partition.list(&[], None, usize::MAX) {
+        let info = partition.stat(key.as_bytes()).unwrap();
+        let data = partition.read(key.as_bytes(), 0, info.size).unwrap();
+        let attrs = partition
+            .list_attrs(key.as_bytes())
+            .unwrap()
+            .into_iter()
+            .collect();
+        out.insert(key.as_bytes().to_vec(), (data, attrs, info.preallocated));
+    }
+    out
+}
+
+fn block_of(data: Option<&Vec<u8>>, index: usize) -> Vec<u8> {
+    let mut block = vec![0u8; BLOCK];
+    if let Some(data) = data {
+        let start = (index * BLOCK).min(data.len());
+        let end = ((index + 1) * BLOCK).min(data.len());
+        block[..end - start].copy_from_slice(&data[start..end]);
+    }
+    block
+}
+
+/// Checks `actual` against the states before and after the in-flight batch.
+fn check_crash_state(actual: &Snapshot, before: &Model, after: &Model, context: &str) {
+    let meta_matches = |model: &Model| {
+        model.objects.len() == actual.len()
+            && model.objects.iter().all(|(k, o)| {
+                actual
+                    .get(k)
+                    .is_some_and(|(data, attrs, _)| data.len() == o.data.len() && *attrs == o.attrs)
+            })
+    };
+    assert!(
+        meta_matches(before) || meta_matches(after),
+        "{context}: metadata is neither the state before nor after the in-flight batch"
+    );
+    for (key, (data, _, _)) in actual {
+        for index in 0..data.len().div_ceil(BLOCK) {
+            let got = block_of(Some(data), index);
+            let old = block_of(before.objects.get(key).map(|o| &o.data), index);
+            let new = block_of(after.objects.get(key).map(|o| &o.data), index);
+            // Only the bytes inside the object are visible; compare those.
+            let visible = (data.len() - index * BLOCK).min(BLOCK);
+            assert!(
+                got[..visible] == old[..visible] || got[..visible] == new[..visible],
+                "{context}: {key:?} block {index} is neither its old nor its new contents"
+            );
+        }
+    }
+}
+
+#[test]
+fn crash_test() {
+    let budget = Duration::from_secs(
+        std::env::var("DUPLEX_CRASH_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(IoBackend::Auto);
+    let path = make_store(dir.path(), 32 << 20, 1, 32 << 10, &config);
+    let seed: u64 = rand::thread_rng().gen();
+    eprintln!("crash test seed {seed} (store {})", path.display());
+    let mut rng = rng(seed);
+    let mut model = Model::default();
+    let mut next_batch = 0u64;
+    let started = Instant::now();
+    let (mut iterations, mut total_durable, mut in_flight_seen) = (0, 0, 0);
+    while started.elapsed() < budget && iterations < 300 {
+        iterations += 1;
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "crash_child",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("DUPLEX_CRASH_STORE", &path)
+            .env("DUPLEX_CRASH_SEED", seed.to_string())
+            .env("DUPLEX_CRASH_FIRST", next_batch.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .collect::<Vec<String>>()
+        });
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..120)));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let lines = reader.join().unwrap();
+        for line in lines {
+            // libtest may print "test crash_child ... " on the same line first.
+            let tokens: Vec<&str> = line.split_whitespace().collect();
+            let (verdict, index) = match tokens.as_slice() {
+                [.., v @ ("durable" | "rejected"), i] => (*v, i.parse::<u64>().unwrap()),
+                _ => continue,
+            };
+            assert_eq!(index, next_batch, "child reported batches out of order");
+            let expected = model.apply(&batch_for(seed, index));
+            assert_eq!(
+                expected.is_ok(),
+                verdict == "durable",
+                "batch {index}: model and store disagree"
+            );
+            total_durable += (verdict == "durable") as u64;
+            next_batch += 1;
+        }
+        let context = format!("seed {seed}, iteration {iterations}, in-flight batch {next_batch}");
+        let report = fsck(&path, &config, true);
+        assert!(report.clean, "{context}: fsck after SIGKILL: {report:#?}");
+        let mut after = model.clone();
+        let _ = after.apply(&batch_for(seed, next_batch));
+        let mut store = Store::open(&path, &config).unwrap();
+        let actual = snapshot(&mut store);
+        store.close().unwrap();
+        check_crash_state(&actual, &model, &after, &context);
+        if actual
+            .iter()
+            .map(|(k, v)| (k, &v.0))
+            .ne(model.objects.iter().map(|(k, o)| (k, &o.data)))
+        {
+            in_flight_seen += 1;
+        }
+        // Continue from what the store holds; the in-flight batch is settled.
+        model.objects = actual
+            .into_iter()
+            .map(|(k, (data, attrs, preallocated))| {
+                (
+                    k,
+                    ModelObject {
+                        data,
+                        attrs,
+                        preallocated,
+                    },
+                )
+            })
+            .collect();
+        next_batch += 1;
+    }
+    eprintln!("crash test: {iterations} kills, {total_durable} durable batches checked, {in_flight_seen} kills caught a batch in flight");
+    assert!(iterations >= 5, "too few iterations to mean anything");
+    assert!(total_durable > 0, "no batch was ever reported durable");
+}

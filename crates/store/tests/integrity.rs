@@ -1,0 +1,405 @@
+//! Integrity: corruption is detected, never returned as data; the last
+//! journaled batch is recovered whether or not its data reached the device.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+
+use common::*;
+use duplex_store::{
+    fsck, Batch, DirectIo, IoBackend, Key, MkfsOptions, Store, StoreConfig, StoreError,
+};
+
+fn patch(path: &std::path::Path, offset: u64, bytes: &[u8]) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.write_all_at(bytes, offset).unwrap();
+    file.sync_all().unwrap();
+}
+
+fn peek(path: &std::path::Path, offset: u64, len: usize) -> Vec<u8> {
+    let file = std::fs::File::open(path).unwrap();
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, offset).unwrap();
+    buf
+}
+
+fn setup() -> (tempfile::TempDir, std::path::PathBuf, StoreConfig) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(IoBackend::Auto);
+    let path = make_store(dir.path(), 16 << 20, 1, 64 << 10, &config);
+    (dir, path, config)
+}
+
+#[test]
+fn flipped_data_byte_fails_the_read_with_a_checksum_error() {
+    let (_dir, path, config) = setup();
+    let key = key(0, 1);
+    let mut store = Store::open(&path, &config).unwrap();
+    store
+        .partition_mut(0)
+        .write(&key, 0, &[0xAB; 8192])
+        .unwrap();
+    let offset = store
+        .partition_mut(0)
+        .locate_data(key.as_bytes(), 4096)
+        .unwrap();
+    store.close().unwrap();
+    let mut byte = peek(&path, offset + 100, 1);
+    byte[0] ^= 0x01;
+    patch(&path, offset + 100, &byte);
+
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    assert_eq!(
+        p.read(key.as_bytes(), 0, 4096).unwrap(),
+        vec![0xAB; 4096],
+        "the intact block still reads"
+    );
+    match p.read(key.as_bytes(), 4096, 10) {
+        Err(StoreError::ChecksumMismatch {
+            block,
+            device_offset,
+            ..
+        }) => {
+            assert_eq!(device_offset, offset);
+            assert!(block > 0 || offset > 0);
+        }
+        other => panic!("expected a checksum error, got {other:?}"),
+    }
+    // A partial overwrite of the bad block needs its old contents: refused, not merged with garbage.
+    assert!(matches!(
+        p.write(&key, 4096 + 10, b"x"),
+        Err(StoreError::ChecksumMismatch { .. })
+    ));
+    // A full overwrite repairs it.
+    p.write(&key, 4096, &[0xCD; 4096]).unwrap();
+    assert_eq!(
+        p.read(key.as_bytes(), 4096, 4096).unwrap(),
+        vec![0xCD; 4096]
+    );
+    store.close().unwrap();
+    assert!(fsck(&path, &config, true).clean);
+}
+
+#[test]
+fn fsck_reports_a_flipped_data_byte() {
+    let (_dir, path, config) = setup();
+    let key = key(0, 2);
+    let mut store = Store::open(&path, &config).unwrap();
+    store.partition_mut(0).write(&key, 0, &[7; 4096]).unwrap();
+    let offset = store
+        .partition_mut(0)
+        .locate_data(key.as_bytes(), 0)
+        .unwrap();
+    store.close().unwrap();
+    assert!(fsck(&path, &config, true).clean);
+    patch(&path, offset + 4095, &[0]);
+    let report = fsck(&path, &config, true);
+    assert!(!report.clean);
+    assert_eq!(
+        report.partitions[0].issues[0].kind, "data_checksum",
+        "{report:#?}"
+    );
+    // Without data verification the metadata alone is still consistent.
+    assert!(fsck(&path, &config, false).clean);
+}
+
+#[test]
+fn flipped_onode_byte_is_reported_by_fsck() {
+    let (_dir, path, config) = setup();
+    let key = key(0, 3);
+    let mut store = Store::open(&path, &config).unwrap();
+    let mut batch = Batch::new();
+    batch
+        .write(key.clone(), 0, vec![1; 5000])
+        .set_attr(key.clone(), "owner", "alice");
+    store.partition_mut(0).apply(&batch).unwrap();
+    let onode = store.partition_mut(0).locate_onode(key.as_bytes()).unwrap();
+    store.close().unwrap();
+    let mut byte = peek(&path, onode + 40, 1);
+    byte[0] ^= 0x80;
+    patch(&path, onode + 40, &byte);
+
+    let report = fsck(&path, &config, true);
+    assert!(!report.clean);
+    let kinds: Vec<&str> = report.partitions[0]
+        .issues
+        .iter()
+        .map(|i| i.kind.as_str())
+        .collect();
+    assert!(kinds.contains(&"onode_corrupt"), "{report:#?}");
+    assert!(
+        kinds.contains(&"block_leaked"),
+        "the object's blocks lose their owner: {report:#?}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["clean"], false);
+    // The store still mounts; the damaged object is unreadable, not wrong.
+    let mut store = Store::open(&path, &config).unwrap();
+    assert!(matches!(
+        store.partition_mut(0).read(key.as_bytes(), 0, 10),
+        Err(StoreError::NotFound)
+    ));
+}
+
+#[test]
+fn corrupt_superblock_refuses_to_mount() {
+    let (_dir, path, config) = setup();
+    patch(&path, 30, &[0xFF]);
+    assert!(matches!(
+        Store::open(&path, &config),
+        Err(StoreError::Corrupt(_))
+    ));
+    let report = fsck(&path, &config, true);
+    assert!(!report.clean);
+    assert_eq!(report.issues[0].kind, "mount");
+}
+
+/// Commits `first`, checkpoints, commits `second` (journaled only), and
+/// drops the store without a checkpoint, as a crash after the flush would.
+fn journaled_overwrite(
+    path: &std::path::Path,
+    config: &StoreConfig,
+    key: &Key,
+    first: Option<&[u8]>,
+    second: &[u8],
+) -> u64 {
+    let mut store = Store::open(path, config).unwrap();
+    if let Some(first) = first {
+        store.partition_mut(0).write(key, 0, first).unwrap();
+    } else {
+        let mut batch = Batch::new();
+        batch.create_preallocated(key.clone(), 1 << 20);
+        store.partition_mut(0).apply(&batch).unwrap();
+    }
+    store.close().unwrap();
+    let mut store = Store::open(path, config).unwrap();
+    store.partition_mut(0).write(key, 0, second).unwrap();
+    let offset = store
+        .partition_mut(0)
+        .locate_data(key.as_bytes(), 0)
+        .unwrap();
+    drop(store);
+    offset
+}
+
+#[test]
+fn last_record_whose_data_never_landed_reads_the_old_data() {
+    let (_dir, path, config) = setup();
+    let key = key(0, 4);
+    let offset = journaled_overwrite(&path, &config, &key, Some(&[1; 4096]), &[2; 4096]);
+    patch(&path, offset, &[1; 4096]); // the new data "did not reach the device"
+    let report = fsck(&path, &config, true);
+    assert!(report.clean, "{report:#?}");
+    let mut store = Store::open(&path, &config).unwrap();
+    assert_eq!(
+        store
+            .partition_mut(0)
+            .read(key.as_bytes(), 0, 4096)
+            .unwrap(),
+        vec![1; 4096]
+    );
+    store.close().unwrap();
+    assert!(fsck(&path, &config, true).clean);
+}
+
+#[test]
+fn last_record_whose_data_landed_reads_the_new_data() {
+    let (_dir, path, config) = setup();
+    let key = key(0, 5);
+    journaled_overwrite(&path, &config, &key, Some(&[1; 4096]), &[2; 4096]);
+    let mut store = Store::open(&path, &config).unwrap();
+    assert_eq!(
+        store
+            .partition_mut(0)
+            .read(key.as_bytes(), 0, 4096)
+            .unwrap(),
+        vec![2; 4096]
+    );
+}
+
+#[test]
+fn first_write_to_preallocated_block_that_never_landed_reads_zeros() {
+    let (_dir, path, config) = setup();
+    let key = key(0, 6);
+    let offset = journaled_overwrite(&path, &config, &key, None, &[9; 4096]);
+    patch(&path, offset, &[0x5A; 4096]); // stale bytes from an earlier owner
+    assert!(fsck(&path, &config, true).clean);
+    let mut store = Store::open(&path, &config).unwrap();
+    assert_eq!(
+        store
+            .partition_mut(0)
+            .read(key.as_bytes(), 0, 4096)
+            .unwrap(),
+        vec![0; 4096]
+    );
+}
+
+#[test]
+fn torn_block_of_the_last_record_is_an_error_not_data() {
+    let (_dir, path, config) = setup();
+    let key = key(0, 7);
+    let offset = journaled_overwrite(&path, &config, &key, Some(&[1; 4096]), &[2; 4096]);
+    let mut torn = vec![2u8; 4096];
+    torn[2048..].fill(1); // half new, half old: a power loss mid-write
+    patch(&path, offset, &torn);
+    let report = fsck(&path, &config, true);
+    assert_eq!(report.partitions[0].issues[0].kind, "data_checksum");
+    let mut store = Store::open(&path, &config).unwrap();
+    assert!(matches!(
+        store.partition_mut(0).read(key.as_bytes(), 0, 4096),
+        Err(StoreError::ChecksumMismatch { .. })
+    ));
+}
+
+#[test]
+fn preallocated_overwrites_change_no_metadata() {
+    let (_dir, path, config) = setup();
+    let key = key(0, 8);
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    let mut batch = Batch::new();
+    batch.create_preallocated(key.clone(), 4 << 20);
+    p.apply(&batch).unwrap();
+    let info = p.stat(key.as_bytes()).unwrap();
+    assert!(info.preallocated);
+    assert_eq!((info.size, info.allocated_bytes), (4 << 20, 4 << 20));
+    let mut batch = Batch::new();
+    for i in 0..16u64 {
+        batch.write(key.clone(), i * 37 * 4096, vec![i as u8; 4096]);
+    }
+    let commit = p.apply(&batch).unwrap();
+    // 16 data blocks and one sector-sized journal record: no onode, no bitmap block.
+    assert_eq!(commit.data_blocks, 16);
+    assert!(
+        commit.journal_bytes <= 4096,
+        "record of {} bytes",
+        commit.journal_bytes
+    );
+    assert_eq!(
+        p.stat(key.as_bytes()).unwrap(),
+        info,
+        "an overwrite inside the extent changes no metadata"
+    );
+    assert_eq!(
+        p.read(key.as_bytes(), 37 * 4096 * 3, 4096).unwrap(),
+        vec![3; 4096]
+    );
+    assert_eq!(
+        p.read(key.as_bytes(), 4096, 4096).unwrap(),
+        vec![0; 4096],
+        "unwritten pre-allocated blocks read as zeros"
+    );
+}
+
+#[test]
+fn no_space_is_an_error_and_changes_nothing() {
+    let (_dir, path, config) = setup();
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    let free = p.free_blocks();
+    let mut batch = Batch::new();
+    batch
+        .write(key(0, 1), 0, vec![1; 4096])
+        .create_preallocated(key(0, 2), (free + 1) * 4096);
+    assert!(matches!(
+        p.apply(&batch),
+        Err(StoreError::NoSpace { .. }) | Err(StoreError::InvalidArgument(_))
+    ));
+    assert_eq!(p.free_blocks(), free, "a refused batch reserves nothing");
+    assert!(
+        !p.exists(key(0, 1).as_bytes()),
+        "a refused batch applies nothing"
+    );
+    store.close().unwrap();
+    assert!(fsck(&path, &config, true).clean);
+}
+
+#[test]
+fn delete_defers_deallocation_until_a_later_commit() {
+    let (_dir, path, config) = setup();
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    let free = p.free_blocks();
+    let mut batch = Batch::new();
+    batch.create_preallocated(key(0, 1), 1 << 20);
+    p.apply(&batch).unwrap();
+    assert_eq!(p.free_blocks(), free - 256);
+    let mut batch = Batch::new();
+    batch.delete(key(0, 1));
+    p.apply(&batch).unwrap();
+    assert!(!p.exists(key(0, 1).as_bytes()));
+    assert_eq!(
+        p.free_blocks(),
+        free - 256,
+        "blocks stay allocated to the deleted onode"
+    );
+    store.close().unwrap();
+    assert!(
+        fsck(&path, &config, true).clean,
+        "a deleted onode awaiting reclaim still owns its blocks"
+    );
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    p.write(&key(0, 2), 0, b"next").unwrap();
+    assert_eq!(
+        p.free_blocks(),
+        free - 1,
+        "the next commit reclaimed the space"
+    );
+    store.close().unwrap();
+    assert!(fsck(&path, &config, true).clean);
+}
+
+/// tmpfs refuses O_DIRECT before Linux 6.6 and accepts it after, so probe
+/// first: where it is refused, mkfs must say so clearly, and the fallback
+/// configuration must work; where it is accepted, the store must just work.
+#[test]
+fn tmpfs_o_direct_is_refused_clearly_or_used() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        return;
+    };
+    let path = dir.path().join("store.img");
+    std::fs::write(&path, b"").unwrap();
+    let direct_ok = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .is_ok();
+    let options = MkfsOptions {
+        partitions: 1,
+        size_bytes: Some(8 << 20),
+        ..MkfsOptions::default()
+    };
+    let result = mkfs(&path, &options, &StoreConfig::default());
+    let config = if direct_ok {
+        result.expect("O_DIRECT works here, so mkfs must");
+        StoreConfig::default()
+    } else {
+        match result {
+            Err(err @ StoreError::DirectIoUnsupported { .. }) => {
+                assert!(err.to_string().contains("direct_io"))
+            }
+            other => panic!("expected DirectIoUnsupported, got {other:?}"),
+        }
+        let mut config = StoreConfig::default();
+        config.device.direct_io = DirectIo::Fallback;
+        mkfs(&path, &options, &config).unwrap();
+        config
+    };
+    let mut store = Store::open(&path, &config).unwrap();
+    store
+        .partition_mut(0)
+        .write(&key(0, 1), 0, b"hello")
+        .unwrap();
+    assert_eq!(
+        store
+            .partition_mut(0)
+            .read(key(0, 1).as_bytes(), 0, 5)
+            .unwrap(),
+        b"hello"
+    );
+}
+
+use duplex_store::mkfs;
