@@ -8,11 +8,7 @@ use crate::key::Key;
 pub enum Op {
     /// Write `data` at `offset`, creating the object if needed and extending
     /// its size; gaps read as zeros.
-    Write {
-        key: Key,
-        offset: u64,
-        data: Vec<u8>,
-    },
+    Write { key: Key, offset: u64, data: Vec<u8> },
     /// Set the size, creating the object if needed; bytes past a new,
     /// smaller size are discarded and read as zeros if the object grows again.
     Truncate { key: Key, size: u64 },
@@ -25,11 +21,7 @@ pub enum Op {
     /// [`crate::StoreError::AlreadyExists`] if it exists otherwise.
     CreatePreallocated { key: Key, size: u64 },
     /// Set an attribute, creating the object if needed.
-    SetAttr {
-        key: Key,
-        name: Vec<u8>,
-        value: Vec<u8>,
-    },
+    SetAttr { key: Key, name: Vec<u8>, value: Vec<u8> },
     /// Remove an attribute (no-op if absent or if the object is absent).
     RemoveAttr { key: Key, name: Vec<u8> },
 }
@@ -65,11 +57,7 @@ impl Batch {
     }
 
     pub fn write(&mut self, key: Key, offset: u64, data: impl Into<Vec<u8>>) -> &mut Self {
-        self.push(Op::Write {
-            key,
-            offset,
-            data: data.into(),
-        })
+        self.push(Op::Write { key, offset, data: data.into() })
     }
 
     pub fn truncate(&mut self, key: Key, size: u64) -> &mut Self {
@@ -84,24 +72,12 @@ impl Batch {
         self.push(Op::CreatePreallocated { key, size })
     }
 
-    pub fn set_attr(
-        &mut self,
-        key: Key,
-        name: impl Into<Vec<u8>>,
-        value: impl Into<Vec<u8>>,
-    ) -> &mut Self {
-        self.push(Op::SetAttr {
-            key,
-            name: name.into(),
-            value: value.into(),
-        })
+    pub fn set_attr(&mut self, key: Key, name: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> &mut Self {
+        self.push(Op::SetAttr { key, name: name.into(), value: value.into() })
     }
 
     pub fn remove_attr(&mut self, key: Key, name: impl Into<Vec<u8>>) -> &mut Self {
-        self.push(Op::RemoveAttr {
-            key,
-            name: name.into(),
-        })
+        self.push(Op::RemoveAttr { key, name: name.into() })
     }
 
     pub fn len(&self) -> usize {

@@ -24,10 +24,7 @@ impl Bitmap {
     /// A bitmap of `len` bits backed by `area`, from the area's bytes.
     /// Bits past `len` in the last page are ignored (and written back as zero).
     pub fn from_bytes(len: u64, area: Area, bytes: &[u8]) -> Bitmap {
-        assert!(
-            area.blocks * BITS_PER_PAGE >= len,
-            "area too small for {len} bits"
-        );
+        assert!(area.blocks * BITS_PER_PAGE >= len, "area too small for {len} bits");
         assert!(bytes.len() as u64 >= len.div_ceil(8));
         let word_count = len.div_ceil(64) as usize;
         let mut words: Vec<u64> = (0..word_count)
@@ -45,13 +42,7 @@ impl Bitmap {
             }
         }
         let ones = words.iter().map(|w| w.count_ones() as u64).sum();
-        Bitmap {
-            words,
-            len,
-            ones,
-            area,
-            dirty_pages: BTreeSet::new(),
-        }
+        Bitmap { words, len, ones, area, dirty_pages: BTreeSet::new() }
     }
 
     pub fn len(&self) -> u64 {
@@ -95,11 +86,7 @@ impl Bitmap {
             let word = (bit / 64) as usize;
             let offset = bit % 64;
             let span = (64 - offset).min(end - bit);
-            let mask = if span == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << span) - 1) << offset
-            };
+            let mask = if span == 64 { u64::MAX } else { ((1u64 << span) - 1) << offset };
             let before = self.words[word];
             let after = if value { before | mask } else { before & !mask };
             self.ones = self.ones + after.count_ones() as u64 - before.count_ones() as u64;
@@ -159,16 +146,15 @@ impl Bitmap {
     pub fn page_bytes(&self, page: u64) -> Vec<u8> {
         let mut out = vec![0u8; BLOCK_SIZE];
         let first = page as usize * WORDS_PER_PAGE;
-        for (i, word) in self
-            .words
-            .iter()
-            .skip(first)
-            .take(WORDS_PER_PAGE)
-            .enumerate()
-        {
+        for (i, word) in self.words.iter().skip(first).take(WORDS_PER_PAGE).enumerate() {
             out[i * 8..i * 8 + 8].copy_from_slice(&word.to_le_bytes());
         }
         out
+    }
+
+    /// Heap bytes held by the bitmap's words.
+    pub fn heap_bytes(&self) -> usize {
+        self.words.capacity() * 8
     }
 
     pub fn area(&self) -> Area {
@@ -210,10 +196,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn empty(len: u64) -> Bitmap {
-        let area = Area {
-            start: 0,
-            blocks: len.div_ceil(BITS_PER_PAGE).max(1),
-        };
+        let area = Area { start: 0, blocks: len.div_ceil(BITS_PER_PAGE).max(1) };
         Bitmap::from_bytes(len, area, &vec![0u8; len.div_ceil(8) as usize])
     }
 

@@ -44,16 +44,9 @@ impl<'a> Reader<'a> {
         Reader { buf, pos: 0, what }
     }
     pub(crate) fn bytes(&mut self, len: usize) -> Result<&'a [u8]> {
-        let end = self
-            .pos
-            .checked_add(len)
-            .filter(|end| *end <= self.buf.len())
-            .ok_or_else(|| {
-                StoreError::corrupt(format!(
-                    "{}: truncated at byte {} (wanted {len} more)",
-                    self.what, self.pos
-                ))
-            })?;
+        let end = self.pos.checked_add(len).filter(|end| *end <= self.buf.len()).ok_or_else(|| {
+            StoreError::corrupt(format!("{}: truncated at byte {} (wanted {len} more)", self.what, self.pos))
+        })?;
         let out = &self.buf[self.pos..end];
         self.pos = end;
         Ok(out)

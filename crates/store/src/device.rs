@@ -38,10 +38,7 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// A zeroed buffer of `len` bytes (`len` > 0, a multiple of 512).
     pub fn zeroed(len: usize) -> AlignedBuf {
-        assert!(
-            len > 0 && len.is_multiple_of(512),
-            "aligned buffer length {len} must be a positive multiple of 512"
-        );
+        assert!(len > 0 && len.is_multiple_of(512), "aligned buffer length {len} must be a positive multiple of 512");
         let layout = Layout::from_size_align(len, BUFFER_ALIGN).expect("valid layout");
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
@@ -113,6 +110,8 @@ pub struct DeviceConfig {
     pub direct_io: DirectIo,
     /// Entries of each partition's io_uring ring: the most requests in flight at once.
     pub queue_depth: u32,
+    /// How long to wait for another process's lock on the device.
+    pub lock_wait: std::time::Duration,
 }
 
 impl Default for DeviceConfig {
@@ -121,6 +120,7 @@ impl Default for DeviceConfig {
             backend: IoBackend::Auto,
             direct_io: DirectIo::Require,
             queue_depth: 256,
+            lock_wait: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -185,45 +185,30 @@ impl Device {
             Ok(file) => (file, true),
             Err(err) if err.raw_os_error() == Some(libc::EINVAL) => match config.direct_io {
                 DirectIo::Require => {
-                    return Err(StoreError::DirectIoUnsupported {
-                        path: shown,
-                        detail: err.to_string(),
-                    })
+                    return Err(StoreError::DirectIoUnsupported { path: shown, detail: err.to_string() })
                 }
                 DirectIo::Fallback => {
                     tracing::warn!(path = %shown, "O_DIRECT refused by the file system; using buffered I/O");
-                    (
-                        open(false).map_err(|e| StoreError::io(format!("opening {shown}"), e))?,
-                        false,
-                    )
+                    (open(false).map_err(|e| StoreError::io(format!("opening {shown}"), e))?, false)
                 }
             },
             Err(err) => return Err(StoreError::io(format!("opening {shown}"), err)),
         };
-        let metadata = file
-            .metadata()
-            .map_err(|e| StoreError::io(format!("stat {shown}"), e))?;
+        lock_device(&file, &shown, writable, config.lock_wait)?;
+        let metadata = file.metadata().map_err(|e| StoreError::io(format!("stat {shown}"), e))?;
         let is_block_device = metadata.file_type().is_block_device();
         let size_bytes = if is_block_device {
             let mut size: u64 = 0;
             // SAFETY: BLKGETSIZE64 writes one u64 through the pointer.
-            let rc =
-                unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
+            let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
             if rc != 0 {
-                return Err(StoreError::io(
-                    format!("reading the size of {shown}"),
-                    io::Error::last_os_error(),
-                ));
+                return Err(StoreError::io(format!("reading the size of {shown}"), io::Error::last_os_error()));
             }
             size
         } else {
             metadata.len()
         };
-        let sector_size = if !direct {
-            512
-        } else {
-            direct_io_alignment(&file, is_block_device)
-        };
+        let sector_size = if !direct { 512 } else { direct_io_alignment(&file, is_block_device) };
         if !(512..=BLOCK_SIZE as u32).contains(&sector_size) || !sector_size.is_power_of_two() {
             return Err(StoreError::invalid(format!(
                 "{shown}: direct I/O alignment {sector_size} is not a power of two between 512 and 4096"
@@ -258,12 +243,7 @@ impl Device {
 
     /// A new I/O queue for one partition.
     pub fn queue(&self) -> Result<Box<dyn BlockIo>> {
-        let pread = || {
-            Box::new(PreadIo {
-                file: self.file.clone(),
-                stats: IoStats::default(),
-            }) as Box<dyn BlockIo>
-        };
+        let pread = || Box::new(PreadIo { file: self.file.clone(), stats: IoStats::default() }) as Box<dyn BlockIo>;
         match self.config.backend {
             IoBackend::Pread => Ok(pread()),
             IoBackend::Uring => Ok(Box::new(
@@ -281,34 +261,41 @@ impl Device {
     }
 }
 
+/// Takes an advisory lock on the device: exclusive to write, shared to read.
+///
+/// Besides keeping two processes from mounting one store, this orders a
+/// restart after a crash: a killed process's in-flight io_uring writes hold
+/// its file open until they complete, so the lock is free only once they
+/// have landed, and recovery never reads a block that is still being written.
+fn lock_device(file: &File, shown: &str, writable: bool, wait: std::time::Duration) -> Result<()> {
+    let operation = if writable { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
+    let started = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on an open descriptor.
+        if unsafe { libc::flock(file.as_raw_fd(), operation) } == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(StoreError::io(format!("locking {shown}"), err));
+        }
+        if started.elapsed() >= wait {
+            return Err(StoreError::InUse { path: shown.to_string() });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 fn direct_io_alignment(file: &File, is_block_device: bool) -> u32 {
     if is_block_device {
         let mut sector: libc::c_int = 0;
         // SAFETY: BLKSSZGET writes one int through the pointer.
-        let rc = unsafe {
-            libc::ioctl(
-                file.as_raw_fd(),
-                libc::BLKSSZGET as _,
-                &mut sector as *mut libc::c_int,
-            )
-        };
-        return if rc == 0 && sector > 0 {
-            sector as u32
-        } else {
-            BLOCK_SIZE as u32
-        };
+        let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::BLKSSZGET as _, &mut sector as *mut libc::c_int) };
+        return if rc == 0 && sector > 0 { sector as u32 } else { BLOCK_SIZE as u32 };
     }
     // SAFETY: statx fills the zeroed struct; the empty path with AT_EMPTY_PATH names the fd.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let rc = unsafe {
-        libc::statx(
-            file.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            STATX_DIOALIGN,
-            &mut stx,
-        )
-    };
+    let rc = unsafe { libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, STATX_DIOALIGN, &mut stx) };
     if rc == 0 && stx.stx_mask & STATX_DIOALIGN != 0 && stx.stx_dio_offset_align != 0 {
         stx.stx_dio_offset_align
     } else {
@@ -327,19 +314,12 @@ pub fn create_file(path: &Path, size_bytes: u64) -> Result<()> {
         .write(true)
         .open(path)
         .map_err(|e| StoreError::io(format!("creating {}", path.display()), e))?;
-    file.set_len(size_bytes)
-        .map_err(|e| StoreError::io(format!("sizing {}", path.display()), e))
+    file.set_len(size_bytes).map_err(|e| StoreError::io(format!("sizing {}", path.display()), e))
 }
 
 fn check_aligned(offset: u64, len: usize, ptr: *const u8) {
-    debug_assert!(
-        offset.is_multiple_of(512),
-        "unaligned device offset {offset}"
-    );
-    debug_assert!(
-        len.is_multiple_of(512) && len > 0,
-        "unaligned I/O length {len}"
-    );
+    debug_assert!(offset.is_multiple_of(512), "unaligned device offset {offset}");
+    debug_assert!(len.is_multiple_of(512) && len > 0, "unaligned I/O length {len}");
     debug_assert!((ptr as usize).is_multiple_of(512), "unaligned I/O buffer");
 }
 
@@ -392,11 +372,7 @@ struct UringIo {
 impl UringIo {
     fn new(file: Arc<File>, entries: u32) -> io::Result<UringIo> {
         let ring = io_uring::IoUring::new(entries.max(8))?;
-        Ok(UringIo {
-            file,
-            ring,
-            stats: IoStats::default(),
-        })
+        Ok(UringIo { file, ring, stats: IoStats::default() })
     }
 
     /// Submits `entries` in windows of at most the ring's size and waits for
@@ -446,9 +422,7 @@ impl BlockIo for UringIo {
             .iter_mut()
             .map(|(offset, buf)| {
                 check_aligned(*offset, buf.len(), buf.as_ptr());
-                let entry = io_uring::opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32)
-                    .offset(*offset)
-                    .build();
+                let entry = io_uring::opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32).offset(*offset).build();
                 (entry, buf.len())
             })
             .collect();
@@ -464,9 +438,7 @@ impl BlockIo for UringIo {
             .iter()
             .map(|(offset, buf)| {
                 check_aligned(*offset, buf.len(), buf.as_ptr());
-                let entry = io_uring::opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32)
-                    .offset(*offset)
-                    .build();
+                let entry = io_uring::opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32).offset(*offset).build();
                 (entry, buf.len())
             })
             .collect();

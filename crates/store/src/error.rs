@@ -19,13 +19,7 @@ pub enum StoreError {
         "checksum mismatch in partition {partition}, data block {block} (device offset {device_offset}): \
          stored crc32c {stored:#010x}, computed {computed:#010x}"
     )]
-    ChecksumMismatch {
-        partition: u32,
-        block: u64,
-        device_offset: u64,
-        stored: u32,
-        computed: u32,
-    },
+    ChecksumMismatch { partition: u32, block: u64, device_offset: u64, stored: u32, computed: u32 },
 
     #[error("object not found")]
     NotFound,
@@ -61,16 +55,19 @@ pub enum StoreError {
     #[error("key belongs to partition {expected}, but was sent to partition {actual}")]
     WrongPartition { expected: u32, actual: u32 },
 
+    #[error(
+        "{path} is in use by another process (it holds the store's lock); stop it first, \
+         or wait for a crashed process's last I/O to finish"
+    )]
+    InUse { path: String },
+
     #[error("the store is mounted read-only")]
     ReadOnly,
 }
 
 impl StoreError {
     pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
-        StoreError::Io {
-            context: context.into(),
-            source,
-        }
+        StoreError::Io { context: context.into(), source }
     }
 
     pub(crate) fn invalid(msg: impl Into<String>) -> Self {

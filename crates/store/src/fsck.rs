@@ -45,10 +45,7 @@ pub struct PartitionFsck {
 impl PartitionFsck {
     fn issue(&mut self, kind: &str, detail: String) {
         if self.issues.len() < MAX_ISSUES_PER_PARTITION {
-            self.issues.push(FsckIssue {
-                kind: kind.into(),
-                detail,
-            });
+            self.issues.push(FsckIssue { kind: kind.into(), detail });
         } else {
             self.issues_suppressed += 1;
         }
@@ -66,10 +63,7 @@ pub struct FsckReport {
 
 /// Checks the store at `path` (mounted read-only: nothing is written).
 pub fn fsck(path: &Path, config: &StoreConfig, verify_data: bool) -> FsckReport {
-    let config = StoreConfig {
-        read_only: true,
-        ..config.clone()
-    };
+    let config = StoreConfig { read_only: true, ..config.clone() };
     let mut report = FsckReport {
         path: path.display().to_string(),
         clean: false,
@@ -83,16 +77,10 @@ pub fn fsck(path: &Path, config: &StoreConfig, verify_data: bool) -> FsckReport 
                 report.partitions.push(partition.fsck(verify_data));
             }
         }
-        Err(err) => report.issues.push(FsckIssue {
-            kind: "mount".into(),
-            detail: err.to_string(),
-        }),
+        Err(err) => report.issues.push(FsckIssue { kind: "mount".into(), detail: err.to_string() }),
     }
-    report.clean = report.issues.is_empty()
-        && report
-            .partitions
-            .iter()
-            .all(|p| p.issues.is_empty() && p.issues_suppressed == 0);
+    report.clean =
+        report.issues.is_empty() && report.partitions.iter().all(|p| p.issues.is_empty() && p.issues_suppressed == 0);
     report
 }
 
@@ -144,10 +132,7 @@ impl Partition {
                     Ok((chain, deleted, meta)) => {
                         for &s in &chain {
                             if slot_owned.test_and_set(s as u64) {
-                                report.issue(
-                                    "slot_shared",
-                                    format!("slot {s} is in two onode chains"),
-                                );
+                                report.issue("slot_shared", format!("slot {s} is in two onode chains"));
                             }
                         }
                         for extent in &meta.extents {
@@ -181,26 +166,17 @@ impl Partition {
         }
         for &slot in &used {
             if !slot_owned.get(slot) {
-                report.issue(
-                    "slot_leaked",
-                    format!("slot {slot} is in use but in no readable onode chain"),
-                );
+                report.issue("slot_leaked", format!("slot {slot} is in use but in no readable onode chain"));
             }
         }
         for block in self.alloc.ones() {
             if !block_owned.get(block) {
-                report.issue(
-                    "block_leaked",
-                    format!("data block {block} is allocated but no onode references it"),
-                );
+                report.issue("block_leaked", format!("data block {block} is allocated but no onode references it"));
             }
         }
         for block in self.written.ones() {
             if !self.alloc.get(block) {
-                report.issue(
-                    "written_but_free",
-                    format!("data block {block} is marked written but not allocated"),
-                );
+                report.issue("written_but_free", format!("data block {block} is marked written but not allocated"));
             }
         }
         live.sort();
@@ -208,21 +184,14 @@ impl Partition {
             if pair[0].0 == pair[1].0 {
                 report.issue(
                     "duplicate_key",
-                    format!(
-                        "{:?} has live onodes at slots {} and {}",
-                        pair[0].0, pair[0].1, pair[1].1
-                    ),
+                    format!("{:?} has live onodes at slots {} and {}", pair[0].0, pair[0].1, pair[1].1),
                 );
             }
         }
         if live.len() != self.objects.len() {
             report.issue(
                 "index_mismatch",
-                format!(
-                    "{} live onodes but {} index entries",
-                    live.len(),
-                    self.objects.len()
-                ),
+                format!("{} live onodes but {} index entries", live.len(), self.objects.len()),
             );
         }
         if verify_data {
@@ -231,29 +200,18 @@ impl Partition {
         report
     }
 
-    fn check_index_entry(
-        &self,
-        report: &mut PartitionFsck,
-        head: u32,
-        meta: &crate::onode::ObjectMeta,
-    ) {
+    fn check_index_entry(&self, report: &mut PartitionFsck, head: u32, meta: &crate::onode::ObjectMeta) {
         match self.objects.get(meta.key.as_bytes()) {
             Some(entry) if entry.head_slot == head => {
                 if entry.size != meta.size
                     || entry.extents.as_slice() != meta.extents.as_slice()
                     || entry.flags != meta.flags
                 {
-                    report.issue(
-                        "index_mismatch",
-                        format!("{:?}: index disagrees with its onode", meta.key),
-                    );
+                    report.issue("index_mismatch", format!("{:?}: index disagrees with its onode", meta.key));
                 }
             }
             Some(_) => {} // a duplicate; reported with duplicate_key
-            None => report.issue(
-                "index_mismatch",
-                format!("{:?} has an onode but no index entry", meta.key),
-            ),
+            None => report.issue("index_mismatch", format!("{:?} has an onode but no index entry", meta.key)),
         }
     }
 
@@ -265,16 +223,10 @@ impl Partition {
                 report.issue("io", format!("reading crc pages: {err}"));
                 return;
             }
-            let mut bufs: Vec<AlignedBuf> = chunk
-                .iter()
-                .map(|_| AlignedBuf::zeroed(BLOCK_SIZE))
-                .collect();
+            let mut bufs: Vec<AlignedBuf> = chunk.iter().map(|_| AlignedBuf::zeroed(BLOCK_SIZE)).collect();
             {
-                let mut requests: Vec<(u64, &mut [u8])> = chunk
-                    .iter()
-                    .zip(bufs.iter_mut())
-                    .map(|(b, buf)| (self.data_offset(*b), &mut buf[..]))
-                    .collect();
+                let mut requests: Vec<(u64, &mut [u8])> =
+                    chunk.iter().zip(bufs.iter_mut()).map(|(b, buf)| (self.data_offset(*b), &mut buf[..])).collect();
                 if let Err(err) = self.io.read_many(&mut requests) {
                     report.issue("io", format!("reading data blocks: {err}"));
                     return;
@@ -292,7 +244,10 @@ impl Partition {
                 if computed != stored {
                     report.issue(
                         "data_checksum",
-                        format!("data block {block} (device offset {}): stored {stored:#010x}, computed {computed:#010x}", self.data_offset(*block)),
+                        format!(
+                            "data block {block} (device offset {}): stored {stored:#010x}, computed {computed:#010x}",
+                            self.data_offset(*block)
+                        ),
                     );
                 }
                 report.blocks_verified += 1;

@@ -19,12 +19,15 @@
 //! 8  partition u32        12 payload length u32    16 sequence u64    24 fsid [16]
 //! 40 payload: entries, each a tag byte then fields:
 //!    1 SetBits   map u8 (0 slots, 1 alloc, 2 written), start u64, count u64, value u8
-//!    2 DataWrite block u32, was written u8, old crc u32, new crc u32
+//!    2 DataWrite block u32, was written u8, old crc u32, new crc u32, zero from u16
 //!    3 WriteSlot slot u32, image [512]
 //! ```
 //! `DataWrite` sets the block's written bit and crc. It carries the old state
 //! so that mount can tell, for the last record, whether each block's data
-//! landed (see `Partition::recover_last_record`).
+//! landed (see `Partition::recover_last_record`). `zero from` (0: none) is
+//! set when the batch grew the object past its old size inside this block:
+//! bytes from there on were never visible, and if the new data did not land,
+//! recovery zeroes them in the old contents so that they never become visible.
 
 use crate::codec::{seal, verify_seal, Reader, Writer};
 use crate::device::AlignedBuf;
@@ -44,29 +47,16 @@ pub enum BitmapKind {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Entry {
-    SetBits {
-        map: BitmapKind,
-        start: u64,
-        count: u64,
-        value: bool,
-    },
-    DataWrite {
-        block: u32,
-        was_written: bool,
-        old_crc: u32,
-        new_crc: u32,
-    },
-    WriteSlot {
-        slot: u32,
-        image: Box<[u8; SLOT_SIZE]>,
-    },
+    SetBits { map: BitmapKind, start: u64, count: u64, value: bool },
+    DataWrite { block: u32, was_written: bool, old_crc: u32, new_crc: u32, zero_from: u16 },
+    WriteSlot { slot: u32, image: Box<[u8; SLOT_SIZE]> },
 }
 
 impl Entry {
     fn encoded_len(&self) -> usize {
         match self {
             Entry::SetBits { .. } => 1 + 1 + 8 + 8 + 1,
-            Entry::DataWrite { .. } => 1 + 4 + 1 + 4 + 4,
+            Entry::DataWrite { .. } => 1 + 4 + 1 + 4 + 4 + 2,
             Entry::WriteSlot { .. } => 1 + 4 + SLOT_SIZE,
         }
     }
@@ -101,29 +91,20 @@ impl Record {
             w.bytes(fsid);
             for entry in &self.entries {
                 match entry {
-                    Entry::SetBits {
-                        map,
-                        start,
-                        count,
-                        value,
-                    } => {
+                    Entry::SetBits { map, start, count, value } => {
                         w.u8(1);
                         w.u8(*map as u8);
                         w.u64(*start);
                         w.u64(*count);
                         w.u8(*value as u8);
                     }
-                    Entry::DataWrite {
-                        block,
-                        was_written,
-                        old_crc,
-                        new_crc,
-                    } => {
+                    Entry::DataWrite { block, was_written, old_crc, new_crc, zero_from } => {
                         w.u8(2);
                         w.u32(*block);
                         w.u8(*was_written as u8);
                         w.u32(*old_crc);
                         w.u32(*new_crc);
+                        w.u16(*zero_from);
                     }
                     Entry::WriteSlot { slot, image } => {
                         w.u8(3);
@@ -178,37 +159,22 @@ impl Record {
                         0 => BitmapKind::Slots,
                         1 => BitmapKind::Alloc,
                         2 => BitmapKind::Written,
-                        other => {
-                            return Err(crate::StoreError::corrupt(format!(
-                                "journal: bitmap kind {other}"
-                            )))
-                        }
+                        other => return Err(crate::StoreError::corrupt(format!("journal: bitmap kind {other}"))),
                     };
-                    Entry::SetBits {
-                        map,
-                        start: r.u64()?,
-                        count: r.u64()?,
-                        value: r.u8()? != 0,
-                    }
+                    Entry::SetBits { map, start: r.u64()?, count: r.u64()?, value: r.u8()? != 0 }
                 }
                 2 => Entry::DataWrite {
                     block: r.u32()?,
                     was_written: r.u8()? != 0,
                     old_crc: r.u32()?,
                     new_crc: r.u32()?,
+                    zero_from: r.u16()?,
                 },
                 3 => {
                     let slot = r.u32()?;
-                    Entry::WriteSlot {
-                        slot,
-                        image: Box::new(r.array()?),
-                    }
+                    Entry::WriteSlot { slot, image: Box::new(r.array()?) }
                 }
-                other => {
-                    return Err(crate::StoreError::corrupt(format!(
-                        "journal: entry tag {other}"
-                    )))
-                }
+                other => return Err(crate::StoreError::corrupt(format!("journal: entry tag {other}"))),
             };
             entries.push(entry);
         }
@@ -223,26 +189,23 @@ mod tests {
 
     fn entry_strategy() -> impl Strategy<Value = Entry> {
         prop_oneof![
-            (0u8..3, any::<u64>(), any::<u64>(), any::<bool>()).prop_map(
-                |(m, start, count, value)| Entry::SetBits {
-                    map: [BitmapKind::Slots, BitmapKind::Alloc, BitmapKind::Written][m as usize],
-                    start,
-                    count,
-                    value
-                }
-            ),
-            (any::<u32>(), any::<bool>(), any::<u32>(), any::<u32>()).prop_map(
-                |(block, was_written, old_crc, new_crc)| Entry::DataWrite {
+            (0u8..3, any::<u64>(), any::<u64>(), any::<bool>()).prop_map(|(m, start, count, value)| Entry::SetBits {
+                map: [BitmapKind::Slots, BitmapKind::Alloc, BitmapKind::Written][m as usize],
+                start,
+                count,
+                value
+            }),
+            (any::<u32>(), any::<bool>(), any::<u32>(), any::<u32>(), any::<u16>()).prop_map(
+                |(block, was_written, old_crc, new_crc, zero_from)| Entry::DataWrite {
                     block,
                     was_written,
                     old_crc,
-                    new_crc
+                    new_crc,
+                    zero_from
                 }
             ),
-            (any::<u32>(), any::<u8>()).prop_map(|(slot, fill)| Entry::WriteSlot {
-                slot,
-                image: Box::new([fill; SLOT_SIZE])
-            }),
+            (any::<u32>(), any::<u8>())
+                .prop_map(|(slot, fill)| Entry::WriteSlot { slot, image: Box::new([fill; SLOT_SIZE]) }),
         ]
     }
 

@@ -2,7 +2,7 @@
 //!
 //! The first four bytes, big-endian, are the key's **group** (the OSD puts the
 //! placement group there), so all keys of one group sort together and live in
-//! one partition. Keys of up to 22 bytes are stored inline: the in-memory
+//! one partition. Keys of up to 30 bytes are stored inline: the in-memory
 //! index costs no heap allocation per key for the common case.
 
 use std::borrow::Borrow;
@@ -12,38 +12,29 @@ use std::hash::{Hash, Hasher};
 
 use crate::{StoreError, MAX_KEY_LEN};
 
-const INLINE_CAPACITY: usize = 22;
+const INLINE_CAPACITY: usize = 30;
 
 #[derive(Clone)]
 pub struct Key(Repr);
 
 #[derive(Clone)]
 enum Repr {
-    Inline {
-        len: u8,
-        bytes: [u8; INLINE_CAPACITY],
-    },
+    Inline { len: u8, bytes: [u8; INLINE_CAPACITY] },
     Heap(Box<[u8]>),
 }
 
-const _: () = assert!(std::mem::size_of::<Key>() == 24);
+const _: () = assert!(std::mem::size_of::<Key>() == 32);
 
 impl Key {
     /// A key from bytes; fails on an empty key or one longer than [`MAX_KEY_LEN`].
     pub fn new(bytes: &[u8]) -> Result<Key, StoreError> {
         if bytes.is_empty() || bytes.len() > MAX_KEY_LEN {
-            return Err(StoreError::invalid(format!(
-                "key length {} is outside 1..={MAX_KEY_LEN}",
-                bytes.len()
-            )));
+            return Err(StoreError::invalid(format!("key length {} is outside 1..={MAX_KEY_LEN}", bytes.len())));
         }
         if bytes.len() <= INLINE_CAPACITY {
             let mut inline = [0u8; INLINE_CAPACITY];
             inline[..bytes.len()].copy_from_slice(bytes);
-            Ok(Key(Repr::Inline {
-                len: bytes.len() as u8,
-                bytes: inline,
-            }))
+            Ok(Key(Repr::Inline { len: bytes.len() as u8, bytes: inline }))
         } else {
             Ok(Key(Repr::Heap(bytes.into())))
         }

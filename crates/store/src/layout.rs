@@ -90,17 +90,10 @@ impl PartitionGeometry {
     /// Lays out a partition of `blocks` blocks starting at `start`, with a
     /// journal of `journal_blocks` and one onode slot per `bytes_per_onode`
     /// bytes of data: the most data blocks whose metadata still fits.
-    pub fn plan(
-        start: u64,
-        blocks: u64,
-        journal_blocks: u64,
-        bytes_per_onode: u64,
-    ) -> Result<PartitionGeometry> {
+    pub fn plan(start: u64, blocks: u64, journal_blocks: u64, bytes_per_onode: u64) -> Result<PartitionGeometry> {
         let fixed = 2 + journal_blocks;
         let overhead = |data: u64| {
-            let slots = (data * BLOCK_SIZE as u64)
-                .div_ceil(bytes_per_onode)
-                .max(SLOTS_PER_PAGE as u64);
+            let slots = (data * BLOCK_SIZE as u64).div_ceil(bytes_per_onode).max(SLOTS_PER_PAGE as u64);
             let slot_bitmap = slots.div_ceil(BITS_PER_PAGE);
             let bitmaps = 2 * data.div_ceil(BITS_PER_PAGE).max(1);
             let crc = data.div_ceil(CRCS_PER_PAGE).max(1);
@@ -128,15 +121,10 @@ impl PartitionGeometry {
                 "a partition may hold at most 2^32 data blocks (16 TiB); use more partitions",
             ));
         }
-        let slots = (data_blocks * BLOCK_SIZE as u64)
-            .div_ceil(bytes_per_onode)
-            .max(SLOTS_PER_PAGE as u64);
+        let slots = (data_blocks * BLOCK_SIZE as u64).div_ceil(bytes_per_onode).max(SLOTS_PER_PAGE as u64);
         let mut next = start;
         let mut take = |n: u64| {
-            let area = Area {
-                start: next,
-                blocks: n,
-            };
+            let area = Area { start: next, blocks: n };
             next += n;
             area
         };
@@ -158,17 +146,8 @@ impl PartitionGeometry {
 
     /// Areas are in order, contiguous, inside the partition and the device, and big enough.
     pub fn validate(&self, device_blocks: u64) -> Result<()> {
-        let bad = |what: &str| {
-            Err(StoreError::corrupt(format!(
-                "partition geometry: {what}: {self:?}"
-            )))
-        };
-        if self.start == 0
-            || self
-                .start
-                .checked_add(self.blocks)
-                .is_none_or(|end| end > device_blocks)
-        {
+        let bad = |what: &str| Err(StoreError::corrupt(format!("partition geometry: {what}: {self:?}")));
+        if self.start == 0 || self.start.checked_add(self.blocks).is_none_or(|end| end > device_blocks) {
             return bad("partition outside the device");
         }
         let mut next = self.start;
@@ -214,12 +193,7 @@ pub struct MkfsOptions {
 
 impl Default for MkfsOptions {
     fn default() -> Self {
-        MkfsOptions {
-            partitions: 1,
-            journal_bytes: None,
-            bytes_per_onode: 64 << 10,
-            size_bytes: None,
-        }
+        MkfsOptions { partitions: 1, journal_bytes: None, bytes_per_onode: 64 << 10, size_bytes: None }
     }
 }
 
@@ -235,48 +209,26 @@ pub struct Superblock {
 
 impl Superblock {
     /// Plans a store of `device_bytes` bytes.
-    pub fn plan(
-        device_bytes: u64,
-        sector_size: u32,
-        options: &MkfsOptions,
-        fsid: [u8; 16],
-    ) -> Result<Superblock> {
+    pub fn plan(device_bytes: u64, sector_size: u32, options: &MkfsOptions, fsid: [u8; 16]) -> Result<Superblock> {
         if options.partitions == 0 || options.partitions > MAX_PARTITIONS {
-            return Err(StoreError::invalid(format!(
-                "partition count must be 1..={MAX_PARTITIONS}"
-            )));
+            return Err(StoreError::invalid(format!("partition count must be 1..={MAX_PARTITIONS}")));
         }
         if options.bytes_per_onode < BLOCK_SIZE as u64 {
             return Err(StoreError::invalid("bytes_per_onode must be at least 4096"));
         }
         let device_blocks = device_bytes / BLOCK_SIZE as u64;
         let per_partition = device_blocks.saturating_sub(1) / options.partitions as u64;
-        let journal_bytes = options
-            .journal_bytes
-            .unwrap_or_else(|| (per_partition * BLOCK_SIZE as u64 / 128).clamp(1 << 20, 64 << 20));
+        let journal_bytes =
+            options.journal_bytes.unwrap_or_else(|| (per_partition * BLOCK_SIZE as u64 / 128).clamp(1 << 20, 64 << 20));
         let journal_blocks = journal_bytes.div_ceil(BLOCK_SIZE as u64).max(4);
         let partitions = (0..options.partitions as u64)
             .map(|p| {
-                PartitionGeometry::plan(
-                    1 + p * per_partition,
-                    per_partition,
-                    journal_blocks,
-                    options.bytes_per_onode,
-                )
+                PartitionGeometry::plan(1 + p * per_partition, per_partition, journal_blocks, options.bytes_per_onode)
             })
             .collect::<Result<Vec<_>>>()?;
-        let created_unix = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        Ok(Superblock {
-            version: FORMAT_VERSION,
-            fsid,
-            device_blocks,
-            sector_size,
-            created_unix,
-            partitions,
-        })
+        let created_unix =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        Ok(Superblock { version: FORMAT_VERSION, fsid, device_blocks, sector_size, created_unix, partitions })
     }
 
     pub fn encode(&self) -> [u8; BLOCK_SIZE] {
@@ -304,9 +256,7 @@ impl Superblock {
 
     pub fn decode(buf: &[u8]) -> Result<Superblock> {
         if buf.len() < BLOCK_SIZE || &buf[..8] != SUPERBLOCK_MAGIC {
-            return Err(StoreError::corrupt(
-                "no Duplex store here (superblock magic missing); run mkfs first",
-            ));
+            return Err(StoreError::corrupt("no Duplex store here (superblock magic missing); run mkfs first"));
         }
         let buf = &buf[..BLOCK_SIZE];
         if !verify_seal(buf, SUPERBLOCK_CRC_AT) {
@@ -327,14 +277,10 @@ impl Superblock {
         let count = r.u32()?;
         let created_unix = r.u64()?;
         if count == 0 || count > MAX_PARTITIONS {
-            return Err(StoreError::corrupt(format!(
-                "superblock: {count} partitions"
-            )));
+            return Err(StoreError::corrupt(format!("superblock: {count} partitions")));
         }
         if !(512..=BLOCK_SIZE as u32).contains(&sector_size) || !sector_size.is_power_of_two() {
-            return Err(StoreError::corrupt(format!(
-                "superblock: sector size {sector_size}"
-            )));
+            return Err(StoreError::corrupt(format!("superblock: sector size {sector_size}")));
         }
         let mut partitions = Vec::with_capacity(count as usize);
         for _ in 0..count {
@@ -342,13 +288,9 @@ impl Superblock {
             let blocks = r.u64()?;
             let mut areas = [Area::default(); 8];
             for area in areas.iter_mut() {
-                *area = Area {
-                    start: r.u64()?,
-                    blocks: r.u64()?,
-                };
+                *area = Area { start: r.u64()?, blocks: r.u64()? };
             }
-            let [headers, journal, slot_bitmap, alloc_bitmap, written_bitmap, crc_table, onodes, data] =
-                areas;
+            let [headers, journal, slot_bitmap, alloc_bitmap, written_bitmap, crc_table, onodes, data] = areas;
             let g = PartitionGeometry {
                 start,
                 blocks,
@@ -370,14 +312,7 @@ impl Superblock {
             }
             partitions.push(g);
         }
-        Ok(Superblock {
-            version,
-            fsid,
-            device_blocks,
-            sector_size,
-            created_unix,
-            partitions,
-        })
+        Ok(Superblock { version, fsid, device_blocks, sector_size, created_unix, partitions })
     }
 }
 
@@ -434,18 +369,12 @@ mod tests {
 
     #[test]
     fn superblock_round_trips_and_detects_corruption() {
-        let options = MkfsOptions {
-            partitions: 3,
-            ..Default::default()
-        };
+        let options = MkfsOptions { partitions: 3, ..Default::default() };
         let sb = Superblock::plan(1 << 30, 512, &options, [7; 16]).unwrap();
         let mut bytes = sb.encode();
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
         bytes[100] ^= 1;
-        assert!(matches!(
-            Superblock::decode(&bytes),
-            Err(StoreError::Corrupt(_))
-        ));
+        assert!(matches!(Superblock::decode(&bytes), Err(StoreError::Corrupt(_))));
     }
 
     #[test]
@@ -453,10 +382,7 @@ mod tests {
         let g = PartitionGeometry::plan(1, 262_144, 256, 64 << 10).unwrap();
         let used = g.data.end() - g.start;
         assert!(used <= g.blocks);
-        assert!(
-            g.data.blocks as f64 > 0.98 * (g.blocks - 258) as f64,
-            "{g:?}"
-        );
+        assert!(g.data.blocks as f64 > 0.98 * (g.blocks - 258) as f64, "{g:?}");
     }
 
     proptest! {

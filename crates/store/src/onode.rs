@@ -20,9 +20,7 @@
 use crate::codec::{seal, verify_seal, Reader, Writer};
 use crate::error::{Result, StoreError};
 use crate::key::Key;
-use crate::{
-    BLOCK_SIZE, MAX_ATTR_BYTES, MAX_ATTR_NAME_LEN, MAX_ATTR_VALUE_LEN, MAX_OBJECT_SIZE, SLOT_SIZE,
-};
+use crate::{BLOCK_SIZE, MAX_ATTR_BYTES, MAX_ATTR_NAME_LEN, MAX_ATTR_VALUE_LEN, MAX_OBJECT_SIZE, SLOT_SIZE};
 
 pub const SLOT_MAGIC: u16 = 0xD0DE;
 pub const KIND_HEAD: u8 = 1;
@@ -49,9 +47,7 @@ impl Extent {
         self.logical + self.len
     }
     pub fn physical_for(&self, logical: u32) -> Option<u32> {
-        (self.logical..self.logical_end())
-            .contains(&logical)
-            .then(|| self.physical + (logical - self.logical))
+        (self.logical..self.logical_end()).contains(&logical).then(|| self.physical + (logical - self.logical))
     }
 }
 
@@ -69,20 +65,13 @@ pub struct ObjectMeta {
 
 impl ObjectMeta {
     pub fn new(key: Key) -> ObjectMeta {
-        ObjectMeta {
-            key,
-            size: 0,
-            flags: 0,
-            extents: Vec::new(),
-            attrs: Vec::new(),
-        }
+        ObjectMeta { key, size: 0, flags: 0, extents: Vec::new(), attrs: Vec::new() }
     }
 
     pub fn encode(&self) -> Vec<u8> {
         let key = self.key.as_bytes();
         let attr_bytes: usize = self.attrs.iter().map(|(n, v)| 3 + n.len() + v.len()).sum();
-        let mut blob =
-            vec![0u8; 1 + key.len() + 8 + 1 + 4 + 12 * self.extents.len() + 2 + attr_bytes];
+        let mut blob = vec![0u8; 1 + key.len() + 8 + 1 + 4 + 12 * self.extents.len() + 2 + attr_bytes];
         let mut w = Writer::new(&mut blob);
         w.u8(key.len() as u8);
         w.bytes(key);
@@ -110,14 +99,11 @@ impl ObjectMeta {
     pub fn decode(blob: &[u8], data_blocks: u64) -> Result<ObjectMeta> {
         let mut r = Reader::new(blob, "onode");
         let key_len = r.u8()? as usize;
-        let key = Key::new(r.bytes(key_len)?)
-            .map_err(|_| StoreError::corrupt("onode: bad key length"))?;
+        let key = Key::new(r.bytes(key_len)?).map_err(|_| StoreError::corrupt("onode: bad key length"))?;
         let size = r.u64()?;
         let flags = r.u8()?;
         if size > MAX_OBJECT_SIZE {
-            return Err(StoreError::corrupt(format!(
-                "onode: size {size} exceeds the maximum"
-            )));
+            return Err(StoreError::corrupt(format!("onode: size {size} exceeds the maximum")));
         }
         let extent_count = r.u32()? as usize;
         if extent_count * 12 > r.remaining() {
@@ -126,21 +112,13 @@ impl ObjectMeta {
         let mut extents = Vec::with_capacity(extent_count);
         let size_blocks = size.div_ceil(BLOCK_SIZE as u64);
         for _ in 0..extent_count {
-            let e = Extent {
-                logical: r.u32()?,
-                physical: r.u32()?,
-                len: r.u32()?,
-            };
+            let e = Extent { logical: r.u32()?, physical: r.u32()?, len: r.u32()? };
             if e.len == 0
                 || e.logical as u64 + e.len as u64 > size_blocks
                 || e.physical as u64 + e.len as u64 > data_blocks
-                || extents
-                    .last()
-                    .is_some_and(|p: &Extent| p.logical_end() > e.logical)
+                || extents.last().is_some_and(|p: &Extent| p.logical_end() > e.logical)
             {
-                return Err(StoreError::corrupt(format!(
-                    "onode: bad extent {e:?} (size {size})"
-                )));
+                return Err(StoreError::corrupt(format!("onode: bad extent {e:?} (size {size})")));
             }
             extents.push(e);
         }
@@ -151,26 +129,15 @@ impl ObjectMeta {
             let name = r.bytes(name_len)?.to_vec();
             let value_len = r.u16()? as usize;
             let value = r.bytes(value_len)?.to_vec();
-            if name.is_empty()
-                || value.len() > MAX_ATTR_VALUE_LEN
-                || attrs.last().is_some_and(|(p, _)| *p >= name)
-            {
-                return Err(StoreError::corrupt(
-                    "onode: attributes unsorted, duplicated or oversized",
-                ));
+            if name.is_empty() || value.len() > MAX_ATTR_VALUE_LEN || attrs.last().is_some_and(|(p, _)| *p >= name) {
+                return Err(StoreError::corrupt("onode: attributes unsorted, duplicated or oversized"));
             }
             attrs.push((name, value));
         }
         if r.remaining() != 0 {
             return Err(StoreError::corrupt("onode: trailing bytes"));
         }
-        Ok(ObjectMeta {
-            key,
-            size,
-            flags,
-            extents,
-            attrs,
-        })
+        Ok(ObjectMeta { key, size, flags, extents, attrs })
     }
 
     pub fn is_preallocated(&self) -> bool {
@@ -180,17 +147,12 @@ impl ObjectMeta {
     /// The data block holding logical block `logical`, if allocated.
     pub fn physical_for(&self, logical: u32) -> Option<u32> {
         let index = self.extents.partition_point(|e| e.logical_end() <= logical);
-        self.extents
-            .get(index)
-            .and_then(|e| e.physical_for(logical))
+        self.extents.get(index).and_then(|e| e.physical_for(logical))
     }
 
     /// Maps logical block `logical` to `physical`, merging with neighbours.
     pub fn map_block(&mut self, logical: u32, physical: u32) {
-        debug_assert!(
-            self.physical_for(logical).is_none(),
-            "block {logical} mapped twice"
-        );
+        debug_assert!(self.physical_for(logical).is_none(), "block {logical} mapped twice");
         let index = self.extents.partition_point(|e| e.logical_end() <= logical);
         if index > 0 {
             let previous = &mut self.extents[index - 1];
@@ -214,14 +176,7 @@ impl ObjectMeta {
                 return;
             }
         }
-        self.extents.insert(
-            index,
-            Extent {
-                logical,
-                physical,
-                len: 1,
-            },
-        );
+        self.extents.insert(index, Extent { logical, physical, len: 1 });
     }
 
     /// Unmaps every block at or past logical block `first`; returns the freed
@@ -290,10 +245,7 @@ impl ObjectMeta {
     }
 
     pub fn attr(&self, name: &[u8]) -> Option<&[u8]> {
-        self.attrs
-            .iter()
-            .find(|(n, _)| n.as_slice() == name)
-            .map(|(_, v)| v.as_slice())
+        self.attrs.iter().find(|(n, _)| n.as_slice() == name).map(|(_, v)| v.as_slice())
     }
 }
 
@@ -316,22 +268,14 @@ pub fn slots_needed(blob_len: usize) -> usize {
 
 /// The slot images of `blob` stored in `slots` (head first).
 pub fn encode_chain(blob: &[u8], slots: &[u32], deleted: bool) -> Vec<[u8; SLOT_SIZE]> {
-    assert_eq!(
-        slots.len(),
-        slots_needed(blob.len()),
-        "chain length must fit the blob"
-    );
+    assert_eq!(slots.len(), slots_needed(blob.len()), "chain length must fit the blob");
     let mut chunks = blob.chunks(FRAGMENT_CAPACITY);
     (0..slots.len())
         .map(|i| {
             let fragment = chunks.next().unwrap_or(&[]);
             let header = SlotHeader {
                 kind: if i == 0 { KIND_HEAD } else { KIND_CONTINUATION },
-                flags: if i == 0 && deleted {
-                    HEAD_FLAG_DELETED
-                } else {
-                    0
-                },
+                flags: if i == 0 && deleted { HEAD_FLAG_DELETED } else { 0 },
                 head: slots[0],
                 next: slots.get(i + 1).copied().unwrap_or(NO_SLOT),
                 index: i as u16,
@@ -385,12 +329,8 @@ pub fn decode_slot(slot: &[u8]) -> Result<(SlotHeader, &[u8])> {
         fragment_len: r.u16()?,
         blob_len: r.u32()?,
     };
-    if !(kind == KIND_HEAD || kind == KIND_CONTINUATION)
-        || header.fragment_len as usize > FRAGMENT_CAPACITY
-    {
-        return Err(StoreError::corrupt(
-            "onode slot: bad kind or fragment length",
-        ));
+    if !(kind == KIND_HEAD || kind == KIND_CONTINUATION) || header.fragment_len as usize > FRAGMENT_CAPACITY {
+        return Err(StoreError::corrupt("onode slot: bad kind or fragment length"));
     }
     if header.blob_len as usize > MAX_CHAIN_SLOTS * FRAGMENT_CAPACITY {
         return Err(StoreError::corrupt("onode slot: blob too long"));
@@ -419,11 +359,7 @@ mod tests {
                 let mut logical = 0;
                 for (i, gap) in gaps.into_iter().enumerate() {
                     logical += gap;
-                    meta.extents.push(Extent {
-                        logical,
-                        physical: i as u32 * 100,
-                        len: 2,
-                    });
+                    meta.extents.push(Extent { logical, physical: i as u32 * 100, len: 2 });
                     logical += 2;
                 }
                 meta.size = logical as u64 * BLOCK_SIZE as u64;

@@ -23,39 +23,23 @@ pub struct PageCache {
 
 impl PageCache {
     pub fn new(capacity_pages: usize) -> PageCache {
-        PageCache {
-            pages: HashMap::new(),
-            capacity_pages: capacity_pages.max(16),
-            dirty_count: 0,
-            misses: 0,
-        }
+        PageCache { pages: HashMap::new(), capacity_pages: capacity_pages.max(16), dirty_count: 0, misses: 0 }
     }
 
     /// Loads every listed page (absolute device block numbers) that is not
     /// cached, with one batch of reads.
     pub fn load(&mut self, io: &mut dyn BlockIo, blocks: &[u64]) -> Result<()> {
-        let mut missing: Vec<u64> = blocks
-            .iter()
-            .copied()
-            .filter(|b| !self.pages.contains_key(b))
-            .collect();
+        let mut missing: Vec<u64> = blocks.iter().copied().filter(|b| !self.pages.contains_key(b)).collect();
         if missing.is_empty() {
             return Ok(());
         }
         missing.sort_unstable();
         missing.dedup();
-        let mut bufs: Vec<AlignedBuf> = missing
-            .iter()
-            .map(|_| AlignedBuf::zeroed(BLOCK_SIZE))
-            .collect();
+        let mut bufs: Vec<AlignedBuf> = missing.iter().map(|_| AlignedBuf::zeroed(BLOCK_SIZE)).collect();
         {
-            let mut requests: Vec<(u64, &mut [u8])> = missing
-                .iter()
-                .zip(bufs.iter_mut())
-                .map(|(b, buf)| (b * BLOCK_SIZE as u64, &mut buf[..]))
-                .collect();
-            io.read_many(&mut requests)
-                .map_err(|e| StoreError::io("reading metadata pages", e))?;
+            let mut requests: Vec<(u64, &mut [u8])> =
+                missing.iter().zip(bufs.iter_mut()).map(|(b, buf)| (b * BLOCK_SIZE as u64, &mut buf[..])).collect();
+            io.read_many(&mut requests).map_err(|e| StoreError::io("reading metadata pages", e))?;
         }
         self.misses += missing.len() as u64;
         for (block, buf) in missing.into_iter().zip(bufs) {
@@ -66,18 +50,12 @@ impl PageCache {
 
     /// A cached page's bytes; the page must have been loaded.
     pub fn get(&self, block: u64) -> &[u8] {
-        &self
-            .pages
-            .get(&block)
-            .unwrap_or_else(|| panic!("metadata page {block} used before it was loaded"))
-            .buf
+        &self.pages.get(&block).unwrap_or_else(|| panic!("metadata page {block} used before it was loaded")).buf
     }
 
     pub fn get_mut(&mut self, block: u64) -> &mut [u8] {
-        let page = self
-            .pages
-            .get_mut(&block)
-            .unwrap_or_else(|| panic!("metadata page {block} used before it was loaded"));
+        let page =
+            self.pages.get_mut(&block).unwrap_or_else(|| panic!("metadata page {block} used before it was loaded"));
         if !page.dirty {
             page.dirty = true;
             self.dirty_count += 1;
@@ -103,12 +81,8 @@ impl PageCache {
 
     /// The dirty pages, sorted by block, for write-back.
     pub fn dirty_pages(&self) -> Vec<(u64, &[u8])> {
-        let mut dirty: Vec<(u64, &[u8])> = self
-            .pages
-            .iter()
-            .filter(|(_, p)| p.dirty)
-            .map(|(b, p)| (*b, &p.buf[..]))
-            .collect();
+        let mut dirty: Vec<(u64, &[u8])> =
+            self.pages.iter().filter(|(_, p)| p.dirty).map(|(b, p)| (*b, &p.buf[..])).collect();
         dirty.sort_unstable_by_key(|(b, _)| *b);
         dirty
     }
@@ -128,13 +102,7 @@ impl PageCache {
         }
         let target = self.capacity_pages * 7 / 8;
         let excess = self.pages.len().saturating_sub(target);
-        let victims: Vec<u64> = self
-            .pages
-            .iter()
-            .filter(|(_, p)| !p.dirty)
-            .map(|(b, _)| *b)
-            .take(excess)
-            .collect();
+        let victims: Vec<u64> = self.pages.iter().filter(|(_, p)| !p.dirty).map(|(b, _)| *b).take(excess).collect();
         for block in victims {
             self.pages.remove(&block);
         }

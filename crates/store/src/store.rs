@@ -66,20 +66,14 @@ pub fn mkfs(path: &Path, options: &MkfsOptions, config: &StoreConfig) -> Result<
             g.slot_bitmap.start,
             g.slot_bitmap.blocks + g.alloc_bitmap.blocks + g.written_bitmap.blocks,
         )?;
-        let header = PartitionHeader {
-            fsid,
-            partition: index as u32,
-            header_seq: 1,
-            journal_start_seq: 1,
-        };
+        let header = PartitionHeader { fsid, partition: index as u32, header_seq: 1, journal_start_seq: 1 };
         let buf = AlignedBuf::from_slice(&crate::partition::commit::pad_to_block(&header.encode()));
         io.write_many(&[((g.headers.start + 1) * BLOCK_SIZE as u64, &buf[..])])
             .map_err(|e| StoreError::io("writing a partition header", e))?;
     }
     io.flush().map_err(|e| StoreError::io("flushing", e))?;
     let buf = AlignedBuf::from_slice(&superblock.encode());
-    io.write_many(&[(0, &buf[..])])
-        .map_err(|e| StoreError::io("writing the superblock", e))?;
+    io.write_many(&[(0, &buf[..])]).map_err(|e| StoreError::io("writing the superblock", e))?;
     io.flush().map_err(|e| StoreError::io("flushing", e))?;
     Ok(superblock)
 }
@@ -88,10 +82,7 @@ fn fill_random(bytes: &mut [u8]) -> Result<()> {
     // SAFETY: getrandom writes at most len bytes into the buffer.
     let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
     if n != bytes.len() as isize {
-        return Err(StoreError::io(
-            "reading random bytes for the fsid",
-            std::io::Error::last_os_error(),
-        ));
+        return Err(StoreError::io("reading random bytes for the fsid", std::io::Error::last_os_error()));
     }
     Ok(())
 }
@@ -110,8 +101,7 @@ impl Store {
         let device = Device::open(path, &config.device, !config.read_only)?;
         let mut first = AlignedBuf::zeroed(BLOCK_SIZE);
         let mut io = device.queue()?;
-        io.read_many(&mut [(0, &mut first[..])])
-            .map_err(|e| StoreError::io("reading the superblock", e))?;
+        io.read_many(&mut [(0, &mut first[..])]).map_err(|e| StoreError::io("reading the superblock", e))?;
         let superblock = Superblock::decode(&first)?;
         if superblock.device_blocks * BLOCK_SIZE as u64 > device.size_bytes() {
             return Err(StoreError::corrupt(format!(
@@ -150,11 +140,7 @@ impl Store {
                 Partition::mount(device.queue()?, params)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Store {
-            device,
-            superblock,
-            partitions,
-        })
+        Ok(Store { device, superblock, partitions })
     }
 
     pub fn superblock(&self) -> &Superblock {

@@ -6,9 +6,7 @@ mod common;
 use std::os::unix::fs::FileExt;
 
 use common::*;
-use duplex_store::{
-    fsck, Batch, DirectIo, IoBackend, Key, MkfsOptions, Store, StoreConfig, StoreError,
-};
+use duplex_store::{fsck, Batch, DirectIo, IoBackend, Key, MkfsOptions, Store, StoreConfig, StoreError};
 
 fn patch(path: &std::path::Path, offset: u64, bytes: &[u8]) {
     let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
@@ -35,14 +33,8 @@ fn flipped_data_byte_fails_the_read_with_a_checksum_error() {
     let (_dir, path, config) = setup();
     let key = key(0, 1);
     let mut store = Store::open(&path, &config).unwrap();
-    store
-        .partition_mut(0)
-        .write(&key, 0, &[0xAB; 8192])
-        .unwrap();
-    let offset = store
-        .partition_mut(0)
-        .locate_data(key.as_bytes(), 4096)
-        .unwrap();
+    store.partition_mut(0).write(&key, 0, &[0xAB; 8192]).unwrap();
+    let offset = store.partition_mut(0).locate_data(key.as_bytes(), 4096).unwrap();
     store.close().unwrap();
     let mut byte = peek(&path, offset + 100, 1);
     byte[0] ^= 0x01;
@@ -50,33 +42,19 @@ fn flipped_data_byte_fails_the_read_with_a_checksum_error() {
 
     let mut store = Store::open(&path, &config).unwrap();
     let p = store.partition_mut(0);
-    assert_eq!(
-        p.read(key.as_bytes(), 0, 4096).unwrap(),
-        vec![0xAB; 4096],
-        "the intact block still reads"
-    );
+    assert_eq!(p.read(key.as_bytes(), 0, 4096).unwrap(), vec![0xAB; 4096], "the intact block still reads");
     match p.read(key.as_bytes(), 4096, 10) {
-        Err(StoreError::ChecksumMismatch {
-            block,
-            device_offset,
-            ..
-        }) => {
+        Err(StoreError::ChecksumMismatch { block, device_offset, .. }) => {
             assert_eq!(device_offset, offset);
             assert!(block > 0 || offset > 0);
         }
         other => panic!("expected a checksum error, got {other:?}"),
     }
     // A partial overwrite of the bad block needs its old contents: refused, not merged with garbage.
-    assert!(matches!(
-        p.write(&key, 4096 + 10, b"x"),
-        Err(StoreError::ChecksumMismatch { .. })
-    ));
+    assert!(matches!(p.write(&key, 4096 + 10, b"x"), Err(StoreError::ChecksumMismatch { .. })));
     // A full overwrite repairs it.
     p.write(&key, 4096, &[0xCD; 4096]).unwrap();
-    assert_eq!(
-        p.read(key.as_bytes(), 4096, 4096).unwrap(),
-        vec![0xCD; 4096]
-    );
+    assert_eq!(p.read(key.as_bytes(), 4096, 4096).unwrap(), vec![0xCD; 4096]);
     store.close().unwrap();
     assert!(fsck(&path, &config, true).clean);
 }
@@ -87,19 +65,13 @@ fn fsck_reports_a_flipped_data_byte() {
     let key = key(0, 2);
     let mut store = Store::open(&path, &config).unwrap();
     store.partition_mut(0).write(&key, 0, &[7; 4096]).unwrap();
-    let offset = store
-        .partition_mut(0)
-        .locate_data(key.as_bytes(), 0)
-        .unwrap();
+    let offset = store.partition_mut(0).locate_data(key.as_bytes(), 0).unwrap();
     store.close().unwrap();
     assert!(fsck(&path, &config, true).clean);
     patch(&path, offset + 4095, &[0]);
     let report = fsck(&path, &config, true);
     assert!(!report.clean);
-    assert_eq!(
-        report.partitions[0].issues[0].kind, "data_checksum",
-        "{report:#?}"
-    );
+    assert_eq!(report.partitions[0].issues[0].kind, "data_checksum", "{report:#?}");
     // Without data verification the metadata alone is still consistent.
     assert!(fsck(&path, &config, false).clean);
 }
@@ -110,9 +82,7 @@ fn flipped_onode_byte_is_reported_by_fsck() {
     let key = key(0, 3);
     let mut store = Store::open(&path, &config).unwrap();
     let mut batch = Batch::new();
-    batch
-        .write(key.clone(), 0, vec![1; 5000])
-        .set_attr(key.clone(), "owner", "alice");
+    batch.write(key.clone(), 0, vec![1; 5000]).set_attr(key.clone(), "owner", "alice");
     store.partition_mut(0).apply(&batch).unwrap();
     let onode = store.partition_mut(0).locate_onode(key.as_bytes()).unwrap();
     store.close().unwrap();
@@ -122,34 +92,21 @@ fn flipped_onode_byte_is_reported_by_fsck() {
 
     let report = fsck(&path, &config, true);
     assert!(!report.clean);
-    let kinds: Vec<&str> = report.partitions[0]
-        .issues
-        .iter()
-        .map(|i| i.kind.as_str())
-        .collect();
+    let kinds: Vec<&str> = report.partitions[0].issues.iter().map(|i| i.kind.as_str()).collect();
     assert!(kinds.contains(&"onode_corrupt"), "{report:#?}");
-    assert!(
-        kinds.contains(&"block_leaked"),
-        "the object's blocks lose their owner: {report:#?}"
-    );
+    assert!(kinds.contains(&"block_leaked"), "the object's blocks lose their owner: {report:#?}");
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["clean"], false);
     // The store still mounts; the damaged object is unreadable, not wrong.
     let mut store = Store::open(&path, &config).unwrap();
-    assert!(matches!(
-        store.partition_mut(0).read(key.as_bytes(), 0, 10),
-        Err(StoreError::NotFound)
-    ));
+    assert!(matches!(store.partition_mut(0).read(key.as_bytes(), 0, 10), Err(StoreError::NotFound)));
 }
 
 #[test]
 fn corrupt_superblock_refuses_to_mount() {
     let (_dir, path, config) = setup();
     patch(&path, 30, &[0xFF]);
-    assert!(matches!(
-        Store::open(&path, &config),
-        Err(StoreError::Corrupt(_))
-    ));
+    assert!(matches!(Store::open(&path, &config), Err(StoreError::Corrupt(_))));
     let report = fsck(&path, &config, true);
     assert!(!report.clean);
     assert_eq!(report.issues[0].kind, "mount");
@@ -175,10 +132,7 @@ fn journaled_overwrite(
     store.close().unwrap();
     let mut store = Store::open(path, config).unwrap();
     store.partition_mut(0).write(key, 0, second).unwrap();
-    let offset = store
-        .partition_mut(0)
-        .locate_data(key.as_bytes(), 0)
-        .unwrap();
+    let offset = store.partition_mut(0).locate_data(key.as_bytes(), 0).unwrap();
     drop(store);
     offset
 }
@@ -192,13 +146,7 @@ fn last_record_whose_data_never_landed_reads_the_old_data() {
     let report = fsck(&path, &config, true);
     assert!(report.clean, "{report:#?}");
     let mut store = Store::open(&path, &config).unwrap();
-    assert_eq!(
-        store
-            .partition_mut(0)
-            .read(key.as_bytes(), 0, 4096)
-            .unwrap(),
-        vec![1; 4096]
-    );
+    assert_eq!(store.partition_mut(0).read(key.as_bytes(), 0, 4096).unwrap(), vec![1; 4096]);
     store.close().unwrap();
     assert!(fsck(&path, &config, true).clean);
 }
@@ -209,13 +157,7 @@ fn last_record_whose_data_landed_reads_the_new_data() {
     let key = key(0, 5);
     journaled_overwrite(&path, &config, &key, Some(&[1; 4096]), &[2; 4096]);
     let mut store = Store::open(&path, &config).unwrap();
-    assert_eq!(
-        store
-            .partition_mut(0)
-            .read(key.as_bytes(), 0, 4096)
-            .unwrap(),
-        vec![2; 4096]
-    );
+    assert_eq!(store.partition_mut(0).read(key.as_bytes(), 0, 4096).unwrap(), vec![2; 4096]);
 }
 
 #[test]
@@ -226,13 +168,7 @@ fn first_write_to_preallocated_block_that_never_landed_reads_zeros() {
     patch(&path, offset, &[0x5A; 4096]); // stale bytes from an earlier owner
     assert!(fsck(&path, &config, true).clean);
     let mut store = Store::open(&path, &config).unwrap();
-    assert_eq!(
-        store
-            .partition_mut(0)
-            .read(key.as_bytes(), 0, 4096)
-            .unwrap(),
-        vec![0; 4096]
-    );
+    assert_eq!(store.partition_mut(0).read(key.as_bytes(), 0, 4096).unwrap(), vec![0; 4096]);
 }
 
 #[test]
@@ -246,10 +182,7 @@ fn torn_block_of_the_last_record_is_an_error_not_data() {
     let report = fsck(&path, &config, true);
     assert_eq!(report.partitions[0].issues[0].kind, "data_checksum");
     let mut store = Store::open(&path, &config).unwrap();
-    assert!(matches!(
-        store.partition_mut(0).read(key.as_bytes(), 0, 4096),
-        Err(StoreError::ChecksumMismatch { .. })
-    ));
+    assert!(matches!(store.partition_mut(0).read(key.as_bytes(), 0, 4096), Err(StoreError::ChecksumMismatch { .. })));
 }
 
 #[test]
@@ -271,20 +204,9 @@ fn preallocated_overwrites_change_no_metadata() {
     let commit = p.apply(&batch).unwrap();
     // 16 data blocks and one sector-sized journal record: no onode, no bitmap block.
     assert_eq!(commit.data_blocks, 16);
-    assert!(
-        commit.journal_bytes <= 4096,
-        "record of {} bytes",
-        commit.journal_bytes
-    );
-    assert_eq!(
-        p.stat(key.as_bytes()).unwrap(),
-        info,
-        "an overwrite inside the extent changes no metadata"
-    );
-    assert_eq!(
-        p.read(key.as_bytes(), 37 * 4096 * 3, 4096).unwrap(),
-        vec![3; 4096]
-    );
+    assert!(commit.journal_bytes <= 4096, "record of {} bytes", commit.journal_bytes);
+    assert_eq!(p.stat(key.as_bytes()).unwrap(), info, "an overwrite inside the extent changes no metadata");
+    assert_eq!(p.read(key.as_bytes(), 37 * 4096 * 3, 4096).unwrap(), vec![3; 4096]);
     assert_eq!(
         p.read(key.as_bytes(), 4096, 4096).unwrap(),
         vec![0; 4096],
@@ -299,18 +221,10 @@ fn no_space_is_an_error_and_changes_nothing() {
     let p = store.partition_mut(0);
     let free = p.free_blocks();
     let mut batch = Batch::new();
-    batch
-        .write(key(0, 1), 0, vec![1; 4096])
-        .create_preallocated(key(0, 2), (free + 1) * 4096);
-    assert!(matches!(
-        p.apply(&batch),
-        Err(StoreError::NoSpace { .. }) | Err(StoreError::InvalidArgument(_))
-    ));
+    batch.write(key(0, 1), 0, vec![1; 4096]).create_preallocated(key(0, 2), (free + 1) * 4096);
+    assert!(matches!(p.apply(&batch), Err(StoreError::NoSpace { .. }) | Err(StoreError::InvalidArgument(_))));
     assert_eq!(p.free_blocks(), free, "a refused batch reserves nothing");
-    assert!(
-        !p.exists(key(0, 1).as_bytes()),
-        "a refused batch applies nothing"
-    );
+    assert!(!p.exists(key(0, 1).as_bytes()), "a refused batch applies nothing");
     store.close().unwrap();
     assert!(fsck(&path, &config, true).clean);
 }
@@ -329,24 +243,13 @@ fn delete_defers_deallocation_until_a_later_commit() {
     batch.delete(key(0, 1));
     p.apply(&batch).unwrap();
     assert!(!p.exists(key(0, 1).as_bytes()));
-    assert_eq!(
-        p.free_blocks(),
-        free - 256,
-        "blocks stay allocated to the deleted onode"
-    );
+    assert_eq!(p.free_blocks(), free - 256, "blocks stay allocated to the deleted onode");
     store.close().unwrap();
-    assert!(
-        fsck(&path, &config, true).clean,
-        "a deleted onode awaiting reclaim still owns its blocks"
-    );
+    assert!(fsck(&path, &config, true).clean, "a deleted onode awaiting reclaim still owns its blocks");
     let mut store = Store::open(&path, &config).unwrap();
     let p = store.partition_mut(0);
     p.write(&key(0, 2), 0, b"next").unwrap();
-    assert_eq!(
-        p.free_blocks(),
-        free - 1,
-        "the next commit reclaimed the space"
-    );
+    assert_eq!(p.free_blocks(), free - 1, "the next commit reclaimed the space");
     store.close().unwrap();
     assert!(fsck(&path, &config, true).clean);
 }
@@ -362,16 +265,8 @@ fn tmpfs_o_direct_is_refused_clearly_or_used() {
     };
     let path = dir.path().join("store.img");
     std::fs::write(&path, b"").unwrap();
-    let direct_ok = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&path)
-        .is_ok();
-    let options = MkfsOptions {
-        partitions: 1,
-        size_bytes: Some(8 << 20),
-        ..MkfsOptions::default()
-    };
+    let direct_ok = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&path).is_ok();
+    let options = MkfsOptions { partitions: 1, size_bytes: Some(8 << 20), ..MkfsOptions::default() };
     let result = mkfs(&path, &options, &StoreConfig::default());
     let config = if direct_ok {
         result.expect("O_DIRECT works here, so mkfs must");
@@ -389,17 +284,96 @@ fn tmpfs_o_direct_is_refused_clearly_or_used() {
         config
     };
     let mut store = Store::open(&path, &config).unwrap();
-    store
-        .partition_mut(0)
-        .write(&key(0, 1), 0, b"hello")
-        .unwrap();
-    assert_eq!(
-        store
-            .partition_mut(0)
-            .read(key(0, 1).as_bytes(), 0, 5)
-            .unwrap(),
-        b"hello"
-    );
+    store.partition_mut(0).write(&key(0, 1), 0, b"hello").unwrap();
+    assert_eq!(store.partition_mut(0).read(key(0, 1).as_bytes(), 0, 5).unwrap(), b"hello");
 }
 
 use duplex_store::mkfs;
+
+#[test]
+fn a_second_writer_is_refused_while_the_store_is_mounted() {
+    let (_dir, path, mut config) = setup();
+    config.device.lock_wait = std::time::Duration::from_millis(50);
+    let store = Store::open(&path, &config).unwrap();
+    assert!(matches!(Store::open(&path, &config), Err(StoreError::InUse { .. })));
+    let report = fsck(&path, &config, false);
+    assert_eq!(report.issues[0].kind, "mount", "a read-only check waits for the writer too");
+    drop(store);
+    Store::open(&path, &config).unwrap();
+}
+
+/// Regression (found by the crash test): an object modified and deleted in
+/// one batch left a deleted onode naming blocks the batch had freed; once
+/// reused, a remount's reclaim freed them under their new owner.
+#[test]
+fn delete_after_truncate_in_one_batch_reclaims_only_what_it_owns() {
+    let (_dir, path, config) = setup();
+    let victim = key(0, 1);
+    let mut store = Store::open(&path, &config).unwrap();
+    store.partition_mut(0).write(&victim, 0, &[1; 8 * 4096]).unwrap();
+    let mut batch = Batch::new();
+    batch.truncate(victim.clone(), 4096).delete(victim.clone());
+    store.partition_mut(0).apply(&batch).unwrap();
+    // Reuse the freed blocks, then "crash" (no checkpoint): remount replays.
+    store.partition_mut(0).write(&key(0, 2), 0, &[2; 8 * 4096]).unwrap();
+    drop(store);
+    let report = fsck(&path, &config, true);
+    assert!(report.clean, "{report:#?}");
+    let mut store = Store::open(&path, &config).unwrap();
+    store.partition_mut(0).write(&key(0, 3), 0, b"reclaim runs now").unwrap();
+    assert_eq!(store.partition_mut(0).read(key(0, 2).as_bytes(), 0, 8 * 4096).unwrap(), vec![2; 8 * 4096]);
+    store.close().unwrap();
+    assert!(fsck(&path, &config, true).clean);
+}
+
+/// Regression (found by the crash test): growing an object whose tail block
+/// holds stale bytes past its size, with a crash before the block's new
+/// contents land, must not make those stale bytes visible.
+#[test]
+fn interrupted_growth_never_exposes_bytes_past_the_old_size() {
+    let (_dir, path, config) = setup();
+    let k = key(0, 9);
+    let mut store = Store::open(&path, &config).unwrap();
+    store.partition_mut(0).write(&k, 0, &[7; 8192]).unwrap();
+    let mut batch = Batch::new();
+    batch.truncate(k.clone(), 5000); // bytes 5000..8192 stay on disk, invisible
+    store.partition_mut(0).apply(&batch).unwrap();
+    let offset = store.partition_mut(0).locate_data(k.as_bytes(), 4096).unwrap();
+    store.close().unwrap();
+    let old_block = peek(&path, offset, 4096);
+    let mut store = Store::open(&path, &config).unwrap();
+    let mut batch = Batch::new();
+    batch.truncate(k.clone(), 9000);
+    store.partition_mut(0).apply(&batch).unwrap();
+    drop(store);
+    patch(&path, offset, &old_block); // the zeroed tail "did not land"
+    let mut store = Store::open(&path, &config).unwrap();
+    let data = store.partition_mut(0).read(k.as_bytes(), 0, 9000).unwrap();
+    assert_eq!(&data[..5000], &[7; 5000][..]);
+    assert!(data[5000..].iter().all(|b| *b == 0), "stale bytes became visible");
+    store.close().unwrap();
+    assert!(fsck(&path, &config, true).clean);
+}
+
+/// Regression (found by the crash test): shrinking then growing in one batch
+/// must not zero bytes that were visible before the batch when recovery
+/// finds the old contents.
+#[test]
+fn interrupted_shrink_and_grow_keeps_bytes_that_were_visible() {
+    let (_dir, path, config) = setup();
+    let k = key(0, 10);
+    let mut store = Store::open(&path, &config).unwrap();
+    store.partition_mut(0).write(&k, 0, &[3; 8192]).unwrap();
+    let offset = store.partition_mut(0).locate_data(k.as_bytes(), 4096).unwrap();
+    store.close().unwrap();
+    let mut store = Store::open(&path, &config).unwrap();
+    let mut batch = Batch::new();
+    batch.truncate(k.clone(), 5000).truncate(k.clone(), 8192);
+    store.partition_mut(0).apply(&batch).unwrap();
+    drop(store);
+    patch(&path, offset, &[3; 4096]); // the old block: the batch's data "did not land"
+    let mut store = Store::open(&path, &config).unwrap();
+    assert_eq!(store.partition_mut(0).read(k.as_bytes(), 0, 8192).unwrap(), vec![3; 8192], "old contents, whole");
+    store.close().unwrap();
+    assert!(fsck(&path, &config, true).clean);
+}

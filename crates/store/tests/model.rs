@@ -30,9 +30,7 @@ fn run(seed: u64, batches: usize, backend: IoBackend) {
         match (&expected, &result) {
             (Ok(()), Ok(_)) => {}
             (Err(_), Err(err)) if is_rejection(err) => {}
-            _ => panic!(
-                "round {round}: model says {expected:?}, store says {result:?} for {single:?}"
-            ),
+            _ => panic!("round {round}: model says {expected:?}, store says {result:?} for {single:?}"),
         }
         if round % 9 == 8 {
             if rand::Rng::gen_bool(&mut rng, 0.5) {

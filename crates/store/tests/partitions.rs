@@ -38,11 +38,7 @@ fn n_partitions_driven_by_n_threads_concurrently() {
                     }
                     let expected = model.apply(&batch);
                     let result = partition.apply(&batch);
-                    assert_eq!(
-                        expected.is_ok(),
-                        result.is_ok(),
-                        "partition {index}: {result:?}"
-                    );
+                    assert_eq!(expected.is_ok(), result.is_ok(), "partition {index}: {result:?}");
                     committed += result.is_ok() as u64;
                 }
                 assert_eq!(partition.stats().batches, committed);
@@ -74,17 +70,8 @@ fn a_key_sent_to_the_wrong_partition_is_refused() {
     let key = key(1, 0); // group 1 → partition 1
     assert_eq!(store.partition_of(key.as_bytes()), 1);
     let result = store.partition_mut(0).write(&key, 0, b"x");
-    assert!(matches!(
-        result,
-        Err(duplex_store::StoreError::WrongPartition {
-            expected: 1,
-            actual: 0
-        })
-    ));
-    store
-        .partition_for(key.as_bytes())
-        .write(&key, 0, b"x")
-        .unwrap();
+    assert!(matches!(result, Err(duplex_store::StoreError::WrongPartition { expected: 1, actual: 0 })));
+    store.partition_for(key.as_bytes()).write(&key, 0, b"x").unwrap();
 }
 
 fn set_key(op: &mut duplex_store::Op, new: duplex_store::Key) {

@@ -38,10 +38,7 @@ impl Partition {
             checkpointed = true;
             prepared = self.prepare(batch)?;
         }
-        let result = self.commit(prepared).map(|info| CommitInfo {
-            checkpointed,
-            ..info
-        });
+        let result = self.commit(prepared).map(|info| CommitInfo { checkpointed, ..info });
         self.stats.batches += 1;
         self.stats.ops += batch.len() as u64;
         self.pages.trim();
@@ -68,33 +65,19 @@ impl Partition {
         }
 
         let seq = self.next_seq;
-        let record_buf = prepared
-            .record
-            .encode(seq, &self.fsid, self.index, self.sector);
+        let record_buf = prepared.record.encode(seq, &self.fsid, self.index, self.sector);
         let record_offset = self.geometry.journal.byte_offset() + self.journal_used_bytes;
-        let data: Vec<(u64, &[u8])> = prepared
-            .staged
-            .iter()
-            .map(|(block, staged)| (self.data_offset(*block), &staged.buf[..]))
-            .collect();
+        let data: Vec<(u64, &[u8])> =
+            prepared.staged.iter().map(|(block, staged)| (self.data_offset(*block), &staged.buf[..])).collect();
         let io_result = self
             .io
             .write_many(&[(record_offset, &record_buf[..])])
-            .and_then(|()| {
-                if data.is_empty() {
-                    Ok(())
-                } else {
-                    self.io.write_many(&data)
-                }
-            })
+            .and_then(|()| if data.is_empty() { Ok(()) } else { self.io.write_many(&data) })
             .and_then(|()| self.io.flush());
         if let Err(err) = io_result {
             self.failed = true;
             tracing::error!(partition = self.index, error = %err, "device error during commit; partition stopped");
-            return Err(StoreError::io(
-                format!("committing batch {seq} of partition {}", self.index),
-                err,
-            ));
+            return Err(StoreError::io(format!("committing batch {seq} of partition {}", self.index), err));
         }
         self.next_seq += 1;
         self.journal_used_bytes += record_len;
@@ -151,21 +134,13 @@ impl Partition {
     pub(crate) fn apply_record(&mut self, record: &Record) -> Result<()> {
         for entry in &record.entries {
             match entry {
-                Entry::SetBits {
-                    map,
-                    start,
-                    count,
-                    value,
-                } => {
+                Entry::SetBits { map, start, count, value } => {
                     let bitmap = match map {
                         BitmapKind::Slots => &mut self.slots,
                         BitmapKind::Alloc => &mut self.alloc,
                         BitmapKind::Written => &mut self.written,
                     };
-                    if start
-                        .checked_add(*count)
-                        .is_none_or(|end| end > bitmap.len())
-                    {
+                    if start.checked_add(*count).is_none_or(|end| end > bitmap.len()) {
                         return Err(StoreError::corrupt(format!(
                             "partition {}: journal entry sets bits {start}+{count} past the bitmap's {} bits",
                             self.index,
@@ -219,12 +194,7 @@ impl Partition {
         let requests: Vec<(u64, &[u8])> = writes
             .iter()
             .map(|(offset, buf)| (*offset, &buf[..]))
-            .chain(
-                self.pages
-                    .dirty_pages()
-                    .into_iter()
-                    .map(|(block, bytes)| (block * BLOCK_SIZE as u64, bytes)),
-            )
+            .chain(self.pages.dirty_pages().into_iter().map(|(block, bytes)| (block * BLOCK_SIZE as u64, bytes)))
             .collect();
         let metadata_bytes: u64 = requests.iter().map(|(_, b)| b.len() as u64).sum();
         let header = PartitionHeader {
@@ -234,24 +204,16 @@ impl Partition {
             journal_start_seq: self.next_seq,
         };
         let header_buf = AlignedBuf::from_slice(&pad_to_block(&header.encode()));
-        let header_offset =
-            (self.geometry.headers.start + header.header_seq % 2) * BLOCK_SIZE as u64;
-        let result = (if requests.is_empty() {
-            Ok(())
-        } else {
-            self.io.write_many(&requests)
-        })
-        .and_then(|()| self.io.flush())
-        .and_then(|()| self.io.write_many(&[(header_offset, &header_buf[..])]))
-        .and_then(|()| self.io.flush());
+        let header_offset = (self.geometry.headers.start + header.header_seq % 2) * BLOCK_SIZE as u64;
+        let result = (if requests.is_empty() { Ok(()) } else { self.io.write_many(&requests) })
+            .and_then(|()| self.io.flush())
+            .and_then(|()| self.io.write_many(&[(header_offset, &header_buf[..])]))
+            .and_then(|()| self.io.flush());
         drop(requests);
         if let Err(err) = result {
             self.failed = true;
             tracing::error!(partition = self.index, error = %err, "device error during checkpoint; partition stopped");
-            return Err(StoreError::io(
-                format!("checkpointing partition {}", self.index),
-                err,
-            ));
+            return Err(StoreError::io(format!("checkpointing partition {}", self.index), err));
         }
         self.header_seq = header.header_seq;
         self.journal_used_bytes = 0;

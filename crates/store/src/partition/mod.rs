@@ -65,12 +65,7 @@ impl Extents {
 
 impl IndexEntry {
     pub fn from_meta(head_slot: u32, meta: &ObjectMeta) -> IndexEntry {
-        IndexEntry {
-            head_slot,
-            size: meta.size,
-            flags: meta.flags,
-            extents: Extents::from_vec(&meta.extents),
-        }
+        IndexEntry { head_slot, size: meta.size, flags: meta.flags, extents: Extents::from_vec(&meta.extents) }
     }
 
     /// The data block holding logical block `logical`, if allocated.
@@ -122,6 +117,16 @@ pub struct ObjectInfo {
     pub preallocated: bool,
     /// Bytes of data blocks mapped to the object.
     pub allocated_bytes: u64,
+}
+
+/// Where a partition's memory goes (for the memory report).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct PartitionMemory {
+    pub objects: usize,
+    /// Slot, allocation and written bitmaps: fixed by the partition's size.
+    pub bitmap_bytes: usize,
+    /// Cached crc-table and onode pages (bounded by `metadata_cache_bytes`).
+    pub page_cache_bytes: usize,
 }
 
 /// Tunables of a mounted partition.
@@ -178,22 +183,23 @@ impl Partition {
         self.io.engine()
     }
 
-    pub fn stats(&self) -> PartitionStats {
-        PartitionStats {
-            io: self.io.stats(),
-            cache_misses: self.pages.misses,
-            ..self.stats
+    pub fn memory(&self) -> PartitionMemory {
+        PartitionMemory {
+            objects: self.objects.len(),
+            bitmap_bytes: self.slots.heap_bytes() + self.alloc.heap_bytes() + self.written.heap_bytes(),
+            page_cache_bytes: self.pages.len() * BLOCK_SIZE,
         }
+    }
+
+    pub fn stats(&self) -> PartitionStats {
+        PartitionStats { io: self.io.stats(), cache_misses: self.pages.misses, ..self.stats }
     }
 
     /// Fails unless `key` belongs here (its group modulo the partition count).
     pub fn check_key(&self, key: &[u8]) -> Result<()> {
         let expected = crate::key::group_of(key) % self.partition_count;
         if expected != self.index {
-            return Err(StoreError::WrongPartition {
-                expected,
-                actual: self.index,
-            });
+            return Err(StoreError::WrongPartition { expected, actual: self.index });
         }
         Ok(())
     }
@@ -213,18 +219,12 @@ impl Partition {
     /// Device block of the crc page covering data block `block`, and the byte offset in it.
     pub(crate) fn crc_location(&self, block: u32) -> (u64, usize) {
         let per_page = (BLOCK_SIZE / 4) as u64;
-        (
-            self.geometry.crc_table.start + block as u64 / per_page,
-            (block as u64 % per_page) as usize * 4,
-        )
+        (self.geometry.crc_table.start + block as u64 / per_page, (block as u64 % per_page) as usize * 4)
     }
 
     /// Device block of the onode page holding `slot`, and the byte offset in it.
     pub(crate) fn slot_location(&self, slot: u32) -> (u64, usize) {
-        (
-            self.geometry.onodes.start + slot as u64 / SLOTS_PER_PAGE as u64,
-            (slot as usize % SLOTS_PER_PAGE) * SLOT_SIZE,
-        )
+        (self.geometry.onodes.start + slot as u64 / SLOTS_PER_PAGE as u64, (slot as usize % SLOTS_PER_PAGE) * SLOT_SIZE)
     }
 
     pub(crate) fn crc_get(&mut self, block: u32) -> Result<u32> {
@@ -244,9 +244,7 @@ impl Partition {
     pub(crate) fn slot_image(&mut self, slot: u32) -> Result<[u8; SLOT_SIZE]> {
         let (page, at) = self.slot_location(slot);
         self.pages.load(self.io.as_mut(), &[page])?;
-        Ok(self.pages.get(page)[at..at + SLOT_SIZE]
-            .try_into()
-            .expect("slot size"))
+        Ok(self.pages.get(page)[at..at + SLOT_SIZE].try_into().expect("slot size"))
     }
 
     /// Follows the chain from `head`; returns its slots, whether the head is
@@ -268,17 +266,9 @@ impl Partition {
                 )));
             }
             let image = self.slot_image(current)?;
-            let (header, fragment) = decode_slot(&image).map_err(|e| {
-                StoreError::corrupt(format!(
-                    "partition {}: onode slot {current}: {e}",
-                    self.index
-                ))
-            })?;
-            let kind_ok = if slots.is_empty() {
-                header.kind == KIND_HEAD
-            } else {
-                header.kind != KIND_HEAD
-            };
+            let (header, fragment) = decode_slot(&image)
+                .map_err(|e| StoreError::corrupt(format!("partition {}: onode slot {current}: {e}", self.index)))?;
+            let kind_ok = if slots.is_empty() { header.kind == KIND_HEAD } else { header.kind != KIND_HEAD };
             if !kind_ok || header.head != head || header.index as usize != slots.len() {
                 return Err(StoreError::corrupt(format!(
                     "partition {}: onode slot {current} does not continue the chain of slot {head}",
@@ -299,12 +289,8 @@ impl Partition {
                 self.index
             )));
         }
-        let meta = ObjectMeta::decode(&blob, self.geometry.data_blocks()).map_err(|e| {
-            StoreError::corrupt(format!(
-                "partition {}: onode at slot {head}: {e}",
-                self.index
-            ))
-        })?;
+        let meta = ObjectMeta::decode(&blob, self.geometry.data_blocks())
+            .map_err(|e| StoreError::corrupt(format!("partition {}: onode at slot {head}: {e}", self.index)))?;
         Ok((slots, deleted, meta))
     }
 
@@ -313,9 +299,7 @@ impl Partition {
     pub fn locate_data(&self, key: &[u8], offset: u64) -> Option<u64> {
         let entry = self.objects.get(key)?;
         let block = entry.physical_for(u32::try_from(offset / BLOCK_SIZE as u64).ok()?)?;
-        self.written
-            .get(block as u64)
-            .then(|| self.data_offset(block))
+        self.written.get(block as u64).then(|| self.data_offset(block))
     }
 
     /// Diagnostics: the device byte offset of `key`'s head onode slot.

@@ -10,7 +10,7 @@ use crate::error::{Result, StoreError};
 use crate::journal::{Entry, Record};
 use crate::key::Key;
 use crate::layout::{Area, PartitionGeometry, PartitionHeader};
-use crate::onode::{decode_slot, KIND_HEAD};
+use crate::onode::{decode_slot, ObjectMeta, HEAD_FLAG_DELETED, KIND_HEAD, NO_SLOT};
 use crate::pages::PageCache;
 use crate::{BLOCK_SIZE, SLOTS_PER_PAGE};
 
@@ -43,30 +43,16 @@ pub(crate) struct MountParams {
 
 impl Partition {
     pub(crate) fn mount(mut io: Box<dyn BlockIo>, params: MountParams) -> Result<Partition> {
-        let MountParams {
-            index,
-            partition_count,
-            fsid,
-            geometry,
-            sector,
-            config,
-        } = params;
+        let MountParams { index, partition_count, fsid, geometry, sector, config } = params;
         let headers = read_area(io.as_mut(), geometry.headers, "partition headers")?;
         let header = [0usize, BLOCK_SIZE]
             .iter()
             .filter_map(|&at| PartitionHeader::decode(&headers[at..at + 512], &fsid, index))
             .max_by_key(|h| h.header_seq)
-            .ok_or_else(|| {
-                StoreError::corrupt(format!(
-                    "partition {index}: neither partition header is valid"
-                ))
-            })?;
+            .ok_or_else(|| StoreError::corrupt(format!("partition {index}: neither partition header is valid")))?;
         let g = geometry;
-        let slots = Bitmap::from_bytes(
-            g.slot_count(),
-            g.slot_bitmap,
-            &read_area(io.as_mut(), g.slot_bitmap, "slot bitmap")?,
-        );
+        let slots =
+            Bitmap::from_bytes(g.slot_count(), g.slot_bitmap, &read_area(io.as_mut(), g.slot_bitmap, "slot bitmap")?);
         let alloc = Bitmap::from_bytes(
             g.data_blocks(),
             g.alloc_bitmap,
@@ -105,12 +91,7 @@ impl Partition {
         if replayed > 0 && !config.read_only {
             partition.checkpoint()?;
         }
-        tracing::debug!(
-            partition = index,
-            replayed,
-            objects = partition.objects.len(),
-            "partition mounted"
-        );
+        tracing::debug!(partition = index, replayed, objects = partition.objects.len(), "partition mounted");
         Ok(partition)
     }
 
@@ -121,13 +102,9 @@ impl Partition {
         let mut last: Option<Record> = None;
         let mut count = 0;
         while position < journal.len() {
-            let Some((record, len)) = Record::decode(
-                &journal[position..],
-                &self.fsid,
-                self.index,
-                self.next_seq,
-                self.sector,
-            ) else {
+            let Some((record, len)) =
+                Record::decode(&journal[position..], &self.fsid, self.index, self.next_seq, self.sector)
+            else {
                 break;
             };
             self.apply_record(&record)?;
@@ -146,30 +123,26 @@ impl Partition {
     /// The last record's flush may not have completed before the crash, so
     /// each of its data blocks may hold old or new contents. Keep whichever
     /// crc32c matches: new data keeps the new crc; old data gets its old crc
-    /// back (or reads as zeros again if it never held data). A block that
-    /// matches neither (torn by a power loss) keeps the new crc and will read
-    /// as a checksum error until rewritten; fsck reports it.
+    /// back (or reads as zeros again if it never held data). Old data of a
+    /// block the batch grew past has its never-visible tail zeroed (written
+    /// back, except on a read-only mount, which only keeps the old crc).
+    /// A block that matches neither (torn by a power loss) keeps the new crc
+    /// and reads as a checksum error until rewritten; fsck reports it.
     fn recover_last_record(&mut self, record: &Record) -> Result<()> {
-        let writes: Vec<(u32, bool, u32, u32)> = record
+        let writes: Vec<(u32, bool, u32, u32, u16)> = record
             .entries
             .iter()
             .filter_map(|e| match e {
-                Entry::DataWrite {
-                    block,
-                    was_written,
-                    old_crc,
-                    new_crc,
-                } => Some((*block, *was_written, *old_crc, *new_crc)),
+                Entry::DataWrite { block, was_written, old_crc, new_crc, zero_from } => {
+                    Some((*block, *was_written, *old_crc, *new_crc, *zero_from))
+                }
                 _ => None,
             })
             .collect();
         if writes.is_empty() {
             return Ok(());
         }
-        let mut bufs: Vec<AlignedBuf> = writes
-            .iter()
-            .map(|_| AlignedBuf::zeroed(BLOCK_SIZE))
-            .collect();
+        let mut bufs: Vec<AlignedBuf> = writes.iter().map(|_| AlignedBuf::zeroed(BLOCK_SIZE)).collect();
         {
             let mut requests: Vec<(u64, &mut [u8])> = writes
                 .iter()
@@ -180,18 +153,34 @@ impl Partition {
                 .read_many(&mut requests)
                 .map_err(|e| StoreError::io("reading the last journaled batch's blocks", e))?;
         }
-        for ((block, was_written, old_crc, new_crc), buf) in writes.into_iter().zip(bufs) {
+        let mut rewrites: Vec<(u64, AlignedBuf)> = Vec::new();
+        for ((block, was_written, old_crc, new_crc, zero_from), mut buf) in writes.into_iter().zip(bufs) {
             let actual = crate::crc32c(&buf);
             if actual == new_crc {
                 continue;
             }
             if was_written && actual == old_crc {
-                self.crc_set(block, old_crc)?;
+                if zero_from > 0 && (zero_from as usize) < BLOCK_SIZE && !self.config.read_only {
+                    buf[zero_from as usize..].fill(0);
+                    self.crc_set(block, crate::crc32c(&buf))?;
+                    rewrites.push((self.data_offset(block), buf));
+                } else {
+                    self.crc_set(block, old_crc)?;
+                }
             } else if !was_written {
                 self.written.set_range(block as u64, 1, false);
             } else {
-                tracing::warn!(partition = self.index, block, "block of the interrupted batch is torn; it reads as a checksum error until rewritten");
+                tracing::warn!(
+                    partition = self.index,
+                    block,
+                    "block of the interrupted batch is torn; it reads as a checksum error until rewritten"
+                );
             }
+        }
+        if !rewrites.is_empty() {
+            let requests: Vec<(u64, &[u8])> = rewrites.iter().map(|(offset, buf)| (*offset, &buf[..])).collect();
+            // The checkpoint that follows mount flushes these before the journal is emptied.
+            self.io.write_many(&requests).map_err(|e| StoreError::io("zeroing the tail of a recovered block", e))?;
         }
         Ok(())
     }
@@ -200,18 +189,15 @@ impl Partition {
     /// objects go to the reclaim queue, unreadable chains to `mount_issues`.
     fn rebuild_index(&mut self) -> Result<()> {
         let mut entries: Vec<(Key, IndexEntry)> = Vec::new();
+        // Heads of onodes longer than one slot, read through the page cache after the scan.
         let mut heads: Vec<u32> = Vec::new();
         let pages_per_window = (MOUNT_READ_BYTES / BLOCK_SIZE) as u64;
         let used: Vec<u64> = self.slots.ones().collect();
         let mut cursor = 0usize;
         while cursor < used.len() {
-            let window_start =
-                used[cursor] / SLOTS_PER_PAGE as u64 / pages_per_window * pages_per_window;
+            let window_start = used[cursor] / SLOTS_PER_PAGE as u64 / pages_per_window * pages_per_window;
             let window_pages = pages_per_window.min(self.geometry.onodes.blocks - window_start);
-            let area = Area {
-                start: self.geometry.onodes.start + window_start,
-                blocks: window_pages,
-            };
+            let area = Area { start: self.geometry.onodes.start + window_start, blocks: window_pages };
             let bytes = read_area(self.io.as_mut(), area, "onode area")?;
             let window_end_slot = (window_start + window_pages) * SLOTS_PER_PAGE as u64;
             while cursor < used.len() && used[cursor] < window_end_slot {
@@ -226,6 +212,23 @@ impl Partition {
                     bytes[local..local + crate::SLOT_SIZE].to_vec()
                 };
                 match decode_slot(&image) {
+                    // The common case, a one-slot onode, is decoded right here.
+                    Ok((header, fragment))
+                        if header.kind == KIND_HEAD
+                            && header.next == NO_SLOT
+                            && header.head == slot
+                            && header.index == 0
+                            && header.blob_len as usize == fragment.len() =>
+                    {
+                        match ObjectMeta::decode(fragment, self.geometry.data_blocks()) {
+                            Ok(meta) if header.flags & HEAD_FLAG_DELETED != 0 => {
+                                let runs = meta.extents.iter().map(|e| (e.physical, e.len)).collect();
+                                self.reclaim.push(Reclaim { runs, slots: vec![slot] });
+                            }
+                            Ok(meta) => entries.push((meta.key.clone(), IndexEntry::from_meta(slot, &meta))),
+                            Err(err) => self.mount_issues.push(format!("onode at slot {slot}: {err}")),
+                        }
+                    }
                     Ok((header, _)) if header.kind == KIND_HEAD => heads.push(slot),
                     Ok(_) => {}
                     Err(err) => self.mount_issues.push(format!("onode slot {slot}: {err}")),
@@ -238,9 +241,7 @@ impl Partition {
                     let runs = meta.extents.iter().map(|e| (e.physical, e.len)).collect();
                     self.reclaim.push(Reclaim { runs, slots: chain });
                 }
-                Ok((_, false, meta)) => {
-                    entries.push((meta.key.clone(), IndexEntry::from_meta(head, &meta)))
-                }
+                Ok((_, false, meta)) => entries.push((meta.key.clone(), IndexEntry::from_meta(head, &meta))),
                 Err(err) => self.mount_issues.push(err.to_string()),
             }
             self.pages.trim();
@@ -258,11 +259,7 @@ impl Partition {
         // Built from sorted input, the map's nodes are packed full.
         self.objects = entries.into_iter().collect();
         for issue in &self.mount_issues {
-            tracing::warn!(
-                partition = self.index,
-                issue,
-                "onode problem found at mount; run fsck"
-            );
+            tracing::warn!(partition = self.index, issue, "onode problem found at mount; run fsck");
         }
         Ok(())
     }

@@ -17,10 +17,7 @@ use crate::device::AlignedBuf;
 use crate::error::{Result, StoreError};
 use crate::journal::{BitmapKind, Entry, Record};
 use crate::key::Key;
-use crate::onode::{
-    encode_chain, slots_needed, ObjectMeta, HEAD_FLAG_DELETED, MAX_CHAIN_SLOTS,
-    OBJECT_FLAG_PREALLOCATED,
-};
+use crate::onode::{encode_chain, slots_needed, ObjectMeta, MAX_CHAIN_SLOTS, OBJECT_FLAG_PREALLOCATED};
 use crate::{BLOCK_SIZE, MAX_OBJECT_SIZE, SLOT_SIZE};
 
 /// The new contents of one data block.
@@ -28,6 +25,10 @@ pub(crate) struct StagedBlock {
     pub buf: AlignedBuf,
     pub was_written: bool,
     pub old_crc: u32,
+    /// Where the pre-batch object's visible bytes end in this block, if this
+    /// is its partial last block (0: it is not). Recovery zeroes the rest of
+    /// the old contents if the new ones did not land.
+    pub zero_from: u16,
 }
 
 /// One object as the batch sees it.
@@ -43,8 +44,12 @@ struct Working {
     meta_dirty: bool,
     /// Blocks reserved by this batch and still mapped.
     new_blocks: HashSet<u32>,
-    /// The pre-batch object was deleted: its remaining blocks, for reclaim.
-    deleted_runs: Option<Vec<(u32, u32)>>,
+    /// The pre-batch object was deleted: what its deleted onode must record,
+    /// exactly the blocks a later reclaim will free (not those the batch
+    /// already freed or only reserved).
+    tombstone: Option<ObjectMeta>,
+    /// The pre-batch object's partial last block and where its visible bytes end.
+    original_tail: Option<(u32, u16)>,
 }
 
 #[derive(Default)]
@@ -77,9 +82,7 @@ impl Partition {
     /// Plans `batch`; on error nothing is reserved and nothing changed.
     pub(crate) fn prepare(&mut self, batch: &Batch) -> Result<Prepared> {
         let mut plan = Plan::default();
-        let result = self
-            .plan_ops(&mut plan, batch)
-            .and_then(|()| self.finish(&mut plan));
+        let result = self.plan_ops(&mut plan, batch).and_then(|()| self.finish(&mut plan));
         match result {
             Ok(prepared) => Ok(prepared),
             Err(err) => {
@@ -114,9 +117,7 @@ impl Partition {
                     ObjectMeta::check_attr(name, value)?;
                     self.ensure_attrs(plan, key)?;
                     let w = plan.objects.get_mut(key).expect("loaded");
-                    let meta = w
-                        .current
-                        .get_or_insert_with(|| ObjectMeta::new(key.clone()));
+                    let meta = w.current.get_or_insert_with(|| ObjectMeta::new(key.clone()));
                     meta.set_attr(name, value)?;
                     w.meta_dirty = true;
                 }
@@ -142,6 +143,11 @@ impl Partition {
         }
         let working = match self.objects.get(key.as_bytes()) {
             Some(entry) => Working {
+                original_tail: {
+                    let tail = (entry.size % BLOCK_SIZE as u64) as u16;
+                    let last = (entry.size / BLOCK_SIZE as u64) as u32;
+                    entry.physical_for(last).filter(|_| tail != 0).map(|block| (block, tail))
+                },
                 current: Some(ObjectMeta {
                     key: key.clone(),
                     size: entry.size,
@@ -154,7 +160,7 @@ impl Partition {
                 original_alive: true,
                 meta_dirty: false,
                 new_blocks: HashSet::new(),
-                deleted_runs: None,
+                tombstone: None,
             },
             None => Working {
                 current: None,
@@ -163,7 +169,8 @@ impl Partition {
                 original_alive: false,
                 meta_dirty: false,
                 new_blocks: HashSet::new(),
-                deleted_runs: None,
+                tombstone: None,
+                original_tail: None,
             },
         };
         plan.objects.insert(key.clone(), working);
@@ -187,13 +194,10 @@ impl Partition {
         let hinted = hint.filter(|&h| (h as u64) < self.alloc.len() && !self.alloc.get(h as u64));
         let block = match hinted {
             Some(block) => block as u64,
-            None => self
-                .alloc
-                .find_clear(self.alloc_hint)
-                .ok_or_else(|| StoreError::NoSpace {
-                    partition: self.index,
-                    detail: "every data block is allocated".into(),
-                })?,
+            None => self.alloc.find_clear(self.alloc_hint).ok_or_else(|| StoreError::NoSpace {
+                partition: self.index,
+                detail: "every data block is allocated".into(),
+            })?,
         };
         self.alloc.set_range_quiet(block, 1, true);
         self.alloc_hint = block + 1;
@@ -209,13 +213,7 @@ impl Partition {
     }
 
     /// The staged buffer for `block`, created from its current contents.
-    fn stage(
-        &mut self,
-        plan: &mut Plan,
-        block: u32,
-        fully_overwritten: bool,
-        newly_reserved: bool,
-    ) -> Result<()> {
+    fn stage(&mut self, plan: &mut Plan, block: u32, fully_overwritten: bool, newly_reserved: bool) -> Result<()> {
         if plan.staged.contains_key(&block) {
             return Ok(());
         }
@@ -226,26 +224,14 @@ impl Partition {
         } else {
             AlignedBuf::zeroed(BLOCK_SIZE)
         };
-        plan.staged.insert(
-            block,
-            StagedBlock {
-                buf,
-                was_written,
-                old_crc,
-            },
-        );
+        plan.staged.insert(block, StagedBlock { buf, was_written, old_crc, zero_from: 0 });
         Ok(())
     }
 
     fn plan_write(&mut self, plan: &mut Plan, key: &Key, offset: u64, data: &[u8]) -> Result<()> {
-        let end = offset
-            .checked_add(data.len() as u64)
-            .filter(|end| *end <= MAX_OBJECT_SIZE)
-            .ok_or_else(|| {
-                StoreError::invalid(format!(
-                    "write past the maximum object size ({MAX_OBJECT_SIZE} bytes)"
-                ))
-            })?;
+        let end = offset.checked_add(data.len() as u64).filter(|end| *end <= MAX_OBJECT_SIZE).ok_or_else(|| {
+            StoreError::invalid(format!("write past the maximum object size ({MAX_OBJECT_SIZE} bytes)"))
+        })?;
         {
             let w = plan.objects.get_mut(key).expect("loaded");
             if w.current.is_none() {
@@ -266,10 +252,7 @@ impl Partition {
             let to = (end.min(block_start + block_size) - block_start) as usize;
             let (mapped, hint) = {
                 let meta = plan.objects[key].current.as_ref().expect("present");
-                let hint = logical
-                    .checked_sub(1)
-                    .and_then(|l| meta.physical_for(l))
-                    .map(|p| p + 1);
+                let hint = logical.checked_sub(1).and_then(|l| meta.physical_for(l)).map(|p| p + 1);
                 (meta.physical_for(logical), hint)
             };
             let (block, newly_reserved) = match mapped {
@@ -277,10 +260,7 @@ impl Partition {
                 None => {
                     let block = self.reserve_block(plan, hint)?;
                     let w = plan.objects.get_mut(key).expect("loaded");
-                    w.current
-                        .as_mut()
-                        .expect("present")
-                        .map_block(logical, block);
+                    w.current.as_mut().expect("present").map_block(logical, block);
                     w.new_blocks.insert(block);
                     w.meta_dirty = true;
                     (block, true)
@@ -356,17 +336,12 @@ impl Partition {
             return Ok(());
         }
         let w = &plan.objects[key];
-        let Some(block) = w
-            .current
-            .as_ref()
-            .expect("present")
-            .physical_for((old_size / BLOCK_SIZE as u64) as u32)
+        let Some(block) = w.current.as_ref().expect("present").physical_for((old_size / BLOCK_SIZE as u64) as u32)
         else {
             return Ok(());
         };
         let newly_reserved = w.new_blocks.contains(&block);
-        if !plan.staged.contains_key(&block) && (newly_reserved || !self.written.get(block as u64))
-        {
+        if !plan.staged.contains_key(&block) && (newly_reserved || !self.written.get(block as u64)) {
             return Ok(()); // reads as zeros already
         }
         self.stage(plan, block, false, newly_reserved)?;
@@ -382,37 +357,29 @@ impl Partition {
         w.original_alive = false;
         w.meta_dirty = false;
         w.attrs_loaded = true;
-        let mut runs = Vec::new();
+        let mut tombstone = ObjectMeta::new(key.clone());
+        tombstone.size = meta.size;
+        tombstone.flags = meta.flags;
         for extent in &meta.extents {
-            for block in extent.physical..extent.physical + extent.len {
+            for (offset, block) in (extent.physical..extent.physical + extent.len).enumerate() {
                 if new_blocks.contains(&block) {
                     self.release_reserved(plan, block);
                 } else {
                     plan.staged.remove(&block);
-                    match runs.last_mut() {
-                        Some((start, count)) if *start + *count == block => *count += 1,
-                        _ => runs.push((block, 1)),
-                    }
+                    tombstone.map_block(extent.logical + offset as u32, block);
                 }
             }
         }
         if was_original {
-            plan.objects.get_mut(key).expect("loaded").deleted_runs = Some(runs);
+            plan.objects.get_mut(key).expect("loaded").tombstone = Some(tombstone);
         } else {
-            debug_assert!(
-                runs.is_empty(),
-                "an object created by this batch owns only reserved blocks"
-            );
+            debug_assert!(tombstone.extents.is_empty(), "an object created by this batch owns only reserved blocks");
         }
     }
 
     fn plan_preallocate(&mut self, plan: &mut Plan, key: &Key, size: u64) -> Result<()> {
         if let Some(meta) = &plan.objects[key].current {
-            return if meta.is_preallocated() && meta.size == size {
-                Ok(())
-            } else {
-                Err(StoreError::AlreadyExists)
-            };
+            return if meta.is_preallocated() && meta.size == size { Ok(()) } else { Err(StoreError::AlreadyExists) };
         }
         if size > MAX_OBJECT_SIZE {
             return Err(StoreError::invalid(format!(
@@ -425,26 +392,17 @@ impl Partition {
         meta.flags = OBJECT_FLAG_PREALLOCATED;
         let mut new_blocks = HashSet::new();
         if blocks > 0 {
-            let start = self
-                .alloc
-                .find_clear_run(self.alloc_hint, blocks)
-                .ok_or_else(|| StoreError::NoSpace {
-                    partition: self.index,
-                    detail: format!(
-                        "no contiguous run of {blocks} free blocks for a pre-allocated object"
-                    ),
-                })?;
+            let start = self.alloc.find_clear_run(self.alloc_hint, blocks).ok_or_else(|| StoreError::NoSpace {
+                partition: self.index,
+                detail: format!("no contiguous run of {blocks} free blocks for a pre-allocated object"),
+            })?;
             self.alloc.set_range_quiet(start, blocks, true);
             self.alloc_hint = start + blocks;
             for block in start..start + blocks {
                 plan.reserved_blocks.push(block as u32);
                 new_blocks.insert(block as u32);
             }
-            meta.extents.push(crate::onode::Extent {
-                logical: 0,
-                physical: start as u32,
-                len: blocks as u32,
-            });
+            meta.extents.push(crate::onode::Extent { logical: 0, physical: start as u32, len: blocks as u32 });
         }
         let w = plan.objects.get_mut(key).expect("loaded");
         w.current = Some(meta);
@@ -466,6 +424,35 @@ impl Partition {
             out.push(slot as u32);
         }
         Ok(out)
+    }
+
+    /// Stores `blob` in `chain` (reusing its slots, reserving or freeing
+    /// slots to fit) and adds the slot images to `entries`.
+    fn write_chain(
+        &mut self,
+        plan: &mut Plan,
+        entries: &mut Vec<Entry>,
+        mut chain: Vec<u32>,
+        blob: &[u8],
+        deleted: bool,
+    ) -> Result<Vec<u32>> {
+        let needed = slots_needed(blob.len());
+        if needed > MAX_CHAIN_SLOTS {
+            return Err(StoreError::invalid(format!("an object's metadata may not exceed {} bytes", blob.len())));
+        }
+        if chain.len() > needed {
+            plan.freed_slots.extend(chain.split_off(needed));
+        } else if chain.len() < needed {
+            let extra = self.reserve_slots(plan, needed - chain.len())?;
+            for &slot in &extra {
+                entries.push(Entry::SetBits { map: BitmapKind::Slots, start: slot as u64, count: 1, value: true });
+            }
+            chain.extend(extra);
+        }
+        for (slot, image) in chain.iter().zip(encode_chain(blob, &chain, deleted)) {
+            entries.push(Entry::WriteSlot { slot: *slot, image: Box::new(image) });
+        }
+        Ok(chain)
     }
 
     /// Turns the working objects into the record, staged data and index changes.
@@ -493,36 +480,22 @@ impl Partition {
                 });
             }
             for &slot in &reclaim.slots {
-                entries.push(Entry::SetBits {
-                    map: BitmapKind::Slots,
-                    start: slot as u64,
-                    count: 1,
-                    value: false,
-                });
+                entries.push(Entry::SetBits { map: BitmapKind::Slots, start: slot as u64, count: 1, value: false });
             }
         }
 
+        for (block, tail) in plan.objects.values().filter_map(|w| w.original_tail) {
+            if let Some(staged) = plan.staged.get_mut(&block) {
+                staged.zero_from = tail;
+            }
+        }
         let keys: Vec<Key> = plan.objects.keys().cloned().collect();
         for key in keys {
-            if plan.objects[&key].deleted_runs.is_some() {
-                let head = plan.objects[&key]
-                    .original_head
-                    .expect("deleted original has a head");
-                let (chain, _, _) = self.read_chain(head)?;
-                let mut image = self.slot_image(head)?;
-                image[3] |= HEAD_FLAG_DELETED;
-                crate::codec::seal(&mut image, 4);
-                entries.push(Entry::WriteSlot {
-                    slot: head,
-                    image: Box::new(image),
-                });
-                let runs = plan
-                    .objects
-                    .get_mut(&key)
-                    .expect("present")
-                    .deleted_runs
-                    .take()
-                    .expect("checked");
+            if let Some(tombstone) = plan.objects.get_mut(&key).expect("present").tombstone.take() {
+                let head = plan.objects[&key].original_head.expect("deleted original has a head");
+                let chain = self.read_chain(head)?.0;
+                let chain = self.write_chain(plan, &mut entries, chain, &tombstone.encode(), true)?;
+                let runs = tombstone.extents.iter().map(|e| (e.physical, e.len)).collect();
                 new_reclaims.push(Reclaim { runs, slots: chain });
             }
             let w = &plan.objects[&key];
@@ -531,40 +504,13 @@ impl Partition {
                 (Some(_), true) => {
                     self.ensure_attrs(plan, &key)?;
                     let w = &plan.objects[&key];
-                    let meta = w.current.as_ref().expect("present");
-                    let blob = meta.encode();
-                    let needed = slots_needed(blob.len());
-                    if needed > MAX_CHAIN_SLOTS {
-                        return Err(StoreError::invalid(format!(
-                            "object {key:?} has too much metadata ({} bytes)",
-                            blob.len()
-                        )));
-                    }
-                    let mut chain = match (w.original_alive, w.original_head) {
+                    let blob = w.current.as_ref().expect("present").encode();
+                    let chain = match (w.original_alive, w.original_head) {
                         (true, Some(head)) => self.read_chain(head)?.0,
                         _ => Vec::new(),
                     };
-                    if chain.len() > needed {
-                        plan.freed_slots.extend(chain.split_off(needed));
-                    } else if chain.len() < needed {
-                        let extra = self.reserve_slots(plan, needed - chain.len())?;
-                        for &slot in &extra {
-                            entries.push(Entry::SetBits {
-                                map: BitmapKind::Slots,
-                                start: slot as u64,
-                                count: 1,
-                                value: true,
-                            });
-                        }
-                        chain.extend(extra);
-                    }
+                    let chain = self.write_chain(plan, &mut entries, chain, &blob, false)?;
                     let meta = plan.objects[&key].current.as_ref().expect("present");
-                    for (slot, image) in chain.iter().zip(encode_chain(&blob, &chain, false)) {
-                        entries.push(Entry::WriteSlot {
-                            slot: *slot,
-                            image: Box::new(image),
-                        });
-                    }
                     index_updates.push((key.clone(), Some(IndexEntry::from_meta(chain[0], meta))));
                 }
                 (None, _) if w.original_head.is_some() => index_updates.push((key.clone(), None)),
@@ -574,46 +520,24 @@ impl Partition {
 
         new_block_runs.sort_unstable();
         for (start, count) in runs_of(&new_block_runs) {
-            entries.push(Entry::SetBits {
-                map: BitmapKind::Alloc,
-                start,
-                count,
-                value: true,
-            });
+            entries.push(Entry::SetBits { map: BitmapKind::Alloc, start, count, value: true });
         }
         plan.freed_blocks.sort_unstable();
         for (start, count) in runs_of(&plan.freed_blocks) {
-            entries.push(Entry::SetBits {
-                map: BitmapKind::Alloc,
-                start,
-                count,
-                value: false,
-            });
-            entries.push(Entry::SetBits {
-                map: BitmapKind::Written,
-                start,
-                count,
-                value: false,
-            });
+            entries.push(Entry::SetBits { map: BitmapKind::Alloc, start, count, value: false });
+            entries.push(Entry::SetBits { map: BitmapKind::Written, start, count, value: false });
         }
         for &slot in &plan.freed_slots {
-            entries.push(Entry::SetBits {
-                map: BitmapKind::Slots,
-                start: slot as u64,
-                count: 1,
-                value: false,
-            });
+            entries.push(Entry::SetBits { map: BitmapKind::Slots, start: slot as u64, count: 1, value: false });
         }
         for (&block, staged) in &plan.staged {
-            debug_assert!(
-                self.alloc.get(block as u64),
-                "staged block {block} is not allocated"
-            );
+            debug_assert!(self.alloc.get(block as u64), "staged block {block} is not allocated");
             entries.push(Entry::DataWrite {
                 block,
                 was_written: staged.was_written,
                 old_crc: staged.old_crc,
                 new_crc: crate::crc32c(&staged.buf),
+                zero_from: staged.zero_from,
             });
         }
         let record = crate::journal::Record { entries };

@@ -27,19 +27,14 @@ impl Partition {
     /// the object's end. Holes and unwritten pre-allocated blocks read as
     /// zeros. Each block read is checked against its crc32c.
     pub fn read(&mut self, key: &[u8], offset: u64, len: u64) -> Result<Vec<u8>> {
-        self.read_many(&[ReadRequest { key, offset, len }])
-            .pop()
-            .expect("one result per request")
+        self.read_many(&[ReadRequest { key, offset, len }]).pop().expect("one result per request")
     }
 
     /// Several reads with one batch of device I/O; one result per request.
     /// A checksum error fails only the reads that touch the bad block.
     pub fn read_many(&mut self, requests: &[ReadRequest<'_>]) -> Vec<Result<Vec<u8>>> {
         if self.failed {
-            return requests
-                .iter()
-                .map(|_| Err(StoreError::PartitionFailed(self.index)))
-                .collect();
+            return requests.iter().map(|_| Err(StoreError::PartitionFailed(self.index))).collect();
         }
         // Per request: the byte range to return and, per block, where its bytes come from.
         let mut plans: Vec<Result<ReadPlan>> = Vec::with_capacity(requests.len());
@@ -58,10 +53,7 @@ impl Partition {
                         .into_iter()
                         .map(|p| {
                             p.and_then(|_| {
-                                Err(StoreError::io(
-                                    "reading data blocks",
-                                    std::io::Error::other(message.clone()),
-                                ))
+                                Err(StoreError::io("reading data blocks", std::io::Error::other(message.clone())))
                             })
                         })
                         .collect();
@@ -76,16 +68,13 @@ impl Partition {
                 let mut out = vec![0u8; (end - start) as usize];
                 for (logical, block) in pieces {
                     let Some(block) = block else { continue };
-                    let position = block_list
-                        .binary_search(&block)
-                        .expect("every planned block was read");
+                    let position = block_list.binary_search(&block).expect("every planned block was read");
                     let buf = data[position].as_ref().map_err(clone_error)?;
                     let block_start = logical * BLOCK_SIZE as u64;
                     let from = start.max(block_start);
                     let to = end.min(block_start + BLOCK_SIZE as u64);
-                    out[(from - start) as usize..(to - start) as usize].copy_from_slice(
-                        &buf[(from - block_start) as usize..(to - block_start) as usize],
-                    );
+                    out[(from - start) as usize..(to - start) as usize]
+                        .copy_from_slice(&buf[(from - block_start) as usize..(to - block_start) as usize]);
                 }
                 Ok(out)
             })
@@ -100,9 +89,7 @@ impl Partition {
         let mut pieces = Vec::new();
         if start < end {
             for logical in start / BLOCK_SIZE as u64..end.div_ceil(BLOCK_SIZE as u64) {
-                let block = entry
-                    .physical_for(logical as u32)
-                    .filter(|b| self.written.get(*b as u64));
+                let block = entry.physical_for(logical as u32).filter(|b| self.written.get(*b as u64));
                 if let Some(block) = block {
                     blocks.insert(block);
                 }
@@ -116,19 +103,11 @@ impl Partition {
     fn read_blocks(&mut self, list: &[u32]) -> Result<Vec<Result<AlignedBuf>>> {
         let crc_pages: Vec<u64> = list.iter().map(|b| self.crc_location(*b).0).collect();
         self.pages.load(self.io.as_mut(), &crc_pages)?;
-        let mut bufs: Vec<AlignedBuf> = list
-            .iter()
-            .map(|_| AlignedBuf::zeroed(BLOCK_SIZE))
-            .collect();
+        let mut bufs: Vec<AlignedBuf> = list.iter().map(|_| AlignedBuf::zeroed(BLOCK_SIZE)).collect();
         {
-            let mut requests: Vec<(u64, &mut [u8])> = list
-                .iter()
-                .zip(bufs.iter_mut())
-                .map(|(b, buf)| (self.data_offset(*b), &mut buf[..]))
-                .collect();
-            self.io
-                .read_many(&mut requests)
-                .map_err(|e| StoreError::io("reading data blocks", e))?;
+            let mut requests: Vec<(u64, &mut [u8])> =
+                list.iter().zip(bufs.iter_mut()).map(|(b, buf)| (self.data_offset(*b), &mut buf[..])).collect();
+            self.io.read_many(&mut requests).map_err(|e| StoreError::io("reading data blocks", e))?;
         }
         let mut out = Vec::with_capacity(list.len());
         for (block, buf) in list.iter().zip(bufs) {
@@ -156,9 +135,7 @@ impl Partition {
     pub(crate) fn read_block_verified(&mut self, block: u32, crc: u32) -> Result<AlignedBuf> {
         let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
         let offset = self.data_offset(block);
-        self.io
-            .read_many(&mut [(offset, &mut buf[..])])
-            .map_err(|e| StoreError::io("reading a data block", e))?;
+        self.io.read_many(&mut [(offset, &mut buf[..])]).map_err(|e| StoreError::io("reading a data block", e))?;
         self.verify(block, crc, buf)
     }
 
@@ -171,12 +148,7 @@ impl Partition {
         Ok(ObjectInfo {
             size: entry.size,
             preallocated: entry.flags & OBJECT_FLAG_PREALLOCATED != 0,
-            allocated_bytes: entry
-                .extents
-                .as_slice()
-                .iter()
-                .map(|e| e.len as u64 * BLOCK_SIZE as u64)
-                .sum(),
+            allocated_bytes: entry.extents.as_slice().iter().map(|e| e.len as u64 * BLOCK_SIZE as u64).sum(),
         })
     }
 
@@ -185,9 +157,7 @@ impl Partition {
         let head = self.objects.get(key).ok_or(StoreError::NotFound)?.head_slot;
         let (_, _, meta) = self.read_chain(head)?;
         self.pages.trim();
-        meta.attr(name)
-            .map(<[u8]>::to_vec)
-            .ok_or(StoreError::AttrNotFound)
+        meta.attr(name).map(<[u8]>::to_vec).ok_or(StoreError::AttrNotFound)
     }
 
     /// All attributes of `key`, sorted by name.
@@ -202,11 +172,7 @@ impl Partition {
     /// Keys in `[start, end)` in order (`end = None`: to the last key), at most `limit`.
     pub fn list(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Vec<Key> {
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
-        self.objects
-            .range::<[u8], _>((Bound::Included(start), upper))
-            .take(limit)
-            .map(|(k, _)| k.clone())
-            .collect()
+        self.objects.range::<[u8], _>((Bound::Included(start), upper)).take(limit).map(|(k, _)| k.clone()).collect()
     }
 
     /// Keys of one group (placement group), in order, at most `limit`.
@@ -221,22 +187,15 @@ impl Partition {
 
 fn clone_error(err: &StoreError) -> StoreError {
     match err {
-        StoreError::ChecksumMismatch {
-            partition,
-            block,
-            device_offset,
-            stored,
-            computed,
-        } => StoreError::ChecksumMismatch {
-            partition: *partition,
-            block: *block,
-            device_offset: *device_offset,
-            stored: *stored,
-            computed: *computed,
-        },
-        other => StoreError::io(
-            "reading data blocks",
-            std::io::Error::other(other.to_string()),
-        ),
+        StoreError::ChecksumMismatch { partition, block, device_offset, stored, computed } => {
+            StoreError::ChecksumMismatch {
+                partition: *partition,
+                block: *block,
+                device_offset: *device_offset,
+                stored: *stored,
+                computed: *computed,
+            }
+        }
+        other => StoreError::io("reading data blocks", std::io::Error::other(other.to_string())),
     }
 }

@@ -6,9 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use duplex_store::{
-    mkfs, Batch, DeviceConfig, IoBackend, Key, MkfsOptions, Op, StoreConfig, StoreError,
-};
+use duplex_store::{mkfs, Batch, DeviceConfig, IoBackend, Key, MkfsOptions, Op, StoreConfig, StoreError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -49,12 +47,7 @@ impl Model {
                 }
                 object.data[*offset as usize..end].copy_from_slice(data);
             }
-            Op::Truncate { size, .. } => self
-                .objects
-                .entry(key)
-                .or_default()
-                .data
-                .resize(*size as usize, 0),
+            Op::Truncate { size, .. } => self.objects.entry(key).or_default().data.resize(*size as usize, 0),
             Op::Delete { .. } => {
                 self.objects.remove(&key);
             }
@@ -64,20 +57,12 @@ impl Model {
                 None => {
                     self.objects.insert(
                         key,
-                        ModelObject {
-                            data: vec![0; *size as usize],
-                            attrs: BTreeMap::new(),
-                            preallocated: true,
-                        },
+                        ModelObject { data: vec![0; *size as usize], attrs: BTreeMap::new(), preallocated: true },
                     );
                 }
             },
             Op::SetAttr { name, value, .. } => {
-                self.objects
-                    .entry(key)
-                    .or_default()
-                    .attrs
-                    .insert(name.clone(), value.clone());
+                self.objects.entry(key).or_default().attrs.insert(name.clone(), value.clone());
             }
             Op::RemoveAttr { name, .. } => {
                 if let Some(o) = self.objects.get_mut(&key) {
@@ -103,43 +88,23 @@ pub fn random_batch(rng: &mut StdRng, groups: u32, names: u8, max_ops: usize) ->
             0..=44 => {
                 // Mostly block-aligned 4 KiB writes, some unaligned and multi-block.
                 let (offset, len) = if rng.gen_bool(0.6) {
-                    (
-                        rng.gen_range(0..24u64) * BLOCK as u64,
-                        BLOCK * rng.gen_range(1..=2),
-                    )
+                    (rng.gen_range(0..24u64) * BLOCK as u64, BLOCK * rng.gen_range(1..=2))
                 } else {
                     (rng.gen_range(0..100_000u64), rng.gen_range(1..9000))
                 };
                 let fill: u8 = rng.gen();
                 let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add((i / 7) as u8)).collect();
-                Op::Write {
-                    key: k,
-                    offset,
-                    data,
-                }
+                Op::Write { key: k, offset, data }
             }
-            45..=54 => Op::Truncate {
-                key: k,
-                size: rng.gen_range(0..110_000),
-            },
+            45..=54 => Op::Truncate { key: k, size: rng.gen_range(0..110_000) },
             55..=62 => Op::Delete { key: k },
-            63..=74 => Op::CreatePreallocated {
-                key: k,
-                size: rng.gen_range(1..=32u64) * BLOCK as u64,
-            },
+            63..=74 => Op::CreatePreallocated { key: k, size: rng.gen_range(1..=32u64) * BLOCK as u64 },
             75..=89 => {
                 let name = format!("attr-{}", rng.gen_range(0..4)).into_bytes();
                 let value = vec![rng.gen(); rng.gen_range(0..600)];
-                Op::SetAttr {
-                    key: k,
-                    name,
-                    value,
-                }
+                Op::SetAttr { key: k, name, value }
             }
-            _ => Op::RemoveAttr {
-                key: k,
-                name: format!("attr-{}", rng.gen_range(0..4)).into_bytes(),
-            },
+            _ => Op::RemoveAttr { key: k, name: format!("attr-{}", rng.gen_range(0..4)).into_bytes() },
         };
         batch.push(op);
     }
@@ -153,10 +118,7 @@ pub fn rng(seed: u64) -> StdRng {
 /// A store config for tests: small caches so eviction and checkpoints run often.
 pub fn test_config(backend: IoBackend) -> StoreConfig {
     StoreConfig {
-        device: DeviceConfig {
-            backend,
-            ..DeviceConfig::default()
-        },
+        device: DeviceConfig { backend, ..DeviceConfig::default() },
         metadata_cache_bytes: 64 << 10,
         max_dirty_bytes: 256 << 10,
         read_only: false,
@@ -164,13 +126,7 @@ pub fn test_config(backend: IoBackend) -> StoreConfig {
 }
 
 /// Makes a fresh store file in `dir`.
-pub fn make_store(
-    dir: &Path,
-    size: u64,
-    partitions: u32,
-    journal_bytes: u64,
-    config: &StoreConfig,
-) -> PathBuf {
+pub fn make_store(dir: &Path, size: u64, partitions: u32, journal_bytes: u64, config: &StoreConfig) -> PathBuf {
     let path = dir.join("store.img");
     let options = MkfsOptions {
         partitions,
@@ -189,31 +145,18 @@ pub fn assert_matches_model(store: &mut duplex_store::Store, model: &Model) {
         let partition = store.partition_mut(index);
         let keys = partition.list(&[], None, usize::MAX);
         for k in keys {
-            let expected = model
-                .objects
-                .get(k.as_bytes())
-                .unwrap_or_else(|| panic!("store has {k:?}, the model does not"));
+            let expected =
+                model.objects.get(k.as_bytes()).unwrap_or_else(|| panic!("store has {k:?}, the model does not"));
             let info = partition.stat(k.as_bytes()).unwrap();
             assert_eq!(info.size, expected.data.len() as u64, "size of {k:?}");
             let data = partition.read(k.as_bytes(), 0, info.size + 100).unwrap();
-            assert!(
-                data == expected.data,
-                "contents of {k:?} differ from the model"
-            );
-            let attrs: BTreeMap<Vec<u8>, Vec<u8>> = partition
-                .list_attrs(k.as_bytes())
-                .unwrap()
-                .into_iter()
-                .collect();
+            assert!(data == expected.data, "contents of {k:?} differ from the model");
+            let attrs: BTreeMap<Vec<u8>, Vec<u8>> = partition.list_attrs(k.as_bytes()).unwrap().into_iter().collect();
             assert_eq!(attrs, expected.attrs, "attributes of {k:?}");
             seen += 1;
         }
     }
-    assert_eq!(
-        seen,
-        model.objects.len(),
-        "store and model hold different key sets"
-    );
+    assert_eq!(seen, model.objects.len(), "store and model hold different key sets");
 }
 
 /// Whether an error is one the model also rejects (the batch had no effect).
