@@ -77,6 +77,31 @@ pub struct RunResult {
     pub device_bytes_written: u64,
     pub user_bytes_written: u64,
     pub avg_batch_latency_us: f64,
+    /// Writes only: mean time per batch in each commit stage (µs).
+    pub stages_us: Option<StageTimes>,
+}
+
+#[derive(Serialize, Clone, Copy, Debug, Default)]
+pub struct StageTimes {
+    pub plan: f64,
+    pub record_write: f64,
+    pub data_write: f64,
+    pub flush: f64,
+    pub checkpoint: f64,
+}
+
+fn stage_totals(workers: &[Worker]) -> [u64; 6] {
+    workers.iter().fold([0; 6], |acc, w| {
+        let s = w.partition.stats();
+        [
+            acc[0] + s.plan_ns,
+            acc[1] + s.record_write_ns,
+            acc[2] + s.data_write_ns,
+            acc[3] + s.flush_ns,
+            acc[4] + s.checkpoint_ns,
+            acc[5] + s.batches,
+        ]
+    })
 }
 
 pub fn run(mut args: BenchArgs) -> Result<()> {
@@ -275,6 +300,7 @@ fn measure(
 ) -> Result<(Vec<Worker>, RunResult)> {
     let device_before: u64 = workers.iter().map(|w| w.partition.stats().io.bytes_written).sum();
     let user_before: u64 = workers.iter().map(|w| w.partition.stats().user_bytes_written).sum();
+    let stages_before = stage_totals(&workers);
     let ops = Arc::new(AtomicU64::new(0));
     let batches = Arc::new(AtomicU64::new(0));
     let duration = Duration::from_secs(args.seconds);
@@ -321,6 +347,16 @@ fn measure(
     let device_written = workers.iter().map(|w| w.partition.stats().io.bytes_written).sum::<u64>() - device_before;
     let user_written = workers.iter().map(|w| w.partition.stats().user_bytes_written).sum::<u64>() - user_before;
     let total_batches = batches.load(Ordering::Relaxed).max(1);
+    let stages_after = stage_totals(&workers);
+    let committed = (stages_after[5] - stages_before[5]).max(1) as f64;
+    let per_batch = |i: usize| (stages_after[i] - stages_before[i]) as f64 / committed / 1000.0;
+    let stages_us = (workload == "randwrite").then(|| StageTimes {
+        plan: per_batch(0),
+        record_write: per_batch(1),
+        data_write: per_batch(2),
+        flush: per_batch(3),
+        checkpoint: per_batch(4),
+    });
     let result = RunResult {
         engine: format!("duplex-store ({engine})"),
         workload: workload.to_string(),
@@ -334,6 +370,7 @@ fn measure(
         device_bytes_written: device_written,
         user_bytes_written: user_written,
         avg_batch_latency_us: elapsed * 1e6 * partitions as f64 / total_batches as f64,
+        stages_us,
     };
     Ok((workers, result))
 }
@@ -355,6 +392,13 @@ fn print_table(results: &[RunResult]) {
             r.cpu_us_per_op,
             r.write_amplification.map_or("-".into(), |w| format!("{w:.3}")),
             r.avg_batch_latency_us
+        );
+    }
+    for r in results.iter().filter(|r| r.stages_us.is_some()) {
+        let t = r.stages_us.unwrap_or_default();
+        eprintln!(
+            "  {} {}p: per batch: plan {:.0} us, journal record {:.0} us, data {:.0} us, flush {:.0} us, checkpoint {:.0} us",
+            r.workload, r.partitions, t.plan, t.record_write, t.data_write, t.flush, t.checkpoint
         );
     }
 }

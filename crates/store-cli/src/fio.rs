@@ -69,5 +69,6 @@ pub fn run(
         device_bytes_written: 0,
         user_bytes_written: 0,
         avg_batch_latency_us: lat_us,
+        stages_us: None,
     })
 }

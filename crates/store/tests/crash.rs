@@ -7,7 +7,7 @@
 //!   and each of its 4 KiB data blocks either old or new;
 //!
 //! and continues from the store's actual state with a new child, many times.
-//! Bounded by `DUPLEX_CRASH_SECONDS` (default 20) and 300 iterations.
+//! Bounded by `DUPLEX_CRASH_SECONDS` (default 20) and `DUPLEX_CRASH_ITERATIONS` (default 300).
 
 mod common;
 
@@ -158,7 +158,8 @@ fn crash_test() {
     let mut next_batch = 0u64;
     let started = Instant::now();
     let (mut iterations, mut total_durable, mut in_flight_seen) = (0, 0, 0);
-    while started.elapsed() < budget && iterations < 300 {
+    let max_iterations: u64 = std::env::var("DUPLEX_CRASH_ITERATIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    while started.elapsed() < budget && iterations < max_iterations {
         iterations += 1;
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["crash_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])

@@ -28,7 +28,9 @@ impl Partition {
         if self.config.read_only {
             return Err(StoreError::ReadOnly);
         }
+        let planning = std::time::Instant::now();
         let mut prepared = self.prepare(batch)?;
+        self.stats.plan_ns += planning.elapsed().as_nanos() as u64;
         let mut checkpointed = false;
         if self.needs_room(&prepared) {
             // Checkpoint outside any plan: its bitmap pages must not carry the
@@ -69,11 +71,20 @@ impl Partition {
         let record_offset = self.geometry.journal.byte_offset() + self.journal_used_bytes;
         let data: Vec<(u64, &[u8])> =
             prepared.staged.iter().map(|(block, staged)| (self.data_offset(*block), &staged.buf[..])).collect();
-        let io_result = self
-            .io
-            .write_many(&[(record_offset, &record_buf[..])])
-            .and_then(|()| if data.is_empty() { Ok(()) } else { self.io.write_many(&data) })
-            .and_then(|()| self.io.flush());
+        let stage = std::time::Instant::now();
+        let io_result = self.io.write_many(&[(record_offset, &record_buf[..])]).and_then(|()| {
+            let record_done = std::time::Instant::now();
+            self.stats.record_write_ns += (record_done - stage).as_nanos() as u64;
+            if !data.is_empty() {
+                self.io.write_many(&data)?;
+            }
+            let data_done = std::time::Instant::now();
+            self.stats.data_write_ns += (data_done - record_done).as_nanos() as u64;
+            self.io.flush()?;
+            self.stats.flush_ns += data_done.elapsed().as_nanos() as u64;
+            Ok(())
+        });
+
         if let Err(err) = io_result {
             self.failed = true;
             tracing::error!(partition = self.index, error = %err, "device error during commit; partition stopped");
@@ -182,6 +193,7 @@ impl Partition {
         if self.config.read_only {
             return Err(StoreError::ReadOnly);
         }
+        let started = std::time::Instant::now();
         let mut writes: Vec<(u64, AlignedBuf)> = Vec::new();
         for bitmap in [&self.slots, &self.alloc, &self.written] {
             for page in bitmap.dirty_pages() {
@@ -223,6 +235,7 @@ impl Partition {
         self.pages.mark_clean();
         self.pages.trim();
         self.stats.checkpoints += 1;
+        self.stats.checkpoint_ns += started.elapsed().as_nanos() as u64;
         self.stats.metadata_bytes_written += metadata_bytes + BLOCK_SIZE as u64;
         Ok(())
     }

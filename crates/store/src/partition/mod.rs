@@ -95,6 +95,12 @@ pub struct PartitionStats {
     pub journal_bytes_written: u64,
     pub metadata_bytes_written: u64,
     pub checkpoints: u64,
+    /// Time spent in each commit stage, summed over batches (nanoseconds).
+    pub plan_ns: u64,
+    pub record_write_ns: u64,
+    pub data_write_ns: u64,
+    pub flush_ns: u64,
+    pub checkpoint_ns: u64,
     pub io: IoStats,
     pub cache_misses: u64,
 }
