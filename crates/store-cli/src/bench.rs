@@ -58,6 +58,9 @@ pub struct BenchArgs {
     /// Keep the store file afterwards.
     #[arg(long)]
     keep: bool,
+    /// Run everything this many times, store and fio alternating, and report medians.
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -122,18 +125,64 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     if let Some(parent) = args.path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
-    let mut results = Vec::new();
-    for &partitions in &args.partitions {
-        results.extend(run_partitions(&args, partitions)?);
+    let mut runs = Vec::new();
+    for round in 0..args.repeat.max(1) {
+        if args.repeat > 1 {
+            eprintln!("bench: round {} of {}", round + 1, args.repeat);
+        }
+        for &partitions in &args.partitions {
+            runs.extend(run_partitions(&args, partitions)?);
+        }
     }
     if !args.keep {
         let _ = std::fs::remove_file(&args.path);
     }
-    print_table(&results);
+    let medians = medians(&runs);
+    if args.repeat > 1 {
+        eprintln!("\nmedians of {} rounds:", args.repeat);
+    }
+    print_table(&medians);
+    print_ratios(&medians);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "runs": runs, "medians": medians }))?);
     }
     Ok(())
+}
+
+/// One result per (engine, workload, partitions): the run with the median IOPS.
+fn medians(runs: &[RunResult]) -> Vec<RunResult> {
+    let mut groups: Vec<Vec<&RunResult>> = Vec::new();
+    for run in runs {
+        match groups.iter_mut().find(|g| {
+            g[0].engine == run.engine && g[0].workload == run.workload && g[0].partitions == run.partitions
+        }) {
+            Some(group) => group.push(run),
+            None => groups.push(vec![run]),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|mut group| {
+            group.sort_by(|a, b| a.iops.total_cmp(&b.iops));
+            group[group.len() / 2].clone()
+        })
+        .collect()
+}
+
+fn print_ratios(medians: &[RunResult]) {
+    let find = |engine: &str, workload: &str, partitions: u32| {
+        medians.iter().find(|r| r.engine.starts_with(engine) && r.workload == workload && r.partitions == partitions)
+    };
+    for store in medians.iter().filter(|r| r.engine.starts_with("duplex-store")) {
+        let (workload, p) = (store.workload.as_str(), store.partitions);
+        if let Some(fio) = find("fio io_uring", workload, p).filter(|r| !r.engine.contains("fdatasync")) {
+            eprint!("  {workload} {p}p: store/fio IOPS {:.0}%", 100.0 * store.iops / fio.iops);
+            if let Some(synced) = find("fio io_uring +fdatasync", workload, p) {
+                eprint!(", store/(fio with one fdatasync per qd writes) {:.0}%", 100.0 * store.iops / synced.iops);
+            }
+            eprintln!();
+        }
+    }
 }
 
 fn run_partitions(args: &BenchArgs, partition_count: u32) -> Result<Vec<RunResult>> {
