@@ -153,9 +153,10 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
 fn medians(runs: &[RunResult]) -> Vec<RunResult> {
     let mut groups: Vec<Vec<&RunResult>> = Vec::new();
     for run in runs {
-        match groups.iter_mut().find(|g| {
-            g[0].engine == run.engine && g[0].workload == run.workload && g[0].partitions == run.partitions
-        }) {
+        match groups
+            .iter_mut()
+            .find(|g| g[0].engine == run.engine && g[0].workload == run.workload && g[0].partitions == run.partitions)
+        {
             Some(group) => group.push(run),
             None => groups.push(vec![run]),
         }
@@ -227,30 +228,18 @@ fn run_partitions(args: &BenchArgs, partition_count: u32) -> Result<Vec<RunResul
     }
     if args.fio {
         // All pre-allocated objects of partition 0 sit at the start of its data area.
-        let region_start = superblock.partitions[0].data.start * 4096;
-        let region_len = objects_per_partition * OBJECT_SIZE;
+        let job = crate::fio::FioJob {
+            path: &args.path,
+            offset: superblock.partitions[0].data.start * 4096,
+            len: objects_per_partition * OBJECT_SIZE,
+            qd: args.qd,
+            jobs: partition_count,
+            seconds: args.seconds,
+        };
         for workload in &args.workloads {
-            results.push(crate::fio::run(
-                &args.path,
-                region_start,
-                region_len,
-                workload,
-                args.qd,
-                partition_count,
-                args.seconds,
-                false,
-            )?);
+            results.push(crate::fio::run(&job, workload, false)?);
             if workload == "randwrite" {
-                results.push(crate::fio::run(
-                    &args.path,
-                    region_start,
-                    region_len,
-                    workload,
-                    args.qd,
-                    partition_count,
-                    args.seconds,
-                    true,
-                )?);
+                results.push(crate::fio::run(&job, workload, true)?);
             }
         }
     }

@@ -48,13 +48,13 @@ pub fn run(
         bail!("fio failed: {}", String::from_utf8_lossy(&output.stderr));
     }
     let json: serde_json::Value = serde_json::from_slice(&output.stdout).context("parsing fio's JSON output")?;
-    let job = &json["jobs"][0];
-    let side = if workload == "randwrite" { &job["write"] } else { &job["read"] };
+    let report = &json["jobs"][0];
+    let side = if workload == "randwrite" { &report["write"] } else { &report["read"] };
     let iops = side["iops"].as_f64().context("fio output without iops")?;
     let runtime_s = side["runtime"].as_f64().unwrap_or(seconds as f64 * 1000.0) / 1000.0;
     let ops = side["total_ios"].as_u64().unwrap_or((iops * runtime_s) as u64);
     // fio's usr_cpu/sys_cpu are percentages of one CPU over the run, per job.
-    let cpu_fraction = (job["usr_cpu"].as_f64().unwrap_or(0.0) + job["sys_cpu"].as_f64().unwrap_or(0.0)) / 100.0;
+    let cpu_fraction = (report["usr_cpu"].as_f64().unwrap_or(0.0) + report["sys_cpu"].as_f64().unwrap_or(0.0)) / 100.0;
     let lat_us = side["clat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1000.0;
     Ok(RunResult {
         engine: if fdatasync { "fio io_uring +fdatasync/qd".into() } else { "fio io_uring".into() },

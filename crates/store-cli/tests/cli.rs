@@ -28,10 +28,11 @@ fn mkfs_info_and_fsck_exit_statuses() {
     assert_eq!(report["clean"], true);
 
     // A flipped byte in partition 0's slot bitmap: a slot "in use" that no onode chain owns.
-    let superblock = duplex_store::Store::open(&path, &duplex_store::StoreConfig { read_only: true, ..Default::default() })
-        .unwrap()
-        .superblock()
-        .clone();
+    let superblock =
+        duplex_store::Store::open(&path, &duplex_store::StoreConfig { read_only: true, ..Default::default() })
+            .unwrap()
+            .superblock()
+            .clone();
     let slot_bitmap = superblock.partitions[0].slot_bitmap.start * 4096;
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     file.write_all_at(&[0x01], slot_bitmap).unwrap();
@@ -40,7 +41,11 @@ fn mkfs_info_and_fsck_exit_statuses() {
     assert_eq!(out.status.code(), Some(1));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["clean"], false);
-    assert!(report["partitions"][0]["issues"].as_array().unwrap().iter().any(|i| i["kind"] == "onode_corrupt" || i["kind"] == "slot_leaked"));
+    assert!(report["partitions"][0]["issues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|i| i["kind"] == "onode_corrupt" || i["kind"] == "slot_leaked"));
 
     // Not a store at all: fsck cannot run.
     let junk = dir.path().join("junk.img");
