@@ -8,17 +8,19 @@ use anyhow::{bail, Context, Result};
 
 use crate::bench::RunResult;
 
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    path: &Path,
-    offset: u64,
-    len: u64,
-    workload: &str,
-    qd: usize,
-    jobs: u32,
-    seconds: u64,
-    fdatasync: bool,
-) -> Result<RunResult> {
+/// A file region and the load to put on it, matching a store run.
+pub struct FioJob<'a> {
+    pub path: &'a Path,
+    pub offset: u64,
+    pub len: u64,
+    pub qd: usize,
+    pub jobs: u32,
+    pub seconds: u64,
+}
+
+/// Runs `workload`; with `fdatasync`, one flush per `qd` writes, as a store batch does.
+pub fn run(job: &FioJob<'_>, workload: &str, fdatasync: bool) -> Result<RunResult> {
+    let FioJob { path, offset, len, qd, jobs, seconds } = *job;
     let mut command = Command::new("fio");
     command.args([
         "--name=raw",
