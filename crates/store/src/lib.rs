@@ -109,6 +109,19 @@ const _: () = assert!(BLOCK_SIZE.is_multiple_of(SLOT_SIZE));
 const _: () = assert!(MAX_OBJECT_SIZE.is_multiple_of(BLOCK_SIZE as u64));
 const _: () = assert!(MAX_OBJECT_SIZE / (BLOCK_SIZE as u64) < u32::MAX as u64);
 
+/// Entry points for coverage-guided fuzzing (`fuzz/` at the repository root).
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Feeds `data` to every on-disk decoder; they must return errors, never panic.
+    pub fn decode_all(data: &[u8]) {
+        let _ = crate::layout::Superblock::decode(data);
+        let _ = crate::layout::PartitionHeader::decode(data, &[0; 16], 0);
+        let _ = crate::onode::decode_slot(data);
+        let _ = crate::onode::ObjectMeta::decode(data, 1 << 20);
+        let _ = crate::journal::Record::decode(data, &[0; 16], 0, 1, 512);
+    }
+}
+
 /// crc32c of a byte slice: the one checksum used everywhere on disk.
 pub fn crc32c(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)
