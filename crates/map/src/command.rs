@@ -1,0 +1,182 @@
+//! The monitor's commands, as a pure function from (map, command) to delta.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Change, ClusterMap, MapDelta, OsdId, OsdInfo, Pool};
+
+/// Limits that keep one map sane.
+pub const MAX_PG_NUM: u32 = 1 << 20;
+pub const MAX_POOL_SIZE: u8 = 10;
+pub const MAX_NAME_LEN: usize = 128;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// An OSD starts: registers (or re-registers) its address, host and weight, and is marked up and in.
+    OsdBoot {
+        id: OsdId,
+        addr: String,
+        host: String,
+        weight: u32,
+    },
+    MarkDown {
+        id: OsdId,
+    },
+    MarkUp {
+        id: OsdId,
+    },
+    MarkOut {
+        id: OsdId,
+    },
+    MarkIn {
+        id: OsdId,
+    },
+    PoolCreate {
+        name: String,
+        size: u8,
+        min_size: u8,
+        pg_num: u32,
+    },
+    PoolDelete {
+        name: String,
+    },
+    /// Grow the PG count (PGs split; shrinking is not supported yet).
+    PoolSetPgNum {
+        name: String,
+        pg_num: u32,
+    },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandError {
+    #[error("OSD {0} does not exist")]
+    NoSuchOsd(OsdId),
+    #[error("pool '{0}' does not exist")]
+    NoSuchPool(String),
+    #[error("pool '{0}' already exists")]
+    PoolExists(String),
+    #[error("invalid command: {0}")]
+    Invalid(String),
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), CommandError> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN || name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(CommandError::Invalid(format!(
+            "{what} name '{name}' must be 1 to {MAX_NAME_LEN} characters without spaces"
+        )));
+    }
+    Ok(())
+}
+
+impl ClusterMap {
+    /// The delta that carries out `command` on this map. `Ok(None)`: the
+    /// command changes nothing (marking an up OSD up, say), so no new epoch.
+    pub fn execute(&self, command: &Command) -> Result<Option<MapDelta>, CommandError> {
+        let epoch = self.epoch + 1;
+        let osd = |id: &OsdId| self.osds.get(id).cloned().ok_or(CommandError::NoSuchOsd(*id));
+        let changes = match command {
+            Command::OsdBoot { id, addr, host, weight } => {
+                check_name("host", host)?;
+                if addr.is_empty() || addr.len() > MAX_NAME_LEN {
+                    return Err(CommandError::Invalid(format!("OSD address '{addr}' is not valid")));
+                }
+                if *weight == 0 {
+                    return Err(CommandError::Invalid("an OSD's weight must be positive".into()));
+                }
+                let mut changes = Vec::new();
+                if !self.hosts.contains_key(host) {
+                    let id = self.hosts.values().max().map_or(1, |m| m + 1);
+                    changes.push(Change::AddHost { name: host.clone(), id });
+                }
+                let previous = self.osds.get(id);
+                let info = OsdInfo {
+                    id: *id,
+                    addr: addr.clone(),
+                    host: host.clone(),
+                    weight: *weight,
+                    up: true,
+                    // A returning OSD keeps an operator's "out"; a new one starts in.
+                    is_in: previous.is_none_or(|p| p.is_in || !p.up),
+                    state_epoch: if previous.is_some_and(|p| p.up) {
+                        previous.map_or(epoch, |p| p.state_epoch)
+                    } else {
+                        epoch
+                    },
+                };
+                if previous == Some(&info) {
+                    return Ok(None);
+                }
+                changes.push(Change::SetOsd(info));
+                changes
+            }
+            Command::MarkDown { id } | Command::MarkUp { id } => {
+                let mut info = osd(id)?;
+                let up = matches!(command, Command::MarkUp { .. });
+                if info.up == up {
+                    return Ok(None);
+                }
+                info.up = up;
+                info.state_epoch = epoch;
+                vec![Change::SetOsd(info)]
+            }
+            Command::MarkOut { id } | Command::MarkIn { id } => {
+                let mut info = osd(id)?;
+                let is_in = matches!(command, Command::MarkIn { .. });
+                if info.is_in == is_in {
+                    return Ok(None);
+                }
+                info.is_in = is_in;
+                vec![Change::SetOsd(info)]
+            }
+            Command::PoolCreate { name, size, min_size, pg_num } => {
+                check_name("pool", name)?;
+                if self.pool_by_name(name).is_some() {
+                    return Err(CommandError::PoolExists(name.clone()));
+                }
+                if *size == 0 || *size > MAX_POOL_SIZE || *min_size == 0 || min_size > size {
+                    return Err(CommandError::Invalid(format!(
+                        "need 1 <= min_size ({min_size}) <= size ({size}) <= {MAX_POOL_SIZE}"
+                    )));
+                }
+                if *pg_num == 0 || *pg_num > MAX_PG_NUM {
+                    return Err(CommandError::Invalid(format!("pg_num must be 1..={MAX_PG_NUM}")));
+                }
+                vec![Change::SetPool(Pool {
+                    id: self.next_pool_id,
+                    name: name.clone(),
+                    size: *size,
+                    min_size: *min_size,
+                    pg_num: *pg_num,
+                })]
+            }
+            Command::PoolDelete { name } => {
+                let pool = self.pool_by_name(name).ok_or_else(|| CommandError::NoSuchPool(name.clone()))?;
+                vec![Change::RemovePool(pool.id)]
+            }
+            Command::PoolSetPgNum { name, pg_num } => {
+                let mut pool =
+                    self.pool_by_name(name).cloned().ok_or_else(|| CommandError::NoSuchPool(name.clone()))?;
+                if *pg_num < pool.pg_num || *pg_num > MAX_PG_NUM {
+                    return Err(CommandError::Invalid(format!(
+                        "pg_num can only grow (from {} up to {MAX_PG_NUM}); merging PGs is not supported",
+                        pool.pg_num
+                    )));
+                }
+                if *pg_num == pool.pg_num {
+                    return Ok(None);
+                }
+                pool.pg_num = *pg_num;
+                vec![Change::SetPool(pool)]
+            }
+        };
+        Ok(Some(MapDelta { epoch, changes }))
+    }
+
+    /// Executes and applies: the monitor's state transition in one call.
+    pub fn run(&mut self, command: &Command) -> Result<Option<MapDelta>, CommandError> {
+        let delta = self.execute(command)?;
+        if let Some(delta) = &delta {
+            self.apply(delta).expect("a delta made from this map applies to it");
+        }
+        Ok(delta)
+    }
+}

@@ -1,0 +1,198 @@
+//! # duplex-map: the cluster map
+//!
+//! The map says which OSDs exist (address, host, weight, up/down, in/out),
+//! which pools exist (replication size, min_size, PG count), and at which
+//! epoch. Every change is a [`MapDelta`] from epoch N to N+1, so subscribers
+//! apply small deltas instead of refetching the map.
+//!
+//! [`ClusterMap::execute`] is the monitor's logic as a pure function: it
+//! checks a [`Command`] against the map and returns the delta that carries
+//! it out. The monitor replicates deltas through Raft, and every replica
+//! applies them with [`ClusterMap::apply`]. No I/O, no clock: it is tested
+//! without Raft or sockets.
+//!
+//! Encoding ([`codec`]): magic, format version, a postcard body and a
+//! crc32c. The decoder refuses bad input and never panics.
+
+pub mod codec;
+mod command;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use command::{Command, CommandError};
+
+pub type OsdId = u32;
+pub type PoolId = u32;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdInfo {
+    pub id: OsdId,
+    /// Where peers and clients reach it ("ip:port").
+    pub addr: String,
+    pub host: String,
+    /// 16.16 fixed point; conventionally capacity in TiB.
+    pub weight: u32,
+    pub up: bool,
+    pub is_in: bool,
+    /// Epoch of the last up/down change (the failure detector's clock).
+    pub state_epoch: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pool {
+    pub id: PoolId,
+    pub name: String,
+    /// Replicas per PG.
+    pub size: u8,
+    /// Below this many up replicas a PG stops accepting writes.
+    pub min_size: u8,
+    pub pg_num: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMap {
+    pub fsid: [u8; 16],
+    pub epoch: u64,
+    pub osds: BTreeMap<OsdId, OsdInfo>,
+    /// Host name → placement id; ids are never reused.
+    pub hosts: BTreeMap<String, u32>,
+    pub pools: BTreeMap<PoolId, Pool>,
+    pub next_pool_id: PoolId,
+}
+
+/// One change inside a delta.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Change {
+    SetOsd(OsdInfo),
+    AddHost { name: String, id: u32 },
+    SetPool(Pool),
+    RemovePool(PoolId),
+}
+
+/// The change from epoch `epoch - 1` to `epoch`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapDelta {
+    pub epoch: u64,
+    pub changes: Vec<Change>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ApplyError {
+    #[error("delta for epoch {delta} does not follow map epoch {map}")]
+    WrongEpoch { map: u64, delta: u64 },
+    #[error("delta removes pool {0}, which does not exist")]
+    NoSuchPool(PoolId),
+}
+
+impl ClusterMap {
+    /// The empty map of a new cluster (epoch 0).
+    pub fn new(fsid: [u8; 16]) -> ClusterMap {
+        ClusterMap {
+            fsid,
+            epoch: 0,
+            osds: BTreeMap::new(),
+            hosts: BTreeMap::new(),
+            pools: BTreeMap::new(),
+            next_pool_id: 1,
+        }
+    }
+
+    /// Applies `delta` (which must be for the next epoch).
+    pub fn apply(&mut self, delta: &MapDelta) -> Result<(), ApplyError> {
+        if delta.epoch != self.epoch + 1 {
+            return Err(ApplyError::WrongEpoch { map: self.epoch, delta: delta.epoch });
+        }
+        // Validate first so that a refused delta changes nothing.
+        for change in &delta.changes {
+            if let Change::RemovePool(id) = change {
+                if !self.pools.contains_key(id)
+                    && !delta.changes.iter().any(|c| matches!(c, Change::SetPool(p) if p.id == *id))
+                {
+                    return Err(ApplyError::NoSuchPool(*id));
+                }
+            }
+        }
+        for change in &delta.changes {
+            match change {
+                Change::SetOsd(osd) => {
+                    self.osds.insert(osd.id, osd.clone());
+                }
+                Change::AddHost { name, id } => {
+                    self.hosts.insert(name.clone(), *id);
+                }
+                Change::SetPool(pool) => {
+                    self.next_pool_id = self.next_pool_id.max(pool.id + 1);
+                    self.pools.insert(pool.id, pool.clone());
+                }
+                Change::RemovePool(id) => {
+                    self.pools.remove(id);
+                }
+            }
+        }
+        self.epoch = delta.epoch;
+        Ok(())
+    }
+
+    /// Checks the map's invariants (every decoded map passes through here).
+    pub fn validate(&self) -> Result<(), String> {
+        for (id, osd) in &self.osds {
+            if *id != osd.id {
+                return Err(format!("OSD key {id} holds OSD {}", osd.id));
+            }
+            if !self.hosts.contains_key(&osd.host) {
+                return Err(format!("OSD {id} is on unknown host '{}'", osd.host));
+            }
+            if osd.weight == 0 || osd.state_epoch > self.epoch {
+                return Err(format!("OSD {id}: zero weight or state from the future"));
+            }
+        }
+        let mut host_ids: Vec<u32> = self.hosts.values().copied().collect();
+        host_ids.sort_unstable();
+        if host_ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err("two hosts share a placement id".into());
+        }
+        for (id, pool) in &self.pools {
+            if *id != pool.id || *id >= self.next_pool_id {
+                return Err(format!("pool key {id} holds pool {} (next id {})", pool.id, self.next_pool_id));
+            }
+            if pool.size == 0 || pool.min_size == 0 || pool.min_size > pool.size || pool.pg_num == 0 {
+                return Err(format!(
+                    "pool '{}' has size {}, min_size {}, pg_num {}",
+                    pool.name, pool.size, pool.min_size, pool.pg_num
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn pool_by_name(&self, name: &str) -> Option<&Pool> {
+        self.pools.values().find(|p| p.name == name)
+    }
+
+    /// The placement hierarchy of this map (out OSDs keep their weight and are rejected).
+    pub fn hierarchy(&self) -> duplex_placement::Hierarchy {
+        let mut hosts: BTreeMap<u32, duplex_placement::HostSpec> = BTreeMap::new();
+        for osd in self.osds.values() {
+            // A validated map names only known hosts; skip rather than panic otherwise.
+            let Some(&host_id) = self.hosts.get(&osd.host) else { continue };
+            hosts
+                .entry(host_id)
+                .or_insert_with(|| duplex_placement::HostSpec { id: host_id, osds: Vec::new() })
+                .osds
+                .push(duplex_placement::OsdSpec { id: osd.id, weight: osd.weight, is_in: osd.is_in });
+        }
+        duplex_placement::Hierarchy::new(&hosts.into_values().collect::<Vec<_>>())
+    }
+
+    /// The OSDs a PG maps to (its "up set" before filtering down OSDs).
+    pub fn pg_osds(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
+        hierarchy.place(duplex_placement::pg_seed(pool.id, pg), pool.size as usize)
+    }
+
+    /// The acting set: the mapped OSDs that are up, in order; the first is the primary.
+    pub fn acting(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
+        self.pg_osds(hierarchy, pool, pg).into_iter().filter(|id| self.osds.get(id).is_some_and(|o| o.up)).collect()
+    }
+}
