@@ -16,12 +16,14 @@
 
 pub mod codec;
 mod command;
+pub mod failure;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 pub use command::{Command, CommandError};
+pub use failure::{FailureConfig, FailureDetector};
 
 pub type OsdId = u32;
 pub type PoolId = u32;
