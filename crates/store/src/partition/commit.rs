@@ -104,12 +104,9 @@ impl Partition {
         self.stats.user_bytes_written += prepared.user_bytes;
         self.stats.data_blocks_written += prepared.staged.len() as u64;
         self.stats.journal_bytes_written += record_len;
-        Ok(CommitInfo {
-            seq,
-            data_blocks: prepared.staged.len(),
-            journal_bytes: record_len as usize,
-            checkpointed: false,
-        })
+        let data_blocks = prepared.staged.len();
+        self.give_blocks(prepared.staged.into_values().map(|staged| staged.buf));
+        Ok(CommitInfo { seq, data_blocks, journal_bytes: record_len as usize, checkpointed: false })
     }
 
     /// Whether the journal or the dirty-page budget lacks room for `prepared`.

@@ -17,7 +17,7 @@ mod read;
 use std::collections::BTreeMap;
 
 use crate::bitmap::Bitmap;
-use crate::device::{BlockIo, IoStats};
+use crate::device::{AlignedBuf, BlockIo, IoStats};
 use crate::error::{Result, StoreError};
 use crate::key::Key;
 use crate::layout::PartitionGeometry;
@@ -166,9 +166,40 @@ pub struct Partition {
     pub(crate) stats: PartitionStats,
     /// Onode chains that could not be read at mount (reported by fsck).
     pub(crate) mount_issues: Vec<String>,
+    /// Spare 4 KiB block buffers, reused by commits and reads instead of
+    /// allocating and zeroing one per block (bounded by `SPARE_BLOCKS_MAX`).
+    pub(crate) spare_blocks: Vec<AlignedBuf>,
 }
 
+/// Most spare block buffers kept per partition (4 MiB).
+const SPARE_BLOCKS_MAX: usize = 1024;
+
 impl Partition {
+    /// A block buffer from the spares, zeroed if `zeroed` (else its contents
+    /// are stale and the caller overwrites all of it).
+    pub(crate) fn take_block(&mut self, zeroed: bool) -> AlignedBuf {
+        match self.spare_blocks.pop() {
+            Some(mut buf) => {
+                if zeroed {
+                    buf.fill(0);
+                }
+                buf
+            }
+            None => AlignedBuf::zeroed(BLOCK_SIZE),
+        }
+    }
+
+    /// Returns block buffers to the spares.
+    pub(crate) fn give_blocks(&mut self, bufs: impl IntoIterator<Item = AlignedBuf>) {
+        for buf in bufs {
+            if self.spare_blocks.len() >= SPARE_BLOCKS_MAX {
+                break;
+            }
+            debug_assert_eq!(buf.len(), BLOCK_SIZE);
+            self.spare_blocks.push(buf);
+        }
+    }
+
     pub fn index(&self) -> u32 {
         self.index
     }

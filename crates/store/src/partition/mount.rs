@@ -85,6 +85,7 @@ impl Partition {
             config,
             stats: PartitionStats::default(),
             mount_issues: Vec::new(),
+            spare_blocks: Vec::new(),
         };
         let replayed = partition.replay_journal()?;
         partition.rebuild_index()?;

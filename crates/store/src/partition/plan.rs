@@ -222,7 +222,8 @@ impl Partition {
         let buf = if was_written && !fully_overwritten {
             self.read_block_verified(block, old_crc)?
         } else {
-            AlignedBuf::zeroed(BLOCK_SIZE)
+            // A fully overwritten block needs no zeroing: the write covers it.
+            self.take_block(!fully_overwritten)
         };
         plan.staged.insert(block, StagedBlock { buf, was_written, old_crc, zero_from: 0 });
         Ok(())

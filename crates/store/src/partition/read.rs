@@ -61,7 +61,7 @@ impl Partition {
             }
         }
         self.pages.trim();
-        plans
+        let results = plans
             .into_iter()
             .map(|plan| {
                 let (start, end, pieces) = plan?;
@@ -78,7 +78,9 @@ impl Partition {
                 }
                 Ok(out)
             })
-            .collect()
+            .collect();
+        self.give_blocks(data.into_iter().filter_map(Result::ok));
+        results
     }
 
     fn plan_read(&self, request: &ReadRequest<'_>, blocks: &mut BTreeSet<u32>) -> Result<ReadPlan> {
@@ -103,7 +105,8 @@ impl Partition {
     fn read_blocks(&mut self, list: &[u32]) -> Result<Vec<Result<AlignedBuf>>> {
         let crc_pages: Vec<u64> = list.iter().map(|b| self.crc_location(*b).0).collect();
         self.pages.load(self.io.as_mut(), &crc_pages)?;
-        let mut bufs: Vec<AlignedBuf> = list.iter().map(|_| AlignedBuf::zeroed(BLOCK_SIZE)).collect();
+        // Every byte is read from the device: the buffers need no zeroing.
+        let mut bufs: Vec<AlignedBuf> = list.iter().map(|_| self.take_block(false)).collect();
         {
             let mut requests: Vec<(u64, &mut [u8])> =
                 list.iter().zip(bufs.iter_mut()).map(|(b, buf)| (self.data_offset(*b), &mut buf[..])).collect();
@@ -133,7 +136,7 @@ impl Partition {
 
     /// Reads one block and checks it against `crc` (for read-modify-write).
     pub(crate) fn read_block_verified(&mut self, block: u32, crc: u32) -> Result<AlignedBuf> {
-        let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+        let mut buf = self.take_block(false);
         let offset = self.data_offset(block);
         self.io.read_many(&mut [(offset, &mut buf[..])]).map_err(|e| StoreError::io("reading a data block", e))?;
         self.verify(block, crc, buf)
