@@ -58,9 +58,13 @@ pub fn mkfs(path: &Path, options: &MkfsOptions, config: &StoreConfig) -> Result<
     zero_area(io.as_mut(), 0, 1)?;
     io.flush().map_err(|e| StoreError::io("flushing", e))?;
     for (index, g) in superblock.partitions.iter().enumerate() {
-        // Bitmaps must start clear; the journal's first block must hold no record.
+        // Bitmaps must start clear and the journal must hold no record. The
+        // whole journal is written (not only its first block) so that, on a
+        // sparse file, record writes land on allocated blocks: ext4 can then
+        // complete them inline instead of allocating (and punting the write
+        // to an io_uring worker) on every record.
         zero_area(io.as_mut(), g.headers.start, 2)?;
-        zero_area(io.as_mut(), g.journal.start, 1)?;
+        zero_area(io.as_mut(), g.journal.start, g.journal.blocks)?;
         zero_area(
             io.as_mut(),
             g.slot_bitmap.start,
