@@ -122,6 +122,21 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     if args.dataset < OBJECT_SIZE || args.dataset > args.size {
         bail!("--dataset must be at least 4M and at most --size");
     }
+    // The bench formats its path. It only ever creates, sizes and deletes a
+    // regular file; an existing device or other special file is used as it
+    // is (with --keep), never resized or unlinked.
+    let device_path = match std::fs::metadata(&args.path) {
+        Ok(m) if !m.is_file() => {
+            if !args.keep {
+                bail!(
+                    "{} is not a regular file; to benchmark a device (destroying its contents) pass --keep",
+                    args.path.display()
+                );
+            }
+            true
+        }
+        _ => false,
+    };
     if let Some(parent) = args.path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
@@ -131,10 +146,10 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             eprintln!("bench: round {} of {}", round + 1, args.repeat);
         }
         for &partitions in &args.partitions {
-            runs.extend(run_partitions(&args, partitions)?);
+            runs.extend(run_partitions(&args, partitions, device_path)?);
         }
     }
-    if !args.keep {
+    if !args.keep && !device_path {
         let _ = std::fs::remove_file(&args.path);
     }
     let medians = medians(&runs);
@@ -186,9 +201,10 @@ fn print_ratios(medians: &[RunResult]) {
     }
 }
 
-fn run_partitions(args: &BenchArgs, partition_count: u32) -> Result<Vec<RunResult>> {
+fn run_partitions(args: &BenchArgs, partition_count: u32, device_path: bool) -> Result<Vec<RunResult>> {
     let config = args.device.config();
-    let options = MkfsOptions { partitions: partition_count, size_bytes: Some(args.size), ..MkfsOptions::default() };
+    let size_bytes = (!device_path).then_some(args.size);
+    let options = MkfsOptions { partitions: partition_count, size_bytes, ..MkfsOptions::default() };
     let superblock =
         duplex_store::mkfs(&args.path, &options, &config).with_context(|| format!("making {}", args.path.display()))?;
     let store = Store::open(&args.path, &config)?;

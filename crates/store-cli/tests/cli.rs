@@ -61,3 +61,12 @@ fn bad_arguments_get_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a size"));
 }
+
+#[test]
+fn bench_refuses_to_format_a_special_file_without_keep() {
+    // /dev/null stands in for a device: the bench must neither size nor unlink it.
+    let out = tool().args(["bench", "--smoke", "--path", "/dev/null"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a regular file"));
+    assert!(std::path::Path::new("/dev/null").exists());
+}
