@@ -46,7 +46,7 @@ pub enum Command {
     },
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandError {
     #[error("OSD {0} does not exist")]
     NoSuchOsd(OsdId),
