@@ -12,6 +12,10 @@
 //! epoch. A command that changes nothing, or that the map refuses, makes no
 //! epoch, identically everywhere.
 
+pub mod client;
 pub mod core;
+pub mod daemon;
+pub mod datadir;
+pub mod wire;
 
 pub use crate::core::{append_to_log, CommandOutcome, MonCore, MonOutput, ProposeError};

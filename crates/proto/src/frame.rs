@@ -28,6 +28,8 @@ pub enum MessageType {
     Refused = 5,
     Ping = 16,
     Pong = 17,
+    /// Monitor traffic: a postcard-encoded `duplex_mon::wire::MonMessage`.
+    Monitor = 32,
 }
 
 impl MessageType {
@@ -40,6 +42,7 @@ impl MessageType {
             5 => MessageType::Refused,
             16 => MessageType::Ping,
             17 => MessageType::Pong,
+            32 => MessageType::Monitor,
             _ => return None,
         })
     }

@@ -1,0 +1,86 @@
+//! A monitor client: finds the leader, runs commands, reads the map.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use duplex_map::{ClusterMap, Command};
+
+use crate::wire::{Connection, Credentials, MonMessage, WireOutcome};
+
+pub struct MonClient {
+    monitors: Vec<(u64, SocketAddr)>,
+    credentials: Credentials,
+    leader_guess: Option<u64>,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no monitor answered within {0:?} (last error: {1})")]
+    Unavailable(Duration, String),
+    #[error("the monitor refused: {0}")]
+    Refused(String),
+}
+
+impl MonClient {
+    pub fn new(monitors: Vec<(u64, SocketAddr)>, credentials: Credentials) -> MonClient {
+        MonClient { monitors, credentials, leader_guess: None, timeout: Duration::from_secs(15) }
+    }
+
+    fn ask(&self, id: u64, message: &MonMessage) -> std::io::Result<MonMessage> {
+        let addr = self
+            .monitors
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, a)| *a)
+            .ok_or_else(|| std::io::Error::other("unknown monitor"))?;
+        let mut conn = Connection::connect(addr, &self.credentials, Duration::from_secs(2))?;
+        conn.call(message)
+    }
+
+    /// Runs `command` on the leader, following leader hints and retrying
+    /// other monitors on errors, until `timeout`.
+    pub fn command(&mut self, command: &Command) -> Result<WireOutcome, ClientError> {
+        let started = Instant::now();
+        let mut turn = 0usize;
+        let mut last_error = String::from("none");
+        while started.elapsed() < self.timeout {
+            let id = self.leader_guess.unwrap_or(self.monitors[turn % self.monitors.len()].0);
+            turn += 1;
+            match self.ask(id, &MonMessage::Command(command.clone())) {
+                Ok(MonMessage::CommandReply(Ok(outcome))) => {
+                    self.leader_guess = Some(id);
+                    return Ok(outcome);
+                }
+                Ok(MonMessage::CommandReply(Err(err))) => return Err(ClientError::Refused(err)),
+                Ok(MonMessage::NotLeader { leader }) => {
+                    self.leader_guess = leader.filter(|l| *l != id);
+                    last_error = format!("monitor {id} is not the leader");
+                }
+                Ok(other) => last_error = format!("unexpected reply {other:?}"),
+                Err(err) => {
+                    self.leader_guess = None;
+                    last_error = format!("monitor {id}: {err}");
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(ClientError::Unavailable(self.timeout, last_error))
+    }
+
+    /// (leader hint, is leader, epoch) of one monitor.
+    pub fn status(&self, id: u64) -> std::io::Result<(Option<u64>, bool, u64)> {
+        match self.ask(id, &MonMessage::Status)? {
+            MonMessage::StatusReply { leader, is_leader, epoch, .. } => Ok((leader, is_leader, epoch)),
+            other => Err(std::io::Error::other(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// One monitor's copy of the map.
+    pub fn map(&self, id: u64) -> std::io::Result<ClusterMap> {
+        match self.ask(id, &MonMessage::GetMap)? {
+            MonMessage::Map(bytes) => duplex_map::codec::decode_map(&bytes).map_err(std::io::Error::other),
+            other => Err(std::io::Error::other(format!("unexpected reply {other:?}"))),
+        }
+    }
+}

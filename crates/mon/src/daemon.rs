@@ -1,0 +1,190 @@
+//! The monitor daemon: drives a [`MonCore`] with a data directory, a
+//! listener and one sender thread per peer.
+//!
+//! Threads: the core thread owns the core and the data directory, and is
+//! the only one that touches them. The listener spawns a thread per accepted
+//! connection, which authenticates it and forwards its requests to the core
+//! thread. Each peer's sender thread keeps one outgoing connection and
+//! re-establishes it after errors; raft tolerates the messages lost
+//! meanwhile. Everything is persisted (and fsynced) before the messages that
+//! depend on it are handed to the senders.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use protobuf::Message as _;
+use raft::eraftpb::Message;
+
+use crate::core::{MonCore, ProposeError};
+use crate::datadir::DataDir;
+use crate::wire::{from_frame, to_frame, Connection, Credentials, MonMessage};
+
+pub const TICK: Duration = Duration::from_millis(100);
+const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub struct MonConfig {
+    pub id: u64,
+    pub peers: BTreeMap<u64, SocketAddr>,
+    pub data_dir: PathBuf,
+    pub credentials: Credentials,
+}
+
+enum Input {
+    Raft(Message),
+    Request(MonMessage, Sender<MonMessage>),
+}
+
+/// Runs the monitor until the process ends.
+pub fn run(config: MonConfig) -> Result<()> {
+    let own = *config.peers.get(&config.id).context("--id must be one of the --peer entries")?;
+    let (mut data_dir, entries, hard_state) = DataDir::open(&config.data_dir)?;
+    let peer_ids: Vec<u64> = config.peers.keys().copied().collect();
+    let mut core = MonCore::new(config.id, rand::random(), &peer_ids, config.credentials.fsid, &entries, hard_state)
+        .context("starting raft")?;
+    tracing::info!(id = config.id, entries = entries.len(), "monitor starting");
+    let listener = TcpListener::bind(own).with_context(|| format!("listening on {own}"))?;
+    let (inputs, input_rx) = mpsc::channel::<Input>();
+    {
+        let inputs = inputs.clone();
+        let credentials = config.credentials.clone();
+        std::thread::spawn(move || accept_loop(listener, inputs, credentials));
+    }
+    let senders: HashMap<u64, Sender<Message>> = config
+        .peers
+        .iter()
+        .filter(|(id, _)| **id != config.id)
+        .map(|(id, addr)| {
+            let (tx, rx) = mpsc::channel();
+            let (addr, credentials) = (*addr, config.credentials.clone());
+            std::thread::spawn(move || peer_sender(addr, credentials, rx));
+            (*id, tx)
+        })
+        .collect();
+    core_loop(&mut core, &mut data_dir, input_rx, &senders)
+}
+
+fn core_loop(
+    core: &mut MonCore,
+    data_dir: &mut DataDir,
+    inputs: Receiver<Input>,
+    senders: &HashMap<u64, Sender<Message>>,
+) -> Result<()> {
+    let mut pending: HashMap<u64, Sender<MonMessage>> = HashMap::new();
+    let mut next_tick = Instant::now() + TICK;
+    loop {
+        match inputs.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
+            Ok(Input::Raft(message)) => {
+                if let Err(err) = core.step(message) {
+                    tracing::debug!(error = %err, "raft message refused");
+                }
+            }
+            Ok(Input::Request(request, reply)) => match request {
+                MonMessage::Command(command) => match core.propose(command) {
+                    Ok(request) => {
+                        pending.insert(request, reply);
+                    }
+                    Err(ProposeError::NotLeader(leader)) => {
+                        let _ = reply.send(MonMessage::NotLeader { leader });
+                    }
+                    Err(err) => {
+                        let _ = reply.send(MonMessage::CommandReply(Err(err.to_string())));
+                    }
+                },
+                MonMessage::GetMap => {
+                    let _ = reply.send(MonMessage::Map(duplex_map::codec::encode_map(core.map())));
+                }
+                MonMessage::Status => {
+                    let _ = reply.send(MonMessage::StatusReply {
+                        id: core.id(),
+                        leader: core.leader(),
+                        is_leader: core.is_leader(),
+                        epoch: core.map().epoch,
+                    });
+                }
+                other => tracing::debug!(?other, "unexpected request"),
+            },
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => anyhow::bail!("input channel closed"),
+        }
+        if Instant::now() >= next_tick {
+            core.tick();
+            next_tick += TICK;
+        }
+        loop {
+            let out = core.drive();
+            if out.entries.is_empty() && out.hard_state.is_none() && out.messages.is_empty() && out.completed.is_empty()
+            {
+                break;
+            }
+            data_dir.append(&out.entries)?;
+            if let Some(hs) = &out.hard_state {
+                data_dir.save_hard_state(hs)?;
+            }
+            for message in out.messages {
+                if let Some(sender) = senders.get(&message.to) {
+                    let _ = sender.send(message);
+                }
+            }
+            for (request, outcome) in out.completed {
+                if let Some(reply) = pending.remove(&request) {
+                    let _ = reply.send(MonMessage::CommandReply(Ok(outcome.into())));
+                }
+            }
+        }
+        // A node that lost leadership will not complete its proposals: clients retry.
+        if !core.is_leader() && !pending.is_empty() {
+            for (_, reply) in pending.drain() {
+                let _ = reply.send(MonMessage::NotLeader { leader: core.leader() });
+            }
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, inputs: Sender<Input>, credentials: Credentials) {
+    for stream in listener.incoming().flatten() {
+        let (inputs, credentials) = (inputs.clone(), credentials.clone());
+        std::thread::spawn(move || {
+            let Ok(mut conn) = Connection::accept(stream, &credentials, IO_TIMEOUT) else { return };
+            while let Ok(frame) = conn.recv() {
+                let Ok(message) = from_frame(&frame) else { return };
+                match message {
+                    MonMessage::Raft(bytes) => {
+                        let Ok(message) = Message::parse_from_bytes(&bytes) else { return };
+                        if inputs.send(Input::Raft(message)).is_err() {
+                            return;
+                        }
+                    }
+                    request => {
+                        let (tx, rx) = mpsc::channel();
+                        if inputs.send(Input::Request(request, tx)).is_err() {
+                            return;
+                        }
+                        let reply =
+                            rx.recv_timeout(Duration::from_secs(10)).unwrap_or(MonMessage::NotLeader { leader: None });
+                        if conn.send(&to_frame(&reply)).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn peer_sender(addr: SocketAddr, credentials: Credentials, messages: Receiver<Message>) {
+    let mut conn: Option<Connection> = None;
+    while let Ok(message) = messages.recv() {
+        if conn.is_none() {
+            conn = Connection::connect(addr, &credentials, IO_TIMEOUT).ok();
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let frame = to_frame(&MonMessage::Raft(message.write_to_bytes().expect("encoding a raft message")));
+        if c.send(&frame).is_err() {
+            conn = None;
+        }
+    }
+}
