@@ -68,6 +68,31 @@ impl MonClient {
         Err(ClientError::Unavailable(self.timeout, last_error))
     }
 
+    /// Sends `message` (a heartbeat or failure report) to the leader.
+    pub fn notify(&mut self, message: &MonMessage) -> Result<(), ClientError> {
+        let started = Instant::now();
+        let mut turn = 0usize;
+        let mut last_error = String::from("none");
+        while started.elapsed() < self.timeout {
+            let id = self.leader_guess.unwrap_or(self.monitors[turn % self.monitors.len()].0);
+            turn += 1;
+            match self.ask(id, message) {
+                Ok(MonMessage::Ack) => {
+                    self.leader_guess = Some(id);
+                    return Ok(());
+                }
+                Ok(MonMessage::NotLeader { leader }) => self.leader_guess = leader.filter(|l| *l != id),
+                Ok(other) => last_error = format!("unexpected reply {other:?}"),
+                Err(err) => {
+                    self.leader_guess = None;
+                    last_error = format!("monitor {id}: {err}");
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(ClientError::Unavailable(self.timeout, last_error))
+    }
+
     /// (leader hint, is leader, epoch) of one monitor.
     pub fn status(&self, id: u64) -> std::io::Result<(Option<u64>, bool, u64)> {
         match self.ask(id, &MonMessage::Status)? {

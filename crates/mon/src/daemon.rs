@@ -19,6 +19,8 @@ use anyhow::{Context, Result};
 use protobuf::Message as _;
 use raft::eraftpb::Message;
 
+use duplex_map::{Command, FailureConfig, FailureDetector};
+
 use crate::core::{MonCore, ProposeError};
 use crate::datadir::DataDir;
 use crate::wire::{from_frame, to_frame, Connection, Credentials, MonMessage};
@@ -31,6 +33,7 @@ pub struct MonConfig {
     pub peers: BTreeMap<u64, SocketAddr>,
     pub data_dir: PathBuf,
     pub credentials: Credentials,
+    pub failure: FailureConfig,
 }
 
 enum Input {
@@ -64,7 +67,43 @@ pub fn run(config: MonConfig) -> Result<()> {
             (*id, tx)
         })
         .collect();
-    core_loop(&mut core, &mut data_dir, input_rx, &senders)
+    core_loop(&mut core, &mut data_dir, input_rx, &senders, config.failure)
+}
+
+/// Failure detection on the leader: a fresh detector per leadership (every
+/// OSD gets a full grace), and each proposal at most once per second.
+struct Detection {
+    config: FailureConfig,
+    detector: Option<FailureDetector>,
+    started: Instant,
+    recently_proposed: HashMap<String, Instant>,
+}
+
+impl Detection {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn detector(&mut self, is_leader: bool) -> Option<&mut FailureDetector> {
+        if !is_leader {
+            self.detector = None;
+            return None;
+        }
+        let config = self.config;
+        Some(self.detector.get_or_insert_with(|| FailureDetector::new(config)))
+    }
+
+    fn proposals(&mut self, core: &MonCore) -> Vec<Command> {
+        let now = self.now_ms();
+        let Some(detector) = self.detector(core.is_leader()) else { return Vec::new() };
+        let commands = detector.tick(core.map(), now);
+        let fresh = Instant::now();
+        self.recently_proposed.retain(|_, at| fresh.duration_since(*at) < Duration::from_secs(1));
+        commands
+            .into_iter()
+            .filter(|command| self.recently_proposed.insert(format!("{command:?}"), fresh).is_none())
+            .collect()
+    }
 }
 
 fn core_loop(
@@ -72,8 +111,11 @@ fn core_loop(
     data_dir: &mut DataDir,
     inputs: Receiver<Input>,
     senders: &HashMap<u64, Sender<Message>>,
+    failure: FailureConfig,
 ) -> Result<()> {
     let mut pending: HashMap<u64, Sender<MonMessage>> = HashMap::new();
+    let mut detection =
+        Detection { config: failure, detector: None, started: Instant::now(), recently_proposed: HashMap::new() };
     let mut next_tick = Instant::now() + TICK;
     loop {
         match inputs.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
@@ -82,23 +124,45 @@ fn core_loop(
                     tracing::debug!(error = %err, "raft message refused");
                 }
             }
-            Ok(Input::Request(request, reply)) => match request {
+            Ok(Input::Request(request, reply_to)) => match request {
                 MonMessage::Command(command) => match core.propose(command) {
                     Ok(request) => {
-                        pending.insert(request, reply);
+                        pending.insert(request, reply_to);
                     }
                     Err(ProposeError::NotLeader(leader)) => {
-                        let _ = reply.send(MonMessage::NotLeader { leader });
+                        let _ = reply_to.send(MonMessage::NotLeader { leader });
                     }
                     Err(err) => {
-                        let _ = reply.send(MonMessage::CommandReply(Err(err.to_string())));
+                        let _ = reply_to.send(MonMessage::CommandReply(Err(err.to_string())));
                     }
                 },
                 MonMessage::GetMap => {
-                    let _ = reply.send(MonMessage::Map(duplex_map::codec::encode_map(core.map())));
+                    let _ = reply_to.send(MonMessage::Map(duplex_map::codec::encode_map(core.map())));
+                }
+                MonMessage::Heartbeat { osd } => {
+                    let now = detection.now_ms();
+                    let reply = match detection.detector(core.is_leader()) {
+                        Some(detector) => {
+                            detector.heartbeat(osd, now);
+                            MonMessage::Ack
+                        }
+                        None => MonMessage::NotLeader { leader: core.leader() },
+                    };
+                    let _ = reply_to.send(reply);
+                }
+                MonMessage::FailureReport { target, reporter } => {
+                    let now = detection.now_ms();
+                    let reply = match detection.detector(core.is_leader()) {
+                        Some(detector) => {
+                            detector.report_failure(target, reporter, now);
+                            MonMessage::Ack
+                        }
+                        None => MonMessage::NotLeader { leader: core.leader() },
+                    };
+                    let _ = reply_to.send(reply);
                 }
                 MonMessage::Status => {
-                    let _ = reply.send(MonMessage::StatusReply {
+                    let _ = reply_to.send(MonMessage::StatusReply {
                         id: core.id(),
                         leader: core.leader(),
                         is_leader: core.is_leader(),
@@ -113,6 +177,10 @@ fn core_loop(
         if Instant::now() >= next_tick {
             core.tick();
             next_tick += TICK;
+            for command in detection.proposals(core) {
+                tracing::info!(?command, "failure detector proposes");
+                let _ = core.propose(command);
+            }
         }
         loop {
             let out = core.drive();

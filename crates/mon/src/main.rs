@@ -27,6 +27,12 @@ struct Args {
     /// File holding the shared cluster secret.
     #[arg(long)]
     secret_file: PathBuf,
+    /// An OSD silent for longer than this is marked down.
+    #[arg(long, default_value_t = 6000)]
+    osd_grace_ms: u64,
+    /// A down OSD is marked out after this long.
+    #[arg(long, default_value_t = 600_000)]
+    down_out_interval_ms: u64,
 }
 
 fn main() -> Result<()> {
@@ -54,5 +60,10 @@ fn main() -> Result<()> {
         bail!("the cluster secret must be at least 16 bytes");
     }
     let credentials = Credentials { fsid, secret, name: format!("mon.{}", args.id) };
-    run(MonConfig { id: args.id, peers, data_dir: args.data_dir, credentials })
+    let failure = duplex_map::FailureConfig {
+        grace_ms: args.osd_grace_ms,
+        down_out_interval_ms: args.down_out_interval_ms,
+        ..Default::default()
+    };
+    run(MonConfig { id: args.id, peers, data_dir: args.data_dir, credentials, failure })
 }

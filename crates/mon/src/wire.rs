@@ -15,6 +15,17 @@ use crate::core::CommandOutcome;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum MonMessage {
+    /// An OSD is alive (sent to the leader every second or so).
+    Heartbeat {
+        osd: u32,
+    },
+    /// `reporter` could not reach `target`.
+    FailureReport {
+        target: u32,
+        reporter: u32,
+    },
+    /// Heartbeat or report taken.
+    Ack,
     /// A raft message between monitors (protobuf bytes).
     Raft(Vec<u8>),
     Command(Command),

@@ -1,0 +1,63 @@
+//! One monitor is a complete control plane: OSDs boot through it, and an
+//! OSD stub that stops heartbeating is marked down within grace + 2 s, then
+//! out after the down-out interval; an OSD that keeps heartbeating stays up.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{leader, wait_for, Cluster};
+use duplex_map::Command;
+use duplex_mon::wire::MonMessage;
+
+const GRACE_MS: u64 = 2_000;
+const DOWN_OUT_MS: u64 = 3_000;
+
+#[test]
+fn a_silent_osd_is_marked_down_within_grace_plus_two_seconds() {
+    let cluster = Cluster::new(1, &["--osd-grace-ms", "2000", "--down-out-interval-ms", "3000"]);
+    let mut client = cluster.client();
+    wait_for("the monitor to lead", Duration::from_secs(20), || leader(&cluster, &client).is_some());
+    for id in 0..2u32 {
+        client
+            .command(&Command::OsdBoot {
+                id,
+                addr: format!("127.0.0.1:{}", 6800 + id),
+                host: format!("h{id}"),
+                weight: 1 << 16,
+            })
+            .unwrap();
+    }
+    // Two OSD stubs heartbeat every 500 ms; OSD 1 stops after the first second.
+    let stop_one = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    let stub = {
+        let (mut client, stop_one, done) = (cluster.client(), stop_one.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                client.notify(&MonMessage::Heartbeat { osd: 0 }).unwrap();
+                if !stop_one.load(Ordering::Relaxed) {
+                    client.notify(&MonMessage::Heartbeat { osd: 1 }).unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    stop_one.store(true, Ordering::Relaxed);
+    let silent_since = Instant::now();
+    wait_for("OSD 1 to be marked down", Duration::from_millis(GRACE_MS + 5_000), || {
+        client.map(1).is_ok_and(|m| !m.osds[&1].up)
+    });
+    let detected_after = silent_since.elapsed();
+    assert!(detected_after <= Duration::from_millis(GRACE_MS + 2_000), "marked down after {detected_after:?}");
+    wait_for("OSD 1 to be marked out", Duration::from_millis(DOWN_OUT_MS + 5_000), || {
+        client.map(1).is_ok_and(|m| !m.osds[&1].is_in)
+    });
+    let map = client.map(1).unwrap();
+    assert!(map.osds[&0].up && map.osds[&0].is_in, "the heartbeating OSD stayed up and in");
+    done.store(true, Ordering::Relaxed);
+    stub.join().unwrap();
+}
