@@ -101,11 +101,55 @@ impl MonClient {
         }
     }
 
+    /// Follows the map from monitor `id`: a [`Subscription`] that yields the
+    /// map's changes as they happen.
+    pub fn subscribe(&self, id: u64, from: ClusterMap) -> std::io::Result<Subscription> {
+        let addr = self
+            .monitors
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, a)| *a)
+            .ok_or_else(|| std::io::Error::other("unknown monitor"))?;
+        let mut conn = Connection::connect(addr, &self.credentials, Duration::from_secs(2))?;
+        conn.send(&crate::wire::to_frame(&MonMessage::Subscribe { from_epoch: from.epoch }))?;
+        Ok(Subscription { conn, map: from })
+    }
+
     /// One monitor's copy of the map.
     pub fn map(&self, id: u64) -> std::io::Result<ClusterMap> {
         match self.ask(id, &MonMessage::GetMap)? {
             MonMessage::Map(bytes) => duplex_map::codec::decode_map(&bytes).map_err(std::io::Error::other),
             other => Err(std::io::Error::other(format!("unexpected reply {other:?}"))),
         }
+    }
+}
+
+/// A followed map, kept current from pushed deltas.
+pub struct Subscription {
+    conn: Connection,
+    map: ClusterMap,
+}
+
+impl Subscription {
+    pub fn map(&self) -> &ClusterMap {
+        &self.map
+    }
+
+    /// Waits for the next push (up to `timeout`) and applies it; returns the new epoch.
+    pub fn next(&mut self, timeout: Duration) -> std::io::Result<u64> {
+        self.conn.set_read_timeout(Some(timeout))?;
+        match crate::wire::from_frame(&self.conn.recv()?)? {
+            MonMessage::Map(bytes) => {
+                self.map = duplex_map::codec::decode_map(&bytes).map_err(std::io::Error::other)?
+            }
+            MonMessage::Deltas(deltas) => {
+                for bytes in deltas {
+                    let delta = duplex_map::codec::decode_delta(&bytes).map_err(std::io::Error::other)?;
+                    self.map.apply(&delta).map_err(std::io::Error::other)?;
+                }
+            }
+            other => return Err(std::io::Error::other(format!("unexpected push {other:?}"))),
+        }
+        Ok(self.map.epoch)
     }
 }

@@ -1,6 +1,8 @@
 //! The monitor's sans-I/O core: one Raft node plus the replicated map.
 
-use duplex_map::{ClusterMap, Command, CommandError};
+use std::collections::VecDeque;
+
+use duplex_map::{ClusterMap, Command, CommandError, MapDelta};
 use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message};
 use raft::storage::MemStorage;
 use raft::{Config, RawNode, StateRole};
@@ -49,7 +51,22 @@ pub struct MonOutput {
     pub hard_state: Option<HardState>,
     /// Commands this node proposed that are now committed: (request, outcome).
     pub completed: Vec<(u64, CommandOutcome)>,
+    /// Map deltas applied on this node, in epoch order (for subscribers).
+    pub deltas: Vec<MapDelta>,
 }
+
+impl MonOutput {
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+            && self.entries.is_empty()
+            && self.hard_state.is_none()
+            && self.completed.is_empty()
+            && self.deltas.is_empty()
+    }
+}
+
+/// Deltas kept for subscribers that fall a little behind.
+pub const DELTA_HISTORY: usize = 1000;
 
 pub struct MonCore {
     id: u64,
@@ -60,6 +77,10 @@ pub struct MonCore {
     next_request: u64,
     /// Outcomes of this node's proposals, until the runtime takes them.
     completed: Vec<(u64, CommandOutcome)>,
+    /// Deltas applied since the runtime last took them.
+    new_deltas: Vec<MapDelta>,
+    /// The last [`DELTA_HISTORY`] deltas, oldest first.
+    history: VecDeque<MapDelta>,
 }
 
 fn logger() -> slog::Logger {
@@ -108,6 +129,8 @@ impl MonCore {
             applied: 0,
             next_request: 1,
             completed: Vec::new(),
+            new_deltas: Vec::new(),
+            history: VecDeque::new(),
         })
     }
 
@@ -159,6 +182,7 @@ impl MonCore {
         let mut out = MonOutput::default();
         if !self.node.has_ready() {
             out.completed = std::mem::take(&mut self.completed);
+            out.deltas = std::mem::take(&mut self.new_deltas);
             return out;
         }
         let mut ready = self.node.ready();
@@ -186,7 +210,17 @@ impl MonCore {
         self.apply_entries(&committed);
         self.node.advance_apply();
         out.completed = std::mem::take(&mut self.completed);
+        out.deltas = std::mem::take(&mut self.new_deltas);
         out
+    }
+
+    /// The deltas after `epoch`, if the history still holds them all.
+    pub fn deltas_since(&self, epoch: u64) -> Option<Vec<MapDelta>> {
+        if epoch >= self.map.epoch {
+            return Some(Vec::new());
+        }
+        let first = self.history.front()?.epoch;
+        (epoch + 1 >= first).then(|| self.history.iter().filter(|d| d.epoch > epoch).cloned().collect())
     }
 
     fn apply_entries(&mut self, entries: &[Entry]) {
@@ -203,7 +237,15 @@ impl MonCore {
                 continue;
             };
             let outcome = match self.map.run(&proposal.command) {
-                Ok(Some(delta)) => CommandOutcome::Applied { epoch: delta.epoch },
+                Ok(Some(delta)) => {
+                    let epoch = delta.epoch;
+                    if self.history.len() == DELTA_HISTORY {
+                        self.history.pop_front();
+                    }
+                    self.history.push_back(delta.clone());
+                    self.new_deltas.push(delta);
+                    CommandOutcome::Applied { epoch }
+                }
                 Ok(None) => CommandOutcome::Unchanged { epoch: self.map.epoch },
                 Err(err) => CommandOutcome::Refused(err),
             };

@@ -39,6 +39,8 @@ pub struct MonConfig {
 enum Input {
     Raft(Message),
     Request(MonMessage, Sender<MonMessage>),
+    /// A subscriber from an epoch, and where to push its messages.
+    Subscribe(u64, Sender<MonMessage>),
 }
 
 /// Runs the monitor until the process ends.
@@ -114,6 +116,7 @@ fn core_loop(
     failure: FailureConfig,
 ) -> Result<()> {
     let mut pending: HashMap<u64, Sender<MonMessage>> = HashMap::new();
+    let mut subscribers: Vec<Sender<MonMessage>> = Vec::new();
     let mut detection =
         Detection { config: failure, detector: None, started: Instant::now(), recently_proposed: HashMap::new() };
     let mut next_tick = Instant::now() + TICK;
@@ -171,6 +174,15 @@ fn core_loop(
                 }
                 other => tracing::debug!(?other, "unexpected request"),
             },
+            Ok(Input::Subscribe(from_epoch, push)) => {
+                let catch_up = match core.deltas_since(from_epoch) {
+                    Some(deltas) => MonMessage::Deltas(deltas.iter().map(duplex_map::codec::encode_delta).collect()),
+                    None => MonMessage::Map(duplex_map::codec::encode_map(core.map())),
+                };
+                if push.send(catch_up).is_ok() {
+                    subscribers.push(push);
+                }
+            }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => anyhow::bail!("input channel closed"),
         }
@@ -184,8 +196,7 @@ fn core_loop(
         }
         loop {
             let out = core.drive();
-            if out.entries.is_empty() && out.hard_state.is_none() && out.messages.is_empty() && out.completed.is_empty()
-            {
+            if out.is_empty() {
                 break;
             }
             data_dir.append(&out.entries)?;
@@ -196,6 +207,10 @@ fn core_loop(
                 if let Some(sender) = senders.get(&message.to) {
                     let _ = sender.send(message);
                 }
+            }
+            if !out.deltas.is_empty() {
+                let encoded: Vec<Vec<u8>> = out.deltas.iter().map(duplex_map::codec::encode_delta).collect();
+                subscribers.retain(|push| push.send(MonMessage::Deltas(encoded.clone())).is_ok());
             }
             for (request, outcome) in out.completed {
                 if let Some(reply) = pending.remove(&request) {
@@ -225,6 +240,19 @@ fn accept_loop(listener: TcpListener, inputs: Sender<Input>, credentials: Creden
                         if inputs.send(Input::Raft(message)).is_err() {
                             return;
                         }
+                    }
+                    MonMessage::Subscribe { from_epoch } => {
+                        let (push, pushed) = mpsc::channel();
+                        if inputs.send(Input::Subscribe(from_epoch, push)).is_err() {
+                            return;
+                        }
+                        // From here on this connection only carries pushes.
+                        while let Ok(message) = pushed.recv() {
+                            if conn.send(&to_frame(&message)).is_err() {
+                                return;
+                            }
+                        }
+                        return;
                     }
                     request => {
                         let (tx, rx) = mpsc::channel();

@@ -15,6 +15,13 @@ use crate::core::CommandOutcome;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum MonMessage {
+    /// Follow the map from `from_epoch`: the connection then carries only
+    /// pushed `Map` (catch-up when too far behind) and `Deltas` messages.
+    Subscribe {
+        from_epoch: u64,
+    },
+    /// Encoded deltas (duplex_map::codec), consecutive epochs.
+    Deltas(Vec<Vec<u8>>),
     /// An OSD is alive (sent to the leader every second or so).
     Heartbeat {
         osd: u32,
@@ -173,7 +180,7 @@ impl Connection {
         from_frame(&self.recv()?)
     }
 
-    pub fn try_clone_stream(&self) -> std::io::Result<TcpStream> {
-        self.stream.try_clone()
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.stream.set_read_timeout(timeout)
     }
 }
