@@ -27,10 +27,23 @@ fn killing_the_leader_loses_no_acknowledged_command() {
             cluster.kill(victim);
             killed = Some(victim);
         }
-        let name = format!("pool-{i}");
-        let outcome = client
-            .command(&Command::PoolCreate { name: name.clone(), size: 2, min_size: 1, pg_num: 32 })
-            .unwrap_or_else(|err| panic!("command {i} failed: {err}"));
+        // Alternate pool and OSD commands.
+        let (name, command) = if i % 2 == 0 {
+            let name = format!("pool-{i}");
+            (name.clone(), Command::PoolCreate { name, size: 2, min_size: 1, pg_num: 32 })
+        } else {
+            let id = i as u32;
+            (
+                format!("osd.{id}"),
+                Command::OsdBoot {
+                    id,
+                    addr: format!("127.0.0.1:{}", 6800 + id),
+                    host: format!("host-{}", id % 4),
+                    weight: 1 << 16,
+                },
+            )
+        };
+        let outcome = client.command(&command).unwrap_or_else(|err| panic!("command {i} failed: {err}"));
         match outcome {
             WireOutcome::Applied { epoch } | WireOutcome::Unchanged { epoch } => {
                 assert!(
@@ -56,7 +69,11 @@ fn killing_the_leader_loses_no_acknowledged_command() {
         let map = client.map(id).unwrap();
         assert_eq!(map.epoch, highest_epoch, "monitor {id} is at another epoch");
         for name in &acknowledged {
-            assert!(map.pool_by_name(name).is_some(), "monitor {id} lacks acknowledged {name}");
+            let present = match name.strip_prefix("osd.") {
+                Some(osd) => map.osds.get(&osd.parse::<u32>().unwrap()).is_some_and(|o| o.up),
+                None => map.pool_by_name(name).is_some(),
+            };
+            assert!(present, "monitor {id} lacks acknowledged {name}");
         }
     }
 }
