@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -26,6 +26,14 @@ use crate::datadir::DataDir;
 use crate::wire::{from_frame, to_frame, Connection, Credentials, MonMessage};
 
 pub const TICK: Duration = Duration::from_millis(100);
+/// Requests and raft messages waiting for the core thread.
+const INPUT_QUEUE: usize = 4096;
+/// Raft messages waiting for one peer's connection.
+const PEER_QUEUE: usize = 4096;
+/// Pushes waiting for one subscriber's connection.
+const SUBSCRIBER_QUEUE: usize = 1024;
+/// After a failed connection to a peer, messages are dropped this long before trying again.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(200);
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub struct MonConfig {
@@ -40,7 +48,7 @@ enum Input {
     Raft(Message),
     Request(MonMessage, Sender<MonMessage>),
     /// A subscriber from an epoch, and where to push its messages.
-    Subscribe(u64, Sender<MonMessage>),
+    Subscribe(u64, SyncSender<MonMessage>),
 }
 
 /// Runs the monitor until the process ends.
@@ -52,18 +60,19 @@ pub fn run(config: MonConfig) -> Result<()> {
         .context("starting raft")?;
     tracing::info!(id = config.id, entries = entries.len(), "monitor starting");
     let listener = TcpListener::bind(own).with_context(|| format!("listening on {own}"))?;
-    let (inputs, input_rx) = mpsc::channel::<Input>();
+    // Bounded: connection threads block (back-pressure) when the core is behind.
+    let (inputs, input_rx) = mpsc::sync_channel::<Input>(INPUT_QUEUE);
     {
         let inputs = inputs.clone();
         let credentials = config.credentials.clone();
         std::thread::spawn(move || accept_loop(listener, inputs, credentials));
     }
-    let senders: HashMap<u64, Sender<Message>> = config
+    let senders: HashMap<u64, SyncSender<Message>> = config
         .peers
         .iter()
         .filter(|(id, _)| **id != config.id)
         .map(|(id, addr)| {
-            let (tx, rx) = mpsc::channel();
+            let (tx, rx) = mpsc::sync_channel(PEER_QUEUE);
             let (addr, credentials) = (*addr, config.credentials.clone());
             std::thread::spawn(move || peer_sender(addr, credentials, rx));
             (*id, tx)
@@ -112,11 +121,11 @@ fn core_loop(
     core: &mut MonCore,
     data_dir: &mut DataDir,
     inputs: Receiver<Input>,
-    senders: &HashMap<u64, Sender<Message>>,
+    senders: &HashMap<u64, SyncSender<Message>>,
     failure: FailureConfig,
 ) -> Result<()> {
     let mut pending: HashMap<u64, Sender<MonMessage>> = HashMap::new();
-    let mut subscribers: Vec<Sender<MonMessage>> = Vec::new();
+    let mut subscribers: Vec<SyncSender<MonMessage>> = Vec::new();
     let mut detection =
         Detection { config: failure, detector: None, started: Instant::now(), recently_proposed: HashMap::new() };
     let mut next_tick = Instant::now() + TICK;
@@ -179,7 +188,7 @@ fn core_loop(
                     Some(deltas) => MonMessage::Deltas(deltas.iter().map(duplex_map::codec::encode_delta).collect()),
                     None => MonMessage::Map(duplex_map::codec::encode_map(core.map())),
                 };
-                if push.send(catch_up).is_ok() {
+                if push.try_send(catch_up).is_ok() {
                     subscribers.push(push);
                 }
             }
@@ -205,12 +214,16 @@ fn core_loop(
             }
             for message in out.messages {
                 if let Some(sender) = senders.get(&message.to) {
-                    let _ = sender.send(message);
+                    // A full queue means the peer is unreachable or slow: raft resends.
+                    if let Err(TrySendError::Full(_)) = sender.try_send(message) {
+                        tracing::debug!("peer queue full; raft message dropped");
+                    }
                 }
             }
             if !out.deltas.is_empty() {
                 let encoded: Vec<Vec<u8>> = out.deltas.iter().map(duplex_map::codec::encode_delta).collect();
-                subscribers.retain(|push| push.send(MonMessage::Deltas(encoded.clone())).is_ok());
+                // A subscriber too far behind is dropped; it reconnects and catches up.
+                subscribers.retain(|push| push.try_send(MonMessage::Deltas(encoded.clone())).is_ok());
             }
             for (request, outcome) in out.completed {
                 if let Some(reply) = pending.remove(&request) {
@@ -227,7 +240,7 @@ fn core_loop(
     }
 }
 
-fn accept_loop(listener: TcpListener, inputs: Sender<Input>, credentials: Credentials) {
+fn accept_loop(listener: TcpListener, inputs: SyncSender<Input>, credentials: Credentials) {
     for stream in listener.incoming().flatten() {
         let (inputs, credentials) = (inputs.clone(), credentials.clone());
         std::thread::spawn(move || {
@@ -242,7 +255,7 @@ fn accept_loop(listener: TcpListener, inputs: Sender<Input>, credentials: Creden
                         }
                     }
                     MonMessage::Subscribe { from_epoch } => {
-                        let (push, pushed) = mpsc::channel();
+                        let (push, pushed) = mpsc::sync_channel(SUBSCRIBER_QUEUE);
                         if inputs.send(Input::Subscribe(from_epoch, push)).is_err() {
                             return;
                         }
@@ -273,14 +286,25 @@ fn accept_loop(listener: TcpListener, inputs: Sender<Input>, credentials: Creden
 
 fn peer_sender(addr: SocketAddr, credentials: Credentials, messages: Receiver<Message>) {
     let mut conn: Option<Connection> = None;
+    let mut retry_at = Instant::now();
     while let Ok(message) = messages.recv() {
         if conn.is_none() {
+            // While the peer is unreachable, drop messages rather than queue
+            // them behind connection attempts: raft resends what matters.
+            if Instant::now() < retry_at {
+                continue;
+            }
             conn = Connection::connect(addr, &credentials, IO_TIMEOUT).ok();
+            if conn.is_none() {
+                retry_at = Instant::now() + RECONNECT_BACKOFF;
+                continue;
+            }
         }
         let Some(c) = conn.as_mut() else { continue };
         let frame = to_frame(&MonMessage::Raft(message.write_to_bytes().expect("encoding a raft message")));
         if c.send(&frame).is_err() {
             conn = None;
+            retry_at = Instant::now() + RECONNECT_BACKOFF;
         }
     }
 }
