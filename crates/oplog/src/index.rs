@@ -1,0 +1,91 @@
+//! The index cache: which objects have entries in a PG's log, and reading
+//! from the log when it covers a range (R1 in DESIGN.md §5).
+
+use std::collections::HashMap;
+
+use crate::entry::{Entry, OpKind};
+use crate::log::PgLog;
+use crate::region::Region;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct IndexEntry {
+    seq: u64,
+    op: OpKind,
+    offset: u64,
+    len: u64,
+    log_offset: u64,
+}
+
+/// Per object, every live log entry, oldest first (none are overwritten).
+#[derive(Default, Debug)]
+pub struct IndexCache {
+    objects: HashMap<Vec<u8>, Vec<IndexEntry>>,
+}
+
+impl IndexCache {
+    pub fn insert(&mut self, entry: &Entry, log_offset: u64) {
+        let item =
+            IndexEntry { seq: entry.seq, op: entry.op, offset: entry.offset, len: entry.data.len() as u64, log_offset };
+        let list = self.objects.entry(entry.object.clone()).or_default();
+        debug_assert!(list.last().is_none_or(|last| last.seq < entry.seq), "index entries out of order");
+        list.push(item);
+    }
+
+    /// Forgets entries with seq <= `through` (trimmed from the log).
+    pub fn trim(&mut self, through: u64) {
+        self.objects.retain(|_, list| {
+            list.retain(|e| e.seq > through);
+            !list.is_empty()
+        });
+    }
+
+    pub fn contains(&self, object: &[u8]) -> bool {
+        self.objects.contains_key(object)
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// `len` bytes of `object` from `offset`, if the log alone determines
+    /// them all: newer writes win, and a truncate or delete hides what came
+    /// before it. `None`: the store is needed (R2 or R3).
+    pub fn read<R: Region>(&self, log: &PgLog<R>, object: &[u8], offset: u64, len: u64) -> Option<Vec<u8>> {
+        let list = self.objects.get(object)?;
+        let mut out = vec![0u8; len as usize];
+        let mut filled = vec![false; len as usize];
+        let mut missing = len as usize;
+        let end = offset + len;
+        for item in list.iter().rev() {
+            match item.op {
+                OpKind::Write => {
+                    let from = offset.max(item.offset);
+                    let to = end.min(item.offset + item.len);
+                    if from >= to {
+                        continue;
+                    }
+                    let entry = log.read(item.log_offset)?;
+                    for position in from..to {
+                        let at = (position - offset) as usize;
+                        if !filled[at] {
+                            filled[at] = true;
+                            out[at] = entry.data[(position - item.offset) as usize];
+                            missing -= 1;
+                        }
+                    }
+                }
+                // Older data may live in the store below these: only what
+                // newer writes cover is known without it.
+                OpKind::Truncate | OpKind::Delete => break,
+            }
+            if missing == 0 {
+                return Some(out);
+            }
+        }
+        (missing == 0).then_some(out)
+    }
+}

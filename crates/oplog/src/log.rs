@@ -1,0 +1,199 @@
+//! One PG's log: a ring of entries over a region.
+//!
+//! ```text
+//! 0    header slot A (64 bytes)   64  header slot B     128  ring (entries, 8-byte aligned)
+//! header: magic "DPXH" u32, crc32c u32, generation u64, pg u32, pad u32, tail offset u64, tail seq u64
+//! ```
+//! Entries are appended at the head. One that does not fit before the end
+//! of the region starts again at the beginning of the ring, after a wrap
+//! marker (8 bytes "DPXW" + 0) where there is room for one. Trimming writes
+//! the header slot of the next generation: the valid slot with the larger
+//! generation says where the oldest live entry is, and which seq it has.
+//! Recovery reads entries from there while each one is whole (crc) and
+//! carries the next seq; anything after is stale or torn.
+
+use crate::entry::{Entry, HEADER_LEN as ENTRY_HEADER_LEN};
+use crate::region::Region;
+
+const HEADER_SLOT: u64 = 64;
+const RING_START: u64 = 2 * HEADER_SLOT;
+const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"DPXH");
+const WRAP_MARKER: [u8; 8] = *b"DPXW\0\0\0\0";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("the log is full: flush and trim before appending")]
+    Full,
+    #[error("entry of {0} bytes can never fit this log")]
+    TooLarge(usize),
+    #[error("entry seq {got} does not follow {expected}")]
+    OutOfOrder { expected: u64, got: u64 },
+    #[error("log I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub struct PgLog<R: Region> {
+    region: R,
+    pg: u32,
+    generation: u64,
+    /// Offset and seq of the oldest live entry.
+    tail: u64,
+    tail_seq: u64,
+    /// Where the next entry goes, and its seq.
+    head: u64,
+    next_seq: u64,
+    /// Live entries in order: (seq, offset), for trimming and replay.
+    live: std::collections::VecDeque<(u64, u64)>,
+}
+
+fn encode_header(generation: u64, pg: u32, tail: u64, tail_seq: u64) -> [u8; 64] {
+    let mut h = [0u8; 64];
+    h[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
+    h[8..16].copy_from_slice(&generation.to_le_bytes());
+    h[16..20].copy_from_slice(&pg.to_le_bytes());
+    h[24..32].copy_from_slice(&tail.to_le_bytes());
+    h[32..40].copy_from_slice(&tail_seq.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..4]), &h[8..]);
+    h[4..8].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+fn decode_header(h: &[u8], pg: u32) -> Option<(u64, u64, u64)> {
+    let word = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().expect("4 bytes"));
+    let long = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..4]), &h[8..64]);
+    (word(0) == HEADER_MAGIC && word(4) == crc && word(16) == pg).then(|| (long(8), long(24), long(32)))
+}
+
+impl<R: Region> PgLog<R> {
+    /// Opens the log of `pg` in `region`, recovering its live entries
+    /// (a region never used before holds none).
+    pub fn open(mut region: R, pg: u32) -> Result<(PgLog<R>, Vec<Entry>), LogError> {
+        assert!(region.len() >= RING_START + 4096, "a log region needs at least 4 KiB of ring");
+        let headers = [region.read(0, 64).to_vec(), region.read(HEADER_SLOT, 64).to_vec()];
+        let best = headers.iter().filter_map(|h| decode_header(h, pg)).max_by_key(|(generation, ..)| *generation);
+        let (generation, tail, tail_seq) = match best {
+            Some(found) => found,
+            None => {
+                region.write(0, &encode_header(1, pg, RING_START, 1))?;
+                (1, RING_START, 1)
+            }
+        };
+        let mut log =
+            PgLog { region, pg, generation, tail, tail_seq, head: tail, next_seq: tail_seq, live: Default::default() };
+        let mut entries = Vec::new();
+        let mut position = tail;
+        let mut wrapped = false;
+        loop {
+            if position + ENTRY_HEADER_LEN as u64 > log.region.len() || log.region.read(position, 8) == WRAP_MARKER {
+                if wrapped {
+                    break;
+                }
+                wrapped = true;
+                position = RING_START;
+                continue;
+            }
+            let available = (log.region.len() - position) as usize;
+            let Some(entry) = Entry::decode(log.region.read(position, available)) else { break };
+            if entry.seq != log.next_seq || entry.pg != pg {
+                break;
+            }
+            // After wrapping, entries must stay behind the tail.
+            if wrapped && position + entry.encoded_len() as u64 > tail {
+                break;
+            }
+            log.live.push_back((entry.seq, position));
+            position += entry.encoded_len() as u64;
+            log.head = position;
+            log.next_seq += 1;
+            entries.push(entry);
+        }
+        Ok((log, entries))
+    }
+
+    pub fn pg(&self) -> u32 {
+        self.pg
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// Appends `entry` (whose seq must be [`PgLog::next_seq`]); when this
+    /// returns, the entry survives what the region survives.
+    pub fn append(&mut self, entry: &Entry) -> Result<u64, LogError> {
+        if entry.seq != self.next_seq {
+            return Err(LogError::OutOfOrder { expected: self.next_seq, got: entry.seq });
+        }
+        let len = entry.encoded_len() as u64;
+        let ring = self.region.len() - RING_START;
+        if len + WRAP_MARKER.len() as u64 > ring / 2 {
+            return Err(LogError::TooLarge(len as usize));
+        }
+        let mut at = self.head;
+        let wraps = at + len > self.region.len();
+        if wraps {
+            at = RING_START;
+        }
+        // Room: live entries span [tail, head), or [tail, end) and
+        // [RING_START, head) once wrapped; none may be overwritten.
+        let fits = if self.live.is_empty() {
+            true
+        } else if self.tail < self.head {
+            !wraps || RING_START + len <= self.tail
+        } else {
+            // Wrapped (or exactly full): never wrap a second time.
+            !wraps && self.head + len <= self.tail
+        };
+        if !fits {
+            return Err(LogError::Full);
+        }
+        if wraps && self.head + WRAP_MARKER.len() as u64 <= self.region.len() {
+            self.region.write(self.head, &WRAP_MARKER)?;
+        }
+        self.region.write(at, &entry.encode())?;
+        if self.live.is_empty() {
+            self.tail = at;
+            self.tail_seq = entry.seq;
+        }
+        self.live.push_back((entry.seq, at));
+        self.head = at + len;
+        self.next_seq += 1;
+        Ok(at)
+    }
+
+    /// Drops every entry with seq <= `through` (they are in the store now).
+    pub fn trim(&mut self, through: u64) -> Result<(), LogError> {
+        while self.live.front().is_some_and(|(seq, _)| *seq <= through) {
+            self.live.pop_front();
+        }
+        let (tail, tail_seq) = self.live.front().map_or((self.head, self.next_seq), |(seq, at)| (*at, *seq));
+        if (tail, tail_seq) == (self.tail, self.tail_seq) {
+            return Ok(());
+        }
+        self.generation += 1;
+        let slot = (self.generation % 2) * HEADER_SLOT;
+        self.region.write(slot, &encode_header(self.generation, self.pg, tail, tail_seq))?;
+        self.tail = tail;
+        self.tail_seq = tail_seq;
+        Ok(())
+    }
+
+    /// The live entry at `offset` (as returned by `append`).
+    pub fn read(&self, offset: u64) -> Option<Entry> {
+        Entry::decode(self.region.read(offset, (self.region.len() - offset) as usize))
+    }
+
+    /// The live entries, oldest first.
+    pub fn entries(&self) -> impl Iterator<Item = Entry> + '_ {
+        self.live.iter().filter_map(|(_, at)| self.read(*at))
+    }
+}
