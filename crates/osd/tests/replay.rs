@@ -1,0 +1,89 @@
+//! Replaying the live log over any partial application of it ends in the
+//! state the whole log defines.
+
+use std::collections::BTreeMap;
+
+use duplex_oplog::{Entry, OpKind};
+use duplex_osd::replay::{replay, store_op};
+use duplex_store::{mkfs, Batch, MkfsOptions, Store, StoreConfig};
+use proptest::prelude::*;
+
+fn model_apply(model: &mut BTreeMap<Vec<u8>, Vec<u8>>, entry: &Entry) {
+    match entry.op {
+        OpKind::Write => {
+            let object = model.entry(entry.object.clone()).or_default();
+            let end = entry.offset as usize + entry.data.len();
+            if object.len() < end {
+                object.resize(end, 0);
+            }
+            object[entry.offset as usize..end].copy_from_slice(&entry.data);
+        }
+        OpKind::Truncate => model.entry(entry.object.clone()).or_default().resize(entry.offset as usize, 0),
+        OpKind::Delete => {
+            model.remove(&entry.object);
+        }
+    }
+}
+
+fn entries() -> impl Strategy<Value = Vec<Entry>> {
+    proptest::collection::vec((0u8..3, 0u8..10, 0u64..20_000, 1usize..9000, any::<u8>()), 1..40).prop_map(|ops| {
+        ops.into_iter()
+            .enumerate()
+            .map(|(i, (name, kind, offset, len, fill))| {
+                let seq = i as u64 + 1;
+                let (op, data) = match kind {
+                    0 => (OpKind::Delete, vec![]),
+                    1 => (OpKind::Truncate, vec![]),
+                    _ => (OpKind::Write, vec![fill; len]),
+                };
+                Entry { pg: 5, epoch: 1, version: seq, seq, op, object: vec![b'o', b'0' + name], offset, data }
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn replay_over_a_partial_application_converges(log in entries(), trimmed in 0usize..40, applied_extra in proptest::collection::vec(any::<bool>(), 40)) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.img");
+        let config = StoreConfig::default();
+        mkfs(&path, &MkfsOptions { partitions: 1, size_bytes: Some(32 << 20), bytes_per_onode: 16 << 10, ..Default::default() }, &config).unwrap();
+        let mut store = Store::open(&path, &config).unwrap();
+        let partition = store.partition_mut(0);
+        // Entries before `trimmed` were flushed and trimmed: applied, and gone from the log.
+        let trimmed = trimmed.min(log.len());
+        for entry in &log[..trimmed] {
+            let mut batch = Batch::new();
+            batch.push(store_op(entry).unwrap());
+            partition.apply(&batch).unwrap();
+        }
+        // A crash mid-flush left an arbitrary subset of the live entries applied.
+        for (entry, applied) in log[trimmed..].iter().zip(&applied_extra) {
+            if *applied {
+                let mut batch = Batch::new();
+                batch.push(store_op(entry).unwrap());
+                partition.apply(&batch).unwrap();
+            }
+        }
+        replay(&log[trimmed..], partition).unwrap();
+        let mut model = BTreeMap::new();
+        for entry in &log {
+            model_apply(&mut model, entry);
+        }
+        for name in b'0'..b'3' {
+            let key = duplex_store::Key::in_group(5, &[b'o', name]).unwrap();
+            let expected = model.get(&vec![b'o', name]);
+            match (expected, partition.stat(key.as_bytes())) {
+                (None, Err(duplex_store::StoreError::NotFound)) => {}
+                (Some(data), Ok(info)) => {
+                    prop_assert_eq!(info.size, data.len() as u64);
+                    prop_assert!(partition.read(key.as_bytes(), 0, info.size).unwrap() == *data, "contents differ");
+                }
+                (expected, actual) => prop_assert!(false, "object o{}: model {:?} bytes, store {:?}", name as char, expected.map(|d| d.len()), actual),
+            }
+        }
+    }
+}
