@@ -38,26 +38,24 @@ impl MonClient {
         conn.call(message)
     }
 
-    /// Runs `command` on the leader, following leader hints and retrying
-    /// other monitors on errors, until `timeout`.
-    pub fn command(&mut self, command: &Command) -> Result<WireOutcome, ClientError> {
+    /// Sends `message` to the leader, following leader hints and retrying
+    /// other monitors on errors, until `timeout`; returns the leader's reply.
+    fn call_leader(&mut self, message: &MonMessage) -> Result<MonMessage, ClientError> {
         let started = Instant::now();
         let mut turn = 0usize;
         let mut last_error = String::from("none");
         while started.elapsed() < self.timeout {
             let id = self.leader_guess.unwrap_or(self.monitors[turn % self.monitors.len()].0);
             turn += 1;
-            match self.ask(id, &MonMessage::Command(command.clone())) {
-                Ok(MonMessage::CommandReply(Ok(outcome))) => {
-                    self.leader_guess = Some(id);
-                    return Ok(outcome);
-                }
-                Ok(MonMessage::CommandReply(Err(err))) => return Err(ClientError::Refused(err)),
+            match self.ask(id, message) {
                 Ok(MonMessage::NotLeader { leader }) => {
                     self.leader_guess = leader.filter(|l| *l != id);
                     last_error = format!("monitor {id} is not the leader");
                 }
-                Ok(other) => last_error = format!("unexpected reply {other:?}"),
+                Ok(reply) => {
+                    self.leader_guess = Some(id);
+                    return Ok(reply);
+                }
                 Err(err) => {
                     self.leader_guess = None;
                     last_error = format!("monitor {id}: {err}");
@@ -68,29 +66,21 @@ impl MonClient {
         Err(ClientError::Unavailable(self.timeout, last_error))
     }
 
-    /// Sends `message` (a heartbeat or failure report) to the leader.
-    pub fn notify(&mut self, message: &MonMessage) -> Result<(), ClientError> {
-        let started = Instant::now();
-        let mut turn = 0usize;
-        let mut last_error = String::from("none");
-        while started.elapsed() < self.timeout {
-            let id = self.leader_guess.unwrap_or(self.monitors[turn % self.monitors.len()].0);
-            turn += 1;
-            match self.ask(id, message) {
-                Ok(MonMessage::Ack) => {
-                    self.leader_guess = Some(id);
-                    return Ok(());
-                }
-                Ok(MonMessage::NotLeader { leader }) => self.leader_guess = leader.filter(|l| *l != id),
-                Ok(other) => last_error = format!("unexpected reply {other:?}"),
-                Err(err) => {
-                    self.leader_guess = None;
-                    last_error = format!("monitor {id}: {err}");
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
+    /// Runs `command` on the leader; returns once it is committed and applied.
+    pub fn command(&mut self, command: &Command) -> Result<WireOutcome, ClientError> {
+        match self.call_leader(&MonMessage::Command(command.clone()))? {
+            MonMessage::CommandReply(Ok(outcome)) => Ok(outcome),
+            MonMessage::CommandReply(Err(err)) => Err(ClientError::Refused(err)),
+            other => Err(ClientError::Refused(format!("unexpected reply {other:?}"))),
         }
-        Err(ClientError::Unavailable(self.timeout, last_error))
+    }
+
+    /// Sends a heartbeat or failure report to the leader.
+    pub fn notify(&mut self, message: &MonMessage) -> Result<(), ClientError> {
+        match self.call_leader(message)? {
+            MonMessage::Ack => Ok(()),
+            other => Err(ClientError::Refused(format!("unexpected reply {other:?}"))),
+        }
     }
 
     /// (leader hint, is leader, epoch) of one monitor.
