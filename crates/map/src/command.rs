@@ -9,7 +9,7 @@ pub const MAX_PG_NUM: u32 = 1 << 20;
 pub const MAX_POOL_SIZE: u8 = 10;
 pub const MAX_NAME_LEN: usize = 128;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Command {
     /// An OSD starts: registers (or re-registers) its address, host and weight, and is marked up and in.
     OsdBoot {

@@ -27,13 +27,16 @@ impl MonClient {
         MonClient { monitors, credentials, leader_guess: None, timeout: Duration::from_secs(15) }
     }
 
-    fn ask(&self, id: u64, message: &MonMessage) -> std::io::Result<MonMessage> {
-        let addr = self
-            .monitors
+    fn addr_of(&self, id: u64) -> std::io::Result<SocketAddr> {
+        self.monitors
             .iter()
             .find(|(i, _)| *i == id)
             .map(|(_, a)| *a)
-            .ok_or_else(|| std::io::Error::other("unknown monitor"))?;
+            .ok_or_else(|| std::io::Error::other(format!("unknown monitor {id}")))
+    }
+
+    fn ask(&self, id: u64, message: &MonMessage) -> std::io::Result<MonMessage> {
+        let addr = self.addr_of(id)?;
         let mut conn = Connection::connect(addr, &self.credentials, Duration::from_secs(2))?;
         conn.call(message)
     }
@@ -94,12 +97,7 @@ impl MonClient {
     /// Follows the map from monitor `id`: a [`Subscription`] that yields the
     /// map's changes as they happen.
     pub fn subscribe(&self, id: u64, from: ClusterMap) -> std::io::Result<Subscription> {
-        let addr = self
-            .monitors
-            .iter()
-            .find(|(i, _)| *i == id)
-            .map(|(_, a)| *a)
-            .ok_or_else(|| std::io::Error::other("unknown monitor"))?;
+        let addr = self.addr_of(id)?;
         let mut conn = Connection::connect(addr, &self.credentials, Duration::from_secs(2))?;
         conn.send(&crate::wire::to_frame(&MonMessage::Subscribe { from_epoch: from.epoch }))?;
         Ok(Subscription { conn, map: from })

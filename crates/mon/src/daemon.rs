@@ -12,7 +12,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -87,7 +89,7 @@ struct Detection {
     config: FailureConfig,
     detector: Option<FailureDetector>,
     started: Instant,
-    recently_proposed: HashMap<String, Instant>,
+    recently_proposed: HashMap<Command, Instant>,
 }
 
 impl Detection {
@@ -110,10 +112,7 @@ impl Detection {
         let commands = detector.tick(core.map(), now);
         let fresh = Instant::now();
         self.recently_proposed.retain(|_, at| fresh.duration_since(*at) < Duration::from_secs(1));
-        commands
-            .into_iter()
-            .filter(|command| self.recently_proposed.insert(format!("{command:?}"), fresh).is_none())
-            .collect()
+        commands.into_iter().filter(|command| self.recently_proposed.insert(command.clone(), fresh).is_none()).collect()
     }
 }
 
@@ -240,10 +239,32 @@ fn core_loop(
     }
 }
 
+/// Most connections served at once (each has a thread).
+const MAX_CONNECTIONS: usize = 256;
+
+/// Releases a connection slot when its thread ends, however it ends.
+struct ConnectionSlot(Arc<AtomicUsize>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 fn accept_loop(listener: TcpListener, inputs: SyncSender<Input>, credentials: Credentials) {
+    let open = Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming().flatten() {
+        // Threads are spawned before peers authenticate: bound them.
+        if open.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+            tracing::warn!("connection limit reached; refusing a connection");
+            drop(stream);
+            continue;
+        }
+        open.fetch_add(1, Ordering::Relaxed);
+        let guard = ConnectionSlot(open.clone());
         let (inputs, credentials) = (inputs.clone(), credentials.clone());
         std::thread::spawn(move || {
+            let _slot = guard;
             let Ok(mut conn) = Connection::accept(stream, &credentials, IO_TIMEOUT) else { return };
             while let Ok(frame) = conn.recv() {
                 let Ok(message) = from_frame(&frame) else { return };

@@ -48,7 +48,8 @@ fn main() -> Result<()> {
         let addr: SocketAddr = addr.parse().with_context(|| format!("--peer {peer}: bad address"))?;
         peers.insert(id, addr);
     }
-    if args.fsid.len() != 32 {
+    // Validate before slicing by byte index: any other input is an error, never a panic.
+    if args.fsid.len() != 32 || !args.fsid.bytes().all(|b| b.is_ascii_hexdigit()) {
         bail!("--fsid must be 32 hex digits");
     }
     let mut fsid = [0u8; 16];

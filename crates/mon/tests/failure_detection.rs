@@ -8,8 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{leader, wait_for, Cluster};
-use duplex_map::Command;
+use common::{boot_osds, leader, wait_for, Cluster};
 use duplex_mon::wire::MonMessage;
 
 const GRACE_MS: u64 = 2_000;
@@ -20,16 +19,7 @@ fn a_silent_osd_is_marked_down_within_grace_plus_two_seconds() {
     let cluster = Cluster::new(1, &["--osd-grace-ms", "2000", "--down-out-interval-ms", "3000"]);
     let mut client = cluster.client();
     wait_for("the monitor to lead", Duration::from_secs(20), || leader(&cluster, &client).is_some());
-    for id in 0..2u32 {
-        client
-            .command(&Command::OsdBoot {
-                id,
-                addr: format!("127.0.0.1:{}", 6800 + id),
-                host: format!("h{id}"),
-                weight: 1 << 16,
-            })
-            .unwrap();
-    }
+    boot_osds(&mut client, 2);
     // Two OSD stubs heartbeat every 500 ms; OSD 1 stops after the first second.
     let stop_one = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicBool::new(false));

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{leader, wait_for, Cluster};
+use common::{boot_osds, leader, wait_for, Cluster};
 use duplex_map::{ClusterMap, Command};
 
 #[test]
@@ -17,16 +17,7 @@ fn subscribers_follow_every_epoch() {
     let lead = leader(&cluster, &client).unwrap();
     let follower = *cluster.children.keys().find(|id| **id != lead).unwrap();
 
-    for id in 0..5u32 {
-        client
-            .command(&Command::OsdBoot {
-                id,
-                addr: format!("127.0.0.1:{}", 6800 + id),
-                host: format!("h{id}"),
-                weight: 1 << 16,
-            })
-            .unwrap();
-    }
+    boot_osds(&mut client, 5);
     // One subscriber from scratch on a follower, one from a fetched map on the leader.
     let mut from_scratch = client.subscribe(follower, ClusterMap::new(client.map(follower).unwrap().fsid)).unwrap();
     let fetched = client.map(lead).unwrap();

@@ -28,6 +28,8 @@ pub enum LogError {
     TooLarge(usize),
     #[error("entry seq {got} does not follow {expected}")]
     OutOfOrder { expected: u64, got: u64 },
+    #[error("object name of {0} bytes exceeds the log's limit")]
+    ObjectTooLong(usize),
     #[error("log I/O: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -133,6 +135,9 @@ impl<R: Region> PgLog<R> {
         if entry.seq != self.next_seq {
             return Err(LogError::OutOfOrder { expected: self.next_seq, got: entry.seq });
         }
+        if entry.object.len() > crate::entry::MAX_OBJECT_LEN {
+            return Err(LogError::ObjectTooLong(entry.object.len()));
+        }
         let len = entry.encoded_len() as u64;
         let ring = self.region.len() - RING_START;
         if len + WRAP_MARKER.len() as u64 > ring / 2 {
@@ -167,6 +172,7 @@ impl<R: Region> PgLog<R> {
         self.live.push_back((entry.seq, at));
         self.head = at + len;
         self.next_seq += 1;
+        debug_assert!(self.head <= self.region.len(), "head past the region");
         Ok(at)
     }
 
@@ -189,7 +195,8 @@ impl<R: Region> PgLog<R> {
 
     /// The live entry at `offset` (as returned by `append`).
     pub fn read(&self, offset: u64) -> Option<Entry> {
-        Entry::decode(self.region.read(offset, (self.region.len() - offset) as usize))
+        let available = self.region.len().checked_sub(offset).filter(|a| *a > 0)?;
+        Entry::decode(self.region.read(offset, available as usize))
     }
 
     /// The live entries, oldest first.

@@ -38,8 +38,11 @@ fn oplog_crash_child() {
         let seq = log.next_seq();
         if log.len() > 20 {
             // Keep the ring from filling: trim the oldest half, as a flush would.
+            // Announce before trimming: if the kill lands between the trim and
+            // the line, the parent must not expect the trimmed entries.
+            writeln!(out, "trimming {}", seq - 10).unwrap();
+            out.flush().unwrap();
             log.trim(seq - 10).unwrap();
-            writeln!(out, "trimmed {}", seq - 10).unwrap();
         }
         log.append(&entry(seq)).unwrap();
         writeln!(out, "appended {seq}").unwrap();
@@ -77,7 +80,7 @@ fn shm_log_survives_sigkill() {
             let tokens: Vec<&str> = line.split_whitespace().collect();
             match tokens.as_slice() {
                 [.., "appended", seq] => appended.push(seq.parse::<u64>().unwrap()),
-                [.., "trimmed", seq] => trimmed = seq.parse().unwrap(),
+                [.., "trimming", seq] => trimmed = seq.parse().unwrap(),
                 _ => {}
             }
         }

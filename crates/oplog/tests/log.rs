@@ -143,3 +143,14 @@ fn an_entry_larger_than_half_the_ring_is_refused() {
     assert!(matches!(log.append(&entry(1, 9000, 1)), Err(LogError::TooLarge(_))));
     assert!(matches!(log.append(&entry(5, 10, 1)), Err(LogError::OutOfOrder { expected: 1, got: 5 })));
 }
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PgLog::open(MmapRegion::open(&dir.path().join("pg.log"), 16 << 10, false).unwrap(), 7).unwrap();
+    let mut long = entry(1, 10, 1);
+    long.object = vec![b'x'; 300];
+    assert!(matches!(log.append(&long), Err(LogError::ObjectTooLong(300))));
+    assert!(log.read(1 << 40).is_none());
+    assert!(log.read(16 << 10).is_none());
+}

@@ -53,11 +53,7 @@ fn the_store_runs_on_a_block_device() {
     let mut rng = rng(77);
     for _ in 0..40 {
         let batch = random_batch(&mut rng, 2, 4, 5);
-        let group = batch.ops[0].key().group();
-        let mut single = duplex_store::Batch::new();
-        for op in batch.ops.into_iter().filter(|op| op.key().group() == group) {
-            single.push(op);
-        }
+        let (group, single) = first_group_only(batch);
         let expected = model.apply(&single);
         let result = store.partition_for(&group.to_be_bytes()).apply(&single);
         assert_eq!(expected.is_ok(), result.is_ok(), "{result:?}");

@@ -20,11 +20,7 @@ fn run(seed: u64, batches: usize, backend: IoBackend) {
     for round in 0..batches {
         // Batches are per partition: split each random batch by partition.
         let batch = random_batch(&mut rng, 2, 5, 6);
-        let group = batch.ops[0].key().group();
-        let mut single = duplex_store::Batch::new();
-        for op in batch.ops.into_iter().filter(|op| op.key().group() == group) {
-            single.push(op);
-        }
+        let (group, single) = first_group_only(batch);
         let expected = model.apply(&single);
         let result = store.partition_for(&group.to_be_bytes()).apply(&single);
         match (&expected, &result) {

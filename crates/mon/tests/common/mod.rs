@@ -97,3 +97,17 @@ pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
 pub fn leader(cluster: &Cluster, client: &MonClient) -> Option<u64> {
     cluster.children.keys().copied().find(|id| client.status(*id).is_ok_and(|(_, is_leader, _)| is_leader))
 }
+
+/// Registers OSDs `0..count`, each on its own host.
+pub fn boot_osds(client: &mut MonClient, count: u32) {
+    for id in 0..count {
+        client
+            .command(&duplex_map::Command::OsdBoot {
+                id,
+                addr: format!("127.0.0.1:{}", 6800 + id),
+                host: format!("h{id}"),
+                weight: 1 << 16,
+            })
+            .unwrap();
+    }
+}

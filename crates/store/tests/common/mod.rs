@@ -111,6 +111,17 @@ pub fn random_batch(rng: &mut StdRng, groups: u32, names: u8, max_ops: usize) ->
     batch
 }
 
+/// The ops of `batch` that belong to its first op's group (one partition
+/// per batch), and that group.
+pub fn first_group_only(batch: Batch) -> (u32, Batch) {
+    let group = batch.ops[0].key().group();
+    let mut single = Batch::new();
+    for op in batch.ops.into_iter().filter(|op| op.key().group() == group) {
+        single.push(op);
+    }
+    (group, single)
+}
+
 pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
 }
