@@ -33,7 +33,21 @@ pub struct Entry {
     pub data: Vec<u8>,
 }
 
-impl Entry {
+/// An entry by reference: what the OSD encodes straight from a request's
+/// buffers, without first copying them into an [`Entry`].
+#[derive(Clone, Copy, Debug)]
+pub struct EntryRef<'a> {
+    pub pg: u32,
+    pub epoch: u32,
+    pub version: u64,
+    pub seq: u64,
+    pub op: OpKind,
+    pub object: &'a [u8],
+    pub offset: u64,
+    pub data: &'a [u8],
+}
+
+impl EntryRef<'_> {
     pub fn encoded_len(&self) -> usize {
         (HEADER_LEN + self.object.len() + self.data.len()).div_ceil(8) * 8
     }
@@ -51,11 +65,34 @@ impl Entry {
         out[36..40].copy_from_slice(&self.pg.to_le_bytes());
         out[40..48].copy_from_slice(&self.offset.to_le_bytes());
         let object_end = HEADER_LEN + self.object.len();
-        out[HEADER_LEN..object_end].copy_from_slice(&self.object);
-        out[object_end..object_end + self.data.len()].copy_from_slice(&self.data);
+        out[HEADER_LEN..object_end].copy_from_slice(self.object);
+        out[object_end..object_end + self.data.len()].copy_from_slice(self.data);
         let crc = checksum(&out, HEADER_LEN + self.object.len() + self.data.len());
         out[4..8].copy_from_slice(&crc.to_le_bytes());
         out
+    }
+}
+
+impl Entry {
+    pub fn as_ref(&self) -> EntryRef<'_> {
+        EntryRef {
+            pg: self.pg,
+            epoch: self.epoch,
+            version: self.version,
+            seq: self.seq,
+            op: self.op,
+            object: &self.object,
+            offset: self.offset,
+            data: &self.data,
+        }
+    }
+
+    pub fn encoded_len(&self) -> usize {
+        self.as_ref().encoded_len()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        self.as_ref().encode()
     }
 
     /// The entry at the start of `bytes`, if it is whole and its checksum

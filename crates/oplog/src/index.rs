@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::entry::{Entry, OpKind};
+use crate::entry::{Entry, EntryRef, OpKind};
 use crate::log::PgLog;
 use crate::region::Region;
 
@@ -24,9 +24,16 @@ pub struct IndexCache {
 
 impl IndexCache {
     pub fn insert(&mut self, entry: &Entry, log_offset: u64) {
+        self.insert_ref(&entry.as_ref(), log_offset);
+    }
+
+    pub fn insert_ref(&mut self, entry: &EntryRef<'_>, log_offset: u64) {
         let item =
             IndexEntry { seq: entry.seq, op: entry.op, offset: entry.offset, len: entry.data.len() as u64, log_offset };
-        let list = self.objects.entry(entry.object.clone()).or_default();
+        let list = match self.objects.get_mut(entry.object) {
+            Some(list) => list,
+            None => self.objects.entry(entry.object.to_vec()).or_default(),
+        };
         debug_assert!(list.last().is_none_or(|last| last.seq < entry.seq), "index entries out of order");
         list.push(item);
     }

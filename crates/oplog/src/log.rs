@@ -132,13 +132,23 @@ impl<R: Region> PgLog<R> {
     /// Appends `entry` (whose seq must be [`PgLog::next_seq`]); when this
     /// returns, the entry survives what the region survives.
     pub fn append(&mut self, entry: &Entry) -> Result<u64, LogError> {
-        if entry.seq != self.next_seq {
-            return Err(LogError::OutOfOrder { expected: self.next_seq, got: entry.seq });
-        }
         if entry.object.len() > crate::entry::MAX_OBJECT_LEN {
             return Err(LogError::ObjectTooLong(entry.object.len()));
         }
-        let len = entry.encoded_len() as u64;
+        self.append_encoded(entry.seq, &entry.encode())
+    }
+
+    /// Appends an entry already encoded (by [`crate::EntryRef::encode`]), so
+    /// that the same bytes can also go to the replicas.
+    pub fn append_encoded(&mut self, seq: u64, encoded: &[u8]) -> Result<u64, LogError> {
+        debug_assert!(
+            Entry::decode(encoded).is_some_and(|e| e.seq == seq && e.encoded_len() == encoded.len()),
+            "append_encoded wants one whole encoded entry"
+        );
+        if seq != self.next_seq {
+            return Err(LogError::OutOfOrder { expected: self.next_seq, got: seq });
+        }
+        let len = encoded.len() as u64;
         let ring = self.region.len() - RING_START;
         if len + WRAP_MARKER.len() as u64 > ring / 2 {
             return Err(LogError::TooLarge(len as usize));
@@ -164,12 +174,12 @@ impl<R: Region> PgLog<R> {
         if wraps && self.head + WRAP_MARKER.len() as u64 <= self.region.len() {
             self.region.write(self.head, &WRAP_MARKER)?;
         }
-        self.region.write(at, &entry.encode())?;
+        self.region.write(at, encoded)?;
         if self.live.is_empty() {
             self.tail = at;
-            self.tail_seq = entry.seq;
+            self.tail_seq = seq;
         }
-        self.live.push_back((entry.seq, at));
+        self.live.push_back((seq, at));
         self.head = at + len;
         self.next_seq += 1;
         debug_assert!(self.head <= self.region.len(), "head past the region");
@@ -197,6 +207,11 @@ impl<R: Region> PgLog<R> {
     pub fn read(&self, offset: u64) -> Option<Entry> {
         let available = self.region.len().checked_sub(offset).filter(|a| *a > 0)?;
         Entry::decode(self.region.read(offset, available as usize))
+    }
+
+    /// Where each live entry is, oldest first (as `append` returned).
+    pub fn offsets(&self) -> impl Iterator<Item = u64> + '_ {
+        self.live.iter().map(|(_, at)| *at)
     }
 
     /// The live entries, oldest first.

@@ -97,3 +97,18 @@ impl Region for FileRegion {
         Ok(())
     }
 }
+
+/// Lets one log type hold whichever region kind the OSD was configured with.
+impl<R: Region + ?Sized> Region for Box<R> {
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+
+    fn read(&self, offset: u64, len: usize) -> &[u8] {
+        (**self).read(offset, len)
+    }
+
+    fn write(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        (**self).write(offset, bytes)
+    }
+}

@@ -1,6 +1,30 @@
-//! # duplex-osd: the OSD
+//! # duplex-osd: the decoupled write path
 //!
-//! Being built in issue 4. So far, [`replay`]: bringing a PG's operation log
-//! into the object store at start, before the OSD serves.
+//! An OSD serves the PGs the map gives it (DESIGN.md §4–6):
+//!
+//! - **Top half** ([`priority`]): priority threads, each an event loop over
+//!   the connections it owns. A write is appended to its PG's operation log
+//!   and index cache ([`pg`]), sent to the replicas on the thread's own peer
+//!   connections, and acknowledged once every replica has logged it. No disk
+//!   I/O happens on the way. Reads are served from the log when it covers
+//!   them (R1), else handed to the bottom half (R2, or R3 after a flush).
+//! - **Bottom half** ([`flusher`]): one non-priority thread per store
+//!   partition applies logged entries to the store in batches (one device
+//!   flush each) and trims the logs.
+//! - [`ops`] is what an operation does, whichever thread runs it, so the
+//!   ablation switches ([`config::WritePath`], [`config::Threading`]) change
+//!   who does the work, not what is done.
+//! - On start, [`replay`] applies every live log entry to the store before
+//!   the OSD serves ([`daemon`]).
 
+pub mod cluster;
+pub mod config;
+pub mod conn;
+pub mod daemon;
+pub mod flusher;
+pub mod mailbox;
+pub mod metrics;
+pub mod ops;
+pub mod pg;
+pub mod priority;
 pub mod replay;

@@ -30,6 +30,14 @@ pub enum MessageType {
     Pong = 17,
     /// Monitor traffic: a postcard-encoded `duplex_mon::wire::MonMessage`.
     Monitor = 32,
+    /// Client → primary: an object operation ([`crate::osd::OpRequest`]).
+    OsdOp = 48,
+    /// Primary → client: its outcome ([`crate::osd::OpReply`]).
+    OsdOpReply = 49,
+    /// Primary → replica: one operation-log entry to log (the entry's own encoding).
+    RepOp = 50,
+    /// Replica → primary: the entry is logged ([`crate::osd::RepReply`]).
+    RepOpReply = 51,
 }
 
 impl MessageType {
@@ -43,6 +51,10 @@ impl MessageType {
             16 => MessageType::Ping,
             17 => MessageType::Pong,
             32 => MessageType::Monitor,
+            48 => MessageType::OsdOp,
+            49 => MessageType::OsdOpReply,
+            50 => MessageType::RepOp,
+            51 => MessageType::RepOpReply,
             _ => return None,
         })
     }
@@ -100,19 +112,26 @@ impl Frame {
         }
     }
 
+    /// The encoded header, checksum included: sent before the payload, it
+    /// lets a sender write the payload from where it already is (no copy).
+    pub fn encode_header(&self) -> [u8; HEADER_LEN] {
+        debug_assert_eq!(self.header.payload_len as usize, self.payload.len());
+        let mut head = [0u8; HEADER_LEN];
+        head[0..4].copy_from_slice(&MAGIC);
+        head[4] = self.header.version;
+        head[5] = self.header.message_type;
+        head[6..8].copy_from_slice(&self.header.flags.to_le_bytes());
+        head[8..16].copy_from_slice(&self.header.transaction_id.to_le_bytes());
+        head[16..20].copy_from_slice(&self.header.payload_len.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&head[..20]), &self.payload);
+        head[20..24].copy_from_slice(&crc.to_le_bytes());
+        head
+    }
+
     /// Appends the encoded frame to `out`.
     pub fn encode(&self, out: &mut BytesMut) {
-        debug_assert_eq!(self.header.payload_len as usize, self.payload.len());
         out.reserve(HEADER_LEN + self.payload.len());
-        let start = out.len();
-        out.put_slice(&MAGIC);
-        out.put_u8(self.header.version);
-        out.put_u8(self.header.message_type);
-        out.put_u16_le(self.header.flags);
-        out.put_u64_le(self.header.transaction_id);
-        out.put_u32_le(self.header.payload_len);
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&out[start..start + 20]), &self.payload);
-        out.put_u32_le(crc);
+        out.put_slice(&self.encode_header());
         out.put_slice(&self.payload);
     }
 

@@ -7,6 +7,7 @@
 //!   the protocol version, then authenticates both peers with HMAC-SHA256
 //!   challenge-response over a shared cluster secret, which never crosses
 //!   the wire.
+//! - [`osd`]: the OSD's messages (client operations, replication).
 //! - [`session`]: the gate. Until the handshake completes, a peer may send
 //!   nothing but handshake frames.
 //!
@@ -15,6 +16,7 @@
 
 pub mod frame;
 pub mod handshake;
+pub mod osd;
 pub mod session;
 
 pub use frame::{Frame, FrameDecoder, FrameError, FrameHeader, MessageType};

@@ -1,0 +1,191 @@
+//! A pipelined object-level load generator: keeps `queue_depth` requests in
+//! flight over one connection per OSD, sends each to its PG's primary, and
+//! records client-side latency. One thread, one `epoll` loop: the load
+//! generator should cost the machine as little as the cluster allows.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use duplex_map::OsdId;
+use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
+use duplex_proto::FrameDecoder;
+use hdrhistogram::Histogram;
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token};
+use rand::{Rng, SeedableRng};
+
+use crate::conn::OsdConnection;
+use crate::ObjectClient;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    RandomWrite,
+    RandomRead,
+}
+
+#[derive(Clone, Debug)]
+pub struct LoadSpec {
+    pub pool: u32,
+    pub pattern: Pattern,
+    /// Objects named `{prefix}.{n}` for n in 0..objects.
+    pub prefix: String,
+    pub objects: u32,
+    pub object_size: u64,
+    pub block: u32,
+    pub queue_depth: usize,
+    pub duration: Duration,
+    pub seed: u64,
+}
+
+#[derive(Debug)]
+pub struct LoadResult {
+    pub ops: u64,
+    pub errors: u64,
+    pub elapsed: Duration,
+    /// Latency in microseconds.
+    pub latency: Histogram<u64>,
+}
+
+impl LoadResult {
+    pub fn iops(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+struct Peer {
+    stream: TcpStream,
+    inbuf: BytesMut,
+    out: std::collections::VecDeque<Bytes>,
+}
+
+impl Peer {
+    fn flush(&mut self) -> std::io::Result<()> {
+        while !self.out.is_empty() {
+            let slices: Vec<IoSlice<'_>> = self.out.iter().take(64).map(|b| IoSlice::new(b)).collect();
+            match self.stream.write_vectored(&slices) {
+                Ok(mut n) => {
+                    while n > 0 {
+                        let front = self.out.front_mut().expect("written from");
+                        if n >= front.len() {
+                            n -= front.len();
+                            self.out.pop_front();
+                        } else {
+                            front.advance(n);
+                            n = 0;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `spec` against the cluster `client` knows; errors are counted, not fatal.
+pub fn run(client: &ObjectClient, spec: &LoadSpec) -> std::io::Result<LoadResult> {
+    let map = client.map();
+    let pool = map.pools.get(&spec.pool).ok_or_else(|| std::io::Error::other("no such pool"))?.clone();
+    let hierarchy = map.hierarchy();
+    // Each object's PG and primary, computed once.
+    let mut targets: Vec<(Bytes, u32, OsdId)> = Vec::with_capacity(spec.objects as usize);
+    for n in 0..spec.objects {
+        let name = format!("{}.{n}", spec.prefix).into_bytes();
+        let pg = duplex_placement::pg_of(&name, pool.pg_num);
+        let primary = *map
+            .acting(&hierarchy, &pool, pg)
+            .first()
+            .ok_or_else(|| std::io::Error::other(format!("PG {pg} has no OSD up")))?;
+        targets.push((Bytes::from(name), pg, primary));
+    }
+    let mut poll = Poll::new()?;
+    let mut peers: HashMap<OsdId, Peer> = HashMap::new();
+    let mut tokens: HashMap<usize, OsdId> = HashMap::new();
+    for (_, _, osd) in &targets {
+        if peers.contains_key(osd) {
+            continue;
+        }
+        let addr = client.addr_of(*osd).ok_or_else(|| std::io::Error::other("OSD without address"))?;
+        let (stream, inbuf) = OsdConnection::connect(addr, client.credentials(), Duration::from_secs(5))?.into_parts();
+        stream.set_nonblocking(true)?;
+        let mut stream = TcpStream::from_std(stream);
+        let token = tokens.len();
+        poll.registry().register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE)?;
+        tokens.insert(token, *osd);
+        peers.insert(*osd, Peer { stream, inbuf, out: Default::default() });
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
+    let blocks_per_object = (spec.object_size / spec.block as u64).max(1);
+    let payload = Bytes::from(vec![0xA5u8; spec.block as usize]);
+    let decoder = FrameDecoder::default();
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("static bounds");
+    let mut in_flight: HashMap<u64, Instant> = HashMap::new();
+    let (mut ops, mut errors, mut next_txid) = (0u64, 0u64, 1u64);
+    let started = Instant::now();
+    let deadline = started + spec.duration;
+    let mut events = Events::with_capacity(64);
+    loop {
+        let sending = Instant::now() < deadline;
+        while sending && in_flight.len() < spec.queue_depth {
+            let (name, pg, osd) = &targets[rng.gen_range(0..targets.len())];
+            let offset = rng.gen_range(0..blocks_per_object) * spec.block as u64;
+            let (kind, length, data) = match spec.pattern {
+                Pattern::RandomWrite => (OpKind::Write, spec.block, payload.clone()),
+                Pattern::RandomRead => (OpKind::Read, spec.block, Bytes::new()),
+            };
+            let request = OpRequest {
+                kind,
+                pool: spec.pool,
+                pg: *pg,
+                map_epoch: map.epoch,
+                object: name.clone(),
+                offset,
+                length,
+                data,
+            };
+            let frame = request.to_frame(next_txid);
+            let peer = peers.get_mut(osd).expect("connected above");
+            peer.out.push_back(Bytes::copy_from_slice(&frame.encode_header()));
+            peer.out.push_back(frame.payload);
+            in_flight.insert(next_txid, Instant::now());
+            next_txid += 1;
+        }
+        for peer in peers.values_mut() {
+            peer.flush()?;
+        }
+        if in_flight.is_empty() {
+            break;
+        }
+        poll.poll(&mut events, Some(Duration::from_secs(10)))?;
+        if events.is_empty() {
+            return Err(std::io::Error::new(ErrorKind::TimedOut, "no reply for 10 s"));
+        }
+        for event in events.iter() {
+            let Some(osd) = tokens.get(&event.token().0) else { continue };
+            let peer = peers.get_mut(osd).expect("token of a peer");
+            loop {
+                let mut chunk = [0u8; 64 << 10];
+                match peer.stream.read(&mut chunk) {
+                    Ok(0) => return Err(std::io::Error::new(ErrorKind::UnexpectedEof, format!("OSD {osd} closed"))),
+                    Ok(n) => peer.inbuf.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            while let Some(frame) = decoder.decode(&mut peer.inbuf).map_err(std::io::Error::other)? {
+                let Some(sent) = in_flight.remove(&frame.header.transaction_id) else { continue };
+                let _ = latency.record(sent.elapsed().as_micros().max(1) as u64);
+                match OpReply::decode(&frame.payload) {
+                    Ok(reply) if reply.status == Status::Ok || reply.status == Status::NotFound => ops += 1,
+                    _ => errors += 1,
+                }
+            }
+        }
+    }
+    Ok(LoadResult { ops, errors, elapsed: started.elapsed(), latency })
+}

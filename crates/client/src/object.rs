@@ -1,0 +1,205 @@
+//! Synchronous object operations against the PG's primary, with the
+//! client-side placement and the retries an operator expects: a newer map
+//! on `WrongOsd`, a pause on `Retry`, a reconnect on a broken connection,
+//! all within one deadline per operation.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use duplex_map::{ClusterMap, OsdId};
+use duplex_mon::client::MonClient;
+use duplex_mon::wire::Credentials;
+use duplex_placement::Hierarchy;
+use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
+use duplex_proto::MessageType;
+
+use crate::conn::OsdConnection;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no such object")]
+    NotFound,
+    #[error("no pool named '{0}'")]
+    NoSuchPool(String),
+    #[error("the OSD refused the request: {0}")]
+    Invalid(String),
+    #[error("the OSD's store failed: {0}")]
+    Io(String),
+    #[error("gave up after {0:?}: {1}")]
+    Unavailable(Duration, String),
+}
+
+pub struct ObjectClient {
+    monitors: Vec<(u64, SocketAddr)>,
+    credentials: Credentials,
+    map: ClusterMap,
+    hierarchy: Hierarchy,
+    conns: HashMap<OsdId, OsdConnection>,
+    next_txid: u64,
+    /// How long one operation may keep retrying.
+    pub timeout: Duration,
+}
+
+impl ObjectClient {
+    /// Fetches the map from the monitors.
+    pub fn connect(monitors: Vec<(u64, SocketAddr)>, credentials: Credentials) -> Result<ObjectClient, ClientError> {
+        let map = fetch_map(&monitors, &credentials, 0)
+            .ok_or_else(|| ClientError::Unavailable(Duration::ZERO, "no monitor returned a map".into()))?;
+        let hierarchy = map.hierarchy();
+        Ok(ObjectClient {
+            monitors,
+            credentials,
+            map,
+            hierarchy,
+            conns: HashMap::new(),
+            next_txid: 1,
+            timeout: Duration::from_secs(30),
+        })
+    }
+
+    pub fn map(&self) -> &ClusterMap {
+        &self.map
+    }
+
+    pub fn credentials(&self) -> &Credentials {
+        &self.credentials
+    }
+
+    /// Fetches the newest map the monitors have.
+    pub fn refresh_map(&mut self) -> bool {
+        match fetch_map(&self.monitors, &self.credentials, self.map.epoch) {
+            Some(map) if map.epoch > self.map.epoch => {
+                self.hierarchy = map.hierarchy();
+                self.map = map;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn pool_id(&self, name: &str) -> Result<u32, ClientError> {
+        self.map.pool_by_name(name).map(|p| p.id).ok_or_else(|| ClientError::NoSuchPool(name.into()))
+    }
+
+    /// The PG of `object` in `pool` and its primary (if any OSD of it is up).
+    pub fn locate(&self, pool: u32, object: &[u8]) -> Option<(u32, Option<OsdId>)> {
+        let info = self.map.pools.get(&pool)?;
+        let pg = duplex_placement::pg_of(object, info.pg_num);
+        Some((pg, self.map.acting(&self.hierarchy, info, pg).first().copied()))
+    }
+
+    pub fn addr_of(&self, osd: OsdId) -> Option<SocketAddr> {
+        self.map.osds.get(&osd).and_then(|o| o.addr.parse().ok())
+    }
+
+    pub fn write(&mut self, pool: u32, object: &[u8], offset: u64, data: &[u8]) -> Result<(), ClientError> {
+        self.execute(pool, OpKind::Write, object, offset, 0, Bytes::copy_from_slice(data)).map(|_| ())
+    }
+
+    /// Up to `len` bytes from `offset` (fewer past the object's end).
+    pub fn read(&mut self, pool: u32, object: &[u8], offset: u64, len: u32) -> Result<Bytes, ClientError> {
+        self.execute(pool, OpKind::Read, object, offset, len, Bytes::new())
+    }
+
+    pub fn truncate(&mut self, pool: u32, object: &[u8], size: u64) -> Result<(), ClientError> {
+        self.execute(pool, OpKind::Truncate, object, size, 0, Bytes::new()).map(|_| ())
+    }
+
+    pub fn delete(&mut self, pool: u32, object: &[u8]) -> Result<(), ClientError> {
+        self.execute(pool, OpKind::Delete, object, 0, 0, Bytes::new()).map(|_| ())
+    }
+
+    fn execute(
+        &mut self,
+        pool: u32,
+        kind: OpKind,
+        object: &[u8],
+        offset: u64,
+        length: u32,
+        data: Bytes,
+    ) -> Result<Bytes, ClientError> {
+        let started = Instant::now();
+        let mut last = String::from("no attempt");
+        while started.elapsed() < self.timeout {
+            let Some((pg, primary)) = self.locate(pool, object) else {
+                if !self.refresh_map() {
+                    return Err(ClientError::NoSuchPool(pool.to_string()));
+                }
+                continue;
+            };
+            let Some(primary) = primary else {
+                last = format!("PG {pool}.{pg} has no OSD up");
+                self.pause_and_refresh();
+                continue;
+            };
+            let request = OpRequest {
+                kind,
+                pool,
+                pg,
+                map_epoch: self.map.epoch,
+                object: Bytes::copy_from_slice(object),
+                offset,
+                length,
+                data: data.clone(),
+            };
+            let reply = match self.call(primary, &request) {
+                Ok(reply) => reply,
+                Err(err) => {
+                    last = format!("OSD {primary}: {err}");
+                    self.conns.remove(&primary);
+                    self.pause_and_refresh();
+                    continue;
+                }
+            };
+            match reply.status {
+                Status::Ok => return Ok(reply.data),
+                Status::NotFound => return Err(ClientError::NotFound),
+                Status::Invalid => return Err(ClientError::Invalid(reply.message())),
+                Status::Io => return Err(ClientError::Io(reply.message())),
+                Status::WrongOsd | Status::Retry => {
+                    last = format!("OSD {primary}: {}", reply.message());
+                    self.pause_and_refresh();
+                }
+            }
+        }
+        Err(ClientError::Unavailable(self.timeout, last))
+    }
+
+    fn pause_and_refresh(&mut self) {
+        std::thread::sleep(Duration::from_millis(50));
+        self.refresh_map();
+    }
+
+    fn call(&mut self, osd: OsdId, request: &OpRequest) -> std::io::Result<OpReply> {
+        if !self.conns.contains_key(&osd) {
+            let addr = self.addr_of(osd).ok_or_else(|| std::io::Error::other("no address in the map"))?;
+            let conn = OsdConnection::connect(addr, &self.credentials, Duration::from_secs(5))?;
+            self.conns.insert(osd, conn);
+        }
+        let conn = self.conns.get_mut(&osd).expect("inserted above");
+        let txid = self.next_txid;
+        self.next_txid += 1;
+        conn.send(&request.to_frame(txid))?;
+        let frame = conn.recv()?;
+        if frame.header.message_type != MessageType::OsdOpReply as u8 || frame.header.transaction_id != txid {
+            return Err(std::io::Error::other("reply out of order or of the wrong type"));
+        }
+        OpReply::decode(&frame.payload).map_err(std::io::Error::other)
+    }
+}
+
+/// The newest map any monitor has, if newer than `than` (or any, for 0).
+fn fetch_map(monitors: &[(u64, SocketAddr)], credentials: &Credentials, than: u64) -> Option<ClusterMap> {
+    let client = MonClient::new(monitors.to_vec(), credentials.clone());
+    let mut best: Option<ClusterMap> = None;
+    for (id, _) in monitors {
+        if let Ok(map) = client.map(*id) {
+            if best.as_ref().is_none_or(|b| map.epoch > b.epoch) {
+                best = Some(map);
+            }
+        }
+    }
+    best.filter(|m| than == 0 || m.epoch >= than)
+}

@@ -1,0 +1,198 @@
+//! This OSD's view of the cluster: the current map, shared by every
+//! thread, kept current by the monitor thread (registration, heartbeats,
+//! map subscription).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use duplex_map::{ClusterMap, Command, OsdId, Pool};
+use duplex_mon::client::MonClient;
+use duplex_mon::wire::{Credentials, MonMessage, WireOutcome};
+use duplex_placement::Hierarchy;
+
+pub struct MapView {
+    pub map: ClusterMap,
+    pub hierarchy: Hierarchy,
+}
+
+impl MapView {
+    pub fn new(map: ClusterMap) -> MapView {
+        let hierarchy = map.hierarchy();
+        MapView { map, hierarchy }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.map.epoch
+    }
+
+    pub fn pool(&self, id: u32) -> Option<&Pool> {
+        self.map.pools.get(&id)
+    }
+
+    pub fn addr_of(&self, osd: OsdId) -> Option<SocketAddr> {
+        self.map.osds.get(&osd).and_then(|o| o.addr.parse().ok())
+    }
+}
+
+/// The map every thread reads: a lock around an `Arc`, plus its epoch in an
+/// atomic so a thread's cached copy is checked without taking the lock.
+pub struct MapCell {
+    epoch: AtomicU64,
+    view: RwLock<Arc<MapView>>,
+}
+
+impl MapCell {
+    pub fn new(map: ClusterMap) -> MapCell {
+        MapCell { epoch: AtomicU64::new(map.epoch), view: RwLock::new(Arc::new(MapView::new(map))) }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    pub fn load(&self) -> Arc<MapView> {
+        self.view.read().expect("map lock").clone()
+    }
+
+    pub fn store(&self, map: ClusterMap) {
+        let epoch = map.epoch;
+        *self.view.write().expect("map lock") = Arc::new(MapView::new(map));
+        self.epoch.store(epoch, Ordering::Release);
+    }
+}
+
+/// A thread's cached map and acting sets, refreshed when the epoch moves.
+pub struct ActingCache {
+    view: Arc<MapView>,
+    acting: HashMap<(u32, u32), Arc<[OsdId]>>,
+}
+
+impl ActingCache {
+    pub fn new(cell: &MapCell) -> ActingCache {
+        ActingCache { view: cell.load(), acting: HashMap::new() }
+    }
+
+    /// The current map (reloaded if the cell moved on).
+    pub fn view(&mut self, cell: &MapCell) -> &Arc<MapView> {
+        if cell.epoch() != self.view.epoch() {
+            self.view = cell.load();
+            self.acting.clear();
+        }
+        &self.view
+    }
+
+    /// The acting set of (pool, pg) at the cached epoch; `None` if the pool does not exist.
+    pub fn acting(&mut self, cell: &MapCell, pool: u32, pg: u32) -> Option<Arc<[OsdId]>> {
+        let view = self.view(cell).clone();
+        if let Some(set) = self.acting.get(&(pool, pg)) {
+            return Some(set.clone());
+        }
+        let pool_info = view.pool(pool)?;
+        let set: Arc<[OsdId]> = view.map.acting(&view.hierarchy, pool_info, pg).into();
+        self.acting.insert((pool, pg), set.clone());
+        Some(set)
+    }
+}
+
+/// What the monitor thread needs.
+#[derive(Clone)]
+pub struct MonLink {
+    pub monitors: Vec<(u64, SocketAddr)>,
+    pub credentials: Credentials,
+    pub id: OsdId,
+    pub addr: String,
+    pub host: String,
+    pub weight: u32,
+    pub heartbeat: Duration,
+}
+
+/// Registers with the monitors (retrying until they answer), returns the map.
+pub fn boot(link: &MonLink, give_up_after: Duration) -> anyhow::Result<ClusterMap> {
+    let mut client = MonClient::new(link.monitors.clone(), link.credentials.clone());
+    client.timeout = give_up_after;
+    let command =
+        Command::OsdBoot { id: link.id, addr: link.addr.clone(), host: link.host.clone(), weight: link.weight };
+    match client.command(&command)? {
+        WireOutcome::Applied { .. } | WireOutcome::Unchanged { .. } => {}
+        WireOutcome::Refused(why) => anyhow::bail!("the monitor refused this OSD's boot: {why}"),
+    }
+    fetch_map(link, give_up_after)
+}
+
+fn fetch_map(link: &MonLink, give_up_after: Duration) -> anyhow::Result<ClusterMap> {
+    let client = MonClient::new(link.monitors.clone(), link.credentials.clone());
+    let started = Instant::now();
+    loop {
+        for (id, _) in &link.monitors {
+            if let Ok(map) = client.map(*id) {
+                if map.osds.get(&link.id).is_some_and(|o| o.up) {
+                    return Ok(map);
+                }
+            }
+        }
+        if started.elapsed() > give_up_after {
+            anyhow::bail!("no monitor returned a map with this OSD up within {give_up_after:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Until `stop`: heartbeats to the leader (its own thread) and follows
+/// the map into `cell`. If the map says this OSD is down while it runs
+/// (a heartbeat was late), it boots again.
+pub fn follow(link: MonLink, cell: Arc<MapCell>, stop: Arc<AtomicBool>) {
+    let beat = link.clone();
+    let beat_stop = stop.clone();
+    let spawned = std::thread::Builder::new().name("osd-heartbeat".into()).spawn(move || {
+        let mut client = MonClient::new(beat.monitors.clone(), beat.credentials.clone());
+        client.timeout = beat.heartbeat.max(Duration::from_millis(500));
+        while !beat_stop.load(Ordering::Relaxed) {
+            if let Err(err) = client.notify(&MonMessage::Heartbeat { osd: beat.id }) {
+                tracing::warn!(%err, "heartbeat not delivered");
+            }
+            std::thread::sleep(beat.heartbeat);
+        }
+    });
+    if let Err(err) = spawned {
+        tracing::error!(%err, "cannot start the heartbeat thread");
+    }
+    let client = MonClient::new(link.monitors.clone(), link.credentials.clone());
+    let mut turn = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let (id, _) = link.monitors[turn % link.monitors.len()];
+        turn += 1;
+        let from = cell.load().map.clone();
+        let mut subscription = match client.subscribe(id, from) {
+            Ok(s) => s,
+            Err(err) => {
+                tracing::debug!(monitor = id, %err, "cannot subscribe; trying the next monitor");
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+        };
+        while !stop.load(Ordering::Relaxed) {
+            match subscription.next(Duration::from_millis(500)) {
+                Ok(_) => {
+                    let map = subscription.map().clone();
+                    let me_up = map.osds.get(&link.id).is_some_and(|o| o.up);
+                    tracing::info!(epoch = map.epoch, "new map");
+                    cell.store(map);
+                    if !me_up {
+                        tracing::warn!("the map says this OSD is down; booting again");
+                        if let Err(err) = boot(&link, Duration::from_secs(10)) {
+                            tracing::error!(%err, "re-boot failed");
+                        }
+                    }
+                }
+                Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(err) => {
+                    tracing::debug!(monitor = id, %err, "subscription ended; resubscribing");
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! How an OSD is set up: everything `duplex-osd`'s flags say, with the
+//! defaults an operator gets when they say nothing.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where PG operation logs live and what they survive (docs/OSD.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OplogMode {
+    /// Files on a DRAM-backed tmpfs, mapped: survive a process crash, not a power loss.
+    Shm,
+    /// Files on persistent memory (DAX), mapped and flushed per append: survive both.
+    Pmem,
+    /// Files on a disk written with O_DSYNC: survive both, at a disk write per append.
+    File,
+}
+
+impl std::str::FromStr for OplogMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "shm" => Ok(OplogMode::Shm),
+            "pmem" | "dax" => Ok(OplogMode::Pmem),
+            "file" => Ok(OplogMode::File),
+            other => Err(format!("unknown oplog mode '{other}' (shm, pmem, file)")),
+        }
+    }
+}
+
+/// When a write is acknowledged (the ablation switch of DESIGN.md §6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WritePath {
+    /// Once it is in every replica's operation log; the store is updated later.
+    Oplog,
+    /// Once every replica has applied it to its store and flushed, as a conventional OSD does.
+    Sync,
+}
+
+impl std::str::FromStr for WritePath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "oplog" => Ok(WritePath::Oplog),
+            "sync" => Ok(WritePath::Sync),
+            other => Err(format!("unknown write path '{other}' (oplog, sync)")),
+        }
+    }
+}
+
+/// Who runs an operation (the other ablation switch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Threading {
+    /// The connection's own priority thread runs it to the end.
+    Prioritized,
+    /// The messenger thread queues it to a worker pool (sharded by PG, as
+    /// Ceph's classic OSD does); replies go back through the messenger.
+    Pool,
+}
+
+impl std::str::FromStr for Threading {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "prioritized" => Ok(Threading::Prioritized),
+            "pool" => Ok(Threading::Pool),
+            other => Err(format!("unknown threading '{other}' (prioritized, pool)")),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct OsdConfig {
+    pub id: u32,
+    /// The object store's file or block device (made by `duplex-store mkfs`, or by `--mkfs`).
+    pub data: PathBuf,
+    pub oplog_mode: OplogMode,
+    /// Directory of the per-PG log files.
+    pub oplog_dir: PathBuf,
+    /// Bytes of log per PG.
+    pub oplog_pg_bytes: u64,
+    pub monitors: Vec<(u64, SocketAddr)>,
+    pub fsid: [u8; 16],
+    pub secret: Vec<u8>,
+    /// Where clients and peers connect.
+    pub listen: SocketAddr,
+    /// The address published in the map (defaults to `listen`'s).
+    pub public_addr: Option<SocketAddr>,
+    pub host: String,
+    pub weight: u32,
+    /// Prometheus metrics (`GET /metrics`), if set.
+    pub admin: Option<SocketAddr>,
+    pub priority_threads: usize,
+    /// Cores to pin priority threads to, one each; empty: no pinning.
+    pub priority_cores: Vec<usize>,
+    /// Worker threads in `threading = pool` mode.
+    pub pool_threads: usize,
+    /// Log entries in a PG that wake its flusher at once.
+    pub flush_threshold: usize,
+    /// The longest an entry waits in the log before a flush starts.
+    pub flush_timeout: Duration,
+    pub write_path: WritePath,
+    pub threading: Threading,
+    pub heartbeat_interval: Duration,
+}
+
+impl OsdConfig {
+    /// A configuration with the defaults, for the given identity and places.
+    pub fn new(id: u32, data: PathBuf, oplog_dir: PathBuf, monitors: Vec<(u64, SocketAddr)>) -> OsdConfig {
+        OsdConfig {
+            id,
+            data,
+            oplog_mode: OplogMode::Shm,
+            oplog_dir,
+            oplog_pg_bytes: 2 << 20,
+            monitors,
+            fsid: [0; 16],
+            secret: Vec::new(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            public_addr: None,
+            host: "localhost".into(),
+            weight: 1 << 16,
+            admin: None,
+            priority_threads: 1,
+            priority_cores: Vec::new(),
+            pool_threads: 2,
+            flush_threshold: 16,
+            flush_timeout: Duration::from_millis(1),
+            write_path: WritePath::Oplog,
+            threading: Threading::Prioritized,
+            heartbeat_interval: Duration::from_secs(1),
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! One non-blocking connection of a priority thread: the session gate,
+//! frame decoding, a write queue that sends large payloads from where they
+//! already are (writev, no copy), and the reply slots that keep replies in
+//! request order.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Read, Write};
+
+use bytes::{Buf, Bytes, BytesMut};
+use duplex_map::OsdId;
+use duplex_proto::osd::OpReply;
+use duplex_proto::session::Event;
+use duplex_proto::{Frame, FrameDecoder, Session, SessionError};
+use mio::net::TcpStream;
+
+use crate::ops::ClientOp;
+
+/// Payloads up to this size are copied into the staging buffer (one
+/// syscall for many small frames); larger ones are queued by reference.
+const COPY_LIMIT: usize = 2048;
+const READ_CHUNK: usize = 64 << 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Accepted: a client, or a peer OSD's replication connection.
+    Accepted,
+    /// Ours, to a peer OSD: carries our replication messages.
+    Peer(OsdId),
+}
+
+pub struct Conn {
+    pub stream: TcpStream,
+    pub session: Session,
+    pub role: Role,
+    decoder: FrameDecoder,
+    inbuf: BytesMut,
+    staged: BytesMut,
+    out: VecDeque<Bytes>,
+    /// Peer connections: frames waiting for the handshake to finish.
+    backlog: Vec<Frame>,
+    /// Reply slots: (txid, reply once ready), for slots `first_slot..`.
+    slots: VecDeque<(u64, Option<Frame>)>,
+    first_slot: u64,
+    /// Requests held back (in order) because one of them waits for log room.
+    pub parked: VecDeque<ClientOp>,
+    pub closing: bool,
+}
+
+/// What reading produced.
+pub enum Input {
+    /// An application message from the authenticated peer.
+    Message(Frame),
+}
+
+impl Conn {
+    pub fn new(stream: TcpStream, session: Session, role: Role) -> Conn {
+        Conn {
+            stream,
+            session,
+            role,
+            decoder: FrameDecoder::default(),
+            inbuf: BytesMut::with_capacity(READ_CHUNK),
+            staged: BytesMut::with_capacity(4096),
+            out: VecDeque::new(),
+            backlog: Vec::new(),
+            slots: VecDeque::new(),
+            first_slot: 0,
+            parked: VecDeque::new(),
+            closing: false,
+        }
+    }
+
+    /// Queues a frame; a peer connection holds application frames until its handshake is done.
+    pub fn push(&mut self, frame: &Frame) {
+        if !self.session.is_established() && !is_handshake(frame) {
+            self.backlog.push(frame.clone());
+            return;
+        }
+        self.staged.extend_from_slice(&frame.encode_header());
+        if frame.payload.len() <= COPY_LIMIT {
+            self.staged.extend_from_slice(&frame.payload);
+        } else {
+            if !self.staged.is_empty() {
+                self.out.push_back(self.staged.split().freeze());
+            }
+            self.out.push_back(frame.payload.clone());
+        }
+    }
+
+    /// Takes a reply slot for a request with `txid`.
+    pub fn take_slot(&mut self, txid: u64) -> u64 {
+        self.slots.push_back((txid, None));
+        self.first_slot + self.slots.len() as u64 - 1
+    }
+
+    /// Fills a slot; sends every reply that is now in order.
+    pub fn complete(&mut self, slot: u64, reply: &OpReply) {
+        let Some(index) = slot.checked_sub(self.first_slot) else { return };
+        let Some((txid, place)) = self.slots.get_mut(index as usize) else { return };
+        debug_assert!(place.is_none(), "a reply slot filled twice");
+        *place = Some(reply.to_frame(*txid));
+        while self.slots.front().is_some_and(|(_, r)| r.is_some()) {
+            let (_, frame) = self.slots.pop_front().expect("front exists");
+            self.first_slot += 1;
+            self.push(&frame.expect("checked"));
+        }
+    }
+
+    /// Reads what the socket has and passes it through the session. Replies
+    /// of the handshake are queued here; application messages are returned.
+    /// `Err`: close the connection (after sending what is queued).
+    pub fn read(&mut self) -> Result<Vec<Input>, ConnError> {
+        let mut inputs = Vec::new();
+        let mut eof = false;
+        loop {
+            let mut chunk = [0u8; READ_CHUNK];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => self.inbuf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(ConnError::Io(e)),
+            }
+        }
+        loop {
+            let frame = match self.decoder.decode(&mut self.inbuf) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(err) => return Err(ConnError::Protocol(err.to_string())),
+            };
+            match self.session.on_frame(frame) {
+                Ok(Event::Reply(reply)) => self.push(&reply),
+                Ok(Event::Established(reply)) => {
+                    if let Some(reply) = reply {
+                        self.push(&reply);
+                    }
+                    for frame in std::mem::take(&mut self.backlog) {
+                        self.push(&frame);
+                    }
+                }
+                Ok(Event::Message(frame)) => inputs.push(Input::Message(frame)),
+                Err(SessionError::Handshake(err)) => {
+                    if self.role == Role::Accepted {
+                        self.push(&err.refusal());
+                    }
+                    return Err(ConnError::Refused(err.to_string()));
+                }
+                Err(err) => return Err(ConnError::Protocol(err.to_string())),
+            }
+        }
+        if eof && inputs.is_empty() {
+            return Err(ConnError::Closed);
+        }
+        if eof {
+            self.closing = true;
+        }
+        Ok(inputs)
+    }
+
+    /// Writes as much of the queue as the socket takes.
+    pub fn write_out(&mut self) -> io::Result<()> {
+        if !self.staged.is_empty() {
+            self.out.push_back(self.staged.split().freeze());
+        }
+        while !self.out.is_empty() {
+            let slices: Vec<IoSlice<'_>> = self.out.iter().take(64).map(|b| IoSlice::new(b)).collect();
+            match self.stream.write_vectored(&slices) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "socket took nothing")),
+                Ok(mut n) => {
+                    while n > 0 {
+                        let front = self.out.front_mut().expect("bytes were written from it");
+                        if n >= front.len() {
+                            n -= front.len();
+                            self.out.pop_front();
+                        } else {
+                            front.advance(n);
+                            n = 0;
+                        }
+                    }
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::NotConnected) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty() || !self.staged.is_empty()
+    }
+}
+
+fn is_handshake(frame: &Frame) -> bool {
+    duplex_proto::MessageType::from_u8(frame.header.message_type).is_some_and(|t| t.is_handshake())
+}
+
+#[derive(Debug)]
+pub enum ConnError {
+    Closed,
+    Io(io::Error),
+    /// Not our protocol (bad frames, or a message before authentication).
+    Protocol(String),
+    /// The handshake failed: wrong cluster, wrong secret, wrong version.
+    Refused(String),
+}
+
+impl std::fmt::Display for ConnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnError::Closed => write!(f, "closed by the peer"),
+            ConnError::Io(e) => write!(f, "I/O: {e}"),
+            ConnError::Protocol(e) => write!(f, "protocol error: {e}"),
+            ConnError::Refused(e) => write!(f, "handshake refused: {e}"),
+        }
+    }
+}

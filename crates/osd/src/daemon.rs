@@ -1,0 +1,174 @@
+//! Starting an OSD: replay the logs into the store, register with the
+//! monitors, then start the flushers, the priority threads (and the pool in
+//! `threading = pool`), and the admin endpoint.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use duplex_mon::wire::Credentials;
+use duplex_store::{Store, StoreConfig};
+
+use crate::cluster::{boot, follow, MapCell, MonLink};
+use crate::config::{OsdConfig, Threading};
+use crate::flusher::Flusher;
+use crate::mailbox::Mailbox;
+use crate::metrics::{serve, Metrics};
+use crate::ops::Shared;
+use crate::pg::PgTable;
+use crate::priority::{pool_worker, PriorityThread, WAKER};
+use crate::replay::replay;
+
+/// A running OSD's addresses.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub shared: Arc<Shared>,
+    /// Log entries replayed into the store before serving.
+    pub replayed: usize,
+    link: MonLink,
+}
+
+impl Running {
+    /// Follows the map and heartbeats until the process ends.
+    pub fn follow_forever(self) {
+        let stop = Arc::new(AtomicBool::new(false));
+        follow(self.link, self.shared.map.clone(), stop);
+    }
+}
+
+/// Replays the logs, joins the cluster and starts serving.
+pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
+    if config.priority_threads == 0 {
+        bail!("at least one priority thread is needed");
+    }
+    let mut store = Store::open(&config.data, &store_config)
+        .with_context(|| format!("opening the object store at {}", config.data.display()))?;
+    let pgs = Arc::new(
+        PgTable::open(config.oplog_mode, &config.oplog_dir, config.oplog_pg_bytes)
+            .context("opening the operation logs")?,
+    );
+    let recovered = pgs.recover().context("recovering the operation logs")?;
+    let partitions = store.partitions().len() as u32;
+    let mut replayed = 0usize;
+    for (pg, entries) in &recovered {
+        let mut guard = pg.lock().expect("PG lock");
+        let key = guard.key;
+        let partition = store.partition_mut((key % partitions) as usize);
+        replayed += replay(entries, partition).with_context(|| format!("replaying the log of PG {key:#x}"))?;
+        let last = guard.last_seq();
+        guard.trim(last).with_context(|| format!("trimming the log of PG {key:#x}"))?;
+    }
+    tracing::info!(pgs = recovered.len(), entries = replayed, "operation logs replayed into the store");
+
+    let listener =
+        std::net::TcpListener::bind(config.listen).with_context(|| format!("listening on {}", config.listen))?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    let public = config.public_addr.unwrap_or(bound);
+    let credentials =
+        Credentials { fsid: config.fsid, secret: config.secret.clone(), name: format!("osd.{}", config.id) };
+    let link = MonLink {
+        monitors: config.monitors.clone(),
+        credentials,
+        id: config.id,
+        addr: public.to_string(),
+        host: config.host.clone(),
+        weight: config.weight,
+        heartbeat: config.heartbeat_interval,
+    };
+    let map = boot(&link, Duration::from_secs(30)).context("registering with the monitors")?;
+    tracing::info!(epoch = map.epoch, addr = %public, "registered");
+    let cell = Arc::new(MapCell::new(map));
+    let metrics = Arc::new(Metrics::default());
+
+    // Priority threads' polls and mailboxes first: flushers post to them.
+    let mut polls = Vec::new();
+    let mut mailboxes = Vec::new();
+    let mut inboxes = Vec::new();
+    for _ in 0..config.priority_threads {
+        let poll = mio::Poll::new()?;
+        let (mailbox, inbox) = Mailbox::new(mio::Waker::new(poll.registry(), WAKER)?);
+        polls.push(poll);
+        mailboxes.push(mailbox);
+        inboxes.push(inbox);
+    }
+    let mut flusher_senders = Vec::new();
+    for partition in store.into_partitions() {
+        let (sender, jobs) = crossbeam_channel::unbounded();
+        let index = partition.index();
+        let flusher = Flusher {
+            partition,
+            jobs,
+            pgs: pgs.clone(),
+            mailboxes: mailboxes.clone(),
+            metrics: metrics.clone(),
+            timeout: config.flush_timeout,
+        };
+        std::thread::Builder::new().name(format!("osd-flush-{index}")).spawn(move || {
+            let partition = flusher.run();
+            if let Err(err) = partition.close() {
+                tracing::error!(%err, "closing a partition");
+            }
+        })?;
+        flusher_senders.push(sender);
+    }
+    let shared = Arc::new(Shared::new(config.clone(), pgs.clone(), cell, metrics.clone(), flusher_senders));
+
+    let pool = if config.threading == Threading::Pool {
+        let mut senders = Vec::new();
+        for worker in 0..config.pool_threads.max(1) {
+            let (sender, tasks) = crossbeam_channel::unbounded();
+            let (shared, mailboxes) = (shared.clone(), mailboxes.clone());
+            std::thread::Builder::new()
+                .name(format!("osd-pool-{worker}"))
+                .spawn(move || pool_worker(shared, tasks, mailboxes))?;
+            senders.push(sender);
+        }
+        Some(senders)
+    } else {
+        None
+    };
+
+    let mut listener = Some(mio::net::TcpListener::from_std(listener));
+    for (index, (poll, inbox)) in polls.into_iter().zip(inboxes).enumerate() {
+        let thread =
+            PriorityThread::new(index, shared.clone(), poll, inbox, mailboxes.clone(), listener.take(), pool.clone());
+        let core =
+            (!config.priority_cores.is_empty()).then(|| config.priority_cores[index % config.priority_cores.len()]);
+        std::thread::Builder::new().name(format!("osd-prio-{index}")).spawn(move || {
+            if let Some(core) = core {
+                pin_to_core(core);
+            }
+            thread.run();
+        })?;
+    }
+    shared.serving.store(true, Ordering::Release);
+
+    let admin = match config.admin {
+        Some(addr) => {
+            let pgs = pgs.clone();
+            let gauge = metrics.clone();
+            let refresh = Arc::new(move || {
+                let depth: usize = pgs.all().iter().map(|pg| pg.lock().map(|p| p.log.len()).unwrap_or(0)).sum();
+                gauge.log_entries.store(depth as u64, Ordering::Relaxed);
+            });
+            Some(serve(addr, metrics, refresh).with_context(|| format!("serving metrics on {addr}"))?)
+        }
+        None => None,
+    };
+    Ok(Running { addr: bound, admin, shared, replayed, link })
+}
+
+fn pin_to_core(core: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            tracing::warn!(core, err = %std::io::Error::last_os_error(), "cannot pin the priority thread");
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The OSD's metrics, in Prometheus text format on the admin port.
+//!
+//! Counters are relaxed atomics. Latency histograms are hdrhistograms, one
+//! set per recording thread behind an uncontended mutex (only a scrape
+//! takes it from outside), merged when scraped.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+/// Stages whose latency is recorded (microseconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// From a request's arrival to the start of its processing.
+    Queue = 0,
+    /// Appending to the PG log and index (primary and replica).
+    LogAppend = 1,
+    /// Primary: from sending replication messages to the last ack.
+    Replication = 2,
+    /// One store batch: apply and flush.
+    Flush = 3,
+    /// Primary: a write from arrival to reply.
+    Write = 4,
+    /// Primary: a read from arrival to reply.
+    Read = 5,
+}
+
+const STAGES: [(&str, Stage); 6] = [
+    ("queue", Stage::Queue),
+    ("log_append", Stage::LogAppend),
+    ("replication", Stage::Replication),
+    ("flush", Stage::Flush),
+    ("write", Stage::Write),
+    ("read", Stage::Read),
+];
+
+pub type Histograms = Arc<Mutex<Vec<Histogram<u64>>>>;
+
+fn new_histograms() -> Histograms {
+    Arc::new(Mutex::new(
+        (0..STAGES.len()).map(|_| Histogram::new_with_bounds(1, 60_000_000, 2).expect("static bounds")).collect(),
+    ))
+}
+
+#[derive(Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    pub writes: Counter,
+    pub write_bytes: Counter,
+    pub reads: Counter,
+    pub read_bytes: Counter,
+    pub truncates: Counter,
+    pub deletes: Counter,
+    pub reads_r1: Counter,
+    pub reads_r2: Counter,
+    pub reads_r3: Counter,
+    pub replica_entries: Counter,
+    pub errors: Counter,
+    pub backpressure_waits: Counter,
+    pub flushes: Counter,
+    pub flushed_entries: Counter,
+    pub device_bytes_written: Counter,
+    pub connections_refused: Counter,
+    pub log_entries: AtomicU64,
+    histograms: Mutex<Vec<Histograms>>,
+}
+
+impl Metrics {
+    /// A histogram set for one thread to record into.
+    pub fn histograms(&self) -> Histograms {
+        let set = new_histograms();
+        self.histograms.lock().expect("metrics lock").push(set.clone());
+        set
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let counter = |out: &mut String, name: &str, help: &str, labels: &[(&str, u64)]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (label, value) in labels {
+                let _ = writeln!(out, "{name}{label} {value}");
+            }
+        };
+        counter(
+            &mut out,
+            "duplex_osd_ops_total",
+            "Client operations served as primary.",
+            &[
+                ("{op=\"write\"}", self.writes.get()),
+                ("{op=\"read\"}", self.reads.get()),
+                ("{op=\"truncate\"}", self.truncates.get()),
+                ("{op=\"delete\"}", self.deletes.get()),
+            ],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_op_bytes_total",
+            "Client bytes written and read.",
+            &[("{op=\"write\"}", self.write_bytes.get()), ("{op=\"read\"}", self.read_bytes.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_reads_by_path_total",
+            "Reads by where they were served: r1 log, r2 store, r3 flush then store.",
+            &[
+                ("{path=\"r1\"}", self.reads_r1.get()),
+                ("{path=\"r2\"}", self.reads_r2.get()),
+                ("{path=\"r3\"}", self.reads_r3.get()),
+            ],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_replica_entries_total",
+            "Entries logged as a replica.",
+            &[("", self.replica_entries.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_op_errors_total",
+            "Operations answered with an error.",
+            &[("", self.errors.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_backpressure_waits_total",
+            "Writes that waited for a flush because their PG's log was full.",
+            &[("", self.backpressure_waits.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_flushes_total",
+            "Store batches applied by flushers.",
+            &[("", self.flushes.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_flushed_entries_total",
+            "Log entries applied to the store (divide by flushes for the batch size).",
+            &[("", self.flushed_entries.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_device_bytes_written_total",
+            "Bytes the store wrote to its device (data, journal, metadata).",
+            &[("", self.device_bytes_written.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_connections_refused_total",
+            "Connections dropped for failing the handshake or sending malformed frames.",
+            &[("", self.connections_refused.get())],
+        );
+        let _ = writeln!(
+            out,
+            "# HELP duplex_osd_log_entries Live entries in all PG logs.\n# TYPE duplex_osd_log_entries gauge\nduplex_osd_log_entries {}",
+            self.log_entries.load(Relaxed)
+        );
+        let _ = writeln!(out, "# HELP duplex_osd_cpu_seconds_total CPU time by thread class.\n# TYPE duplex_osd_cpu_seconds_total counter");
+        for (class, seconds) in cpu_seconds_by_class() {
+            let _ = writeln!(out, "duplex_osd_cpu_seconds_total{{class=\"{class}\"}} {seconds:.3}");
+        }
+        let mut merged: Vec<Histogram<u64>> =
+            (0..STAGES.len()).map(|_| Histogram::new_with_bounds(1, 60_000_000, 2).expect("static bounds")).collect();
+        for set in self.histograms.lock().expect("metrics lock").iter() {
+            for (into, from) in merged.iter_mut().zip(set.lock().expect("histogram lock").iter()) {
+                let _ = into.add(from);
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP duplex_osd_latency_seconds Per-stage latency.\n# TYPE duplex_osd_latency_seconds summary"
+        );
+        for ((name, _), histogram) in STAGES.iter().zip(&merged) {
+            for quantile in [0.5, 0.99, 0.999] {
+                let _ = writeln!(
+                    out,
+                    "duplex_osd_latency_seconds{{stage=\"{name}\",quantile=\"{quantile}\"}} {:.6}",
+                    histogram.value_at_quantile(quantile) as f64 / 1e6
+                );
+            }
+            let sum: f64 =
+                histogram.iter_recorded().map(|v| v.value_iterated_to() as f64 * v.count_at_value() as f64).sum();
+            let _ = writeln!(out, "duplex_osd_latency_seconds_sum{{stage=\"{name}\"}} {:.6}", sum / 1e6);
+            let _ = writeln!(out, "duplex_osd_latency_seconds_count{{stage=\"{name}\"}} {}", histogram.len());
+        }
+        out
+    }
+}
+
+/// Records `micros` for `stage` in a thread's histogram set.
+pub fn record(set: &Histograms, stage: Stage, micros: u64) {
+    if let Ok(mut set) = set.lock() {
+        let _ = set[stage as usize].record(micros.max(1));
+    }
+}
+
+/// The class of a thread, from the name the daemon gave it.
+pub fn thread_class(name: &str) -> &'static str {
+    if name.starts_with("osd-prio") {
+        "priority"
+    } else if name.starts_with("osd-flush") {
+        "non_priority"
+    } else if name.starts_with("osd-pool") {
+        "pool_worker"
+    } else {
+        "other"
+    }
+}
+
+/// CPU seconds (user + system) of this process's threads, by class, from /proc/self/task/*/stat.
+pub fn cpu_seconds_by_class() -> Vec<(&'static str, f64)> {
+    let mut totals: Vec<(&'static str, f64)> =
+        ["priority", "non_priority", "pool_worker", "other"].iter().map(|c| (*c, 0.0)).collect();
+    // SAFETY: sysconf has no memory effects.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return totals };
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let Some((name, rest)) = parse_stat(&stat) else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // After "(comm)": state is field 3; utime and stime are fields 14 and 15.
+        let (Some(user), Some(system)) = (fields.get(11), fields.get(12)) else { continue };
+        let (Ok(user), Ok(system)) = (user.parse::<f64>(), system.parse::<f64>()) else { continue };
+        let class = thread_class(name);
+        if let Some(slot) = totals.iter_mut().find(|(c, _)| *c == class) {
+            slot.1 += (user + system) / ticks;
+        }
+    }
+    totals
+}
+
+fn parse_stat(stat: &str) -> Option<(&str, &str)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    Some((stat.get(open + 1..close)?, stat.get(close + 1..)?))
+}
+
+/// Serves `GET /metrics` (any path, in fact) until the process ends.
+pub fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    refresh: Arc<dyn Fn() + Send + Sync>,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)?;
+    let bound = listener.local_addr()?;
+    std::thread::Builder::new().name("osd-admin".into()).spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut line = String::new();
+            if BufReader::new(&stream).read_line(&mut line).is_err() {
+                continue;
+            }
+            refresh();
+            let body = metrics.render();
+            let _ = write!(
+                stream,
+                "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    })?;
+    Ok(bound)
+}

@@ -1,0 +1,342 @@
+//! What an operation does, independent of which thread runs it: a priority
+//! thread inline (`threading = prioritized`) or a pool worker
+//! (`threading = pool`). The result is an [`Outcome`]: the network I/O the
+//! connection's owning thread still has to do.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use crossbeam_channel::Sender;
+use duplex_map::OsdId;
+use duplex_oplog::{Entry, EntryRef, LogError, OpKind as LogOp};
+use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
+
+use crate::cluster::{ActingCache, MapCell};
+use crate::config::{OsdConfig, WritePath};
+use crate::flusher::{ClientSlot, Job, ReadJob, SyncDone};
+use crate::metrics::{record, Histograms, Metrics, Stage};
+use crate::pg::{pg_key, PgTable, ReplyTo};
+
+/// State every thread of the OSD shares.
+pub struct Shared {
+    pub config: OsdConfig,
+    pub pgs: Arc<PgTable>,
+    pub map: Arc<MapCell>,
+    pub metrics: Arc<Metrics>,
+    /// One job queue per store partition (its flusher).
+    pub flushers: Vec<Sender<Job>>,
+    /// Set once the logs are replayed: until then, requests are answered Retry.
+    pub serving: AtomicBool,
+    next_txid: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(
+        config: OsdConfig,
+        pgs: Arc<PgTable>,
+        map: Arc<MapCell>,
+        metrics: Arc<Metrics>,
+        flushers: Vec<Sender<Job>>,
+    ) -> Shared {
+        Shared { config, pgs, map, metrics, flushers, serving: AtomicBool::new(false), next_txid: AtomicU64::new(1) }
+    }
+
+    /// A transaction id unique in this process (replication and local sync applies).
+    pub fn txid(&self) -> u64 {
+        self.next_txid.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn flusher_of(&self, pg: u32) -> &Sender<Job> {
+        &self.flushers[pg as usize % self.flushers.len()]
+    }
+
+    fn send_job(&self, pg: u32, job: Job) {
+        // A flusher ends only at shutdown; a job then has no one left to do it.
+        let _ = self.flusher_of(pg).send(job);
+    }
+}
+
+/// A client request, with where its reply goes.
+pub struct ClientOp {
+    pub thread: usize,
+    pub token: usize,
+    pub slot: u64,
+    pub txid: u64,
+    pub request: OpRequest,
+    pub arrived: Instant,
+}
+
+/// What the owning priority thread does next for an operation.
+pub enum Outcome {
+    /// Reply now.
+    Reply { token: usize, slot: u64, reply: OpReply, arrived: Instant, kind: OpKind },
+    /// Send `entry` to each replica; reply to the client when all have
+    /// acknowledged (and, with `local_txid`, the local store apply is done).
+    Replicate {
+        token: usize,
+        slot: u64,
+        entry: Bytes,
+        replicas: Vec<OsdId>,
+        local_txid: Option<u64>,
+        arrived: Instant,
+        map_epoch: u64,
+    },
+    /// The flusher has it; the reply comes back as a completion.
+    Queued,
+    /// The PG's log is full: hold the operation until a flush makes room.
+    Full(ClientOp),
+    /// Replica side: send these acknowledgements.
+    Acks(u32, Vec<(u64, ReplyTo)>),
+}
+
+fn reply(op: &ClientOp, status: Status, epoch: u64, message: impl std::fmt::Display) -> Outcome {
+    Outcome::Reply {
+        token: op.token,
+        slot: op.slot,
+        reply: OpReply::error(status, epoch, message),
+        arrived: op.arrived,
+        kind: op.request.kind,
+    }
+}
+
+/// Runs a client operation as far as this OSD can without network I/O.
+pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histograms, op: ClientOp) -> Outcome {
+    let view = cache.view(&shared.map).clone();
+    let epoch = view.epoch();
+    if !shared.serving.load(Ordering::Acquire) {
+        return reply(&op, Status::Retry, epoch, "the OSD is starting (replaying its logs)");
+    }
+    let request = &op.request;
+    if request.map_epoch > epoch {
+        return reply(&op, Status::Retry, epoch, format!("this OSD's map (epoch {epoch}) is older than the client's"));
+    }
+    let Some(pool) = view.pool(request.pool) else {
+        return reply(&op, Status::Invalid, epoch, format!("no pool {}", request.pool));
+    };
+    if request.pg >= pool.pg_num {
+        return reply(&op, Status::WrongOsd, epoch, format!("pool {} has {} PGs", request.pool, pool.pg_num));
+    }
+    let Some(key) = pg_key(request.pool, request.pg) else {
+        return reply(&op, Status::Invalid, epoch, "pool id too large for this OSD");
+    };
+    let min_size = pool.min_size as usize;
+    let Some(acting) = cache.acting(&shared.map, request.pool, request.pg) else {
+        return reply(&op, Status::Invalid, epoch, format!("no pool {}", request.pool));
+    };
+    if acting.first() != Some(&shared.config.id) {
+        return reply(&op, Status::WrongOsd, epoch, format!("OSD {} is not the primary of this PG", shared.config.id));
+    }
+    if duplex_placement::pg_of(&request.object, pool.pg_num) != request.pg {
+        return reply(&op, Status::Invalid, epoch, "the object does not belong to this PG");
+    }
+    let elapsed = op.arrived.elapsed().as_micros() as u64;
+    record(histograms, Stage::Queue, elapsed);
+    match request.kind {
+        OpKind::Read => read(shared, key, op, epoch),
+        _ if acting.len() < min_size => reply(
+            &op,
+            Status::Retry,
+            epoch,
+            format!("only {} of the PG's replicas are up; writes need {min_size}", acting.len()),
+        ),
+        _ => mutate(shared, histograms, key, op, &acting[1..], epoch),
+    }
+}
+
+fn read(shared: &Shared, key: u32, op: ClientOp, epoch: u64) -> Outcome {
+    let metrics = &shared.metrics;
+    let request = &op.request;
+    let mut flush_first = false;
+    if let Some(pg) = shared.pgs.get(key) {
+        let pg = pg.lock().expect("PG lock");
+        if pg.index.contains(&request.object) {
+            if let Some(data) = pg.index.read(&pg.log, &request.object, request.offset, request.length as u64) {
+                drop(pg);
+                metrics.reads_r1.add(1);
+                metrics.reads.add(1);
+                metrics.read_bytes.add(data.len() as u64);
+                return Outcome::Reply {
+                    token: op.token,
+                    slot: op.slot,
+                    reply: OpReply { status: Status::Ok, map_epoch: epoch, data: Bytes::from(data) },
+                    arrived: op.arrived,
+                    kind: OpKind::Read,
+                };
+            }
+            flush_first = true;
+        }
+    }
+    if flush_first {
+        metrics.reads_r3.add(1);
+    } else {
+        metrics.reads_r2.add(1);
+    }
+    metrics.reads.add(1);
+    shared.send_job(
+        key,
+        Job::Read(ReadJob {
+            pg: key,
+            object: request.object.clone(),
+            offset: request.offset,
+            len: request.length,
+            flush_first,
+            reply: ClientSlot { thread: op.thread, token: op.token, slot: op.slot },
+            map_epoch: epoch,
+        }),
+    );
+    Outcome::Queued
+}
+
+fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, replicas: &[OsdId], epoch: u64) -> Outcome {
+    let metrics = &shared.metrics;
+    let request = &op.request;
+    let (log_op, offset, data): (LogOp, u64, &[u8]) = match request.kind {
+        OpKind::Write => (LogOp::Write, request.offset, &request.data),
+        OpKind::Truncate => (LogOp::Truncate, request.offset, &[]),
+        OpKind::Delete => (LogOp::Delete, 0, &[]),
+        OpKind::Read => unreachable!("reads take the read path"),
+    };
+    let pg = match shared.pgs.get_or_open(key) {
+        Ok(pg) => pg,
+        Err(err) => return reply(&op, Status::Io, epoch, err),
+    };
+    let started = Instant::now();
+    let mut guard = pg.lock().expect("PG lock");
+    let (encoded, local_txid) = match shared.config.write_path {
+        WritePath::Oplog => {
+            let seq = guard.log.next_seq();
+            let entry = EntryRef {
+                pg: key,
+                epoch: epoch as u32,
+                version: seq,
+                seq,
+                op: log_op,
+                object: &request.object,
+                offset,
+                data,
+            };
+            let encoded = entry.encode();
+            match guard.append_encoded(&entry, &encoded) {
+                Ok(()) => {}
+                Err(LogError::Full) => {
+                    guard.waiters = true;
+                    drop(guard);
+                    metrics.backpressure_waits.add(1);
+                    shared.send_job(key, Job::Flush(key));
+                    return Outcome::Full(op);
+                }
+                Err(LogError::TooLarge(len)) => {
+                    return reply(
+                        &op,
+                        Status::Invalid,
+                        epoch,
+                        format!("a {len}-byte entry does not fit this OSD's PG log; split the write"),
+                    )
+                }
+                Err(err) => return reply(&op, Status::Io, epoch, err),
+            }
+            let depth = guard.log.len();
+            let was_dirty = std::mem::replace(&mut guard.dirty, true);
+            drop(guard);
+            notify_flusher(shared, key, depth, was_dirty);
+            (encoded, None)
+        }
+        WritePath::Sync => {
+            guard.sync_seq += 1;
+            let seq = guard.sync_seq;
+            drop(guard);
+            let entry = Entry {
+                pg: key,
+                epoch: epoch as u32,
+                version: seq,
+                seq,
+                op: log_op,
+                object: request.object.to_vec(),
+                offset,
+                data: data.to_vec(),
+            };
+            let encoded = entry.encode();
+            let txid = shared.txid();
+            shared.send_job(key, Job::SyncApply { entry, done: SyncDone::Primary { thread: op.thread, txid } });
+            (encoded, Some(txid))
+        }
+    };
+    record(histograms, Stage::LogAppend, started.elapsed().as_micros() as u64);
+    match request.kind {
+        OpKind::Write => {
+            metrics.writes.add(1);
+            metrics.write_bytes.add(data.len() as u64);
+        }
+        OpKind::Truncate => metrics.truncates.add(1),
+        _ => metrics.deletes.add(1),
+    }
+    if replicas.is_empty() && local_txid.is_none() {
+        return Outcome::Reply {
+            token: op.token,
+            slot: op.slot,
+            reply: OpReply { status: Status::Ok, map_epoch: epoch, data: Bytes::new() },
+            arrived: op.arrived,
+            kind: request.kind,
+        };
+    }
+    Outcome::Replicate {
+        token: op.token,
+        slot: op.slot,
+        entry: Bytes::from(encoded),
+        replicas: replicas.to_vec(),
+        local_txid,
+        arrived: op.arrived,
+        map_epoch: epoch,
+    }
+}
+
+/// Wakes the PG's flusher: arm its timer on the first entry, flush at
+/// once at each multiple of the threshold.
+fn notify_flusher(shared: &Shared, key: u32, depth: usize, was_dirty: bool) {
+    let threshold = shared.config.flush_threshold.max(1);
+    if depth >= threshold && depth.is_multiple_of(threshold) {
+        shared.send_job(key, Job::Flush(key));
+    } else if !was_dirty {
+        shared.send_job(key, Job::Dirty(key));
+    }
+}
+
+/// Replica side: logs (or, sync, applies) one replicated entry. `Err`: the
+/// payload is not an entry, and the connection that sent it is dropped.
+pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &[u8], to: ReplyTo) -> Result<Outcome, String> {
+    let entry = Entry::decode(payload).ok_or("replication payload is not a valid log entry")?;
+    if entry.encoded_len() != payload.len() {
+        return Err("replication payload has trailing bytes".into());
+    }
+    let key = entry.pg;
+    shared.metrics.replica_entries.add(1);
+    if shared.config.write_path == WritePath::Sync {
+        shared.send_job(key, Job::SyncApply { entry, done: SyncDone::Replica(to) });
+        return Ok(Outcome::Queued);
+    }
+    let pg = shared.pgs.get_or_open(key).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut guard = pg.lock().expect("PG lock");
+    let before = guard.log.len();
+    let acks = match guard.offer(entry, to) {
+        Ok(acks) => acks,
+        Err(err) => {
+            tracing::error!(pg = key, %err, "replica log append failed");
+            Vec::new()
+        }
+    };
+    let depth = guard.log.len();
+    let blocked = guard.waiting_for_room();
+    let was_dirty = if depth > before { std::mem::replace(&mut guard.dirty, true) } else { true };
+    drop(guard);
+    record(histograms, Stage::LogAppend, started.elapsed().as_micros() as u64);
+    if blocked {
+        // The next entry is waiting for room: make some.
+        shared.send_job(key, Job::Flush(key));
+    } else if depth > before {
+        notify_flusher(shared, key, depth, was_dirty);
+    }
+    Ok(Outcome::Acks(key, acks))
+}

@@ -1,0 +1,251 @@
+//! Placement groups on this OSD: each one's operation log, index cache and
+//! (on a replica) the entries that arrived ahead of their turn.
+//!
+//! A PG is shared by every priority thread (any connection may carry a write
+//! for it) and its non-priority thread (which flushes and trims it), so it
+//! sits behind its own mutex: the "PG log lock" of DESIGN.md §4, held for an
+//! append or a trim, never across I/O other than the log region's own.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use duplex_oplog::{Entry, EntryRef, FileRegion, IndexCache, LogError, MmapRegion, PgLog, Region};
+
+use crate::config::OplogMode;
+
+/// Pools whose id fits the 12 bits left to it in a PG key.
+pub const MAX_POOL_ID: u32 = (1 << 12) - 1;
+const PG_BITS: u32 = 20;
+
+/// The PG key: pool in the high 12 bits, PG number in the low 20. It is the
+/// log's `pg` field and the store key's group, so a PG's objects are
+/// contiguous in the store and its partition is `key % partitions`.
+pub fn pg_key(pool: u32, pg: u32) -> Option<u32> {
+    (pool <= MAX_POOL_ID && pg < (1 << PG_BITS)).then_some((pool << PG_BITS) | pg)
+}
+
+pub fn pool_of(key: u32) -> u32 {
+    key >> PG_BITS
+}
+
+pub fn pg_number(key: u32) -> u32 {
+    key & ((1 << PG_BITS) - 1)
+}
+
+/// Where a replication acknowledgement goes: the priority thread, the
+/// connection (its token there) and the request's transaction id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyTo {
+    pub thread: usize,
+    pub token: usize,
+    pub txid: u64,
+}
+
+pub type SharedPg = Arc<Mutex<Pg>>;
+
+pub struct Pg {
+    pub key: u32,
+    pub log: PgLog<Box<dyn Region>>,
+    pub index: IndexCache,
+    /// Replica side: entries ahead of the log's next seq (they came over
+    /// another connection than their predecessors), or waiting for room.
+    early: BTreeMap<u64, (Entry, ReplyTo)>,
+    /// The sync write path's last assigned seq (it keeps no log).
+    pub sync_seq: u64,
+    /// A writer is waiting for room in this log: tell the priority threads after a trim.
+    pub waiters: bool,
+    /// Entries were added since the flusher last took this PG.
+    pub dirty: bool,
+}
+
+impl Pg {
+    fn new(key: u32, log: PgLog<Box<dyn Region>>) -> Pg {
+        let sync_seq = log.next_seq() - 1;
+        Pg { key, log, index: IndexCache::default(), early: BTreeMap::new(), sync_seq, waiters: false, dirty: false }
+    }
+
+    /// Appends an entry and indexes it.
+    pub fn append(&mut self, entry: &Entry) -> Result<(), LogError> {
+        debug_assert_eq!(entry.pg, self.key, "entry for another PG");
+        let at = self.log.append(entry)?;
+        self.index.insert(entry, at);
+        Ok(())
+    }
+
+    /// Appends an entry the caller has encoded (to send the same bytes to the replicas).
+    pub fn append_encoded(&mut self, entry: &EntryRef<'_>, encoded: &[u8]) -> Result<(), LogError> {
+        debug_assert_eq!(entry.pg, self.key, "entry for another PG");
+        let at = self.log.append_encoded(entry.seq, encoded)?;
+        self.index.insert_ref(entry, at);
+        Ok(())
+    }
+
+    /// Replica side: logs `entry` if it is next, keeps it for later if it
+    /// is early or the log is full; returns the acknowledgements now due
+    /// (entries logged by this call, or already logged before).
+    pub fn offer(&mut self, entry: Entry, reply_to: ReplyTo) -> Result<Vec<(u64, ReplyTo)>, LogError> {
+        let next = self.log.next_seq();
+        if entry.seq < next {
+            return Ok(vec![(entry.seq, reply_to)]);
+        }
+        self.early.insert(entry.seq, (entry, reply_to));
+        self.drain_early()
+    }
+
+    /// Logs the kept entries that are now in turn, while there is room.
+    pub fn drain_early(&mut self) -> Result<Vec<(u64, ReplyTo)>, LogError> {
+        let mut acks = Vec::new();
+        while let Some((_, (entry, reply_to))) = self.early.pop_first() {
+            if entry.seq != self.log.next_seq() {
+                self.early.insert(entry.seq, (entry, reply_to));
+                break;
+            }
+            match self.append(&entry) {
+                Ok(()) => acks.push((entry.seq, reply_to)),
+                Err(LogError::Full) => {
+                    self.early.insert(entry.seq, (entry, reply_to));
+                    break;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(acks)
+    }
+
+    /// The next entry in turn is here but the log had no room for it.
+    pub fn waiting_for_room(&self) -> bool {
+        self.early.first_key_value().is_some_and(|(seq, _)| *seq == self.log.next_seq())
+    }
+
+    pub fn has_early(&self) -> bool {
+        !self.early.is_empty()
+    }
+
+    /// The seq of the newest logged entry (0: none ever).
+    pub fn last_seq(&self) -> u64 {
+        self.log.next_seq() - 1
+    }
+
+    /// After the store holds every entry through `seq`: drop them from the log and index.
+    pub fn trim(&mut self, seq: u64) -> Result<(), LogError> {
+        self.log.trim(seq)?;
+        self.index.trim(seq);
+        Ok(())
+    }
+}
+
+/// Every PG this OSD has a log for.
+pub struct PgTable {
+    mode: OplogMode,
+    dir: PathBuf,
+    region_bytes: u64,
+    pgs: RwLock<HashMap<u32, SharedPg>>,
+    opening: Mutex<()>,
+    _lock: File,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PgTableError {
+    #[error("operation-log directory {0}: {1}")]
+    Dir(PathBuf, std::io::Error),
+    #[error("operation-log directory {0} is in use by another OSD")]
+    Busy(PathBuf),
+    #[error("opening the log of PG {key:#x} at {path}: {source}")]
+    Open { key: u32, path: PathBuf, source: LogError },
+}
+
+fn open_region(mode: OplogMode, path: &Path, len: u64) -> std::io::Result<Box<dyn Region>> {
+    Ok(match mode {
+        OplogMode::Shm => Box::new(MmapRegion::open(path, len, false)?),
+        OplogMode::Pmem => Box::new(MmapRegion::open(path, len, true)?),
+        OplogMode::File => Box::new(FileRegion::open(path, len)?),
+    })
+}
+
+impl PgTable {
+    /// Opens the log directory (creating it) and locks it against a second OSD.
+    pub fn open(mode: OplogMode, dir: &Path, region_bytes: u64) -> Result<PgTable, PgTableError> {
+        let err = |e| PgTableError::Dir(dir.to_path_buf(), e);
+        std::fs::create_dir_all(dir).map_err(err)?;
+        let lock = OpenOptions::new().create(true).truncate(false).write(true).open(dir.join("LOCK")).map_err(err)?;
+        // SAFETY: flock on an fd we own; no memory is involved.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(PgTableError::Busy(dir.to_path_buf()));
+        }
+        Ok(PgTable {
+            mode,
+            dir: dir.to_path_buf(),
+            region_bytes,
+            pgs: RwLock::new(HashMap::new()),
+            opening: Mutex::new(()),
+            _lock: lock,
+        })
+    }
+
+    fn path_of(&self, key: u32) -> PathBuf {
+        self.dir.join(format!("pg-{key:08x}.log"))
+    }
+
+    /// Opens every log already in the directory; returns each PG with its
+    /// live entries (to replay before serving).
+    pub fn recover(&self) -> Result<Vec<(SharedPg, Vec<Entry>)>, PgTableError> {
+        let mut found = Vec::new();
+        let entries = std::fs::read_dir(&self.dir).map_err(|e| PgTableError::Dir(self.dir.clone(), e))?;
+        for item in entries {
+            let item = item.map_err(|e| PgTableError::Dir(self.dir.clone(), e))?;
+            let name = item.file_name();
+            let Some(key) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("pg-"))
+                .and_then(|n| n.strip_suffix(".log"))
+                .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+            else {
+                continue;
+            };
+            found.push(self.open_pg(key)?);
+        }
+        found.sort_by_key(|(pg, _)| pg.lock().map(|p| p.key).unwrap_or(0));
+        Ok(found)
+    }
+
+    fn open_pg(&self, key: u32) -> Result<(SharedPg, Vec<Entry>), PgTableError> {
+        let path = self.path_of(key);
+        let open_err = |source| PgTableError::Open { key, path: path.clone(), source };
+        let region = open_region(self.mode, &path, self.region_bytes).map_err(|e| open_err(LogError::Io(e)))?;
+        let (log, entries) = PgLog::open(region, key).map_err(open_err)?;
+        let mut pg = Pg::new(key, log);
+        // Index the recovered entries so reads see them until they are flushed.
+        let offsets: Vec<u64> = pg.log.offsets().collect();
+        debug_assert_eq!(offsets.len(), entries.len(), "one offset per live entry");
+        for (entry, at) in entries.iter().zip(offsets) {
+            pg.index.insert(entry, at);
+        }
+        let shared = Arc::new(Mutex::new(pg));
+        self.pgs.write().expect("PG table lock").insert(key, shared.clone());
+        Ok((shared, entries))
+    }
+
+    pub fn get(&self, key: u32) -> Option<SharedPg> {
+        self.pgs.read().expect("PG table lock").get(&key).cloned()
+    }
+
+    /// The PG's log, created on first use.
+    pub fn get_or_open(&self, key: u32) -> Result<SharedPg, PgTableError> {
+        if let Some(pg) = self.get(key) {
+            return Ok(pg);
+        }
+        // Two threads may race here: one opens (maps) the file, the other waits.
+        let _opening = self.opening.lock().expect("PG open lock");
+        if let Some(pg) = self.get(key) {
+            return Ok(pg);
+        }
+        Ok(self.open_pg(key)?.0)
+    }
+
+    /// Every open PG.
+    pub fn all(&self) -> Vec<SharedPg> {
+        self.pgs.read().expect("PG table lock").values().cloned().collect()
+    }
+}

@@ -1,0 +1,488 @@
+//! The top half: a priority thread (DESIGN.md §6). One event loop over the
+//! connections it owns, never blocking and never touching the data device.
+//! It runs client operations to the log (or hands them to a pool worker in
+//! `threading = pool`), replicates on its own peer connections, logs
+//! replicated entries, and replies in request order.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender};
+use duplex_map::OsdId;
+use duplex_proto::osd::{OpKind, OpReply, OpRequest, RepReply, Status};
+use duplex_proto::{Frame, Handshake, MessageType, Session};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+
+use crate::cluster::ActingCache;
+use crate::conn::{Conn, ConnError, Input, Role};
+use crate::mailbox::{Completion, Mailbox};
+use crate::metrics::{record, Histograms, Stage};
+use crate::ops::{self, ClientOp, Outcome, Shared};
+use crate::pg::{pg_key, ReplyTo};
+
+pub const LISTENER: Token = Token(0);
+pub const WAKER: Token = Token(1);
+const FIRST_CONN: usize = 2;
+
+/// Work for a pool worker (`threading = pool`).
+pub enum PoolTask {
+    Client(ClientOp),
+    Replica { payload: Bytes, to: ReplyTo },
+}
+
+/// A replicated write waiting for acknowledgements.
+struct PendingWrite {
+    token: usize,
+    slot: u64,
+    waiting: Vec<OsdId>,
+    local: bool,
+    failed: bool,
+    arrived: Instant,
+    sent: Instant,
+    map_epoch: u64,
+}
+
+pub struct PriorityThread {
+    pub index: usize,
+    pub shared: Arc<Shared>,
+    pub poll: Poll,
+    pub inbox: Receiver<Completion>,
+    pub mailboxes: Vec<Mailbox>,
+    pub listener: Option<TcpListener>,
+    pub pool: Option<Vec<Sender<PoolTask>>>,
+    conns: HashMap<usize, Conn>,
+    next_token: usize,
+    peers: HashMap<OsdId, usize>,
+    pending: HashMap<u64, PendingWrite>,
+    cache: ActingCache,
+    histograms: Histograms,
+    next_accept: usize,
+    touched: Vec<usize>,
+}
+
+impl PriorityThread {
+    pub fn new(
+        index: usize,
+        shared: Arc<Shared>,
+        poll: Poll,
+        inbox: Receiver<Completion>,
+        mailboxes: Vec<Mailbox>,
+        listener: Option<TcpListener>,
+        pool: Option<Vec<Sender<PoolTask>>>,
+    ) -> PriorityThread {
+        let cache = ActingCache::new(&shared.map);
+        let histograms = shared.metrics.histograms();
+        PriorityThread {
+            index,
+            shared,
+            poll,
+            inbox,
+            mailboxes,
+            listener,
+            pool,
+            conns: HashMap::new(),
+            next_token: FIRST_CONN,
+            peers: HashMap::new(),
+            pending: HashMap::new(),
+            cache,
+            histograms,
+            next_accept: 0,
+            touched: Vec::new(),
+        }
+    }
+
+    pub fn run(mut self) {
+        if let Some(listener) = self.listener.as_mut() {
+            if let Err(err) = self.poll.registry().register(listener, LISTENER, Interest::READABLE) {
+                tracing::error!(%err, "cannot watch the listening socket");
+                return;
+            }
+        }
+        let mut events = Events::with_capacity(256);
+        loop {
+            if let Err(err) = self.poll.poll(&mut events, None) {
+                if err.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                tracing::error!(%err, "poll failed; the priority thread stops");
+                return;
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept(),
+                    WAKER => {}
+                    Token(token) => {
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            self.on_readable(token);
+                        }
+                        self.touched.push(token);
+                    }
+                }
+            }
+            while let Ok(completion) = self.inbox.try_recv() {
+                self.on_completion(completion);
+            }
+            self.write_touched();
+        }
+    }
+
+    fn accept(&mut self) {
+        loop {
+            let Some(listener) = self.listener.as_ref() else { return };
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let target = self.next_accept % self.mailboxes.len();
+                    self.next_accept += 1;
+                    if target == self.index {
+                        self.adopt(stream);
+                    } else {
+                        self.mailboxes[target].post_and_wake(Completion::Accepted(stream));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    tracing::warn!(%e, "accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn register(&mut self, mut conn: Conn) -> Option<usize> {
+        let token = self.next_token;
+        self.next_token += 1;
+        if let Err(err) =
+            self.poll.registry().register(&mut conn.stream, Token(token), Interest::READABLE | Interest::WRITABLE)
+        {
+            tracing::warn!(%err, "cannot watch a connection");
+            return None;
+        }
+        self.conns.insert(token, conn);
+        Some(token)
+    }
+
+    fn adopt(&mut self, stream: TcpStream) {
+        let config = &self.shared.config;
+        let session = Session::new(Handshake::server(config.fsid, &config.secret, rand::random()));
+        self.register(Conn::new(stream, session, Role::Accepted));
+    }
+
+    /// This thread's connection to peer `osd`, opened on first use.
+    fn peer(&mut self, osd: OsdId) -> Option<usize> {
+        if let Some(token) = self.peers.get(&osd) {
+            return Some(*token);
+        }
+        let addr = self.cache.view(&self.shared.map).addr_of(osd)?;
+        let stream = match TcpStream::connect(addr) {
+            Ok(s) => s,
+            Err(err) => {
+                tracing::warn!(osd, %addr, %err, "cannot connect to peer");
+                return None;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let config = &self.shared.config;
+        let (handshake, hello) =
+            Handshake::client(config.fsid, &config.secret, rand::random(), &format!("osd.{}", config.id));
+        let mut conn = Conn::new(stream, Session::new(handshake), Role::Peer(osd));
+        conn.push(&hello);
+        let token = self.register(conn)?;
+        self.peers.insert(osd, token);
+        self.touched.push(token);
+        Some(token)
+    }
+
+    fn on_readable(&mut self, token: usize) {
+        let Some(conn) = self.conns.get_mut(&token) else { return };
+        let inputs = match conn.read() {
+            Ok(inputs) => inputs,
+            Err(err) => {
+                self.drop_conn(token, err);
+                return;
+            }
+        };
+        let role = conn.role;
+        for Input::Message(frame) in inputs {
+            if let Err(why) = self.on_message(token, role, frame) {
+                self.drop_conn(token, ConnError::Protocol(why));
+                return;
+            }
+        }
+        if self.conns.get(&token).is_some_and(|c| c.closing) {
+            self.drop_conn(token, ConnError::Closed);
+        }
+    }
+
+    fn on_message(&mut self, token: usize, role: Role, frame: Frame) -> Result<(), String> {
+        let txid = frame.header.transaction_id;
+        match (MessageType::from_u8(frame.header.message_type), role) {
+            (Some(MessageType::OsdOp), Role::Accepted) => {
+                let request = OpRequest::decode(&frame.payload).map_err(|e| format!("bad request: {e}"))?;
+                let conn = self.conns.get_mut(&token).expect("the connection being read");
+                let slot = conn.take_slot(txid);
+                let op = ClientOp { thread: self.index, token, slot, txid, request, arrived: Instant::now() };
+                if !conn.parked.is_empty() {
+                    conn.parked.push_back(op);
+                } else {
+                    self.run_client(op, false);
+                }
+            }
+            (Some(MessageType::RepOp), Role::Accepted) => {
+                let to = ReplyTo { thread: self.index, token, txid };
+                if let Some(pool) = &self.pool {
+                    let pg = frame.payload.get(36..40).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4")));
+                    let _ = pool[pg as usize % pool.len()].send(PoolTask::Replica { payload: frame.payload, to });
+                } else {
+                    let outcome = ops::replica_op(&self.shared, &self.histograms, &frame.payload, to)?;
+                    self.execute(outcome);
+                }
+            }
+            (Some(MessageType::RepOpReply), Role::Peer(osd)) => {
+                let ack = RepReply::decode(&frame.payload).map_err(|e| format!("bad replication reply: {e}"))?;
+                self.on_ack(txid, osd, ack.status == Status::Ok);
+            }
+            (Some(MessageType::Ping), _) => {
+                let pong = Frame::new(MessageType::Pong, txid, frame.payload);
+                if let Some(conn) = self.conns.get_mut(&token) {
+                    conn.push(&pong);
+                }
+            }
+            (kind, role) => return Err(format!("unexpected {kind:?} on a {role:?} connection")),
+        }
+        Ok(())
+    }
+
+    /// Runs (or queues to the pool) a client operation. `retry`: it came
+    /// from the front of the parked queue and goes back there if still blocked.
+    fn run_client(&mut self, op: ClientOp, retry: bool) -> bool {
+        if let Some(pool) = &self.pool {
+            let key = pg_key(op.request.pool, op.request.pg).unwrap_or(0);
+            let _ = pool[key as usize % pool.len()].send(PoolTask::Client(op));
+            return true;
+        }
+        match ops::client_op(&self.shared, &mut self.cache, &self.histograms, op) {
+            Outcome::Full(op) => {
+                if let Some(conn) = self.conns.get_mut(&op.token) {
+                    if retry {
+                        conn.parked.push_front(op);
+                    } else {
+                        conn.parked.push_back(op);
+                    }
+                }
+                false
+            }
+            outcome => {
+                self.execute(outcome);
+                true
+            }
+        }
+    }
+
+    fn execute(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Reply { token, slot, reply, arrived, kind } => {
+                let stage = if kind == OpKind::Read { Stage::Read } else { Stage::Write };
+                record(&self.histograms, stage, arrived.elapsed().as_micros() as u64);
+                self.reply(token, slot, &reply);
+            }
+            Outcome::Replicate { token, slot, entry, replicas, local_txid, arrived, map_epoch } => {
+                let txid = local_txid.unwrap_or_else(|| self.shared.txid());
+                let mut waiting = Vec::with_capacity(replicas.len());
+                let mut unreachable = false;
+                for osd in replicas {
+                    match self.peer(osd) {
+                        Some(peer) => {
+                            let frame = Frame::new(MessageType::RepOp, txid, entry.clone());
+                            if let Some(conn) = self.conns.get_mut(&peer) {
+                                conn.push(&frame);
+                                self.touched.push(peer);
+                            }
+                            waiting.push(osd);
+                        }
+                        None => unreachable = true,
+                    }
+                }
+                let now = Instant::now();
+                let pending = PendingWrite {
+                    token,
+                    slot,
+                    waiting,
+                    local: local_txid.is_some(),
+                    failed: unreachable,
+                    arrived,
+                    sent: now,
+                    map_epoch,
+                };
+                self.pending.insert(txid, pending);
+                self.maybe_finish(txid);
+            }
+            Outcome::Queued => {}
+            Outcome::Full(op) => {
+                // Only pool workers return this through here; they wait instead.
+                if let Some(conn) = self.conns.get_mut(&op.token) {
+                    conn.parked.push_back(op);
+                }
+            }
+            Outcome::Acks(pg, acks) => {
+                for (seq, to) in acks {
+                    let frame = RepReply { status: Status::Ok, pg, seq }.to_frame(to.txid);
+                    if to.thread == self.index {
+                        self.send(to.token, &frame);
+                    } else {
+                        self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
+                    }
+                }
+            }
+        }
+    }
+
+    fn reply(&mut self, token: usize, slot: u64, reply: &OpReply) {
+        if reply.status != Status::Ok && reply.status != Status::NotFound {
+            self.shared.metrics.errors.add(1);
+        }
+        if let Some(conn) = self.conns.get_mut(&token) {
+            conn.complete(slot, reply);
+            self.touched.push(token);
+        }
+    }
+
+    fn send(&mut self, token: usize, frame: &Frame) {
+        if let Some(conn) = self.conns.get_mut(&token) {
+            conn.push(frame);
+            self.touched.push(token);
+        }
+    }
+
+    fn on_ack(&mut self, txid: u64, osd: OsdId, ok: bool) {
+        let Some(pending) = self.pending.get_mut(&txid) else { return };
+        pending.waiting.retain(|o| *o != osd);
+        pending.failed |= !ok;
+        self.maybe_finish(txid);
+    }
+
+    fn maybe_finish(&mut self, txid: u64) {
+        let Some(pending) = self.pending.get(&txid) else { return };
+        if !pending.waiting.is_empty() || pending.local {
+            return;
+        }
+        let pending = self.pending.remove(&txid).expect("just seen");
+        record(&self.histograms, Stage::Replication, pending.sent.elapsed().as_micros() as u64);
+        record(&self.histograms, Stage::Write, pending.arrived.elapsed().as_micros() as u64);
+        let reply = if pending.failed {
+            OpReply::error(Status::Retry, pending.map_epoch, "a replica did not acknowledge; resend")
+        } else {
+            OpReply { status: Status::Ok, map_epoch: pending.map_epoch, data: Bytes::new() }
+        };
+        self.reply(pending.token, pending.slot, &reply);
+    }
+
+    fn on_completion(&mut self, completion: Completion) {
+        match completion {
+            Completion::Reply { token, slot, reply } => self.reply(token, slot, &reply),
+            Completion::LocalApplied { txid } => {
+                if let Some(p) = self.pending.get_mut(&txid) {
+                    p.local = false;
+                }
+                self.maybe_finish(txid);
+            }
+            Completion::LocalFailed { txid } => {
+                if let Some(p) = self.pending.get_mut(&txid) {
+                    p.local = false;
+                    p.failed = true;
+                }
+                self.maybe_finish(txid);
+            }
+            Completion::Send { token, frame } => self.send(token, &frame),
+            Completion::Flushed => self.retry_parked(),
+            Completion::Accepted(stream) => self.adopt(stream),
+            Completion::Worked(outcome) => self.execute(*outcome),
+        }
+    }
+
+    /// After a flush: run held-back requests again, in order, until one is still blocked.
+    fn retry_parked(&mut self) {
+        let tokens: Vec<usize> = self.conns.iter().filter(|(_, c)| !c.parked.is_empty()).map(|(t, _)| *t).collect();
+        for token in tokens {
+            while let Some(op) = self.conns.get_mut(&token).and_then(|c| c.parked.pop_front()) {
+                if !self.run_client(op, true) {
+                    break;
+                }
+            }
+        }
+    }
+
+    fn write_touched(&mut self) {
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable();
+        touched.dedup();
+        for token in touched.drain(..) {
+            let Some(conn) = self.conns.get_mut(&token) else { continue };
+            if let Err(err) = conn.write_out() {
+                self.drop_conn(token, ConnError::Io(err));
+            }
+        }
+        self.touched = touched;
+    }
+
+    fn drop_conn(&mut self, token: usize, why: ConnError) {
+        let Some(mut conn) = self.conns.remove(&token) else { return };
+        match &why {
+            ConnError::Closed => tracing::debug!(token, "connection closed"),
+            ConnError::Refused(_) | ConnError::Protocol(_) => {
+                self.shared.metrics.connections_refused.add(1);
+                tracing::warn!(token, %why, "dropping connection");
+            }
+            ConnError::Io(_) => tracing::debug!(token, %why, "connection failed"),
+        }
+        // Best effort: a refusal or the last replies may still go out.
+        let _ = conn.write_out();
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        if let Role::Peer(osd) = conn.role {
+            self.peers.remove(&osd);
+            let affected: Vec<u64> =
+                self.pending.iter().filter(|(_, p)| p.waiting.contains(&osd)).map(|(t, _)| *t).collect();
+            for txid in affected {
+                self.on_ack(txid, osd, false);
+            }
+        }
+    }
+}
+
+/// A pool worker (`threading = pool`): runs operations handed over by the
+/// messenger threads and posts the outcome back to the connection's thread.
+/// Unlike a priority thread it may block: a write to a full log waits here.
+pub fn pool_worker(shared: Arc<Shared>, tasks: Receiver<PoolTask>, mailboxes: Vec<Mailbox>) {
+    let mut cache = ActingCache::new(&shared.map);
+    let histograms = shared.metrics.histograms();
+    for task in tasks {
+        let (thread, outcome) = match task {
+            PoolTask::Client(mut op) => {
+                let thread = op.thread;
+                let outcome = loop {
+                    match ops::client_op(&shared, &mut cache, &histograms, op) {
+                        Outcome::Full(back) => {
+                            op = back;
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                        outcome => break outcome,
+                    }
+                };
+                (thread, outcome)
+            }
+            PoolTask::Replica { payload, to } => match ops::replica_op(&shared, &histograms, &payload, to) {
+                Ok(outcome) => (to.thread, outcome),
+                Err(why) => {
+                    tracing::warn!(%why, "dropping a malformed replication message");
+                    continue;
+                }
+            },
+        };
+        if !matches!(outcome, Outcome::Queued) {
+            mailboxes[thread].post_and_wake(Completion::Worked(Box::new(outcome)));
+        }
+    }
+}

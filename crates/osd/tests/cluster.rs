@@ -1,0 +1,241 @@
+//! Three OSD processes and a monitor on loopback, replication 2: object
+//! operations against a model, the read paths, kill -9, hostile connections.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::TestCluster;
+use duplex_client::ClientError;
+use rand::{Rng, SeedableRng};
+
+/// A map of object → bytes, the model the cluster must agree with.
+#[derive(Default)]
+struct Model(HashMap<Vec<u8>, Vec<u8>>);
+
+impl Model {
+    fn write(&mut self, object: &[u8], offset: u64, data: &[u8]) {
+        let bytes = self.0.entry(object.to_vec()).or_default();
+        let end = offset as usize + data.len();
+        if bytes.len() < end {
+            bytes.resize(end, 0);
+        }
+        bytes[offset as usize..end].copy_from_slice(data);
+    }
+
+    fn truncate(&mut self, object: &[u8], size: u64) {
+        self.0.entry(object.to_vec()).or_default().resize(size as usize, 0);
+    }
+
+    fn read(&self, object: &[u8], offset: u64, len: u32) -> Option<Vec<u8>> {
+        let bytes = self.0.get(object)?;
+        let start = (offset as usize).min(bytes.len());
+        let end = (offset as usize + len as usize).min(bytes.len());
+        Some(bytes[start..end].to_vec())
+    }
+}
+
+fn check_read(
+    client: &mut duplex_client::ObjectClient,
+    pool: u32,
+    model: &Model,
+    object: &[u8],
+    offset: u64,
+    len: u32,
+) {
+    let got = client.read(pool, object, offset, len);
+    match (model.read(object, offset, len), got) {
+        (Some(expected), Ok(data)) => {
+            assert_eq!(data.as_ref(), &expected[..], "{:?} @{offset}+{len}", String::from_utf8_lossy(object))
+        }
+        (None, Err(ClientError::NotFound)) => {}
+        (expected, got) => panic!(
+            "{:?} @{offset}+{len}: model {:?}, cluster {got:?}",
+            String::from_utf8_lossy(object),
+            expected.map(|e| e.len())
+        ),
+    }
+}
+
+#[test]
+fn random_operations_match_a_model_and_use_every_read_path() {
+    // A long flush timeout and a high threshold keep entries in the logs
+    // long enough for reads to find them there.
+    let cluster = TestCluster::new(3, 16, &["--flush-timeout-us", "300000", "--flush-threshold", "1000"]);
+    cluster.wait_all_up();
+    let mut client = cluster.client();
+    let pool = cluster.pool(&client);
+    let mut model = Model::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let objects: Vec<Vec<u8>> = (0..24).map(|i| format!("obj.{i}").into_bytes()).collect();
+
+    // R1: a read of what was just written is served from the log.
+    let data: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+    client.write(pool, &objects[0], 0, &data).unwrap();
+    model.write(&objects[0], 0, &data);
+    check_read(&mut client, pool, &model, &objects[0], 0, 4096);
+    // R3: more than the log holds for an object the log has.
+    check_read(&mut client, pool, &model, &objects[0], 0, 8192);
+    // R2: an object the log does not have (never written).
+    check_read(&mut client, pool, &model, &objects[1], 0, 4096);
+
+    for round in 0..600 {
+        let object = &objects[rng.gen_range(0..objects.len())];
+        match rng.gen_range(0..10) {
+            0..=3 => {
+                // 4 KiB aligned
+                let offset = rng.gen_range(0..64u64) * 4096;
+                let data: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+                client.write(pool, object, offset, &data).unwrap();
+                model.write(object, offset, &data);
+            }
+            4..=5 => {
+                // unaligned
+                let offset = rng.gen_range(0..300_000u64);
+                let len = rng.gen_range(1..9000usize);
+                let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+                client.write(pool, object, offset, &data).unwrap();
+                model.write(object, offset, &data);
+            }
+            6 if round % 5 == 0 => {
+                let size = rng.gen_range(0..200_000u64);
+                client.truncate(pool, object, size).unwrap();
+                model.truncate(object, size);
+            }
+            _ => {
+                let offset = rng.gen_range(0..300_000u64);
+                let len = rng.gen_range(1..20_000u32);
+                check_read(&mut client, pool, &model, object, offset, len);
+            }
+        }
+        if round % 150 == 149 {
+            // Let the flushers run, so later reads also come from the store.
+            std::thread::sleep(Duration::from_millis(400));
+        }
+    }
+    for object in &objects {
+        check_read(&mut client, pool, &model, object, 0, 400_000);
+    }
+    for path in ["r1", "r2", "r3"] {
+        let served = cluster.metric_sum(&format!("duplex_osd_reads_by_path_total{{path=\"{path}\"}}"));
+        assert!(served > 0.0, "no read took path {path}");
+    }
+    assert!(cluster.metric_sum("duplex_osd_replica_entries_total") > 0.0, "nothing was replicated");
+    assert!(cluster.metric_sum("duplex_osd_flushes_total") > 0.0, "nothing was flushed");
+}
+
+/// Writes a burst, waits for every ack, SIGKILLs `victim` (the primary or
+/// a replica of the objects), restarts it, and reads everything back.
+fn kill_after_burst(kill_primary: bool) {
+    // Entries stay in the logs (a long flush timeout): the restart must replay them.
+    let mut cluster = TestCluster::new(3, 8, &["--flush-timeout-us", "30000000", "--flush-threshold", "100000"]);
+    cluster.wait_all_up();
+    let mut client = cluster.client();
+    let pool = cluster.pool(&client);
+    // Objects whose PG has `victim` in the chosen role.
+    let map = client.map().clone();
+    let hierarchy = map.hierarchy();
+    let info = map.pools[&pool].clone();
+    let (victim, other) = (1u32, 0u32);
+    let objects: Vec<Vec<u8>> = (0..2000)
+        .map(|i| format!("burst.{i}").into_bytes())
+        .filter(|name| {
+            let pg = duplex_placement::pg_of(name, info.pg_num);
+            let acting = map.acting(&hierarchy, &info, pg);
+            if kill_primary {
+                acting.first() == Some(&victim)
+            } else {
+                acting[..] == [other, victim]
+            }
+        })
+        .take(40)
+        .collect();
+    assert!(objects.len() >= 10, "too few objects with OSD {victim} in that role");
+    let mut model = Model::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(if kill_primary { 1 } else { 2 });
+    for round in 0..400 {
+        let object = &objects[round % objects.len()];
+        let offset = rng.gen_range(0..16u64) * 4096 + if round % 3 == 0 { rng.gen_range(0..4000) } else { 0 };
+        let data: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+        client.write(pool, object, offset, &data).unwrap();
+        model.write(object, offset, &data);
+    }
+    cluster.kill_osd(victim);
+    cluster.start_osd(victim);
+    assert!(cluster.osds[&victim].replayed > 0, "the restarted OSD replayed nothing: the test tested nothing");
+    cluster.wait_all_up();
+    let mut client = cluster.client();
+    for object in &objects {
+        check_read(&mut client, pool, &model, object, 0, 80_000);
+    }
+    if !kill_primary {
+        // Reads so far came from the primary. Take it away, so that the
+        // restarted replica serves them from what it replayed.
+        cluster.kill_osd(other);
+        cluster.mon_client().command(&duplex_map::Command::MarkDown { id: other }).unwrap();
+        let mut client = cluster.client();
+        for object in &objects {
+            check_read(&mut client, pool, &model, object, 0, 80_000);
+        }
+    }
+}
+
+#[test]
+fn kill_9_of_a_replica_loses_no_acknowledged_write() {
+    kill_after_burst(false);
+}
+
+#[test]
+fn kill_9_of_the_primary_loses_no_acknowledged_write() {
+    kill_after_burst(true);
+}
+
+#[test]
+fn hostile_connections_are_dropped_and_others_are_served() {
+    let cluster = TestCluster::new(3, 8, &[]);
+    cluster.wait_all_up();
+    let mut client = cluster.client();
+    let pool = cluster.pool(&client);
+    client.write(pool, b"steady", 0, b"before").unwrap();
+    let addr = cluster.osds[&0].addr;
+    let closed = |mut stream: TcpStream| {
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut sink = Vec::new();
+        // The OSD closes the connection: read ends (EOF or reset), it does not hang.
+        let _ = stream.read_to_end(&mut sink);
+        sink
+    };
+    // Garbage instead of frames.
+    let mut garbage = TcpStream::connect(addr).unwrap();
+    garbage.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    closed(garbage);
+    // An operation before authenticating.
+    let mut early = TcpStream::connect(addr).unwrap();
+    let request = duplex_proto::osd::OpRequest {
+        kind: duplex_proto::osd::OpKind::Read,
+        pool,
+        pg: 0,
+        map_epoch: 0,
+        object: bytes::Bytes::from_static(b"steady"),
+        offset: 0,
+        length: 6,
+        data: bytes::Bytes::new(),
+    };
+    early.write_all(&request.to_frame(1).to_bytes()).unwrap();
+    let reply = closed(early);
+    assert!(reply.is_empty(), "an unauthenticated request got an answer");
+    // The wrong secret: refused during the handshake.
+    let wrong = duplex_mon::wire::Credentials {
+        fsid: common::fsid(),
+        secret: b"not the cluster secret at all!!".to_vec(),
+        name: "intruder".into(),
+    };
+    assert!(duplex_client::conn::OsdConnection::connect(addr, &wrong, Duration::from_secs(5)).is_err());
+    // Everyone else is still served.
+    client.write(pool, b"steady", 0, b"after!").unwrap();
+    assert_eq!(client.read(pool, b"steady", 0, 6).unwrap().as_ref(), b"after!");
+    assert!(cluster.metric_sum("duplex_osd_connections_refused_total") >= 2.0);
+}
