@@ -22,6 +22,7 @@ pub mod config;
 pub mod conn;
 pub mod daemon;
 pub mod flusher;
+pub mod local;
 pub mod mailbox;
 pub mod metrics;
 pub mod ops;

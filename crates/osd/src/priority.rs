@@ -57,6 +57,9 @@ pub struct PriorityThread {
     next_token: usize,
     peers: HashMap<OsdId, usize>,
     pending: HashMap<u64, PendingWrite>,
+    /// Pool mode: local applies that finished before the worker's outcome
+    /// reached this thread (txid → applied without error).
+    early_local: HashMap<u64, bool>,
     cache: ActingCache,
     histograms: Histograms,
     next_accept: usize,
@@ -87,6 +90,7 @@ impl PriorityThread {
             next_token: FIRST_CONN,
             peers: HashMap::new(),
             pending: HashMap::new(),
+            early_local: HashMap::new(),
             cache,
             histograms,
             next_accept: 0,
@@ -307,12 +311,13 @@ impl PriorityThread {
                     }
                 }
                 let now = Instant::now();
+                let early = local_txid.and_then(|txid| self.early_local.remove(&txid));
                 let pending = PendingWrite {
                     token,
                     slot,
                     waiting,
-                    local: local_txid.is_some(),
-                    failed: unreachable,
+                    local: local_txid.is_some() && early.is_none(),
+                    failed: unreachable || early == Some(false),
                     arrived,
                     sent: now,
                     map_epoch,
@@ -383,23 +388,26 @@ impl PriorityThread {
     fn on_completion(&mut self, completion: Completion) {
         match completion {
             Completion::Reply { token, slot, reply } => self.reply(token, slot, &reply),
-            Completion::LocalApplied { txid } => {
-                if let Some(p) = self.pending.get_mut(&txid) {
-                    p.local = false;
-                }
-                self.maybe_finish(txid);
-            }
-            Completion::LocalFailed { txid } => {
-                if let Some(p) = self.pending.get_mut(&txid) {
-                    p.local = false;
-                    p.failed = true;
-                }
-                self.maybe_finish(txid);
-            }
+            Completion::LocalApplied { txid } => self.on_local(txid, true),
+            Completion::LocalFailed { txid } => self.on_local(txid, false),
             Completion::Send { token, frame } => self.send(token, &frame),
             Completion::Flushed => self.retry_parked(),
             Completion::Accepted(stream) => self.adopt(stream),
             Completion::Worked(outcome) => self.execute(*outcome),
+        }
+    }
+
+    fn on_local(&mut self, txid: u64, ok: bool) {
+        match self.pending.get_mut(&txid) {
+            Some(p) => {
+                p.local = false;
+                p.failed |= !ok;
+                self.maybe_finish(txid);
+            }
+            // Pool mode: the flusher beat the worker's outcome here.
+            None => {
+                self.early_local.insert(txid, ok);
+            }
         }
     }
 

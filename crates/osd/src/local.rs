@@ -1,0 +1,263 @@
+//! A local cluster on loopback: one monitor inside this process, OSDs as
+//! real `duplex-osd` processes (so they can be SIGKILLed). For tests, the
+//! benchmark, and development. Every child is killed when the cluster is
+//! dropped, whatever happened.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Process, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use duplex_map::Command;
+use duplex_mon::client::MonClient;
+use duplex_mon::wire::Credentials;
+
+pub const FSID_HEX: &str = "00112233445566778899aabbccddeeff";
+pub const SECRET: &[u8] = b"a shared cluster secret for local clusters";
+
+pub fn fsid() -> [u8; 16] {
+    let mut fsid = [0u8; 16];
+    for (i, byte) in fsid.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&FSID_HEX[2 * i..2 * i + 2], 16).expect("constant hex");
+    }
+    fsid
+}
+
+pub fn credentials(name: &str) -> Credentials {
+    Credentials { fsid: fsid(), secret: SECRET.to_vec(), name: name.into() }
+}
+
+fn free_addr() -> Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+#[derive(Clone, Debug)]
+pub struct LocalOptions {
+    /// The `duplex-osd` executable.
+    pub osd_binary: PathBuf,
+    /// Where stores and the monitor's data go (a fresh temporary directory if `None`).
+    pub dir: Option<PathBuf>,
+    pub store_bytes: u64,
+    pub store_partitions: u32,
+    /// Extra `duplex-osd` flags.
+    pub osd_args: Vec<String>,
+    /// Show the OSDs' logs (stderr) instead of discarding them.
+    pub osd_stderr: bool,
+    pub monitor_grace_ms: u64,
+}
+
+pub struct LocalOsd {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    /// Log entries replayed into the store at start.
+    pub replayed: u64,
+    pub oplog_dir: PathBuf,
+}
+
+pub struct LocalCluster {
+    _temp: Option<tempfile::TempDir>,
+    _shm: tempfile::TempDir,
+    dir: PathBuf,
+    shm: PathBuf,
+    pub mon: SocketAddr,
+    pub osds: BTreeMap<u32, LocalOsd>,
+    secret: PathBuf,
+    options: LocalOptions,
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for osd in self.osds.values_mut() {
+            let _ = osd.child.kill();
+            let _ = osd.child.wait();
+        }
+    }
+}
+
+impl LocalCluster {
+    /// Starts the monitor (in this process) and `osds` OSDs, each its own host.
+    pub fn start(osds: u32, options: LocalOptions) -> Result<LocalCluster> {
+        if !options.osd_binary.exists() {
+            bail!(
+                "{} does not exist: build it first (cargo build --release -p duplex-osd)",
+                options.osd_binary.display()
+            );
+        }
+        let temp = match &options.dir {
+            Some(_) => None,
+            None => Some(tempfile::tempdir()?),
+        };
+        let dir = options.dir.clone().unwrap_or_else(|| temp.as_ref().expect("made above").path().to_path_buf());
+        std::fs::create_dir_all(&dir)?;
+        let shm = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir())?;
+        let secret = dir.join("secret");
+        std::fs::write(&secret, SECRET)?;
+        let mon = free_addr()?;
+        let config = duplex_mon::daemon::MonConfig {
+            id: 1,
+            peers: [(1, mon)].into_iter().collect(),
+            data_dir: dir.join(format!("mon-{}", mon.port())),
+            credentials: credentials("mon.1"),
+            failure: duplex_map::FailureConfig { grace_ms: options.monitor_grace_ms, ..Default::default() },
+        };
+        std::thread::Builder::new().name("local-mon".into()).spawn(move || {
+            if let Err(err) = duplex_mon::daemon::run(config) {
+                tracing::error!(%err, "the local monitor stopped");
+            }
+        })?;
+        let shm_path = shm.path().to_path_buf();
+        let mut cluster =
+            LocalCluster { _temp: temp, _shm: shm, dir, shm: shm_path, mon, osds: BTreeMap::new(), secret, options };
+        for id in 0..osds {
+            cluster.start_osd(id)?;
+        }
+        Ok(cluster)
+    }
+
+    pub fn mon_client(&self) -> MonClient {
+        MonClient::new(vec![(1, self.mon)], credentials("client.local"))
+    }
+
+    pub fn monitors(&self) -> Vec<(u64, SocketAddr)> {
+        vec![(1, self.mon)]
+    }
+
+    pub fn create_pool(&self, name: &str, size: u8, min_size: u8, pg_num: u32) -> Result<()> {
+        self.mon_client()
+            .command(&Command::PoolCreate { name: name.into(), size, min_size, pg_num })
+            .context("creating the pool")?;
+        Ok(())
+    }
+
+    pub fn store_path(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("osd{id}.store"))
+    }
+
+    /// Starts (or restarts) OSD `id`; returns once it serves.
+    pub fn start_osd(&mut self, id: u32) -> Result<()> {
+        let admin = free_addr()?;
+        let oplog_dir = self.shm.join(format!("osd{id}"));
+        let mut child = Process::new(&self.options.osd_binary)
+            .args(["--id", &id.to_string(), "--fsid", FSID_HEX, "--mon", &format!("1={}", self.mon)])
+            .arg("--data")
+            .arg(self.store_path(id))
+            .args(["--mkfs-size", &self.options.store_bytes.to_string()])
+            .args(["--mkfs-partitions", &self.options.store_partitions.to_string(), "--allow-buffered-io"])
+            .arg("--oplog-dir")
+            .arg(&oplog_dir)
+            .arg("--secret-file")
+            .arg(&self.secret)
+            .args(["--admin", &admin.to_string()])
+            .args(&self.options.osd_args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdout(Stdio::piped())
+            .stderr(if self.options.osd_stderr { Stdio::inherit() } else { Stdio::null() })
+            .spawn()
+            .with_context(|| format!("starting {}", self.options.osd_binary.display()))?;
+        let stdout = child.stdout.take().context("OSD stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) if !line.is_empty() => line,
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("OSD {id} did not start ({other:?}); run with osd_stderr to see why");
+            }
+        };
+        // "duplex-osd ID serving on ADDR admin ADDR replayed N"
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (Some(addr), Some(replayed)) = (words.get(4), words.get(8)) else {
+            bail!("unexpected OSD start line: {line}");
+        };
+        let osd = LocalOsd { child, addr: addr.parse()?, admin, replayed: replayed.parse()?, oplog_dir };
+        self.osds.insert(id, osd);
+        Ok(())
+    }
+
+    /// SIGKILL, and wait for the process to end.
+    pub fn kill_osd(&mut self, id: u32) -> Result<()> {
+        let mut osd = self.osds.remove(&id).context("no such OSD")?;
+        osd.child.kill()?;
+        osd.child.wait()?;
+        Ok(())
+    }
+
+    /// Waits until the map shows every running OSD up.
+    pub fn wait_all_up(&self, timeout: Duration) -> Result<()> {
+        let client = self.mon_client();
+        let started = Instant::now();
+        while started.elapsed() < timeout {
+            if let Ok(map) = client.map(1) {
+                if self.osds.keys().all(|id| map.osds.get(id).is_some_and(|o| o.up)) {
+                    return Ok(());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("OSDs not up after {timeout:?}")
+    }
+
+    /// The OSD's metrics page.
+    pub fn metrics(&self, id: u32) -> Result<String> {
+        let osd = self.osds.get(&id).context("no such OSD")?;
+        let mut stream = TcpStream::connect(osd.admin)?;
+        stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body)?;
+        Ok(body)
+    }
+
+    /// One metric of one OSD (the line starting with `name_and_labels `).
+    pub fn metric(&self, id: u32, name_and_labels: &str) -> Result<f64> {
+        Ok(metric_in(&self.metrics(id)?, name_and_labels).unwrap_or(0.0))
+    }
+
+    /// A metric summed over the running OSDs.
+    pub fn metric_sum(&self, name_and_labels: &str) -> Result<f64> {
+        self.osds.keys().map(|id| self.metric(*id, name_and_labels)).sum()
+    }
+
+    /// Resident memory of OSD `id` in bytes (VmRSS: heap, mapped log pages, everything).
+    pub fn rss_bytes(&self, id: u32) -> Result<u64> {
+        let osd = self.osds.get(&id).context("no such OSD")?;
+        let status = std::fs::read_to_string(format!("/proc/{}/status", osd.child.id()))?;
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .context("no VmRSS")?;
+        Ok(kib * 1024)
+    }
+
+    /// Bytes of operation-log files of OSD `id`.
+    pub fn oplog_bytes(&self, id: u32) -> Result<u64> {
+        let osd = self.osds.get(&id).context("no such OSD")?;
+        dir_bytes(&osd.oplog_dir)
+    }
+}
+
+fn dir_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().ends_with(".log") {
+            total += entry.metadata()?.len();
+        }
+    }
+    Ok(total)
+}
+
+/// The value of the line starting with `name_and_labels ` in a metrics page.
+pub fn metric_in(page: &str, name_and_labels: &str) -> Option<f64> {
+    page.lines().find_map(|l| l.strip_prefix(name_and_labels).and_then(|v| v.trim().parse::<f64>().ok()))
+}
