@@ -95,6 +95,9 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         mailboxes.push(mailbox);
         inboxes.push(inbox);
     }
+    // Flushers and pool workers share the cores not given to priority
+    // threads; which of those is idle is the OS scheduler's call.
+    let shared_cores = non_priority_cores(&config.priority_cores);
     let mut flusher_senders = Vec::new();
     for partition in store.into_partitions() {
         let (sender, jobs) = crossbeam_channel::unbounded();
@@ -107,7 +110,9 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             metrics: metrics.clone(),
             timeout: config.flush_timeout,
         };
+        let cores = shared_cores.clone();
         std::thread::Builder::new().name(format!("osd-flush-{index}")).spawn(move || {
+            pin_to_cores(&cores);
             let partition = flusher.run();
             if let Err(err) = partition.close() {
                 tracing::error!(%err, "closing a partition");
@@ -121,10 +126,11 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         let mut senders = Vec::new();
         for worker in 0..config.pool_threads.max(1) {
             let (sender, tasks) = crossbeam_channel::unbounded();
-            let (shared, mailboxes) = (shared.clone(), mailboxes.clone());
-            std::thread::Builder::new()
-                .name(format!("osd-pool-{worker}"))
-                .spawn(move || pool_worker(shared, tasks, mailboxes))?;
+            let (shared, mailboxes, cores) = (shared.clone(), mailboxes.clone(), shared_cores.clone());
+            std::thread::Builder::new().name(format!("osd-pool-{worker}")).spawn(move || {
+                pin_to_cores(&cores);
+                pool_worker(shared, tasks, mailboxes)
+            })?;
             senders.push(sender);
         }
         Some(senders)
@@ -140,7 +146,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             (!config.priority_cores.is_empty()).then(|| config.priority_cores[index % config.priority_cores.len()]);
         std::thread::Builder::new().name(format!("osd-prio-{index}")).spawn(move || {
             if let Some(core) = core {
-                pin_to_core(core);
+                pin_to_cores(&[core]);
             }
             thread.run();
         })?;
@@ -162,13 +168,32 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     Ok(Running { addr: bound, admin, shared, replayed, link })
 }
 
-fn pin_to_core(core: usize) {
+/// The online cores left when `priority` ones are taken (empty: no pinning).
+fn non_priority_cores(priority: &[usize]) -> Vec<usize> {
+    if priority.is_empty() {
+        return Vec::new();
+    }
+    let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let rest: Vec<usize> = (0..online).filter(|c| !priority.contains(c)).collect();
+    if rest.is_empty() {
+        tracing::warn!("every core is a priority core; flushers float on all of them");
+    }
+    rest
+}
+
+/// Restricts the calling thread to `cores` (nothing to do when empty).
+fn pin_to_cores(cores: &[usize]) {
+    if cores.is_empty() {
+        return;
+    }
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core, &mut set);
+        for core in cores {
+            libc::CPU_SET(*core, &mut set);
+        }
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            tracing::warn!(core, err = %std::io::Error::last_os_error(), "cannot pin the priority thread");
+            tracing::warn!(?cores, err = %std::io::Error::last_os_error(), "cannot set the thread's cores");
         }
     }
 }

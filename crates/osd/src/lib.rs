@@ -17,6 +17,7 @@
 //! - On start, [`replay`] applies every live log entry to the store before
 //!   the OSD serves ([`daemon`]).
 
+pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod conn;

@@ -36,8 +36,10 @@ fn free_addr() -> Result<SocketAddr> {
 
 #[derive(Clone, Debug)]
 pub struct LocalOptions {
-    /// The `duplex-osd` executable.
+    /// The `duplex-osd` executable (or one that runs an OSD when given `osd_prefix_args`).
     pub osd_binary: PathBuf,
+    /// Arguments before the OSD's flags (`["osd"]` for `duplex-osd-bench osd ...`).
+    pub osd_prefix_args: Vec<String>,
     /// Where stores and the monitor's data go (a fresh temporary directory if `None`).
     pub dir: Option<PathBuf>,
     pub store_bytes: u64,
@@ -82,10 +84,7 @@ impl LocalCluster {
     /// Starts the monitor (in this process) and `osds` OSDs, each its own host.
     pub fn start(osds: u32, options: LocalOptions) -> Result<LocalCluster> {
         if !options.osd_binary.exists() {
-            bail!(
-                "{} does not exist: build it first (cargo build --release -p duplex-osd)",
-                options.osd_binary.display()
-            );
+            bail!("{} does not exist: build it first (cargo build -p duplex-osd)", options.osd_binary.display());
         }
         let temp = match &options.dir {
             Some(_) => None,
@@ -142,6 +141,7 @@ impl LocalCluster {
         let admin = free_addr()?;
         let oplog_dir = self.shm.join(format!("osd{id}"));
         let mut child = Process::new(&self.options.osd_binary)
+            .args(&self.options.osd_prefix_args)
             .args(["--id", &id.to_string(), "--fsid", FSID_HEX, "--mon", &format!("1={}", self.mon)])
             .arg("--data")
             .arg(self.store_path(id))

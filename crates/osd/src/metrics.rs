@@ -223,24 +223,44 @@ pub fn thread_class(name: &str) -> &'static str {
     }
 }
 
-/// CPU seconds (user + system) of this process's threads, by class, from /proc/self/task/*/stat.
+/// CPU seconds (user + system) by thread class. The named classes come
+/// from /proc/self/task/*/stat; "other" is the process total (which keeps
+/// the time of threads that have ended) less those, so it holds the main
+/// and monitor threads and the kernel's io_uring workers (`iou-wrk-*`),
+/// which come and go with the store's I/O.
 pub fn cpu_seconds_by_class() -> Vec<(&'static str, f64)> {
     let mut totals: Vec<(&'static str, f64)> =
         ["priority", "non_priority", "pool_worker", "other"].iter().map(|c| (*c, 0.0)).collect();
     // SAFETY: sysconf has no memory effects.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return totals };
-    for task in tasks.flatten() {
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
-        let Some((name, rest)) = parse_stat(&stat) else { continue };
+    let seconds = |stat: &str| -> Option<(String, f64)> {
+        let (name, rest) = parse_stat(stat)?;
         let fields: Vec<&str> = rest.split_whitespace().collect();
         // After "(comm)": state is field 3; utime and stime are fields 14 and 15.
-        let (Some(user), Some(system)) = (fields.get(11), fields.get(12)) else { continue };
-        let (Ok(user), Ok(system)) = (user.parse::<f64>(), system.parse::<f64>()) else { continue };
-        let class = thread_class(name);
-        if let Some(slot) = totals.iter_mut().find(|(c, _)| *c == class) {
-            slot.1 += (user + system) / ticks;
+        let user: f64 = fields.get(11)?.parse().ok()?;
+        let system: f64 = fields.get(12)?.parse().ok()?;
+        Some((name.to_string(), (user + system) / ticks))
+    };
+    let process = std::fs::read_to_string("/proc/self/stat").ok().and_then(|s| seconds(&s)).map_or(0.0, |(_, s)| s);
+    let mut named = 0.0;
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            let Some((name, secs)) = std::fs::read_to_string(task.path().join("stat")).ok().and_then(|s| seconds(&s))
+            else {
+                continue;
+            };
+            let class = thread_class(&name);
+            if class == "other" {
+                continue;
+            }
+            named += secs;
+            if let Some(slot) = totals.iter_mut().find(|(c, _)| *c == class) {
+                slot.1 += secs;
+            }
         }
+    }
+    if let Some(slot) = totals.iter_mut().find(|(c, _)| *c == "other") {
+        slot.1 = (process - named).max(0.0);
     }
     totals
 }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use crossbeam_channel::Sender;
 use duplex_map::OsdId;
 use duplex_oplog::{Entry, EntryRef, LogError, OpKind as LogOp};
-use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
+use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status, MAX_OBJECT_NAME};
 
 use crate::cluster::{ActingCache, MapCell};
 use crate::config::{OsdConfig, WritePath};
@@ -130,6 +130,9 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     }
     if duplex_placement::pg_of(&request.object, pool.pg_num) != request.pg {
         return reply(&op, Status::Invalid, epoch, "the object does not belong to this PG");
+    }
+    if let Err(why) = check_limits(request.kind, request.offset, request.data.len() as u64) {
+        return reply(&op, Status::Invalid, epoch, why);
     }
     let elapsed = op.arrived.elapsed().as_micros() as u64;
     record(histograms, Stage::Queue, elapsed);
@@ -303,6 +306,22 @@ fn notify_flusher(shared: &Shared, key: u32, depth: usize, was_dirty: bool) {
     }
 }
 
+/// Refuses what the store could never apply: an entry that passed here is
+/// logged and acknowledged, so a flush must not fail on it later.
+fn check_limits(kind: OpKind, offset: u64, data: u64) -> Result<(), String> {
+    let limit = duplex_store::MAX_OBJECT_SIZE;
+    let end = match kind {
+        OpKind::Read => 0,
+        OpKind::Write => offset.saturating_add(data),
+        OpKind::Truncate => offset,
+        OpKind::Delete => 0,
+    };
+    if end > limit {
+        return Err(format!("the operation reaches byte {end}; objects end at {limit}"));
+    }
+    Ok(())
+}
+
 /// Replica side: logs (or, sync, applies) one replicated entry. `Err`: the
 /// payload is not an entry, and the connection that sent it is dropped.
 pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &[u8], to: ReplyTo) -> Result<Outcome, String> {
@@ -311,6 +330,15 @@ pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &[u8], to: 
         return Err("replication payload has trailing bytes".into());
     }
     let key = entry.pg;
+    if duplex_store::Key::in_group(key, &entry.object).is_err() || entry.object.len() > MAX_OBJECT_NAME {
+        return Err("replicated entry names an object the store cannot hold".into());
+    }
+    let kind = match entry.op {
+        LogOp::Write => OpKind::Write,
+        LogOp::Truncate => OpKind::Truncate,
+        LogOp::Delete => OpKind::Delete,
+    };
+    check_limits(kind, entry.offset, entry.data.len() as u64)?;
     shared.metrics.replica_entries.add(1);
     if shared.config.write_path == WritePath::Sync {
         shared.send_job(key, Job::SyncApply { entry, done: SyncDone::Replica(to) });

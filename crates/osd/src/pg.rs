@@ -249,3 +249,96 @@ impl PgTable {
         self.pgs.read().expect("PG table lock").values().cloned().collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use duplex_oplog::OpKind;
+
+    fn entry(seq: u64, len: usize) -> Entry {
+        Entry {
+            pg: 7,
+            epoch: 1,
+            version: seq,
+            seq,
+            op: OpKind::Write,
+            object: b"obj".to_vec(),
+            offset: 0,
+            data: vec![seq as u8; len],
+        }
+    }
+
+    fn to(txid: u64) -> ReplyTo {
+        ReplyTo { thread: 0, token: 2, txid }
+    }
+
+    fn table(dir: &Path, bytes: u64) -> PgTable {
+        PgTable::open(OplogMode::Shm, dir, bytes).unwrap()
+    }
+
+    #[test]
+    fn replica_logs_in_seq_order_whatever_the_arrival_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let pgs = table(dir.path(), 1 << 20);
+        let pg = pgs.get_or_open(7).unwrap();
+        let mut pg = pg.lock().unwrap();
+        assert_eq!(pg.offer(entry(2, 10), to(2)).unwrap(), vec![], "seq 2 waits for seq 1");
+        assert_eq!(pg.offer(entry(3, 10), to(3)).unwrap(), vec![]);
+        assert_eq!(pg.offer(entry(1, 10), to(1)).unwrap(), vec![(1, to(1)), (2, to(2)), (3, to(3))]);
+        // A duplicate (a resend) is acknowledged, not logged again.
+        assert_eq!(pg.offer(entry(2, 10), to(9)).unwrap(), vec![(2, to(9))]);
+        let seqs: Vec<u64> = pg.log.entries().map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![1, 2, 3]);
+        assert!(pg.index.contains(b"obj"));
+    }
+
+    #[test]
+    fn a_full_replica_log_keeps_the_entry_until_a_trim_makes_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let pgs = table(dir.path(), 128 + 8192);
+        let pg = pgs.get_or_open(7).unwrap();
+        let mut pg = pg.lock().unwrap();
+        assert_eq!(pg.offer(entry(1, 3000), to(1)).unwrap().len(), 1);
+        assert_eq!(pg.offer(entry(2, 3000), to(2)).unwrap().len(), 1);
+        assert_eq!(pg.offer(entry(3, 3000), to(3)).unwrap(), vec![], "no room for a third");
+        assert!(pg.waiting_for_room());
+        pg.trim(2).unwrap();
+        assert_eq!(pg.drain_early().unwrap(), vec![(3, to(3))]);
+        assert!(!pg.has_early());
+    }
+
+    #[test]
+    fn logs_are_recovered_and_indexed_on_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let pgs = table(dir.path(), 1 << 20);
+            let pg = pgs.get_or_open(7).unwrap();
+            let mut pg = pg.lock().unwrap();
+            for seq in 1..=3 {
+                pg.append(&entry(seq, 100)).unwrap();
+            }
+        }
+        let pgs = table(dir.path(), 1 << 20);
+        let recovered = pgs.recover().unwrap();
+        assert_eq!(recovered.len(), 1);
+        let (pg, entries) = &recovered[0];
+        assert_eq!(entries.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
+        let pg = pg.lock().unwrap();
+        assert_eq!(pg.index.read(&pg.log, b"obj", 0, 100), Some(vec![3u8; 100]), "the newest entry wins");
+    }
+
+    #[test]
+    fn a_second_table_on_the_same_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = table(dir.path(), 1 << 20);
+        assert!(matches!(PgTable::open(OplogMode::Shm, dir.path(), 1 << 20), Err(PgTableError::Busy(_))));
+    }
+
+    #[test]
+    fn pg_keys_pack_pool_and_number() {
+        let key = pg_key(3, 1000).unwrap();
+        assert_eq!((pool_of(key), pg_number(key)), (3, 1000));
+        assert_eq!(pg_key(MAX_POOL_ID + 1, 0), None);
+        assert_eq!(pg_key(1, 1 << 20), None);
+    }
+}

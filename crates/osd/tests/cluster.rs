@@ -340,3 +340,17 @@ fn kill_9_with_a_file_log_loses_no_acknowledged_write() {
         check_read(&mut client, pool, &model, format!("f.{i}").as_bytes(), 0, 40_000);
     }
 }
+
+#[test]
+fn requests_the_store_could_never_apply_are_refused_up_front() {
+    let cluster = TestCluster::new(3, 8, &[]);
+    cluster.wait_all_up();
+    let mut client = cluster.client();
+    let pool = cluster.pool(&client);
+    let limit = duplex_store::MAX_OBJECT_SIZE;
+    assert!(matches!(client.write(pool, b"big", limit - 2, b"abcd"), Err(ClientError::Invalid(_))));
+    assert!(matches!(client.truncate(pool, b"big", limit + 1), Err(ClientError::Invalid(_))));
+    // Nothing was logged that a flush would choke on: the OSDs go on serving.
+    client.write(pool, b"big", limit - 4, b"abcd").unwrap();
+    assert_eq!(client.read(pool, b"big", limit - 4, 4).unwrap().as_ref(), b"abcd");
+}

@@ -21,7 +21,7 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     osds: u32,
     /// Seconds per run.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 5)]
     seconds: u64,
     #[arg(long, value_delimiter = ',', default_value = "1,32")]
     queue_depths: Vec<usize>,
@@ -74,6 +74,12 @@ fn cpu_by_class(cluster: &LocalCluster) -> Result<Vec<f64>> {
 }
 
 fn main() -> Result<()> {
+    // The cluster's OSDs are this same executable, run as `duplex-osd-bench osd FLAGS`:
+    // one `cargo run` builds everything the benchmark needs.
+    if std::env::args().nth(1).as_deref() == Some("osd") {
+        let argv = std::env::args().enumerate().filter(|(i, _)| *i != 1).map(|(_, a)| a);
+        return duplex_osd::cli::run(duplex_osd::cli::OsdArgs::parse_from(argv));
+    }
     let mut args = Args::parse();
     if args.smoke {
         args.seconds = 1;
@@ -82,7 +88,7 @@ fn main() -> Result<()> {
         args.store_bytes = 256 << 20;
         args.pg_num = 8;
     }
-    let osd_binary = std::env::current_exe()?.with_file_name("duplex-osd");
+    let osd_binary = std::env::current_exe()?;
     let mut rows = Vec::new();
     let mut memory = Vec::new();
     for mode in &args.modes {
@@ -92,6 +98,7 @@ fn main() -> Result<()> {
         osd_args.extend(args.osd_args.split_whitespace().map(String::from));
         let options = LocalOptions {
             osd_binary: osd_binary.clone(),
+            osd_prefix_args: vec!["osd".into()],
             dir: args.dir.clone(),
             store_bytes: args.store_bytes,
             store_partitions: 2,

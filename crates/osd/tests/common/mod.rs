@@ -30,6 +30,7 @@ impl TestCluster {
     pub fn new(osds: u32, pg_num: u32, osd_args: &[&str]) -> TestCluster {
         let options = LocalOptions {
             osd_binary: env!("CARGO_BIN_EXE_duplex-osd").into(),
+            osd_prefix_args: Vec::new(),
             dir: None,
             store_bytes: 256 << 20,
             store_partitions: 2,

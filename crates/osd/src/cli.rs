@@ -1,0 +1,158 @@
+//! The `duplex-osd` command line: flags, defaults, and start-up.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::config::{OplogMode, OsdConfig, Threading, WritePath};
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use duplex_store::{DeviceConfig, DirectIo, MkfsOptions, StoreConfig};
+
+#[derive(Parser, Debug)]
+#[command(name = "duplex-osd", version, about = "One OSD of a Duplex cluster: a data device behind an operation log")]
+pub struct OsdArgs {
+    /// This OSD's id (unique in the cluster).
+    #[arg(long)]
+    id: u32,
+    /// The object store: a block device or a file.
+    #[arg(long)]
+    data: PathBuf,
+    /// Format --data first if it does not exist, as a file of this many bytes.
+    #[arg(long)]
+    mkfs_size: Option<u64>,
+    /// Partitions (and flusher threads) when formatting.
+    #[arg(long, default_value_t = 2)]
+    mkfs_partitions: u32,
+    /// Use buffered I/O where the file system refuses O_DIRECT (tmpfs), instead of failing.
+    #[arg(long)]
+    allow_buffered_io: bool,
+    /// Where operation logs live: shm (tmpfs; survives a crash, not a power loss),
+    /// pmem (persistent memory; survives both), file (a disk, O_DSYNC; survives both).
+    #[arg(long, default_value = "shm")]
+    oplog_mode: OplogMode,
+    /// Directory of the per-PG logs (default for shm: /dev/shm/duplex-osd-ID).
+    #[arg(long)]
+    oplog_dir: Option<PathBuf>,
+    /// Bytes of operation log per PG.
+    #[arg(long, default_value_t = 4 << 20)]
+    oplog_pg_bytes: u64,
+    /// A monitor: ID=IP:PORT (repeat for each).
+    #[arg(long = "mon", required = true)]
+    monitors: Vec<String>,
+    /// The cluster fsid: 32 hex digits.
+    #[arg(long)]
+    fsid: String,
+    /// File holding the shared cluster secret.
+    #[arg(long)]
+    secret_file: PathBuf,
+    /// Where clients and peers connect.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// The address other hosts use, when it differs from --listen.
+    #[arg(long)]
+    public_addr: Option<SocketAddr>,
+    /// Host name for placement (replicas go to different hosts).
+    #[arg(long)]
+    host: Option<String>,
+    /// Prometheus metrics at http://ADDR/metrics.
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    #[arg(long, default_value_t = 1)]
+    priority_threads: usize,
+    /// Cores to pin priority threads to (comma-separated); default: no pinning.
+    #[arg(long, value_delimiter = ',')]
+    priority_cores: Vec<usize>,
+    /// Log entries in a PG that start a flush at once.
+    #[arg(long, default_value_t = 16)]
+    flush_threshold: usize,
+    /// The longest an entry waits in the log before a flush starts (µs).
+    #[arg(long, default_value_t = 1000)]
+    flush_timeout_us: u64,
+    /// oplog: acknowledge once logged on every replica; sync: once applied and flushed.
+    #[arg(long, default_value = "oplog")]
+    write_path: WritePath,
+    /// prioritized: the connection's thread runs each op; pool: a worker pool does.
+    #[arg(long, default_value = "prioritized")]
+    threading: Threading,
+    /// Worker threads with --threading pool.
+    #[arg(long, default_value_t = 2)]
+    pool_threads: usize,
+}
+
+fn parse_fsid(hex: &str) -> Result<[u8; 16]> {
+    if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("--fsid must be 32 hex digits");
+    }
+    let mut fsid = [0u8; 16];
+    for (i, byte) in fsid.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).context("--fsid must be hex")?;
+    }
+    Ok(fsid)
+}
+
+/// Runs an OSD as its flags say; returns only on a start-up error.
+pub fn run(args: OsdArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let mut monitors = Vec::new();
+    for mon in &args.monitors {
+        let (id, addr) = mon.split_once('=').with_context(|| format!("--mon {mon}: expected ID=IP:PORT"))?;
+        monitors.push((id.parse().context("--mon: bad id")?, addr.parse().context("--mon: bad address")?));
+    }
+    let secret = std::fs::read(&args.secret_file).with_context(|| format!("reading {}", args.secret_file.display()))?;
+    if secret.len() < 16 {
+        bail!("the cluster secret must be at least 16 bytes");
+    }
+    let oplog_dir = match (&args.oplog_dir, args.oplog_mode) {
+        (Some(dir), _) => dir.clone(),
+        (None, OplogMode::Shm) => PathBuf::from(format!("/dev/shm/duplex-osd-{}", args.id)),
+        (None, mode) => bail!("--oplog-dir is required with --oplog-mode {mode:?}"),
+    };
+    let mut config = OsdConfig::new(args.id, args.data.clone(), oplog_dir, monitors);
+    config.oplog_mode = args.oplog_mode;
+    config.oplog_pg_bytes = args.oplog_pg_bytes;
+    config.fsid = parse_fsid(&args.fsid)?;
+    config.secret = secret;
+    config.listen = args.listen;
+    config.public_addr = args.public_addr;
+    config.host = args.host.unwrap_or_else(|| format!("host-{}", args.id));
+    config.admin = args.admin;
+    config.priority_threads = args.priority_threads;
+    config.priority_cores = args.priority_cores;
+    config.flush_threshold = args.flush_threshold;
+    config.flush_timeout = Duration::from_micros(args.flush_timeout_us);
+    config.write_path = args.write_path;
+    config.threading = args.threading;
+    config.pool_threads = args.pool_threads;
+
+    let store_config = StoreConfig {
+        device: DeviceConfig {
+            direct_io: if args.allow_buffered_io { DirectIo::Fallback } else { DirectIo::Require },
+            ..DeviceConfig::default()
+        },
+        ..StoreConfig::default()
+    };
+    if let Some(size) = args.mkfs_size {
+        if !args.data.exists() {
+            let options =
+                MkfsOptions { partitions: args.mkfs_partitions, size_bytes: Some(size), ..MkfsOptions::default() };
+            duplex_store::mkfs(&args.data, &options, &store_config)
+                .with_context(|| format!("formatting {}", args.data.display()))?;
+            tracing::info!(path = %args.data.display(), size, "formatted a new store");
+        }
+    }
+    let running = crate::daemon::start(config, store_config)?;
+    // One line on stdout that harnesses wait for.
+    println!(
+        "duplex-osd {} serving on {} admin {} replayed {}",
+        args.id,
+        running.addr,
+        running.admin.map_or("-".into(), |a| a.to_string()),
+        running.replayed
+    );
+    running.follow_forever();
+    Ok(())
+}
