@@ -239,22 +239,26 @@ impl LocalCluster {
         Ok(kib * 1024)
     }
 
-    /// Bytes of operation-log files of OSD `id`.
-    pub fn oplog_bytes(&self, id: u32) -> Result<u64> {
+    /// Operation-log files of OSD `id`: (their total length, the bytes
+    /// actually allocated to them; tmpfs allocates a page when first written).
+    pub fn oplog_bytes(&self, id: u32) -> Result<(u64, u64)> {
         let osd = self.osds.get(&id).context("no such OSD")?;
         dir_bytes(&osd.oplog_dir)
     }
 }
 
-fn dir_bytes(dir: &Path) -> Result<u64> {
-    let mut total = 0;
+fn dir_bytes(dir: &Path) -> Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let (mut length, mut allocated) = (0, 0);
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         if entry.file_name().to_string_lossy().ends_with(".log") {
-            total += entry.metadata()?.len();
+            let meta = entry.metadata()?;
+            length += meta.len();
+            allocated += meta.blocks() * 512;
         }
     }
-    Ok(total)
+    Ok((length, allocated))
 }
 
 /// The value of the line starting with `name_and_labels ` in a metrics page.

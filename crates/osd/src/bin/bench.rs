@@ -169,7 +169,7 @@ fn main() -> Result<()> {
             }
         }
         let rss: Vec<u64> = cluster.osds.keys().map(|id| cluster.rss_bytes(*id)).collect::<Result<_>>()?;
-        let oplog: Vec<u64> = cluster.osds.keys().map(|id| cluster.oplog_bytes(*id)).collect::<Result<_>>()?;
+        let oplog: Vec<(u64, u64)> = cluster.osds.keys().map(|id| cluster.oplog_bytes(*id)).collect::<Result<_>>()?;
         memory.push((mode.clone(), rss, oplog));
         client.refresh_map();
     }
@@ -186,13 +186,16 @@ fn main() -> Result<()> {
         println!(" {} |", row.errors);
     }
     println!();
-    println!("| mode | OSD resident memory (MiB, after the runs) | operation-log files (MiB) |");
-    println!("| --- | --- | --- |");
+    println!(
+        "| mode | OSD resident memory (MiB, after the runs) | log files: length (MiB) | log files: allocated (MiB) |"
+    );
+    println!("| --- | --- | --- | --- |");
+    let mib = |b: u64| format!("{:.0}", b as f64 / (1 << 20) as f64);
     for (mode, rss, oplog) in &memory {
-        let mib = |v: &Vec<u64>| {
-            v.iter().map(|b| format!("{:.0}", *b as f64 / (1 << 20) as f64)).collect::<Vec<_>>().join(" / ")
-        };
-        println!("| {mode} | {} | {} |", mib(rss), mib(oplog));
+        let rss = rss.iter().map(|b| mib(*b)).collect::<Vec<_>>().join(" / ");
+        let length = oplog.iter().map(|(l, _)| mib(*l)).collect::<Vec<_>>().join(" / ");
+        let allocated = oplog.iter().map(|(_, a)| mib(*a)).collect::<Vec<_>>().join(" / ");
+        println!("| {mode} | {rss} | {length} | {allocated} |");
     }
     if rows.iter().any(|r| r.errors > 0) {
         anyhow::bail!("some operations failed");
