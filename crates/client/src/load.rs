@@ -4,10 +4,10 @@
 //! generator should cost the machine as little as the cluster allows.
 
 use std::collections::HashMap;
-use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use duplex_map::OsdId;
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
 use duplex_proto::FrameDecoder;
@@ -62,27 +62,7 @@ struct Peer {
 
 impl Peer {
     fn flush(&mut self) -> std::io::Result<()> {
-        while !self.out.is_empty() {
-            let slices: Vec<IoSlice<'_>> = self.out.iter().take(64).map(|b| IoSlice::new(b)).collect();
-            match self.stream.write_vectored(&slices) {
-                Ok(mut n) => {
-                    while n > 0 {
-                        let front = self.out.front_mut().expect("written from");
-                        if n >= front.len() {
-                            n -= front.len();
-                            self.out.pop_front();
-                        } else {
-                            front.advance(n);
-                            n = 0;
-                        }
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        duplex_proto::writev::drain(&mut self.stream, &mut self.out)
     }
 }
 

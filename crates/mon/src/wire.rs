@@ -183,4 +183,10 @@ impl Connection {
     pub fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
         self.stream.set_read_timeout(timeout)
     }
+
+    /// The socket and the bytes already read past the last frame, for a
+    /// caller that takes the authenticated connection over (non-blocking I/O).
+    pub fn into_parts(self) -> (TcpStream, BytesMut) {
+        (self.stream, self.buffer)
+    }
 }

@@ -4,9 +4,9 @@
 //! request order.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, Read};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use duplex_map::OsdId;
 use duplex_proto::osd::OpReply;
 use duplex_proto::session::Event;
@@ -165,32 +165,7 @@ impl Conn {
         if !self.staged.is_empty() {
             self.out.push_back(self.staged.split().freeze());
         }
-        while !self.out.is_empty() {
-            let slices: Vec<IoSlice<'_>> = self.out.iter().take(64).map(|b| IoSlice::new(b)).collect();
-            match self.stream.write_vectored(&slices) {
-                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "socket took nothing")),
-                Ok(mut n) => {
-                    while n > 0 {
-                        let front = self.out.front_mut().expect("bytes were written from it");
-                        if n >= front.len() {
-                            n -= front.len();
-                            self.out.pop_front();
-                        } else {
-                            front.advance(n);
-                            n = 0;
-                        }
-                    }
-                }
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::NotConnected) => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    pub fn has_output(&self) -> bool {
-        !self.out.is_empty() || !self.staged.is_empty()
+        duplex_proto::writev::drain(&mut self.stream, &mut self.out)
     }
 }
 

@@ -8,6 +8,7 @@
 //!   challenge-response over a shared cluster secret, which never crosses
 //!   the wire.
 //! - [`osd`]: the OSD's messages (client operations, replication).
+//! - [`writev`]: draining a queue of buffers into a socket, without copying them.
 //! - [`session`]: the gate. Until the handshake completes, a peer may send
 //!   nothing but handshake frames.
 //!
@@ -18,6 +19,7 @@ pub mod frame;
 pub mod handshake;
 pub mod osd;
 pub mod session;
+pub mod writev;
 
 pub use frame::{Frame, FrameDecoder, FrameError, FrameHeader, MessageType};
 pub use handshake::{Handshake, HandshakeError, Role};
