@@ -98,6 +98,14 @@ impl Entry {
     /// The entry at the start of `bytes`, if it is whole and its checksum
     /// holds; `None` otherwise (never a panic).
     pub fn decode(bytes: &[u8]) -> Option<Entry> {
+        EntryRef::decode(bytes).map(|e| e.to_owned())
+    }
+}
+
+impl<'a> EntryRef<'a> {
+    /// The entry at the start of `bytes`, borrowing its object and data,
+    /// if it is whole and its checksum holds; `None` otherwise (never a panic).
+    pub fn decode(bytes: &'a [u8]) -> Option<EntryRef<'a>> {
         let header = bytes.get(..HEADER_LEN)?;
         let word = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4 bytes"));
         let long = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
@@ -119,17 +127,36 @@ impl Entry {
             3 => OpKind::Delete,
             _ => return None,
         };
-        Some(Entry {
+        Some(EntryRef {
             pg: word(36),
             epoch: word(24),
             version: long(16),
             seq: long(8),
             op,
-            object: bytes[HEADER_LEN..HEADER_LEN + object_len].to_vec(),
+            object: &bytes[HEADER_LEN..HEADER_LEN + object_len],
             offset: long(40),
-            data: bytes[HEADER_LEN + object_len..used].to_vec(),
+            data: &bytes[HEADER_LEN + object_len..used],
         })
     }
+
+    pub fn to_owned(&self) -> Entry {
+        Entry {
+            pg: self.pg,
+            epoch: self.epoch,
+            version: self.version,
+            seq: self.seq,
+            op: self.op,
+            object: self.object.to_vec(),
+            offset: self.offset,
+            data: self.data.to_vec(),
+        }
+    }
+}
+
+/// The PG field of an encoded entry, unverified: for routing an entry
+/// before whoever handles it checks it.
+pub fn peek_pg(bytes: &[u8]) -> Option<u32> {
+    bytes.get(36..40).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
 }
 
 fn checksum(bytes: &[u8], used: usize) -> u32 {

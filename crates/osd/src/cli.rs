@@ -29,7 +29,7 @@ pub struct OsdArgs {
     allow_buffered_io: bool,
     /// Where operation logs live: shm (tmpfs; survives a crash, not a power loss),
     /// pmem (persistent memory; survives both), file (a disk, O_DSYNC; survives both).
-    #[arg(long, default_value = "shm")]
+    #[arg(long, value_enum, default_value_t = OplogMode::Shm)]
     oplog_mode: OplogMode,
     /// Directory of the per-PG logs (default for shm: /dev/shm/duplex-osd-ID).
     #[arg(long)]
@@ -70,10 +70,10 @@ pub struct OsdArgs {
     #[arg(long, default_value_t = 1000)]
     flush_timeout_us: u64,
     /// oplog: acknowledge once logged on every replica; sync: once applied and flushed.
-    #[arg(long, default_value = "oplog")]
+    #[arg(long, value_enum, default_value_t = WritePath::Oplog)]
     write_path: WritePath,
     /// prioritized: the connection's thread runs each op; pool: a worker pool does.
-    #[arg(long, default_value = "prioritized")]
+    #[arg(long, value_enum, default_value_t = Threading::Prioritized)]
     threading: Threading,
     /// Worker threads with --threading pool.
     #[arg(long, default_value_t = 2)]

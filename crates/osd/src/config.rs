@@ -6,30 +6,19 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Where PG operation logs live and what they survive (docs/OSD.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum OplogMode {
     /// Files on a DRAM-backed tmpfs, mapped: survive a process crash, not a power loss.
     Shm,
     /// Files on persistent memory (DAX), mapped and flushed per append: survive both.
+    #[value(alias = "dax")]
     Pmem,
     /// Files on a disk written with O_DSYNC: survive both, at a disk write per append.
     File,
 }
 
-impl std::str::FromStr for OplogMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "shm" => Ok(OplogMode::Shm),
-            "pmem" | "dax" => Ok(OplogMode::Pmem),
-            "file" => Ok(OplogMode::File),
-            other => Err(format!("unknown oplog mode '{other}' (shm, pmem, file)")),
-        }
-    }
-}
-
 /// When a write is acknowledged (the ablation switch of DESIGN.md §6).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum WritePath {
     /// Once it is in every replica's operation log; the store is updated later.
     Oplog,
@@ -37,36 +26,14 @@ pub enum WritePath {
     Sync,
 }
 
-impl std::str::FromStr for WritePath {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "oplog" => Ok(WritePath::Oplog),
-            "sync" => Ok(WritePath::Sync),
-            other => Err(format!("unknown write path '{other}' (oplog, sync)")),
-        }
-    }
-}
-
 /// Who runs an operation (the other ablation switch).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Threading {
     /// The connection's own priority thread runs it to the end.
     Prioritized,
     /// The messenger thread queues it to a worker pool (sharded by PG, as
     /// Ceph's classic OSD does); replies go back through the messenger.
     Pool,
-}
-
-impl std::str::FromStr for Threading {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "prioritized" => Ok(Threading::Prioritized),
-            "pool" => Ok(Threading::Pool),
-            other => Err(format!("unknown threading '{other}' (prioritized, pool)")),
-        }
-    }
 }
 
 #[derive(Clone, Debug)]

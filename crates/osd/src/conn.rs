@@ -19,6 +19,10 @@ use crate::ops::ClientOp;
 /// syscall for many small frames); larger ones are queued by reference.
 const COPY_LIMIT: usize = 2048;
 const READ_CHUNK: usize = 64 << 10;
+/// Unanswered requests a connection may have before the OSD stops reading it.
+pub const MAX_IN_FLIGHT: usize = 256;
+/// The largest frame an OSD accepts: the largest request plus its header.
+const MAX_FRAME_PAYLOAD: u32 = duplex_proto::osd::MAX_IO_BYTES + 64 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -43,13 +47,9 @@ pub struct Conn {
     first_slot: u64,
     /// Requests held back (in order) because one of them waits for log room.
     pub parked: VecDeque<ClientOp>,
+    /// Reading stopped at [`MAX_IN_FLIGHT`]; resume when replies have left.
+    pub paused: bool,
     pub closing: bool,
-}
-
-/// What reading produced.
-pub enum Input {
-    /// An application message from the authenticated peer.
-    Message(Frame),
 }
 
 impl Conn {
@@ -58,7 +58,7 @@ impl Conn {
             stream,
             session,
             role,
-            decoder: FrameDecoder::default(),
+            decoder: FrameDecoder::with_max_payload(MAX_FRAME_PAYLOAD),
             inbuf: BytesMut::with_capacity(READ_CHUNK),
             staged: BytesMut::with_capacity(4096),
             out: VecDeque::new(),
@@ -66,6 +66,7 @@ impl Conn {
             slots: VecDeque::new(),
             first_slot: 0,
             parked: VecDeque::new(),
+            paused: false,
             closing: false,
         }
     }
@@ -106,58 +107,63 @@ impl Conn {
         }
     }
 
-    /// Reads what the socket has and passes it through the session. Replies
-    /// of the handshake are queued here; application messages are returned.
-    /// `Err`: close the connection (after sending what is queued).
-    pub fn read(&mut self) -> Result<Vec<Input>, ConnError> {
-        let mut inputs = Vec::new();
-        let mut eof = false;
+    /// Requests taken but not yet answered on this connection.
+    pub fn in_flight(&self) -> usize {
+        self.slots.len() + self.parked.len()
+    }
+
+    /// Reads from the socket and passes frames through the session; the
+    /// handshake's replies are queued here, application messages returned.
+    /// Stops taking frames once [`MAX_IN_FLIGHT`] requests are unanswered
+    /// (`paused`): the peer then waits on TCP, and the connection costs at
+    /// most one read chunk and one frame of buffer. Call again once replies
+    /// have gone out. `Err`: close the connection (after sending what is queued).
+    pub fn read(&mut self) -> Result<Vec<Frame>, ConnError> {
+        let mut messages = Vec::new();
         loop {
+            while self.in_flight() + messages.len() < MAX_IN_FLIGHT {
+                let frame = match self.decoder.decode(&mut self.inbuf) {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break,
+                    Err(err) => return Err(ConnError::Protocol(err.to_string())),
+                };
+                match self.session.on_frame(frame) {
+                    Ok(Event::Reply(reply)) => self.push(&reply),
+                    Ok(Event::Established(reply)) => {
+                        if let Some(reply) = reply {
+                            self.push(&reply);
+                        }
+                        for frame in std::mem::take(&mut self.backlog) {
+                            self.push(&frame);
+                        }
+                    }
+                    Ok(Event::Message(frame)) => messages.push(frame),
+                    Err(SessionError::Handshake(err)) => {
+                        if self.role == Role::Accepted {
+                            self.push(&err.refusal());
+                        }
+                        return Err(ConnError::Refused(err.to_string()));
+                    }
+                    Err(err) => return Err(ConnError::Protocol(err.to_string())),
+                }
+            }
+            self.paused = self.in_flight() + messages.len() >= MAX_IN_FLIGHT;
+            if self.paused {
+                return Ok(messages);
+            }
             let mut chunk = [0u8; READ_CHUNK];
             match self.stream.read(&mut chunk) {
+                Ok(0) if messages.is_empty() => return Err(ConnError::Closed),
                 Ok(0) => {
-                    eof = true;
-                    break;
+                    self.closing = true;
+                    return Ok(messages);
                 }
                 Ok(n) => self.inbuf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(messages),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(ConnError::Io(e)),
             }
         }
-        loop {
-            let frame = match self.decoder.decode(&mut self.inbuf) {
-                Ok(Some(frame)) => frame,
-                Ok(None) => break,
-                Err(err) => return Err(ConnError::Protocol(err.to_string())),
-            };
-            match self.session.on_frame(frame) {
-                Ok(Event::Reply(reply)) => self.push(&reply),
-                Ok(Event::Established(reply)) => {
-                    if let Some(reply) = reply {
-                        self.push(&reply);
-                    }
-                    for frame in std::mem::take(&mut self.backlog) {
-                        self.push(&frame);
-                    }
-                }
-                Ok(Event::Message(frame)) => inputs.push(Input::Message(frame)),
-                Err(SessionError::Handshake(err)) => {
-                    if self.role == Role::Accepted {
-                        self.push(&err.refusal());
-                    }
-                    return Err(ConnError::Refused(err.to_string()));
-                }
-                Err(err) => return Err(ConnError::Protocol(err.to_string())),
-            }
-        }
-        if eof && inputs.is_empty() {
-            return Err(ConnError::Closed);
-        }
-        if eof {
-            self.closing = true;
-        }
-        Ok(inputs)
     }
 
     /// Writes as much of the queue as the socket takes.

@@ -44,6 +44,9 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     if config.priority_threads == 0 {
         bail!("at least one priority thread is needed");
     }
+    if config.monitors.is_empty() {
+        bail!("at least one monitor address is needed");
+    }
     let mut store = Store::open(&config.data, &store_config)
         .with_context(|| format!("opening the object store at {}", config.data.display()))?;
     let pgs = Arc::new(
@@ -51,12 +54,11 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             .context("opening the operation logs")?,
     );
     let recovered = pgs.recover().context("recovering the operation logs")?;
-    let partitions = store.partitions().len() as u32;
     let mut replayed = 0usize;
     for (pg, entries) in &recovered {
         let mut guard = pg.lock().expect("PG lock");
         let key = guard.key;
-        let partition = store.partition_mut((key % partitions) as usize);
+        let partition = store.partition_mut(store.partition_of(&key.to_be_bytes()));
         replayed += replay(entries, partition).with_context(|| format!("replaying the log of PG {key:#x}"))?;
         let last = guard.last_seq();
         guard.trim(last).with_context(|| format!("trimming the log of PG {key:#x}"))?;
@@ -100,8 +102,13 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     let shared_cores = non_priority_cores(&config.priority_cores);
     let mut flusher_senders = Vec::new();
     for partition in store.into_partitions() {
-        let (sender, jobs) = crossbeam_channel::unbounded();
         let index = partition.index();
+        // Shared::flusher_of finds a PG's flusher by position: keep them in partition order.
+        assert_eq!(index as usize, flusher_senders.len(), "partitions handed out out of order");
+        // Unbounded, yet bounded in practice: every job stands for a request
+        // a connection has in flight (at most MAX_IN_FLIGHT each, at most
+        // MAX_CONNECTIONS of them), or a wake-up coalesced per PG.
+        let (sender, jobs) = crossbeam_channel::unbounded();
         let flusher = Flusher {
             partition,
             jobs,

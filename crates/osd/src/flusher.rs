@@ -18,7 +18,7 @@ use duplex_store::{Batch, Key, Partition, ReadRequest, StoreError};
 
 use crate::mailbox::{Completion, Mailbox};
 use crate::metrics::{record, Metrics, Stage};
-use crate::pg::{PgTable, ReplyTo};
+use crate::pg::{Ack, PgTable, ReplyTo};
 use crate::replay::store_op;
 
 /// Entries per store batch; a flush of more takes several batches.
@@ -145,28 +145,30 @@ impl Flusher {
 
     /// Applies the live entries of `dirty` PGs, then trims them.
     fn flush(&mut self, dirty: BTreeSet<u32>) {
+        // Per PG: the last seq taken; the entries themselves become store ops.
         let mut taken = Vec::new();
+        let mut ops = Vec::new();
         for key in dirty {
             let Some(pg) = self.pgs.get(key) else { continue };
             let mut guard = pg.lock().expect("PG lock");
             guard.dirty = false;
-            let entries: Vec<Entry> = guard.log.entries().collect();
+            let before = ops.len();
+            let mut last = 0;
+            for entry in guard.log.entries() {
+                last = entry.seq;
+                // The primary and replica paths checked every entry before logging it.
+                ops.push(store_op(entry).expect("a logged entry is a valid store operation"));
+            }
             drop(guard);
-            if !entries.is_empty() {
-                taken.push((pg, entries));
+            if ops.len() > before {
+                taken.push((pg, last));
             }
         }
-        let all: Vec<&Entry> = taken.iter().flat_map(|(_, entries)| entries.iter()).collect();
-        for chunk in all.chunks(FLUSH_BATCH) {
+        let mut ops = ops.into_iter().peekable();
+        while ops.peek().is_some() {
             let mut batch = Batch::new();
-            for entry in chunk {
-                match store_op(entry) {
-                    Ok(op) => {
-                        batch.push(op);
-                    }
-                    // The primary checked the name; a bad one here is a bug, not input.
-                    Err(err) => panic!("logged entry cannot be applied: {err}"),
-                }
+            for op in ops.by_ref().take(FLUSH_BATCH) {
+                batch.push(op);
             }
             if let Err(err) = self.partition.apply(&batch) {
                 // Nothing is trimmed: the entries stay in the log and are
@@ -175,12 +177,11 @@ impl Flusher {
                 return;
             }
             self.metrics.flushes.add(1);
-            self.metrics.flushed_entries.add(chunk.len() as u64);
+            self.metrics.flushed_entries.add(batch.len() as u64);
         }
         let mut wake = vec![false; self.mailboxes.len()];
         let mut broadcast = false;
-        for (pg, entries) in taken {
-            let last = entries.last().map_or(0, |e| e.seq);
+        for (pg, last) in taken {
             let mut guard = pg.lock().expect("PG lock");
             if let Err(err) = guard.trim(last) {
                 tracing::error!(pg = guard.key, %err, "trimming the log failed");
@@ -191,7 +192,7 @@ impl Flusher {
             if guard.has_early() {
                 match guard.drain_early() {
                     Ok(acks) => {
-                        for (seq, to) in acks {
+                        for Ack { seq, to } in acks {
                             let frame = RepReply { status: Status::Ok, pg: guard.key, seq }.to_frame(to.txid);
                             self.mailboxes[to.thread].post(Completion::Send { token: to.token, frame });
                             wake[to.thread] = true;
@@ -213,15 +214,14 @@ impl Flusher {
 
     fn apply_syncs(&mut self, syncs: Vec<(Entry, SyncDone)>) {
         let mut wake = vec![false; self.mailboxes.len()];
-        for chunk in syncs.chunks(FLUSH_BATCH) {
+        let mut syncs = syncs.into_iter().peekable();
+        while syncs.peek().is_some() {
             let mut batch = Batch::new();
-            for (entry, _) in chunk {
-                match store_op(entry) {
-                    Ok(op) => {
-                        batch.push(op);
-                    }
-                    Err(err) => panic!("sync entry cannot be applied: {err}"),
-                }
+            let mut dones = Vec::new();
+            for (entry, done) in syncs.by_ref().take(FLUSH_BATCH) {
+                dones.push((entry.pg, entry.seq, done));
+                // Checked before it was queued, as a logged entry would be.
+                batch.push(store_op(entry).expect("a checked entry is a valid store operation"));
             }
             let status = match self.partition.apply(&batch) {
                 Ok(_) => Status::Ok,
@@ -231,20 +231,16 @@ impl Flusher {
                 }
             };
             self.metrics.flushes.add(1);
-            self.metrics.flushed_entries.add(chunk.len() as u64);
-            for (entry, done) in chunk {
-                match *done {
+            self.metrics.flushed_entries.add(batch.len() as u64);
+            for (pg, seq, done) in dones {
+                match done {
                     SyncDone::Primary { thread, txid } => {
-                        // A failed local apply shows up as a missing ack: the op is answered Retry.
-                        if status == Status::Ok {
-                            self.mailboxes[thread].post(Completion::LocalApplied { txid });
-                        } else {
-                            self.mailboxes[thread].post(Completion::LocalFailed { txid });
-                        }
+                        // A failed local apply fails the op: it is answered Retry.
+                        self.mailboxes[thread].post(Completion::LocalApplied { txid, ok: status == Status::Ok });
                         wake[thread] = true;
                     }
                     SyncDone::Replica(to) => {
-                        let frame = RepReply { status, pg: entry.pg, seq: entry.seq }.to_frame(to.txid);
+                        let frame = RepReply { status, pg, seq }.to_frame(to.txid);
                         self.mailboxes[to.thread].post(Completion::Send { token: to.token, frame });
                         wake[to.thread] = true;
                     }

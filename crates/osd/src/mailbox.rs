@@ -12,10 +12,8 @@ use duplex_proto::Frame;
 pub enum Completion {
     /// A client request's reply is ready (reads, sync writes; pool mode: anything).
     Reply { token: usize, slot: u64, reply: OpReply },
-    /// The sync write path applied a write locally (primary).
-    LocalApplied { txid: u64 },
-    /// The sync write path failed to apply a write locally (primary).
-    LocalFailed { txid: u64 },
+    /// The sync write path applied a write locally (primary), or failed to.
+    LocalApplied { txid: u64, ok: bool },
     /// Send this frame on connection `token` (replica acks).
     Send { token: usize, frame: Frame },
     /// Logs were trimmed: writes waiting for room may go on.

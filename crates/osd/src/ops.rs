@@ -3,7 +3,7 @@
 //! (`threading = pool`). The result is an [`Outcome`]: the network I/O the
 //! connection's owning thread still has to do.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,7 +17,7 @@ use crate::cluster::{ActingCache, MapCell};
 use crate::config::{OsdConfig, WritePath};
 use crate::flusher::{ClientSlot, Job, ReadJob, SyncDone};
 use crate::metrics::{record, Histograms, Metrics, Stage};
-use crate::pg::{pg_key, PgTable, ReplyTo};
+use crate::pg::{pg_key, Ack, OfferError, PgTable, ReplyTo};
 
 /// State every thread of the OSD shares.
 pub struct Shared {
@@ -29,6 +29,8 @@ pub struct Shared {
     pub flushers: Vec<Sender<Job>>,
     /// Set once the logs are replayed: until then, requests are answered Retry.
     pub serving: AtomicBool,
+    /// Accepted connections open, over all priority threads.
+    pub connections: AtomicUsize,
     next_txid: AtomicU64,
 }
 
@@ -40,7 +42,16 @@ impl Shared {
         metrics: Arc<Metrics>,
         flushers: Vec<Sender<Job>>,
     ) -> Shared {
-        Shared { config, pgs, map, metrics, flushers, serving: AtomicBool::new(false), next_txid: AtomicU64::new(1) }
+        Shared {
+            config,
+            pgs,
+            map,
+            metrics,
+            flushers,
+            serving: AtomicBool::new(false),
+            connections: AtomicUsize::new(0),
+            next_txid: AtomicU64::new(1),
+        }
     }
 
     /// A transaction id unique in this process (replication and local sync applies).
@@ -48,6 +59,8 @@ impl Shared {
         self.next_txid.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The flusher of the store partition holding `pg`'s objects: the
+    /// store's rule (`Store::partition_of`: key group modulo partitions).
     pub fn flusher_of(&self, pg: u32) -> &Sender<Job> {
         &self.flushers[pg as usize % self.flushers.len()]
     }
@@ -73,13 +86,15 @@ pub enum Outcome {
     /// Reply now.
     Reply { token: usize, slot: u64, reply: OpReply, arrived: Instant, kind: OpKind },
     /// Send `entry` to each replica; reply to the client when all have
-    /// acknowledged (and, with `local_txid`, the local store apply is done).
+    /// acknowledged and, with `local` (the sync write path), the local
+    /// store has applied it. The owning thread hands `local` to the flusher
+    /// after it has registered the write, so the completion cannot beat it.
     Replicate {
         token: usize,
         slot: u64,
         entry: Bytes,
         replicas: Vec<OsdId>,
-        local_txid: Option<u64>,
+        local: Option<Entry>,
         arrived: Instant,
         map_epoch: u64,
     },
@@ -87,8 +102,8 @@ pub enum Outcome {
     Queued,
     /// The PG's log is full: hold the operation until a flush makes room.
     Full(ClientOp),
-    /// Replica side: send these acknowledgements.
-    Acks(u32, Vec<(u64, ReplyTo)>),
+    /// Replica side: send these acknowledgements, all with `status`.
+    Acks { pg: u32, acks: Vec<Ack>, status: Status },
 }
 
 fn reply(op: &ClientOp, status: Status, epoch: u64, message: impl std::fmt::Display) -> Outcome {
@@ -207,7 +222,7 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
     };
     let started = Instant::now();
     let mut guard = pg.lock().expect("PG lock");
-    let (encoded, local_txid) = match shared.config.write_path {
+    let (encoded, local) = match shared.config.write_path {
         WritePath::Oplog => {
             let seq = guard.log.next_seq();
             let entry = EntryRef {
@@ -260,10 +275,7 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
                 offset,
                 data: data.to_vec(),
             };
-            let encoded = entry.encode();
-            let txid = shared.txid();
-            shared.send_job(key, Job::SyncApply { entry, done: SyncDone::Primary { thread: op.thread, txid } });
-            (encoded, Some(txid))
+            (entry.encode(), Some(entry))
         }
     };
     record(histograms, Stage::LogAppend, started.elapsed().as_micros() as u64);
@@ -275,7 +287,7 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
         OpKind::Truncate => metrics.truncates.add(1),
         _ => metrics.deletes.add(1),
     }
-    if replicas.is_empty() && local_txid.is_none() {
+    if replicas.is_empty() && local.is_none() {
         return Outcome::Reply {
             token: op.token,
             slot: op.slot,
@@ -289,7 +301,7 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
         slot: op.slot,
         entry: Bytes::from(encoded),
         replicas: replicas.to_vec(),
-        local_txid,
+        local,
         arrived: op.arrived,
         map_epoch: epoch,
     }
@@ -322,15 +334,16 @@ fn check_limits(kind: OpKind, offset: u64, data: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Replica side: logs (or, sync, applies) one replicated entry. `Err`: the
-/// payload is not an entry, and the connection that sent it is dropped.
-pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &[u8], to: ReplyTo) -> Result<Outcome, String> {
-    let entry = Entry::decode(payload).ok_or("replication payload is not a valid log entry")?;
+/// Replica side: logs (or, sync, applies) one replicated entry, whose
+/// bytes are logged as they came. `Err`: the payload is not an entry this
+/// OSD could ever apply, and the connection that sent it is dropped.
+pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &Bytes, to: ReplyTo) -> Result<Outcome, String> {
+    let entry = EntryRef::decode(payload).ok_or("replication payload is not a valid log entry")?;
     if entry.encoded_len() != payload.len() {
         return Err("replication payload has trailing bytes".into());
     }
     let key = entry.pg;
-    if duplex_store::Key::in_group(key, &entry.object).is_err() || entry.object.len() > MAX_OBJECT_NAME {
+    if duplex_store::Key::in_group(key, entry.object).is_err() || entry.object.len() > MAX_OBJECT_NAME {
         return Err("replicated entry names an object the store cannot hold".into());
     }
     let kind = match entry.op {
@@ -341,18 +354,22 @@ pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &[u8], to: 
     check_limits(kind, entry.offset, entry.data.len() as u64)?;
     shared.metrics.replica_entries.add(1);
     if shared.config.write_path == WritePath::Sync {
-        shared.send_job(key, Job::SyncApply { entry, done: SyncDone::Replica(to) });
+        shared.send_job(key, Job::SyncApply { entry: entry.to_owned(), done: SyncDone::Replica(to) });
         return Ok(Outcome::Queued);
     }
     let pg = shared.pgs.get_or_open(key).map_err(|e| e.to_string())?;
     let started = Instant::now();
     let mut guard = pg.lock().expect("PG lock");
     let before = guard.log.len();
-    let acks = match guard.offer(entry, to) {
-        Ok(acks) => acks,
-        Err(err) => {
+    let (acks, status) = match guard.offer(&entry, payload, to) {
+        Ok(acks) => (acks, Status::Ok),
+        Err(err @ OfferError::TooFarAhead { .. }) => {
+            tracing::warn!(pg = key, %err, "refusing a replicated entry");
+            (vec![Ack { seq: entry.seq, to }], Status::Retry)
+        }
+        Err(OfferError::Log(err)) => {
             tracing::error!(pg = key, %err, "replica log append failed");
-            Vec::new()
+            (vec![Ack { seq: entry.seq, to }], Status::Io)
         }
     };
     let depth = guard.log.len();
@@ -366,5 +383,5 @@ pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &[u8], to: 
     } else if depth > before {
         notify_flusher(shared, key, depth, was_dirty);
     }
-    Ok(Outcome::Acks(key, acks))
+    Ok(Outcome::Acks { pg: key, acks, status })
 }

@@ -11,6 +11,7 @@ use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
+use bytes::Bytes;
 use duplex_oplog::{Entry, EntryRef, FileRegion, IndexCache, LogError, MmapRegion, PgLog, Region};
 
 use crate::config::OplogMode;
@@ -45,13 +46,33 @@ pub struct ReplyTo {
 
 pub type SharedPg = Arc<Mutex<Pg>>;
 
+/// Replica side: the most entries a PG keeps waiting for their turn. More
+/// means a gap that is not about to fill (a predecessor was lost), or a
+/// peer misbehaving: further early entries are refused, not buffered.
+pub const MAX_EARLY_ENTRIES: usize = 1024;
+
+/// A replicated entry's acknowledgement, due now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ack {
+    pub seq: u64,
+    pub to: ReplyTo,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OfferError {
+    #[error("entry {seq} is too far ahead of the log ({waiting} entries already wait for a gap)")]
+    TooFarAhead { seq: u64, waiting: usize },
+    #[error(transparent)]
+    Log(#[from] LogError),
+}
+
 pub struct Pg {
     pub key: u32,
     pub log: PgLog<Box<dyn Region>>,
     pub index: IndexCache,
-    /// Replica side: entries ahead of the log's next seq (they came over
-    /// another connection than their predecessors), or waiting for room.
-    early: BTreeMap<u64, (Entry, ReplyTo)>,
+    /// Replica side: encoded entries ahead of the log's next seq (they came
+    /// over another connection than their predecessors), or waiting for room.
+    early: BTreeMap<u64, (Bytes, ReplyTo)>,
     /// The sync write path's last assigned seq (it keeps no log).
     pub sync_seq: u64,
     /// A writer is waiting for room in this log: tell the priority threads after a trim.
@@ -66,15 +87,8 @@ impl Pg {
         Pg { key, log, index: IndexCache::default(), early: BTreeMap::new(), sync_seq, waiters: false, dirty: false }
     }
 
-    /// Appends an entry and indexes it.
-    pub fn append(&mut self, entry: &Entry) -> Result<(), LogError> {
-        debug_assert_eq!(entry.pg, self.key, "entry for another PG");
-        let at = self.log.append(entry)?;
-        self.index.insert(entry, at);
-        Ok(())
-    }
-
-    /// Appends an entry the caller has encoded (to send the same bytes to the replicas).
+    /// Appends an encoded entry (the same bytes go to the replicas, or came
+    /// from the primary) and indexes it.
     pub fn append_encoded(&mut self, entry: &EntryRef<'_>, encoded: &[u8]) -> Result<(), LogError> {
         debug_assert_eq!(entry.pg, self.key, "entry for another PG");
         let at = self.log.append_encoded(entry.seq, encoded)?;
@@ -82,30 +96,46 @@ impl Pg {
         Ok(())
     }
 
-    /// Replica side: logs `entry` if it is next, keeps it for later if it
-    /// is early or the log is full; returns the acknowledgements now due
-    /// (entries logged by this call, or already logged before).
-    pub fn offer(&mut self, entry: Entry, reply_to: ReplyTo) -> Result<Vec<(u64, ReplyTo)>, LogError> {
+    /// Replica side: logs `entry` (decoded from `encoded`) if it is next,
+    /// keeps it for later if it is early or the log is full; returns the
+    /// acknowledgements now due (entries logged by this call, or before).
+    pub fn offer(&mut self, entry: &EntryRef<'_>, encoded: &Bytes, to: ReplyTo) -> Result<Vec<Ack>, OfferError> {
         let next = self.log.next_seq();
         if entry.seq < next {
-            return Ok(vec![(entry.seq, reply_to)]);
+            return Ok(vec![Ack { seq: entry.seq, to }]);
         }
-        self.early.insert(entry.seq, (entry, reply_to));
-        self.drain_early()
+        if entry.seq == next && self.early.is_empty() {
+            // The common case: in order, nothing waiting.
+            return match self.append_encoded(entry, encoded) {
+                Ok(()) => Ok(vec![Ack { seq: entry.seq, to }]),
+                Err(LogError::Full) => {
+                    self.early.insert(entry.seq, (encoded.clone(), to));
+                    Ok(Vec::new())
+                }
+                Err(err) => Err(err.into()),
+            };
+        }
+        if self.early.len() >= MAX_EARLY_ENTRIES && entry.seq != next {
+            return Err(OfferError::TooFarAhead { seq: entry.seq, waiting: self.early.len() });
+        }
+        self.early.insert(entry.seq, (encoded.clone(), to));
+        Ok(self.drain_early()?)
     }
 
     /// Logs the kept entries that are now in turn, while there is room.
-    pub fn drain_early(&mut self) -> Result<Vec<(u64, ReplyTo)>, LogError> {
+    pub fn drain_early(&mut self) -> Result<Vec<Ack>, LogError> {
         let mut acks = Vec::new();
-        while let Some((_, (entry, reply_to))) = self.early.pop_first() {
-            if entry.seq != self.log.next_seq() {
-                self.early.insert(entry.seq, (entry, reply_to));
+        while let Some(slot) = self.early.first_entry() {
+            if *slot.key() != self.log.next_seq() {
                 break;
             }
-            match self.append(&entry) {
-                Ok(()) => acks.push((entry.seq, reply_to)),
+            let (encoded, to) = slot.remove();
+            // Checked when it arrived; decoding again only re-borrows its fields.
+            let entry = EntryRef::decode(&encoded).expect("kept entries were decoded once already");
+            match self.append_encoded(&entry, &encoded) {
+                Ok(()) => acks.push(Ack { seq: entry.seq, to }),
                 Err(LogError::Full) => {
-                    self.early.insert(entry.seq, (entry, reply_to));
+                    self.early.insert(entry.seq, (encoded.clone(), to));
                     break;
                 }
                 Err(err) => return Err(err),
@@ -272,6 +302,16 @@ mod tests {
         ReplyTo { thread: 0, token: 2, txid }
     }
 
+    fn offer(pg: &mut Pg, seq: u64, len: usize, txid: u64) -> Vec<(u64, ReplyTo)> {
+        let encoded = Bytes::from(entry(seq, len).encode());
+        let decoded = EntryRef::decode(&encoded).unwrap();
+        pg.offer(&decoded, &encoded, to(txid)).unwrap().into_iter().map(|a| (a.seq, a.to)).collect()
+    }
+
+    fn drain(pg: &mut Pg) -> Vec<(u64, ReplyTo)> {
+        pg.drain_early().unwrap().into_iter().map(|a| (a.seq, a.to)).collect()
+    }
+
     fn table(dir: &Path, bytes: u64) -> PgTable {
         PgTable::open(OplogMode::Shm, dir, bytes).unwrap()
     }
@@ -282,11 +322,11 @@ mod tests {
         let pgs = table(dir.path(), 1 << 20);
         let pg = pgs.get_or_open(7).unwrap();
         let mut pg = pg.lock().unwrap();
-        assert_eq!(pg.offer(entry(2, 10), to(2)).unwrap(), vec![], "seq 2 waits for seq 1");
-        assert_eq!(pg.offer(entry(3, 10), to(3)).unwrap(), vec![]);
-        assert_eq!(pg.offer(entry(1, 10), to(1)).unwrap(), vec![(1, to(1)), (2, to(2)), (3, to(3))]);
+        assert_eq!(offer(&mut pg, 2, 10, 2), vec![], "seq 2 waits for seq 1");
+        assert_eq!(offer(&mut pg, 3, 10, 3), vec![]);
+        assert_eq!(offer(&mut pg, 1, 10, 1), vec![(1, to(1)), (2, to(2)), (3, to(3))]);
         // A duplicate (a resend) is acknowledged, not logged again.
-        assert_eq!(pg.offer(entry(2, 10), to(9)).unwrap(), vec![(2, to(9))]);
+        assert_eq!(offer(&mut pg, 2, 10, 9), vec![(2, to(9))]);
         let seqs: Vec<u64> = pg.log.entries().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![1, 2, 3]);
         assert!(pg.index.contains(b"obj"));
@@ -298,12 +338,12 @@ mod tests {
         let pgs = table(dir.path(), 128 + 8192);
         let pg = pgs.get_or_open(7).unwrap();
         let mut pg = pg.lock().unwrap();
-        assert_eq!(pg.offer(entry(1, 3000), to(1)).unwrap().len(), 1);
-        assert_eq!(pg.offer(entry(2, 3000), to(2)).unwrap().len(), 1);
-        assert_eq!(pg.offer(entry(3, 3000), to(3)).unwrap(), vec![], "no room for a third");
+        assert_eq!(offer(&mut pg, 1, 3000, 1).len(), 1);
+        assert_eq!(offer(&mut pg, 2, 3000, 2).len(), 1);
+        assert_eq!(offer(&mut pg, 3, 3000, 3), vec![], "no room for a third");
         assert!(pg.waiting_for_room());
         pg.trim(2).unwrap();
-        assert_eq!(pg.drain_early().unwrap(), vec![(3, to(3))]);
+        assert_eq!(drain(&mut pg), vec![(3, to(3))]);
         assert!(!pg.has_early());
     }
 
@@ -315,7 +355,8 @@ mod tests {
             let pg = pgs.get_or_open(7).unwrap();
             let mut pg = pg.lock().unwrap();
             for seq in 1..=3 {
-                pg.append(&entry(seq, 100)).unwrap();
+                let encoded = entry(seq, 100).encode();
+                pg.append_encoded(&EntryRef::decode(&encoded).unwrap(), &encoded).unwrap();
             }
         }
         let pgs = table(dir.path(), 1 << 20);
@@ -325,6 +366,22 @@ mod tests {
         assert_eq!(entries.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
         let pg = pg.lock().unwrap();
         assert_eq!(pg.index.read(&pg.log, b"obj", 0, 100), Some(vec![3u8; 100]), "the newest entry wins");
+    }
+
+    #[test]
+    fn early_entries_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let pgs = table(dir.path(), 1 << 20);
+        let pg = pgs.get_or_open(7).unwrap();
+        let mut pg = pg.lock().unwrap();
+        for seq in 2..2 + MAX_EARLY_ENTRIES as u64 {
+            assert_eq!(offer(&mut pg, seq, 1, seq), vec![]);
+        }
+        let encoded = Bytes::from(entry(5000, 1).encode());
+        let refused = pg.offer(&EntryRef::decode(&encoded).unwrap(), &encoded, to(5000));
+        assert!(matches!(refused, Err(OfferError::TooFarAhead { .. })));
+        // The missing predecessor still gets in, and releases the others.
+        assert_eq!(offer(&mut pg, 1, 1, 1).len(), 1 + MAX_EARLY_ENTRIES);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! replicated entries, and replies in request order.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,15 +18,18 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::cluster::ActingCache;
-use crate::conn::{Conn, ConnError, Input, Role};
+use crate::conn::{Conn, ConnError, Role, MAX_IN_FLIGHT};
+use crate::flusher::{Job, SyncDone};
 use crate::mailbox::{Completion, Mailbox};
 use crate::metrics::{record, Histograms, Stage};
 use crate::ops::{self, ClientOp, Outcome, Shared};
-use crate::pg::{pg_key, ReplyTo};
+use crate::pg::{pg_key, Ack, ReplyTo};
 
 pub const LISTENER: Token = Token(0);
 pub const WAKER: Token = Token(1);
 const FIRST_CONN: usize = 2;
+/// Accepted connections an OSD holds at once (clients and peers); more are refused.
+pub const MAX_CONNECTIONS: usize = 4096;
 
 /// Work for a pool worker (`threading = pool`).
 pub enum PoolTask {
@@ -57,13 +61,11 @@ pub struct PriorityThread {
     next_token: usize,
     peers: HashMap<OsdId, usize>,
     pending: HashMap<u64, PendingWrite>,
-    /// Pool mode: local applies that finished before the worker's outcome
-    /// reached this thread (txid → applied without error).
-    early_local: HashMap<u64, bool>,
     cache: ActingCache,
     histograms: Histograms,
     next_accept: usize,
     touched: Vec<usize>,
+    resume: Vec<usize>,
 }
 
 impl PriorityThread {
@@ -90,11 +92,11 @@ impl PriorityThread {
             next_token: FIRST_CONN,
             peers: HashMap::new(),
             pending: HashMap::new(),
-            early_local: HashMap::new(),
             cache,
             histograms,
             next_accept: 0,
             touched: Vec::new(),
+            resume: Vec::new(),
         }
     }
 
@@ -129,6 +131,12 @@ impl PriorityThread {
             while let Ok(completion) = self.inbox.try_recv() {
                 self.on_completion(completion);
             }
+            // Connections paused at their in-flight limit that have room again.
+            while let Some(token) = self.resume.pop() {
+                if self.conns.get(&token).is_some_and(|c| c.paused) {
+                    self.on_readable(token);
+                }
+            }
             self.write_touched();
         }
     }
@@ -137,7 +145,12 @@ impl PriorityThread {
         loop {
             let Some(listener) = self.listener.as_ref() else { return };
             match listener.accept() {
-                Ok((stream, _)) => {
+                Ok((stream, addr)) => {
+                    if self.shared.connections.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+                        self.shared.metrics.connections_refused.add(1);
+                        tracing::warn!(%addr, "refusing a connection: {MAX_CONNECTIONS} are open");
+                        continue;
+                    }
                     let _ = stream.set_nodelay(true);
                     let target = self.next_accept % self.mailboxes.len();
                     self.next_accept += 1;
@@ -172,7 +185,9 @@ impl PriorityThread {
     fn adopt(&mut self, stream: TcpStream) {
         let config = &self.shared.config;
         let session = Session::new(Handshake::server(config.fsid, &config.secret, rand::random()));
-        self.register(Conn::new(stream, session, Role::Accepted));
+        if self.register(Conn::new(stream, session, Role::Accepted)).is_some() {
+            self.shared.connections.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// This thread's connection to peer `osd`, opened on first use.
@@ -201,23 +216,31 @@ impl PriorityThread {
     }
 
     fn on_readable(&mut self, token: usize) {
-        let Some(conn) = self.conns.get_mut(&token) else { return };
-        let inputs = match conn.read() {
-            Ok(inputs) => inputs,
-            Err(err) => {
-                self.drop_conn(token, err);
+        loop {
+            let Some(conn) = self.conns.get_mut(&token) else { return };
+            let messages = match conn.read() {
+                Ok(messages) => messages,
+                Err(err) => {
+                    self.drop_conn(token, err);
+                    return;
+                }
+            };
+            let role = conn.role;
+            for frame in messages {
+                if let Err(why) = self.on_message(token, role, frame) {
+                    self.drop_conn(token, ConnError::Protocol(why));
+                    return;
+                }
+            }
+            let Some(conn) = self.conns.get(&token) else { return };
+            if conn.closing {
+                self.drop_conn(token, ConnError::Closed);
                 return;
             }
-        };
-        let role = conn.role;
-        for Input::Message(frame) in inputs {
-            if let Err(why) = self.on_message(token, role, frame) {
-                self.drop_conn(token, ConnError::Protocol(why));
+            // Paused with room again (the messages were answered at once): read on.
+            if !(conn.paused && conn.in_flight() < MAX_IN_FLIGHT) {
                 return;
             }
-        }
-        if self.conns.get(&token).is_some_and(|c| c.closing) {
-            self.drop_conn(token, ConnError::Closed);
         }
     }
 
@@ -238,7 +261,7 @@ impl PriorityThread {
             (Some(MessageType::RepOp), Role::Accepted) => {
                 let to = ReplyTo { thread: self.index, token, txid };
                 if let Some(pool) = &self.pool {
-                    let pg = frame.payload.get(36..40).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4")));
+                    let pg = duplex_oplog::entry::peek_pg(&frame.payload).unwrap_or(0);
                     let _ = pool[pg as usize % pool.len()].send(PoolTask::Replica { payload: frame.payload, to });
                 } else {
                     let outcome = ops::replica_op(&self.shared, &self.histograms, &frame.payload, to)?;
@@ -293,14 +316,14 @@ impl PriorityThread {
                 record(&self.histograms, stage, arrived.elapsed().as_micros() as u64);
                 self.reply(token, slot, &reply);
             }
-            Outcome::Replicate { token, slot, entry, replicas, local_txid, arrived, map_epoch } => {
-                let txid = local_txid.unwrap_or_else(|| self.shared.txid());
+            Outcome::Replicate { token, slot, entry, replicas, local, arrived, map_epoch } => {
+                let txid = self.shared.txid();
+                let frame = Frame::new(MessageType::RepOp, txid, entry);
                 let mut waiting = Vec::with_capacity(replicas.len());
                 let mut unreachable = false;
                 for osd in replicas {
                     match self.peer(osd) {
                         Some(peer) => {
-                            let frame = Frame::new(MessageType::RepOp, txid, entry.clone());
                             if let Some(conn) = self.conns.get_mut(&peer) {
                                 conn.push(&frame);
                                 self.touched.push(peer);
@@ -310,31 +333,36 @@ impl PriorityThread {
                         None => unreachable = true,
                     }
                 }
-                let now = Instant::now();
-                let early = local_txid.and_then(|txid| self.early_local.remove(&txid));
                 let pending = PendingWrite {
                     token,
                     slot,
                     waiting,
-                    local: local_txid.is_some() && early.is_none(),
-                    failed: unreachable || early == Some(false),
+                    local: local.is_some(),
+                    failed: unreachable,
                     arrived,
-                    sent: now,
+                    sent: Instant::now(),
                     map_epoch,
                 };
                 self.pending.insert(txid, pending);
+                // Only now, with the write registered, may its local apply complete.
+                if let Some(entry) = local {
+                    let done = SyncDone::Primary { thread: self.index, txid };
+                    let _ = self.shared.flusher_of(entry.pg).send(Job::SyncApply { entry, done });
+                }
                 self.maybe_finish(txid);
             }
             Outcome::Queued => {}
             Outcome::Full(op) => {
-                // Only pool workers return this through here; they wait instead.
+                // run_client parks these itself and pool workers wait for room,
+                // so none should come here; parking is still the safe answer.
+                tracing::warn!("a full-log outcome reached execute; parking it");
                 if let Some(conn) = self.conns.get_mut(&op.token) {
                     conn.parked.push_back(op);
                 }
             }
-            Outcome::Acks(pg, acks) => {
-                for (seq, to) in acks {
-                    let frame = RepReply { status: Status::Ok, pg, seq }.to_frame(to.txid);
+            Outcome::Acks { pg, acks, status } => {
+                for Ack { seq, to } in acks {
+                    let frame = RepReply { status, pg, seq }.to_frame(to.txid);
                     if to.thread == self.index {
                         self.send(to.token, &frame);
                     } else {
@@ -352,6 +380,9 @@ impl PriorityThread {
         if let Some(conn) = self.conns.get_mut(&token) {
             conn.complete(slot, reply);
             self.touched.push(token);
+            if conn.paused && conn.in_flight() < MAX_IN_FLIGHT / 2 {
+                self.resume.push(token);
+            }
         }
     }
 
@@ -388,8 +419,7 @@ impl PriorityThread {
     fn on_completion(&mut self, completion: Completion) {
         match completion {
             Completion::Reply { token, slot, reply } => self.reply(token, slot, &reply),
-            Completion::LocalApplied { txid } => self.on_local(txid, true),
-            Completion::LocalFailed { txid } => self.on_local(txid, false),
+            Completion::LocalApplied { txid, ok } => self.on_local(txid, ok),
             Completion::Send { token, frame } => self.send(token, &frame),
             Completion::Flushed => self.retry_parked(),
             Completion::Accepted(stream) => self.adopt(stream),
@@ -398,16 +428,12 @@ impl PriorityThread {
     }
 
     fn on_local(&mut self, txid: u64, ok: bool) {
-        match self.pending.get_mut(&txid) {
-            Some(p) => {
-                p.local = false;
-                p.failed |= !ok;
-                self.maybe_finish(txid);
-            }
-            // Pool mode: the flusher beat the worker's outcome here.
-            None => {
-                self.early_local.insert(txid, ok);
-            }
+        let pending = self.pending.get_mut(&txid);
+        debug_assert!(pending.is_some(), "a local apply completed for a write never registered");
+        if let Some(p) = pending {
+            p.local = false;
+            p.failed |= !ok;
+            self.maybe_finish(txid);
         }
     }
 
@@ -449,6 +475,9 @@ impl PriorityThread {
         // Best effort: a refusal or the last replies may still go out.
         let _ = conn.write_out();
         let _ = self.poll.registry().deregister(&mut conn.stream);
+        if conn.role == Role::Accepted {
+            self.shared.connections.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Role::Peer(osd) = conn.role {
             self.peers.remove(&osd);
             let affected: Vec<u64> =

@@ -37,11 +37,11 @@ pub fn store_key(entry: &Entry) -> Result<Key, ReplayError> {
     Key::in_group(entry.pg, &entry.object).map_err(|_| ReplayError::BadKey { seq: entry.seq })
 }
 
-/// The store operation an entry stands for.
-pub fn store_op(entry: &Entry) -> Result<Op, ReplayError> {
-    let key = store_key(entry)?;
+/// The store operation an entry stands for (its data moves into the op).
+pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
+    let key = store_key(&entry)?;
     Ok(match entry.op {
-        OpKind::Write => Op::Write { key, offset: entry.offset, data: entry.data.clone() },
+        OpKind::Write => Op::Write { key, offset: entry.offset, data: entry.data },
         OpKind::Truncate => Op::Truncate { key, size: entry.offset },
         OpKind::Delete => Op::Delete { key },
     })
@@ -55,7 +55,7 @@ pub fn replay(entries: &[Entry], partition: &mut Partition) -> Result<usize, Rep
     for chunk in entries.chunks(REPLAY_BATCH) {
         let mut batch = Batch::new();
         for entry in chunk {
-            batch.push(store_op(entry)?);
+            batch.push(store_op(entry.clone())?);
         }
         let last = chunk.last().map_or(0, |e| e.seq);
         partition.apply(&batch).map_err(|source| ReplayError::Store { seq: last, source })?;

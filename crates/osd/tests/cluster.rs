@@ -354,3 +354,78 @@ fn requests_the_store_could_never_apply_are_refused_up_front() {
     client.write(pool, b"big", limit - 4, b"abcd").unwrap();
     assert_eq!(client.read(pool, b"big", limit - 4, 4).unwrap().as_ref(), b"abcd");
 }
+
+#[test]
+fn a_connection_may_pipeline_far_past_its_in_flight_limit() {
+    let cluster = TestCluster::new(3, 8, &[]);
+    cluster.wait_all_up();
+    let client = cluster.client();
+    let pool = cluster.pool(&client);
+    let map = client.map().clone();
+    let info = map.pools[&pool].clone();
+    let object = b"pipelined".to_vec();
+    let pg = duplex_placement::pg_of(&object, info.pg_num);
+    let primary = map.acting(&map.hierarchy(), &info, pg)[0];
+    let addr = client.addr_of(primary).unwrap();
+    let mut conn = duplex_client::conn::OsdConnection::connect(
+        addr,
+        &duplex_osd::local::credentials("client.pipe"),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    // Far more than MAX_IN_FLIGHT requests before reading any reply: the
+    // OSD stops reading at its limit and resumes as replies leave.
+    let count = 4 * duplex_osd::conn::MAX_IN_FLIGHT as u64;
+    for txid in 1..=count {
+        let request = duplex_proto::osd::OpRequest {
+            kind: duplex_proto::osd::OpKind::Write,
+            pool,
+            pg,
+            map_epoch: map.epoch,
+            object: bytes::Bytes::from(object.clone()),
+            offset: (txid % 16) * 8,
+            length: 8,
+            data: bytes::Bytes::copy_from_slice(&txid.to_le_bytes()),
+        };
+        conn.send(&request.to_frame(txid)).unwrap();
+    }
+    for txid in 1..=count {
+        let frame = conn.recv().unwrap();
+        assert_eq!(frame.header.transaction_id, txid, "replies leave in request order");
+        let reply = duplex_proto::osd::OpReply::decode(&frame.payload).unwrap();
+        assert_eq!(reply.status, duplex_proto::osd::Status::Ok, "{}", reply.message());
+    }
+    // The last write of each 8-byte slot won.
+    let mut client = cluster.client();
+    let data = client.read(pool, &object, 0, 128).unwrap();
+    for slot in 0..16u64 {
+        let last = (count - (count - slot) % 16).max(slot);
+        let last = if last > count { last - 16 } else { last };
+        assert_eq!(&data[slot as usize * 8..slot as usize * 8 + 8], &last.to_le_bytes(), "slot {slot}");
+    }
+}
+
+#[test]
+fn a_frame_larger_than_any_request_closes_the_connection() {
+    let cluster = TestCluster::new(1, 4, &[]);
+    cluster.wait_all_up();
+    let client = cluster.client();
+    let addr = client.addr_of(0).unwrap();
+    let (mut stream, _) = duplex_client::conn::OsdConnection::connect(
+        addr,
+        &duplex_osd::local::credentials("client.big"),
+        Duration::from_secs(10),
+    )
+    .unwrap()
+    .into_parts();
+    // A header announcing 1 GiB: refused from the header alone.
+    let frame = duplex_proto::Frame::new(duplex_proto::MessageType::OsdOp, 1, bytes::Bytes::new());
+    let mut header = frame.encode_header();
+    header[16..20].copy_from_slice(&(1u32 << 30).to_le_bytes());
+    stream.write_all(&header).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut sink = Vec::new();
+    let _ = stream.read_to_end(&mut sink);
+    assert!(sink.is_empty(), "the OSD answered a frame it should have refused");
+    assert!(cluster.metric_sum("duplex_osd_connections_refused_total") >= 1.0);
+}

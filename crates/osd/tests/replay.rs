@@ -57,14 +57,14 @@ proptest! {
         let trimmed = trimmed.min(log.len());
         for entry in &log[..trimmed] {
             let mut batch = Batch::new();
-            batch.push(store_op(entry).unwrap());
+            batch.push(store_op(entry.clone()).unwrap());
             partition.apply(&batch).unwrap();
         }
         // A crash mid-flush left an arbitrary subset of the live entries applied.
         for (entry, applied) in log[trimmed..].iter().zip(&applied_extra) {
             if *applied {
                 let mut batch = Batch::new();
-                batch.push(store_op(entry).unwrap());
+                batch.push(store_op(entry.clone()).unwrap());
                 partition.apply(&batch).unwrap();
             }
         }
