@@ -125,7 +125,7 @@ impl ClusterMap {
                     self.hosts.insert(name.clone(), *id);
                 }
                 Change::SetPool(pool) => {
-                    self.next_pool_id = self.next_pool_id.max(pool.id + 1);
+                    self.next_pool_id = self.next_pool_id.max(pool.id.saturating_add(1));
                     self.pools.insert(pool.id, pool.clone());
                 }
                 Change::RemovePool(id) => {
@@ -159,7 +159,13 @@ impl ClusterMap {
             if *id != pool.id || *id >= self.next_pool_id {
                 return Err(format!("pool key {id} holds pool {} (next id {})", pool.id, self.next_pool_id));
             }
-            if pool.size == 0 || pool.min_size == 0 || pool.min_size > pool.size || pool.pg_num == 0 {
+            if pool.size == 0
+                || pool.size > command::MAX_POOL_SIZE
+                || pool.min_size == 0
+                || pool.min_size > pool.size
+                || pool.pg_num == 0
+                || pool.pg_num > command::MAX_PG_NUM
+            {
                 return Err(format!(
                     "pool '{}' has size {}, min_size {}, pg_num {}",
                     pool.name, pool.size, pool.min_size, pool.pg_num

@@ -44,6 +44,9 @@ impl MonClient {
     /// Sends `message` to the leader, following leader hints and retrying
     /// other monitors on errors, until `timeout`; returns the leader's reply.
     fn call_leader(&mut self, message: &MonMessage) -> Result<MonMessage, ClientError> {
+        if self.monitors.is_empty() {
+            return Err(ClientError::Unavailable(Duration::ZERO, "no monitor addresses configured".into()));
+        }
         let started = Instant::now();
         let mut turn = 0usize;
         let mut last_error = String::from("none");
@@ -131,10 +134,15 @@ impl Subscription {
                 self.map = duplex_map::codec::decode_map(&bytes).map_err(std::io::Error::other)?
             }
             MonMessage::Deltas(deltas) => {
+                // Apply to a copy and check it, as a decoded whole map is
+                // checked: a bad delta must not leave us a map that panics placement.
+                let mut map = self.map.clone();
                 for bytes in deltas {
                     let delta = duplex_map::codec::decode_delta(&bytes).map_err(std::io::Error::other)?;
-                    self.map.apply(&delta).map_err(std::io::Error::other)?;
+                    map.apply(&delta).map_err(std::io::Error::other)?;
                 }
+                map.validate().map_err(std::io::Error::other)?;
+                self.map = map;
             }
             other => return Err(std::io::Error::other(format!("unexpected push {other:?}"))),
         }

@@ -48,14 +48,7 @@ fn main() -> Result<()> {
         let addr: SocketAddr = addr.parse().with_context(|| format!("--peer {peer}: bad address"))?;
         peers.insert(id, addr);
     }
-    // Validate before slicing by byte index: any other input is an error, never a panic.
-    if args.fsid.len() != 32 || !args.fsid.bytes().all(|b| b.is_ascii_hexdigit()) {
-        bail!("--fsid must be 32 hex digits");
-    }
-    let mut fsid = [0u8; 16];
-    for (i, byte) in fsid.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&args.fsid[2 * i..2 * i + 2], 16).context("--fsid must be hex")?;
-    }
+    let fsid = duplex_proto::parse_fsid(&args.fsid).context("--fsid must be 32 hex digits")?;
     let secret = std::fs::read(&args.secret_file).with_context(|| format!("reading {}", args.secret_file.display()))?;
     if secret.len() < 16 {
         bail!("the cluster secret must be at least 16 bytes");

@@ -79,6 +79,11 @@ pub fn from_frame(frame: &Frame) -> std::io::Result<MonMessage> {
     postcard::from_bytes(&frame.payload).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
+/// The largest frame a monitor connection takes: a full map of a large
+/// cluster fits many times over (and so does an OSD's 4 MiB read reply,
+/// for the clients that reuse this connection).
+const MAX_PAYLOAD: u32 = 16 << 20;
+
 /// Who we are on the wire.
 #[derive(Clone)]
 pub struct Credentials {
@@ -101,7 +106,8 @@ fn invalid(msg: impl std::fmt::Display) -> std::io::Error {
 impl Connection {
     fn new(stream: TcpStream) -> std::io::Result<Connection> {
         stream.set_nodelay(true)?;
-        Ok(Connection { stream, buffer: BytesMut::with_capacity(64 << 10), decoder: FrameDecoder::default() })
+        let decoder = FrameDecoder::with_max_payload(MAX_PAYLOAD);
+        Ok(Connection { stream, buffer: BytesMut::with_capacity(64 << 10), decoder })
     }
 
     /// Connects and authenticates as a client.
@@ -132,9 +138,17 @@ impl Connection {
     /// Authenticates an accepted connection as the server; refusals are sent before failing.
     pub fn accept(stream: TcpStream, credentials: &Credentials, timeout: Duration) -> std::io::Result<Connection> {
         stream.set_read_timeout(Some(timeout))?;
+        // A peer that stops reading must not pin the serving thread in a write.
+        stream.set_write_timeout(Some(timeout))?;
         let mut conn = Connection::new(stream)?;
         let mut session = Session::new(Handshake::server(credentials.fsid, &credentials.secret, rand::random()));
+        // The whole handshake, not each read, is bounded: a peer trickling
+        // bytes cannot hold a connection slot without authenticating.
+        let deadline = std::time::Instant::now() + timeout;
         loop {
+            if std::time::Instant::now() > deadline {
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake took too long"));
+            }
             let frame = conn.recv()?;
             match session.on_frame(frame) {
                 Ok(Event::Reply(reply)) => conn.send(&reply)?,

@@ -63,36 +63,52 @@ impl IndexCache {
     /// before it. `None`: the store is needed (R2 or R3).
     pub fn read<R: Region>(&self, log: &PgLog<R>, object: &[u8], offset: u64, len: u64) -> Option<Vec<u8>> {
         let list = self.objects.get(object)?;
-        let mut out = vec![0u8; len as usize];
-        let mut filled = vec![false; len as usize];
-        let mut missing = len as usize;
-        let end = offset + len;
+        let end = offset.checked_add(len)?;
+        // Byte ranges [from, to) of the request not yet filled; few, since writes are ranges.
+        let mut missing = if len == 0 { Vec::new() } else { vec![(offset, end)] };
+        let mut out = Vec::new();
         for item in list.iter().rev() {
+            if missing.is_empty() {
+                break;
+            }
             match item.op {
                 OpKind::Write => {
-                    let from = offset.max(item.offset);
-                    let to = end.min(item.offset + item.len);
-                    if from >= to {
+                    let (start, stop) = (item.offset, item.offset + item.len);
+                    if !missing.iter().any(|(from, to)| *from < stop && start < *to) {
                         continue;
                     }
-                    let entry = log.read(item.log_offset)?;
-                    for position in from..to {
-                        let at = (position - offset) as usize;
-                        if !filled[at] {
-                            filled[at] = true;
-                            out[at] = entry.data[(position - item.offset) as usize];
-                            missing -= 1;
+                    let entry = log.entry_at(item.log_offset)?;
+                    // The slot must still hold the entry the index points at.
+                    if entry.seq != item.seq {
+                        return None;
+                    }
+                    if out.is_empty() {
+                        out = vec![0u8; len as usize];
+                    }
+                    let mut rest = Vec::with_capacity(missing.len() + 1);
+                    for (from, to) in missing {
+                        let (a, b) = (from.max(start), to.min(stop));
+                        if a >= b {
+                            rest.push((from, to));
+                            continue;
+                        }
+                        out[(a - offset) as usize..(b - offset) as usize]
+                            .copy_from_slice(&entry.data[(a - start) as usize..(b - start) as usize]);
+                        if from < a {
+                            rest.push((from, a));
+                        }
+                        if b < to {
+                            rest.push((b, to));
                         }
                     }
+                    missing = rest;
                 }
                 // Older data may live in the store below these: only what
                 // newer writes cover is known without it.
                 OpKind::Truncate | OpKind::Delete => break,
             }
-            if missing == 0 {
-                return Some(out);
-            }
         }
-        (missing == 0).then_some(out)
+        debug_assert!(missing.is_empty() || out.is_empty() || out.len() as u64 == len);
+        missing.is_empty().then_some(out)
     }
 }

@@ -12,7 +12,7 @@
 //! Recovery reads entries from there while each one is whole (crc) and
 //! carries the next seq; anything after is stale or torn.
 
-use crate::entry::{Entry, HEADER_LEN as ENTRY_HEADER_LEN};
+use crate::entry::{Entry, EntryRef, HEADER_LEN as ENTRY_HEADER_LEN};
 use crate::region::Region;
 
 const HEADER_SLOT: u64 = 64;
@@ -60,11 +60,20 @@ fn encode_header(generation: u64, pg: u32, tail: u64, tail_seq: u64) -> [u8; 64]
     h
 }
 
-fn decode_header(h: &[u8], pg: u32) -> Option<(u64, u64, u64)> {
+/// Where the header of `generation` goes: the slots alternate, so a torn
+/// header write can only destroy the older of the two.
+fn slot_of(generation: u64) -> u64 {
+    (generation % 2) * HEADER_SLOT
+}
+
+/// (generation, tail, tail seq) of a valid header for `pg` in a region of `len` bytes.
+fn decode_header(h: &[u8], pg: u32, len: u64) -> Option<(u64, u64, u64)> {
     let word = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().expect("4 bytes"));
     let long = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
     let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..4]), &h[8..64]);
-    (word(0) == HEADER_MAGIC && word(4) == crc && word(16) == pg).then(|| (long(8), long(24), long(32)))
+    let tail = long(24);
+    let tail_fits = (RING_START..=len).contains(&tail) && tail.is_multiple_of(8);
+    (word(0) == HEADER_MAGIC && word(4) == crc && word(16) == pg && tail_fits).then(|| (long(8), tail, long(32)))
 }
 
 impl<R: Region> PgLog<R> {
@@ -73,11 +82,12 @@ impl<R: Region> PgLog<R> {
     pub fn open(mut region: R, pg: u32) -> Result<(PgLog<R>, Vec<Entry>), LogError> {
         assert!(region.len() >= RING_START + 4096, "a log region needs at least 4 KiB of ring");
         let headers = [region.read(0, 64).to_vec(), region.read(HEADER_SLOT, 64).to_vec()];
-        let best = headers.iter().filter_map(|h| decode_header(h, pg)).max_by_key(|(generation, ..)| *generation);
+        let len = region.len();
+        let best = headers.iter().filter_map(|h| decode_header(h, pg, len)).max_by_key(|(generation, ..)| *generation);
         let (generation, tail, tail_seq) = match best {
             Some(found) => found,
             None => {
-                region.write(0, &encode_header(1, pg, RING_START, 1))?;
+                region.write(slot_of(1), &encode_header(1, pg, RING_START, 1))?;
                 (1, RING_START, 1)
             }
         };
@@ -141,8 +151,17 @@ impl<R: Region> PgLog<R> {
     /// Appends an entry already encoded (by [`crate::EntryRef::encode`]), so
     /// that the same bytes can also go to the replicas.
     pub fn append_encoded(&mut self, seq: u64, encoded: &[u8]) -> Result<u64, LogError> {
+        // Cheap checks in every build: a mismatch here would make recovery
+        // stop at this entry and drop everything logged after it.
+        assert!(
+            encoded.len() >= ENTRY_HEADER_LEN
+                && encoded.len().is_multiple_of(8)
+                && encoded[0..4] == *b"DPXL"
+                && encoded[8..16] == seq.to_le_bytes(),
+            "append_encoded wants one whole encoded entry with seq {seq}"
+        );
         debug_assert!(
-            Entry::decode(encoded).is_some_and(|e| e.seq == seq && e.encoded_len() == encoded.len()),
+            Entry::decode(encoded).is_some_and(|e| e.encoded_len() == encoded.len()),
             "append_encoded wants one whole encoded entry"
         );
         if seq != self.next_seq {
@@ -196,8 +215,7 @@ impl<R: Region> PgLog<R> {
             return Ok(());
         }
         self.generation += 1;
-        let slot = (self.generation % 2) * HEADER_SLOT;
-        self.region.write(slot, &encode_header(self.generation, self.pg, tail, tail_seq))?;
+        self.region.write(slot_of(self.generation), &encode_header(self.generation, self.pg, tail, tail_seq))?;
         self.tail = tail;
         self.tail_seq = tail_seq;
         Ok(())
@@ -205,8 +223,13 @@ impl<R: Region> PgLog<R> {
 
     /// The live entry at `offset` (as returned by `append`).
     pub fn read(&self, offset: u64) -> Option<Entry> {
+        self.entry_at(offset).map(|e| e.to_owned())
+    }
+
+    /// The live entry at `offset`, borrowed from the region (checksum verified, nothing copied).
+    pub fn entry_at(&self, offset: u64) -> Option<EntryRef<'_>> {
         let available = self.region.len().checked_sub(offset).filter(|a| *a > 0)?;
-        Entry::decode(self.region.read(offset, available as usize))
+        EntryRef::decode(self.region.read(offset, available as usize))
     }
 
     /// Where each live entry is, oldest first (as `append` returned).

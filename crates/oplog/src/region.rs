@@ -17,6 +17,22 @@ pub trait Region: Send {
     }
 }
 
+/// Sizes a new (empty) log file; refuses one of another size, which would
+/// cut live entries off (or leave them out of reach) if resized.
+fn size_new_file(file: &File, path: &Path, len: u64) -> io::Result<()> {
+    match file.metadata()?.len() {
+        0 => file.set_len(len),
+        current if current == len => Ok(()),
+        current => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is a {current}-byte log but {len} bytes are configured; flush it with the old size first",
+                path.display()
+            ),
+        )),
+    }
+}
+
 /// A mapped file: `shm` (tmpfs: survives a process crash) or `pmem` (with
 /// `persist`, each write is flushed to the medium before returning).
 pub struct MmapRegion {
@@ -28,9 +44,7 @@ impl MmapRegion {
     /// Opens or creates `path` with `len` bytes.
     pub fn open(path: &Path, len: u64, persist: bool) -> io::Result<MmapRegion> {
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
-        if file.metadata()?.len() != len {
-            file.set_len(len)?;
-        }
+        size_new_file(&file, path, len)?;
         // SAFETY: the file is this log's own; no other process maps it while
         // this OSD holds its device lock.
         let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map_mut(&file)? };
@@ -73,9 +87,7 @@ impl FileRegion {
             .truncate(false)
             .custom_flags(libc::O_DSYNC)
             .open(path)?;
-        if file.metadata()?.len() != len {
-            file.set_len(len)?;
-        }
+        size_new_file(&file, path, len)?;
         let mut mirror = vec![0u8; len as usize];
         file.read_exact_at(&mut mirror, 0)?;
         Ok(FileRegion { file, mirror })

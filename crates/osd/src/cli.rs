@@ -80,17 +80,6 @@ pub struct OsdArgs {
     pool_threads: usize,
 }
 
-fn parse_fsid(hex: &str) -> Result<[u8; 16]> {
-    if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        bail!("--fsid must be 32 hex digits");
-    }
-    let mut fsid = [0u8; 16];
-    for (i, byte) in fsid.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).context("--fsid must be hex")?;
-    }
-    Ok(fsid)
-}
-
 /// Runs an OSD as its flags say; returns only on a start-up error.
 pub fn run(args: OsdArgs) -> Result<()> {
     tracing_subscriber::fmt()
@@ -114,7 +103,7 @@ pub fn run(args: OsdArgs) -> Result<()> {
     let mut config = OsdConfig::new(args.id, args.data.clone(), oplog_dir, monitors);
     config.oplog_mode = args.oplog_mode;
     config.oplog_pg_bytes = args.oplog_pg_bytes;
-    config.fsid = parse_fsid(&args.fsid)?;
+    config.fsid = duplex_proto::parse_fsid(&args.fsid).context("--fsid must be 32 hex digits")?;
     config.secret = secret;
     config.listen = args.listen;
     config.public_addr = args.public_addr;

@@ -19,11 +19,7 @@ pub const FSID_HEX: &str = "00112233445566778899aabbccddeeff";
 pub const SECRET: &[u8] = b"a shared cluster secret for local clusters";
 
 pub fn fsid() -> [u8; 16] {
-    let mut fsid = [0u8; 16];
-    for (i, byte) in fsid.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&FSID_HEX[2 * i..2 * i + 2], 16).expect("constant hex");
-    }
-    fsid
+    duplex_proto::parse_fsid(FSID_HEX).expect("a valid constant")
 }
 
 pub fn credentials(name: &str) -> Credentials {

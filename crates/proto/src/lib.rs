@@ -27,3 +27,32 @@ pub use session::{Session, SessionError};
 
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u8 = 1;
+
+/// A cluster fsid from its 32 hex digits; `None` for anything else.
+pub fn parse_fsid(hex: &str) -> Option<[u8; 16]> {
+    if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut fsid = [0u8; 16];
+    for (i, byte) in fsid.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(fsid)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn fsids_parse_from_32_hex_digits_only() {
+        assert_eq!(super::parse_fsid("000102030405060708090a0b0c0d0e0F"), Some(std::array::from_fn(|i| i as u8)));
+        for bad in [
+            "",
+            "00",
+            "zz0102030405060708090a0b0c0d0e0f",
+            "000102030405060708090a0b0c0d0e0f00",
+            "é0102030405060708090a0b0c0d0e0",
+        ] {
+            assert_eq!(super::parse_fsid(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use duplex_store::{Batch, Key, MkfsOptions, Store};
 use serde::Serialize;
 
-use crate::counting_alloc::{live_bytes, resident_bytes};
+use crate::counting_alloc::{enable, live_bytes, resident_bytes};
 use crate::units::{format_bytes, parse_bytes};
 use crate::DeviceArgs;
 
@@ -52,6 +52,7 @@ struct MemoryResult {
 }
 
 pub fn run(args: MemoryArgs) -> Result<()> {
+    enable();
     std::fs::create_dir_all(&args.dir)?;
     let mut results = Vec::new();
     if args.small_objects > 0 {
@@ -60,7 +61,11 @@ pub fn run(args: MemoryArgs) -> Result<()> {
         }
         let blocks_each = args.small_object_size.div_ceil(4096);
         // Data, plus one 512-byte onode slot per 4 KiB (12.5%), crc table and bitmaps.
-        let size = args.small_objects * blocks_each * 4096 * 6 / 5 + (256 << 20);
+        let size = args
+            .small_objects
+            .checked_mul(blocks_each * 4096 * 6 / 5)
+            .and_then(|bytes| bytes.checked_add(256 << 20))
+            .context("--small-objects is too large")?;
         let path = args.dir.join("duplex-memory-small.img");
         let data = vec![0xA5u8; args.small_object_size as usize];
         results.push(measure(&args, &path, size, 4096, "small objects", args.small_objects, |i| {
@@ -140,7 +145,7 @@ fn measure(
     let started = Instant::now();
     let store = Store::open(path, &config)?;
     let mount_seconds = started.elapsed().as_secs_f64();
-    let heap_growth = live_bytes() - heap_before;
+    let heap_growth = live_bytes().wrapping_sub(heap_before);
     let memory = store.partitions()[0].memory();
     if memory.objects as u64 != objects {
         bail!("mounted {} objects, created {objects}", memory.objects);

@@ -73,10 +73,7 @@ impl Cluster {
     }
 
     pub fn client(&self) -> MonClient {
-        let mut fsid = [0u8; 16];
-        for (i, byte) in fsid.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&FSID_HEX[2 * i..2 * i + 2], 16).unwrap();
-        }
+        let fsid = duplex_proto::parse_fsid(FSID_HEX).unwrap();
         let credentials =
             Credentials { fsid, secret: b"a shared cluster secret for tests".to_vec(), name: "client.test".into() };
         MonClient::new(self.peers.iter().map(|(id, addr)| (*id, *addr)).collect(), credentials)
