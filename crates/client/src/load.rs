@@ -105,6 +105,8 @@ pub fn run(client: &ObjectClient, spec: &LoadSpec) -> std::io::Result<LoadResult
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("static bounds");
     let mut in_flight: HashMap<u64, Instant> = HashMap::new();
     let (mut ops, mut errors, mut next_txid) = (0u64, 0u64, 1u64);
+    // A request id per operation, as a real client sends: the OSD tracks them.
+    let client_id = rand::random::<u64>() | 1;
     let started = Instant::now();
     let deadline = started + spec.duration;
     let mut events = Events::with_capacity(64);
@@ -126,6 +128,7 @@ pub fn run(client: &ObjectClient, spec: &LoadSpec) -> std::io::Result<LoadResult
                 offset,
                 length,
                 data,
+                client: client_id,
             };
             let frame = request.to_frame(next_txid);
             let peer = peers.get_mut(osd).expect("connected above");

@@ -1,7 +1,9 @@
-//! Synchronous object operations against the PG's primary, with the
-//! client-side placement and the retries an operator expects: a newer map
-//! on `WrongOsd`, a pause on `Retry`, a reconnect on a broken connection,
-//! all within one deadline per operation.
+//! A minimal synchronous client, one operation at a time, for tests and
+//! tools that want to see each step: client-side placement and the
+//! retries an operator expects (a newer map on `WrongOsd`, a pause on
+//! `Retry`, a reconnect on a broken connection), all within one deadline
+//! per operation, resending with the same request id. Applications use
+//! [`crate::Client`], which pipelines.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,19 +19,7 @@ use duplex_proto::MessageType;
 
 use crate::conn::OsdConnection;
 
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("no such object")]
-    NotFound,
-    #[error("no pool named '{0}'")]
-    NoSuchPool(String),
-    #[error("the OSD refused the request: {0}")]
-    Invalid(String),
-    #[error("the OSD's store failed: {0}")]
-    Io(String),
-    #[error("gave up after {0:?}: {1}")]
-    Unavailable(Duration, String),
-}
+use crate::error::ClientError;
 
 pub struct ObjectClient {
     monitors: Vec<(u64, SocketAddr)>,
@@ -38,6 +28,7 @@ pub struct ObjectClient {
     hierarchy: Hierarchy,
     conns: HashMap<OsdId, OsdConnection>,
     next_txid: u64,
+    client_id: u64,
     /// How long one operation may keep retrying.
     pub timeout: Duration,
 }
@@ -46,7 +37,7 @@ impl ObjectClient {
     /// Fetches the map from the monitors.
     pub fn connect(monitors: Vec<(u64, SocketAddr)>, credentials: Credentials) -> Result<ObjectClient, ClientError> {
         let map = fetch_map(&monitors, &credentials, 0)
-            .ok_or_else(|| ClientError::Unavailable(Duration::ZERO, "no monitor returned a map".into()))?;
+            .ok_or_else(|| ClientError::Unavailable("no monitor returned a map".into()))?;
         let hierarchy = map.hierarchy();
         Ok(ObjectClient {
             monitors,
@@ -55,6 +46,7 @@ impl ObjectClient {
             hierarchy,
             conns: HashMap::new(),
             next_txid: 1,
+            client_id: rand::random::<u64>() | 1,
             timeout: Duration::from_secs(30),
         })
     }
@@ -122,6 +114,10 @@ impl ObjectClient {
     ) -> Result<Bytes, ClientError> {
         let started = Instant::now();
         let mut last = String::from("no attempt");
+        // One request id for every attempt: the OSD answers a resend of a
+        // mutation it already applied without applying it again.
+        let txid = self.next_txid;
+        self.next_txid += 1;
         while started.elapsed() < self.timeout {
             let Some((pg, primary)) = self.locate(pool, object) else {
                 if !self.refresh_map() {
@@ -143,8 +139,9 @@ impl ObjectClient {
                 offset,
                 length,
                 data: data.clone(),
+                client: self.client_id,
             };
-            let reply = match self.call(primary, &request) {
+            let reply = match self.call(primary, &request, txid) {
                 Ok(reply) => reply,
                 Err(err) => {
                     last = format!("OSD {primary}: {err}");
@@ -164,7 +161,7 @@ impl ObjectClient {
                 }
             }
         }
-        Err(ClientError::Unavailable(self.timeout, last))
+        Err(ClientError::TimedOut(self.timeout, last))
     }
 
     fn pause_and_refresh(&mut self) {
@@ -172,15 +169,13 @@ impl ObjectClient {
         self.refresh_map();
     }
 
-    fn call(&mut self, osd: OsdId, request: &OpRequest) -> std::io::Result<OpReply> {
+    fn call(&mut self, osd: OsdId, request: &OpRequest, txid: u64) -> std::io::Result<OpReply> {
         if !self.conns.contains_key(&osd) {
             let addr = self.addr_of(osd).ok_or_else(|| std::io::Error::other("no address in the map"))?;
             let conn = OsdConnection::connect(addr, &self.credentials, Duration::from_secs(5))?;
             self.conns.insert(osd, conn);
         }
         let conn = self.conns.get_mut(&osd).expect("inserted above");
-        let txid = self.next_txid;
-        self.next_txid += 1;
         conn.send(&request.to_frame(txid))?;
         let frame = conn.recv()?;
         if frame.header.message_type != MessageType::OsdOpReply as u8 || frame.header.transaction_id != txid {

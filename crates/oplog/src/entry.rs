@@ -4,10 +4,26 @@
 //! 0  magic u32 "DPXL"      4  crc32c u32 (of the entry, this field excluded)
 //! 8  seq u64               16 version u64      24 epoch u32    28 op u8
 //! 29 reserved u8           30 object length u16                32 data length u32
-//! 36 pg u32                40 offset u64       48 object, then data; padded to 8 bytes
+//! 36 pg u32                40 offset u64       48 client u64    56 tid u64
+//! 64 object, then data; padded to 8 bytes
 //! ```
+//!
+//! `client` and `tid` are the request id of the client operation the entry
+//! came from (0, 0 for none): kept with the entry so that whichever OSD
+//! holds it, as primary now or after a failover, recognises a resent request.
+//!
+//! Per operation, what `offset` and `data` carry:
+//!
+//! | op | offset | data |
+//! | --- | --- | --- |
+//! | write | where | the bytes |
+//! | truncate | the new size | none |
+//! | delete | 0 | none |
+//! | set attribute | the name's length | name, then value |
+//! | remove attribute | 0 | the name |
+//! | create pre-allocated | the size | none |
 
-pub const HEADER_LEN: usize = 48;
+pub const HEADER_LEN: usize = 64;
 const MAGIC: u32 = u32::from_le_bytes(*b"DPXL");
 /// Longest object name in an entry.
 pub const MAX_OBJECT_LEN: usize = 256;
@@ -18,6 +34,38 @@ pub enum OpKind {
     Write = 1,
     Truncate = 2,
     Delete = 3,
+    SetAttr = 4,
+    RemoveAttr = 5,
+    /// Create the object pre-allocated, of `offset` bytes, if it is absent.
+    CreatePreallocated = 6,
+}
+
+impl OpKind {
+    pub fn from_u8(value: u8) -> Option<OpKind> {
+        Some(match value {
+            1 => OpKind::Write,
+            2 => OpKind::Truncate,
+            3 => OpKind::Delete,
+            4 => OpKind::SetAttr,
+            5 => OpKind::RemoveAttr,
+            6 => OpKind::CreatePreallocated,
+            _ => return None,
+        })
+    }
+}
+
+/// Who asked for an operation: the client instance and its transaction id.
+/// A resent request carries the same id. `client == 0`: no id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId {
+    pub client: u64,
+    pub tid: u64,
+}
+
+impl RequestId {
+    pub fn is_none(&self) -> bool {
+        self.client == 0
+    }
 }
 
 /// One logged operation. For `Truncate`, `offset` is the new size.
@@ -31,6 +79,7 @@ pub struct Entry {
     pub object: Vec<u8>,
     pub offset: u64,
     pub data: Vec<u8>,
+    pub request: RequestId,
 }
 
 /// An entry by reference: what the OSD encodes straight from a request's
@@ -45,6 +94,7 @@ pub struct EntryRef<'a> {
     pub object: &'a [u8],
     pub offset: u64,
     pub data: &'a [u8],
+    pub request: RequestId,
 }
 
 impl EntryRef<'_> {
@@ -64,6 +114,8 @@ impl EntryRef<'_> {
         out[32..36].copy_from_slice(&(self.data.len() as u32).to_le_bytes());
         out[36..40].copy_from_slice(&self.pg.to_le_bytes());
         out[40..48].copy_from_slice(&self.offset.to_le_bytes());
+        out[48..56].copy_from_slice(&self.request.client.to_le_bytes());
+        out[56..64].copy_from_slice(&self.request.tid.to_le_bytes());
         let object_end = HEADER_LEN + self.object.len();
         out[HEADER_LEN..object_end].copy_from_slice(self.object);
         out[object_end..object_end + self.data.len()].copy_from_slice(self.data);
@@ -84,6 +136,7 @@ impl Entry {
             object: &self.object,
             offset: self.offset,
             data: &self.data,
+            request: self.request,
         }
     }
 
@@ -121,12 +174,7 @@ impl<'a> EntryRef<'a> {
         if used > bytes.len() || checksum(bytes, used) != word(4) {
             return None;
         }
-        let op = match header[28] {
-            1 => OpKind::Write,
-            2 => OpKind::Truncate,
-            3 => OpKind::Delete,
-            _ => return None,
-        };
+        let op = OpKind::from_u8(header[28])?;
         Some(EntryRef {
             pg: word(36),
             epoch: word(24),
@@ -136,6 +184,7 @@ impl<'a> EntryRef<'a> {
             object: &bytes[HEADER_LEN..HEADER_LEN + object_len],
             offset: long(40),
             data: &bytes[HEADER_LEN + object_len..used],
+            request: RequestId { client: long(48), tid: long(56) },
         })
     }
 
@@ -149,6 +198,7 @@ impl<'a> EntryRef<'a> {
             object: self.object.to_vec(),
             offset: self.offset,
             data: self.data.to_vec(),
+            request: self.request,
         }
     }
 }
@@ -174,20 +224,22 @@ mod tests {
             any::<u32>(),
             any::<u64>(),
             any::<u64>(),
-            1u8..4,
+            1u8..7,
             proptest::collection::vec(any::<u8>(), 0..40),
             any::<u64>(),
             proptest::collection::vec(any::<u8>(), 0..600),
+            (any::<u64>(), any::<u64>()),
         )
-            .prop_map(|(pg, epoch, version, seq, op, object, offset, data)| Entry {
+            .prop_map(|(pg, epoch, version, seq, op, object, offset, data, (client, tid))| Entry {
                 pg,
                 epoch,
                 version,
                 seq,
-                op: [OpKind::Write, OpKind::Truncate, OpKind::Delete][op as usize - 1],
+                op: OpKind::from_u8(op).expect("1..7"),
                 object,
                 offset,
                 data,
+                request: RequestId { client, tid },
             })
     }
 

@@ -105,7 +105,9 @@ impl IndexCache {
                 }
                 // Older data may live in the store below these: only what
                 // newer writes cover is known without it.
-                OpKind::Truncate | OpKind::Delete => break,
+                OpKind::Truncate | OpKind::Delete | OpKind::CreatePreallocated => break,
+                // Attributes are not data.
+                OpKind::SetAttr | OpKind::RemoveAttr => {}
             }
         }
         debug_assert!(missing.is_empty() || out.is_empty() || out.len() as u64 == len);

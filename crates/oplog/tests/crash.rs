@@ -25,6 +25,7 @@ fn entry(seq: u64) -> Entry {
         object: b"o".to_vec(),
         offset: seq,
         data: vec![(seq % 251) as u8; size],
+        request: Default::default(),
     }
 }
 

@@ -18,6 +18,7 @@ fn entry(seq: u64, size: usize, fill: u8) -> Entry {
         object: b"obj".to_vec(),
         offset: seq,
         data: vec![fill; size],
+        request: Default::default(),
     }
 }
 
@@ -117,13 +118,16 @@ proptest! {
             let (op, data) = match kind {
                 0 => (OpKind::Delete, vec![]),
                 1 => (OpKind::Truncate, vec![]),
+                2 => (OpKind::SetAttr, b"name".to_vec()),
                 _ => (OpKind::Write, (0..len).map(|i| (seq as u8).wrapping_mul(31).wrapping_add(i as u8)).collect()),
             };
-            let e = Entry { pg: 1, epoch: 1, version: seq, seq, op, object: b"o".to_vec(), offset, data: data.clone() };
+            let e = Entry { pg: 1, epoch: 1, version: seq, seq, op, object: b"o".to_vec(), offset, data: data.clone(), request: Default::default() };
             let at = log.append(&e).unwrap();
             index.insert(&e, at);
             match op {
                 OpKind::Write => for (i, b) in data.iter().enumerate() { known[offset as usize + i] = Some(*b); },
+                // Attributes leave the data as it was.
+                OpKind::SetAttr => {}
                 _ => known.iter_mut().for_each(|k| *k = None),
             }
         }

@@ -95,6 +95,12 @@ pub fn run(args: OsdArgs) -> Result<()> {
     if secret.len() < 16 {
         bail!("the cluster secret must be at least 16 bytes");
     }
+    if args.oplog_pg_bytes < 1 << 20 {
+        tracing::warn!(
+            bytes = args.oplog_pg_bytes,
+            "--oplog-pg-bytes below 1 MiB: image writes (pieces of up to 256 KiB; a log takes entries up to half its size) may be refused"
+        );
+    }
     let oplog_dir = match (&args.oplog_dir, args.oplog_mode) {
         (Some(dir), _) => dir.clone(),
         (None, OplogMode::Shm) => PathBuf::from(format!("/dev/shm/duplex-osd-{}", args.id)),

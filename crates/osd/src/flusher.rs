@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use duplex_oplog::Entry;
-use duplex_proto::osd::{OpReply, RepReply, Status};
-use duplex_store::{Batch, Key, Partition, ReadRequest, StoreError};
+use duplex_proto::osd::{encode_attrs, encode_names, ObjectStat, OpKind, OpReply, RepReply, Status, LIST_LIMIT};
+use duplex_store::{Batch, Key, Op, Partition, ReadRequest, StoreError};
 
 use crate::mailbox::{Completion, Mailbox};
 use crate::metrics::{record, Metrics, Stage};
@@ -32,9 +32,14 @@ pub struct ClientSlot {
     pub slot: u64,
 }
 
+/// A read from the store: object data, or (by `kind`) a stat, attributes,
+/// or a listing of the PG's objects.
 pub struct ReadJob {
+    pub kind: OpKind,
     pub pg: u32,
     pub object: Bytes,
+    /// An attribute's name, or a listing's prefix.
+    pub arg: Bytes,
     pub offset: u64,
     pub len: u32,
     pub flush_first: bool,
@@ -85,6 +90,10 @@ impl Flusher {
         let mut pending =
             Pending { reads: Vec::new(), syncs: Vec::new(), dirty: BTreeSet::new(), deadline: None, flush_now: false };
         let mut written = device_bytes(&self.partition);
+        let total = self.partition.data_blocks() * duplex_store::BLOCK_SIZE as u64;
+        self.metrics.store_capacity_bytes.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
+        let mut used = (self.partition.data_blocks() - self.partition.free_blocks()) * duplex_store::BLOCK_SIZE as u64;
+        self.metrics.store_used_bytes.fetch_add(used, std::sync::atomic::Ordering::Relaxed);
         loop {
             let first = match pending.deadline {
                 None => match self.jobs.recv() {
@@ -103,10 +112,19 @@ impl Flusher {
             let due = pending.deadline.is_some_and(|d| Instant::now() >= d);
             if pending.flush_now || due {
                 let started = Instant::now();
-                self.flush(std::mem::take(&mut pending.dirty));
+                let refilled = self.flush(std::mem::take(&mut pending.dirty));
                 record(&histograms, Stage::Flush, started.elapsed().as_micros() as u64);
                 pending.deadline = None;
                 pending.flush_now = false;
+                // Replica entries that waited for room went into the logs this
+                // flush trimmed: they need a flush of their own, at once if
+                // more are still waiting (their primary waits for the acks).
+                // (A deadline, not `flush_now`: the loop blocks for jobs unless one is set.)
+                for (pg, more_waiting) in refilled {
+                    pending.dirty.insert(pg);
+                    let due = if more_waiting { Instant::now() } else { Instant::now() + self.timeout };
+                    pending.deadline = Some(pending.deadline.map_or(due, |d| d.min(due)));
+                }
             }
             if !pending.syncs.is_empty() {
                 let started = Instant::now();
@@ -119,6 +137,12 @@ impl Flusher {
             let now = device_bytes(&self.partition);
             self.metrics.device_bytes_written.add(now.saturating_sub(written));
             written = now;
+            // This partition's share of the OSD's used bytes, as a delta.
+            let now_used =
+                (self.partition.data_blocks() - self.partition.free_blocks()) * duplex_store::BLOCK_SIZE as u64;
+            let gauge = &self.metrics.store_used_bytes;
+            gauge.fetch_add(now_used.wrapping_sub(used), std::sync::atomic::Ordering::Relaxed);
+            used = now_used;
         }
     }
 
@@ -144,7 +168,9 @@ impl Flusher {
     }
 
     /// Applies the live entries of `dirty` PGs, then trims them.
-    fn flush(&mut self, dirty: BTreeSet<u32>) {
+    /// Returns the PGs whose logs took waiting replica entries after the
+    /// trim, and whether more still wait.
+    fn flush(&mut self, dirty: BTreeSet<u32>) -> Vec<(u32, bool)> {
         // Per PG: the last seq taken; the entries themselves become store ops.
         let mut taken = Vec::new();
         let mut ops = Vec::new();
@@ -170,17 +196,25 @@ impl Flusher {
             for op in ops.by_ref().take(FLUSH_BATCH) {
                 batch.push(op);
             }
-            if let Err(err) = self.partition.apply(&batch) {
+            let applied = match self.partition.apply(&batch) {
+                Ok(_) => {
+                    self.metrics.flushed_entries.add(batch.len() as u64);
+                    Ok(())
+                }
+                Err(StoreError::InvalidArgument(_)) => self.apply_one_by_one(batch.ops),
+                Err(err) => Err(err),
+            };
+            if let Err(err) = applied {
                 // Nothing is trimmed: the entries stay in the log and are
                 // retried on the next flush (and replayed on restart).
                 tracing::error!(partition = self.partition.index(), %err, "flush failed; entries stay in the log");
-                return;
+                return Vec::new();
             }
             self.metrics.flushes.add(1);
-            self.metrics.flushed_entries.add(batch.len() as u64);
         }
         let mut wake = vec![false; self.mailboxes.len()];
         let mut broadcast = false;
+        let mut refilled = Vec::new();
         for (pg, last) in taken {
             let mut guard = pg.lock().expect("PG lock");
             if let Err(err) = guard.trim(last) {
@@ -192,6 +226,10 @@ impl Flusher {
             if guard.has_early() {
                 match guard.drain_early() {
                     Ok(acks) => {
+                        if !acks.is_empty() {
+                            guard.dirty = true;
+                            refilled.push((guard.key, guard.has_early()));
+                        }
                         for Ack { seq, to } in acks {
                             let frame = RepReply { status: Status::Ok, pg: guard.key, seq }.to_frame(to.txid);
                             self.mailboxes[to.thread].post(Completion::Send { token: to.token, frame });
@@ -210,6 +248,27 @@ impl Flusher {
                 mailbox.wake();
             }
         }
+        refilled
+    }
+
+    /// A batch the store refused as invalid: one op the OSD could not check
+    /// before logging it (an attribute that overflows its object's budget)
+    /// must not wedge the PG forever. Applies the ops one at a time and
+    /// drops those the store refuses, loudly.
+    fn apply_one_by_one(&mut self, ops: Vec<Op>) -> Result<(), StoreError> {
+        for op in ops {
+            let mut single = Batch::new();
+            single.push(op);
+            match self.partition.apply(&single) {
+                Ok(_) => self.metrics.flushed_entries.add(1),
+                Err(StoreError::InvalidArgument(why)) => {
+                    tracing::error!(partition = self.partition.index(), op = ?single.ops[0].key(), %why, "dropping a logged operation the store refuses");
+                    self.metrics.dropped_entries.add(1);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
     }
 
     fn apply_syncs(&mut self, syncs: Vec<(Entry, SyncDone)>) {
@@ -255,8 +314,9 @@ impl Flusher {
     }
 
     fn read(&mut self, reads: Vec<ReadJob>) {
-        let keys: Vec<Result<Key, StoreError>> = reads.iter().map(|r| Key::in_group(r.pg, &r.object)).collect();
-        let requests: Vec<ReadRequest<'_>> = reads
+        let (data, other): (Vec<ReadJob>, Vec<ReadJob>) = reads.into_iter().partition(|r| r.kind == OpKind::Read);
+        let keys: Vec<Result<Key, StoreError>> = data.iter().map(|r| Key::in_group(r.pg, &r.object)).collect();
+        let requests: Vec<ReadRequest<'_>> = data
             .iter()
             .zip(&keys)
             .filter_map(|(r, key)| {
@@ -265,26 +325,83 @@ impl Flusher {
             .collect();
         let mut results = self.partition.read_many(&requests).into_iter();
         let mut wake = vec![false; self.mailboxes.len()];
-        for (read, key) in reads.iter().zip(&keys) {
+        for (read, key) in data.iter().zip(&keys) {
             let epoch = read.map_epoch;
             let reply = match key {
                 Err(err) => OpReply::error(Status::Invalid, epoch, err),
                 Ok(_) => match results.next() {
-                    Some(Ok(data)) => OpReply { status: Status::Ok, map_epoch: epoch, data: Bytes::from(data) },
-                    Some(Err(StoreError::NotFound)) => OpReply::error(Status::NotFound, epoch, "no such object"),
-                    Some(Err(err)) => OpReply::error(Status::Io, epoch, err),
+                    Some(result) => reply_of(epoch, result.map(Bytes::from)),
                     None => OpReply::error(Status::Io, epoch, "store returned too few results"),
                 },
             };
-            let to = read.reply;
-            self.mailboxes[to.thread].post(Completion::Reply { token: to.token, slot: to.slot, reply });
-            wake[to.thread] = true;
+            self.post_reply(read.reply, reply, &mut wake);
+        }
+        for read in other {
+            let result = self.metadata(&read);
+            self.post_reply(read.reply, reply_of(read.map_epoch, result), &mut wake);
         }
         for (thread, mailbox) in self.mailboxes.iter().enumerate() {
             if wake[thread] {
                 mailbox.wake();
             }
         }
+    }
+
+    fn post_reply(&self, to: ClientSlot, reply: OpReply, wake: &mut [bool]) {
+        self.mailboxes[to.thread].post(Completion::Reply { token: to.token, slot: to.slot, reply });
+        wake[to.thread] = true;
+    }
+
+    /// A stat, an attribute read, or a listing, from the store.
+    fn metadata(&mut self, read: &ReadJob) -> Result<Bytes, StoreError> {
+        if read.kind == OpKind::List {
+            return Ok(self.list(read));
+        }
+        let key = Key::in_group(read.pg, &read.object)?;
+        let key = key.as_bytes();
+        Ok(match read.kind {
+            OpKind::Stat => {
+                let info = self.partition.stat(key)?;
+                ObjectStat { size: info.size, allocated_bytes: info.allocated_bytes, preallocated: info.preallocated }
+                    .encode()
+            }
+            OpKind::GetAttr => Bytes::from(self.partition.get_attr(key, &read.arg)?),
+            OpKind::ListAttrs => encode_attrs(&self.partition.list_attrs(key)?),
+            kind => return Err(StoreError::InvalidArgument(format!("{kind:?} is not a store read"))),
+        })
+    }
+
+    /// Names of the PG's objects after the cursor, with the prefix, in order.
+    fn list(&self, read: &ReadJob) -> Bytes {
+        let group = read.pg.to_be_bytes();
+        let mut start = group.to_vec();
+        if read.object.is_empty() {
+            start.extend_from_slice(&read.arg);
+        } else {
+            // Strictly after the cursor: the least key greater than it.
+            start.extend_from_slice(&read.object);
+            start.push(0);
+            if read.object[..] < read.arg[..] {
+                start = [&group[..], &read.arg[..]].concat();
+            }
+        }
+        let end = read.pg.checked_add(1).map(u32::to_be_bytes);
+        let keys = self.partition.list(&start, end.as_ref().map(|e| &e[..]), LIST_LIMIT + 1);
+        let mut names: Vec<Vec<u8>> =
+            keys.iter().map(|k| k.as_bytes()[4..].to_vec()).take_while(|name| name.starts_with(&read.arg)).collect();
+        let more = names.len() > LIST_LIMIT;
+        names.truncate(LIST_LIMIT);
+        encode_names(&names, more)
+    }
+}
+
+fn reply_of(epoch: u64, result: Result<Bytes, StoreError>) -> OpReply {
+    match result {
+        Ok(data) => OpReply { status: Status::Ok, map_epoch: epoch, data },
+        Err(StoreError::NotFound) => OpReply::error(Status::NotFound, epoch, "no such object"),
+        Err(StoreError::AttrNotFound) => OpReply::error(Status::NotFound, epoch, "no such attribute"),
+        Err(err @ StoreError::InvalidArgument(_)) => OpReply::error(Status::Invalid, epoch, err),
+        Err(err) => OpReply::error(Status::Io, epoch, err),
     }
 }
 

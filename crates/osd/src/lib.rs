@@ -30,3 +30,4 @@ pub mod ops;
 pub mod pg;
 pub mod priority;
 pub mod replay;
+pub mod requests;

@@ -77,7 +77,16 @@ pub struct Metrics {
     pub flushed_entries: Counter,
     pub device_bytes_written: Counter,
     pub connections_refused: Counter,
+    /// Logged operations the store refused at flush time (dropped).
+    pub dropped_entries: Counter,
+    /// Resent mutations answered from the request table, not applied again.
+    pub duplicate_requests: Counter,
+    /// Metadata operations (stat, attributes, listings, creates).
+    pub metadata_ops: Counter,
     pub log_entries: AtomicU64,
+    /// The store's data capacity and bytes in use (flushers keep it current).
+    pub store_capacity_bytes: AtomicU64,
+    pub store_used_bytes: AtomicU64,
     histograms: Mutex<Vec<Histograms>>,
 }
 
@@ -156,6 +165,24 @@ impl Metrics {
         );
         counter(
             &mut out,
+            "duplex_osd_dropped_entries_total",
+            "Logged operations the store refused when flushing them (an attribute over its object's budget).",
+            &[("", self.dropped_entries.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_duplicate_requests_total",
+            "Resent mutations answered without applying them again.",
+            &[("", self.duplicate_requests.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_metadata_ops_total",
+            "Stats, attribute operations, listings and pre-allocated creates.",
+            &[("", self.metadata_ops.get())],
+        );
+        counter(
+            &mut out,
             "duplex_osd_device_bytes_written_total",
             "Bytes the store wrote to its device (data, journal, metadata).",
             &[("", self.device_bytes_written.get())],
@@ -170,6 +197,16 @@ impl Metrics {
             out,
             "# HELP duplex_osd_log_entries Live entries in all PG logs.\n# TYPE duplex_osd_log_entries gauge\nduplex_osd_log_entries {}",
             self.log_entries.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP duplex_osd_store_capacity_bytes Data capacity of the store.\n# TYPE duplex_osd_store_capacity_bytes gauge\nduplex_osd_store_capacity_bytes {}",
+            self.store_capacity_bytes.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP duplex_osd_store_used_bytes Store data bytes in use.\n# TYPE duplex_osd_store_used_bytes gauge\nduplex_osd_store_used_bytes {}",
+            self.store_used_bytes.load(std::sync::atomic::Ordering::Relaxed)
         );
         let _ = writeln!(out, "# HELP duplex_osd_cpu_seconds_total CPU time by thread class.\n# TYPE duplex_osd_cpu_seconds_total counter");
         for (class, seconds) in cpu_seconds_by_class() {

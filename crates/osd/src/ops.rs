@@ -10,7 +10,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use crossbeam_channel::Sender;
 use duplex_map::OsdId;
-use duplex_oplog::{Entry, EntryRef, LogError, OpKind as LogOp};
+use duplex_oplog::{Entry, EntryRef, LogError, OpKind as LogOp, RequestId};
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status, MAX_OBJECT_NAME};
 
 use crate::cluster::{ActingCache, MapCell};
@@ -18,6 +18,7 @@ use crate::config::{OsdConfig, WritePath};
 use crate::flusher::{ClientSlot, Job, ReadJob, SyncDone};
 use crate::metrics::{record, Histograms, Metrics, Stage};
 use crate::pg::{pg_key, Ack, OfferError, PgTable, ReplyTo};
+use crate::requests::RequestState;
 
 /// State every thread of the OSD shares.
 pub struct Shared {
@@ -97,6 +98,9 @@ pub enum Outcome {
         local: Option<Entry>,
         arrived: Instant,
         map_epoch: u64,
+        /// The PG and request id, to mark the request finished in the PG's table.
+        pg: u32,
+        request: RequestId,
     },
     /// The flusher has it; the reply comes back as a completion.
     Queued,
@@ -143,16 +147,20 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     if acting.first() != Some(&shared.config.id) {
         return reply(&op, Status::WrongOsd, epoch, format!("OSD {} is not the primary of this PG", shared.config.id));
     }
-    if duplex_placement::pg_of(&request.object, pool.pg_num) != request.pg {
+    // A listing's object field is a cursor, not one of the PG's objects.
+    if request.kind != OpKind::List && duplex_placement::pg_of(&request.object, pool.pg_num) != request.pg {
         return reply(&op, Status::Invalid, epoch, "the object does not belong to this PG");
     }
-    if let Err(why) = check_limits(request.kind, request.offset, request.data.len() as u64) {
-        return reply(&op, Status::Invalid, epoch, why);
+    if let Some(log_op) = log_op_of(request.kind) {
+        let (offset, data) = log_fields(request);
+        if let Err(why) = check_limits(log_op, offset, data) {
+            return reply(&op, Status::Invalid, epoch, why);
+        }
     }
     let elapsed = op.arrived.elapsed().as_micros() as u64;
     record(histograms, Stage::Queue, elapsed);
     match request.kind {
-        OpKind::Read => read(shared, key, op, epoch),
+        kind if !kind.is_mutation() => read(shared, key, op, epoch),
         _ if acting.len() < min_size => reply(
             &op,
             Status::Retry,
@@ -163,9 +171,35 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     }
 }
 
+/// The log op a mutation becomes (`None`: not a mutation).
+fn log_op_of(kind: OpKind) -> Option<LogOp> {
+    Some(match kind {
+        OpKind::Write => LogOp::Write,
+        OpKind::Truncate => LogOp::Truncate,
+        OpKind::Delete => LogOp::Delete,
+        OpKind::SetAttr => LogOp::SetAttr,
+        OpKind::RemoveAttr => LogOp::RemoveAttr,
+        OpKind::CreatePreallocated => LogOp::CreatePreallocated,
+        OpKind::Read | OpKind::Stat | OpKind::GetAttr | OpKind::ListAttrs | OpKind::List => return None,
+    })
+}
+
+/// A mutation's log entry `offset` and `data` (the table in the oplog's entry docs).
+fn log_fields(request: &OpRequest) -> (u64, &[u8]) {
+    match request.kind {
+        OpKind::Write | OpKind::SetAttr => (request.offset, &request.data),
+        OpKind::Truncate | OpKind::CreatePreallocated => (request.offset, &[]),
+        OpKind::RemoveAttr => (0, &request.data),
+        _ => (0, &[]),
+    }
+}
+
 fn read(shared: &Shared, key: u32, op: ClientOp, epoch: u64) -> Outcome {
     let metrics = &shared.metrics;
     let request = &op.request;
+    if request.kind != OpKind::Read {
+        return metadata_read(shared, key, op, epoch);
+    }
     let mut flush_first = false;
     if let Some(pg) = shared.pgs.get(key) {
         let pg = pg.lock().expect("PG lock");
@@ -195,10 +229,43 @@ fn read(shared: &Shared, key: u32, op: ClientOp, epoch: u64) -> Outcome {
     shared.send_job(
         key,
         Job::Read(ReadJob {
+            kind: OpKind::Read,
             pg: key,
             object: request.object.clone(),
+            arg: Bytes::new(),
             offset: request.offset,
             len: request.length,
+            flush_first,
+            reply: ClientSlot { thread: op.thread, token: op.token, slot: op.slot },
+            map_epoch: epoch,
+        }),
+    );
+    Outcome::Queued
+}
+
+/// Stats, attributes and listings come from the store, after a flush when
+/// the log holds entries they depend on (the object's, or for a listing
+/// any of the PG's).
+fn metadata_read(shared: &Shared, key: u32, op: ClientOp, epoch: u64) -> Outcome {
+    let request = &op.request;
+    let flush_first = shared.pgs.get(key).is_some_and(|pg| {
+        let pg = pg.lock().expect("PG lock");
+        if request.kind == OpKind::List {
+            !pg.index.is_empty()
+        } else {
+            pg.index.contains(&request.object)
+        }
+    });
+    shared.metrics.metadata_ops.add(1);
+    shared.send_job(
+        key,
+        Job::Read(ReadJob {
+            kind: request.kind,
+            pg: key,
+            object: request.object.clone(),
+            arg: request.data.clone(),
+            offset: 0,
+            len: 0,
             flush_first,
             reply: ClientSlot { thread: op.thread, token: op.token, slot: op.slot },
             map_epoch: epoch,
@@ -210,18 +277,34 @@ fn read(shared: &Shared, key: u32, op: ClientOp, epoch: u64) -> Outcome {
 fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, replicas: &[OsdId], epoch: u64) -> Outcome {
     let metrics = &shared.metrics;
     let request = &op.request;
-    let (log_op, offset, data): (LogOp, u64, &[u8]) = match request.kind {
-        OpKind::Write => (LogOp::Write, request.offset, &request.data),
-        OpKind::Truncate => (LogOp::Truncate, request.offset, &[]),
-        OpKind::Delete => (LogOp::Delete, 0, &[]),
-        OpKind::Read => unreachable!("reads take the read path"),
-    };
+    let log_op = log_op_of(request.kind).expect("only mutations come here");
+    let (offset, data) = log_fields(request);
+    let request_id = RequestId { client: request.client, tid: op.txid };
     let pg = match shared.pgs.get_or_open(key) {
         Ok(pg) => pg,
         Err(err) => return reply(&op, Status::Io, epoch, err),
     };
     let started = Instant::now();
     let mut guard = pg.lock().expect("PG lock");
+    match guard.requests.get(request_id) {
+        Some(RequestState::Committed) => {
+            drop(guard);
+            metrics.duplicate_requests.add(1);
+            return Outcome::Reply {
+                token: op.token,
+                slot: op.slot,
+                reply: OpReply { status: Status::Ok, map_epoch: epoch, data: Bytes::new() },
+                arrived: op.arrived,
+                kind: request.kind,
+            };
+        }
+        Some(RequestState::InFlight) => {
+            drop(guard);
+            metrics.duplicate_requests.add(1);
+            return reply(&op, Status::Retry, epoch, "this request is already in progress");
+        }
+        Some(RequestState::Failed) | None => {}
+    }
     let (encoded, local) = match shared.config.write_path {
         WritePath::Oplog => {
             let seq = guard.log.next_seq();
@@ -234,6 +317,7 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
                 object: &request.object,
                 offset,
                 data,
+                request: request_id,
             };
             let encoded = entry.encode();
             match guard.append_encoded(&entry, &encoded) {
@@ -255,6 +339,9 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
                 }
                 Err(err) => return reply(&op, Status::Io, epoch, err),
             }
+            if !replicas.is_empty() {
+                guard.requests.set(request_id, RequestState::InFlight);
+            }
             let depth = guard.log.len();
             let was_dirty = std::mem::replace(&mut guard.dirty, true);
             drop(guard);
@@ -264,6 +351,7 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
         WritePath::Sync => {
             guard.sync_seq += 1;
             let seq = guard.sync_seq;
+            guard.requests.set(request_id, RequestState::InFlight);
             drop(guard);
             let entry = Entry {
                 pg: key,
@@ -274,6 +362,7 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
                 object: request.object.to_vec(),
                 offset,
                 data: data.to_vec(),
+                request: request_id,
             };
             (entry.encode(), Some(entry))
         }
@@ -285,7 +374,8 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
             metrics.write_bytes.add(data.len() as u64);
         }
         OpKind::Truncate => metrics.truncates.add(1),
-        _ => metrics.deletes.add(1),
+        OpKind::Delete => metrics.deletes.add(1),
+        _ => metrics.metadata_ops.add(1),
     }
     if replicas.is_empty() && local.is_none() {
         return Outcome::Reply {
@@ -304,6 +394,8 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
         local,
         arrived: op.arrived,
         map_epoch: epoch,
+        pg: key,
+        request: request_id,
     }
 }
 
@@ -319,14 +411,26 @@ fn notify_flusher(shared: &Shared, key: u32, depth: usize, was_dirty: bool) {
 }
 
 /// Refuses what the store could never apply: an entry that passed here is
-/// logged and acknowledged, so a flush must not fail on it later.
-fn check_limits(kind: OpKind, offset: u64, data: u64) -> Result<(), String> {
+/// logged and acknowledged, so a flush must not fail on it later. (One
+/// thing cannot be checked without the store: that a new attribute keeps
+/// its object's attributes within their total; see the flusher.)
+fn check_limits(op: LogOp, offset: u64, data: &[u8]) -> Result<(), String> {
     let limit = duplex_store::MAX_OBJECT_SIZE;
-    let end = match kind {
-        OpKind::Read => 0,
-        OpKind::Write => offset.saturating_add(data),
-        OpKind::Truncate => offset,
-        OpKind::Delete => 0,
+    let end = match op {
+        LogOp::Write => offset.saturating_add(data.len() as u64),
+        LogOp::Truncate | LogOp::CreatePreallocated => offset,
+        LogOp::Delete => 0,
+        LogOp::SetAttr | LogOp::RemoveAttr => {
+            let name_len = if op == LogOp::SetAttr { offset as usize } else { data.len() };
+            let value_len = data.len().saturating_sub(name_len);
+            if name_len == 0 || name_len > duplex_store::MAX_ATTR_NAME_LEN || name_len > data.len() {
+                return Err(format!("attribute names are 1 to {} bytes", duplex_store::MAX_ATTR_NAME_LEN));
+            }
+            if value_len > duplex_store::MAX_ATTR_VALUE_LEN {
+                return Err(format!("attribute values are at most {} bytes", duplex_store::MAX_ATTR_VALUE_LEN));
+            }
+            0
+        }
     };
     if end > limit {
         return Err(format!("the operation reaches byte {end}; objects end at {limit}"));
@@ -346,12 +450,7 @@ pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &Bytes, to:
     if duplex_store::Key::in_group(key, entry.object).is_err() || entry.object.len() > MAX_OBJECT_NAME {
         return Err("replicated entry names an object the store cannot hold".into());
     }
-    let kind = match entry.op {
-        LogOp::Write => OpKind::Write,
-        LogOp::Truncate => OpKind::Truncate,
-        LogOp::Delete => OpKind::Delete,
-    };
-    check_limits(kind, entry.offset, entry.data.len() as u64)?;
+    check_limits(entry.op, entry.offset, entry.data)?;
     shared.metrics.replica_entries.add(1);
     if shared.config.write_path == WritePath::Sync {
         shared.send_job(key, Job::SyncApply { entry: entry.to_owned(), done: SyncDone::Replica(to) });

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use duplex_oplog::{Entry, EntryRef, FileRegion, IndexCache, LogError, MmapRegion, PgLog, Region};
 
 use crate::config::OplogMode;
+use crate::requests::{RequestState, RequestTable};
 
 /// Pools whose id fits the 12 bits left to it in a PG key.
 pub const MAX_POOL_ID: u32 = (1 << 12) - 1;
@@ -79,12 +80,23 @@ pub struct Pg {
     pub waiters: bool,
     /// Entries were added since the flusher last took this PG.
     pub dirty: bool,
+    /// Request ids of recent mutations, to answer resends.
+    pub requests: RequestTable,
 }
 
 impl Pg {
     fn new(key: u32, log: PgLog<Box<dyn Region>>) -> Pg {
         let sync_seq = log.next_seq() - 1;
-        Pg { key, log, index: IndexCache::default(), early: BTreeMap::new(), sync_seq, waiters: false, dirty: false }
+        Pg {
+            key,
+            log,
+            index: IndexCache::default(),
+            early: BTreeMap::new(),
+            sync_seq,
+            waiters: false,
+            dirty: false,
+            requests: RequestTable::default(),
+        }
     }
 
     /// Appends an encoded entry (the same bytes go to the replicas, or came
@@ -93,6 +105,9 @@ impl Pg {
         debug_assert_eq!(entry.pg, self.key, "entry for another PG");
         let at = self.log.append_encoded(entry.seq, encoded)?;
         self.index.insert_ref(entry, at);
+        // A replica's (or a recovered) entry counts as committed; the
+        // primary marks its own in flight until the replicas acknowledge.
+        self.requests.set(entry.request, RequestState::Committed);
         Ok(())
     }
 
@@ -251,6 +266,7 @@ impl PgTable {
         debug_assert_eq!(offsets.len(), entries.len(), "one offset per live entry");
         for (entry, at) in entries.iter().zip(offsets) {
             pg.index.insert(entry, at);
+            pg.requests.set(entry.request, RequestState::Committed);
         }
         let shared = Arc::new(Mutex::new(pg));
         self.pgs.write().expect("PG table lock").insert(key, shared.clone());
@@ -295,6 +311,7 @@ mod tests {
             object: b"obj".to_vec(),
             offset: 0,
             data: vec![seq as u8; len],
+            request: Default::default(),
         }
     }
 

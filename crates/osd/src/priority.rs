@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 use duplex_map::OsdId;
-use duplex_proto::osd::{OpKind, OpReply, OpRequest, RepReply, Status};
+use duplex_oplog::RequestId;
+use duplex_proto::osd::{OpKind, OpReply, OpRequest, OsdStats, RepReply, Status};
 use duplex_proto::{Frame, Handshake, MessageType, Session};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
@@ -47,6 +48,8 @@ struct PendingWrite {
     arrived: Instant,
     sent: Instant,
     map_epoch: u64,
+    pg: u32,
+    request: RequestId,
 }
 
 pub struct PriorityThread {
@@ -272,6 +275,19 @@ impl PriorityThread {
                 let ack = RepReply::decode(&frame.payload).map_err(|e| format!("bad replication reply: {e}"))?;
                 self.on_ack(txid, osd, ack.status == Status::Ok);
             }
+            (Some(MessageType::OsdStats), Role::Accepted) => {
+                let metrics = &self.shared.metrics;
+                let stats = OsdStats {
+                    capacity_bytes: metrics.store_capacity_bytes.load(Ordering::Relaxed),
+                    used_bytes: metrics.store_used_bytes.load(Ordering::Relaxed),
+                    writes: metrics.writes.get(),
+                    reads: metrics.reads.get(),
+                    write_bytes: metrics.write_bytes.get(),
+                    read_bytes: metrics.read_bytes.get(),
+                    log_entries: metrics.log_entries.load(Ordering::Relaxed),
+                };
+                self.send(token, &stats.to_frame(txid));
+            }
             (Some(MessageType::Ping), _) => {
                 let pong = Frame::new(MessageType::Pong, txid, frame.payload);
                 if let Some(conn) = self.conns.get_mut(&token) {
@@ -316,7 +332,7 @@ impl PriorityThread {
                 record(&self.histograms, stage, arrived.elapsed().as_micros() as u64);
                 self.reply(token, slot, &reply);
             }
-            Outcome::Replicate { token, slot, entry, replicas, local, arrived, map_epoch } => {
+            Outcome::Replicate { token, slot, entry, replicas, local, arrived, map_epoch, pg, request } => {
                 let txid = self.shared.txid();
                 let frame = Frame::new(MessageType::RepOp, txid, entry);
                 let mut waiting = Vec::with_capacity(replicas.len());
@@ -342,6 +358,8 @@ impl PriorityThread {
                     arrived,
                     sent: Instant::now(),
                     map_epoch,
+                    pg,
+                    request,
                 };
                 self.pending.insert(txid, pending);
                 // Only now, with the write registered, may its local apply complete.
@@ -408,6 +426,11 @@ impl PriorityThread {
         let pending = self.pending.remove(&txid).expect("just seen");
         record(&self.histograms, Stage::Replication, pending.sent.elapsed().as_micros() as u64);
         record(&self.histograms, Stage::Write, pending.arrived.elapsed().as_micros() as u64);
+        if !pending.request.is_none() {
+            if let Some(pg) = self.shared.pgs.get(pending.pg) {
+                pg.lock().expect("PG lock").requests.finish(pending.request, !pending.failed);
+            }
+        }
         let reply = if pending.failed {
             OpReply::error(Status::Retry, pending.map_epoch, "a replica did not acknowledge; resend")
         } else {

@@ -44,6 +44,14 @@ pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
         OpKind::Write => Op::Write { key, offset: entry.offset, data: entry.data },
         OpKind::Truncate => Op::Truncate { key, size: entry.offset },
         OpKind::Delete => Op::Delete { key },
+        OpKind::SetAttr => {
+            let mut name = entry.data;
+            let split = (entry.offset as usize).min(name.len());
+            let value = name.split_off(split);
+            Op::SetAttr { key, name, value }
+        }
+        OpKind::RemoveAttr => Op::RemoveAttr { key, name: entry.data },
+        OpKind::CreatePreallocated => Op::CreatePreallocated { key, size: entry.offset },
     })
 }
 

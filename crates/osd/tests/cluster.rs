@@ -223,6 +223,7 @@ fn hostile_connections_are_dropped_and_others_are_served() {
         offset: 0,
         length: 6,
         data: bytes::Bytes::new(),
+        client: 0,
     };
     early.write_all(&request.to_frame(1).to_bytes()).unwrap();
     let reply = closed(early);
@@ -386,6 +387,7 @@ fn a_connection_may_pipeline_far_past_its_in_flight_limit() {
             offset: (txid % 16) * 8,
             length: 8,
             data: bytes::Bytes::copy_from_slice(&txid.to_le_bytes()),
+            client: 0,
         };
         conn.send(&request.to_frame(txid)).unwrap();
     }

@@ -38,6 +38,10 @@ pub enum MessageType {
     RepOp = 50,
     /// Replica → primary: the entry is logged ([`crate::osd::RepReply`]).
     RepOpReply = 51,
+    /// Client → OSD: report your counters (empty payload).
+    OsdStats = 52,
+    /// OSD → client: [`crate::osd::OsdStats`].
+    OsdStatsReply = 53,
 }
 
 impl MessageType {
@@ -55,6 +59,8 @@ impl MessageType {
             49 => MessageType::OsdOpReply,
             50 => MessageType::RepOp,
             51 => MessageType::RepOpReply,
+            52 => MessageType::OsdStats,
+            53 => MessageType::OsdStatsReply,
             _ => return None,
         })
     }

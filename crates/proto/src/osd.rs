@@ -9,11 +9,33 @@
 //!
 //! ```text
 //! OpRequest  0 kind u8   1 flags u8   2 object length u16   4 pool u32   8 pg u32
-//!            12 length u32 (bytes to read; a write's data length)   16 map epoch u64
-//!            24 offset u64 (a truncate's new size)   32 object   then data (writes)
+//!            12 length u32 (bytes to read; else the data's length)   16 map epoch u64
+//!            24 offset u64   32 client u64   40 object   then data
 //! OpReply    0 status u8   1..8 reserved   8 map epoch u64   16 data (reads) or error text
 //! RepReply   0 status u8   1..4 reserved   4 pg u32   8 seq u64
 //! ```
+//!
+//! A request's id is (client, the frame's transaction id): a client that
+//! resends a request (after a reconnect or to a new primary) keeps both, and
+//! the OSD answers a mutation it has already applied without applying it
+//! again. Client 0 opts out.
+//!
+//! Per kind, what `offset`, `length` and the data carry, and what an `Ok`
+//! reply's data holds:
+//!
+//! | kind | offset | length / data | reply data |
+//! | --- | --- | --- | --- |
+//! | read | where | bytes to read | the bytes (fewer past the end) |
+//! | write | where | the bytes | none |
+//! | truncate | the new size | none | none |
+//! | delete | 0 | none | none |
+//! | stat | 0 | none | [`ObjectStat`] |
+//! | get attribute | 0 | the name | the value |
+//! | set attribute | the name's length | name, then value | none |
+//! | remove attribute | 0 | the name | none |
+//! | list attributes | 0 | none | [`encode_attrs`] |
+//! | create pre-allocated | the size | none | none (absent object only) |
+//! | list objects | 0 | a name prefix | [`encode_names`]; the object field is the cursor (may be empty) |
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -24,7 +46,10 @@ pub const MAX_OBJECT_NAME: usize = 196;
 /// Largest read or write in one request.
 pub const MAX_IO_BYTES: u32 = 4 << 20;
 
-const REQUEST_HEADER: usize = 32;
+/// Names one list-objects reply returns at most.
+pub const LIST_LIMIT: usize = 1024;
+
+const REQUEST_HEADER: usize = 40;
 const REPLY_HEADER: usize = 16;
 const REP_REPLY_LEN: usize = 16;
 
@@ -36,6 +61,16 @@ pub enum OpKind {
     /// Sets the object's size to `offset`.
     Truncate = 3,
     Delete = 4,
+    Stat = 5,
+    GetAttr = 6,
+    SetAttr = 7,
+    RemoveAttr = 8,
+    ListAttrs = 9,
+    /// Creates the object with `offset` bytes reserved in one extent, if absent.
+    CreatePreallocated = 10,
+    /// Names in the PG after the cursor (the object field) that start with
+    /// the prefix (the data), in order.
+    List = 11,
 }
 
 impl OpKind {
@@ -45,12 +80,33 @@ impl OpKind {
             2 => OpKind::Write,
             3 => OpKind::Truncate,
             4 => OpKind::Delete,
+            5 => OpKind::Stat,
+            6 => OpKind::GetAttr,
+            7 => OpKind::SetAttr,
+            8 => OpKind::RemoveAttr,
+            9 => OpKind::ListAttrs,
+            10 => OpKind::CreatePreallocated,
+            11 => OpKind::List,
             _ => return None,
         })
     }
 
+    /// Changes the object (goes through the log and the replicas).
     pub fn is_mutation(self) -> bool {
-        self != OpKind::Read
+        matches!(
+            self,
+            OpKind::Write
+                | OpKind::Truncate
+                | OpKind::Delete
+                | OpKind::SetAttr
+                | OpKind::RemoveAttr
+                | OpKind::CreatePreallocated
+        )
+    }
+
+    /// Carries data after the object name (its length in `length`).
+    pub fn carries_data(self) -> bool {
+        matches!(self, OpKind::Write | OpKind::GetAttr | OpKind::SetAttr | OpKind::RemoveAttr | OpKind::List)
     }
 }
 
@@ -108,9 +164,11 @@ pub struct OpRequest {
     pub map_epoch: u64,
     pub object: Bytes,
     pub offset: u64,
-    /// Bytes to read (reads); writes carry `data` instead.
+    /// Bytes to read (reads); other kinds carry `data` instead.
     pub length: u32,
     pub data: Bytes,
+    /// The client instance (0: none); with the frame's transaction id, the request id.
+    pub client: u64,
 }
 
 impl OpRequest {
@@ -121,10 +179,11 @@ impl OpRequest {
         out.put_u16_le(self.object.len() as u16);
         out.put_u32_le(self.pool);
         out.put_u32_le(self.pg);
-        let length = if self.kind == OpKind::Write { self.data.len() as u32 } else { self.length };
+        let length = if self.kind.carries_data() { self.data.len() as u32 } else { self.length };
         out.put_u32_le(length);
         out.put_u64_le(self.map_epoch);
         out.put_u64_le(self.offset);
+        out.put_u64_le(self.client);
         out.put_slice(&self.object);
         out.put_slice(&self.data);
         Frame::new(MessageType::OsdOp, transaction_id, out.freeze())
@@ -136,7 +195,8 @@ impl OpRequest {
         }
         let kind = OpKind::from_u8(payload[0]).ok_or(DecodeError::Unknown { what: "operation", value: payload[0] })?;
         let object_len = u16::from_le_bytes([payload[2], payload[3]]) as usize;
-        if object_len == 0 || object_len > MAX_OBJECT_NAME {
+        // A list's object field is its cursor, empty at the start.
+        if (object_len == 0 && kind != OpKind::List) || object_len > MAX_OBJECT_NAME {
             return Err(DecodeError::ObjectName(object_len));
         }
         let length = le_u32(payload, 12);
@@ -148,16 +208,16 @@ impl OpRequest {
             return Err(DecodeError::Short { need: object_end, got: payload.len() });
         }
         let data = payload.slice(object_end..);
-        match kind {
-            OpKind::Write if data.len() != length as usize => {
-                return Err(DecodeError::Inconsistent("write length differs from its data"))
-            }
-            OpKind::Read | OpKind::Truncate | OpKind::Delete if !data.is_empty() => {
-                return Err(DecodeError::Inconsistent("only writes carry data"))
-            }
-            _ => {}
+        if kind.carries_data() && data.len() != length as usize {
+            return Err(DecodeError::Inconsistent("length differs from the data carried"));
+        }
+        if !kind.carries_data() && !data.is_empty() {
+            return Err(DecodeError::Inconsistent("this kind of request carries no data"));
         }
         let offset = le_u64(payload, 24);
+        if kind == OpKind::SetAttr && offset > data.len() as u64 {
+            return Err(DecodeError::Inconsistent("attribute name longer than the data"));
+        }
         if offset.checked_add(length as u64).is_none() {
             return Err(DecodeError::Inconsistent("offset + length overflows"));
         }
@@ -170,8 +230,153 @@ impl OpRequest {
             offset,
             length,
             data,
+            client: le_u64(payload, 32),
         })
     }
+
+    /// A set-attribute request's name and value.
+    pub fn attr_name_value(&self) -> (&[u8], &[u8]) {
+        let split = (self.offset as usize).min(self.data.len());
+        self.data.split_at(split)
+    }
+}
+
+/// An OSD's counters, for `duplex status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OsdStats {
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    /// Client operations since the OSD started.
+    pub writes: u64,
+    pub reads: u64,
+    pub write_bytes: u64,
+    pub read_bytes: u64,
+    pub log_entries: u64,
+}
+
+const OSD_STATS_LEN: usize = 56;
+
+impl OsdStats {
+    pub fn to_frame(&self, transaction_id: u64) -> Frame {
+        let mut out = BytesMut::with_capacity(OSD_STATS_LEN);
+        for value in [
+            self.capacity_bytes,
+            self.used_bytes,
+            self.writes,
+            self.reads,
+            self.write_bytes,
+            self.read_bytes,
+            self.log_entries,
+        ] {
+            out.put_u64_le(value);
+        }
+        Frame::new(MessageType::OsdStatsReply, transaction_id, out.freeze())
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<OsdStats, DecodeError> {
+        if payload.len() != OSD_STATS_LEN {
+            return Err(DecodeError::Short { need: OSD_STATS_LEN, got: payload.len() });
+        }
+        let at = |i: usize| le_u64(payload, i * 8);
+        Ok(OsdStats {
+            capacity_bytes: at(0),
+            used_bytes: at(1),
+            writes: at(2),
+            reads: at(3),
+            write_bytes: at(4),
+            read_bytes: at(5),
+            log_entries: at(6),
+        })
+    }
+}
+
+/// What a stat returns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObjectStat {
+    pub size: u64,
+    /// Bytes of storage mapped to the object.
+    pub allocated_bytes: u64,
+    pub preallocated: bool,
+}
+
+const STAT_LEN: usize = 24;
+
+impl ObjectStat {
+    pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(STAT_LEN);
+        out.put_u64_le(self.size);
+        out.put_u64_le(self.allocated_bytes);
+        out.put_u8(self.preallocated as u8);
+        out.put_bytes(0, 7);
+        out.freeze()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<ObjectStat, DecodeError> {
+        if bytes.len() != STAT_LEN {
+            return Err(DecodeError::Short { need: STAT_LEN, got: bytes.len() });
+        }
+        Ok(ObjectStat { size: le_u64(bytes, 0), allocated_bytes: le_u64(bytes, 8), preallocated: bytes[16] & 1 == 1 })
+    }
+}
+
+/// Attributes as a list-attributes reply carries them: per attribute, a
+/// u16 name length, the name, a u32 value length, the value.
+pub fn encode_attrs(attrs: &[(Vec<u8>, Vec<u8>)]) -> Bytes {
+    let mut out = BytesMut::new();
+    for (name, value) in attrs {
+        out.put_u16_le(name.len() as u16);
+        out.put_slice(name);
+        out.put_u32_le(value.len() as u32);
+        out.put_slice(value);
+    }
+    out.freeze()
+}
+
+/// An object's attributes: (name, value) pairs.
+pub type Attrs = Vec<(Vec<u8>, Vec<u8>)>;
+
+pub fn decode_attrs(mut bytes: &[u8]) -> Result<Attrs, DecodeError> {
+    let mut attrs = Vec::new();
+    while !bytes.is_empty() {
+        let name = take(&mut bytes, 2)?;
+        let name = take(&mut bytes, u16::from_le_bytes([name[0], name[1]]) as usize)?.to_vec();
+        let len = take(&mut bytes, 4)?;
+        let value = take(&mut bytes, le_u32(len, 0) as usize)?.to_vec();
+        attrs.push((name, value));
+    }
+    Ok(attrs)
+}
+
+/// Object names as a list-objects reply carries them: a u8 "more may
+/// follow" flag, then per name a u16 length and the name.
+pub fn encode_names(names: &[Vec<u8>], more: bool) -> Bytes {
+    let mut out = BytesMut::new();
+    out.put_u8(more as u8);
+    for name in names {
+        out.put_u16_le(name.len() as u16);
+        out.put_slice(name);
+    }
+    out.freeze()
+}
+
+/// The names, and whether more may follow after the last one.
+pub fn decode_names(mut bytes: &[u8]) -> Result<(Vec<Vec<u8>>, bool), DecodeError> {
+    let more = take(&mut bytes, 1)?[0] == 1;
+    let mut names = Vec::new();
+    while !bytes.is_empty() {
+        let len = take(&mut bytes, 2)?;
+        names.push(take(&mut bytes, u16::from_le_bytes([len[0], len[1]]) as usize)?.to_vec());
+    }
+    Ok((names, more))
+}
+
+fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Result<&'a [u8], DecodeError> {
+    if bytes.len() < n {
+        return Err(DecodeError::Short { need: n, got: bytes.len() });
+    }
+    let (head, rest) = bytes.split_at(n);
+    *bytes = rest;
+    Ok(head)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -252,7 +457,7 @@ mod tests {
 
     fn request_strategy() -> impl Strategy<Value = OpRequest> {
         (
-            1u8..5,
+            1u8..12,
             any::<u32>(),
             any::<u32>(),
             any::<u64>(),
@@ -260,15 +465,17 @@ mod tests {
             0u64..1 << 40,
             0u32..1 << 20,
             proptest::collection::vec(any::<u8>(), 0..300),
+            any::<u64>(),
         )
-            .prop_map(|(kind, pool, pg, map_epoch, object, offset, length, data)| {
-                let kind = OpKind::from_u8(kind).expect("1..5");
+            .prop_map(|(kind, pool, pg, map_epoch, object, offset, length, data, client)| {
+                let kind = OpKind::from_u8(kind).expect("1..12");
                 let (length, data) = match kind {
-                    OpKind::Write => (data.len() as u32, Bytes::from(data)),
+                    _ if kind.carries_data() => (data.len() as u32, Bytes::from(data)),
                     OpKind::Read => (length, Bytes::new()),
                     _ => (0, Bytes::new()),
                 };
-                OpRequest { kind, pool, pg, map_epoch, object: Bytes::from(object), offset, length, data }
+                let offset = if kind == OpKind::SetAttr { offset % (data.len() as u64 + 1) } else { offset };
+                OpRequest { kind, pool, pg, map_epoch, object: Bytes::from(object), offset, length, data, client }
             })
     }
 
@@ -294,6 +501,25 @@ mod tests {
             let _ = OpRequest::decode(&bytes);
             let _ = OpReply::decode(&bytes);
             let _ = RepReply::decode(&bytes);
+            let _ = ObjectStat::decode(&bytes);
+            let _ = OsdStats::decode(&bytes);
+            let _ = decode_attrs(&bytes);
+            let _ = decode_names(&bytes);
+        }
+
+        #[test]
+        fn listings_round_trip(
+            attrs in proptest::collection::vec((proptest::collection::vec(any::<u8>(), 0..20), proptest::collection::vec(any::<u8>(), 0..50)), 0..8),
+            names in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..30), 0..8),
+            more in any::<bool>(),
+            size in any::<u64>(),
+        ) {
+            prop_assert_eq!(decode_attrs(&encode_attrs(&attrs)), Ok(attrs));
+            prop_assert_eq!(decode_names(&encode_names(&names, more)), Ok((names, more)));
+            let stat = ObjectStat { size, allocated_bytes: size / 2, preallocated: more };
+            prop_assert_eq!(ObjectStat::decode(&stat.encode()), Ok(stat));
+            let stats = OsdStats { capacity_bytes: size, used_bytes: size / 3, writes: 1, reads: 2, write_bytes: 3, read_bytes: 4, log_entries: 5 };
+            prop_assert_eq!(OsdStats::decode(&stats.to_frame(1).payload), Ok(stats));
         }
     }
 
@@ -308,6 +534,7 @@ mod tests {
             offset: 0,
             length: 0,
             data: Bytes::from_static(b"data"),
+            client: 9,
         };
         let mut payload = BytesMut::from(&request.to_frame(1).payload[..]);
         payload[12] = 9; // claims 9 bytes of data, carries 4

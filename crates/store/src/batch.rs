@@ -17,8 +17,8 @@ pub enum Op {
     Delete { key: Key },
     /// Create an object of `size` bytes (reading as zeros) backed by one
     /// contiguous extent, so that overwrites inside it change no metadata.
-    /// No-op if the object exists with that size and is pre-allocated;
-    /// [`crate::StoreError::AlreadyExists`] if it exists otherwise.
+    /// No-op if the object exists, whatever its size and layout, so that
+    /// replaying a logged create never fails.
     CreatePreallocated { key: Key, size: u64 },
     /// Set an attribute, creating the object if needed.
     SetAttr { key: Key, name: Vec<u8>, value: Vec<u8> },

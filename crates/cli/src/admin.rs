@@ -1,0 +1,292 @@
+//! `duplex pool …`, `duplex image …` and `duplex status`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use duplex_client::{Client, CreateOptions};
+use duplex_map::{ClusterMap, Command as MapCommand};
+use duplex_mon::client::MonClient;
+use duplex_mon::wire::WireOutcome;
+use duplex_proto::osd::OsdStats;
+use duplex_proto::{Frame, MessageType};
+
+use crate::units::format_size;
+
+/// Runs a map command on the monitors' leader; a refusal is an error.
+pub fn run_command(mon: &mut MonClient, command: MapCommand) -> Result<u64> {
+    match mon.command(&command)? {
+        WireOutcome::Applied { epoch } | WireOutcome::Unchanged { epoch } => Ok(epoch),
+        WireOutcome::Refused(why) => bail!("the monitor refused: {why}"),
+    }
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum PoolCommand {
+    /// Create a replicated pool.
+    Create {
+        name: String,
+        /// Copies of each object.
+        #[arg(long, default_value_t = 2)]
+        size: u8,
+        /// Copies that must be up for writes (default: size − size/2).
+        #[arg(long)]
+        min_size: Option<u8>,
+        /// Placement groups (a power of two is best; it can only grow).
+        #[arg(long, default_value_t = 32)]
+        pg_num: u32,
+    },
+    /// List pools.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a pool and everything in it.
+    Delete {
+        name: String,
+        /// Required: deleting a pool cannot be undone.
+        #[arg(long)]
+        yes_i_really_mean_it: bool,
+    },
+}
+
+pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
+    let mut mon = client.monitor();
+    match command {
+        PoolCommand::Create { name, size, min_size, pg_num } => {
+            let min_size = min_size.unwrap_or(size - size / 2);
+            let epoch = run_command(&mut mon, MapCommand::PoolCreate { name: name.clone(), size, min_size, pg_num })?;
+            println!("created pool '{name}' (size {size}, min_size {min_size}, {pg_num} PGs) at map epoch {epoch}");
+        }
+        PoolCommand::List { json } => {
+            let map = client.map();
+            if json {
+                let pools: Vec<_> = map
+                    .pools
+                    .values()
+                    .map(|p| serde_json::json!({"id": p.id, "name": p.name, "size": p.size, "min_size": p.min_size, "pg_num": p.pg_num}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&pools)?);
+            } else {
+                println!("{:<6} {:<20} {:>5} {:>9} {:>7}", "ID", "NAME", "SIZE", "MIN_SIZE", "PG_NUM");
+                for p in map.pools.values() {
+                    println!("{:<6} {:<20} {:>5} {:>9} {:>7}", p.id, p.name, p.size, p.min_size, p.pg_num);
+                }
+            }
+        }
+        PoolCommand::Delete { name, yes_i_really_mean_it } => {
+            if !yes_i_really_mean_it {
+                bail!("deleting pool '{name}' destroys all its data; add --yes-i-really-mean-it");
+            }
+            run_command(&mut mon, MapCommand::PoolDelete { name: name.clone() })?;
+            println!("deleted pool '{name}'");
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ImageCommand {
+    /// Create an image.
+    Create {
+        name: String,
+        /// Its size: bytes, or with a suffix (10G, 512M).
+        #[arg(long, value_parser = crate::units::parse_size)]
+        size: u64,
+        /// Bytes per object: a power of two from 4k to 64M.
+        #[arg(long, default_value = "4M", value_parser = crate::units::parse_size)]
+        object_size: u64,
+        /// Reserve every object's extent now: no allocation on the write path later.
+        #[arg(long)]
+        preallocate: bool,
+    },
+    /// List images.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show an image's size, object size and flags.
+    Info {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Grow or shrink an image (shrinking discards the data past the new end).
+    Resize {
+        name: String,
+        #[arg(long, value_parser = crate::units::parse_size)]
+        size: u64,
+        /// Required to shrink.
+        #[arg(long)]
+        allow_shrink: bool,
+    },
+    /// Delete an image and its objects.
+    Remove { name: String },
+}
+
+pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<()> {
+    let pool = client.pool_id(pool_name)?;
+    match command {
+        ImageCommand::Create { name, size, object_size, preallocate } => {
+            let object_size = u32::try_from(object_size).context("--object-size is too large")?;
+            let started = Instant::now();
+            let info = client.create_image(pool, &name, size, CreateOptions { object_size, preallocate })?;
+            println!(
+                "created image '{}' in pool '{pool_name}': {} in {} objects of {}{} ({:.1?})",
+                info.name,
+                format_size(info.size),
+                info.object_count(),
+                format_size(info.object_size as u64),
+                if preallocate { ", pre-allocated" } else { "" },
+                started.elapsed()
+            );
+        }
+        ImageCommand::List { json } => {
+            let names = client.list_images(pool)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&names)?);
+            } else {
+                for name in names {
+                    println!("{name}");
+                }
+            }
+        }
+        ImageCommand::Info { name, json } => {
+            let info = client.image_info(pool, &name)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&info)?);
+            } else {
+                println!("image:        {}", info.name);
+                println!("pool:         {pool_name}");
+                println!("id:           {}", info.id);
+                println!("size:         {} ({} bytes)", format_size(info.size), info.size);
+                println!("object size:  {}", format_size(info.object_size as u64));
+                println!("objects:      {}", info.object_count());
+                println!("preallocated: {}", info.preallocated);
+            }
+        }
+        ImageCommand::Resize { name, size, allow_shrink } => {
+            let info = client.image_info(pool, &name)?;
+            if size < info.size && !allow_shrink {
+                bail!(
+                    "{} is smaller than the image ({}): shrinking discards data; add --allow-shrink",
+                    format_size(size),
+                    format_size(info.size)
+                );
+            }
+            let info = client.resize_image(pool, &name, size)?;
+            println!("image '{name}' is now {}", format_size(info.size));
+        }
+        ImageCommand::Remove { name } => {
+            client.remove_image(pool, &name)?;
+            println!("removed image '{name}'");
+        }
+    }
+    Ok(())
+}
+
+/// One OSD's counters, fetched over its client port.
+fn osd_stats(client: &Client, addr: &str) -> Result<OsdStats> {
+    let addr = addr.parse().with_context(|| format!("bad OSD address {addr}"))?;
+    let mut conn =
+        duplex_client::conn::OsdConnection::connect(addr, &client.config().credentials, Duration::from_secs(2))?;
+    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    conn.send(&Frame::new(MessageType::OsdStats, 1, bytes::Bytes::new()))?;
+    let frame = conn.recv()?;
+    if frame.header.message_type != MessageType::OsdStatsReply as u8 {
+        bail!("unexpected reply type {}", frame.header.message_type);
+    }
+    Ok(OsdStats::decode(&frame.payload)?)
+}
+
+/// PG states over all pools: active+clean (all copies up), degraded (writes
+/// go on with fewer copies), inactive (fewer than min_size up: I/O waits).
+fn pg_states(map: &ClusterMap) -> BTreeMap<&'static str, u32> {
+    let hierarchy = map.hierarchy();
+    let mut states = BTreeMap::new();
+    for pool in map.pools.values() {
+        for pg in 0..pool.pg_num {
+            let up = map.acting(&hierarchy, pool, pg).len();
+            let state = if up >= pool.size as usize {
+                "active+clean"
+            } else if up >= pool.min_size as usize {
+                "active+degraded"
+            } else {
+                "inactive"
+            };
+            *states.entry(state).or_default() += 1;
+        }
+    }
+    states
+}
+
+pub fn status(client: &Client, json: bool) -> Result<()> {
+    let map = client.map();
+    let up = map.osds.values().filter(|o| o.up).count();
+    let is_in = map.osds.values().filter(|o| o.is_in).count();
+    // Client I/O: the OSDs' counters one second apart.
+    let sample = |map: &ClusterMap| -> (u64, u64, u64, u64, u64) {
+        let mut totals = (0, 0, 0, 0, 0);
+        for osd in map.osds.values().filter(|o| o.up) {
+            if let Ok(stats) = osd_stats(client, &osd.addr) {
+                totals.0 += stats.capacity_bytes;
+                totals.1 += stats.used_bytes;
+                totals.2 += stats.writes;
+                totals.3 += stats.reads;
+                totals.4 += 1;
+            }
+        }
+        totals
+    };
+    let before = sample(&map);
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let after = sample(&map);
+    let seconds = started.elapsed().as_secs_f64();
+    let write_iops = after.2.saturating_sub(before.2) as f64 / seconds;
+    let read_iops = after.3.saturating_sub(before.3) as f64 / seconds;
+    let states = pg_states(&map);
+    if json {
+        let value = serde_json::json!({
+            "epoch": map.epoch,
+            "osds": {"total": map.osds.len(), "up": up, "in": is_in, "reporting": after.4},
+            "pools": map.pools.len(),
+            "pgs": states,
+            "capacity_bytes": after.0,
+            "used_bytes": after.1,
+            "client_iops": {"write": write_iops, "read": read_iops},
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    let health = if up == map.osds.len() && !states.contains_key("inactive") && !states.contains_key("active+degraded")
+    {
+        "HEALTH_OK"
+    } else if states.contains_key("inactive") {
+        "HEALTH_ERR (some PGs cannot serve I/O)"
+    } else {
+        "HEALTH_WARN"
+    };
+    println!("cluster:  {health}, map epoch {}", map.epoch);
+    println!("osds:     {} total, {up} up, {is_in} in", map.osds.len());
+    for osd in map.osds.values() {
+        println!(
+            "          osd.{:<4} {:<4} {:<4} {:<22} host {}",
+            osd.id,
+            if osd.up { "up" } else { "down" },
+            if osd.is_in { "in" } else { "out" },
+            osd.addr,
+            osd.host
+        );
+    }
+    let pgs: u32 = states.values().sum();
+    let summary: Vec<String> = states.iter().map(|(state, n)| format!("{n} {state}")).collect();
+    println!("pools:    {} pools, {pgs} PGs: {}", map.pools.len(), summary.join(", "));
+    let used_pct = if after.0 > 0 { after.1 as f64 * 100.0 / after.0 as f64 } else { 0.0 };
+    println!("capacity: {} used of {} ({used_pct:.1}%; raw, all copies)", format_size(after.1), format_size(after.0));
+    println!("client:   {write_iops:.0} write IOPS, {read_iops:.0} read IOPS (last second)");
+    if (after.4 as usize) < up {
+        println!("note:     {} of {up} up OSDs did not report counters", up - after.4 as usize);
+    }
+    Ok(())
+}

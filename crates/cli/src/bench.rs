@@ -1,0 +1,286 @@
+//! `duplex bench`: load on an image or on objects, with a progress bar and
+//! a results table (or JSON).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use bytes::Bytes;
+use duplex_client::{Client, ClientError, Image, ObjectOp};
+use duplex_proto::osd::OpKind;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::{Rng, SeedableRng};
+
+use crate::units::format_size;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pattern {
+    /// Random writes.
+    Randwrite,
+    /// Random reads.
+    Randread,
+    /// Random reads and writes (--read-percent of them reads).
+    Randrw,
+    /// Sequential writes.
+    Seqwrite,
+    /// Sequential reads.
+    Seqread,
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Benchmark this image (else objects named bench.N in the pool).
+    #[arg(long)]
+    pub image: Option<String>,
+    #[arg(long, value_enum, default_value_t = Pattern::Randwrite)]
+    pub pattern: Pattern,
+    /// Bytes per I/O.
+    #[arg(long = "bs", default_value = "4k", value_parser = crate::units::parse_size)]
+    pub block_size: u64,
+    /// I/Os in flight.
+    #[arg(long = "qd", default_value_t = 32)]
+    pub queue_depth: usize,
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// Reads among I/Os with --pattern randrw (percent).
+    #[arg(long, default_value_t = 70)]
+    pub read_percent: u8,
+    /// Object-level: how many objects (of 4 MiB) the I/O spreads over.
+    #[arg(long, default_value_t = 256)]
+    pub objects: u64,
+    /// Print the result as JSON (no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct BenchResult {
+    pub target: String,
+    pub pattern: Pattern,
+    pub block_size: u64,
+    pub queue_depth: usize,
+    pub seconds: f64,
+    pub ops: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub errors: u64,
+    pub iops: f64,
+    pub mib_per_second: f64,
+    pub latency_us: Latency,
+    /// The first error seen, if any.
+    pub first_error: Option<String>,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct Latency {
+    pub mean: f64,
+    pub p50: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+/// What the load runs against: an image, or objects of a pool.
+enum Target {
+    Image(Arc<Image>),
+    Objects { client: Client, pool: u32, objects: u64 },
+}
+
+const OBJECT_SPAN: u64 = 4 << 20;
+
+impl Target {
+    fn span(&self) -> u64 {
+        match self {
+            Target::Image(image) => image.size(),
+            Target::Objects { objects, .. } => objects * OBJECT_SPAN,
+        }
+    }
+
+    fn start(
+        &self,
+        read: bool,
+        offset: u64,
+        len: u64,
+        data: &Bytes,
+        done: Box<dyn FnOnce(Result<(), ClientError>) + Send>,
+    ) {
+        match self {
+            Target::Image(image) if read => image.read_async(offset, len as u32, Box::new(move |r| done(r.map(drop)))),
+            Target::Image(image) => image.write_async(offset, data.clone(), done),
+            Target::Objects { client, pool, .. } => {
+                let op = ObjectOp {
+                    pool: *pool,
+                    kind: if read { OpKind::Read } else { OpKind::Write },
+                    object: Bytes::from(format!("bench.{}", offset / OBJECT_SPAN)),
+                    offset: offset % OBJECT_SPAN,
+                    length: if read { len as u32 } else { 0 },
+                    data: if read { Bytes::new() } else { data.clone() },
+                    pg: None,
+                };
+                client.submit(
+                    op,
+                    Box::new(move |r| {
+                        done(match r {
+                            // A never-written object reads as nothing: not an error here.
+                            Err(ClientError::NotFound) => Ok(()),
+                            other => other.map(drop),
+                        })
+                    }),
+                )
+            }
+        }
+    }
+}
+
+pub fn run(client: &Client, pool_name: &str, args: &BenchArgs) -> Result<BenchResult> {
+    let pool = client.pool_id(pool_name)?;
+    let (target, label) = match &args.image {
+        Some(name) => (Target::Image(Arc::new(client.open_image(pool, name)?)), format!("image {pool_name}/{name}")),
+        None => (
+            Target::Objects { client: client.clone(), pool, objects: args.objects.max(1) },
+            format!("{} objects in pool {pool_name}", args.objects.max(1)),
+        ),
+    };
+    let block = args.block_size;
+    if block == 0 || block > duplex_proto::osd::MAX_IO_BYTES as u64 {
+        bail!("--bs must be between 1 byte and {}", format_size(duplex_proto::osd::MAX_IO_BYTES as u64));
+    }
+    let blocks = target.span() / block;
+    if blocks == 0 {
+        bail!("the target ({}) is smaller than one block", format_size(target.span()));
+    }
+    let queue_depth = args.queue_depth.max(1);
+    let duration = Duration::from_secs(args.seconds.max(1));
+    let data = Bytes::from((0..block).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>());
+    let mut rng = rand::rngs::StdRng::from_entropy();
+    let (tx, rx) = crossbeam_channel::unbounded::<(bool, Instant, Result<(), ClientError>)>();
+    let progress = if args.json {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(duration.as_secs());
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {prefix} [{bar:30}] {pos}/{len} s  {msg}")
+                .expect("static template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(format!("{:?} {} QD{queue_depth}", args.pattern, format_size(block)).to_lowercase());
+        bar
+    };
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("static bounds");
+    let (mut ops, mut reads, mut writes, mut errors, mut in_flight) = (0u64, 0u64, 0u64, 0u64, 0usize);
+    let mut first_error = None;
+    let mut sequential = 0u64;
+    let started = Instant::now();
+    let deadline = started + duration;
+    let (mut last_report, mut ops_at_report) = (started, 0u64);
+    loop {
+        let now = Instant::now();
+        while now < deadline && in_flight < queue_depth {
+            let read = match args.pattern {
+                Pattern::Randread | Pattern::Seqread => true,
+                Pattern::Randwrite | Pattern::Seqwrite => false,
+                Pattern::Randrw => rng.gen_range(0..100) < args.read_percent as u32,
+            };
+            let index = match args.pattern {
+                Pattern::Seqread | Pattern::Seqwrite => {
+                    sequential = (sequential + 1) % blocks;
+                    sequential
+                }
+                _ => rng.gen_range(0..blocks),
+            };
+            let tx = tx.clone();
+            let issued = Instant::now();
+            target.start(
+                read,
+                index * block,
+                block,
+                &data,
+                Box::new(move |r| {
+                    let _ = tx.send((read, issued, r));
+                }),
+            );
+            in_flight += 1;
+        }
+        if in_flight == 0 {
+            break;
+        }
+        let Ok((read, issued, result)) = rx.recv_timeout(Duration::from_secs(60)) else {
+            bail!("no I/O completed for 60 s");
+        };
+        in_flight -= 1;
+        match result {
+            Ok(()) => {
+                ops += 1;
+                if read {
+                    reads += 1;
+                } else {
+                    writes += 1;
+                }
+                let _ = latency.record(issued.elapsed().as_micros().max(1) as u64);
+            }
+            Err(err) => {
+                errors += 1;
+                first_error.get_or_insert_with(|| err.to_string());
+            }
+        }
+        let now = Instant::now();
+        if now.duration_since(last_report) >= Duration::from_millis(250) {
+            let rate = (ops - ops_at_report) as f64 / now.duration_since(last_report).as_secs_f64();
+            progress.set_position(now.duration_since(started).as_secs().min(duration.as_secs()));
+            progress.set_message(format!("{rate:>8.0} IOPS  {errors} errors"));
+            (last_report, ops_at_report) = (now, ops);
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64().max(1e-9);
+    progress.finish_and_clear();
+    Ok(BenchResult {
+        target: label,
+        pattern: args.pattern,
+        block_size: block,
+        queue_depth,
+        seconds,
+        ops,
+        reads,
+        writes,
+        errors,
+        iops: ops as f64 / seconds,
+        mib_per_second: (ops * block) as f64 / seconds / (1 << 20) as f64,
+        latency_us: Latency {
+            mean: latency.mean(),
+            p50: latency.value_at_quantile(0.5),
+            p99: latency.value_at_quantile(0.99),
+            p999: latency.value_at_quantile(0.999),
+            max: latency.max(),
+        },
+        first_error,
+    })
+}
+
+pub fn print_table(results: &[BenchResult]) {
+    println!(
+        "{:<10} {:>6} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "pattern", "bs", "qd", "IOPS", "MiB/s", "mean µs", "p50 µs", "p99 µs", "p99.9 µs", "errors"
+    );
+    for r in results {
+        println!(
+            "{:<10} {:>6} {:>4} {:>10.0} {:>9.1} {:>9.0} {:>9} {:>9} {:>9} {:>7}",
+            format!("{:?}", r.pattern).to_lowercase(),
+            format_size(r.block_size).replace(".0 ", "").replace(' ', ""),
+            r.queue_depth,
+            r.iops,
+            r.mib_per_second,
+            r.latency_us.mean,
+            r.latency_us.p50,
+            r.latency_us.p99,
+            r.latency_us.p999,
+            r.errors
+        );
+    }
+    for r in results {
+        if let Some(err) = &r.first_error {
+            println!("first error ({:?}): {err}", r.pattern);
+        }
+    }
+}

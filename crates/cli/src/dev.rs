@@ -1,0 +1,289 @@
+//! `duplex dev up|down`: a whole cluster on this machine, in one command.
+//!
+//! Everything lives under one directory: the secret, a TOML configuration
+//! per daemon, the monitor's data, each OSD's store (a file), the daemons'
+//! logs, `client.toml` for clients, and `state.json` naming the processes
+//! started (so that `down` stops exactly those). Operation logs are on
+//! tmpfs (`/dev/shm`, survives a daemon crash, not a reboot), in
+//! directories `state.json` also records.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use duplex_map::Command as MapCommand;
+use duplex_mon::client::MonClient;
+use duplex_mon::wire::Credentials;
+
+use crate::units::format_size;
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct UpArgs {
+    /// OSD processes to start.
+    #[arg(long, default_value_t = 3)]
+    pub osds: u32,
+    /// Copies of each object (the pool's size).
+    #[arg(long, default_value_t = 2)]
+    pub replicas: u8,
+    /// Copies that must be up for writes (default: replicas − replicas/2, as Ceph).
+    #[arg(long)]
+    pub min_size: Option<u8>,
+    /// The pool to create.
+    #[arg(long, default_value = "rbd")]
+    pub pool: String,
+    /// Placement groups in the pool.
+    #[arg(long, default_value_t = 32)]
+    pub pg_num: u32,
+    /// Size of each OSD's store file.
+    #[arg(long, default_value = "2G", value_parser = crate::units::parse_size)]
+    pub osd_size: u64,
+    /// Operation log per PG (bytes).
+    #[arg(long, default_value = "1M", value_parser = crate::units::parse_size)]
+    pub oplog_pg_bytes: u64,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct State {
+    pub fsid: String,
+    pub monitor: String,
+    pub pool: String,
+    pub processes: Vec<Process>,
+    /// Directories outside the cluster directory that `down --wipe` removes.
+    pub oplog_dirs: Vec<PathBuf>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Process {
+    pub name: String,
+    pub pid: u32,
+}
+
+pub fn state_path(dir: &Path) -> PathBuf {
+    dir.join("state.json")
+}
+
+pub fn read_state(dir: &Path) -> Result<Option<State>> {
+    let path = state_path(dir);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Some(serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?))
+}
+
+/// Whether `pid` is alive and is one of ours: its command line names this
+/// cluster directory (a recycled pid belongs to someone else).
+fn is_ours(pid: u32, dir: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let dir = dir.to_string_lossy();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    cmdline.contains(dir.as_ref())
+}
+
+pub fn running(dir: &Path) -> Result<Option<State>> {
+    Ok(read_state(dir)?.filter(|state| state.processes.iter().any(|p| is_ours(p.pid, dir))))
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0").context("finding a free port")?.local_addr()?.port())
+}
+
+fn random_hex(bytes: usize) -> String {
+    (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
+}
+
+/// Starts `duplex <args>` detached (its own process group, so a Ctrl-C on
+/// this command does not reach it), output to `log`.
+fn spawn_daemon(dir: &Path, name: &str, args: &[&str]) -> Result<Process> {
+    let exe = std::env::current_exe().context("finding the duplex executable")?;
+    let log_path = dir.join(format!("{name}.log"));
+    let log = OpenOptions::new().create(true).append(true).open(&log_path)?;
+    let child = Command::new(&exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    Ok(Process { name: name.into(), pid: child.id() })
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    let mut file = File::create(path).with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
+    if args.osds == 0 || args.replicas == 0 || args.replicas as u32 > args.osds {
+        bail!("need at least one OSD and 1 ≤ replicas ≤ OSDs (got {} OSDs, {} replicas)", args.osds, args.replicas);
+    }
+    if let Some(state) = running(dir)? {
+        bail!(
+            "a cluster is already running in {} ({} processes); stop it with `duplex dev down --dir {}`",
+            dir.display(),
+            state.processes.len(),
+            dir.display()
+        );
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    let dir = dir.as_path();
+    // A previous cluster's leftovers would be mistaken for this one's.
+    for stale in ["mon.1", "state.json"] {
+        let path = dir.join(stale);
+        if path.exists() {
+            bail!(
+                "{} holds a stopped cluster; remove it with `duplex dev down --wipe --dir {}`",
+                dir.display(),
+                dir.display()
+            );
+        }
+    }
+    let fsid = random_hex(16);
+    write_file(&dir.join("secret"), &random_hex(32))?;
+    let monitor: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let mon_line = format!("1={monitor}");
+    let common = format!("fsid = \"{fsid}\"\nsecret_file = \"{}\"\n", dir.join("secret").display());
+    let mon_conf = dir.join("mon.1.toml");
+    write_file(
+        &mon_conf,
+        &format!("id = 1\npeer = [\"{mon_line}\"]\ndata_dir = \"{}\"\n{common}", dir.join("mon.1").display()),
+    )?;
+    let mut state = State {
+        fsid: fsid.clone(),
+        monitor: monitor.to_string(),
+        pool: args.pool.clone(),
+        processes: Vec::new(),
+        oplog_dirs: Vec::new(),
+    };
+    let save =
+        |state: &State| write_file(&state_path(dir), &serde_json::to_string_pretty(state).expect("serializable"));
+    state.processes.push(spawn_daemon(dir, "mon.1", &["mon", "--config", &mon_conf.to_string_lossy()])?);
+    save(&state)?;
+
+    let secret = std::fs::read(dir.join("secret"))?;
+    let fsid_bytes = duplex_proto::parse_fsid(&fsid).expect("generated above");
+    let credentials = Credentials { fsid: fsid_bytes, secret, name: "client.admin".into() };
+    let monitors = vec![(1u64, monitor)];
+    let mon = MonClient::new(monitors.clone(), credentials.clone());
+    wait_for("the monitor to answer", Duration::from_secs(20), || mon.map(1).is_ok())?;
+
+    for id in 0..args.osds {
+        let name = format!("osd.{id}");
+        let osd_dir = dir.join(&name);
+        std::fs::create_dir_all(&osd_dir)?;
+        let oplog_dir = PathBuf::from(format!("/dev/shm/duplex-{}-{name}", &fsid[..12]));
+        let conf = dir.join(format!("{name}.toml"));
+        write_file(
+            &conf,
+            &format!(
+                "id = {id}\ndata = \"{}\"\nmkfs_size = {}\nallow_buffered_io = true\noplog_mode = \"shm\"\n\
+                 oplog_dir = \"{}\"\noplog_pg_bytes = {}\nmon = [\"{mon_line}\"]\nlisten = \"127.0.0.1:0\"\n\
+                 admin = \"127.0.0.1:0\"\n# One host per OSD, so replicas spread over OSDs.\nhost = \"local-{id}\"\n{common}",
+                osd_dir.join("store.img").display(),
+                args.osd_size,
+                oplog_dir.display(),
+                args.oplog_pg_bytes,
+            ),
+        )?;
+        state.oplog_dirs.push(oplog_dir);
+        state.processes.push(spawn_daemon(dir, &name, &["osd", "--config", &conf.to_string_lossy()])?);
+        save(&state)?;
+    }
+    let wanted = args.osds as usize;
+    wait_for("every OSD to boot", Duration::from_secs(60), || {
+        mon.map(1).is_ok_and(|map| map.osds.values().filter(|o| o.up).count() >= wanted)
+    })
+    .with_context(|| format!("see the logs in {}", dir.display()))?;
+
+    let size = args.replicas;
+    let min_size = args.min_size.unwrap_or(size - size / 2);
+    let mut admin = MonClient::new(monitors, credentials);
+    admin
+        .command(&MapCommand::PoolCreate { name: args.pool.clone(), size, min_size, pg_num: args.pg_num })
+        .with_context(|| format!("creating pool '{}'", args.pool))?;
+    write_file(
+        &dir.join("client.toml"),
+        &format!(
+            "# How clients reach this cluster (duplex --conf, or DUPLEX_CONF).\nfsid = \"{fsid}\"\nsecret_file = \"secret\"\nmonitors = [\"{mon_line}\"]\n"
+        ),
+    )?;
+    save(&state)?;
+    println!(
+        "cluster up in {}: 1 monitor at {monitor}, {} OSDs of {} each, pool '{}' ({} replicas, {} PGs)",
+        dir.display(),
+        args.osds,
+        format_size(args.osd_size),
+        args.pool,
+        args.replicas,
+        args.pg_num
+    );
+    Ok(state)
+}
+
+fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
+    let started = Instant::now();
+    while started.elapsed() < timeout {
+        if ready() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("timed out after {timeout:?} waiting for {what}")
+}
+
+pub fn down(dir: &Path, wipe: bool) -> Result<()> {
+    let Some(state) = read_state(dir)? else {
+        if wipe && dir.exists() {
+            bail!("{} has no state.json: not a `duplex dev` directory, not removing it", dir.display());
+        }
+        println!("no cluster in {}", dir.display());
+        return Ok(());
+    };
+    let dir = dir.canonicalize()?;
+    let mut stopped = 0;
+    // OSDs first, the monitor last, so none is marked down needlessly.
+    for process in state.processes.iter().rev() {
+        if !is_ours(process.pid, &dir) {
+            continue;
+        }
+        // SAFETY: kill(2) on a pid we started and just checked is ours.
+        unsafe { libc::kill(process.pid as i32, libc::SIGTERM) };
+        let started = Instant::now();
+        while is_ours(process.pid, &dir) && started.elapsed() < Duration::from_secs(5) {
+            reap(process.pid);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if is_ours(process.pid, &dir) {
+            // SAFETY: as above.
+            unsafe { libc::kill(process.pid as i32, libc::SIGKILL) };
+        }
+        stopped += 1;
+    }
+    println!("stopped {stopped} processes");
+    if wipe {
+        for oplog in &state.oplog_dirs {
+            if oplog.starts_with("/dev/shm") && oplog.exists() {
+                std::fs::remove_dir_all(oplog).with_context(|| format!("removing {}", oplog.display()))?;
+            }
+        }
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        println!("removed {}", dir.display());
+    }
+    Ok(())
+}
+
+/// Collects the exit status if `pid` is our child (when `up` and `down` run
+/// in one process, as in tests); harmless otherwise.
+fn reap(pid: u32) {
+    let mut status = 0;
+    // SAFETY: waitpid with WNOHANG on a pid; no memory is shared.
+    unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+}

@@ -1,0 +1,199 @@
+//! The client library against a `duplex dev up` cluster: object operations,
+//! request-id deduplication, images, and in-flight I/O across an OSD failure.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{run_ok, DevCluster};
+use duplex_client::conn::OsdConnection;
+use duplex_client::{ClientError, CreateOptions};
+use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn objects_images_and_resends() {
+    let cluster = DevCluster::start();
+    let client = cluster.client();
+    let pool = client.pool_id("rbd").unwrap();
+    assert!(matches!(client.pool_id("nope"), Err(ClientError::NoSuchPool(_))));
+
+    // Objects: data, size, attributes, listings.
+    client.write(pool, b"alpha", 10, Bytes::from_static(b"hello")).unwrap();
+    assert_eq!(&client.read(pool, b"alpha", 10, 100).unwrap()[..], b"hello");
+    assert_eq!(client.stat(pool, b"alpha").unwrap().size, 15);
+    client.truncate(pool, b"alpha", 12).unwrap();
+    assert_eq!(&client.read(pool, b"alpha", 0, 100).unwrap()[..], b"\0\0\0\0\0\0\0\0\0\0he");
+    client.set_attr(pool, b"alpha", b"color", b"blue").unwrap();
+    client.set_attr(pool, b"alpha", b"shape", b"round").unwrap();
+    assert_eq!(&client.get_attr(pool, b"alpha", b"color").unwrap()[..], b"blue");
+    assert_eq!(client.list_attrs(pool, b"alpha").unwrap().len(), 2);
+    client.remove_attr(pool, b"alpha", b"color").unwrap();
+    assert_eq!(client.get_attr(pool, b"alpha", b"color"), Err(ClientError::NotFound));
+    let big = vec![1u8; 4000];
+    for n in 0..4 {
+        client.set_attr(pool, b"alpha", format!("big{n}").as_bytes(), &big).unwrap();
+    }
+    assert!(matches!(client.set_attr(pool, b"alpha", b"big4", &big), Err(ClientError::Invalid(_))), "attribute budget");
+    assert!(matches!(client.set_attr(pool, b"alpha", b"x", &vec![0; 5000]), Err(ClientError::Invalid(_))));
+    for n in 0..40 {
+        client.write(pool, format!("listed.{n:02}").as_bytes(), 0, Bytes::from_static(b"x")).unwrap();
+    }
+    let mut listed = client.list_objects(pool, b"listed.").unwrap();
+    listed.sort();
+    assert_eq!(listed.len(), 40);
+    assert_eq!(listed[0], b"listed.00");
+    client.create_preallocated(pool, b"pre", 64 << 10).unwrap();
+    let stat = client.stat(pool, b"pre").unwrap();
+    assert!(stat.preallocated && stat.size == 64 << 10, "{stat:?}");
+    client.delete(pool, b"alpha").unwrap();
+    assert_eq!(client.stat(pool, b"alpha"), Err(ClientError::NotFound));
+    assert_eq!(client.read(pool, b"alpha", 0, 1), Err(ClientError::NotFound));
+
+    // A resent request (same client and transaction id) is answered, not applied again.
+    let map = client.map();
+    let hierarchy = map.hierarchy();
+    let info = map.pools.get(&pool).unwrap();
+    let pg = duplex_placement::pg_of(b"dedup", info.pg_num);
+    let primary = map.acting(&hierarchy, info, pg)[0];
+    let addr = map.osds[&primary].addr.parse().unwrap();
+    let mut conn = OsdConnection::connect(addr, &client.config().credentials, Duration::from_secs(5)).unwrap();
+    let request = |data: &'static [u8]| OpRequest {
+        kind: OpKind::Write,
+        pool,
+        pg,
+        map_epoch: map.epoch,
+        object: Bytes::from_static(b"dedup"),
+        offset: 0,
+        length: 0,
+        data: Bytes::from_static(data),
+        client: 0xC11E47,
+    };
+    let mut call = |request: OpRequest, txid: u64| {
+        conn.send(&request.to_frame(txid)).unwrap();
+        OpReply::decode(&conn.recv().unwrap().payload).unwrap()
+    };
+    assert_eq!(call(request(b"first"), 1).status, Status::Ok);
+    assert_eq!(call(request(b"later"), 2).status, Status::Ok);
+    assert_eq!(call(request(b"first"), 1).status, Status::Ok, "a resend is answered Ok");
+    assert_eq!(&client.read(pool, b"dedup", 0, 5).unwrap()[..], b"later", "the resend was not applied again");
+
+    // Images.
+    let info = client.create_image(pool, "vm1", 64 * MIB, CreateOptions::default()).unwrap();
+    assert_eq!(info.object_count(), 16);
+    assert!(matches!(
+        client.create_image(pool, "vm1", MIB, CreateOptions::default()),
+        Err(ClientError::ImageExists(_))
+    ));
+    assert!(matches!(
+        client.create_image(pool, "bad/name", MIB, CreateOptions::default()),
+        Err(ClientError::Invalid(_))
+    ));
+    client.create_image(pool, "vm2", 8 * MIB, CreateOptions { object_size: MIB as u32, preallocate: true }).unwrap();
+    assert_eq!(client.list_images(pool).unwrap(), vec!["vm1".to_string(), "vm2".to_string()]);
+    let image = client.open_image(pool, "vm1").unwrap();
+    let data: Vec<u8> = (0..3 * MIB as usize + 1000).map(|i| (i % 253) as u8).collect();
+    let at = 4 * MIB - 700; // crosses two object boundaries
+    image.write(at, Bytes::from(data.clone())).unwrap();
+    assert_eq!(image.read(at, data.len() as u32).unwrap(), data);
+    assert_eq!(image.read(0, 4096).unwrap(), vec![0u8; 4096], "never written reads as zeros");
+    assert!(matches!(image.read(64 * MIB - 10, 11), Err(ClientError::Invalid(_))), "past the end");
+    image.write_zeroes(at + 100, 2 * MIB).unwrap();
+    let after = image.read(at, data.len() as u32).unwrap();
+    assert_eq!(&after[..100], &data[..100]);
+    assert!(after[100..100 + 2 * MIB as usize].iter().all(|b| *b == 0));
+    assert_eq!(&after[100 + 2 * MIB as usize..], &data[100 + 2 * MIB as usize..]);
+    // Shrink below the data, grow again: the cut part reads as zeros.
+    client.resize_image(pool, "vm1", 5 * MIB).unwrap();
+    client.resize_image(pool, "vm1", 64 * MIB).unwrap();
+    let image = client.open_image(pool, "vm1").unwrap();
+    let regrown = image.read(at, data.len() as u32).unwrap();
+    let cut = (5 * MIB - at) as usize;
+    assert_eq!(&regrown[..100], &data[..100]);
+    assert!(regrown[cut..].iter().all(|b| *b == 0), "data past a shrink is gone");
+    // The pre-allocated image's objects exist from creation.
+    let vm2 = client.image_info(pool, "vm2").unwrap();
+    let object = format!("{}.{:016x}", vm2.id, 7);
+    assert!(client.stat(pool, object.as_bytes()).unwrap().preallocated);
+    client.remove_image(pool, "vm2").unwrap();
+    assert_eq!(client.list_objects(pool, format!("{}.", vm2.id).as_bytes()).unwrap(), Vec::<Vec<u8>>::new());
+    assert_eq!(client.list_images(pool).unwrap(), vec!["vm1".to_string()]);
+    assert!(matches!(client.image_info(pool, "vm2"), Err(ClientError::NoSuchImage(_))));
+
+    // The CLI sees the same.
+    let listed = run_ok(cluster.cli().args(["image", "list"]));
+    assert_eq!(String::from_utf8_lossy(&listed.stdout).trim(), "vm1");
+    let status = run_ok(cluster.cli().args(["status", "--json"]));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["osds"]["up"], 3);
+    assert_eq!(status["pgs"]["active+clean"], 32);
+    assert!(status["used_bytes"].as_u64().unwrap() > 0);
+
+    // In-flight writes across an OSD's death: every acknowledged write reads back.
+    let image = Arc::new(client.open_image(pool, "vm1").unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (image, stop, acked) = (image.clone(), stop.clone(), acked.clone());
+        std::thread::spawn(move || {
+            // Block n of 16 KiB holds the byte n; sequential, 8 in flight.
+            let mut n = 0u64;
+            let mut pending = std::collections::VecDeque::new();
+            while !stop.load(Ordering::Relaxed) || !pending.is_empty() {
+                while !stop.load(Ordering::Relaxed) && pending.len() < 8 && n < 4096 {
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    image.write_async(
+                        n * 16384,
+                        Bytes::from(vec![(n % 251) as u8 + 1; 16384]),
+                        Box::new(move |r| {
+                            let _ = tx.send(r);
+                        }),
+                    );
+                    pending.push_back((n, rx));
+                    n += 1;
+                }
+                let Some((block, rx)) = pending.pop_front() else { break };
+                rx.recv().unwrap().unwrap_or_else(|e| panic!("write of block {block} failed: {e}"));
+                acked.fetch_max(block + 1, Ordering::Relaxed);
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cluster.path().join("state.json")).unwrap()).unwrap();
+    let victim = state["processes"].as_array().unwrap().iter().find(|p| p["name"] == "osd.1").unwrap();
+    let pid = victim["pid"].as_u64().unwrap() as i32;
+    // SAFETY: kill(2) on the OSD process this test's cluster started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let killed = Instant::now();
+    while acked.load(Ordering::Relaxed) < 4096 && killed.elapsed() < Duration::from_secs(40) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().expect("every write was acknowledged");
+    let written = acked.load(Ordering::Relaxed);
+    assert!(written > 100, "writes went on after the failure ({written} acknowledged)");
+    for n in 0..written {
+        let block = image.read(n * 16384, 16384).unwrap();
+        assert!(block.iter().all(|b| *b == (n % 251) as u8 + 1), "block {n} lost or wrong after the failover");
+    }
+}
+
+#[test]
+fn the_cli_explains_its_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let output =
+        common::duplex().current_dir(dir.path()).env_remove("DUPLEX_CONF").args(["image", "list"]).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("duplex dev up"), "{stderr}");
+    let output = common::duplex().args(["image", "create", "x", "--size", "12Q"]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("size suffix"));
+    let output = common::duplex().args(["dev", "down", "--dir"]).arg(dir.path()).output().unwrap();
+    assert!(output.status.success(), "down on a directory without a cluster is fine");
+}

@@ -1,0 +1,110 @@
+//! A local cluster for tests, started and stopped with the `duplex` binary
+//! itself (`dev up` / `dev down --wipe`), and NBD servers it runs.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn duplex() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_duplex"))
+}
+
+/// Runs a command; panics with its output unless it succeeds.
+pub fn run_ok(command: &mut Command) -> Output {
+    let output = command.output().unwrap_or_else(|e| panic!("running {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// Fails loudly when a tool the test needs is missing: CI installs them
+/// (scripts/test-all), and a silent skip would hide a broken install.
+pub fn require_tool(tool: &str) {
+    let found =
+        Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().is_ok_and(|o| o.status.success());
+    assert!(found, "{tool} is not installed: run ./scripts/test-all, which installs fio, qemu-utils and libnbd-bin");
+}
+
+pub struct DevCluster {
+    pub dir: tempfile::TempDir,
+}
+
+impl DevCluster {
+    pub fn start() -> DevCluster {
+        DevCluster::with_pgs(32)
+    }
+
+    /// Few PGs put many writes in each PG's log: back-pressure on primaries and replicas.
+    pub fn with_pgs(pg_num: u32) -> DevCluster {
+        let dir = tempfile::Builder::new().prefix("duplex-test-").tempdir().expect("temp dir");
+        let cluster = DevCluster { dir };
+        let pgs = pg_num.to_string();
+        run_ok(duplex().args(["dev", "up", "--osd-size", "768M", "--pg-num", &pgs, "--dir"]).arg(cluster.path()));
+        cluster
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn conf(&self) -> PathBuf {
+        self.path().join("client.toml")
+    }
+
+    /// `duplex <args>` against this cluster.
+    pub fn cli(&self) -> Command {
+        let mut command = duplex();
+        command.env("DUPLEX_CONF", self.conf());
+        command
+    }
+
+    pub fn client(&self) -> duplex_client::Client {
+        let config = duplex_client::ClientConfig::from_file(&self.conf()).expect("client config");
+        duplex_client::Client::connect(config).expect("client connects")
+    }
+
+    /// Starts `duplex nbd serve` for `image`; returns it with its URI.
+    pub fn serve(&self, image: &str, socket: Option<&Path>) -> NbdServer {
+        let mut command = self.cli();
+        command.args(["nbd", "serve", "--image", image]);
+        match socket {
+            Some(path) => command.arg("--socket").arg(path),
+            None => command.args(["--listen", "127.0.0.1:0"]),
+        };
+        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("nbd serve starts");
+        let stdout = child.stdout.take().expect("piped");
+        let mut line = String::new();
+        let started = Instant::now();
+        BufReader::new(stdout).read_line(&mut line).expect("nbd serve prints its address");
+        let uri = line.trim().rsplit(" at ").next().unwrap_or_default().to_string();
+        assert!(uri.starts_with("nbd"), "unexpected first line from nbd serve: {line:?}");
+        assert!(started.elapsed() < Duration::from_secs(30));
+        NbdServer { child, uri }
+    }
+}
+
+impl Drop for DevCluster {
+    fn drop(&mut self) {
+        let _ = duplex().args(["dev", "down", "--wipe", "--dir"]).arg(self.path()).output();
+    }
+}
+
+pub struct NbdServer {
+    child: Child,
+    pub uri: String,
+}
+
+impl Drop for NbdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

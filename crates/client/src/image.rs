@@ -1,0 +1,617 @@
+//! Block images: a virtual disk of N bytes striped over fixed-size objects
+//! (DESIGN.md §3).
+//!
+//! Per image, in its pool:
+//!
+//! | object | holds |
+//! | --- | --- |
+//! | `image.<name>` | the image's id (16 hex digits): the name → id directory entry |
+//! | `<id>.header` | [`ImageInfo`] in a fixed checksummed layout |
+//! | `<id>.<object number, 16 hex digits>` | the data, from offset object number × object size |
+//!
+//! Data objects exist only where something was written (thin), or all from
+//! creation with `preallocate` (each reserves its whole extent). A missing
+//! object, or bytes past an object's end, read as zeros.
+//!
+//! I/O that crosses object boundaries is split and the pieces issued in
+//! parallel; the I/O completes when all of them have. Management
+//! operations (create, resize, remove) assume one administrator at a time.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use duplex_proto::osd::{OpKind, MAX_IO_BYTES};
+
+use crate::client::Client;
+use crate::error::ClientError;
+use crate::runtime::ObjectOp;
+
+pub const DEFAULT_OBJECT_SIZE: u32 = 4 << 20;
+/// Object sizes an image may use: powers of two from 4 KiB to 64 MiB.
+pub const MIN_OBJECT_SIZE: u32 = 4 << 10;
+pub const MAX_OBJECT_SIZE: u32 = 64 << 20;
+/// Longest image name.
+pub const MAX_NAME_LEN: usize = 128;
+/// The largest piece a write is split into. Each piece is one entry in a
+/// PG's operation log, which takes entries up to half its size: 256 KiB
+/// fits every log of 1 MiB or more (OSDs refuse smaller logs).
+pub const MAX_WRITE_PIECE: u64 = 256 << 10;
+/// Operations a management task (create, remove, resize) keeps in flight.
+const MANAGEMENT_DEPTH: usize = 64;
+
+const HEADER_MAGIC: &[u8; 4] = b"DPXI";
+const HEADER_VERSION: u32 = 1;
+const HEADER_LEN: usize = 64;
+const FLAG_PREALLOCATED: u64 = 1;
+
+pub type Done<T> = Box<dyn FnOnce(Result<T, ClientError>) + Send + 'static>;
+
+/// What an image is.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ImageInfo {
+    pub name: String,
+    /// 16 hex digits; names its objects.
+    pub id: String,
+    pub size: u64,
+    pub object_size: u32,
+    pub preallocated: bool,
+    /// Seconds since the Unix epoch.
+    pub created: u64,
+}
+
+impl ImageInfo {
+    pub fn object_count(&self) -> u64 {
+        self.size.div_ceil(self.object_size as u64)
+    }
+
+    fn encode(&self) -> Bytes {
+        let mut out = vec![0u8; HEADER_LEN];
+        out[0..4].copy_from_slice(HEADER_MAGIC);
+        out[4..8].copy_from_slice(&HEADER_VERSION.to_le_bytes());
+        out[8..16].copy_from_slice(&self.size.to_le_bytes());
+        out[16..20].copy_from_slice(&self.object_size.to_le_bytes());
+        let flags = if self.preallocated { FLAG_PREALLOCATED } else { 0 };
+        out[24..32].copy_from_slice(&flags.to_le_bytes());
+        out[32..40].copy_from_slice(&self.created.to_le_bytes());
+        let id = u64::from_str_radix(&self.id, 16).expect("ids are 16 hex digits");
+        out[40..48].copy_from_slice(&id.to_le_bytes());
+        let crc = crc32c::crc32c(&out[..60]);
+        out[60..64].copy_from_slice(&crc.to_le_bytes());
+        Bytes::from(out)
+    }
+
+    fn decode(name: &str, bytes: &[u8]) -> Result<ImageInfo, ClientError> {
+        let corrupt = |why: &str| ClientError::Corrupt(format!("image '{name}' header: {why}"));
+        if bytes.len() < HEADER_LEN {
+            return Err(corrupt("too short"));
+        }
+        let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let long = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        if &bytes[0..4] != HEADER_MAGIC {
+            return Err(corrupt("bad magic"));
+        }
+        if crc32c::crc32c(&bytes[..60]) != word(60) {
+            return Err(corrupt("checksum mismatch"));
+        }
+        if word(4) != HEADER_VERSION {
+            return Err(corrupt("unknown version"));
+        }
+        let object_size = word(16);
+        if !valid_object_size(object_size) {
+            return Err(corrupt("bad object size"));
+        }
+        Ok(ImageInfo {
+            name: name.to_string(),
+            id: format!("{:016x}", long(40)),
+            size: long(8),
+            object_size,
+            preallocated: long(24) & FLAG_PREALLOCATED != 0,
+            created: long(32),
+        })
+    }
+}
+
+fn valid_object_size(size: u32) -> bool {
+    size.is_power_of_two() && (MIN_OBJECT_SIZE..=MAX_OBJECT_SIZE).contains(&size)
+}
+
+/// How to create an image.
+#[derive(Clone, Copy, Debug)]
+pub struct CreateOptions {
+    pub object_size: u32,
+    /// Reserve every object's extent now (no allocation on the write path later).
+    pub preallocate: bool,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions { object_size: DEFAULT_OBJECT_SIZE, preallocate: false }
+    }
+}
+
+fn check_name(name: &str) -> Result<(), ClientError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ClientError::Invalid(format!(
+            "image names are 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 . _ - (got '{name}')"
+        )))
+    }
+}
+
+fn directory_object(name: &str) -> Vec<u8> {
+    format!("image.{name}").into_bytes()
+}
+
+fn header_object(id: &str) -> Vec<u8> {
+    format!("{id}.header").into_bytes()
+}
+
+fn data_object(id: &str, number: u64) -> Bytes {
+    Bytes::from(format!("{id}.{number:016x}"))
+}
+
+impl Client {
+    /// Creates an image of `size` bytes.
+    pub fn create_image(
+        &self,
+        pool: u32,
+        name: &str,
+        size: u64,
+        options: CreateOptions,
+    ) -> Result<ImageInfo, ClientError> {
+        check_name(name)?;
+        if !valid_object_size(options.object_size) {
+            return Err(ClientError::Invalid(format!(
+                "object size must be a power of two from {MIN_OBJECT_SIZE} to {MAX_OBJECT_SIZE} bytes"
+            )));
+        }
+        match self.read(pool, &directory_object(name), 0, 16) {
+            Ok(_) => return Err(ClientError::ImageExists(name.into())),
+            Err(ClientError::NotFound) => {}
+            Err(err) => return Err(err),
+        }
+        let id = loop {
+            let id = rand::random::<u64>();
+            if id != 0 {
+                break format!("{id:016x}");
+            }
+        };
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let info = ImageInfo {
+            name: name.into(),
+            id: id.clone(),
+            size,
+            object_size: options.object_size,
+            preallocated: options.preallocate,
+            created,
+        };
+        if options.preallocate {
+            self.preallocate(pool, &info, 0..info.object_count())?;
+        }
+        // The header before the directory entry: a crash between leaves an
+        // unreachable header, never a name without an image.
+        self.write(pool, &header_object(&id), 0, info.encode())?;
+        self.write(pool, &directory_object(name), 0, Bytes::from(id.into_bytes()))?;
+        Ok(info)
+    }
+
+    fn preallocate(&self, pool: u32, info: &ImageInfo, objects: std::ops::Range<u64>) -> Result<(), ClientError> {
+        let ops = objects.map(|n| ObjectOp {
+            offset: info.object_size as u64,
+            ..object_op(pool, OpKind::CreatePreallocated, data_object(&info.id, n))
+        });
+        self.run_all(ops, false)
+    }
+
+    /// Runs `ops` with [`MANAGEMENT_DEPTH`] in flight; the first error wins.
+    /// `missing_ok`: a NotFound answer counts as done.
+    fn run_all(&self, ops: impl Iterator<Item = ObjectOp>, missing_ok: bool) -> Result<(), ClientError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut in_flight = 0usize;
+        let mut first_error = None;
+        let mut ops = ops.peekable();
+        while ops.peek().is_some() || in_flight > 0 {
+            while in_flight < MANAGEMENT_DEPTH && first_error.is_none() {
+                let Some(op) = ops.next() else { break };
+                let tx = tx.clone();
+                self.submit(
+                    op,
+                    Box::new(move |r| {
+                        let _ = tx.send(r);
+                    }),
+                );
+                in_flight += 1;
+            }
+            if in_flight == 0 {
+                break;
+            }
+            let result = rx.recv().unwrap_or(Err(ClientError::Shutdown));
+            in_flight -= 1;
+            match result {
+                Ok(_) => {}
+                Err(ClientError::NotFound) if missing_ok => {}
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// The names of the pool's images, sorted.
+    pub fn list_images(&self, pool: u32) -> Result<Vec<String>, ClientError> {
+        let mut names: Vec<String> = self
+            .list_objects(pool, b"image.")?
+            .into_iter()
+            .filter_map(|n| String::from_utf8(n).ok())
+            .filter_map(|n| n.strip_prefix("image.").map(str::to_string))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    pub fn image_info(&self, pool: u32, name: &str) -> Result<ImageInfo, ClientError> {
+        check_name(name)?;
+        let id = match self.read(pool, &directory_object(name), 0, 16) {
+            Ok(id) => id,
+            Err(ClientError::NotFound) => return Err(ClientError::NoSuchImage(name.into())),
+            Err(err) => return Err(err),
+        };
+        let id = std::str::from_utf8(&id)
+            .ok()
+            .filter(|id| id.len() == 16 && u64::from_str_radix(id, 16).is_ok())
+            .ok_or_else(|| ClientError::Corrupt(format!("image '{name}': bad directory entry")))?
+            .to_string();
+        let header = match self.read(pool, &header_object(&id), 0, HEADER_LEN as u32) {
+            Ok(header) => header,
+            Err(ClientError::NotFound) => {
+                return Err(ClientError::Corrupt(format!("image '{name}': header object {id}.header is missing")))
+            }
+            Err(err) => return Err(err),
+        };
+        let info = ImageInfo::decode(name, &header)?;
+        if info.id != id {
+            return Err(ClientError::Corrupt(format!("image '{name}': header names another id")));
+        }
+        Ok(info)
+    }
+
+    /// Grows or shrinks an image. Shrinking discards the data past the new end.
+    pub fn resize_image(&self, pool: u32, name: &str, new_size: u64) -> Result<ImageInfo, ClientError> {
+        let mut info = self.image_info(pool, name)?;
+        let object_size = info.object_size as u64;
+        let (old_objects, new_objects) = (info.object_count(), new_size.div_ceil(object_size));
+        if new_size < info.size {
+            // Data first, header last: a crash in between leaves the old size
+            // with zeros past the new end, never stale data a later grow could expose.
+            let ops = (new_objects..old_objects).map(|n| object_op(pool, OpKind::Delete, data_object(&info.id, n)));
+            self.run_all(ops, true)?;
+            let tail = new_size % object_size;
+            if tail != 0 {
+                let last = data_object(&info.id, new_objects - 1);
+                let zero = (tail, object_size - tail);
+                self.run_all(zero_ops(pool, &info, last, zero.0, zero.1).into_iter(), true)?;
+            }
+        } else if info.preallocated && new_objects > old_objects {
+            self.preallocate(pool, &info, old_objects..new_objects)?;
+        }
+        info.size = new_size;
+        self.write(pool, &header_object(&info.id), 0, info.encode())?;
+        Ok(info)
+    }
+
+    /// Deletes an image and all its objects.
+    pub fn remove_image(&self, pool: u32, name: &str) -> Result<(), ClientError> {
+        let info = self.image_info(pool, name)?;
+        let prefix = format!("{}.", info.id);
+        let objects = self.list_objects(pool, prefix.as_bytes())?;
+        let ops = objects.into_iter().map(|n| object_op(pool, OpKind::Delete, Bytes::from(n)));
+        self.run_all(ops, true)?;
+        self.delete(pool, &directory_object(name))
+    }
+
+    /// Opens an image for I/O.
+    pub fn open_image(&self, pool: u32, name: &str) -> Result<Image, ClientError> {
+        let info = self.image_info(pool, name)?;
+        Ok(Image { client: self.clone(), pool, info })
+    }
+}
+
+fn object_op(pool: u32, kind: OpKind, object: Bytes) -> ObjectOp {
+    ObjectOp { pool, kind, object, offset: 0, length: 0, data: Bytes::new(), pg: None }
+}
+
+/// Operations that make `len` bytes of `object` from `offset` read as zeros.
+fn zero_ops(pool: u32, info: &ImageInfo, object: Bytes, offset: u64, len: u64) -> Vec<ObjectOp> {
+    let object_size = info.object_size as u64;
+    if !info.preallocated {
+        if offset == 0 && len == object_size {
+            return vec![object_op(pool, OpKind::Delete, object)];
+        }
+        if offset + len == object_size {
+            // Cut the tail (an object shorter than `offset` grows, reading as zeros).
+            return vec![ObjectOp { offset, ..object_op(pool, OpKind::Truncate, object) }];
+        }
+    }
+    // Pre-allocated objects keep their extents: zeros are written in place.
+    let mut ops = Vec::new();
+    let mut at = offset;
+    while at < offset + len {
+        let piece = (offset + len - at).min(MAX_WRITE_PIECE);
+        ops.push(ObjectOp {
+            offset: at,
+            data: Bytes::from(vec![0u8; piece as usize]),
+            ..object_op(pool, OpKind::Write, object.clone())
+        });
+        at += piece;
+    }
+    ops
+}
+
+/// An open image. Cheap to share behind an `Arc`; every method may be
+/// called from many threads at once.
+pub struct Image {
+    client: Client,
+    pool: u32,
+    info: ImageInfo,
+}
+
+/// Where a piece of an image I/O lands: the object, the offset in it, the
+/// length, and the offset in the I/O's buffer.
+struct Piece {
+    object: Bytes,
+    offset: u64,
+    len: u64,
+    at: usize,
+}
+
+impl Image {
+    pub fn info(&self) -> &ImageInfo {
+        &self.info
+    }
+
+    pub fn size(&self) -> u64 {
+        self.info.size
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), ClientError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.info.size => Ok(()),
+            _ => Err(ClientError::Invalid(format!(
+                "bytes {offset}..{} are past the image's end ({})",
+                offset.saturating_add(len),
+                self.info.size
+            ))),
+        }
+    }
+
+    /// The pieces of `offset..offset+len`, split at object boundaries and
+    /// into at most `max_piece` bytes.
+    fn pieces(&self, offset: u64, len: u64, max_piece: u64) -> Vec<Piece> {
+        let object_size = self.info.object_size as u64;
+        let mut pieces = Vec::new();
+        let mut at = offset;
+        while at < offset + len {
+            let number = at / object_size;
+            let in_object = at % object_size;
+            let piece = (object_size - in_object).min(offset + len - at).min(max_piece);
+            pieces.push(Piece {
+                object: data_object(&self.info.id, number),
+                offset: in_object,
+                len: piece,
+                at: (at - offset) as usize,
+            });
+            at += piece;
+        }
+        pieces
+    }
+
+    /// Reads `len` bytes from `offset`; `done` gets exactly `len` bytes.
+    pub fn read_async(&self, offset: u64, len: u32, done: Done<Bytes>) {
+        if let Err(err) = self.check_range(offset, len as u64) {
+            return done(Err(err));
+        }
+        let pieces = self.pieces(offset, len as u64, MAX_IO_BYTES as u64);
+        if pieces.len() == 1 {
+            let want = len as usize;
+            let op = self.op(OpKind::Read, &pieces[0]);
+            return self.client.submit(
+                op,
+                Box::new(move |result| {
+                    done(match result {
+                        Ok(data) if data.len() == want => Ok(data),
+                        Ok(data) => {
+                            let mut full = BytesMut::zeroed(want);
+                            full[..data.len().min(want)].copy_from_slice(&data[..data.len().min(want)]);
+                            Ok(full.freeze())
+                        }
+                        Err(ClientError::NotFound) => Ok(Bytes::from(vec![0u8; want])),
+                        Err(err) => Err(err),
+                    })
+                }),
+            );
+        }
+        let join = Arc::new(Join::new(pieces.len(), BytesMut::zeroed(len as usize), done));
+        for piece in &pieces {
+            let join = join.clone();
+            let (at, want) = (piece.at, piece.len as usize);
+            self.client.submit(
+                self.op(OpKind::Read, piece),
+                Box::new(move |result| match result {
+                    Ok(data) => {
+                        let n = data.len().min(want);
+                        join.fill(at, &data[..n]);
+                        join.piece_done(Ok(()));
+                    }
+                    Err(ClientError::NotFound) => join.piece_done(Ok(())),
+                    Err(err) => join.piece_done(Err(err)),
+                }),
+            );
+        }
+    }
+
+    /// Writes `data` at `offset`. Acknowledged means: in the log of every replica.
+    pub fn write_async(&self, offset: u64, data: Bytes, done: Done<()>) {
+        if let Err(err) = self.check_range(offset, data.len() as u64) {
+            return done(Err(err));
+        }
+        let pieces = self.pieces(offset, data.len() as u64, MAX_WRITE_PIECE);
+        let ops: Vec<ObjectOp> = pieces
+            .iter()
+            .map(|p| ObjectOp { data: data.slice(p.at..p.at + p.len as usize), ..self.op(OpKind::Write, p) })
+            .collect();
+        self.run(ops, false, done);
+    }
+
+    /// Makes `len` bytes from `offset` read as zeros; thin images release
+    /// whole objects and cut tails, pre-allocated ones keep their extents.
+    pub fn write_zeroes_async(&self, offset: u64, len: u64, done: Done<()>) {
+        if let Err(err) = self.check_range(offset, len) {
+            return done(Err(err));
+        }
+        let object_size = self.info.object_size as u64;
+        let mut ops = Vec::new();
+        let mut at = offset;
+        while at < offset + len {
+            let number = at / object_size;
+            let in_object = at % object_size;
+            let piece = (object_size - in_object).min(offset + len - at);
+            ops.extend(zero_ops(self.pool, &self.info, data_object(&self.info.id, number), in_object, piece));
+            at += piece;
+        }
+        self.run(ops, true, done);
+    }
+
+    /// Discard: the same as writing zeros (reads after a discard return zeros).
+    pub fn discard_async(&self, offset: u64, len: u64, done: Done<()>) {
+        self.write_zeroes_async(offset, len, done)
+    }
+
+    /// Every acknowledged write is already in every replica's log: nothing to do.
+    pub fn flush_async(&self, done: Done<()>) {
+        done(Ok(()))
+    }
+
+    fn op(&self, kind: OpKind, piece: &Piece) -> ObjectOp {
+        ObjectOp {
+            pool: self.pool,
+            kind,
+            object: piece.object.clone(),
+            offset: piece.offset,
+            length: if kind == OpKind::Read { piece.len as u32 } else { 0 },
+            data: Bytes::new(),
+            pg: None,
+        }
+    }
+
+    /// Runs `ops` in parallel; `done` gets the first error or `Ok`.
+    fn run(&self, ops: Vec<ObjectOp>, missing_ok: bool, done: Done<()>) {
+        if ops.is_empty() {
+            return done(Ok(()));
+        }
+        let join =
+            Arc::new(Join::new(ops.len(), BytesMut::new(), Box::new(move |r: Result<Bytes, _>| done(r.map(drop)))));
+        for op in ops {
+            let join = join.clone();
+            self.client.submit(
+                op,
+                Box::new(move |result| match result {
+                    Err(ClientError::NotFound) if missing_ok => join.piece_done(Ok(())),
+                    other => join.piece_done(other.map(drop)),
+                }),
+            );
+        }
+    }
+
+    pub fn read(&self, offset: u64, len: u32) -> Result<Bytes, ClientError> {
+        wait(|done| self.read_async(offset, len, done))
+    }
+
+    pub fn write(&self, offset: u64, data: Bytes) -> Result<(), ClientError> {
+        wait(|done| self.write_async(offset, data, done))
+    }
+
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ClientError> {
+        wait(|done| self.write_zeroes_async(offset, len, done))
+    }
+}
+
+fn wait<T: Send + 'static>(start: impl FnOnce(Done<T>)) -> Result<T, ClientError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    start(Box::new(move |result| {
+        let _ = tx.send(result);
+    }));
+    rx.recv().unwrap_or(Err(ClientError::Shutdown))
+}
+
+/// The pieces of one image I/O: the buffer they fill and the callback the
+/// last one to finish calls.
+struct Join {
+    remaining: AtomicUsize,
+    state: Mutex<(BytesMut, Option<ClientError>, Option<Done<Bytes>>)>,
+}
+
+impl Join {
+    fn new(pieces: usize, buffer: BytesMut, done: Done<Bytes>) -> Join {
+        Join { remaining: AtomicUsize::new(pieces), state: Mutex::new((buffer, None, Some(done))) }
+    }
+
+    fn fill(&self, at: usize, data: &[u8]) {
+        let mut state = self.state.lock().expect("join lock");
+        state.0[at..at + data.len()].copy_from_slice(data);
+    }
+
+    fn piece_done(&self, result: Result<(), ClientError>) {
+        if let Err(err) = result {
+            self.state.lock().expect("join lock").1.get_or_insert(err);
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let (buffer, error, done) = {
+                let mut state = self.state.lock().expect("join lock");
+                (std::mem::take(&mut state.0), state.1.take(), state.2.take())
+            };
+            let done = done.expect("the last piece finishes once");
+            done(match error {
+                Some(err) => Err(err),
+                None => Ok(buffer.freeze()),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn header_round_trips_and_rejects_damage(size in any::<u64>(), order in 12u32..27, prealloc in any::<bool>(), id in 1u64.., flip in 0usize..64) {
+            let info = ImageInfo { name: "disk".into(), id: format!("{id:016x}"), size, object_size: 1 << order, preallocated: prealloc, created: 5 };
+            let bytes = info.encode();
+            prop_assert_eq!(ImageInfo::decode("disk", &bytes), Ok(info));
+            let mut bad = bytes.to_vec();
+            bad[flip] ^= 1;
+            prop_assert!(ImageInfo::decode("disk", &bad).is_err());
+        }
+
+        #[test]
+        fn header_decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..100)) {
+            let _ = ImageInfo::decode("x", &bytes);
+        }
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("vm-disk_1.img").is_ok());
+        for bad in ["", "a/b", "a b", &"x".repeat(MAX_NAME_LEN + 1)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
