@@ -22,8 +22,8 @@
 //! let pool = client.pool_id("rbd")?;
 //! client.create_image(pool, "disk", 1 << 30, CreateOptions::default())?;
 //! let image = client.open_image(pool, "disk")?;
-//! image.write(4 << 20 - 512, vec![7u8; 1024].into())?; // crosses an object boundary
-//! assert_eq!(image.read(4 << 20 - 512, 1024)?, vec![7u8; 1024]);
+//! image.write((4 << 20) - 512, vec![7u8; 1024].into())?; // crosses an object boundary
+//! assert_eq!(image.read((4 << 20) - 512, 1024)?, vec![7u8; 1024]);
 //! # Ok(()) }
 //! ```
 
