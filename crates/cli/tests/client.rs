@@ -170,7 +170,7 @@ fn objects_images_and_resends() {
     // SAFETY: kill(2) on the OSD process this test's cluster started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let killed = Instant::now();
-    while acked.load(Ordering::Relaxed) < 4096 && killed.elapsed() < Duration::from_secs(40) {
+    while acked.load(Ordering::Relaxed) < 4096 && killed.elapsed() < Duration::from_secs(150) {
         std::thread::sleep(Duration::from_millis(100));
     }
     stop.store(true, Ordering::Relaxed);

@@ -67,7 +67,10 @@ impl DevCluster {
     }
 
     pub fn client(&self) -> duplex_client::Client {
-        let config = duplex_client::ClientConfig::from_file(&self.conf()).expect("client config");
+        let mut config = duplex_client::ClientConfig::from_file(&self.conf()).expect("client config");
+        // Failover waits for the monitor's grace (6 s) and the map push; a
+        // loaded CI machine can stretch that, and the tests assert outcomes, not speed.
+        config.op_timeout = Duration::from_secs(120);
         duplex_client::Client::connect(config).expect("client connects")
     }
 
@@ -93,6 +96,18 @@ impl DevCluster {
 
 impl Drop for DevCluster {
     fn drop(&mut self) {
+        let _ = duplex().args(["dev", "down", "--dir"]).arg(self.path()).output();
+        if std::thread::panicking() {
+            // Keep the daemons' logs of a failed test where CI can show them.
+            let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join("failed-cluster-logs");
+            let _ = std::fs::create_dir_all(&keep);
+            for entry in std::fs::read_dir(self.path()).into_iter().flatten().flatten() {
+                if entry.path().extension().is_some_and(|e| e == "log") {
+                    let _ = std::fs::copy(entry.path(), keep.join(entry.file_name()));
+                }
+            }
+            eprintln!("daemon logs kept in {}", keep.display());
+        }
         let _ = duplex().args(["dev", "down", "--wipe", "--dir"]).arg(self.path()).output();
     }
 }
