@@ -11,7 +11,7 @@ use duplex_mon::wire::WireOutcome;
 use duplex_proto::osd::OsdStats;
 use duplex_proto::{Frame, MessageType};
 
-use crate::units::format_size;
+use duplex_store::units::format_size;
 
 /// Runs a map command on the monitors' leader; a refusal is an error.
 pub fn run_command(mon: &mut MonClient, command: MapCommand) -> Result<u64> {
@@ -91,10 +91,10 @@ pub enum ImageCommand {
     Create {
         name: String,
         /// Its size: bytes, or with a suffix (10G, 512M).
-        #[arg(long, value_parser = crate::units::parse_size)]
+        #[arg(long, value_parser = duplex_store::units::parse_size)]
         size: u64,
         /// Bytes per object: a power of two from 4k to 64M.
-        #[arg(long, default_value = "4M", value_parser = crate::units::parse_size)]
+        #[arg(long, default_value = "4M", value_parser = duplex_store::units::parse_size)]
         object_size: u64,
         /// Reserve every object's extent now: no allocation on the write path later.
         #[arg(long)]
@@ -114,7 +114,7 @@ pub enum ImageCommand {
     /// Grow or shrink an image (shrinking discards the data past the new end).
     Resize {
         name: String,
-        #[arg(long, value_parser = crate::units::parse_size)]
+        #[arg(long, value_parser = duplex_store::units::parse_size)]
         size: u64,
         /// Required to shrink.
         #[arg(long)]

@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
 
-use crate::units::format_size;
+use duplex_store::units::format_size;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -37,7 +37,7 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = Pattern::Randwrite)]
     pub pattern: Pattern,
     /// Bytes per I/O.
-    #[arg(long = "bs", default_value = "4k", value_parser = crate::units::parse_size)]
+    #[arg(long = "bs", default_value = "4k", value_parser = duplex_store::units::parse_size)]
     pub block_size: u64,
     /// I/Os in flight.
     #[arg(long = "qd", default_value_t = 32)]
@@ -110,14 +110,12 @@ impl Target {
             Target::Image(image) if read => image.read_async(offset, len as u32, Box::new(move |r| done(r.map(drop)))),
             Target::Image(image) => image.write_async(offset, data.clone(), done),
             Target::Objects { client, pool, .. } => {
+                let kind = if read { OpKind::Read } else { OpKind::Write };
                 let op = ObjectOp {
-                    pool: *pool,
-                    kind: if read { OpKind::Read } else { OpKind::Write },
-                    object: Bytes::from(format!("bench.{}", offset / OBJECT_SPAN)),
                     offset: offset % OBJECT_SPAN,
                     length: if read { len as u32 } else { 0 },
                     data: if read { Bytes::new() } else { data.clone() },
-                    pg: None,
+                    ..ObjectOp::new(*pool, kind, Bytes::from(format!("bench.{}", offset / OBJECT_SPAN)))
                 };
                 client.submit(
                     op,

@@ -20,7 +20,7 @@ use duplex_map::Command as MapCommand;
 use duplex_mon::client::MonClient;
 use duplex_mon::wire::Credentials;
 
-use crate::units::format_size;
+use duplex_store::units::format_size;
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct UpArgs {
@@ -40,10 +40,10 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 32)]
     pub pg_num: u32,
     /// Size of each OSD's store file.
-    #[arg(long, default_value = "2G", value_parser = crate::units::parse_size)]
+    #[arg(long, default_value = "2G", value_parser = duplex_store::units::parse_size)]
     pub osd_size: u64,
     /// Operation log per PG (bytes).
-    #[arg(long, default_value = "1M", value_parser = crate::units::parse_size)]
+    #[arg(long, default_value = "1M", value_parser = duplex_store::units::parse_size)]
     pub oplog_pg_bytes: u64,
 }
 
@@ -206,9 +206,11 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
     let size = args.replicas;
     let min_size = args.min_size.unwrap_or(size - size / 2);
     let mut admin = MonClient::new(monitors, credentials);
-    admin
-        .command(&MapCommand::PoolCreate { name: args.pool.clone(), size, min_size, pg_num: args.pg_num })
-        .with_context(|| format!("creating pool '{}'", args.pool))?;
+    crate::admin::run_command(
+        &mut admin,
+        MapCommand::PoolCreate { name: args.pool.clone(), size, min_size, pg_num: args.pg_num },
+    )
+    .with_context(|| format!("creating pool '{}'", args.pool))?;
     write_file(
         &dir.join("client.toml"),
         &format!(

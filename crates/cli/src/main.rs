@@ -5,7 +5,6 @@ mod bench;
 mod daemons;
 mod dev;
 mod nbd;
-mod units;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -101,7 +100,7 @@ enum DevCommand {
         #[arg(long, default_value_t = 5)]
         seconds: u64,
         /// Size of the demo image.
-        #[arg(long, default_value = "1G", value_parser = units::parse_size)]
+        #[arg(long, default_value = "1G", value_parser = duplex_store::units::parse_size)]
         image_size: u64,
         #[command(flatten)]
         up: dev::UpArgs,
@@ -231,7 +230,7 @@ fn demo(dir: &Path, seconds: u64, image_size: u64, up: &dev::UpArgs) -> Result<(
     let client = Client::connect(ClientConfig::from_file(&dir.join("client.toml"))?)?;
     let pool = client.pool_id(&up.pool)?;
     match client.create_image(pool, "demo", image_size, CreateOptions::default()) {
-        Ok(info) => println!("created image 'demo' ({})", units::format_size(info.size)),
+        Ok(info) => println!("created image 'demo' ({})", duplex_store::units::format_size(info.size)),
         Err(ClientError::ImageExists(_)) => println!("using the existing image 'demo'"),
         Err(err) => return Err(err.into()),
     }

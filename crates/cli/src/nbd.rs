@@ -15,7 +15,7 @@ use bytes::Bytes;
 use duplex_client::{ClientError, Image};
 use duplex_nbd::{Done, Errno, Export, ExportMap, Listener, Server, ServerConfig};
 
-use crate::units::format_size;
+use duplex_store::units::format_size;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {

@@ -201,7 +201,10 @@ impl Client {
     }
 
     /// Starts `op`; `done` runs on the client's I/O thread when it ends
-    /// (keep it short; never wait there for another operation).
+    /// (keep it short; never wait there for another operation). The client
+    /// does not bound submissions: a caller keeps its own in-flight limit,
+    /// as the NBD server (per connection), `bench` (its queue depth) and
+    /// image management (64) do.
     pub fn submit(&self, op: ObjectOp, done: Callback) {
         if let Err(crossbeam_channel::SendError(Command::Submit(_, done))) =
             self.handle.commands.send(Command::Submit(op, done))
@@ -297,13 +300,9 @@ impl Client {
             let mut cursor = Bytes::new();
             loop {
                 let request = ObjectOp {
-                    pool,
-                    kind: OpKind::List,
-                    object: cursor.clone(),
-                    offset: 0,
-                    length: 0,
                     data: Bytes::copy_from_slice(prefix),
                     pg: Some(pg),
+                    ..ObjectOp::new(pool, OpKind::List, cursor.clone())
                 };
                 let reply = self.call(request)?;
                 let (page, more) =

@@ -204,7 +204,7 @@ impl Client {
     fn preallocate(&self, pool: u32, info: &ImageInfo, objects: std::ops::Range<u64>) -> Result<(), ClientError> {
         let ops = objects.map(|n| ObjectOp {
             offset: info.object_size as u64,
-            ..object_op(pool, OpKind::CreatePreallocated, data_object(&info.id, n))
+            ..ObjectOp::new(pool, OpKind::CreatePreallocated, data_object(&info.id, n))
         });
         self.run_all(ops, false)
     }
@@ -290,7 +290,7 @@ impl Client {
         if new_size < info.size {
             // Data first, header last: a crash in between leaves the old size
             // with zeros past the new end, never stale data a later grow could expose.
-            let ops = (new_objects..old_objects).map(|n| object_op(pool, OpKind::Delete, data_object(&info.id, n)));
+            let ops = (new_objects..old_objects).map(|n| ObjectOp::new(pool, OpKind::Delete, data_object(&info.id, n)));
             self.run_all(ops, true)?;
             let tail = new_size % object_size;
             if tail != 0 {
@@ -311,7 +311,7 @@ impl Client {
         let info = self.image_info(pool, name)?;
         let prefix = format!("{}.", info.id);
         let objects = self.list_objects(pool, prefix.as_bytes())?;
-        let ops = objects.into_iter().map(|n| object_op(pool, OpKind::Delete, Bytes::from(n)));
+        let ops = objects.into_iter().map(|n| ObjectOp::new(pool, OpKind::Delete, Bytes::from(n)));
         self.run_all(ops, true)?;
         self.delete(pool, &directory_object(name))
     }
@@ -323,20 +323,16 @@ impl Client {
     }
 }
 
-fn object_op(pool: u32, kind: OpKind, object: Bytes) -> ObjectOp {
-    ObjectOp { pool, kind, object, offset: 0, length: 0, data: Bytes::new(), pg: None }
-}
-
 /// Operations that make `len` bytes of `object` from `offset` read as zeros.
 fn zero_ops(pool: u32, info: &ImageInfo, object: Bytes, offset: u64, len: u64) -> Vec<ObjectOp> {
     let object_size = info.object_size as u64;
     if !info.preallocated {
         if offset == 0 && len == object_size {
-            return vec![object_op(pool, OpKind::Delete, object)];
+            return vec![ObjectOp::new(pool, OpKind::Delete, object)];
         }
         if offset + len == object_size {
             // Cut the tail (an object shorter than `offset` grows, reading as zeros).
-            return vec![ObjectOp { offset, ..object_op(pool, OpKind::Truncate, object) }];
+            return vec![ObjectOp { offset, ..ObjectOp::new(pool, OpKind::Truncate, object) }];
         }
     }
     // Pre-allocated objects keep their extents: zeros are written in place.
@@ -347,7 +343,7 @@ fn zero_ops(pool: u32, info: &ImageInfo, object: Bytes, offset: u64, len: u64) -
         ops.push(ObjectOp {
             offset: at,
             data: Bytes::from(vec![0u8; piece as usize]),
-            ..object_op(pool, OpKind::Write, object.clone())
+            ..ObjectOp::new(pool, OpKind::Write, object.clone())
         });
         at += piece;
     }
@@ -409,6 +405,7 @@ impl Image {
             });
             at += piece;
         }
+        debug_assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), len, "pieces cover the I/O exactly");
         pieces
     }
 
@@ -500,13 +497,9 @@ impl Image {
 
     fn op(&self, kind: OpKind, piece: &Piece) -> ObjectOp {
         ObjectOp {
-            pool: self.pool,
-            kind,
-            object: piece.object.clone(),
             offset: piece.offset,
             length: if kind == OpKind::Read { piece.len as u32 } else { 0 },
-            data: Bytes::new(),
-            pg: None,
+            ..ObjectOp::new(self.pool, kind, piece.object.clone())
         }
     }
 
@@ -564,6 +557,7 @@ impl Join {
 
     fn fill(&self, at: usize, data: &[u8]) {
         let mut state = self.state.lock().expect("join lock");
+        debug_assert!(at + data.len() <= state.0.len(), "a piece lands inside the I/O's buffer");
         state.0[at..at + data.len()].copy_from_slice(data);
     }
 

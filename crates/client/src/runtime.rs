@@ -15,7 +15,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::io::{ErrorKind, Read};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,14 @@ pub struct ObjectOp {
     pub data: Bytes,
     /// The PG, for listings (whose object field is a cursor); else computed.
     pub pg: Option<u32>,
+}
+
+impl ObjectOp {
+    /// An operation on `object` with no offset, length or data yet (set
+    /// them with struct update syntax).
+    pub fn new(pool: u32, kind: OpKind, object: Bytes) -> ObjectOp {
+        ObjectOp { pool, kind, object, offset: 0, length: 0, data: Bytes::new(), pg: None }
+    }
 }
 
 pub(crate) enum Command {
@@ -502,36 +510,12 @@ pub(crate) fn follow_map(
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
 ) {
-    let client = MonClient::new(monitors.clone(), credentials);
-    let mut turn = 0usize;
-    while !stop.load(Ordering::Relaxed) {
-        let (id, _) = monitors[turn % monitors.len()];
-        turn += 1;
-        let from = published.read().expect("map lock").as_ref().clone();
-        let mut subscription = match client.subscribe(id, from) {
-            Ok(s) => s,
-            Err(err) => {
-                tracing::debug!(monitor = id, %err, "cannot subscribe; trying the next monitor");
-                std::thread::sleep(Duration::from_millis(200));
-                continue;
-            }
-        };
-        while !stop.load(Ordering::Relaxed) {
-            match subscription.next(Duration::from_millis(200)) {
-                Ok(_) => {
-                    let map = Arc::new(subscription.map().clone());
-                    *published.write().expect("map lock") = map.clone();
-                    if to_runtime.send(Command::Map(map)).is_err() {
-                        return;
-                    }
-                    let _ = waker.wake();
-                }
-                Err(err) if matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                Err(err) => {
-                    tracing::debug!(monitor = id, %err, "map subscription ended; subscribing again");
-                    break;
-                }
-            }
-        }
-    }
+    let from = published.read().expect("map lock").as_ref().clone();
+    MonClient::new(monitors, credentials).follow(from, &stop, Duration::from_millis(200), |map| {
+        let map = Arc::new(map.clone());
+        *published.write().expect("map lock") = map.clone();
+        let delivered = to_runtime.send(Command::Map(map)).is_ok();
+        let _ = waker.wake();
+        delivered
+    });
 }

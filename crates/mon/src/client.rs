@@ -1,6 +1,7 @@
 //! A monitor client: finds the leader, runs commands, reads the map.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use duplex_map::{ClusterMap, Command};
@@ -104,6 +105,49 @@ impl MonClient {
         let mut conn = Connection::connect(addr, &self.credentials, Duration::from_secs(2))?;
         conn.send(&crate::wire::to_frame(&MonMessage::Subscribe { from_epoch: from.epoch }))?;
         Ok(Subscription { conn, map: from })
+    }
+
+    /// Follows the map from `from` until `stop` (checked every `poll`):
+    /// subscribes to the monitors in turn, moving to the next when a
+    /// subscription cannot start or ends, and resumes from the newest map
+    /// seen. Calls `on_map` with each new map; `false` from it stops.
+    pub fn follow(
+        &self,
+        from: ClusterMap,
+        stop: &AtomicBool,
+        poll: Duration,
+        mut on_map: impl FnMut(&ClusterMap) -> bool,
+    ) {
+        let mut latest = from;
+        let mut turn = 0usize;
+        while !stop.load(Ordering::Relaxed) && !self.monitors.is_empty() {
+            let (id, _) = self.monitors[turn % self.monitors.len()];
+            turn += 1;
+            let mut subscription = match self.subscribe(id, latest.clone()) {
+                Ok(s) => s,
+                Err(err) => {
+                    tracing::debug!(monitor = id, %err, "cannot subscribe; trying the next monitor");
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+            };
+            while !stop.load(Ordering::Relaxed) {
+                match subscription.next(poll) {
+                    Ok(_) => {
+                        latest = subscription.map().clone();
+                        if !on_map(&latest) {
+                            return;
+                        }
+                    }
+                    Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    }
+                    Err(err) => {
+                        tracing::debug!(monitor = id, %err, "subscription ended; subscribing again");
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     /// One monitor's copy of the map.

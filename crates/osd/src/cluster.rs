@@ -160,39 +160,17 @@ pub fn follow(link: MonLink, cell: Arc<MapCell>, stop: Arc<AtomicBool>) {
         tracing::error!(%err, "cannot start the heartbeat thread");
     }
     let client = MonClient::new(link.monitors.clone(), link.credentials.clone());
-    let mut turn = 0usize;
-    while !stop.load(Ordering::Relaxed) {
-        let (id, _) = link.monitors[turn % link.monitors.len()];
-        turn += 1;
-        let from = cell.load().map.clone();
-        let mut subscription = match client.subscribe(id, from) {
-            Ok(s) => s,
-            Err(err) => {
-                tracing::debug!(monitor = id, %err, "cannot subscribe; trying the next monitor");
-                std::thread::sleep(Duration::from_millis(200));
-                continue;
-            }
-        };
-        while !stop.load(Ordering::Relaxed) {
-            match subscription.next(Duration::from_millis(500)) {
-                Ok(_) => {
-                    let map = subscription.map().clone();
-                    let me_up = map.osds.get(&link.id).is_some_and(|o| o.up);
-                    tracing::info!(epoch = map.epoch, "new map");
-                    cell.store(map);
-                    if !me_up {
-                        tracing::warn!("the map says this OSD is down; booting again");
-                        if let Err(err) = boot(&link, Duration::from_secs(10)) {
-                            tracing::error!(%err, "re-boot failed");
-                        }
-                    }
-                }
-                Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-                Err(err) => {
-                    tracing::debug!(monitor = id, %err, "subscription ended; resubscribing");
-                    break;
-                }
+    let from = cell.load().map.clone();
+    client.follow(from, &stop, Duration::from_millis(500), |map| {
+        let me_up = map.osds.get(&link.id).is_some_and(|o| o.up);
+        tracing::info!(epoch = map.epoch, "new map");
+        cell.store(map.clone());
+        if !me_up {
+            tracing::warn!("the map says this OSD is down; booting again");
+            if let Err(err) = boot(&link, Duration::from_secs(10)) {
+                tracing::error!(%err, "re-boot failed");
             }
         }
-    }
+        true
+    });
 }

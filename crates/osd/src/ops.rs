@@ -320,7 +320,8 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
                 request: request_id,
             };
             let encoded = entry.encode();
-            match guard.append_encoded(&entry, &encoded) {
+            let state = if replicas.is_empty() { RequestState::Committed } else { RequestState::InFlight };
+            match guard.append_encoded(&entry, &encoded, state) {
                 Ok(()) => {}
                 Err(LogError::Full) => {
                     guard.waiters = true;
@@ -338,9 +339,6 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
                     )
                 }
                 Err(err) => return reply(&op, Status::Io, epoch, err),
-            }
-            if !replicas.is_empty() {
-                guard.requests.set(request_id, RequestState::InFlight);
             }
             let depth = guard.log.len();
             let was_dirty = std::mem::replace(&mut guard.dirty, true);

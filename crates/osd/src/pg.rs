@@ -100,14 +100,19 @@ impl Pg {
     }
 
     /// Appends an encoded entry (the same bytes go to the replicas, or came
-    /// from the primary) and indexes it.
-    pub fn append_encoded(&mut self, entry: &EntryRef<'_>, encoded: &[u8]) -> Result<(), LogError> {
+    /// from the primary), indexes it, and records its request id in
+    /// `state`: a replica's entry is committed as far as it knows; the
+    /// primary's is in flight until the replicas acknowledge.
+    pub fn append_encoded(
+        &mut self,
+        entry: &EntryRef<'_>,
+        encoded: &[u8],
+        state: RequestState,
+    ) -> Result<(), LogError> {
         debug_assert_eq!(entry.pg, self.key, "entry for another PG");
         let at = self.log.append_encoded(entry.seq, encoded)?;
         self.index.insert_ref(entry, at);
-        // A replica's (or a recovered) entry counts as committed; the
-        // primary marks its own in flight until the replicas acknowledge.
-        self.requests.set(entry.request, RequestState::Committed);
+        self.requests.set(entry.request, state);
         Ok(())
     }
 
@@ -121,7 +126,7 @@ impl Pg {
         }
         if entry.seq == next && self.early.is_empty() {
             // The common case: in order, nothing waiting.
-            return match self.append_encoded(entry, encoded) {
+            return match self.append_encoded(entry, encoded, RequestState::Committed) {
                 Ok(()) => Ok(vec![Ack { seq: entry.seq, to }]),
                 Err(LogError::Full) => {
                     self.early.insert(entry.seq, (encoded.clone(), to));
@@ -147,7 +152,7 @@ impl Pg {
             let (encoded, to) = slot.remove();
             // Checked when it arrived; decoding again only re-borrows its fields.
             let entry = EntryRef::decode(&encoded).expect("kept entries were decoded once already");
-            match self.append_encoded(&entry, &encoded) {
+            match self.append_encoded(&entry, &encoded, RequestState::Committed) {
                 Ok(()) => acks.push(Ack { seq: entry.seq, to }),
                 Err(LogError::Full) => {
                     self.early.insert(entry.seq, (encoded.clone(), to));
@@ -373,7 +378,7 @@ mod tests {
             let mut pg = pg.lock().unwrap();
             for seq in 1..=3 {
                 let encoded = entry(seq, 100).encode();
-                pg.append_encoded(&EntryRef::decode(&encoded).unwrap(), &encoded).unwrap();
+                pg.append_encoded(&EntryRef::decode(&encoded).unwrap(), &encoded, RequestState::Committed).unwrap();
             }
         }
         let pgs = table(dir.path(), 1 << 20);

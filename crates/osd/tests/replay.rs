@@ -46,6 +46,12 @@ fn model_apply_attrs(model: &mut BTreeMap<Vec<u8>, Vec<u8>>, attrs: &mut BTreeMa
     }
 }
 
+/// Entry `seq` of PG 5 on object `o<name>`.
+fn entry(seq: u64, name: u8, op: OpKind, offset: u64, data: Vec<u8>) -> Entry {
+    let object = vec![b'o', b'0' + name];
+    Entry { pg: 5, epoch: 1, version: seq, seq, op, object, offset, data, request: Default::default() }
+}
+
 fn entries() -> impl Strategy<Value = Vec<Entry>> {
     proptest::collection::vec((0u8..3, 0u8..10, 0u64..20_000, 1usize..9000, any::<u8>()), 1..40).prop_map(|ops| {
         ops.into_iter()
@@ -57,17 +63,7 @@ fn entries() -> impl Strategy<Value = Vec<Entry>> {
                     1 => (OpKind::Truncate, vec![]),
                     _ => (OpKind::Write, vec![fill; len]),
                 };
-                Entry {
-                    pg: 5,
-                    epoch: 1,
-                    version: seq,
-                    seq,
-                    op,
-                    object: vec![b'o', b'0' + name],
-                    offset,
-                    data,
-                    request: Default::default(),
-                }
+                entry(seq, name, op, offset, data)
             })
             .collect()
     })
@@ -136,17 +132,7 @@ fn all_kinds() -> impl Strategy<Value = Vec<Entry>> {
                     4 => (OpKind::RemoveAttr, 0, vec![b'a' + fill % 3]),
                     _ => (OpKind::CreatePreallocated, (len as u64).div_ceil(4096) * 4096, vec![]),
                 };
-                Entry {
-                    pg: 5,
-                    epoch: 1,
-                    version: seq,
-                    seq,
-                    op,
-                    object: vec![b'o', b'0' + name],
-                    offset,
-                    data,
-                    request: Default::default(),
-                }
+                entry(seq, name, op, offset, data)
             })
             .collect()
     })

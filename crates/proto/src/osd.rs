@@ -233,12 +233,6 @@ impl OpRequest {
             client: le_u64(payload, 32),
         })
     }
-
-    /// A set-attribute request's name and value.
-    pub fn attr_name_value(&self) -> (&[u8], &[u8]) {
-        let split = (self.offset as usize).min(self.data.len());
-        self.data.split_at(split)
-    }
 }
 
 /// An OSD's counters, for `duplex status`.

@@ -17,8 +17,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::units::{format_bytes, parse_bytes};
 use crate::DeviceArgs;
+use duplex_store::units::{format_size, parse_size};
 
 const OBJECT_SIZE: u64 = 4 << 20;
 const BLOCKS_PER_OBJECT: u64 = OBJECT_SIZE / 4096;
@@ -29,10 +29,10 @@ pub struct BenchArgs {
     #[arg(long, default_value = "target/duplex-store-bench.img")]
     path: PathBuf,
     /// Size of the store file (sparse).
-    #[arg(long, value_parser = parse_bytes, default_value = "3G")]
+    #[arg(long, value_parser = parse_size, default_value = "3G")]
     size: u64,
     /// Bytes of pre-allocated 4 MiB objects to create, fill and run over.
-    #[arg(long, value_parser = parse_bytes, default_value = "2G")]
+    #[arg(long, value_parser = parse_size, default_value = "2G")]
     dataset: u64,
     /// Partition counts to run, comma-separated (one thread each).
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
@@ -230,7 +230,7 @@ fn run_partitions(args: &BenchArgs, partition_count: u32, device_path: bool) -> 
     workers = in_parallel(workers, |w| w.prefill())?;
     eprintln!(
         "bench: created and filled {} in {:.1} s",
-        format_bytes(objects_per_partition * partition_count as u64 * OBJECT_SIZE),
+        format_size(objects_per_partition * partition_count as u64 * OBJECT_SIZE),
         started.elapsed().as_secs_f64()
     );
     let mut results = Vec::new();

@@ -4,13 +4,13 @@ mod bench;
 mod counting_alloc;
 mod fio;
 mod memory;
-mod units;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use duplex_store::units;
 use duplex_store::{DeviceConfig, DirectIo, IoBackend, MkfsOptions, StoreConfig};
 
 #[global_allocator]
@@ -58,16 +58,16 @@ enum Command {
     Mkfs {
         path: PathBuf,
         /// Create or resize a regular file to this size first (e.g. 8G).
-        #[arg(long, value_parser = units::parse_bytes)]
+        #[arg(long, value_parser = units::parse_size)]
         size: Option<u64>,
         /// Partitions: one non-priority thread each.
         #[arg(long, default_value_t = 1)]
         partitions: u32,
         /// Journal per partition (default: 1/128 of the partition, 1 MiB to 64 MiB).
-        #[arg(long, value_parser = units::parse_bytes)]
+        #[arg(long, value_parser = units::parse_size)]
         journal: Option<u64>,
         /// Data bytes per onode slot; smaller allows more objects.
-        #[arg(long, value_parser = units::parse_bytes, default_value = "64K")]
+        #[arg(long, value_parser = units::parse_size, default_value = "64K")]
         bytes_per_onode: u64,
         #[command(flatten)]
         device: DeviceArgs,
@@ -119,7 +119,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 "made a store on {}: {} partitions, {} of data blocks, room for {} objects, {}-byte journal sectors",
                 path.display(),
                 superblock.partitions.len(),
-                units::format_bytes(data * 4096),
+                units::format_size(data * 4096),
                 slots,
                 superblock.sector_size
             );

@@ -14,8 +14,8 @@ use duplex_store::{Batch, Key, MkfsOptions, Store};
 use serde::Serialize;
 
 use crate::counting_alloc::{enable, live_bytes, resident_bytes};
-use crate::units::{format_bytes, parse_bytes};
 use crate::DeviceArgs;
+use duplex_store::units::{format_size, parse_size};
 
 #[derive(clap::Args, Clone)]
 pub struct MemoryArgs {
@@ -26,10 +26,10 @@ pub struct MemoryArgs {
     #[arg(long, default_value_t = 1_000_000)]
     small_objects: u64,
     /// Size of each small object.
-    #[arg(long, value_parser = parse_bytes, default_value = "4K")]
+    #[arg(long, value_parser = parse_size, default_value = "4K")]
     small_object_size: u64,
     /// Bytes of pre-allocated 4 MiB objects (0 to skip); the file is sparse.
-    #[arg(long, value_parser = parse_bytes, default_value = "1T")]
+    #[arg(long, value_parser = parse_size, default_value = "1T")]
     preallocated: u64,
     #[arg(long)]
     json: bool,
@@ -98,10 +98,10 @@ pub fn run(args: MemoryArgs) -> Result<()> {
             "{:<30} {:>10} {:>12} {:>12} {:>14.1} {:>12} {:>12.2}",
             r.shape,
             r.objects,
-            format_bytes(r.store_bytes),
-            format_bytes(r.index_bytes),
+            format_size(r.store_bytes),
+            format_size(r.index_bytes),
             r.index_bytes_per_object,
-            format_bytes(r.resident_bytes_after_mount),
+            format_size(r.resident_bytes_after_mount),
             r.mount_seconds
         );
     }

@@ -75,6 +75,7 @@ pub mod onode;
 pub mod pages;
 pub mod partition;
 pub mod store;
+pub mod units;
 
 pub use batch::{Batch, Op};
 pub use device::{DeviceConfig, DirectIo, IoBackend, IoStats};

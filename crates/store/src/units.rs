@@ -1,4 +1,5 @@
-//! Sizes as people write them ("4k", "10G", "1.5T") and as we print them.
+//! Byte sizes as operators write them ("4096", "4k", "10G", "1.5T") and as
+//! the tools print them; shared by `duplex` and `duplex-store`.
 
 /// Parses a byte count: a number with an optional binary suffix (k, M, G,
 /// T; "KiB", "MB" and friends are read as the same powers of 1024).
@@ -14,7 +15,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "g" => 30,
         "t" => 40,
         "p" => 50,
-        other => return Err(format!("unknown size suffix '{other}' in '{text}' (use k, M, G or T)")),
+        other => return Err(format!("'{text}' is not a size: unknown size suffix '{other}' (use k, M, G or T)")),
     };
     let bytes = number * (1u64 << shift) as f64;
     if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
@@ -52,6 +53,8 @@ mod tests {
         assert_eq!(parse_size("1.5M"), Ok(3 << 19));
         assert!(parse_size("ten").is_err());
         assert!(parse_size("4x").is_err());
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("99999999999999999T").is_err());
         assert_eq!(format_size(512), "512 B");
         assert_eq!(format_size(4 << 30), "4.0 GiB");
     }
