@@ -45,6 +45,10 @@ pub struct UpArgs {
     /// Operation log per PG (bytes).
     #[arg(long, default_value = "1M", value_parser = duplex_store::units::parse_size)]
     pub oplog_pg_bytes: u64,
+    /// Any other OSD setting, as KEY=VALUE where KEY is a `duplex osd` flag
+    /// (repeatable): e.g. --osd-set write_path=sync --osd-set flush_threshold=4.
+    #[arg(long = "osd-set", value_name = "KEY=VALUE")]
+    pub osd_settings: Vec<String>,
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -181,7 +185,7 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
         std::fs::create_dir_all(&osd_dir)?;
         let oplog_dir = PathBuf::from(format!("/dev/shm/duplex-{}-{name}", &fsid[..12]));
         let conf = dir.join(format!("{name}.toml"));
-        write_file(
+        write_osd_config(
             &conf,
             &format!(
                 "id = {id}\ndata = \"{}\"\nmkfs_size = {}\nallow_buffered_io = true\noplog_mode = \"shm\"\n\
@@ -192,6 +196,7 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
                 oplog_dir.display(),
                 args.oplog_pg_bytes,
             ),
+            &args.osd_settings,
         )?;
         state.oplog_dirs.push(oplog_dir);
         state.processes.push(spawn_daemon(dir, &name, &["osd", "--config", &conf.to_string_lossy()])?);
@@ -230,6 +235,108 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
     Ok(state)
 }
 
+/// Writes an OSD's configuration: `base` (TOML) with `settings`
+/// (KEY=VALUE) applied on top, checked by the OSD's own flag parser so
+/// that a typo fails here, not in a daemon's log.
+fn write_osd_config(path: &Path, base: &str, settings: &[String]) -> Result<()> {
+    let mut table: toml::Table = toml::from_str(base).with_context(|| format!("parsing {}", path.display()))?;
+    for setting in settings {
+        let (key, value) = setting
+            .split_once('=')
+            .with_context(|| format!("--osd-set {setting}: expected KEY=VALUE (a `duplex osd` flag name)"))?;
+        let key = key.trim().trim_start_matches("--").replace('-', "_");
+        table.insert(key, toml_value(value.trim()));
+    }
+    let text = toml::to_string(&table).context("serializing an OSD configuration")?;
+    let candidate = path.with_extension("toml.new");
+    write_file(&candidate, &text)?;
+    if let Err(err) = crate::daemons::parse_with_config::<duplex_osd::cli::OsdArgs>("duplex osd", Some(&candidate), &[])
+    {
+        let _ = std::fs::remove_file(&candidate);
+        return Err(err.context(format!("the OSD configuration {} is not valid", path.display())));
+    }
+    std::fs::rename(&candidate, path).with_context(|| format!("replacing {}", path.display()))?;
+    Ok(())
+}
+
+/// A command-line value as TOML: a number or boolean when it reads as one.
+fn toml_value(text: &str) -> toml::Value {
+    if let Ok(i) = text.parse::<i64>() {
+        toml::Value::Integer(i)
+    } else if let Ok(b) = text.parse::<bool>() {
+        toml::Value::Boolean(b)
+    } else {
+        toml::Value::String(text.to_string())
+    }
+}
+
+fn admin_client(dir: &Path, state: &State) -> Result<MonClient> {
+    let secret = std::fs::read(dir.join("secret")).with_context(|| format!("reading {}/secret", dir.display()))?;
+    let fsid = duplex_proto::parse_fsid(&state.fsid).context("state.json: bad fsid")?;
+    let monitor: SocketAddr = state.monitor.parse().context("state.json: bad monitor address")?;
+    Ok(MonClient::new(vec![(1, monitor)], Credentials { fsid, secret, name: "client.admin".into() }))
+}
+
+/// Stops `process` (SIGTERM, then SIGKILL after 5 s) if it is still ours.
+fn stop_process(process: &Process, dir: &Path) -> bool {
+    if !is_ours(process.pid, dir) {
+        return false;
+    }
+    // SAFETY: kill(2) on a pid we started and just checked is ours.
+    unsafe { libc::kill(process.pid as i32, libc::SIGTERM) };
+    let started = Instant::now();
+    while is_ours(process.pid, dir) && started.elapsed() < Duration::from_secs(5) {
+        reap(process.pid);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if is_ours(process.pid, dir) {
+        // SAFETY: as above.
+        unsafe { libc::kill(process.pid as i32, libc::SIGKILL) };
+        reap(process.pid);
+    }
+    true
+}
+
+/// `duplex dev restart`: restarts every OSD (with `settings` applied to
+/// their configurations), keeping the data, the logs and the monitor, and
+/// waits until each is back in the map at its new address. Meant for an
+/// idle cluster: each OSD replays its operation log when it starts.
+pub fn restart(dir: &Path, settings: &[String]) -> Result<()> {
+    let Some(mut state) = running(dir)? else {
+        bail!("no cluster runs in {}; start one with `duplex dev up --dir {}`", dir.display(), dir.display());
+    };
+    let dir = dir.canonicalize()?;
+    let dir = dir.as_path();
+    let mon = admin_client(dir, &state)?;
+    let before = mon.map(1).context("asking the monitor for the map")?;
+    // Every configuration is checked before any OSD stops.
+    for process in state.processes.iter().filter(|p| p.name.starts_with("osd.")) {
+        let conf = dir.join(format!("{}.toml", process.name));
+        let base = std::fs::read_to_string(&conf).with_context(|| format!("reading {}", conf.display()))?;
+        write_osd_config(&conf, &base, settings)?;
+    }
+    let mut restarted = Vec::new();
+    for process in state.processes.iter_mut().filter(|p| p.name.starts_with("osd.")) {
+        let conf = dir.join(format!("{}.toml", process.name));
+        stop_process(process, dir);
+        *process = spawn_daemon(dir, &process.name, &["osd", "--config", &conf.to_string_lossy()])?;
+        let id: u32 = process.name.trim_start_matches("osd.").parse().context("state.json: bad OSD name")?;
+        restarted.push(id);
+    }
+    write_file(&state_path(dir), &serde_json::to_string_pretty(&state).expect("serializable"))?;
+    wait_for("every OSD to come back", Duration::from_secs(60), || {
+        mon.map(1).is_ok_and(|map| {
+            restarted.iter().all(|id| {
+                let old = before.osds.get(id).map(|o| o.addr.as_str());
+                map.osds.get(id).is_some_and(|o| o.up && Some(o.addr.as_str()) != old)
+            })
+        })
+    })
+    .with_context(|| format!("see the logs in {}", dir.display()))?;
+    println!("restarted {} OSDs in {}", restarted.len(), dir.display());
+    Ok(())
+}
+
 fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
     let started = Instant::now();
     while started.elapsed() < timeout {
@@ -253,21 +360,9 @@ pub fn down(dir: &Path, wipe: bool) -> Result<()> {
     let mut stopped = 0;
     // OSDs first, the monitor last, so none is marked down needlessly.
     for process in state.processes.iter().rev() {
-        if !is_ours(process.pid, &dir) {
-            continue;
+        if stop_process(process, &dir) {
+            stopped += 1;
         }
-        // SAFETY: kill(2) on a pid we started and just checked is ours.
-        unsafe { libc::kill(process.pid as i32, libc::SIGTERM) };
-        let started = Instant::now();
-        while is_ours(process.pid, &dir) && started.elapsed() < Duration::from_secs(5) {
-            reap(process.pid);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if is_ours(process.pid, &dir) {
-            // SAFETY: as above.
-            unsafe { libc::kill(process.pid as i32, libc::SIGKILL) };
-        }
-        stopped += 1;
     }
     println!("stopped {stopped} processes");
     if wipe {

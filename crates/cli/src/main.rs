@@ -91,6 +91,15 @@ enum DevCommand {
         #[arg(long)]
         wipe: bool,
     },
+    /// Restart every OSD of a running dev cluster, keeping its data (e.g. to
+    /// change a setting with --osd-set KEY=VALUE). For an idle cluster.
+    Restart {
+        #[arg(long, default_value = DEFAULT_DIR)]
+        dir: PathBuf,
+        /// An OSD setting to change, as KEY=VALUE (a `duplex osd` flag name; repeatable).
+        #[arg(long = "osd-set", value_name = "KEY=VALUE")]
+        osd_settings: Vec<String>,
+    },
     /// The tour: bring a cluster up (if none runs), create an image, benchmark
     /// it with random writes then reads, print the results. Leaves the cluster running.
     Demo {
@@ -174,6 +183,7 @@ fn run(cli: Cli) -> Result<()> {
             print_next_steps(&dir, &args.pool);
         }
         Top::Dev(DevCommand::Down { dir, wipe }) => dev::down(&dir, wipe)?,
+        Top::Dev(DevCommand::Restart { dir, osd_settings }) => dev::restart(&dir, &osd_settings)?,
         Top::Dev(DevCommand::Demo { dir, seconds, image_size, up }) => demo(&dir, seconds, image_size, &up)?,
         Top::Pool(command) => admin::pool(&connect(cli.conf.as_deref())?, command)?,
         Top::Image(command) => admin::image(&connect(cli.conf.as_deref())?, &cli.pool, command)?,

@@ -205,3 +205,48 @@ fn the_cli_explains_its_errors() {
     let output = common::duplex().args(["dev", "down", "--dir"]).arg(dir.path()).output().unwrap();
     assert!(output.status.success(), "down on a directory without a cluster is fine");
 }
+
+/// `dev restart --osd-set` restarts every OSD with a changed setting: the
+/// data written before is read back after, and a bad key is refused
+/// before any OSD stops.
+#[test]
+fn a_restart_changes_settings_and_keeps_data() {
+    let cluster = DevCluster::with_pgs(8);
+    let pool;
+    {
+        let client = cluster.client();
+        pool = client.pool_id("rbd").unwrap();
+        for n in 0..16u8 {
+            client.write(pool, format!("kept.{n}").as_bytes(), 0, Bytes::from(vec![n; 4096])).unwrap();
+        }
+    }
+    let refused = cluster
+        .cli()
+        .args(["dev", "restart", "--osd-set", "no_such_flag=1", "--dir"])
+        .arg(cluster.path())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success(), "an unknown OSD setting must be refused");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("not valid"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+
+    run_ok(
+        cluster
+            .cli()
+            .args(["dev", "restart", "--osd-set", "write_path=sync", "--osd-set", "flush_threshold=4", "--dir"])
+            .arg(cluster.path()),
+    );
+    for osd in 0..3 {
+        let conf = std::fs::read_to_string(cluster.path().join(format!("osd.{osd}.toml"))).unwrap();
+        assert!(conf.contains("write_path = \"sync\"") && conf.contains("flush_threshold = 4"), "{conf}");
+    }
+    let client = cluster.client();
+    for n in 0..16u8 {
+        assert_eq!(&client.read(pool, format!("kept.{n}").as_bytes(), 0, 4096).unwrap()[..], &vec![n; 4096][..]);
+    }
+    client.write(pool, b"after", 0, Bytes::from_static(b"synced")).unwrap();
+    assert_eq!(&client.read(pool, b"after", 0, 6).unwrap()[..], b"synced");
+}

@@ -1,0 +1,216 @@
+"""Medians over rounds, Duplex/Ceph ratios, the targets, and the markdown
+report (docs/BENCHMARKS.md takes it verbatim with --publish)."""
+
+import statistics
+
+# Issue 6's bars, as Duplex ÷ Ceph in the same session.
+TARGETS = [
+    ("4 KiB random write IOPS", "randwrite-4k", "iops", ">=", 10.0),
+    ("4 KiB random write: server CPU µs per write", "randwrite-4k", "server_cpu_us_per_io", "<=", 1 / 20),
+    ("4 KiB random write at QD1: mean latency", "randwrite-4k-qd1", "lat_mean", "<=", 1 / 10),
+    ("4 KiB random read IOPS", "randread-4k", "iops", ">=", 2.0),
+]
+WAF_TARGET = 1.1
+
+
+def metric(record, key):
+    """A record's figure: IOPS, CPU, WAF, or a latency (lat_<pct>[_read])."""
+    if key.startswith("lat_"):
+        parts = key.split("_")
+        pct = parts[1]
+        direction = parts[2] if len(parts) > 2 else next(iter(record["io"]))
+        return record["io"].get(direction, {}).get("lat_us", {}).get(pct)
+    if key == "mib_s":
+        return sum(d.get("mib_s", 0) for d in record["io"].values())
+    return record.get(key)
+
+
+def settings_key(settings):
+    return ",".join(f"{k}={v}" for k, v in sorted(settings.items()))
+
+
+def group(records, phase):
+    groups = {}
+    for r in records:
+        if r["phase"] == phase:
+            groups.setdefault((r["workload"], r["system"], settings_key(r["settings"])), []).append(r)
+    return groups
+
+
+def median(records, key):
+    values = [v for v in (metric(r, key) for r in records) if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(records):
+    """Medians per (phase, workload, system, settings)."""
+    keys = ["iops", "mib_s", "lat_mean", "lat_p50", "lat_p95", "lat_p99", "lat_p999", "lat_p95_read",
+            "lat_p99_read", "lat_p95_write", "lat_p99_write", "server_cpu_us_per_io", "client_cpu_us_per_io",
+            "machine_cpu_us_per_io", "waf_daemons", "waf_device"]
+    out = []
+    for phase in sorted({r["phase"] for r in records}):
+        for (workload, system, skey), rs in sorted(group(records, phase).items()):
+            row = {"phase": phase, "workload": workload, "system": system, "settings": skey, "runs": len(rs)}
+            for k in keys:
+                row[k] = median(rs, k)
+            iops = [r["iops"] for r in rs]
+            row["iops_min"], row["iops_max"] = min(iops), max(iops)
+            out.append(row)
+    return out
+
+
+def find(summary, phase, workload, system, settings=""):
+    for row in summary:
+        if (row["phase"], row["workload"], row["system"], row["settings"]) == (phase, workload, system, settings):
+            return row
+    return None
+
+
+def targets(summary):
+    rows = []
+    for label, workload, key, op, bar in TARGETS:
+        d, c = find(summary, "compare", workload, "duplex"), find(summary, "compare", workload, "ceph")
+        if not (d and c and d[key] and c[key]):
+            continue
+        ratio = d[key] / c[key]
+        met = ratio >= bar if op == ">=" else ratio <= bar
+        rows.append({"target": label, "duplex": d[key], "ceph": c[key], "ratio": ratio, "bar": f"{op} {bar:g}",
+                     "met": met})
+    d = find(summary, "compare", "randwrite-4k", "duplex")
+    c = find(summary, "compare", "randwrite-4k", "ceph")
+    if d and d["waf_daemons"] is not None:
+        rows.append({"target": "WAF during 4 KiB random write", "duplex": d["waf_daemons"],
+                     "ceph": c["waf_daemons"] if c else None, "ratio": None, "bar": f"<= {WAF_TARGET}",
+                     "met": d["waf_daemons"] <= WAF_TARGET})
+    return rows
+
+
+# ---------------------------------------------------------------- markdown
+def n(value, digits=0):
+    if value is None:
+        return "–"
+    if digits == 0:
+        return f"{value:,.0f}"
+    return f"{value:,.{digits}f}"
+
+
+def ratio(d, c, digits=2):
+    if d is None or c in (None, 0):
+        return "–"
+    return f"{d / c:.{digits}f}×"
+
+
+def markdown(result):
+    s = result["summary"]
+    env = result["env"]
+    lines = []
+    add = lines.append
+    add(f"Run of {env['date']} on {env['machine']}.")
+    add("")
+    add("```sh")
+    add(env["command"])
+    add("```")
+    add("")
+    add(f"Versions: {env['duplex_version']} (commit {env['commit']}); {env.get('ceph_version', 'no Ceph')}; "
+        f"{env['fio_version']}. Suite: {env['plan']}. Wall time {env['wall_minutes']:.1f} min.")
+    add("")
+    add("Every figure is the median of the rounds (IOPS range in brackets). Latency is fio's completion")
+    add("latency. CPU is server CPU (the OSD processes) per I/O, from /proc; client CPU is fio with librbd")
+    add("(Ceph) or fio plus the `duplex nbd serve` gateway (Duplex). WAF is the bytes the OSD processes")
+    add("sent to storage (/proc/PID/io) over the bytes the client wrote × 2 replicas; Duplex's `shm`")
+    add("operation log is the NVM stand-in and is not storage. Ratios are Duplex ÷ Ceph.")
+    add("")
+    tr = targets(s)
+    if tr:
+        add("### Targets (issue 6)")
+        add("")
+        add("| target | Duplex | Ceph | Duplex ÷ Ceph | bar | met |")
+        add("| --- | --- | --- | --- | --- | --- |")
+        for t in tr:
+            digits = 2 if t["duplex"] < 100 else 0
+            shown = "–" if t["ratio"] is None else f"{t['ratio']:.3f}"
+            met = "yes" if t["met"] else "**no**"
+            add(f"| {t['target']} | {n(t['duplex'], digits)} | {n(t['ceph'], digits)} | {shown} | {t['bar']} | {met} |")
+        add("")
+    compared = [w for w in result["workloads"] if any(r["workload"] == w for r in s if r["phase"] == "compare")]
+    if compared:
+        add("### Duplex and Ceph, interleaved")
+        add("")
+        add("| workload | system | IOPS | MiB/s | p50 µs | p99 µs | p99.9 µs | server CPU µs/IO | client CPU µs/IO "
+            "| machine CPU µs/IO | WAF (daemons) | WAF (disk) |")
+        add("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for w in compared:
+            rows = {sys_: find(s, "compare", w, sys_) for sys_ in ("ceph", "duplex")}
+            for sys_, r in rows.items():
+                if not r:
+                    continue
+                add(f"| {w} | {sys_} | {n(r['iops'])} ({n(r['iops_min'])}–{n(r['iops_max'])}) | {n(r['mib_s'], 1)} | "
+                    f"{n(r['lat_p50'])} | {n(r['lat_p99'])} | {n(r['lat_p999'])} | {n(r['server_cpu_us_per_io'], 1)} | "
+                    f"{n(r['client_cpu_us_per_io'], 1)} | {n(r['machine_cpu_us_per_io'], 1)} | "
+                    f"{n(r['waf_daemons'], 2)} | {n(r['waf_device'], 2)} |")
+            d, c = rows["duplex"], rows["ceph"]
+            if d and c:
+                add(f"| {w} | **ratio** | {ratio(d['iops'], c['iops'])} | {ratio(d['mib_s'], c['mib_s'])} | "
+                    f"{ratio(d['lat_p50'], c['lat_p50'], 3)} | {ratio(d['lat_p99'], c['lat_p99'], 3)} | "
+                    f"{ratio(d['lat_p999'], c['lat_p999'], 3)} | "
+                    f"{ratio(d['server_cpu_us_per_io'], c['server_cpu_us_per_io'], 3)} | "
+                    f"{ratio(d['client_cpu_us_per_io'], c['client_cpu_us_per_io'], 3)} | "
+                    f"{ratio(d['machine_cpu_us_per_io'], c['machine_cpu_us_per_io'], 3)} | | |")
+        add("")
+        mix = find(s, "compare", "mix-80-20", "duplex")
+        if mix:
+            add(f"The mix runs at a fixed {result['plan']['mix_rate_iops']:,} IOPS in all, 80% writes.")
+            add("")
+    native = [r for r in s if r["phase"] == "native"]
+    if native:
+        add("### Native tools: `rbd bench` and `duplex bench` (4 KiB, 32 in flight)")
+        add("")
+        add("| tool | pattern | IOPS | server CPU µs/IO | client CPU µs/IO |")
+        add("| --- | --- | --- | --- | --- |")
+        for r in native:
+            tool = "rbd bench" if r["system"] == "ceph" else "duplex bench"
+            add(f"| {tool} | {r['workload']} | {n(r['iops'])} ({n(r['iops_min'])}–{n(r['iops_max'])}) | "
+                f"{n(r['server_cpu_us_per_io'], 1)} | {n(r['client_cpu_us_per_io'], 1)} |")
+        add("")
+    threads = result.get("threads")
+    if threads:
+        add("### Where the server CPU goes (4 KiB random write, µs per I/O by thread class, median round)")
+        add("")
+        for sys_, classes in threads.items():
+            top = sorted(classes.items(), key=lambda kv: -kv[1])[:8]
+            add(f"- {sys_}: " + ", ".join(f"`{k}` {v:.1f}" for k, v in top))
+        add("")
+    abl = [r for r in s if r["phase"] == "ablation"]
+    if abl:
+        add("### Ablation (paper Table II): 4 KiB random write, Duplex only")
+        add("")
+        add("| write path, threading | IOPS | p50 µs | p99 µs | server CPU µs/IO |")
+        add("| --- | --- | --- | --- | --- |")
+        for r in abl:
+            add(f"| {r['settings']} | {n(r['iops'])} | {n(r['lat_p50'])} | {n(r['lat_p99'])} | "
+                f"{n(r['server_cpu_us_per_io'], 1)} |")
+        add("")
+    fl = sorted([r for r in s if r["phase"] == "flush"], key=lambda r: int(r["settings"].split("=")[1]))
+    if fl:
+        add(f"### Flush threshold (paper Fig. 12): 80/20 write/read mix at {result['plan']['mix_rate_iops']:,} IOPS, Duplex")
+        add("")
+        add("| flush threshold | IOPS | write p95 µs | write p99 µs | read p95 µs | read p99 µs | server CPU µs/IO |")
+        add("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in fl:
+            add(f"| {r['settings'].split('=')[1]} | {n(r['iops'])} | {n(r['lat_p95_write'])} | {n(r['lat_p99_write'])} | "
+                f"{n(r['lat_p95_read'])} | {n(r['lat_p99_read'])} | {n(r['server_cpu_us_per_io'], 1)} |")
+        add("")
+    pa = sorted([r for r in s if r["phase"] == "partitions"], key=lambda r: int(r["settings"].split("=")[1]))
+    if pa:
+        add("### Store partitions and flusher threads (paper Fig. 11): 4 KiB random write, Duplex")
+        add("")
+        add("| partitions (= flusher threads) | IOPS | p99 µs | server CPU µs/IO |")
+        add("| --- | --- | --- | --- |")
+        for r in pa:
+            add(f"| {r['settings'].split('=')[1]} | {n(r['iops'])} | {n(r['lat_p99'])} | "
+                f"{n(r['server_cpu_us_per_io'], 1)} |")
+        add("")
+    if result.get("plots"):
+        add("Plots: " + ", ".join(f"[{p}](bench/{p})" for p in result["plots"]) + ".")
+        add("")
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""Unit tests of the suite's arithmetic: parsing, per-I/O figures, medians,
+targets and the report. Run: python3 -m unittest discover -s bench/tests"""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from duplexbench import fio, procs, report  # noqa: E402
+from duplexbench.runner import derive  # noqa: E402
+
+
+def fio_json(read_ios=0, write_ios=0, iops=1000.0, p99_ns=900_000):
+    def direction(ios):
+        return {
+            "total_ios": ios,
+            "iops": iops if ios else 0.0,
+            "io_bytes": ios * 4096,
+            "bw_bytes": iops * 4096 if ios else 0,
+            "clat_ns": {"mean": 500_000.0, "percentile": {"50.000000": 400_000, "95.000000": 800_000,
+                                                          "99.000000": p99_ns, "99.900000": 2_000_000}},
+        }
+    return {"jobs": [{"error": 0, "read": direction(read_ios), "write": direction(write_ios)}]}
+
+
+def record(system, workload, iops, server_cpu_s, written, phase="compare", lat_mean_us=500.0):
+    r = {
+        "phase": phase, "system": system, "workload": workload, "round": 0, "settings": {},
+        "io": {"write": {"ios": int(iops * 10), "iops": iops, "bytes": int(iops * 10) * 4096,
+                         "mib_s": iops * 4096 / 2**20, "lat_us": {"mean": lat_mean_us, "p50": 400.0, "p99": 900.0}}},
+        "client_tool_cpu_s": 1.0,
+        "cpu_s": {"server": server_cpu_s, "gateway": 0.5, "other": 0.0},
+        "written_bytes": {"server": written, "gateway": 0, "other": 0},
+        "machine_busy_s": 15.0,
+        "device_written_bytes": written,
+        "server_threads_cpu_s": {},
+    }
+    derive(r)
+    return r
+
+
+class Parsing(unittest.TestCase):
+    def test_thread_classes_drop_the_number(self):
+        self.assertEqual(procs.thread_class("msgr-worker-1"), "msgr-worker")
+        self.assertEqual(procs.thread_class("osd-flush-12"), "osd-flush")
+        self.assertEqual(procs.thread_class("rocksdb:low0"), "rocksdb:low")
+        self.assertEqual(procs.thread_class("tp_osd_tp"), "tp_osd_tp")
+        self.assertEqual(procs.thread_class("7"), "7")
+
+    def test_fio_summary_keeps_directions_and_microseconds(self):
+        s = fio.summarize(fio_json(read_ios=100, write_ios=400))
+        self.assertEqual(set(s), {"read", "write"})
+        self.assertEqual(s["write"]["ios"], 400)
+        self.assertAlmostEqual(s["write"]["lat_us"]["p99"], 900.0)
+        self.assertAlmostEqual(s["read"]["lat_us"]["p95"], 800.0)
+
+    def test_fio_without_io_or_with_an_error_is_refused(self):
+        with self.assertRaises(RuntimeError):
+            fio.summarize(fio_json())
+        bad = fio_json(write_ios=10)
+        bad["jobs"][0]["error"] = 5
+        with self.assertRaises(RuntimeError):
+            fio.summarize(bad)
+
+    def test_notes_before_the_json_are_skipped(self):
+        self.assertEqual(fio._strip_notes('note: rate\n{"a": 1}'), '{"a": 1}')
+
+    def test_this_machine_is_readable(self):
+        pid = os.getpid()
+        self.assertGreaterEqual(procs.cpu_seconds(pid), 0.0)
+        self.assertGreater(procs.machine_busy_seconds(), 0.0)
+        self.assertIn("python", "".join(procs.thread_cpu(pid)) + "python")
+
+
+class Figures(unittest.TestCase):
+    def test_per_io_cpu_and_write_amplification(self):
+        r = record("duplex", "randwrite-4k", 2000.0, server_cpu_s=2.0, written=2 * 20000 * 4096 * 3)
+        self.assertEqual(r["ios"], 20000)
+        self.assertAlmostEqual(r["server_cpu_us_per_io"], 100.0)
+        self.assertAlmostEqual(r["client_cpu_us_per_io"], 75.0)  # fio 1.0 s + gateway 0.5 s
+        self.assertAlmostEqual(r["waf_daemons"], 3.0)  # written / (user x 2 replicas)
+
+    def test_medians_and_ranges(self):
+        rs = [record("ceph", "randwrite-4k", iops, 1.0, 1) for iops in (1000.0, 3000.0, 1500.0)]
+        row = report.summarize(rs)[0]
+        self.assertEqual(row["iops"], 1500.0)
+        self.assertEqual((row["iops_min"], row["iops_max"]), (1000.0, 3000.0))
+
+    def test_targets_are_judged_as_ratios(self):
+        rs = [
+            record("ceph", "randwrite-4k", 1000.0, server_cpu_s=10.0, written=1),
+            record("duplex", "randwrite-4k", 12000.0, server_cpu_s=8.0, written=12000 * 10 * 4096 * 2),
+            record("ceph", "randwrite-4k-qd1", 300.0, 1.0, 1, lat_mean_us=3000.0),
+            record("duplex", "randwrite-4k-qd1", 3000.0, 1.0, 1, lat_mean_us=400.0),
+        ]
+        t = {row["target"]: row for row in report.targets(report.summarize(rs))}
+        self.assertTrue(t["4 KiB random write IOPS"]["met"])  # 12x
+        self.assertFalse(t["4 KiB random write: server CPU µs per write"]["met"])  # 66.7 vs 1000 µs: 1/15
+        self.assertFalse(t["4 KiB random write at QD1: mean latency"]["met"])  # 400/3000 = 0.13
+        self.assertTrue(t["WAF during 4 KiB random write"]["met"])  # exactly 1.0
+
+    def test_the_report_renders(self):
+        rs = [record("ceph", "randwrite-4k", 1000.0, 10.0, 1), record("duplex", "randwrite-4k", 9000.0, 1.0, 1)]
+        result = {
+            "env": {"date": "d", "machine": "m", "command": "bench/run", "duplex_version": "duplex", "commit": "c",
+                    "fio_version": "fio", "plan": "p", "wall_minutes": 1.0},
+            "plan": {"mix_rate_iops": 1000}, "workloads": ["randwrite-4k"], "records": rs,
+            "summary": report.summarize(rs), "threads": {"duplex": {"osd-prio": 3.0}}, "plots": [],
+        }
+        text = report.markdown(result)
+        self.assertIn("| randwrite-4k | **ratio** | 9.00× |", text)
+        self.assertIn("`osd-prio` 3.0", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
