@@ -297,11 +297,12 @@ fn stop_process(process: &Process, dir: &Path) -> bool {
     true
 }
 
-/// `duplex dev restart`: restarts every OSD (with `settings` applied to
-/// their configurations), keeping the data, the logs and the monitor, and
-/// waits until each is back in the map at its new address. Meant for an
-/// idle cluster: each OSD replays its operation log when it starts.
-pub fn restart(dir: &Path, settings: &[String]) -> Result<()> {
+/// `duplex dev restart`: restarts every OSD, or those in `only` (with
+/// `settings` applied to their configurations), keeping the data, the logs
+/// and the monitor, and waits until each is back in the map at its new
+/// address. An OSD that is not running (killed) is started again. Each OSD
+/// replays its operation log when it starts.
+pub fn restart(dir: &Path, settings: &[String], only: &[u32]) -> Result<()> {
     let Some(mut state) = running(dir)? else {
         bail!("no cluster runs in {}; start one with `duplex dev up --dir {}`", dir.display(), dir.display());
     };
@@ -309,14 +310,24 @@ pub fn restart(dir: &Path, settings: &[String]) -> Result<()> {
     let dir = dir.as_path();
     let mon = admin_client(dir, &state)?;
     let before = mon.map(1).context("asking the monitor for the map")?;
+    let chosen = |name: &str| {
+        name.strip_prefix("osd.")
+            .and_then(|id| id.parse::<u32>().ok())
+            .is_some_and(|id| only.is_empty() || only.contains(&id))
+    };
+    for id in only {
+        if !state.processes.iter().any(|p| p.name == format!("osd.{id}")) {
+            bail!("this cluster has no osd.{id}");
+        }
+    }
     // Every configuration is checked before any OSD stops.
-    for process in state.processes.iter().filter(|p| p.name.starts_with("osd.")) {
+    for process in state.processes.iter().filter(|p| chosen(&p.name)) {
         let conf = dir.join(format!("{}.toml", process.name));
         let base = std::fs::read_to_string(&conf).with_context(|| format!("reading {}", conf.display()))?;
         write_osd_config(&conf, &base, settings)?;
     }
     let mut restarted = Vec::new();
-    for process in state.processes.iter_mut().filter(|p| p.name.starts_with("osd.")) {
+    for process in state.processes.iter_mut().filter(|p| chosen(&p.name)) {
         let conf = dir.join(format!("{}.toml", process.name));
         stop_process(process, dir);
         *process = spawn_daemon(dir, &process.name, &["osd", "--config", &conf.to_string_lossy()])?;

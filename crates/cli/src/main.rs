@@ -99,6 +99,9 @@ enum DevCommand {
         /// An OSD setting to change, as KEY=VALUE (a `duplex osd` flag name; repeatable).
         #[arg(long = "osd-set", value_name = "KEY=VALUE")]
         osd_settings: Vec<String>,
+        /// Restart only this OSD (repeatable); a killed one is started again.
+        #[arg(long = "osd", value_name = "ID")]
+        only: Vec<u32>,
     },
     /// The tour: bring a cluster up (if none runs), create an image, benchmark
     /// it with random writes then reads, print the results. Leaves the cluster running.
@@ -183,7 +186,7 @@ fn run(cli: Cli) -> Result<()> {
             print_next_steps(&dir, &args.pool);
         }
         Top::Dev(DevCommand::Down { dir, wipe }) => dev::down(&dir, wipe)?,
-        Top::Dev(DevCommand::Restart { dir, osd_settings }) => dev::restart(&dir, &osd_settings)?,
+        Top::Dev(DevCommand::Restart { dir, osd_settings, only }) => dev::restart(&dir, &osd_settings, &only)?,
         Top::Dev(DevCommand::Demo { dir, seconds, image_size, up }) => demo(&dir, seconds, image_size, &up)?,
         Top::Pool(command) => admin::pool(&connect(cli.conf.as_deref())?, command)?,
         Top::Image(command) => admin::image(&connect(cli.conf.as_deref())?, &cli.pool, command)?,

@@ -135,6 +135,78 @@ fn objects_images_and_resends() {
 }
 
 /// In-flight writes across an OSD's death: every acknowledged write reads back.
+/// A verifying workload on a 64 MiB image of a dev cluster: 16 objects,
+/// spread over PGs whose primaries are all three OSDs.
+struct Verifying {
+    image: Arc<duplex_client::Image>,
+    recorder: Arc<duplex_verify::Recorder>,
+    counters: Arc<workload::Counters>,
+    stop: Arc<AtomicBool>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    blocks: u64,
+}
+
+impl Verifying {
+    fn start(client: &duplex_client::Client) -> Verifying {
+        let pool = client.pool_id("rbd").unwrap();
+        client.create_image(pool, "vm1", 64 * MIB, CreateOptions::default()).unwrap();
+        let image = Arc::new(client.open_image(pool, "vm1").unwrap());
+        let recorder = Arc::new(duplex_verify::Recorder::new());
+        let counters = Arc::new(workload::Counters {
+            acknowledged: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let blocks = 64 * MIB / workload::BLOCK;
+        let worker = {
+            let (image, recorder, stop, counters) = (image.clone(), recorder.clone(), stop.clone(), counters.clone());
+            std::thread::spawn(move || workload::run(&image, &recorder, 1, blocks, 16, &stop, &counters))
+        };
+        Verifying { image, recorder, counters, stop, worker: Some(worker), blocks }
+    }
+
+    fn acknowledged(&self) -> u64 {
+        self.counters.acknowledged.load(Ordering::Relaxed)
+    }
+
+    /// Waits until 200 more writes are acknowledged than now; how long that took.
+    fn wait_for_progress(&self, what: &str) -> Duration {
+        let (from, started) = (self.acknowledged(), Instant::now());
+        while self.acknowledged() < from + 200 {
+            if started.elapsed() > Duration::from_secs(90) {
+                self.stop.store(true, Ordering::Relaxed);
+                panic!(
+                    "I/O did not go on within 90 s {what} ({} writes acknowledged, {} failed in all)",
+                    self.acknowledged(),
+                    self.counters.failed.load(Ordering::Relaxed)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        started.elapsed()
+    }
+
+    /// Stops the workload, reads every block, and judges the whole history.
+    fn finish(mut self) -> duplex_verify::Report {
+        self.stop.store(true, Ordering::Relaxed);
+        self.worker.take().unwrap().join().expect("the workload ends");
+        duplex_verify::check(&workload::finish(&self.image, &self.recorder, self.blocks))
+    }
+}
+
+fn pid_of(cluster: &DevCluster, name: &str) -> i32 {
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cluster.path().join("state.json")).unwrap()).unwrap();
+    let process = state["processes"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap();
+    process["pid"].as_u64().unwrap() as i32
+}
+
+fn kill_9(cluster: &DevCluster, name: &str) {
+    // SAFETY: kill(2) on a process this test's cluster started.
+    assert_eq!(unsafe { libc::kill(pid_of(cluster, name), libc::SIGKILL) }, 0);
+}
+
 /// Issue 7, scenario 1: kill -9 an OSD (primary of some of the busy PGs)
 /// during stamped random writes and reads; I/O resumes after the failover,
 /// no acknowledged write is lost and no read goes back in time.
@@ -142,55 +214,37 @@ fn objects_images_and_resends() {
 fn acknowledged_writes_survive_an_osd_kill() {
     let cluster = DevCluster::start();
     let client = cluster.client();
-    let pool = client.pool_id("rbd").unwrap();
-    // 64 MiB: 16 objects, spread over PGs whose primaries are all three OSDs.
-    let blocks = 64 * MIB / workload::BLOCK;
-    client.create_image(pool, "vm1", 64 * MIB, CreateOptions::default()).unwrap();
-    let image = Arc::new(client.open_image(pool, "vm1").unwrap());
-    let recorder = Arc::new(duplex_verify::Recorder::new());
-    let counters = Arc::new(workload::Counters {
-        acknowledged: AtomicU64::new(0),
-        failed: AtomicU64::new(0),
-        reads: AtomicU64::new(0),
-    });
-    let stop = Arc::new(AtomicBool::new(false));
-    let worker = {
-        let (image, recorder, stop, counters) = (image.clone(), recorder.clone(), stop.clone(), counters.clone());
-        std::thread::spawn(move || workload::run(&image, &recorder, 1, blocks, 16, &stop, &counters))
-    };
-    std::thread::sleep(Duration::from_millis(1500));
-    let state: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(cluster.path().join("state.json")).unwrap()).unwrap();
-    let victim = state["processes"].as_array().unwrap().iter().find(|p| p["name"] == "osd.1").unwrap();
-    let pid = victim["pid"].as_u64().unwrap() as i32;
-    let before = counters.acknowledged.load(Ordering::Relaxed);
-    assert!(before > 50, "the workload runs before the fault ({before} writes acknowledged)");
-    // SAFETY: kill(2) on the OSD process this test's cluster started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let killed = Instant::now();
-    // I/O has resumed once 200 more writes are acknowledged than at the kill.
-    let resumed = loop {
-        if counters.acknowledged.load(Ordering::Relaxed) >= before + 200 {
-            break killed.elapsed();
-        }
-        if killed.elapsed() > Duration::from_secs(90) {
-            stop.store(true, Ordering::Relaxed);
-            panic!(
-                "I/O did not resume within 90 s of the kill ({} writes acknowledged, {} failed since the start)",
-                counters.acknowledged.load(Ordering::Relaxed),
-                counters.failed.load(Ordering::Relaxed)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let run = Verifying::start(&client);
+    run.wait_for_progress("before the fault");
+    kill_9(&cluster, "osd.1");
+    let resumed = run.wait_for_progress("after kill -9 of osd.1");
     std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::Relaxed);
-    worker.join().expect("the workload ends");
-    let history = workload::finish(&image, &recorder, blocks);
-    let report = duplex_verify::check(&history);
+    let report = run.finish();
     eprintln!("kill -9 osd.1: I/O resumed after {resumed:?}; {report}");
     assert!(report.is_ok(), "{report}");
     assert!(report.writes_acknowledged > 400, "{report}");
+}
+
+/// Issue 7, scenario 2: kill -9 an OSD, let the others go on without it,
+/// then restart it; it must catch up before it serves or acknowledges
+/// anything, and nothing acknowledged may be lost.
+#[test]
+#[ignore = "issue 7: a restarted OSD rejoins with its PG logs behind the primaries' and nothing brings it up to date yet (no peering or log recovery): the primaries' next entries reach it with a sequence gap and wait there, so writes to those PGs never complete"]
+fn a_killed_osd_restarts_and_catches_up() {
+    let cluster = DevCluster::start();
+    let client = cluster.client();
+    let run = Verifying::start(&client);
+    run.wait_for_progress("before the fault");
+    kill_9(&cluster, "osd.1");
+    let resumed = run.wait_for_progress("after kill -9 of osd.1");
+    run_ok(cluster.cli().args(["dev", "restart", "--osd", "1", "--dir"]).arg(cluster.path()));
+    let rejoined = run.wait_for_progress("after osd.1 restarted");
+    std::thread::sleep(Duration::from_secs(2));
+    let report = run.finish();
+    eprintln!(
+        "kill -9 osd.1, restart: I/O resumed after {resumed:?}, went on {rejoined:?} after the restart; {report}"
+    );
+    assert!(report.is_ok(), "{report}");
 }
 
 #[test]
