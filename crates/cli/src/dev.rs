@@ -27,6 +27,9 @@ pub struct UpArgs {
     /// OSD processes to start.
     #[arg(long, default_value_t = 3)]
     pub osds: u32,
+    /// Monitor processes (Raft: 3 survive the loss of one).
+    #[arg(long, default_value_t = 1)]
+    pub monitors: u32,
     /// Copies of each object (the pool's size).
     #[arg(long, default_value_t = 2)]
     pub replicas: u8,
@@ -54,7 +57,10 @@ pub struct UpArgs {
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct State {
     pub fsid: String,
+    /// The first monitor (`monitors` lists them all as ID=IP:PORT).
     pub monitor: String,
+    #[serde(default)]
+    pub monitors: Vec<String>,
     pub pool: String,
     pub processes: Vec<Process>,
     /// Directories outside the cluster directory that `down --wipe` removes.
@@ -125,6 +131,9 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
 }
 
 pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
+    if args.monitors == 0 || args.monitors > 7 {
+        bail!("need 1 to 7 monitors (got {})", args.monitors);
+    }
     if args.osds == 0 || args.replicas == 0 || args.replicas as u32 > args.osds {
         bail!("need at least one OSD and 1 ≤ replicas ≤ OSDs (got {} OSDs, {} replicas)", args.osds, args.replicas);
     }
@@ -152,32 +161,42 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
     }
     let fsid = random_hex(16);
     write_file(&dir.join("secret"), &random_hex(32))?;
-    let monitor: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-    let mon_line = format!("1={monitor}");
+    let mut monitors = Vec::new();
+    for id in 1..=args.monitors as u64 {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        monitors.push((id, addr));
+    }
+    let mon_lines: Vec<String> = monitors.iter().map(|(id, addr)| format!("{id}={addr}")).collect();
+    let mon_list = mon_lines.iter().map(|l| format!("\"{l}\"")).collect::<Vec<_>>().join(", ");
     let common = format!("fsid = \"{fsid}\"\nsecret_file = \"{}\"\n", dir.join("secret").display());
-    let mon_conf = dir.join("mon.1.toml");
-    write_file(
-        &mon_conf,
-        &format!("id = 1\npeer = [\"{mon_line}\"]\ndata_dir = \"{}\"\n{common}", dir.join("mon.1").display()),
-    )?;
     let mut state = State {
         fsid: fsid.clone(),
-        monitor: monitor.to_string(),
+        monitor: monitors[0].1.to_string(),
+        monitors: mon_lines.clone(),
         pool: args.pool.clone(),
         processes: Vec::new(),
         oplog_dirs: Vec::new(),
     };
     let save =
         |state: &State| write_file(&state_path(dir), &serde_json::to_string_pretty(state).expect("serializable"));
-    state.processes.push(spawn_daemon(dir, "mon.1", &["mon", "--config", &mon_conf.to_string_lossy()])?);
-    save(&state)?;
+    for (id, _) in &monitors {
+        let name = format!("mon.{id}");
+        let mon_conf = dir.join(format!("{name}.toml"));
+        write_file(
+            &mon_conf,
+            &format!("id = {id}\npeer = [{mon_list}]\ndata_dir = \"{}\"\n{common}", dir.join(&name).display()),
+        )?;
+        state.processes.push(spawn_daemon(dir, &name, &["mon", "--config", &mon_conf.to_string_lossy()])?);
+        save(&state)?;
+    }
 
     let secret = std::fs::read(dir.join("secret"))?;
     let fsid_bytes = duplex_proto::parse_fsid(&fsid).expect("generated above");
     let credentials = Credentials { fsid: fsid_bytes, secret, name: "client.admin".into() };
-    let monitors = vec![(1u64, monitor)];
     let mon = MonClient::new(monitors.clone(), credentials.clone());
-    wait_for("the monitor to answer", Duration::from_secs(20), || mon.map(1).is_ok())?;
+    wait_for("the monitors to elect a leader", Duration::from_secs(30), || {
+        monitors.iter().any(|(id, _)| mon.status(*id).is_ok_and(|(leader, _, _)| leader.is_some()))
+    })?;
 
     for id in 0..args.osds {
         let name = format!("osd.{id}");
@@ -189,7 +208,7 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
             &conf,
             &format!(
                 "id = {id}\ndata = \"{}\"\nmkfs_size = {}\nallow_buffered_io = true\noplog_mode = \"shm\"\n\
-                 oplog_dir = \"{}\"\noplog_pg_bytes = {}\nmon = [\"{mon_line}\"]\nlisten = \"127.0.0.1:0\"\n\
+                 oplog_dir = \"{}\"\noplog_pg_bytes = {}\nmon = [{mon_list}]\nlisten = \"127.0.0.1:0\"\n\
                  admin = \"127.0.0.1:0\"\n# One host per OSD, so replicas spread over OSDs.\nhost = \"local-{id}\"\n{common}",
                 osd_dir.join("store.img").display(),
                 args.osd_size,
@@ -204,13 +223,15 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
     }
     let wanted = args.osds as usize;
     wait_for("every OSD to boot", Duration::from_secs(60), || {
-        mon.map(1).is_ok_and(|map| map.osds.values().filter(|o| o.up).count() >= wanted)
+        monitors
+            .iter()
+            .any(|(id, _)| mon.map(*id).is_ok_and(|map| map.osds.values().filter(|o| o.up).count() >= wanted))
     })
     .with_context(|| format!("see the logs in {}", dir.display()))?;
 
     let size = args.replicas;
     let min_size = args.min_size.unwrap_or(size - size / 2);
-    let mut admin = MonClient::new(monitors, credentials);
+    let mut admin = MonClient::new(monitors.clone(), credentials);
     crate::admin::run_command(
         &mut admin,
         MapCommand::PoolCreate { name: args.pool.clone(), size, min_size, pg_num: args.pg_num },
@@ -219,13 +240,15 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
     write_file(
         &dir.join("client.toml"),
         &format!(
-            "# How clients reach this cluster (duplex --conf, or DUPLEX_CONF).\nfsid = \"{fsid}\"\nsecret_file = \"secret\"\nmonitors = [\"{mon_line}\"]\n"
+            "# How clients reach this cluster (duplex --conf, or DUPLEX_CONF).\nfsid = \"{fsid}\"\nsecret_file = \"secret\"\nmonitors = [{mon_list}]\n"
         ),
     )?;
     save(&state)?;
     println!(
-        "cluster up in {}: 1 monitor at {monitor}, {} OSDs of {} each, pool '{}' ({} replicas, {} PGs)",
+        "cluster up in {}: {} monitor(s) at {}, {} OSDs of {} each, pool '{}' ({} replicas, {} PGs)",
         dir.display(),
+        monitors.len(),
+        mon_lines.join(" "),
         args.osds,
         format_size(args.osd_size),
         args.pool,
@@ -270,11 +293,28 @@ fn toml_value(text: &str) -> toml::Value {
     }
 }
 
-fn admin_client(dir: &Path, state: &State) -> Result<MonClient> {
+/// The map from whichever monitor answers first.
+fn map_from_any(mon: &MonClient, ids: &[u64]) -> Option<duplex_map::ClusterMap> {
+    ids.iter().find_map(|id| mon.map(*id).ok())
+}
+
+fn admin_client(dir: &Path, state: &State) -> Result<(MonClient, Vec<u64>)> {
     let secret = std::fs::read(dir.join("secret")).with_context(|| format!("reading {}/secret", dir.display()))?;
     let fsid = duplex_proto::parse_fsid(&state.fsid).context("state.json: bad fsid")?;
-    let monitor: SocketAddr = state.monitor.parse().context("state.json: bad monitor address")?;
-    Ok(MonClient::new(vec![(1, monitor)], Credentials { fsid, secret, name: "client.admin".into() }))
+    let mut monitors = Vec::new();
+    for line in &state.monitors {
+        let (id, addr) = line.split_once('=').context("state.json: bad monitor entry")?;
+        monitors.push((
+            id.parse().context("state.json: bad monitor id")?,
+            addr.parse().context("state.json: bad monitor address")?,
+        ));
+    }
+    if monitors.is_empty() {
+        // A state.json written before clusters had several monitors.
+        monitors.push((1, state.monitor.parse().context("state.json: bad monitor address")?));
+    }
+    let ids = monitors.iter().map(|(id, _)| *id).collect();
+    Ok((MonClient::new(monitors, Credentials { fsid, secret, name: "client.admin".into() }), ids))
 }
 
 /// Stops `process` (SIGTERM, then SIGKILL after 5 s) if it is still ours.
@@ -308,8 +348,8 @@ pub fn restart(dir: &Path, settings: &[String], only: &[u32]) -> Result<()> {
     };
     let dir = dir.canonicalize()?;
     let dir = dir.as_path();
-    let mon = admin_client(dir, &state)?;
-    let before = mon.map(1).context("asking the monitor for the map")?;
+    let (mon, ids) = admin_client(dir, &state)?;
+    let before = map_from_any(&mon, &ids).context("no monitor answered with the map")?;
     let chosen = |name: &str| {
         name.strip_prefix("osd.")
             .and_then(|id| id.parse::<u32>().ok())
@@ -336,7 +376,7 @@ pub fn restart(dir: &Path, settings: &[String], only: &[u32]) -> Result<()> {
     }
     write_file(&state_path(dir), &serde_json::to_string_pretty(&state).expect("serializable"))?;
     wait_for("every OSD to come back", Duration::from_secs(60), || {
-        mon.map(1).is_ok_and(|map| {
+        map_from_any(&mon, &ids).is_some_and(|map| {
             restarted.iter().all(|id| {
                 let old = before.osds.get(id).map(|o| o.addr.as_str());
                 map.osds.get(id).is_some_and(|o| o.up && Some(o.addr.as_str()) != old)

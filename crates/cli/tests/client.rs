@@ -247,6 +247,33 @@ fn a_killed_osd_restarts_and_catches_up() {
     assert!(report.is_ok(), "{report}");
 }
 
+/// Issue 7, scenario 5: with three monitors, kill -9 an OSD and, while it
+/// is being detected, the monitor leader. The survivors elect a leader,
+/// mark the OSD down, and I/O resumes with nothing lost.
+#[test]
+fn the_cluster_converges_when_the_monitor_leader_dies_during_an_osd_failure() {
+    let cluster = DevCluster::with_args(&["--monitors", "3"]);
+    let client = cluster.client();
+    let monitors = client.monitor();
+    let leader = (1..=3u64)
+        .find_map(|id| monitors.status(id).ok().and_then(|(leader, _, _)| leader))
+        .expect("the monitors have a leader");
+    let run = Verifying::start(&client);
+    run.wait_for_progress("before the faults");
+    kill_9(&cluster, "osd.1");
+    kill_9(&cluster, &format!("mon.{leader}"));
+    let resumed = run.wait_for_progress("after killing osd.1 and the monitor leader");
+    let survivors: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let new_leader = survivors.iter().find_map(|id| monitors.status(*id).ok().and_then(|(l, _, _)| l));
+    assert!(new_leader.is_some_and(|l| l != leader), "the surviving monitors elected a new leader: {new_leader:?}");
+    let map = survivors.iter().find_map(|id| monitors.map(*id).ok()).expect("a surviving monitor answers");
+    assert!(!map.osds[&1].up, "the new leader marked osd.1 down (epoch {})", map.epoch);
+    std::thread::sleep(Duration::from_secs(2));
+    let report = run.finish();
+    eprintln!("kill -9 osd.1 and mon.{leader}: I/O resumed after {resumed:?}; {report}");
+    assert!(report.is_ok(), "{report}");
+}
+
 #[test]
 fn the_cli_explains_its_errors() {
     let dir = tempfile::tempdir().unwrap();

@@ -46,10 +46,14 @@ impl DevCluster {
 
     /// Few PGs put many writes in each PG's log: back-pressure on primaries and replicas.
     pub fn with_pgs(pg_num: u32) -> DevCluster {
+        DevCluster::with_args(&["--pg-num", &pg_num.to_string()])
+    }
+
+    /// `dev up` with these extra arguments.
+    pub fn with_args(args: &[&str]) -> DevCluster {
         let dir = tempfile::Builder::new().prefix("duplex-test-").tempdir().expect("temp dir");
         let cluster = DevCluster { dir };
-        let pgs = pg_num.to_string();
-        run_ok(duplex().args(["dev", "up", "--osd-size", "768M", "--pg-num", &pgs, "--dir"]).arg(cluster.path()));
+        run_ok(duplex().args(["dev", "up", "--osd-size", "768M"]).args(args).arg("--dir").arg(cluster.path()));
         cluster
     }
 
