@@ -81,6 +81,12 @@ pub struct Metrics {
     pub dropped_entries: Counter,
     /// Resent mutations answered from the request table, not applied again.
     pub duplicate_requests: Counter,
+    /// Replicated entries refused: they reuse a logged seq from a newer
+    /// interval (the replica's log diverged from the primary's).
+    pub diverged_entries: Counter,
+    /// Replica PGs found waiting more than 5 s on a sequence gap (entries
+    /// missed while down, which nothing recovers yet).
+    pub stalled_replica_pgs: Counter,
     /// Metadata operations (stat, attributes, listings, creates).
     pub metadata_ops: Counter,
     pub log_entries: AtomicU64,
@@ -168,6 +174,18 @@ impl Metrics {
             "duplex_osd_dropped_entries_total",
             "Logged operations the store refused when flushing them (an attribute over its object's budget).",
             &[("", self.dropped_entries.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_diverged_entries_total",
+            "Replicated entries refused because they reuse a logged seq from a newer interval (diverged logs).",
+            &[("", self.diverged_entries.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_stalled_replica_pgs_total",
+            "Times a replica PG waited over 5 s for entries it missed (needs recovery, which is not built yet).",
+            &[("", self.stalled_replica_pgs.get())],
         );
         counter(
             &mut out,

@@ -464,11 +464,26 @@ pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &Bytes, to:
             tracing::warn!(pg = key, %err, "refusing a replicated entry");
             (vec![Ack { seq: entry.seq, to }], Status::Retry)
         }
+        Err(err @ OfferError::Diverged { .. }) => {
+            shared.metrics.diverged_entries.add(1);
+            tracing::error!(pg = key, %err, "refusing a replicated entry");
+            (vec![Ack { seq: entry.seq, to }], Status::Retry)
+        }
         Err(OfferError::Log(err)) => {
             tracing::error!(pg = key, %err, "replica log append failed");
             (vec![Ack { seq: entry.seq, to }], Status::Io)
         }
     };
+    if let Some((next, first)) = guard.take_stalled_gap(crate::pg::STALLED_GAP) {
+        shared.metrics.stalled_replica_pgs.add(1);
+        tracing::error!(
+            pg = key,
+            waiting_for = next,
+            first_held = first,
+            "replica PG has waited over 5 s for entries it missed (it was down); nothing recovers them yet \
+             (peering is issue 7), so writes to this PG stall"
+        );
+    }
     let depth = guard.log.len();
     let blocked = guard.waiting_for_room();
     let was_dirty = if depth > before { std::mem::replace(&mut guard.dirty, true) } else { true };

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use duplex_oplog::{Entry, EntryRef, FileRegion, IndexCache, LogError, MmapRegion, PgLog, Region};
@@ -63,6 +64,10 @@ pub struct Ack {
 pub enum OfferError {
     #[error("entry {seq} is too far ahead of the log ({waiting} entries already wait for a gap)")]
     TooFarAhead { seq: u64, waiting: usize },
+    #[error(
+        "entry {seq} of epoch {epoch} reuses a seq this replica logged by epoch {logged}: the logs diverged (peering must reconcile them)"
+    )]
+    Diverged { seq: u64, epoch: u32, logged: u32 },
     #[error(transparent)]
     Log(#[from] LogError),
 }
@@ -82,7 +87,18 @@ pub struct Pg {
     pub dirty: bool,
     /// Request ids of recent mutations, to answer resends.
     pub requests: RequestTable,
+    /// The newest epoch among the entries this log took (None: unknown,
+    /// e.g. after a restart with an empty log).
+    newest_epoch: Option<u32>,
+    /// Replica side: since when early entries have waited on a gap, and
+    /// whether that was reported.
+    gap_since: Option<Instant>,
+    gap_reported: bool,
 }
+
+/// A replica PG waiting this long on a sequence gap is reported: it missed
+/// entries (it was down) and only peering can bring them back.
+pub const STALLED_GAP: Duration = Duration::from_secs(5);
 
 impl Pg {
     fn new(key: u32, log: PgLog<Box<dyn Region>>) -> Pg {
@@ -96,6 +112,9 @@ impl Pg {
             waiters: false,
             dirty: false,
             requests: RequestTable::default(),
+            newest_epoch: None,
+            gap_since: None,
+            gap_reported: false,
         }
     }
 
@@ -111,6 +130,7 @@ impl Pg {
     ) -> Result<(), LogError> {
         debug_assert_eq!(entry.pg, self.key, "entry for another PG");
         let at = self.log.append_encoded(entry.seq, encoded)?;
+        self.newest_epoch = Some(self.newest_epoch.map_or(entry.epoch, |e| e.max(entry.epoch)));
         self.index.insert_ref(entry, at);
         self.requests.set(entry.request, state);
         Ok(())
@@ -122,6 +142,12 @@ impl Pg {
     pub fn offer(&mut self, entry: &EntryRef<'_>, encoded: &Bytes, to: ReplyTo) -> Result<Vec<Ack>, OfferError> {
         let next = self.log.next_seq();
         if entry.seq < next {
+            // A resend of an entry already logged is acknowledged again; but
+            // one from a newer epoch reuses the seq for another write, and
+            // acknowledging it without applying it would lose that write.
+            if let Some(logged) = self.newest_epoch.filter(|logged| entry.epoch > *logged) {
+                return Err(OfferError::Diverged { seq: entry.seq, epoch: entry.epoch, logged });
+            }
             return Ok(vec![Ack { seq: entry.seq, to }]);
         }
         if entry.seq == next && self.early.is_empty() {
@@ -139,7 +165,34 @@ impl Pg {
             return Err(OfferError::TooFarAhead { seq: entry.seq, waiting: self.early.len() });
         }
         self.early.insert(entry.seq, (encoded.clone(), to));
-        Ok(self.drain_early()?)
+        let acks = self.drain_early()?;
+        self.track_gap();
+        Ok(acks)
+    }
+
+    /// Notes when early entries start waiting on a gap (not on room).
+    fn track_gap(&mut self) {
+        let gap = self.early.first_key_value().is_some_and(|(seq, _)| *seq > self.log.next_seq());
+        match (gap, self.gap_since) {
+            (true, None) => self.gap_since = Some(Instant::now()),
+            (false, Some(_)) => {
+                self.gap_since = None;
+                self.gap_reported = false;
+            }
+            _ => {}
+        }
+    }
+
+    /// Once per gap: whether this PG has waited on one for `after`
+    /// ([`STALLED_GAP`]); then the seq it waits for and the first it holds.
+    pub fn take_stalled_gap(&mut self, after: Duration) -> Option<(u64, u64)> {
+        let since = self.gap_since?;
+        if self.gap_reported || since.elapsed() < after {
+            return None;
+        }
+        self.gap_reported = true;
+        let first = self.early.first_key_value().map_or(0, |(seq, _)| *seq);
+        Some((self.log.next_seq(), first))
     }
 
     /// Logs the kept entries that are now in turn, while there is room.
@@ -161,6 +214,7 @@ impl Pg {
                 Err(err) => return Err(err),
             }
         }
+        self.track_gap();
         Ok(acks)
     }
 
@@ -266,6 +320,7 @@ impl PgTable {
         let region = open_region(self.mode, &path, self.region_bytes).map_err(|e| open_err(LogError::Io(e)))?;
         let (log, entries) = PgLog::open(region, key).map_err(open_err)?;
         let mut pg = Pg::new(key, log);
+        pg.newest_epoch = entries.iter().map(|e| e.epoch).max();
         // Index the recovered entries so reads see them until they are flushed.
         let offsets: Vec<u64> = pg.log.offsets().collect();
         debug_assert_eq!(offsets.len(), entries.len(), "one offset per live entry");
@@ -322,6 +377,44 @@ mod tests {
 
     fn to(txid: u64) -> ReplyTo {
         ReplyTo { thread: 0, token: 2, txid }
+    }
+
+    #[test]
+    fn a_seq_reused_by_a_newer_epoch_is_refused_not_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = table(dir.path(), 1 << 20);
+        let shared = table.get_or_open(7).unwrap();
+        let mut pg = shared.lock().unwrap();
+        for seq in 1..=3 {
+            offer(&mut pg, seq, 100, seq);
+        }
+        // A resend of a logged entry (same epoch) is acknowledged again.
+        assert_eq!(offer(&mut pg, 2, 100, 9).len(), 1);
+        // The same seq from a later epoch is another write: refused.
+        let mut newer = entry(2, 100);
+        newer.epoch += 1;
+        let encoded = Bytes::from(newer.encode());
+        let refused = pg.offer(&EntryRef::decode(&encoded).unwrap(), &encoded, to(10));
+        assert!(matches!(refused, Err(OfferError::Diverged { seq: 2, .. })), "{refused:?}");
+    }
+
+    #[test]
+    fn a_gap_that_does_not_fill_is_reported_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = table(dir.path(), 1 << 20);
+        let shared = table.get_or_open(7).unwrap();
+        let mut pg = shared.lock().unwrap();
+        offer(&mut pg, 1, 100, 1);
+        assert_eq!(pg.take_stalled_gap(Duration::ZERO), None, "no gap yet");
+        assert!(offer(&mut pg, 5, 100, 5).is_empty(), "entry 5 waits for 2..4");
+        assert_eq!(pg.take_stalled_gap(Duration::from_secs(3600)), None, "not waited long enough");
+        assert_eq!(pg.take_stalled_gap(Duration::ZERO), Some((2, 5)));
+        assert_eq!(pg.take_stalled_gap(Duration::ZERO), None, "reported once");
+        for seq in 2..=4 {
+            offer(&mut pg, seq, 100, seq);
+        }
+        assert_eq!(pg.last_seq(), 5, "the gap filled and 5 was logged");
+        assert_eq!(pg.take_stalled_gap(Duration::ZERO), None);
     }
 
     fn offer(pg: &mut Pg, seq: u64, len: usize, txid: u64) -> Vec<(u64, ReplyTo)> {
