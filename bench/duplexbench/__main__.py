@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 
 from . import log, plots, report
-from .ceph import PACKAGES as CEPH_PACKAGES
-from .ceph import CephCluster
+from .ceph import CephCluster, missing_packages
 from .duplex import DuplexCluster
 from .plan import COMPARED, Plan
 from .runner import Runner
@@ -51,13 +50,7 @@ def ensure_tools(with_ceph):
     """fio (with its rbd and nbd engines), Ceph's daemons and matplotlib."""
     missing = [] if shutil.which("fio") else ["fio"]
     if with_ceph:
-        for binary, package in [("ceph-mon", "ceph-mon"), ("ceph-osd", "ceph-osd"), ("ceph-mgr", "ceph-mgr"),
-                                ("rbd", "ceph-common")]:
-            if not shutil.which(binary):
-                missing.append(package)
-        if not any(Path(p).exists() for p in ["/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
-                                               "/usr/lib/aarch64-linux-gnu/libtcmalloc.so.4"]):
-            missing.append("libgoogle-perftools4")
+        missing += missing_packages()
     if missing:
         if os.geteuid() != 0:
             sys.exit(f"need {' '.join(missing)}: run as root, or apt-get install -y {' '.join(missing)}")
@@ -65,9 +58,9 @@ def ensure_tools(with_ceph):
         subprocess.run(["apt-get", "update", "-qq"], check=True)
         subprocess.run(["apt-get", "install", "-y", "-qq", *sorted(set(missing))], check=True,
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
         log("installing matplotlib")
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--root-user-action=ignore", "matplotlib"],
                        check=True)

@@ -22,8 +22,19 @@ from pathlib import Path
 from . import log
 
 MARKER = ".duplexbench-ceph"
-PACKAGES = ["ceph-mon", "ceph-osd", "ceph-mgr", "ceph-common", "libgoogle-perftools4"]
-BINARIES = ["ceph-mon", "ceph-osd", "ceph-mgr", "ceph", "rbd", "monmaptool"]
+# The commands the suite runs, and the Debian package of each.
+BINARIES = {"ceph-mon": "ceph-mon", "ceph-osd": "ceph-osd", "ceph-mgr": "ceph-mgr", "ceph": "ceph-common",
+            "rbd": "ceph-common", "monmaptool": "ceph-base"}
+
+
+def missing_packages():
+    """The Debian packages to install before a Ceph cluster can start."""
+    missing = {package for binary, package in BINARIES.items() if shutil.which(binary) is None}
+    try:
+        tcmalloc()
+    except RuntimeError:
+        missing.add("libgoogle-perftools4")
+    return sorted(missing)
 
 
 def tcmalloc():
@@ -61,16 +72,16 @@ class CephCluster:
         ).stdout
 
     def run(self, *args, timeout=120):
-        subprocess.run(args, env=self.env(), check=True, timeout=timeout, stdout=subprocess.DEVNULL,
-                       stderr=open(self.dir / "log" / "commands.out", "a"))
+        with open(self.dir / "log" / "commands.out", "a") as log:
+            subprocess.run(args, env=self.env(), check=True, timeout=timeout, stdout=subprocess.DEVNULL, stderr=log)
 
     # ------------------------------------------------------------ daemons
     def _start(self, name, binary, *args):
         preload = tcmalloc()
         env = {**self.env(), "LD_PRELOAD": preload, "TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES": "134217728"}
-        out = open(self.dir / "log" / f"{name}.out", "a")
-        child = subprocess.Popen([binary, "-f", *args], env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.dir / "log" / f"{name}.out", "a") as out:
+            child = subprocess.Popen([binary, "-f", *args], env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append((name, binary, child.pid))
         (self.dir / "pids.json").write_text(json.dumps(self.procs))
         time.sleep(0.5)
@@ -95,9 +106,9 @@ class CephCluster:
 
     # ------------------------------------------------------------ lifecycle
     def up(self):
-        for binary in BINARIES:
-            if shutil.which(binary) is None:
-                raise RuntimeError(f"{binary} missing: apt-get install -y {' '.join(PACKAGES)}")
+        missing = missing_packages()
+        if missing:
+            raise RuntimeError(f"Ceph is not installed: apt-get install -y {' '.join(missing)}")
         if self.dir.exists():
             raise RuntimeError(f"{self.dir} exists: a previous run did not clean up (bench/run --stop)")
         started = time.monotonic()

@@ -3,7 +3,6 @@ command: `dev up` (1 monitor, N OSDs, one store file each, `shm` operation
 logs), an image, and `duplex nbd serve` on a unix socket for fio."""
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -72,12 +71,12 @@ class DuplexCluster:
     def _serve(self):
         if self.socket.exists():
             self.socket.unlink()
-        out = open(self.dir / "nbd.log", "a")
-        self.gateway = subprocess.Popen(
-            [self.binary, "--conf", str(self.dir / "client.toml"), "nbd", "serve", "--image", self.image,
-             "--socket", str(self.socket)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        with open(self.dir / "nbd.log", "a") as out:
+            self.gateway = subprocess.Popen(
+                [self.binary, "--conf", str(self.dir / "client.toml"), "nbd", "serve", "--image", self.image,
+                 "--socket", str(self.socket)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
         deadline = time.monotonic() + 30
         while True:
             if self.gateway.poll() is not None:

@@ -3,7 +3,9 @@ the job file that is kept beside the results; parsing its JSON output."""
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 FIO_DIR = Path(__file__).resolve().parent.parent / "fio"
@@ -23,13 +25,13 @@ def run(engine, workload, out_dir, name, env, timeout):
     job = out_dir / f"{name}.fio"
     job.write_text(job_text(engine, workload))
     output = out_dir / f"{name}.json"
-    log = open(out_dir / f"{name}.log", "w")
-    child = subprocess.Popen(
-        ["fio", "--output-format=json", f"--output={output}", str(job)],
-        env={**os.environ, **{k: str(v) for k, v in env.items()}},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    with open(out_dir / f"{name}.log", "w") as log:
+        child = subprocess.Popen(
+            ["fio", "--output-format=json", f"--output={output}", str(job)],
+            env={**os.environ, **{k: str(v) for k, v in env.items()}},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         # wait4's rusage covers fio and the job processes it reaped: the whole
         # client side of librbd (for Ceph) or of the NBD connection (Duplex).
@@ -39,7 +41,6 @@ def run(engine, workload, out_dir, name, env, timeout):
         child.wait()
         raise
     child.returncode = os.waitstatus_to_exitcode(status)
-    log.close()
     if child.returncode != 0:
         raise RuntimeError(f"fio {name} failed ({child.returncode}); see {out_dir / (name + '.log')}")
     data = json.loads(_strip_notes(output.read_text()))
@@ -47,9 +48,6 @@ def run(engine, workload, out_dir, name, env, timeout):
 
 
 def _wait4(pid, timeout):
-    import signal
-    import time
-
     deadline = time.monotonic() + timeout
     while True:
         pid_done, status, usage = os.wait4(pid, os.WNOHANG)

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from .report import find
+from .report import find, sweep
 
 COLORS = {"ceph": "#c0504d", "duplex": "#4f81bd"}
 
@@ -90,10 +90,10 @@ def draw(result, out_dir):
         save(fig, "table2-ablation.png")
 
     # Fig. 11: partitions.
-    pa = sorted([r for r in s if r["phase"] == "partitions"], key=lambda r: int(r["settings"].split("=")[1]))
+    pa = sweep(s, "partitions")
     if pa:
         fig, ax = plt.subplots(figsize=(6, 4))
-        xs = [int(r["settings"].split("=")[1]) for r in pa]
+        xs = [r["x"] for r in pa]
         ax.plot(xs, [r["iops"] for r in pa], marker="o", color=COLORS["duplex"], label="duplex")
         ax.set_xticks(xs)
         ax.set_xlabel("store partitions (= flusher threads) per OSD")
@@ -104,10 +104,10 @@ def draw(result, out_dir):
         save(fig, "fig11-partitions.png")
 
     # Fig. 12: tail latency against the flush threshold, Ceph as a reference.
-    fl = sorted([r for r in s if r["phase"] == "flush"], key=lambda r: int(r["settings"].split("=")[1]))
+    fl = sweep(s, "flush")
     if fl:
         fig, ax = plt.subplots(figsize=(7, 4))
-        xs = [int(r["settings"].split("=")[1]) for r in fl]
+        xs = [r["x"] for r in fl]
         for key, style in [("lat_p95_write", "-o"), ("lat_p99_write", "-s"), ("lat_p95_read", "--o"), ("lat_p99_read", "--s")]:
             ax.plot(xs, [r[key] for r in fl], style, label="duplex " + key[4:].replace("_", " "))
         ceph = find(s, "compare", "mix-80-20", "ceph")

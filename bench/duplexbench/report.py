@@ -59,6 +59,12 @@ def summarize(records):
     return out
 
 
+def sweep(summary, phase):
+    """A one-setting sweep's rows, with the setting's value as `x`, in order."""
+    rows = [dict(r, x=int(r["settings"].split("=", 1)[1])) for r in summary if r["phase"] == phase]
+    return sorted(rows, key=lambda r: r["x"])
+
+
 def find(summary, phase, workload, system, settings=""):
     for row in summary:
         if (row["phase"], row["workload"], row["system"], row["settings"]) == (phase, workload, system, settings):
@@ -100,6 +106,37 @@ def ratio(d, c, digits=2):
     return f"{d / c:.{digits}f}×"
 
 
+def table(add, title, header, rows):
+    """A titled markdown table; nothing when there are no rows."""
+    if not rows:
+        return
+    add(f"### {title}")
+    add("")
+    add("| " + " | ".join(header) + " |")
+    add("|" + " --- |" * len(header))
+    for row in rows:
+        add("| " + " | ".join(row) + " |")
+    add("")
+
+
+# The comparison table's figures: (column, summary key, digits, digits of the ratio).
+COMPARED_COLUMNS = [
+    ("MiB/s", "mib_s", 1, 2),
+    ("p50 µs", "lat_p50", 0, 3),
+    ("p99 µs", "lat_p99", 0, 3),
+    ("p99.9 µs", "lat_p999", 0, 3),
+    ("server CPU µs/IO", "server_cpu_us_per_io", 1, 3),
+    ("client CPU µs/IO", "client_cpu_us_per_io", 1, 3),
+    ("machine CPU µs/IO", "machine_cpu_us_per_io", 1, 3),
+    ("WAF (daemons)", "waf_daemons", 2, None),
+    ("WAF (disk)", "waf_device", 2, None),
+]
+
+
+def iops_cell(r):
+    return f"{n(r['iops'])} ({n(r['iops_min'])}–{n(r['iops_max'])})"
+
+
 def markdown(result):
     s = result["summary"]
     env = result["env"]
@@ -120,96 +157,59 @@ def markdown(result):
     add("sent to storage (/proc/PID/io) over the bytes the client wrote × 2 replicas; Duplex's `shm`")
     add("operation log is the NVM stand-in and is not storage. Ratios are Duplex ÷ Ceph.")
     add("")
-    tr = targets(s)
-    if tr:
-        add("### Targets (issue 6)")
+    rows = []
+    for t in targets(s):
+        digits = 2 if t["duplex"] < 100 else 0
+        shown = "–" if t["ratio"] is None else f"{t['ratio']:.3f}"
+        rows.append([t["target"], n(t["duplex"], digits), n(t["ceph"], digits), shown, t["bar"],
+                     "yes" if t["met"] else "**no**"])
+    table(add, "Targets (issue 6)", ["target", "Duplex", "Ceph", "Duplex ÷ Ceph", "bar", "met"], rows)
+
+    rows = []
+    for w in result["workloads"]:
+        found = {x: find(s, "compare", w, x) for x in ("ceph", "duplex")}
+        for x, r in found.items():
+            if r:
+                rows.append([w, x, iops_cell(r)] + [n(r[key], digits) for _, key, digits, _ in COMPARED_COLUMNS])
+        d, c = found["duplex"], found["ceph"]
+        if d and c:
+            rows.append([w, "**ratio**", ratio(d["iops"], c["iops"])]
+                        + ["" if rd is None else ratio(d[key], c[key], rd) for _, key, _, rd in COMPARED_COLUMNS])
+    table(add, "Duplex and Ceph, interleaved", ["workload", "system", "IOPS"] + [c[0] for c in COMPARED_COLUMNS], rows)
+    if find(s, "compare", "mix-80-20", "duplex"):
+        add(f"The mix runs at a fixed {result['plan']['mix_rate_iops']:,} IOPS in all, 80% writes.")
         add("")
-        add("| target | Duplex | Ceph | Duplex ÷ Ceph | bar | met |")
-        add("| --- | --- | --- | --- | --- | --- |")
-        for t in tr:
-            digits = 2 if t["duplex"] < 100 else 0
-            shown = "–" if t["ratio"] is None else f"{t['ratio']:.3f}"
-            met = "yes" if t["met"] else "**no**"
-            add(f"| {t['target']} | {n(t['duplex'], digits)} | {n(t['ceph'], digits)} | {shown} | {t['bar']} | {met} |")
-        add("")
-    compared = [w for w in result["workloads"] if any(r["workload"] == w for r in s if r["phase"] == "compare")]
-    if compared:
-        add("### Duplex and Ceph, interleaved")
-        add("")
-        add("| workload | system | IOPS | MiB/s | p50 µs | p99 µs | p99.9 µs | server CPU µs/IO | client CPU µs/IO "
-            "| machine CPU µs/IO | WAF (daemons) | WAF (disk) |")
-        add("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        for w in compared:
-            rows = {sys_: find(s, "compare", w, sys_) for sys_ in ("ceph", "duplex")}
-            for sys_, r in rows.items():
-                if not r:
-                    continue
-                add(f"| {w} | {sys_} | {n(r['iops'])} ({n(r['iops_min'])}–{n(r['iops_max'])}) | {n(r['mib_s'], 1)} | "
-                    f"{n(r['lat_p50'])} | {n(r['lat_p99'])} | {n(r['lat_p999'])} | {n(r['server_cpu_us_per_io'], 1)} | "
-                    f"{n(r['client_cpu_us_per_io'], 1)} | {n(r['machine_cpu_us_per_io'], 1)} | "
-                    f"{n(r['waf_daemons'], 2)} | {n(r['waf_device'], 2)} |")
-            d, c = rows["duplex"], rows["ceph"]
-            if d and c:
-                add(f"| {w} | **ratio** | {ratio(d['iops'], c['iops'])} | {ratio(d['mib_s'], c['mib_s'])} | "
-                    f"{ratio(d['lat_p50'], c['lat_p50'], 3)} | {ratio(d['lat_p99'], c['lat_p99'], 3)} | "
-                    f"{ratio(d['lat_p999'], c['lat_p999'], 3)} | "
-                    f"{ratio(d['server_cpu_us_per_io'], c['server_cpu_us_per_io'], 3)} | "
-                    f"{ratio(d['client_cpu_us_per_io'], c['client_cpu_us_per_io'], 3)} | "
-                    f"{ratio(d['machine_cpu_us_per_io'], c['machine_cpu_us_per_io'], 3)} | | |")
-        add("")
-        mix = find(s, "compare", "mix-80-20", "duplex")
-        if mix:
-            add(f"The mix runs at a fixed {result['plan']['mix_rate_iops']:,} IOPS in all, 80% writes.")
-            add("")
-    native = [r for r in s if r["phase"] == "native"]
-    if native:
-        add("### Native tools: `rbd bench` and `duplex bench` (4 KiB, 32 in flight)")
-        add("")
-        add("| tool | pattern | IOPS | server CPU µs/IO | client CPU µs/IO |")
-        add("| --- | --- | --- | --- | --- |")
-        for r in native:
-            tool = "rbd bench" if r["system"] == "ceph" else "duplex bench"
-            add(f"| {tool} | {r['workload']} | {n(r['iops'])} ({n(r['iops_min'])}–{n(r['iops_max'])}) | "
-                f"{n(r['server_cpu_us_per_io'], 1)} | {n(r['client_cpu_us_per_io'], 1)} |")
-        add("")
+
+    rows = [["rbd bench" if r["system"] == "ceph" else "duplex bench", r["workload"], iops_cell(r),
+             n(r["server_cpu_us_per_io"], 1), n(r["client_cpu_us_per_io"], 1)]
+            for r in s if r["phase"] == "native"]
+    table(add, "Native tools: `rbd bench` and `duplex bench` (4 KiB, 32 in flight)",
+          ["tool", "pattern", "IOPS", "server CPU µs/IO", "client CPU µs/IO"], rows)
+
     threads = result.get("threads")
     if threads:
         add("### Where the server CPU goes (4 KiB random write, µs per I/O by thread class, median round)")
         add("")
-        for sys_, classes in threads.items():
+        for x, classes in threads.items():
             top = sorted(classes.items(), key=lambda kv: -kv[1])[:8]
-            add(f"- {sys_}: " + ", ".join(f"`{k}` {v:.1f}" for k, v in top))
+            add(f"- {x}: " + ", ".join(f"`{k}` {v:.1f}" for k, v in top))
         add("")
-    abl = [r for r in s if r["phase"] == "ablation"]
-    if abl:
-        add("### Ablation (paper Table II): 4 KiB random write, Duplex only")
-        add("")
-        add("| write path, threading | IOPS | p50 µs | p99 µs | server CPU µs/IO |")
-        add("| --- | --- | --- | --- | --- |")
-        for r in abl:
-            add(f"| {r['settings']} | {n(r['iops'])} | {n(r['lat_p50'])} | {n(r['lat_p99'])} | "
-                f"{n(r['server_cpu_us_per_io'], 1)} |")
-        add("")
-    fl = sorted([r for r in s if r["phase"] == "flush"], key=lambda r: int(r["settings"].split("=")[1]))
-    if fl:
-        add(f"### Flush threshold (paper Fig. 12): 80/20 write/read mix at {result['plan']['mix_rate_iops']:,} IOPS, Duplex")
-        add("")
-        add("| flush threshold | IOPS | write p95 µs | write p99 µs | read p95 µs | read p99 µs | server CPU µs/IO |")
-        add("| --- | --- | --- | --- | --- | --- | --- |")
-        for r in fl:
-            add(f"| {r['settings'].split('=')[1]} | {n(r['iops'])} | {n(r['lat_p95_write'])} | {n(r['lat_p99_write'])} | "
-                f"{n(r['lat_p95_read'])} | {n(r['lat_p99_read'])} | {n(r['server_cpu_us_per_io'], 1)} |")
-        add("")
-    pa = sorted([r for r in s if r["phase"] == "partitions"], key=lambda r: int(r["settings"].split("=")[1]))
-    if pa:
-        add("### Store partitions and flusher threads (paper Fig. 11): 4 KiB random write, Duplex")
-        add("")
-        add("| partitions (= flusher threads) | IOPS | p99 µs | server CPU µs/IO |")
-        add("| --- | --- | --- | --- |")
-        for r in pa:
-            add(f"| {r['settings'].split('=')[1]} | {n(r['iops'])} | {n(r['lat_p99'])} | "
-                f"{n(r['server_cpu_us_per_io'], 1)} |")
-        add("")
+
+    rows = [[r["settings"], n(r["iops"]), n(r["lat_p50"]), n(r["lat_p99"]), n(r["server_cpu_us_per_io"], 1)]
+            for r in s if r["phase"] == "ablation"]
+    table(add, "Ablation (paper Table II): 4 KiB random write, Duplex only",
+          ["write path, threading", "IOPS", "p50 µs", "p99 µs", "server CPU µs/IO"], rows)
+
+    rows = [[str(r["x"]), n(r["iops"]), n(r["lat_p95_write"]), n(r["lat_p99_write"]), n(r["lat_p95_read"]),
+             n(r["lat_p99_read"]), n(r["server_cpu_us_per_io"], 1)] for r in sweep(s, "flush")]
+    table(add, f"Flush threshold (paper Fig. 12): 80/20 write/read mix at {result['plan']['mix_rate_iops']:,} IOPS, Duplex",
+          ["flush threshold", "IOPS", "write p95 µs", "write p99 µs", "read p95 µs", "read p99 µs",
+           "server CPU µs/IO"], rows)
+
+    rows = [[str(r["x"]), n(r["iops"]), n(r["lat_p99"]), n(r["server_cpu_us_per_io"], 1)]
+            for r in sweep(s, "partitions")]
+    table(add, "Store partitions and flusher threads (paper Fig. 11): 4 KiB random write, Duplex",
+          ["partitions (= flusher threads)", "IOPS", "p99 µs", "server CPU µs/IO"], rows)
     if result.get("plots"):
         add("Plots: " + ", ".join(f"[{p}](bench/{p})" for p in result["plots"]) + ".")
         add("")

@@ -42,13 +42,13 @@ pub struct BenchArgs {
     /// I/Os in flight.
     #[arg(long = "qd", default_value_t = 32)]
     pub queue_depth: usize,
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub seconds: u64,
     /// Reads among I/Os with --pattern randrw (percent).
     #[arg(long, default_value_t = 70)]
     pub read_percent: u8,
     /// Object-level: how many objects (of 4 MiB) the I/O spreads over.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
     pub objects: u64,
     /// Print the result as JSON (no progress bar).
     #[arg(long)]

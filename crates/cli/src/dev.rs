@@ -57,10 +57,6 @@ pub struct UpArgs {
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct State {
     pub fsid: String,
-    /// The first monitor (`monitors` lists them all as ID=IP:PORT).
-    pub monitor: String,
-    #[serde(default)]
-    pub monitors: Vec<String>,
     pub pool: String,
     pub processes: Vec<Process>,
     /// Directories outside the cluster directory that `down --wipe` removes.
@@ -86,17 +82,23 @@ pub fn read_state(dir: &Path) -> Result<Option<State>> {
     Ok(Some(serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?))
 }
 
-/// Whether `pid` is alive and is one of ours: its command line names this
-/// cluster directory (a recycled pid belongs to someone else).
-fn is_ours(pid: u32, dir: &Path) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
-    let dir = dir.to_string_lossy();
-    let cmdline = String::from_utf8_lossy(&cmdline);
-    cmdline.contains(dir.as_ref())
+/// Whether `process` is alive and is the daemon we started: one of its
+/// arguments is exactly its configuration file in `dir` (a recycled pid
+/// belongs to someone else, and so does a `tail -f` of a log in `dir`).
+fn is_ours(process: &Process, dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    if process.pid == 0 || i32::try_from(process.pid).is_err() {
+        return false; // kill(0) or kill(-1) would signal whole groups
+    }
+    let Ok(cmdline) = std::fs::read(format!("/proc/{}/cmdline", process.pid)) else { return false };
+    let conf = dir.join(format!("{}.toml", process.name));
+    cmdline.split(|b| *b == 0).any(|arg| arg == conf.as_os_str().as_bytes())
 }
 
+/// The state of the cluster in `dir`, if any of its processes runs.
 pub fn running(dir: &Path) -> Result<Option<State>> {
-    Ok(read_state(dir)?.filter(|state| state.processes.iter().any(|p| is_ours(p.pid, dir))))
+    let Ok(dir) = dir.canonicalize() else { return Ok(None) };
+    Ok(read_state(&dir)?.filter(|state| state.processes.iter().any(|p| is_ours(p, &dir))))
 }
 
 fn free_port() -> Result<u16> {
@@ -130,12 +132,32 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
     Ok(())
 }
 
+/// The cluster secret: readable by its owner only.
+fn write_secret(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::PermissionsExt;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    // A file left by an earlier attempt keeps its mode: set it.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(text.as_bytes())?;
+    Ok(())
+}
+
 pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
     if args.monitors == 0 || args.monitors > 7 {
         bail!("need 1 to 7 monitors (got {})", args.monitors);
     }
     if args.osds == 0 || args.replicas == 0 || args.replicas as u32 > args.osds {
         bail!("need at least one OSD and 1 ≤ replicas ≤ OSDs (got {} OSDs, {} replicas)", args.osds, args.replicas);
+    }
+    if args.min_size.is_some_and(|m| m == 0 || m > args.replicas) {
+        bail!("need 1 ≤ min_size ≤ replicas (got min_size {:?}, {} replicas)", args.min_size, args.replicas);
     }
     if let Some(state) = running(dir)? {
         bail!(
@@ -160,7 +182,7 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
         }
     }
     let fsid = random_hex(16);
-    write_file(&dir.join("secret"), &random_hex(32))?;
+    write_secret(&dir.join("secret"), &random_hex(32))?;
     let mut monitors = Vec::new();
     for id in 1..=args.monitors as u64 {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
@@ -169,14 +191,8 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
     let mon_lines: Vec<String> = monitors.iter().map(|(id, addr)| format!("{id}={addr}")).collect();
     let mon_list = mon_lines.iter().map(|l| format!("\"{l}\"")).collect::<Vec<_>>().join(", ");
     let common = format!("fsid = \"{fsid}\"\nsecret_file = \"{}\"\n", dir.join("secret").display());
-    let mut state = State {
-        fsid: fsid.clone(),
-        monitor: monitors[0].1.to_string(),
-        monitors: mon_lines.clone(),
-        pool: args.pool.clone(),
-        processes: Vec::new(),
-        oplog_dirs: Vec::new(),
-    };
+    let mut state =
+        State { fsid: fsid.clone(), pool: args.pool.clone(), processes: Vec::new(), oplog_dirs: Vec::new() };
     let save =
         |state: &State| write_file(&state_path(dir), &serde_json::to_string_pretty(state).expect("serializable"));
     for (id, _) in &monitors {
@@ -193,9 +209,10 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
     let secret = std::fs::read(dir.join("secret"))?;
     let fsid_bytes = duplex_proto::parse_fsid(&fsid).expect("generated above");
     let credentials = Credentials { fsid: fsid_bytes, secret, name: "client.admin".into() };
-    let mon = MonClient::new(monitors.clone(), credentials.clone());
+    let mut mon = MonClient::new(monitors.clone(), credentials);
+    let ids: Vec<u64> = monitors.iter().map(|(id, _)| *id).collect();
     wait_for("the monitors to elect a leader", Duration::from_secs(30), || {
-        monitors.iter().any(|(id, _)| mon.status(*id).is_ok_and(|(leader, _, _)| leader.is_some()))
+        ids.iter().any(|id| mon.status(*id).is_ok_and(|(leader, _, _)| leader.is_some()))
     })?;
 
     for id in 0..args.osds {
@@ -223,17 +240,14 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
     }
     let wanted = args.osds as usize;
     wait_for("every OSD to boot", Duration::from_secs(60), || {
-        monitors
-            .iter()
-            .any(|(id, _)| mon.map(*id).is_ok_and(|map| map.osds.values().filter(|o| o.up).count() >= wanted))
+        map_from_any(&mon, &ids).is_some_and(|map| map.osds.values().filter(|o| o.up).count() >= wanted)
     })
     .with_context(|| format!("see the logs in {}", dir.display()))?;
 
     let size = args.replicas;
     let min_size = args.min_size.unwrap_or(size - size / 2);
-    let mut admin = MonClient::new(monitors.clone(), credentials);
     crate::admin::run_command(
-        &mut admin,
+        &mut mon,
         MapCommand::PoolCreate { name: args.pool.clone(), size, min_size, pg_num: args.pg_num },
     )
     .with_context(|| format!("creating pool '{}'", args.pool))?;
@@ -298,38 +312,26 @@ fn map_from_any(mon: &MonClient, ids: &[u64]) -> Option<duplex_map::ClusterMap> 
     ids.iter().find_map(|id| mon.map(*id).ok())
 }
 
-fn admin_client(dir: &Path, state: &State) -> Result<(MonClient, Vec<u64>)> {
-    let secret = std::fs::read(dir.join("secret")).with_context(|| format!("reading {}/secret", dir.display()))?;
-    let fsid = duplex_proto::parse_fsid(&state.fsid).context("state.json: bad fsid")?;
-    let mut monitors = Vec::new();
-    for line in &state.monitors {
-        let (id, addr) = line.split_once('=').context("state.json: bad monitor entry")?;
-        monitors.push((
-            id.parse().context("state.json: bad monitor id")?,
-            addr.parse().context("state.json: bad monitor address")?,
-        ));
-    }
-    if monitors.is_empty() {
-        // A state.json written before clusters had several monitors.
-        monitors.push((1, state.monitor.parse().context("state.json: bad monitor address")?));
-    }
-    let ids = monitors.iter().map(|(id, _)| *id).collect();
-    Ok((MonClient::new(monitors, Credentials { fsid, secret, name: "client.admin".into() }), ids))
+/// A monitor client as the cluster's `client.toml` describes it, and the monitors' ids.
+fn admin_client(dir: &Path) -> Result<(MonClient, Vec<u64>)> {
+    let config = duplex_client::ClientConfig::from_file(&dir.join("client.toml"))?;
+    let ids = config.monitors.iter().map(|(id, _)| *id).collect();
+    Ok((MonClient::new(config.monitors, config.credentials), ids))
 }
 
 /// Stops `process` (SIGTERM, then SIGKILL after 5 s) if it is still ours.
 fn stop_process(process: &Process, dir: &Path) -> bool {
-    if !is_ours(process.pid, dir) {
+    if !is_ours(process, dir) {
         return false;
     }
     // SAFETY: kill(2) on a pid we started and just checked is ours.
     unsafe { libc::kill(process.pid as i32, libc::SIGTERM) };
     let started = Instant::now();
-    while is_ours(process.pid, dir) && started.elapsed() < Duration::from_secs(5) {
+    while is_ours(process, dir) && started.elapsed() < Duration::from_secs(5) {
         reap(process.pid);
         std::thread::sleep(Duration::from_millis(20));
     }
-    if is_ours(process.pid, dir) {
+    if is_ours(process, dir) {
         // SAFETY: as above.
         unsafe { libc::kill(process.pid as i32, libc::SIGKILL) };
         reap(process.pid);
@@ -348,12 +350,13 @@ pub fn restart(dir: &Path, settings: &[String], only: &[u32]) -> Result<()> {
     };
     let dir = dir.canonicalize()?;
     let dir = dir.as_path();
-    let (mon, ids) = admin_client(dir, &state)?;
+    let (mon, ids) = admin_client(dir)?;
     let before = map_from_any(&mon, &ids).context("no monitor answered with the map")?;
+    // The id of an OSD process to restart.
     let chosen = |name: &str| {
         name.strip_prefix("osd.")
             .and_then(|id| id.parse::<u32>().ok())
-            .is_some_and(|id| only.is_empty() || only.contains(&id))
+            .filter(|id| only.is_empty() || only.contains(id))
     };
     for id in only {
         if !state.processes.iter().any(|p| p.name == format!("osd.{id}")) {
@@ -361,20 +364,22 @@ pub fn restart(dir: &Path, settings: &[String], only: &[u32]) -> Result<()> {
         }
     }
     // Every configuration is checked before any OSD stops.
-    for process in state.processes.iter().filter(|p| chosen(&p.name)) {
+    for process in state.processes.iter().filter(|p| chosen(&p.name).is_some()) {
         let conf = dir.join(format!("{}.toml", process.name));
         let base = std::fs::read_to_string(&conf).with_context(|| format!("reading {}", conf.display()))?;
         write_osd_config(&conf, &base, settings)?;
     }
     let mut restarted = Vec::new();
-    for process in state.processes.iter_mut().filter(|p| chosen(&p.name)) {
+    for index in 0..state.processes.len() {
+        let Some(id) = chosen(&state.processes[index].name) else { continue };
+        let process = &mut state.processes[index];
         let conf = dir.join(format!("{}.toml", process.name));
         stop_process(process, dir);
         *process = spawn_daemon(dir, &process.name, &["osd", "--config", &conf.to_string_lossy()])?;
-        let id: u32 = process.name.trim_start_matches("osd.").parse().context("state.json: bad OSD name")?;
+        // Recorded at once, so that `down` can stop it whatever fails next.
+        write_file(&state_path(dir), &serde_json::to_string_pretty(&state).expect("serializable"))?;
         restarted.push(id);
     }
-    write_file(&state_path(dir), &serde_json::to_string_pretty(&state).expect("serializable"))?;
     wait_for("every OSD to come back", Duration::from_secs(60), || {
         map_from_any(&mon, &ids).is_some_and(|map| {
             restarted.iter().all(|id| {
@@ -418,7 +423,10 @@ pub fn down(dir: &Path, wipe: bool) -> Result<()> {
     println!("stopped {stopped} processes");
     if wipe {
         for oplog in &state.oplog_dirs {
-            if oplog.starts_with("/dev/shm") && oplog.exists() {
+            // Only the logs `up` made: /dev/shm/duplex-* (state.json could be edited).
+            let ours = oplog.parent() == Some(Path::new("/dev/shm"))
+                && oplog.file_name().is_some_and(|n| n.to_string_lossy().starts_with("duplex-"));
+            if ours && oplog.exists() {
                 std::fs::remove_dir_all(oplog).with_context(|| format!("removing {}", oplog.display()))?;
             }
         }

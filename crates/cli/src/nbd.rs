@@ -99,6 +99,9 @@ pub fn server(image: Image, args: &ServeArgs) -> Result<Server> {
             Listener::Tcp(std::net::TcpListener::bind(addr).with_context(|| format!("binding {addr}"))?)
         }
     };
+    if args.max_connections == 0 {
+        bail!("--max-connections must be at least 1");
+    }
     let config = ServerConfig { max_connections: args.max_connections, ..ServerConfig::default() };
     let server = Server::new(listener, Arc::new(exports), config);
     let uri = match &args.socket {

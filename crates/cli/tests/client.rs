@@ -93,7 +93,7 @@ fn objects_images_and_resends() {
         client.create_image(pool, "bad/name", MIB, CreateOptions::default()),
         Err(ClientError::Invalid(_))
     ));
-    client.create_image(pool, "vm2", 8 * MIB, CreateOptions { object_size: MIB as u32, preallocate: true }).unwrap();
+    client.create_image(pool, "vm2", 32 * MIB, CreateOptions { object_size: MIB as u32, preallocate: true }).unwrap();
     assert_eq!(client.list_images(pool).unwrap(), vec!["vm1".to_string(), "vm2".to_string()]);
     let image = client.open_image(pool, "vm1").unwrap();
     let data: Vec<u8> = (0..3 * MIB as usize + 1000).map(|i| (i % 253) as u8).collect();
@@ -101,6 +101,7 @@ fn objects_images_and_resends() {
     image.write(at, Bytes::from(data.clone())).unwrap();
     assert_eq!(image.read(at, data.len() as u32).unwrap(), data);
     assert_eq!(image.read(0, 4096).unwrap(), vec![0u8; 4096], "never written reads as zeros");
+    assert!(image.read(at, 0).unwrap().is_empty(), "an empty read completes");
     assert!(matches!(image.read(64 * MIB - 10, 11), Err(ClientError::Invalid(_))), "past the end");
     image.write_zeroes(at + 100, 2 * MIB).unwrap();
     let after = image.read(at, data.len() as u32).unwrap();
@@ -119,6 +120,12 @@ fn objects_images_and_resends() {
     let vm2 = client.image_info(pool, "vm2").unwrap();
     let object = format!("{}.{:016x}", vm2.id, 7);
     assert!(client.stat(pool, object.as_bytes()).unwrap().preallocated);
+    // Zeroing it all writes zeros in place: 128 pieces, more than one window.
+    let pre = client.open_image(pool, "vm2").unwrap();
+    pre.write(5 * MIB + 3, Bytes::from(vec![7u8; 3 * MIB as usize])).unwrap();
+    pre.write_zeroes(0, 32 * MIB).unwrap();
+    assert!(pre.read(4 * MIB, 5 * MIB as u32).unwrap().iter().all(|b| *b == 0), "zeroed in full");
+    assert!(client.stat(pool, object.as_bytes()).unwrap().preallocated, "extents kept");
     client.remove_image(pool, "vm2").unwrap();
     assert_eq!(client.list_objects(pool, format!("{}.", vm2.id).as_bytes()).unwrap(), Vec::<Vec<u8>>::new());
     assert_eq!(client.list_images(pool).unwrap(), vec!["vm1".to_string()]);

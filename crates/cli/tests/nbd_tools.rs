@@ -105,7 +105,7 @@ fn real_nbd_clients_read_back_what_they_wrote() {
     let fio = run_ok(
         Command::new("fio")
             .args(["--name=verify", "--ioengine=nbd", "--rw=randwrite", "--bs=4k", "--size=32M", "--iodepth=16"])
-            .args(["--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--direct=1"])
+            .args(["--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--direct=1", "--verify_state_save=0"])
             .arg(format!("--uri={uri}")),
     );
     let report = String::from_utf8_lossy(&fio.stdout);

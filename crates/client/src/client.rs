@@ -124,7 +124,11 @@ impl Drop for Handle {
         let _ = self.commands.send(Command::Shutdown);
         let _ = self.waker.wake();
         for thread in self.threads.drain(..) {
-            let _ = thread.join();
+            // The last clone may go in a callback, on the I/O thread itself,
+            // which cannot join itself: it stops on its own after Shutdown.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
         }
     }
 }
@@ -310,7 +314,11 @@ impl Client {
                 let last = page.last().cloned();
                 names.extend(page);
                 match last {
-                    Some(last) if more => cursor = Bytes::from(last),
+                    // Pages go up by name; one that does not would loop for ever.
+                    Some(last) if more && last.as_slice() > &cursor[..] => cursor = Bytes::from(last),
+                    Some(_) if more => {
+                        return Err(ClientError::Corrupt(format!("PG {pg}'s listing did not move past its cursor")))
+                    }
                     _ => break,
                 }
             }

@@ -40,6 +40,11 @@ pub const MAX_NAME_LEN: usize = 128;
 pub const MAX_WRITE_PIECE: u64 = 256 << 10;
 /// Operations a management task (create, remove, resize) keeps in flight.
 const MANAGEMENT_DEPTH: usize = 64;
+/// Object operations one image operation keeps in flight: a discard of
+/// the whole disk must not queue thousands of requests at once.
+const RUN_WINDOW: usize = 64;
+/// Zeros for pre-allocated objects' write-zeroes, shared by every piece.
+static ZEROS: [u8; MAX_WRITE_PIECE as usize] = [0; MAX_WRITE_PIECE as usize];
 
 const HEADER_MAGIC: &[u8; 4] = b"DPXI";
 const HEADER_VERSION: u32 = 1;
@@ -342,12 +347,28 @@ fn zero_ops(pool: u32, info: &ImageInfo, object: Bytes, offset: u64, len: u64) -
         let piece = (offset + len - at).min(MAX_WRITE_PIECE);
         ops.push(ObjectOp {
             offset: at,
-            data: Bytes::from(vec![0u8; piece as usize]),
+            data: Bytes::from_static(&ZEROS[..piece as usize]),
             ..ObjectOp::new(pool, OpKind::Write, object.clone())
         });
         at += piece;
     }
     ops
+}
+
+/// Submits the next of `queue`'s operations; its completion submits the one after.
+fn submit_next(client: &Client, queue: &Arc<Mutex<std::vec::IntoIter<ObjectOp>>>, join: &Arc<Join>, missing_ok: bool) {
+    let Some(op) = queue.lock().unwrap_or_else(|p| p.into_inner()).next() else { return };
+    let (next_client, queue, join) = (client.clone(), Arc::clone(queue), Arc::clone(join));
+    client.submit(
+        op,
+        Box::new(move |result| {
+            match result {
+                Err(ClientError::NotFound) if missing_ok => join.piece_done(Ok(())),
+                other => join.piece_done(other.map(drop)),
+            }
+            submit_next(&next_client, &queue, &join, missing_ok);
+        }),
+    );
 }
 
 /// An open image. Cheap to share behind an `Arc`; every method may be
@@ -413,6 +434,9 @@ impl Image {
     pub fn read_async(&self, offset: u64, len: u32, done: Done<Bytes>) {
         if let Err(err) = self.check_range(offset, len as u64) {
             return done(Err(err));
+        }
+        if len == 0 {
+            return done(Ok(Bytes::new()));
         }
         let pieces = self.pieces(offset, len as u64, MAX_IO_BYTES as u64);
         if pieces.len() == 1 {
@@ -503,22 +527,16 @@ impl Image {
         }
     }
 
-    /// Runs `ops` in parallel; `done` gets the first error or `Ok`.
+    /// Runs `ops`, `RUN_WINDOW` at a time; `done` gets the first error or `Ok`.
     fn run(&self, ops: Vec<ObjectOp>, missing_ok: bool, done: Done<()>) {
         if ops.is_empty() {
             return done(Ok(()));
         }
         let join =
             Arc::new(Join::new(ops.len(), BytesMut::new(), Box::new(move |r: Result<Bytes, _>| done(r.map(drop)))));
-        for op in ops {
-            let join = join.clone();
-            self.client.submit(
-                op,
-                Box::new(move |result| match result {
-                    Err(ClientError::NotFound) if missing_ok => join.piece_done(Ok(())),
-                    other => join.piece_done(other.map(drop)),
-                }),
-            );
+        let queue = Arc::new(Mutex::new(ops.into_iter()));
+        for _ in 0..RUN_WINDOW {
+            submit_next(&self.client, &queue, &join, missing_ok);
         }
     }
 

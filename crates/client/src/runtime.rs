@@ -109,7 +109,8 @@ pub(crate) struct Runtime {
     unreachable_until: HashMap<OsdId, Instant>,
     in_flight: HashMap<u64, InFlight>,
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
-    parked: Vec<u64>,
+    /// Operations waiting for a newer map (`InFlight::wait_epoch`).
+    parked: HashSet<u64>,
     next_txid: u64,
     decoder: FrameDecoder,
     dirty_links: Vec<OsdId>,
@@ -141,7 +142,7 @@ impl Runtime {
             unreachable_until: HashMap::new(),
             in_flight: HashMap::new(),
             timers: BinaryHeap::new(),
-            parked: Vec::new(),
+            parked: HashSet::new(),
             next_txid: 1,
             decoder: FrameDecoder::with_max_payload(MAX_REPLY),
             dirty_links: Vec::new(),
@@ -195,6 +196,8 @@ impl Runtime {
                     break;
                 }
                 self.timers.pop();
+                // A parked op's timer ends its parking: it tries again now.
+                self.parked.remove(&txid);
                 self.dispatch(txid);
             }
             if now >= next_tick {
@@ -390,8 +393,10 @@ impl Runtime {
         let Some(entry) = self.in_flight.get_mut(&txid) else { return };
         entry.last_problem = problem;
         entry.wait_epoch = epoch;
-        self.parked.push(txid);
-        self.timers.push(Reverse((Instant::now() + MAX_BACKOFF, txid)));
+        // One timer per parking: a re-park from that timer pushes the next.
+        if self.parked.insert(txid) {
+            self.timers.push(Reverse((Instant::now() + MAX_BACKOFF, txid)));
+        }
     }
 
     fn on_map(&mut self, map: Arc<ClusterMap>) {
@@ -423,13 +428,15 @@ impl Runtime {
             self.dispatch(txid);
         }
         let epoch = self.map.epoch;
-        let parked = std::mem::take(&mut self.parked);
-        for txid in parked {
-            match self.in_flight.get(&txid) {
-                Some(entry) if entry.wait_epoch <= epoch => self.dispatch(txid),
-                Some(_) => self.parked.push(txid),
-                None => {}
-            }
+        let ready: Vec<u64> = self
+            .parked
+            .iter()
+            .copied()
+            .filter(|txid| self.in_flight.get(txid).is_some_and(|entry| entry.wait_epoch <= epoch))
+            .collect();
+        for txid in ready {
+            self.parked.remove(&txid);
+            self.dispatch(txid);
         }
         // Down OSDs' connections go; a later up gets a fresh one.
         let down: Vec<OsdId> =
@@ -479,6 +486,7 @@ impl Runtime {
 
     fn finish(&mut self, txid: u64, result: Result<Bytes, ClientError>) {
         let Some(entry) = self.in_flight.remove(&txid) else { return };
+        self.parked.remove(&txid);
         if let Some(osd) = entry.sent_to {
             if let Some(link) = self.links.get_mut(&osd) {
                 link.sent.remove(&txid);

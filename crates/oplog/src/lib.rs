@@ -25,5 +25,5 @@ pub mod region;
 
 pub use entry::{Entry, EntryRef, OpKind, RequestId};
 pub use index::IndexCache;
-pub use log::{LogError, PgLog};
+pub use log::{LogError, PgLog, MIN_REGION_BYTES};
 pub use region::{FileRegion, MmapRegion, Region};

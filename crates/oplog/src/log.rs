@@ -17,6 +17,8 @@ use crate::region::Region;
 
 const HEADER_SLOT: u64 = 64;
 const RING_START: u64 = 2 * HEADER_SLOT;
+/// The smallest region a log can live in: its two headers and 4 KiB of ring.
+pub const MIN_REGION_BYTES: u64 = RING_START + 4096;
 const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"DPXH");
 const WRAP_MARKER: [u8; 8] = *b"DPXW\0\0\0\0";
 
@@ -32,6 +34,8 @@ pub enum LogError {
     ObjectTooLong(usize),
     #[error("log I/O: {0}")]
     Io(#[from] std::io::Error),
+    #[error("live entry {seq} no longer decodes (the log's memory was damaged)")]
+    Damaged { seq: u64 },
 }
 
 pub struct PgLog<R: Region> {
@@ -80,7 +84,7 @@ impl<R: Region> PgLog<R> {
     /// Opens the log of `pg` in `region`, recovering its live entries
     /// (a region never used before holds none).
     pub fn open(mut region: R, pg: u32) -> Result<(PgLog<R>, Vec<Entry>), LogError> {
-        assert!(region.len() >= RING_START + 4096, "a log region needs at least 4 KiB of ring");
+        assert!(region.len() >= MIN_REGION_BYTES, "a log region needs at least 4 KiB of ring");
         let headers = [region.read(0, 64).to_vec(), region.read(HEADER_SLOT, 64).to_vec()];
         let len = region.len();
         let best = headers.iter().filter_map(|h| decode_header(h, pg, len)).max_by_key(|(generation, ..)| *generation);
@@ -237,8 +241,10 @@ impl<R: Region> PgLog<R> {
         self.live.iter().map(|(_, at)| *at)
     }
 
-    /// The live entries, oldest first.
-    pub fn entries(&self) -> impl Iterator<Item = Entry> + '_ {
-        self.live.iter().filter_map(|(_, at)| self.read(*at))
+    /// The live entries, oldest first. A live entry that no longer decodes
+    /// is an error, never skipped: a flush that skipped it would trim it
+    /// and lose an acknowledged write.
+    pub fn entries(&self) -> impl Iterator<Item = Result<Entry, LogError>> + '_ {
+        self.live.iter().map(|(seq, at)| self.read(*at).ok_or(LogError::Damaged { seq: *seq }))
     }
 }

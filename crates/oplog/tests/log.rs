@@ -78,7 +78,10 @@ fn run<R: Region>(open: impl Fn() -> R, steps: Vec<Step>) -> Result<(), TestCase
                 log = reopened;
             }
         }
-        prop_assert_eq!(log.entries().collect::<Vec<_>>(), model.iter().cloned().collect::<Vec<_>>());
+        prop_assert_eq!(
+            log.entries().collect::<Result<Vec<_>, _>>().unwrap(),
+            model.iter().cloned().collect::<Vec<_>>()
+        );
     }
     drop(log);
     let (_, recovered) = PgLog::open(open(), 7).unwrap();
@@ -195,4 +198,21 @@ fn a_log_of_another_size_is_refused_not_cut() {
     assert!(FileRegion::open(&path, 32 << 10).is_err());
     let (_, entries) = PgLog::open(MmapRegion::open(&path, 16 << 10, false).unwrap(), 7).unwrap();
     assert_eq!(entries.len(), 1);
+}
+
+#[test]
+fn a_damaged_live_entry_is_an_error_not_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pg.log");
+    let (mut log, _) = PgLog::open(MmapRegion::open(&path, 16 << 10, false).unwrap(), 7).unwrap();
+    for seq in 1..=3 {
+        log.append(&entry(seq, 100, seq as u8)).unwrap();
+    }
+    // A stray write into the shared memory, through another mapping of the file.
+    let second = log.offsets().nth(1).unwrap();
+    let mut stray = MmapRegion::open(&path, 16 << 10, false).unwrap();
+    stray.write(second + 40, &[0xff; 8]).unwrap();
+    let entries: Vec<_> = log.entries().collect();
+    assert!(entries[0].is_ok() && entries[2].is_ok());
+    assert!(matches!(entries[1], Err(LogError::Damaged { seq: 2 })), "{:?}", entries[1]);
 }

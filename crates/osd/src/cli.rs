@@ -95,6 +95,10 @@ pub fn run(args: OsdArgs) -> Result<()> {
     if secret.len() < 16 {
         bail!("the cluster secret must be at least 16 bytes");
     }
+    if args.oplog_pg_bytes < duplex_oplog::MIN_REGION_BYTES {
+        // Checked here: the log asserts it when a PG first opens, on a priority thread.
+        bail!("--oplog-pg-bytes must be at least {} (got {})", duplex_oplog::MIN_REGION_BYTES, args.oplog_pg_bytes);
+    }
     if args.oplog_pg_bytes < 1 << 20 {
         tracing::warn!(
             bytes = args.oplog_pg_bytes,

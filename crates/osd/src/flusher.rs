@@ -23,6 +23,8 @@ use crate::replay::store_op;
 
 /// Entries per store batch; a flush of more takes several batches.
 pub const FLUSH_BATCH: usize = 128;
+/// After a failed flush, the next attempt (not a hot loop on a bad device).
+const FLUSH_RETRY: Duration = Duration::from_secs(1);
 
 /// Where a client reply goes.
 #[derive(Clone, Copy, Debug)]
@@ -112,10 +114,19 @@ impl Flusher {
             let due = pending.deadline.is_some_and(|d| Instant::now() >= d);
             if pending.flush_now || due {
                 let started = Instant::now();
-                let refilled = self.flush(std::mem::take(&mut pending.dirty));
+                let flushed = self.flush(std::mem::take(&mut pending.dirty));
                 record(&histograms, Stage::Flush, started.elapsed().as_micros() as u64);
                 pending.deadline = None;
                 pending.flush_now = false;
+                let refilled = match flushed {
+                    Ok(refilled) => refilled,
+                    Err(failed) => {
+                        // The entries stay in their logs: try these PGs again later.
+                        pending.dirty.extend(failed);
+                        pending.deadline = Some(Instant::now() + FLUSH_RETRY);
+                        Vec::new()
+                    }
+                };
                 // Replica entries that waited for room went into the logs this
                 // flush trimmed: they need a flush of their own, at once if
                 // more are still waiting (their primary waits for the acks).
@@ -169,8 +180,9 @@ impl Flusher {
 
     /// Applies the live entries of `dirty` PGs, then trims them.
     /// Returns the PGs whose logs took waiting replica entries after the
-    /// trim, and whether more still wait.
-    fn flush(&mut self, dirty: BTreeSet<u32>) -> Vec<(u32, bool)> {
+    /// trim, and whether more still wait; or, when the store failed, the
+    /// PGs to flush again (nothing was trimmed).
+    fn flush(&mut self, dirty: BTreeSet<u32>) -> Result<Vec<(u32, bool)>, Vec<u32>> {
         // Per PG: the last seq taken; the entries themselves become store ops.
         let mut taken = Vec::new();
         let mut ops = Vec::new();
@@ -181,9 +193,19 @@ impl Flusher {
             let before = ops.len();
             let mut last = 0;
             for entry in guard.log.entries() {
-                last = entry.seq;
-                // The primary and replica paths checked every entry before logging it.
-                ops.push(store_op(entry).expect("a logged entry is a valid store operation"));
+                match entry {
+                    Ok(entry) => {
+                        last = entry.seq;
+                        // The primary and replica paths checked every entry before logging it.
+                        ops.push(store_op(entry).expect("a logged entry is a valid store operation"));
+                    }
+                    Err(err) => {
+                        // Flush what precedes it; it and what follows stay, so
+                        // the PG stops here loudly instead of losing the write.
+                        tracing::error!(pg = key, %err, "a live log entry is damaged; the PG cannot flush past it");
+                        break;
+                    }
+                }
             }
             drop(guard);
             if ops.len() > before {
@@ -208,7 +230,14 @@ impl Flusher {
                 // Nothing is trimmed: the entries stay in the log and are
                 // retried on the next flush (and replayed on restart).
                 tracing::error!(partition = self.partition.index(), %err, "flush failed; entries stay in the log");
-                return Vec::new();
+                return Err(taken
+                    .iter()
+                    .map(|(pg, _)| {
+                        let mut guard = pg.lock().expect("PG lock");
+                        guard.dirty = true;
+                        guard.key
+                    })
+                    .collect());
             }
             self.metrics.flushes.add(1);
         }
@@ -248,7 +277,7 @@ impl Flusher {
                 mailbox.wake();
             }
         }
-        refilled
+        Ok(refilled)
     }
 
     /// A batch the store refused as invalid: one op the OSD could not check

@@ -17,7 +17,7 @@ use crate::cluster::{ActingCache, MapCell};
 use crate::config::{OsdConfig, WritePath};
 use crate::flusher::{ClientSlot, Job, ReadJob, SyncDone};
 use crate::metrics::{record, Histograms, Metrics, Stage};
-use crate::pg::{pg_key, Ack, OfferError, PgTable, ReplyTo};
+use crate::pg::{pg_key, pg_number, pool_of, Ack, OfferError, PgTable, ReplyTo};
 use crate::requests::RequestState;
 
 /// State every thread of the OSD shares.
@@ -362,7 +362,9 @@ fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, repl
                 data: data.to_vec(),
                 request: request_id,
             };
-            (entry.encode(), Some(entry))
+            // Encoded only to send: with no replicas, nothing reads it.
+            let encoded = if replicas.is_empty() { Vec::new() } else { entry.encode() };
+            (encoded, Some(entry))
         }
     };
     record(histograms, Stage::LogAppend, started.elapsed().as_micros() as u64);
@@ -454,7 +456,21 @@ pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &Bytes, to:
         shared.send_job(key, Job::SyncApply { entry: entry.to_owned(), done: SyncDone::Replica(to) });
         return Ok(Outcome::Queued);
     }
-    let pg = shared.pgs.get_or_open(key).map_err(|e| e.to_string())?;
+    let pg = match shared.pgs.get(key) {
+        Some(pg) => pg,
+        None => {
+            // A new log only for a PG the map has: a peer must not make this
+            // OSD create logs (files, memory) for any key it names.
+            let view = shared.map.load();
+            if view.pool(pool_of(key)).is_none_or(|pool| pg_number(key) >= pool.pg_num) {
+                // Perhaps this OSD's map is behind the primary's: refuse this
+                // entry (the primary fails the write, the client resends).
+                tracing::warn!(pg = key, epoch = view.epoch(), "refusing an entry for a PG this map lacks");
+                return Ok(Outcome::Acks { pg: key, acks: vec![Ack { seq: entry.seq, to }], status: Status::Retry });
+            }
+            shared.pgs.get_or_open(key).map_err(|e| e.to_string())?
+        }
+    };
     let started = Instant::now();
     let mut guard = pg.lock().expect("PG lock");
     let before = guard.log.len();

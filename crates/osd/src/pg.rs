@@ -442,7 +442,7 @@ mod tests {
         assert_eq!(offer(&mut pg, 1, 10, 1), vec![(1, to(1)), (2, to(2)), (3, to(3))]);
         // A duplicate (a resend) is acknowledged, not logged again.
         assert_eq!(offer(&mut pg, 2, 10, 9), vec![(2, to(9))]);
-        let seqs: Vec<u64> = pg.log.entries().map(|e| e.seq).collect();
+        let seqs: Vec<u64> = pg.log.entries().map(|e| e.unwrap().seq).collect();
         assert_eq!(seqs, vec![1, 2, 3]);
         assert!(pg.index.contains(b"obj"));
     }

@@ -31,6 +31,13 @@ pub const WAKER: Token = Token(1);
 const FIRST_CONN: usize = 2;
 /// Accepted connections an OSD holds at once (clients and peers); more are refused.
 pub const MAX_CONNECTIONS: usize = 4096;
+/// A replicated write whose replicas have not all answered by then is
+/// failed with `Retry`. A replica that keeps its connection open but never
+/// acknowledges (it waits on entries it missed) must not hold the client's
+/// connection, whose replies leave in order, for ever.
+const REPLICATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often pending writes are checked against that timeout.
+const PENDING_CHECK: Duration = Duration::from_millis(500);
 
 /// Work for a pool worker (`threading = pool`).
 pub enum PoolTask {
@@ -111,8 +118,10 @@ impl PriorityThread {
             }
         }
         let mut events = Events::with_capacity(256);
+        let mut next_check = Instant::now() + PENDING_CHECK;
         loop {
-            if let Err(err) = self.poll.poll(&mut events, None) {
+            let timeout = (!self.pending.is_empty()).then(|| next_check.saturating_duration_since(Instant::now()));
+            if let Err(err) = self.poll.poll(&mut events, timeout) {
                 if err.kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
@@ -140,7 +149,30 @@ impl PriorityThread {
                     self.on_readable(token);
                 }
             }
+            let now = Instant::now();
+            if now >= next_check {
+                self.expire_pending(now);
+                next_check = now + PENDING_CHECK;
+            }
             self.write_touched();
+        }
+    }
+
+    /// Fails (`Retry`) replicated writes still waiting for replicas after
+    /// `REPLICATION_TIMEOUT`; late acknowledgements find nothing and are ignored.
+    fn expire_pending(&mut self, now: Instant) {
+        let expired: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| !p.waiting.is_empty() && now.duration_since(p.sent) > REPLICATION_TIMEOUT)
+            .map(|(txid, _)| *txid)
+            .collect();
+        for txid in expired {
+            let Some(pending) = self.pending.get_mut(&txid) else { continue };
+            tracing::warn!(pg = pending.pg, waiting = ?pending.waiting, "replicas did not acknowledge a write in time; failing it");
+            pending.waiting.clear();
+            pending.failed = true;
+            self.maybe_finish(txid);
         }
     }
 
