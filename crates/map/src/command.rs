@@ -96,15 +96,12 @@ impl ClusterMap {
                     up: true,
                     // A returning OSD keeps an operator's "out"; a new one starts in.
                     is_in: previous.is_none_or(|p| p.is_in || !p.up),
-                    state_epoch: if previous.is_some_and(|p| p.up) {
-                        previous.map_or(epoch, |p| p.state_epoch)
-                    } else {
-                        epoch
-                    },
+                    // Every boot is a new incarnation, even of an OSD the
+                    // map still shows up (it restarted within the failure
+                    // grace): its PGs' intervals change, so their primaries
+                    // peer again and recover what it missed.
+                    state_epoch: epoch,
                 };
-                if previous == Some(&info) {
-                    return Ok(None);
-                }
                 changes.push(Change::SetOsd(info));
                 changes
             }

@@ -38,7 +38,8 @@ pub struct OsdInfo {
     pub weight: u32,
     pub up: bool,
     pub is_in: bool,
-    /// Epoch of the last up/down change (the failure detector's clock).
+    /// Epoch of the last up/down change or boot (the failure detector's
+    /// clock, and the OSD's incarnation: peering keys intervals on it).
     pub state_epoch: u64,
 }
 

@@ -158,3 +158,13 @@ proptest! {
         let _ = decode_map(&framed);
     }
 }
+
+#[test]
+fn a_boot_is_a_new_incarnation_even_while_marked_up() {
+    let mut map = small_cluster();
+    let before = map.osds[&1].state_epoch;
+    let delta = map.run(&boot(1, "host-0")).unwrap().expect("a re-boot is a change");
+    assert_eq!(map.osds[&1].state_epoch, delta.epoch);
+    assert!(delta.epoch > before);
+    assert!(map.osds[&1].up);
+}

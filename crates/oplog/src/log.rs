@@ -2,7 +2,10 @@
 //!
 //! ```text
 //! 0    header slot A (64 bytes)   64  header slot B     128  ring (entries, 8-byte aligned)
-//! header: magic "DPXH" u32, crc32c u32, generation u64, pg u32, pad u32, tail offset u64, tail seq u64
+//! header: magic "DPXH" u32, crc32c u32, generation u64, pg u32, pad u32, tail offset u64, tail seq u64,
+//!         last active interval u64 (peering: the interval in which this PG last went active here),
+//!         epoch of the entry before the tail u32 (peering: with the tail seq, names the newest
+//!         entry an empty log has held)
 //! ```
 //! Entries are appended at the head. One that does not fit before the end
 //! of the region starts again at the beginning of the ring, after a wrap
@@ -48,17 +51,32 @@ pub struct PgLog<R: Region> {
     /// Where the next entry goes, and its seq.
     head: u64,
     next_seq: u64,
-    /// Live entries in order: (seq, offset), for trimming and replay.
-    live: std::collections::VecDeque<(u64, u64)>,
+    /// Live entries in order: (seq, offset, epoch), for trimming and replay.
+    live: std::collections::VecDeque<(u64, u64, u32)>,
+    last_active: u64,
+    /// The epoch of entry `tail_seq - 1` (0: none, or unknown).
+    before_tail_epoch: u32,
 }
 
-fn encode_header(generation: u64, pg: u32, tail: u64, tail_seq: u64) -> [u8; 64] {
+/// A header's fields after its generation.
+#[derive(Clone, Copy)]
+struct Header {
+    tail: u64,
+    tail_seq: u64,
+    last_active: u64,
+    before_tail_epoch: u32,
+}
+
+fn encode_header(generation: u64, pg: u32, header: Header) -> [u8; 64] {
+    let Header { tail, tail_seq, last_active, before_tail_epoch } = header;
     let mut h = [0u8; 64];
     h[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
     h[8..16].copy_from_slice(&generation.to_le_bytes());
     h[16..20].copy_from_slice(&pg.to_le_bytes());
     h[24..32].copy_from_slice(&tail.to_le_bytes());
     h[32..40].copy_from_slice(&tail_seq.to_le_bytes());
+    h[40..48].copy_from_slice(&last_active.to_le_bytes());
+    h[48..52].copy_from_slice(&before_tail_epoch.to_le_bytes());
     let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..4]), &h[8..]);
     h[4..8].copy_from_slice(&crc.to_le_bytes());
     h
@@ -70,14 +88,15 @@ fn slot_of(generation: u64) -> u64 {
     (generation % 2) * HEADER_SLOT
 }
 
-/// (generation, tail, tail seq) of a valid header for `pg` in a region of `len` bytes.
-fn decode_header(h: &[u8], pg: u32, len: u64) -> Option<(u64, u64, u64)> {
+/// The generation and fields of a valid header for `pg` in a region of `len` bytes.
+fn decode_header(h: &[u8], pg: u32, len: u64) -> Option<(u64, Header)> {
     let word = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().expect("4 bytes"));
     let long = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
     let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..4]), &h[8..64]);
     let tail = long(24);
     let tail_fits = (RING_START..=len).contains(&tail) && tail.is_multiple_of(8);
-    (word(0) == HEADER_MAGIC && word(4) == crc && word(16) == pg && tail_fits).then(|| (long(8), tail, long(32)))
+    (word(0) == HEADER_MAGIC && word(4) == crc && word(16) == pg && tail_fits)
+        .then(|| (long(8), Header { tail, tail_seq: long(32), last_active: long(40), before_tail_epoch: word(48) }))
 }
 
 impl<R: Region> PgLog<R> {
@@ -88,15 +107,27 @@ impl<R: Region> PgLog<R> {
         let headers = [region.read(0, 64).to_vec(), region.read(HEADER_SLOT, 64).to_vec()];
         let len = region.len();
         let best = headers.iter().filter_map(|h| decode_header(h, pg, len)).max_by_key(|(generation, ..)| *generation);
-        let (generation, tail, tail_seq) = match best {
+        let (generation, header) = match best {
             Some(found) => found,
             None => {
-                region.write(slot_of(1), &encode_header(1, pg, RING_START, 1))?;
-                (1, RING_START, 1)
+                let header = Header { tail: RING_START, tail_seq: 1, last_active: 0, before_tail_epoch: 0 };
+                region.write(slot_of(1), &encode_header(1, pg, header))?;
+                (1, header)
             }
         };
-        let mut log =
-            PgLog { region, pg, generation, tail, tail_seq, head: tail, next_seq: tail_seq, live: Default::default() };
+        let Header { tail, tail_seq, last_active, before_tail_epoch } = header;
+        let mut log = PgLog {
+            region,
+            pg,
+            generation,
+            tail,
+            tail_seq,
+            head: tail,
+            next_seq: tail_seq,
+            live: Default::default(),
+            last_active,
+            before_tail_epoch,
+        };
         let mut entries = Vec::new();
         let mut position = tail;
         let mut wrapped = false;
@@ -118,7 +149,7 @@ impl<R: Region> PgLog<R> {
             if wrapped && position + entry.encoded_len() as u64 > tail {
                 break;
             }
-            log.live.push_back((entry.seq, position));
+            log.live.push_back((entry.seq, position, entry.epoch));
             position += entry.encoded_len() as u64;
             log.head = position;
             log.next_seq += 1;
@@ -202,7 +233,8 @@ impl<R: Region> PgLog<R> {
             self.tail = at;
             self.tail_seq = seq;
         }
-        self.live.push_back((seq, at));
+        let epoch = u32::from_le_bytes(encoded[24..28].try_into().expect("4 bytes"));
+        self.live.push_back((seq, at, epoch));
         self.head = at + len;
         self.next_seq += 1;
         debug_assert!(self.head <= self.region.len(), "head past the region");
@@ -211,17 +243,54 @@ impl<R: Region> PgLog<R> {
 
     /// Drops every entry with seq <= `through` (they are in the store now).
     pub fn trim(&mut self, through: u64) -> Result<(), LogError> {
-        while self.live.front().is_some_and(|(seq, _)| *seq <= through) {
+        let mut before_tail_epoch = self.before_tail_epoch;
+        while let Some((_, _, epoch)) = self.live.front().filter(|(seq, ..)| *seq <= through) {
+            before_tail_epoch = *epoch;
             self.live.pop_front();
         }
-        let (tail, tail_seq) = self.live.front().map_or((self.head, self.next_seq), |(seq, at)| (*at, *seq));
+        let (tail, tail_seq) = self.live.front().map_or((self.head, self.next_seq), |(seq, at, _)| (*at, *seq));
         if (tail, tail_seq) == (self.tail, self.tail_seq) {
             return Ok(());
         }
+        self.write_header(Header { tail, tail_seq, last_active: self.last_active, before_tail_epoch })
+    }
+
+    fn write_header(&mut self, header: Header) -> Result<(), LogError> {
         self.generation += 1;
-        self.region.write(slot_of(self.generation), &encode_header(self.generation, self.pg, tail, tail_seq))?;
-        self.tail = tail;
-        self.tail_seq = tail_seq;
+        let encoded = encode_header(self.generation, self.pg, header);
+        self.region.write(slot_of(self.generation), &encoded)?;
+        self.tail = header.tail;
+        self.tail_seq = header.tail_seq;
+        self.last_active = header.last_active;
+        self.before_tail_epoch = header.before_tail_epoch;
+        Ok(())
+    }
+
+    /// The epoch of the newest entry this log has held (live or trimmed; 0:
+    /// none, or unknown). With `next_seq - 1` it names the log's end:
+    /// two logs that end at the same (seq, epoch) hold the same history.
+    pub fn last_epoch(&self) -> u32 {
+        self.live.back().map_or(self.before_tail_epoch, |(_, _, epoch)| *epoch)
+    }
+
+    /// The interval in which this PG last went active on this OSD (0: never,
+    /// or the log was lost), as peering recorded it.
+    pub fn last_active(&self) -> u64 {
+        self.last_active
+    }
+
+    /// Peering's verdict on an empty log: the next entry is `next_seq`
+    /// (which may be lower than before: divergent entries were rolled back
+    /// in the store), and the PG went active in `interval`. Durable like a
+    /// trim: one header write.
+    /// `last_epoch` is the epoch of entry `next_seq - 1` in the authority's history.
+    pub fn set_position(&mut self, next_seq: u64, last_epoch: u32, interval: u64) -> Result<(), LogError> {
+        assert!(self.live.is_empty(), "the log's position moves only when it is empty");
+        assert!(next_seq >= 1, "seqs start at 1");
+        let header =
+            Header { tail: self.head, tail_seq: next_seq, last_active: interval, before_tail_epoch: last_epoch };
+        self.write_header(header)?;
+        self.next_seq = next_seq;
         Ok(())
     }
 
@@ -238,13 +307,13 @@ impl<R: Region> PgLog<R> {
 
     /// Where each live entry is, oldest first (as `append` returned).
     pub fn offsets(&self) -> impl Iterator<Item = u64> + '_ {
-        self.live.iter().map(|(_, at)| *at)
+        self.live.iter().map(|(_, at, _)| *at)
     }
 
     /// The live entries, oldest first. A live entry that no longer decodes
     /// is an error, never skipped: a flush that skipped it would trim it
     /// and lose an acknowledged write.
     pub fn entries(&self) -> impl Iterator<Item = Result<Entry, LogError>> + '_ {
-        self.live.iter().map(|(seq, at)| self.read(*at).ok_or(LogError::Damaged { seq: *seq }))
+        self.live.iter().map(|(seq, at, _)| self.read(*at).ok_or(LogError::Damaged { seq: *seq }))
     }
 }

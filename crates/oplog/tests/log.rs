@@ -216,3 +216,29 @@ fn a_damaged_live_entry_is_an_error_not_skipped() {
     assert!(entries[0].is_ok() && entries[2].is_ok());
     assert!(matches!(entries[1], Err(LogError::Damaged { seq: 2 })), "{:?}", entries[1]);
 }
+
+#[test]
+fn peering_sets_the_position_and_the_last_active_interval_durably() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pg.log");
+    {
+        let (mut log, _) = PgLog::open(MmapRegion::open(&path, 16 << 10, false).unwrap(), 7).unwrap();
+        assert_eq!(log.last_active(), 0, "a new log was never active");
+        for seq in 1..=5 {
+            log.append(&entry(seq, 100, seq as u8)).unwrap();
+        }
+        log.trim(5).unwrap();
+        // Entries 4 and 5 were divergent: the authority ends at 3.
+        log.set_position(4, 3, 12).unwrap();
+        assert_eq!((log.next_seq(), log.last_active(), log.last_epoch()), (4, 12, 3));
+        let mut next = entry(4, 10, 9);
+        next.epoch = 13;
+        log.append(&next).unwrap();
+        assert_eq!(log.last_epoch(), 13, "the newest live entry's");
+        log.trim(4).unwrap();
+        assert_eq!(log.last_active(), 12, "a trim keeps the interval");
+    }
+    let (log, entries) = PgLog::open(MmapRegion::open(&path, 16 << 10, false).unwrap(), 7).unwrap();
+    assert!(entries.is_empty());
+    assert_eq!((log.next_seq(), log.last_active(), log.last_epoch()), (5, 12, 13), "an empty log still names its end");
+}

@@ -17,6 +17,7 @@ use crate::flusher::Flusher;
 use crate::mailbox::Mailbox;
 use crate::metrics::{serve, Metrics};
 use crate::ops::Shared;
+use crate::peering_driver::PeeringDriver;
 use crate::pg::PgTable;
 use crate::priority::{pool_worker, PriorityThread, WAKER};
 use crate::replay::replay;
@@ -159,6 +160,10 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         })?;
     }
     shared.serving.store(true, Ordering::Release);
+    let driver = PeeringDriver::new(shared.clone());
+    std::thread::Builder::new()
+        .name("osd-peering".into())
+        .spawn(move || driver.run(Arc::new(AtomicBool::new(false))))?;
 
     let admin = match config.admin {
         Some(addr) => {

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use duplex_oplog::Entry;
 use duplex_proto::osd::{encode_attrs, encode_names, ObjectStat, OpKind, OpReply, RepReply, Status, LIST_LIMIT};
+use duplex_proto::peering::{PeerReply, PeerRequest};
 use duplex_store::{Batch, Key, Op, Partition, ReadRequest, StoreError};
 
 use crate::mailbox::{Completion, Mailbox};
@@ -58,6 +59,16 @@ pub enum Job {
     Read(ReadJob),
     /// The sync write path: apply, make durable, then complete.
     SyncApply { entry: Entry, done: SyncDone },
+    /// A peering or recovery step a PG's primary asked for.
+    Peer { request: PeerRequest, reply: PeerReplyTo },
+}
+
+/// Where a peering answer goes.
+pub enum PeerReplyTo {
+    /// A remote primary, over the connection its request came on.
+    Remote(ReplyTo),
+    /// This OSD's own peering thread.
+    Local(crossbeam_channel::Sender<PeerReply>),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -79,6 +90,7 @@ pub struct Flusher {
 
 struct Pending {
     reads: Vec<ReadJob>,
+    peering: Vec<(PeerRequest, PeerReplyTo)>,
     syncs: Vec<(Entry, SyncDone)>,
     dirty: BTreeSet<u32>,
     deadline: Option<Instant>,
@@ -89,8 +101,14 @@ impl Flusher {
     /// Runs until every job sender is gone; returns the partition to close.
     pub fn run(mut self) -> Partition {
         let histograms = self.metrics.histograms();
-        let mut pending =
-            Pending { reads: Vec::new(), syncs: Vec::new(), dirty: BTreeSet::new(), deadline: None, flush_now: false };
+        let mut pending = Pending {
+            reads: Vec::new(),
+            peering: Vec::new(),
+            syncs: Vec::new(),
+            dirty: BTreeSet::new(),
+            deadline: None,
+            flush_now: false,
+        };
         let mut written = device_bytes(&self.partition);
         let total = self.partition.data_blocks() * duplex_store::BLOCK_SIZE as u64;
         self.metrics.store_capacity_bytes.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
@@ -145,6 +163,20 @@ impl Flusher {
             if !pending.reads.is_empty() {
                 self.read(std::mem::take(&mut pending.reads));
             }
+            // After the client work: peering waits on no one else, and a
+            // query flushes its PG itself.
+            for (request, to) in std::mem::take(&mut pending.peering) {
+                let reply = self.peer_request(request);
+                match to {
+                    PeerReplyTo::Local(sender) => {
+                        let _ = sender.send(reply);
+                    }
+                    PeerReplyTo::Remote(to) => {
+                        let frame = reply.to_frame(to.txid);
+                        self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
+                    }
+                }
+            }
             let now = device_bytes(&self.partition);
             self.metrics.device_bytes_written.add(now.saturating_sub(written));
             written = now;
@@ -175,6 +207,7 @@ impl Flusher {
                 pending.reads.push(read);
             }
             Job::SyncApply { entry, done } => pending.syncs.push((entry, done)),
+            Job::Peer { request, reply } => pending.peering.push((request, reply)),
         }
     }
 
@@ -182,7 +215,7 @@ impl Flusher {
     /// Returns the PGs whose logs took waiting replica entries after the
     /// trim, and whether more still wait; or, when the store failed, the
     /// PGs to flush again (nothing was trimmed).
-    fn flush(&mut self, dirty: BTreeSet<u32>) -> Result<Vec<(u32, bool)>, Vec<u32>> {
+    pub(crate) fn flush(&mut self, dirty: BTreeSet<u32>) -> Result<Vec<(u32, bool)>, Vec<u32>> {
         // Per PG: the last seq taken; the entries themselves become store ops.
         let mut taken = Vec::new();
         let mut ops = Vec::new();

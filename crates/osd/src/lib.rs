@@ -16,6 +16,10 @@
 //!   who does the work, not what is done.
 //! - On start, [`replay`] applies every live log entry to the store before
 //!   the OSD serves ([`daemon`]).
+//! - [`peering`] brings a PG's members to one history whenever its
+//!   interval changes, before the PG serves I/O: a sans-I/O machine, run by
+//!   the [`peering_driver`] thread of the PG's primary; [`member`] is what
+//!   each member's flusher does when asked.
 
 pub mod cli;
 pub mod cluster;
@@ -25,8 +29,11 @@ pub mod daemon;
 pub mod flusher;
 pub mod local;
 pub mod mailbox;
+pub mod member;
 pub mod metrics;
 pub mod ops;
+pub mod peering;
+pub mod peering_driver;
 pub mod pg;
 pub mod priority;
 pub mod replay;

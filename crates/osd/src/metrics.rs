@@ -84,9 +84,19 @@ pub struct Metrics {
     /// Replicated entries refused: they reuse a logged seq from a newer
     /// interval (the replica's log diverged from the primary's).
     pub diverged_entries: Counter,
-    /// Replica PGs found waiting more than 5 s on a sequence gap (entries
-    /// missed while down, which nothing recovers yet).
+    /// Replica PGs found waiting more than 5 s on a sequence gap.
     pub stalled_replica_pgs: Counter,
+    /// Store operations recovery applied here (pushed objects, removals).
+    pub recovery_ops: Counter,
+    /// Peering runs of this OSD's primary PGs: finished active, or stuck.
+    pub peerings_active: Counter,
+    pub peerings_stuck: Counter,
+    /// Objects this OSD's primaries copied or removed to recover members.
+    pub recovered_objects: Counter,
+    /// Client operations answered `Retry` because their PG was peering.
+    pub peering_retries: Counter,
+    /// This OSD's primary PGs not active right now (peering or stuck).
+    pub inactive_pgs: AtomicU64,
     /// Metadata operations (stat, attributes, listings, creates).
     pub metadata_ops: Counter,
     pub log_entries: AtomicU64,
@@ -184,8 +194,32 @@ impl Metrics {
         counter(
             &mut out,
             "duplex_osd_stalled_replica_pgs_total",
-            "Times a replica PG waited over 5 s for entries it missed (needs recovery, which is not built yet).",
+            "Times a replica PG waited over 5 s for entries it missed (its primary must re-peer it).",
             &[("", self.stalled_replica_pgs.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_recovery_ops_total",
+            "Store operations recovery applied on this OSD (objects pushed to it, removals).",
+            &[("", self.recovery_ops.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_peerings_total",
+            "Peering runs of PGs this OSD is primary of, by outcome.",
+            &[("{outcome=\"active\"}", self.peerings_active.get()), ("{outcome=\"stuck\"}", self.peerings_stuck.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_recovered_objects_total",
+            "Objects this OSD's primaries copied or removed to bring members up to date.",
+            &[("", self.recovered_objects.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_peering_retries_total",
+            "Client operations answered Retry because their PG was peering.",
+            &[("", self.peering_retries.get())],
         );
         counter(
             &mut out,
@@ -215,6 +249,11 @@ impl Metrics {
             out,
             "# HELP duplex_osd_log_entries Live entries in all PG logs.\n# TYPE duplex_osd_log_entries gauge\nduplex_osd_log_entries {}",
             self.log_entries.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP duplex_osd_inactive_pgs PGs this OSD is primary of that are not active (peering or stuck).\n# TYPE duplex_osd_inactive_pgs gauge\nduplex_osd_inactive_pgs {}",
+            self.inactive_pgs.load(Relaxed)
         );
         let _ = writeln!(
             out,

@@ -13,11 +13,11 @@ use duplex_map::OsdId;
 use duplex_oplog::{Entry, EntryRef, LogError, OpKind as LogOp, RequestId};
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status, MAX_OBJECT_NAME};
 
-use crate::cluster::{ActingCache, MapCell};
+use crate::cluster::{ActingCache, MapCell, MapView};
 use crate::config::{OsdConfig, WritePath};
 use crate::flusher::{ClientSlot, Job, ReadJob, SyncDone};
 use crate::metrics::{record, Histograms, Metrics, Stage};
-use crate::pg::{pg_key, pg_number, pool_of, Ack, OfferError, PgTable, ReplyTo};
+use crate::pg::{pg_key, pg_number, pool_of, Ack, OfferError, Pg, PgTable, ReplyTo, SharedPg};
 use crate::requests::RequestState;
 
 /// State every thread of the OSD shares.
@@ -159,16 +159,41 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     }
     let elapsed = op.arrived.elapsed().as_micros() as u64;
     record(histograms, Stage::Queue, elapsed);
+    let pg = match shared.pgs.get_or_open(key) {
+        Ok(pg) => pg,
+        Err(err) => return reply(&op, Status::Io, epoch, err),
+    };
+    let interval = Interval { acting: &acting, view: &view };
     match request.kind {
-        kind if !kind.is_mutation() => read(shared, key, op, epoch),
+        kind if !kind.is_mutation() => read(shared, &pg, &interval, key, op, epoch),
         _ if acting.len() < min_size => reply(
             &op,
             Status::Retry,
             epoch,
             format!("only {} of the PG's replicas are up; writes need {min_size}", acting.len()),
         ),
-        _ => mutate(shared, histograms, key, op, &acting[1..], epoch),
+        _ => mutate(shared, histograms, &pg, &interval, key, op, epoch),
     }
+}
+
+/// The PG's interval in the current map: its acting set, and the map that
+/// says which of its members restarted since the PG went active.
+struct Interval<'a> {
+    acting: &'a [OsdId],
+    view: &'a MapView,
+}
+
+impl Interval<'_> {
+    /// Whether the PG went active (peered) for this interval; until then its
+    /// operations are answered `Retry` (they never see a half-recovered PG).
+    fn served_by(&self, pg: &Pg) -> bool {
+        pg.serves(self.acting, |osd| self.view.map.osds.get(&osd).map_or(u64::MAX, |o| o.state_epoch))
+    }
+}
+
+fn peering_reply(shared: &Shared, op: &ClientOp, epoch: u64) -> Outcome {
+    shared.metrics.peering_retries.add(1);
+    reply(op, Status::Retry, epoch, "the PG is peering (its replicas are being brought up to date)")
 }
 
 /// The log op a mutation becomes (`None`: not a mutation).
@@ -194,15 +219,19 @@ fn log_fields(request: &OpRequest) -> (u64, &[u8]) {
     }
 }
 
-fn read(shared: &Shared, key: u32, op: ClientOp, epoch: u64) -> Outcome {
+fn read(shared: &Shared, pg: &SharedPg, interval: &Interval<'_>, key: u32, op: ClientOp, epoch: u64) -> Outcome {
     let metrics = &shared.metrics;
     let request = &op.request;
     if request.kind != OpKind::Read {
-        return metadata_read(shared, key, op, epoch);
+        return metadata_read(shared, pg, interval, key, op, epoch);
     }
     let mut flush_first = false;
-    if let Some(pg) = shared.pgs.get(key) {
+    {
         let pg = pg.lock().expect("PG lock");
+        if !interval.served_by(&pg) {
+            drop(pg);
+            return peering_reply(shared, &op, epoch);
+        }
         if pg.index.contains(&request.object) {
             if let Some(data) = pg.index.read(&pg.log, &request.object, request.offset, request.length as u64) {
                 drop(pg);
@@ -246,16 +275,27 @@ fn read(shared: &Shared, key: u32, op: ClientOp, epoch: u64) -> Outcome {
 /// Stats, attributes and listings come from the store, after a flush when
 /// the log holds entries they depend on (the object's, or for a listing
 /// any of the PG's).
-fn metadata_read(shared: &Shared, key: u32, op: ClientOp, epoch: u64) -> Outcome {
+fn metadata_read(
+    shared: &Shared,
+    pg: &SharedPg,
+    interval: &Interval<'_>,
+    key: u32,
+    op: ClientOp,
+    epoch: u64,
+) -> Outcome {
     let request = &op.request;
-    let flush_first = shared.pgs.get(key).is_some_and(|pg| {
+    let flush_first = {
         let pg = pg.lock().expect("PG lock");
+        if !interval.served_by(&pg) {
+            drop(pg);
+            return peering_reply(shared, &op, epoch);
+        }
         if request.kind == OpKind::List {
             !pg.index.is_empty()
         } else {
             pg.index.contains(&request.object)
         }
-    });
+    };
     shared.metrics.metadata_ops.add(1);
     shared.send_job(
         key,
@@ -274,18 +314,27 @@ fn metadata_read(shared: &Shared, key: u32, op: ClientOp, epoch: u64) -> Outcome
     Outcome::Queued
 }
 
-fn mutate(shared: &Shared, histograms: &Histograms, key: u32, op: ClientOp, replicas: &[OsdId], epoch: u64) -> Outcome {
+fn mutate(
+    shared: &Shared,
+    histograms: &Histograms,
+    pg: &SharedPg,
+    interval: &Interval<'_>,
+    key: u32,
+    op: ClientOp,
+    epoch: u64,
+) -> Outcome {
     let metrics = &shared.metrics;
     let request = &op.request;
+    let replicas = &interval.acting[1..];
     let log_op = log_op_of(request.kind).expect("only mutations come here");
     let (offset, data) = log_fields(request);
     let request_id = RequestId { client: request.client, tid: op.txid };
-    let pg = match shared.pgs.get_or_open(key) {
-        Ok(pg) => pg,
-        Err(err) => return reply(&op, Status::Io, epoch, err),
-    };
     let started = Instant::now();
     let mut guard = pg.lock().expect("PG lock");
+    if !interval.served_by(&guard) {
+        drop(guard);
+        return peering_reply(shared, &op, epoch);
+    }
     match guard.requests.get(request_id) {
         Some(RequestState::Committed) => {
             drop(guard);
@@ -452,10 +501,6 @@ pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &Bytes, to:
     }
     check_limits(entry.op, entry.offset, entry.data)?;
     shared.metrics.replica_entries.add(1);
-    if shared.config.write_path == WritePath::Sync {
-        shared.send_job(key, Job::SyncApply { entry: entry.to_owned(), done: SyncDone::Replica(to) });
-        return Ok(Outcome::Queued);
-    }
     let pg = match shared.pgs.get(key) {
         Some(pg) => pg,
         None => {
@@ -473,6 +518,17 @@ pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &Bytes, to:
     };
     let started = Instant::now();
     let mut guard = pg.lock().expect("PG lock");
+    if !guard.accepts(entry.epoch) {
+        // Peering has not activated this PG here for the sender's interval:
+        // the entry is from a replaced primary, or comes before activation.
+        drop(guard);
+        return Ok(Outcome::Acks { pg: key, acks: vec![Ack { seq: entry.seq, to }], status: Status::Retry });
+    }
+    if shared.config.write_path == WritePath::Sync {
+        drop(guard);
+        shared.send_job(key, Job::SyncApply { entry: entry.to_owned(), done: SyncDone::Replica(to) });
+        return Ok(Outcome::Queued);
+    }
     let before = guard.log.len();
     let (acks, status) = match guard.offer(&entry, payload, to) {
         Ok(acks) => (acks, Status::Ok),
@@ -496,8 +552,8 @@ pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &Bytes, to:
             pg = key,
             waiting_for = next,
             first_held = first,
-            "replica PG has waited over 5 s for entries it missed (it was down); nothing recovers them yet \
-             (peering is issue 7), so writes to this PG stall"
+            "replica PG has waited over 5 s for entries it missed; writes to this PG fail until its \
+             primary peers it again"
         );
     }
     let depth = guard.log.len();

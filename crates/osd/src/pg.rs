@@ -6,7 +6,7 @@
 //! sits behind its own mutex: the "PG log lock" of DESIGN.md §4, held for an
 //! append or a trim, never across I/O other than the log region's own.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -94,6 +94,29 @@ pub struct Pg {
     /// whether that was reported.
     gap_since: Option<Instant>,
     gap_reported: bool,
+    /// Peering: the interval this PG is active in here (None: peering, or
+    /// never peered since this OSD started). Client operations and
+    /// replicated entries are taken only while active.
+    pub active: Option<Activation>,
+    /// Peering: the newest interval a primary has asked this OSD about;
+    /// requests for older ones come from a replaced primary and are refused.
+    pub asked_interval: u64,
+    /// Which object each recent seq touched, contiguous up to the newest
+    /// entry: peering recovers a member that is only a little behind by
+    /// copying just these objects.
+    history: VecDeque<(u64, u32, Bytes)>,
+}
+
+/// The seqs of recent history a PG remembers (object names, in memory).
+pub const HISTORY_LEN: usize = 4096;
+
+/// The interval a PG went active in, as peering set it up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Activation {
+    /// The map epoch at which the primary started peering it.
+    pub interval: u64,
+    /// The acting set, primary first.
+    pub members: Vec<u32>,
 }
 
 /// A replica PG waiting this long on a sequence gap is reported: it missed
@@ -115,7 +138,90 @@ impl Pg {
             newest_epoch: None,
             gap_since: None,
             gap_reported: false,
+            active: None,
+            asked_interval: 0,
+            history: VecDeque::new(),
         }
+    }
+
+    /// Primary side: whether this PG is active for the acting set `acting`
+    /// of the current map, none of whose members restarted (a restart
+    /// moves an OSD's `state_epoch` past the interval).
+    pub fn serves(&self, acting: &[u32], state_epoch: impl Fn(u32) -> u64) -> bool {
+        self.active.as_ref().is_some_and(|active| {
+            active.members == acting && acting.iter().all(|osd| state_epoch(*osd) <= active.interval)
+        })
+    }
+
+    /// Replica side: whether an entry its primary stamped with `epoch`
+    /// belongs to the interval this PG is active in.
+    pub fn accepts(&self, epoch: u32) -> bool {
+        self.active.as_ref().is_some_and(|active| epoch as u64 >= active.interval)
+    }
+
+    /// Peering's fence: from now on nothing of an older interval is taken.
+    /// Returns the early entries dropped (their primary is answered Retry).
+    pub fn fence(&mut self, interval: u64) -> Vec<Ack> {
+        debug_assert!(interval >= self.asked_interval, "fences only move forward");
+        self.asked_interval = interval;
+        self.active = None;
+        self.gap_since = None;
+        self.gap_reported = false;
+        std::mem::take(&mut self.early).into_iter().map(|(seq, (_, to))| Ack { seq, to }).collect()
+    }
+
+    /// The oldest seq whose object the history names (`last_seq + 1`: none).
+    pub fn history_from(&self) -> u64 {
+        self.history.front().map_or(self.last_seq() + 1, |(seq, ..)| *seq)
+    }
+
+    /// The objects entries `(after, through]` touched, if the history still
+    /// covers them and holds entry `after` with epoch `after_epoch` (the
+    /// asker's log is then a prefix of this one).
+    pub fn touched(&self, after: u64, after_epoch: u32, through: u64) -> Option<Vec<Vec<u8>>> {
+        let from = self.history_from();
+        if after < from || through > self.last_seq() {
+            return None;
+        }
+        let (seq, epoch, _) = self.history.get((after - from) as usize)?;
+        debug_assert_eq!(*seq, after, "the history is contiguous");
+        if *epoch != after_epoch {
+            return None;
+        }
+        let mut names: Vec<Vec<u8>> = self
+            .history
+            .iter()
+            .filter(|(seq, ..)| *seq > after && *seq <= through)
+            .map(|(_, _, object)| object.to_vec())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        Some(names)
+    }
+
+    /// Peering's end: the log (empty) continues after `last_seq` (an entry
+    /// of `last_epoch`), and the PG is active in `activation.interval`,
+    /// persisted as its last active one. `rebuilt`: recovery changed this
+    /// member's store, so its own history and request ids no longer hold.
+    pub fn activate(
+        &mut self,
+        last_seq: u64,
+        last_epoch: u32,
+        activation: Activation,
+        rebuilt: bool,
+    ) -> Result<(), LogError> {
+        assert!(self.log.is_empty(), "activation follows a flush");
+        if rebuilt || (last_seq, last_epoch) != (self.last_seq(), self.log.last_epoch()) {
+            self.history.clear();
+        }
+        self.log.set_position(last_seq + 1, last_epoch, activation.interval)?;
+        self.sync_seq = last_seq;
+        self.newest_epoch = None;
+        if rebuilt {
+            self.requests = RequestTable::default();
+        }
+        self.active = Some(activation);
+        Ok(())
     }
 
     /// Appends an encoded entry (the same bytes go to the replicas, or came
@@ -130,6 +236,10 @@ impl Pg {
     ) -> Result<(), LogError> {
         debug_assert_eq!(entry.pg, self.key, "entry for another PG");
         let at = self.log.append_encoded(entry.seq, encoded)?;
+        if self.history.len() == HISTORY_LEN {
+            self.history.pop_front();
+        }
+        self.history.push_back((entry.seq, entry.epoch, Bytes::copy_from_slice(entry.object)));
         self.newest_epoch = Some(self.newest_epoch.map_or(entry.epoch, |e| e.max(entry.epoch)));
         self.index.insert_ref(entry, at);
         self.requests.set(entry.request, state);
@@ -327,6 +437,10 @@ impl PgTable {
         for (entry, at) in entries.iter().zip(offsets) {
             pg.index.insert(entry, at);
             pg.requests.set(entry.request, RequestState::Committed);
+            pg.history.push_back((entry.seq, entry.epoch, Bytes::copy_from_slice(&entry.object)));
+            if pg.history.len() > HISTORY_LEN {
+                pg.history.pop_front();
+            }
         }
         let shared = Arc::new(Mutex::new(pg));
         self.pgs.write().expect("PG table lock").insert(key, shared.clone());

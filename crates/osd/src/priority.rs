@@ -14,17 +14,18 @@ use crossbeam_channel::{Receiver, Sender};
 use duplex_map::OsdId;
 use duplex_oplog::RequestId;
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, OsdStats, RepReply, Status};
+use duplex_proto::peering::{PeerReply, PeerRequest};
 use duplex_proto::{Frame, Handshake, MessageType, Session};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::cluster::ActingCache;
 use crate::conn::{Conn, ConnError, Role, MAX_IN_FLIGHT};
-use crate::flusher::{Job, SyncDone};
+use crate::flusher::{Job, PeerReplyTo, SyncDone};
 use crate::mailbox::{Completion, Mailbox};
 use crate::metrics::{record, Histograms, Stage};
 use crate::ops::{self, ClientOp, Outcome, Shared};
-use crate::pg::{pg_key, Ack, ReplyTo};
+use crate::pg::{pg_key, pg_number, pool_of, Ack, ReplyTo};
 
 pub const LISTENER: Token = Token(0);
 pub const WAKER: Token = Token(1);
@@ -307,6 +308,20 @@ impl PriorityThread {
                 let ack = RepReply::decode(&frame.payload).map_err(|e| format!("bad replication reply: {e}"))?;
                 self.on_ack(txid, osd, ack.status == Status::Ok);
             }
+            (Some(MessageType::PeerRequest), Role::Accepted) => {
+                let request = PeerRequest::decode(&frame.payload).map_err(|e| e.to_string())?;
+                let view = self.cache.view(&self.shared.map);
+                let known = view.pool(pool_of(request.pg)).is_some_and(|pool| pg_number(request.pg) < pool.pg_num);
+                if !known {
+                    // This OSD's map may be behind the primary's: it retries.
+                    let refusal =
+                        PeerReply::Refused(format!("PG {:#x} is not in map epoch {}", request.pg, view.epoch()));
+                    self.send(token, &refusal.to_frame(txid));
+                } else {
+                    let reply = PeerReplyTo::Remote(ReplyTo { thread: self.index, token, txid });
+                    let _ = self.shared.flusher_of(request.pg).send(Job::Peer { request, reply });
+                }
+            }
             (Some(MessageType::OsdStats), Role::Accepted) => {
                 let metrics = &self.shared.metrics;
                 let stats = OsdStats {
@@ -458,9 +473,16 @@ impl PriorityThread {
         let pending = self.pending.remove(&txid).expect("just seen");
         record(&self.histograms, Stage::Replication, pending.sent.elapsed().as_micros() as u64);
         record(&self.histograms, Stage::Write, pending.arrived.elapsed().as_micros() as u64);
-        if !pending.request.is_none() {
-            if let Some(pg) = self.shared.pgs.get(pending.pg) {
-                pg.lock().expect("PG lock").requests.finish(pending.request, !pending.failed);
+        if let Some(pg) = self.shared.pgs.get(pending.pg) {
+            let mut pg = pg.lock().expect("PG lock");
+            if !pending.request.is_none() {
+                pg.requests.finish(pending.request, !pending.failed);
+            }
+            if pending.failed && pg.active.take().is_some() {
+                // A member missed an entry of this interval (it restarted,
+                // lost the connection, or fell behind): its log now has a
+                // gap only peering can fill. Writes wait until it has.
+                tracing::warn!(pg = pending.pg, "a replicated write failed; the PG peers again");
             }
         }
         let reply = if pending.failed {

@@ -360,7 +360,7 @@ fn requests_the_store_could_never_apply_are_refused_up_front() {
 fn a_connection_may_pipeline_far_past_its_in_flight_limit() {
     let cluster = TestCluster::new(3, 8, &[]);
     cluster.wait_all_up();
-    let client = cluster.client();
+    let mut client = cluster.client();
     let pool = cluster.pool(&client);
     let map = client.map().clone();
     let info = map.pools[&pool].clone();
@@ -368,6 +368,9 @@ fn a_connection_may_pipeline_far_past_its_in_flight_limit() {
     let pg = duplex_placement::pg_of(&object, info.pg_num);
     let primary = map.acting(&map.hierarchy(), &info, pg)[0];
     let addr = client.addr_of(primary).unwrap();
+    // Through the client (which retries while the new PG peers) first: the raw
+    // requests below expect an active PG.
+    client.write(pool, &object, 0, b"warm").unwrap();
     let mut conn = duplex_client::conn::OsdConnection::connect(
         addr,
         &duplex_osd::local::credentials("client.pipe"),

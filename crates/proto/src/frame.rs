@@ -42,6 +42,10 @@ pub enum MessageType {
     OsdStats = 52,
     /// OSD → client: [`crate::osd::OsdStats`].
     OsdStatsReply = 53,
+    /// Primary → member: a peering or recovery step ([`crate::peering::PeerRequest`]).
+    PeerRequest = 54,
+    /// Member → primary: its answer ([`crate::peering::PeerReply`]).
+    PeerReply = 55,
 }
 
 impl MessageType {
@@ -61,6 +65,8 @@ impl MessageType {
             51 => MessageType::RepOpReply,
             52 => MessageType::OsdStats,
             53 => MessageType::OsdStatsReply,
+            54 => MessageType::PeerRequest,
+            55 => MessageType::PeerReply,
             _ => return None,
         })
     }

@@ -8,6 +8,8 @@
 //!   challenge-response over a shared cluster secret, which never crosses
 //!   the wire.
 //! - [`osd`]: the OSD's messages (client operations, replication).
+//! - [`peering`]: what a PG's primary asks its members while it peers and
+//!   recovers them (not on the I/O path).
 //! - [`writev`]: draining a queue of buffers into a socket, without copying them.
 //! - [`session`]: the gate. Until the handshake completes, a peer may send
 //!   nothing but handshake frames.
@@ -18,6 +20,7 @@
 pub mod frame;
 pub mod handshake;
 pub mod osd;
+pub mod peering;
 pub mod session;
 pub mod writev;
 

@@ -1,0 +1,175 @@
+//! A PG member's side of peering and recovery: what the flusher (the one
+//! thread that owns the store partition) does when the PG's primary asks
+//! ([`duplex_proto::peering`]). The primary's own member side runs here
+//! too, asked by its peering thread.
+
+use std::collections::BTreeSet;
+
+use duplex_proto::osd::{RepReply, Status};
+use duplex_proto::peering::{
+    ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, PeerRequest, CHUNK_BYTES, DIGEST_PAGE,
+};
+use duplex_store::{Batch, Key, StoreError};
+
+use crate::flusher::Flusher;
+use crate::mailbox::Completion;
+use crate::pg::{Ack, Activation, SharedPg};
+
+impl Flusher {
+    /// Does one peering step for the PG's primary and says how it went.
+    pub fn peer_request(&mut self, request: PeerRequest) -> PeerReply {
+        let PeerRequest { pg: key, interval, op } = request;
+        let pg = match self.pgs.get_or_open(key) {
+            Ok(pg) => pg,
+            Err(err) => return PeerReply::Refused(err.to_string()),
+        };
+        {
+            let mut guard = pg.lock().expect("PG lock");
+            if interval < guard.asked_interval {
+                return PeerReply::Refused(format!(
+                    "interval {interval} is older than {} (another primary took over)",
+                    guard.asked_interval
+                ));
+            }
+            if let PeerOp::Query = op {
+                let dropped = guard.fence(interval);
+                drop(guard);
+                self.refuse_entries(key, dropped);
+            } else if interval > guard.asked_interval {
+                return PeerReply::Refused(format!("interval {interval} was never queried here"));
+            }
+        }
+        self.step(&pg, key, interval, op).unwrap_or_else(PeerReply::Refused)
+    }
+
+    fn step(&mut self, pg: &SharedPg, key: u32, interval: u64, op: PeerOp) -> Result<PeerReply, String> {
+        match op {
+            PeerOp::Query => self.query(key),
+            PeerOp::Touched { after, after_epoch, through } => {
+                Ok(PeerReply::Touched(pg.lock().expect("PG lock").touched(after, after_epoch, through)))
+            }
+            PeerOp::Digests { cursor } => self.digests(key, &cursor),
+            PeerOp::Stat { object } => self.stat(key, &object),
+            PeerOp::Pull { object, offset, len } => {
+                let key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
+                let len = len.min(CHUNK_BYTES) as u64;
+                self.partition.read(key.as_bytes(), offset, len).map(PeerReply::Data).map_err(|e| e.to_string())
+            }
+            PeerOp::PushStart { object, size, preallocated, attrs } => {
+                let key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
+                let mut batch = Batch::new();
+                batch.delete(key.clone());
+                if preallocated {
+                    batch.create_preallocated(key.clone(), size);
+                } else {
+                    batch.truncate(key.clone(), size);
+                }
+                for (name, value) in attrs {
+                    batch.set_attr(key.clone(), name, value);
+                }
+                self.apply_recovery(&batch)
+            }
+            PeerOp::PushData { object, offset, data } => {
+                let key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
+                let mut batch = Batch::new();
+                batch.write(key, offset, data);
+                self.apply_recovery(&batch)
+            }
+            PeerOp::Remove { object } => {
+                let key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
+                let mut batch = Batch::new();
+                batch.delete(key);
+                self.apply_recovery(&batch)
+            }
+            PeerOp::Activate { last_seq, last_epoch, members, forget_requests } => {
+                let mut guard = pg.lock().expect("PG lock");
+                if !guard.log.is_empty() {
+                    Err("the log took entries while peering".to_string())
+                } else {
+                    guard
+                        .activate(last_seq, last_epoch, Activation { interval, members }, forget_requests)
+                        .map(|()| PeerReply::Done)
+                        .map_err(|e| e.to_string())
+                }
+            }
+        }
+    }
+
+    /// Answers `Retry` to replicated entries a fence dropped.
+    fn refuse_entries(&self, pg: u32, dropped: Vec<Ack>) {
+        for Ack { seq, to } in dropped {
+            let frame = RepReply { status: Status::Retry, pg, seq }.to_frame(to.txid);
+            self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
+        }
+    }
+
+    /// Applies the log to the store (keeping nothing back), then reports.
+    fn query(&mut self, key: u32) -> Result<PeerReply, String> {
+        self.flush(BTreeSet::from([key])).map_err(|_| "flushing the log to the store failed".to_string())?;
+        let pg = self.pgs.get(key).ok_or("the PG vanished")?;
+        let guard = pg.lock().expect("PG lock");
+        if !guard.log.is_empty() {
+            return Err("the log could not be flushed (a damaged entry?)".into());
+        }
+        Ok(PeerReply::Info(PeerInfo {
+            last_seq: guard.last_seq(),
+            last_epoch: guard.log.last_epoch(),
+            last_active: guard.log.last_active(),
+            history_from: guard.history_from(),
+        }))
+    }
+
+    fn digests(&mut self, key: u32, cursor: &[u8]) -> Result<PeerReply, String> {
+        let group = key.to_be_bytes();
+        let mut start = [&group[..], cursor].concat();
+        if !cursor.is_empty() {
+            start.push(0); // strictly after the cursor
+        }
+        let end = key.checked_add(1).map(u32::to_be_bytes);
+        let keys = self.partition.list(&start, end.as_ref().map(|e| &e[..]), DIGEST_PAGE + 1);
+        let more = keys.len() > DIGEST_PAGE;
+        let mut objects = Vec::with_capacity(keys.len().min(DIGEST_PAGE));
+        for store_key in keys.iter().take(DIGEST_PAGE) {
+            let digest = self.digest(store_key.as_bytes()).map_err(|e| e.to_string())?;
+            objects.push(ObjectDigest { object: store_key.as_bytes()[4..].to_vec(), digest });
+        }
+        Ok(PeerReply::Digests { objects, more })
+    }
+
+    /// crc32c over the size, the data (holes read as zeros) and the attributes.
+    fn digest(&mut self, key: &[u8]) -> Result<u32, StoreError> {
+        let info = self.partition.stat(key)?;
+        let mut crc = crc32c::crc32c(&info.size.to_le_bytes());
+        let mut offset = 0;
+        while offset < info.size {
+            let len = (info.size - offset).min(CHUNK_BYTES as u64);
+            let data = self.partition.read(key, offset, len)?;
+            crc = crc32c::crc32c_append(crc, &data);
+            offset += len;
+        }
+        for (name, value) in self.partition.list_attrs(key)? {
+            crc = crc32c::crc32c_append(crc, &(name.len() as u32).to_le_bytes());
+            crc = crc32c::crc32c_append(crc, &name);
+            crc = crc32c::crc32c_append(crc, &(value.len() as u32).to_le_bytes());
+            crc = crc32c::crc32c_append(crc, &value);
+        }
+        Ok(crc)
+    }
+
+    fn stat(&mut self, key: u32, object: &[u8]) -> Result<PeerReply, String> {
+        let key = Key::in_group(key, object).map_err(|e| e.to_string())?;
+        let info = match self.partition.stat(key.as_bytes()) {
+            Ok(info) => info,
+            Err(StoreError::NotFound) => return Ok(PeerReply::Meta(None)),
+            Err(err) => return Err(err.to_string()),
+        };
+        let attrs = self.partition.list_attrs(key.as_bytes()).map_err(|e| e.to_string())?;
+        Ok(PeerReply::Meta(Some(ObjectMeta { size: info.size, preallocated: info.preallocated, attrs })))
+    }
+
+    fn apply_recovery(&mut self, batch: &Batch) -> Result<PeerReply, String> {
+        self.partition.apply(batch).map_err(|e| e.to_string())?;
+        self.metrics.recovery_ops.add(1);
+        Ok(PeerReply::Done)
+    }
+}

@@ -1,0 +1,737 @@
+//! Peering and recovery of one PG, run by its primary: a sans-I/O state
+//! machine. It says what to ask which member ([`Action::Send`]) and is told
+//! the answers ([`Peering::on_reply`]); the OSD's peering thread
+//! ([`crate::peering_driver`]) carries them over the network (or to the
+//! local store), and a simulator can carry them over a modelled one.
+//!
+//! The steps (docs/RELIABILITY.md, "Peering and recovery"):
+//!
+//! 1. **Query** every member of the new interval, the primary included.
+//!    Each one stops taking replicated entries of older intervals, applies
+//!    its operation log to its store and reports its [`PeerInfo`].
+//! 2. **Authority:** the member with the newest `last_active` interval,
+//!    then the highest `last_seq`. Members active in the same interval
+//!    logged prefixes of one primary's sequence, so the longest one holds
+//!    every write acknowledged in it (an acknowledgement needs every member).
+//! 3. **Recover** each other member in turn. One whose newest entry (seq
+//!    and epoch) is in the authority's recent history is only behind: it
+//!    gets the objects that history names for the seqs it lacks. Any other
+//!    (divergent, lost its log, too far behind, never seen) is **backfilled**:
+//!    both object lists with digests are compared, differing objects are
+//!    copied whole and extra ones removed.
+//! 4. **Activate** every member at the authority's `last_seq`: new writes
+//!    continue one sequence, and each member persists the interval as its
+//!    `last_active`. Only when all have answered is the PG active: client
+//!    I/O waits (is answered `Retry`) until then.
+//!
+//! Any refusal or lost member stops the machine ([`Action::Stuck`]); the
+//! driver starts a fresh one later (or at the next map).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use duplex_map::OsdId;
+use duplex_proto::peering::{ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, CHUNK_BYTES};
+
+/// What the driver does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Ask `to` (possibly this OSD itself); answer with `on_reply(tag, ..)`.
+    Send { to: OsdId, tag: u64, op: PeerOp },
+    /// Every member agrees: the PG serves I/O.
+    Active { authority: OsdId, last_seq: u64, recovered_objects: u64 },
+    /// Peering cannot finish now; start again later.
+    Stuck(String),
+}
+
+/// Progress, for `duplex status` and the logs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub objects_copied: u64,
+    pub objects_removed: u64,
+    pub bytes_copied: u64,
+}
+
+pub struct Peering {
+    pub pg: u32,
+    pub interval: u64,
+    members: Vec<OsdId>,
+    phase: Phase,
+    next_tag: u64,
+    pub progress: Progress,
+}
+
+enum Phase {
+    Querying { waiting: BTreeMap<u64, OsdId>, infos: BTreeMap<OsdId, PeerInfo> },
+    Recovering(Box<Recovery>),
+    Activating { waiting: BTreeMap<u64, OsdId>, authority: OsdId, last_seq: u64 },
+    Active,
+    Stuck,
+}
+
+struct Recovery {
+    authority: OsdId,
+    info: PeerInfo,
+    /// Members still to recover, with how: by history or by backfill.
+    targets: VecDeque<(OsdId, Plan)>,
+    /// The member being recovered now, and the step it is at.
+    current: Option<(OsdId, Step)>,
+    /// Members whose store this peering changed.
+    changed: BTreeSet<OsdId>,
+    /// The request outstanding (one at a time during recovery).
+    waiting: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// Only behind on the authority's history: the objects of seqs `(after, ..]`.
+    History {
+        after: u64,
+        after_epoch: u32,
+    },
+    Backfill,
+}
+
+enum Step {
+    AskTouched,
+    ListAuthority { cursor: Vec<u8>, objects: Vec<ObjectDigest> },
+    ListTarget { cursor: Vec<u8>, authority: Vec<ObjectDigest>, objects: Vec<ObjectDigest> },
+    Work { queue: VecDeque<Work>, copy: Option<Copy> },
+}
+
+#[derive(Debug)]
+enum Work {
+    Copy(Vec<u8>),
+    Remove(Vec<u8>),
+}
+
+/// One object being copied from the authority to the target.
+struct Copy {
+    object: Vec<u8>,
+    stage: CopyStage,
+}
+
+enum CopyStage {
+    Stat,
+    Start { meta: ObjectMeta },
+    Pull { size: u64, offset: u64 },
+    Push { size: u64, offset: u64 },
+    Removing,
+}
+
+/// The member whose history wins: newest `last_active`, then highest
+/// `last_seq`; on a tie the primary (no data needs to move through it),
+/// then the lowest id.
+pub fn choose_authority(primary: OsdId, infos: &BTreeMap<OsdId, PeerInfo>) -> Option<(OsdId, PeerInfo)> {
+    infos
+        .iter()
+        .max_by_key(|(osd, info)| (info.last_active, info.last_seq, **osd == primary, std::cmp::Reverse(**osd)))
+        .map(|(osd, info)| (*osd, *info))
+}
+
+/// How `member` catches up with the authority (`None`: it already has).
+fn plan_for(member: &PeerInfo, authority: &PeerInfo) -> Option<Plan> {
+    // Logs that end at the same entry hold the same history; an epoch of 0
+    // proves nothing (no entry, or the log was lost).
+    let end = |info: &PeerInfo| (info.last_seq, info.last_epoch);
+    if member.last_epoch > 0 && end(member) == end(authority) {
+        return None;
+    }
+    // Behind, and the authority's history reaches back to the member's
+    // last entry (whose epoch it checks): copy what the gap touched.
+    if member.last_epoch > 0 && member.last_seq < authority.last_seq && authority.history_from <= member.last_seq {
+        return Some(Plan::History { after: member.last_seq, after_epoch: member.last_epoch });
+    }
+    Some(Plan::Backfill)
+}
+
+impl Peering {
+    /// Starts peering `pg` for the interval beginning at map epoch
+    /// `interval`, with `members[0]` the primary (this OSD).
+    pub fn start(pg: u32, interval: u64, members: Vec<OsdId>) -> (Peering, Vec<Action>) {
+        assert!(!members.is_empty(), "a PG's acting set includes its primary");
+        let mut peering = Peering {
+            pg,
+            interval,
+            members: members.clone(),
+            phase: Phase::Stuck,
+            next_tag: 1,
+            progress: Progress::default(),
+        };
+        let mut waiting = BTreeMap::new();
+        let mut actions = Vec::new();
+        for osd in members {
+            let tag = peering.tag();
+            waiting.insert(tag, osd);
+            actions.push(Action::Send { to: osd, tag, op: PeerOp::Query });
+        }
+        peering.phase = Phase::Querying { waiting, infos: BTreeMap::new() };
+        (peering, actions)
+    }
+
+    pub fn members(&self) -> &[OsdId] {
+        &self.members
+    }
+
+    pub fn is_active(&self) -> bool {
+        matches!(self.phase, Phase::Active)
+    }
+
+    pub fn is_stuck(&self) -> bool {
+        matches!(self.phase, Phase::Stuck)
+    }
+
+    /// Whether this machine still waits for answers (neither active nor stuck).
+    pub fn is_running(&self) -> bool {
+        !self.is_active() && !self.is_stuck()
+    }
+
+    fn tag(&mut self) -> u64 {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        tag
+    }
+
+    /// A member could not be reached, or did not answer in time.
+    pub fn on_failure(&mut self, tag: u64, why: &str) -> Vec<Action> {
+        if !self.expects(tag) {
+            return Vec::new();
+        }
+        self.stuck(format!("PG {:#x}: {why}", self.pg))
+    }
+
+    fn expects(&self, tag: u64) -> bool {
+        match &self.phase {
+            Phase::Querying { waiting, .. } | Phase::Activating { waiting, .. } => waiting.contains_key(&tag),
+            Phase::Recovering(recovery) => recovery.waiting == Some(tag),
+            Phase::Active | Phase::Stuck => false,
+        }
+    }
+
+    fn stuck(&mut self, why: String) -> Vec<Action> {
+        self.phase = Phase::Stuck;
+        vec![Action::Stuck(why)]
+    }
+
+    /// The answer to request `tag`. Answers to requests this machine no
+    /// longer waits for (late, or from before it got stuck) are ignored.
+    pub fn on_reply(&mut self, tag: u64, reply: PeerReply) -> Vec<Action> {
+        if !self.expects(tag) {
+            return Vec::new();
+        }
+        if let PeerReply::Refused(why) = &reply {
+            return self.stuck(format!("PG {:#x}: a member refused: {why}", self.pg));
+        }
+        match std::mem::replace(&mut self.phase, Phase::Stuck) {
+            Phase::Querying { mut waiting, mut infos } => {
+                let osd = waiting.remove(&tag).expect("expected tag");
+                let PeerReply::Info(info) = reply else {
+                    return self.stuck(format!("osd.{osd} answered a query with {reply:?}"));
+                };
+                infos.insert(osd, info);
+                if !waiting.is_empty() {
+                    self.phase = Phase::Querying { waiting, infos };
+                    return Vec::new();
+                }
+                self.recover(infos)
+            }
+            Phase::Recovering(mut recovery) => {
+                recovery.waiting = None;
+                self.step(recovery, Some(reply))
+            }
+            Phase::Activating { mut waiting, authority, last_seq } => {
+                waiting.remove(&tag);
+                if reply != PeerReply::Done {
+                    return self.stuck(format!("activation answered with {reply:?}"));
+                }
+                if !waiting.is_empty() {
+                    self.phase = Phase::Activating { waiting, authority, last_seq };
+                    return Vec::new();
+                }
+                self.phase = Phase::Active;
+                let recovered_objects = self.progress.objects_copied + self.progress.objects_removed;
+                vec![Action::Active { authority, last_seq, recovered_objects }]
+            }
+            Phase::Active | Phase::Stuck => unreachable!("expects() is false in these phases"),
+        }
+    }
+
+    fn recover(&mut self, infos: BTreeMap<OsdId, PeerInfo>) -> Vec<Action> {
+        let primary = self.members[0];
+        let (authority, info) = choose_authority(primary, &infos).expect("every member answered");
+        let targets = infos
+            .iter()
+            .filter(|(osd, _)| **osd != authority)
+            .filter_map(|(osd, member)| plan_for(member, &info).map(|plan| (*osd, plan)))
+            .collect();
+        let recovery =
+            Box::new(Recovery { authority, info, targets, current: None, changed: BTreeSet::new(), waiting: None });
+        self.step(recovery, None)
+    }
+
+    /// Advances recovery with `reply` (to the request it waited for) until
+    /// it sends the next request or every target is done.
+    fn step(&mut self, mut recovery: Box<Recovery>, mut reply: Option<PeerReply>) -> Vec<Action> {
+        loop {
+            let Some((target, step)) = recovery.current.take() else {
+                match recovery.targets.pop_front() {
+                    Some((target, Plan::History { after, after_epoch })) => {
+                        recovery.current = Some((target, Step::AskTouched));
+                        let through = recovery.info.last_seq;
+                        return self.send(recovery, true, PeerOp::Touched { after, after_epoch, through });
+                    }
+                    Some((target, Plan::Backfill)) => {
+                        recovery.current =
+                            Some((target, Step::ListAuthority { cursor: Vec::new(), objects: Vec::new() }));
+                        return self.send(recovery, true, PeerOp::Digests { cursor: Vec::new() });
+                    }
+                    None => return self.activate(&recovery),
+                }
+            };
+            let unexpected = |reply: &Option<PeerReply>| format!("unexpected answer {reply:?} during recovery");
+            match step {
+                Step::AskTouched => match reply.take() {
+                    Some(PeerReply::Touched(Some(objects))) => {
+                        let queue = objects.into_iter().map(Work::Copy).collect();
+                        recovery.current = Some((target, Step::Work { queue, copy: None }));
+                    }
+                    Some(PeerReply::Touched(None)) => {
+                        // The history moved on meanwhile: backfill instead.
+                        recovery.current =
+                            Some((target, Step::ListAuthority { cursor: Vec::new(), objects: Vec::new() }));
+                        return self.send(recovery, true, PeerOp::Digests { cursor: Vec::new() });
+                    }
+                    other => return self.stuck(unexpected(&other)),
+                },
+                Step::ListAuthority { cursor, mut objects } => match reply.take() {
+                    Some(PeerReply::Digests { objects: page, more }) => {
+                        let Some(cursor) = next_cursor(&cursor, &page, more) else {
+                            return self.stuck("a digest listing did not advance".into());
+                        };
+                        objects.extend(page);
+                        if more {
+                            recovery.current = Some((target, Step::ListAuthority { cursor: cursor.clone(), objects }));
+                            return self.send(recovery, true, PeerOp::Digests { cursor });
+                        }
+                        recovery.current = Some((
+                            target,
+                            Step::ListTarget { cursor: Vec::new(), authority: objects, objects: vec![] },
+                        ));
+                        return self.send(recovery, false, PeerOp::Digests { cursor: Vec::new() });
+                    }
+                    other => return self.stuck(unexpected(&other)),
+                },
+                Step::ListTarget { cursor, authority, mut objects } => match reply.take() {
+                    Some(PeerReply::Digests { objects: page, more }) => {
+                        let Some(cursor) = next_cursor(&cursor, &page, more) else {
+                            return self.stuck("a digest listing did not advance".into());
+                        };
+                        objects.extend(page);
+                        if more {
+                            recovery.current =
+                                Some((target, Step::ListTarget { cursor: cursor.clone(), authority, objects }));
+                            return self.send(recovery, false, PeerOp::Digests { cursor });
+                        }
+                        let queue = diff(&authority, &objects);
+                        recovery.current = Some((target, Step::Work { queue, copy: None }));
+                    }
+                    other => return self.stuck(unexpected(&other)),
+                },
+                Step::Work { mut queue, copy } => {
+                    let Some(mut copy) = copy else {
+                        match queue.pop_front() {
+                            None => continue, // this target is done
+                            Some(Work::Remove(object)) => {
+                                recovery.changed.insert(target);
+                                self.progress.objects_removed += 1;
+                                let copy = Copy { object: object.clone(), stage: CopyStage::Removing };
+                                recovery.current = Some((target, Step::Work { queue, copy: Some(copy) }));
+                                return self.send(recovery, false, PeerOp::Remove { object });
+                            }
+                            Some(Work::Copy(object)) => {
+                                recovery.changed.insert(target);
+                                let copy = Copy { object: object.clone(), stage: CopyStage::Stat };
+                                recovery.current = Some((target, Step::Work { queue, copy: Some(copy) }));
+                                return self.send(recovery, true, PeerOp::Stat { object });
+                            }
+                        }
+                    };
+                    let object = copy.object.clone();
+                    let (next, op, to_authority) = match (copy.stage, reply.take()) {
+                        (CopyStage::Stat, Some(PeerReply::Meta(None))) => {
+                            // Gone on the authority since it was listed or logged.
+                            self.progress.objects_removed += 1;
+                            (CopyStage::Removing, PeerOp::Remove { object }, false)
+                        }
+                        (CopyStage::Stat, Some(PeerReply::Meta(Some(meta)))) => {
+                            let op = PeerOp::PushStart {
+                                object,
+                                size: meta.size,
+                                preallocated: meta.preallocated,
+                                attrs: meta.attrs.clone(),
+                            };
+                            (CopyStage::Start { meta }, op, false)
+                        }
+                        (CopyStage::Start { meta }, Some(PeerReply::Done)) => {
+                            self.progress.objects_copied += 1;
+                            if meta.size == 0 {
+                                recovery.current = Some((target, Step::Work { queue, copy: None }));
+                                continue;
+                            }
+                            let len = CHUNK_BYTES.min(meta.size as u32);
+                            let op = PeerOp::Pull { object, offset: 0, len };
+                            (CopyStage::Pull { size: meta.size, offset: 0 }, op, true)
+                        }
+                        (CopyStage::Pull { size, offset }, Some(PeerReply::Data(data))) => {
+                            let end = offset + data.len() as u64;
+                            if data.is_empty() || end > size {
+                                return self.stuck(format!(
+                                    "a pull at {offset} of a {size}-byte object returned {} bytes",
+                                    data.len()
+                                ));
+                            }
+                            if data.iter().all(|b| *b == 0) {
+                                // Holes stay holes: the pushed object starts empty.
+                                match next_pull(object, end, size) {
+                                    Some((stage, op)) => (stage, op, true),
+                                    None => {
+                                        recovery.current = Some((target, Step::Work { queue, copy: None }));
+                                        continue;
+                                    }
+                                }
+                            } else {
+                                self.progress.bytes_copied += data.len() as u64;
+                                (
+                                    CopyStage::Push { size, offset: end },
+                                    PeerOp::PushData { object, offset, data },
+                                    false,
+                                )
+                            }
+                        }
+                        (CopyStage::Push { size, offset }, Some(PeerReply::Done)) => {
+                            match next_pull(object, offset, size) {
+                                Some((stage, op)) => (stage, op, true),
+                                None => {
+                                    recovery.current = Some((target, Step::Work { queue, copy: None }));
+                                    continue;
+                                }
+                            }
+                        }
+                        (CopyStage::Removing, Some(PeerReply::Done)) => {
+                            recovery.current = Some((target, Step::Work { queue, copy: None }));
+                            continue;
+                        }
+                        (_, other) => return self.stuck(unexpected(&other)),
+                    };
+                    copy.stage = next;
+                    recovery.current = Some((target, Step::Work { queue, copy: Some(copy) }));
+                    return self.send(recovery, to_authority, op);
+                }
+            }
+        }
+    }
+
+    /// Sends `op` to the authority or to the current target.
+    fn send(&mut self, mut recovery: Box<Recovery>, to_authority: bool, op: PeerOp) -> Vec<Action> {
+        let to = if to_authority {
+            recovery.authority
+        } else {
+            recovery.current.as_ref().expect("a target is being recovered").0
+        };
+        let tag = self.tag();
+        recovery.waiting = Some(tag);
+        self.phase = Phase::Recovering(recovery);
+        vec![Action::Send { to, tag, op }]
+    }
+
+    fn activate(&mut self, recovery: &Recovery) -> Vec<Action> {
+        let mut waiting = BTreeMap::new();
+        let mut actions = Vec::new();
+        let members: Vec<u32> = self.members.clone();
+        for osd in members.clone() {
+            let tag = self.tag();
+            waiting.insert(tag, osd);
+            let op = PeerOp::Activate {
+                last_seq: recovery.info.last_seq,
+                last_epoch: recovery.info.last_epoch,
+                members: members.clone(),
+                forget_requests: recovery.changed.contains(&osd),
+            };
+            actions.push(Action::Send { to: osd, tag, op });
+        }
+        self.phase = Phase::Activating { waiting, authority: recovery.authority, last_seq: recovery.info.last_seq };
+        actions
+    }
+}
+
+/// The cursor after a page (`None`: a page that claims more but did not advance).
+fn next_cursor(cursor: &[u8], page: &[ObjectDigest], more: bool) -> Option<Vec<u8>> {
+    match page.last() {
+        Some(last) if last.object.as_slice() > cursor || cursor.is_empty() => Some(last.object.clone()),
+        Some(_) => None,
+        None if more => None,
+        None => Some(cursor.to_vec()),
+    }
+}
+
+fn next_pull(object: Vec<u8>, offset: u64, size: u64) -> Option<(CopyStage, PeerOp)> {
+    (offset < size).then(|| {
+        let len = CHUNK_BYTES.min((size - offset).min(u32::MAX as u64) as u32);
+        (CopyStage::Pull { size, offset }, PeerOp::Pull { object, offset, len })
+    })
+}
+
+/// What makes the target's object set equal the authority's: copies of
+/// objects it lacks or holds differently, removal of objects it has extra.
+fn diff(authority: &[ObjectDigest], target: &[ObjectDigest]) -> VecDeque<Work> {
+    let theirs: BTreeMap<&[u8], u32> = target.iter().map(|d| (d.object.as_slice(), d.digest)).collect();
+    let ours: BTreeSet<&[u8]> = authority.iter().map(|d| d.object.as_slice()).collect();
+    let mut work: VecDeque<Work> = authority
+        .iter()
+        .filter(|d| theirs.get(d.object.as_slice()) != Some(&d.digest))
+        .map(|d| Work::Copy(d.object.clone()))
+        .collect();
+    work.extend(target.iter().filter(|d| !ours.contains(d.object.as_slice())).map(|d| Work::Remove(d.object.clone())));
+    work
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Attrs = Vec<(Vec<u8>, Vec<u8>)>;
+
+    /// A member as the machine sees it: a store of whole objects, a log
+    /// position and a history of which seq touched which object.
+    #[derive(Clone, Default)]
+    struct Member {
+        objects: BTreeMap<Vec<u8>, (Vec<u8>, Attrs)>,
+        last_seq: u64,
+        last_epoch: u32,
+        last_active: u64,
+        history: Vec<(u64, u32, Vec<u8>)>,
+        requests_forgotten: bool,
+        requests: u32,
+    }
+
+    impl Member {
+        fn write(&mut self, object: &str, data: &[u8]) {
+            self.last_seq += 1;
+            self.last_epoch = 5;
+            self.objects.insert(object.as_bytes().to_vec(), (data.to_vec(), Vec::new()));
+            self.history.push((self.last_seq, 5, object.as_bytes().to_vec()));
+        }
+
+        fn answer(&mut self, op: PeerOp, interval: u64) -> PeerReply {
+            self.requests += 1;
+            match op {
+                PeerOp::Query => PeerReply::Info(PeerInfo {
+                    last_seq: self.last_seq,
+                    last_epoch: self.last_epoch,
+                    last_active: self.last_active,
+                    history_from: self.history.first().map_or(self.last_seq + 1, |(seq, ..)| *seq),
+                }),
+                PeerOp::Touched { after, after_epoch, through } => {
+                    if !self.history.iter().any(|(seq, epoch, _)| (*seq, *epoch) == (after, after_epoch)) {
+                        return PeerReply::Touched(None);
+                    }
+                    let names: BTreeSet<Vec<u8>> = self
+                        .history
+                        .iter()
+                        .filter(|(seq, ..)| *seq > after && *seq <= through)
+                        .map(|(_, _, o)| o.clone())
+                        .collect();
+                    PeerReply::Touched(Some(names.into_iter().collect()))
+                }
+                PeerOp::Digests { cursor } => {
+                    let objects: Vec<ObjectDigest> = self
+                        .objects
+                        .iter()
+                        .filter(|(name, _)| cursor.is_empty() || name.as_slice() > cursor.as_slice())
+                        .take(2) // small pages, to exercise paging
+                        .map(|(name, (data, _))| ObjectDigest { object: name.clone(), digest: crc32c::crc32c(data) })
+                        .collect();
+                    let more =
+                        objects.last().is_some_and(|last| self.objects.range(last.object.clone()..).nth(1).is_some());
+                    PeerReply::Digests { objects, more }
+                }
+                PeerOp::Stat { object } => PeerReply::Meta(self.objects.get(&object).map(|(data, attrs)| ObjectMeta {
+                    size: data.len() as u64,
+                    preallocated: false,
+                    attrs: attrs.clone(),
+                })),
+                PeerOp::Pull { object, offset, len } => {
+                    let data = &self.objects[&object].0;
+                    let end = (offset + len as u64).min(data.len() as u64);
+                    PeerReply::Data(data[offset as usize..end as usize].to_vec())
+                }
+                PeerOp::PushStart { object, size, attrs, .. } => {
+                    self.objects.insert(object, (vec![0; size as usize], attrs));
+                    PeerReply::Done
+                }
+                PeerOp::PushData { object, offset, data } => {
+                    let held = &mut self.objects.get_mut(&object).expect("started").0;
+                    held[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
+                    PeerReply::Done
+                }
+                PeerOp::Remove { object } => {
+                    self.objects.remove(&object);
+                    PeerReply::Done
+                }
+                PeerOp::Activate { last_seq, last_epoch, forget_requests, .. } => {
+                    if (last_seq, last_epoch) != (self.last_seq, self.last_epoch) {
+                        self.history.clear();
+                    }
+                    self.last_seq = last_seq;
+                    self.last_epoch = last_epoch;
+                    self.last_active = interval;
+                    self.requests_forgotten = forget_requests;
+                    PeerReply::Done
+                }
+            }
+        }
+    }
+
+    /// Runs peering to the end over `members` (ids 0..n, 0 the primary).
+    fn run(members: &mut [Member], interval: u64) -> Action {
+        let ids: Vec<OsdId> = (0..members.len() as u32).collect();
+        let (mut machine, mut actions) = Peering::start(7, interval, ids);
+        let mut queue: VecDeque<Action> = actions.drain(..).collect();
+        while let Some(action) = queue.pop_front() {
+            match action {
+                Action::Send { to, tag, op } => {
+                    let reply = members[to as usize].answer(op, interval);
+                    queue.extend(machine.on_reply(tag, reply));
+                }
+                done => {
+                    assert!(queue.is_empty(), "nothing follows the end");
+                    return done;
+                }
+            }
+        }
+        panic!("peering neither finished nor got stuck");
+    }
+
+    fn active_member(writes: &[(&str, &[u8])]) -> Member {
+        let mut member = Member { last_active: 5, ..Member::default() };
+        for (object, data) in writes {
+            member.write(object, data);
+        }
+        member
+    }
+
+    #[test]
+    fn members_in_step_go_active_without_moving_data() {
+        let member = active_member(&[("a", b"1"), ("b", b"2")]);
+        let mut members = vec![member.clone(), member.clone(), member];
+        let outcome = run(&mut members, 9);
+        assert_eq!(outcome, Action::Active { authority: 0, last_seq: 2, recovered_objects: 0 });
+        for member in &members {
+            assert_eq!((member.last_active, member.last_seq), (9, 2));
+            assert!(!member.requests_forgotten);
+            assert_eq!(member.requests, 2, "a query and an activation each");
+        }
+    }
+
+    #[test]
+    fn a_member_behind_in_the_same_interval_gets_the_objects_its_gap_touched() {
+        let behind = active_member(&[("a", b"1"), ("b", b"2")]);
+        let mut ahead = behind.clone();
+        ahead.write("c", b"3");
+        ahead.write("a", b"4");
+        let mut members = vec![behind, ahead];
+        let outcome = run(&mut members, 9);
+        assert_eq!(outcome, Action::Active { authority: 1, last_seq: 4, recovered_objects: 2 });
+        assert_eq!(members[0].objects, members[1].objects);
+        assert!(members[0].requests_forgotten);
+        assert!(!members[1].requests_forgotten);
+        assert_eq!(members[0].last_seq, 4);
+    }
+
+    #[test]
+    fn an_older_or_divergent_member_is_backfilled_by_digest_comparison() {
+        let authority = active_member(&[("a", b"new"), ("b", b"same"), ("d", &[0u8; 10])]);
+        let mut stale = Member { last_active: 3, last_seq: 40, ..Member::default() };
+        stale.objects.insert(b"a".to_vec(), (b"old".to_vec(), vec![]));
+        stale.objects.insert(b"b".to_vec(), (b"same".to_vec(), vec![]));
+        stale.objects.insert(b"c".to_vec(), (b"extra".to_vec(), vec![]));
+        let lost_log = Member::default();
+        let mut members = vec![stale, authority, lost_log];
+        let outcome = run(&mut members, 9);
+        // Despite its higher seq, the member of an older interval is not the authority.
+        assert!(matches!(outcome, Action::Active { authority: 1, last_seq: 3, .. }), "{outcome:?}");
+        assert_eq!(members[0].objects, members[1].objects);
+        assert_eq!(members[2].objects, members[1].objects);
+        assert!(members.iter().all(|m| m.last_seq == 3 && m.last_active == 9));
+    }
+
+    #[test]
+    fn large_objects_move_in_chunks() {
+        let big: Vec<u8> = (0..CHUNK_BYTES as usize * 2 + 100).map(|i| (i % 251) as u8).collect();
+        let authority = active_member(&[("big", &big)]);
+        let mut members = [authority, Member::default()];
+        let (mut machine, actions) = Peering::start(7, 9, vec![0, 1]);
+        let mut queue: VecDeque<Action> = actions.into();
+        let mut pulls = 0;
+        while let Some(Action::Send { to, tag, op }) = queue.pop_front() {
+            if let PeerOp::Pull { len, .. } = &op {
+                assert!(*len <= CHUNK_BYTES);
+                pulls += 1;
+            }
+            let reply = members[to as usize].answer(op, 9);
+            queue.extend(machine.on_reply(tag, reply));
+        }
+        assert!(machine.is_active());
+        assert_eq!(pulls, 3);
+        assert_eq!(members[1].objects, members[0].objects);
+        assert_eq!(machine.progress.bytes_copied, big.len() as u64);
+    }
+
+    #[test]
+    fn a_refusal_or_a_lost_member_stops_it_and_late_answers_are_ignored() {
+        let (mut machine, actions) = Peering::start(7, 9, vec![0, 1]);
+        let tags: Vec<u64> = actions
+            .iter()
+            .map(|a| match a {
+                Action::Send { tag, .. } => *tag,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let stuck = machine.on_reply(tags[0], PeerReply::Refused("older interval".into()));
+        assert!(matches!(&stuck[..], [Action::Stuck(_)]));
+        assert!(machine.is_stuck());
+        let info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: 0, history_from: 1 };
+        assert!(machine.on_reply(tags[1], PeerReply::Info(info)).is_empty(), "late answer");
+
+        let (mut machine, actions) = Peering::start(7, 9, vec![0, 1]);
+        let Action::Send { tag, .. } = actions[1] else { panic!() };
+        assert!(matches!(&machine.on_failure(tag, "osd.1 unreachable")[..], [Action::Stuck(_)]));
+        assert!(machine.on_failure(tag + 100, "unknown").is_empty());
+    }
+
+    #[test]
+    fn the_authority_is_the_newest_interval_then_the_longest_log_then_the_primary() {
+        let info = |last_active, last_seq| PeerInfo { last_seq, last_epoch: 5, last_active, history_from: 1 };
+        let infos: BTreeMap<OsdId, PeerInfo> = [(0, info(4, 100)), (1, info(5, 10)), (2, info(5, 12))].into();
+        assert_eq!(choose_authority(0, &infos).map(|(osd, _)| osd), Some(2));
+        let tie: BTreeMap<OsdId, PeerInfo> = [(3, info(5, 12)), (1, info(5, 12)), (2, info(5, 12))].into();
+        assert_eq!(choose_authority(2, &tie).map(|(osd, _)| osd), Some(2));
+        assert_eq!(choose_authority(9, &tie).map(|(osd, _)| osd), Some(1));
+        // A member whose history reaches back far enough recovers by it; else backfill.
+        let history = Some(Plan::History { after: 10, after_epoch: 5 });
+        assert_eq!(plan_for(&info(5, 10), &PeerInfo { history_from: 10, ..info(5, 12) }), history);
+        assert_eq!(
+            plan_for(&info(3, 10), &PeerInfo { history_from: 10, ..info(5, 12) }),
+            history,
+            "older interval, same history"
+        );
+        assert_eq!(plan_for(&info(5, 10), &PeerInfo { history_from: 11, ..info(5, 12) }), Some(Plan::Backfill));
+        let unknown = PeerInfo { last_epoch: 0, ..info(0, 0) };
+        assert_eq!(plan_for(&unknown, &unknown), Some(Plan::Backfill), "an unknown end proves nothing");
+        assert_eq!(plan_for(&info(5, 12), &info(5, 12)), None);
+        assert_eq!(
+            plan_for(&PeerInfo { last_epoch: 4, ..info(5, 12) }, &info(5, 12)),
+            Some(Plan::Backfill),
+            "divergent"
+        );
+    }
+}

@@ -1,0 +1,250 @@
+//! Peering and recovery messages: what a PG's primary asks the members of a
+//! new interval (and itself) before the PG goes active, and their answers.
+//!
+//! These are off the I/O path (a handful per PG per map change, plus one
+//! per recovered object chunk), so they are postcard-encoded serde types
+//! rather than hand-laid-out frames. Decoding is still hostile-input safe:
+//! postcard returns an error on anything malformed, and the property test
+//! below feeds it random bytes.
+//!
+//! Every request names the PG (its key: pool and number) and the interval
+//! (the map epoch at which the primary started peering). A member refuses a
+//! request for an interval older than the one it was last asked about, so
+//! a primary that was replaced cannot drive it any more.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::frame::{Frame, MessageType};
+
+/// The most bytes one pull or push moves: recovery of a large object is
+/// several round trips, each well under a frame's limit.
+pub const CHUNK_BYTES: u32 = 1 << 20;
+/// Objects one digest listing returns at most (then the next page).
+pub const DIGEST_PAGE: usize = 4096;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerRequest {
+    pub pg: u32,
+    pub interval: u64,
+    pub op: PeerOp,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PeerOp {
+    /// Stop taking replicated entries for this PG (they belong to an older
+    /// interval), apply the operation log to the store, and report
+    /// [`PeerReply::Info`].
+    Query,
+    /// The objects touched by log entries in `(after, through]`, if this
+    /// member's recent history still covers them and its entry `after` has
+    /// epoch `after_epoch` (so the asker's log is a prefix of this one's)
+    /// ([`PeerReply::Touched`]).
+    Touched {
+        after: u64,
+        after_epoch: u32,
+        through: u64,
+    },
+    /// A page of the PG's objects with a digest of each, names strictly
+    /// after `cursor` ([`PeerReply::Digests`]).
+    Digests {
+        cursor: Vec<u8>,
+    },
+    /// An object's size and attributes ([`PeerReply::Meta`]).
+    Stat {
+        object: Vec<u8>,
+    },
+    /// Object bytes ([`PeerReply::Data`]); at most [`CHUNK_BYTES`].
+    Pull {
+        object: Vec<u8>,
+        offset: u64,
+        len: u32,
+    },
+    /// Replace the object with an empty one of this size and these
+    /// attributes; the data follows in `PushData`.
+    PushStart {
+        object: Vec<u8>,
+        size: u64,
+        preallocated: bool,
+        attrs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    PushData {
+        object: Vec<u8>,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Remove {
+        object: Vec<u8>,
+    },
+    /// The PG is consistent: continue the log after `last_seq` (whose entry
+    /// had `last_epoch`), remember
+    /// this interval as the last one this member was active in, and take
+    /// replicated entries of this interval from `members[0]`.
+    /// `forget_requests`: this member's state was rolled back or rebuilt,
+    /// so the request ids it logged no longer prove a write is there.
+    Activate {
+        last_seq: u64,
+        last_epoch: u32,
+        members: Vec<u32>,
+        forget_requests: bool,
+    },
+}
+
+/// What a member reports when queried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PeerInfo {
+    /// The seq of its newest entry (0: none).
+    pub last_seq: u64,
+    /// That entry's epoch (0: unknown). Logs ending at the same seq and
+    /// epoch hold the same history.
+    pub last_epoch: u32,
+    /// The interval it was last active in (0: never, or its log was lost).
+    pub last_active: u64,
+    /// The oldest seq whose object its recent history still names; entries
+    /// after `history_from - 1` can be recovered object by object.
+    pub history_from: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectDigest {
+    pub object: Vec<u8>,
+    /// crc32c over size, data (holes as zeros) and attributes.
+    pub digest: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PeerReply {
+    Info(PeerInfo),
+    /// `None`: the history no longer reaches back that far.
+    Touched(Option<Vec<Vec<u8>>>),
+    Digests {
+        objects: Vec<ObjectDigest>,
+        more: bool,
+    },
+    /// `None`: no such object.
+    Meta(Option<ObjectMeta>),
+    Data(Vec<u8>),
+    Done,
+    /// The member could not (or would not) do it; the primary starts over later.
+    Refused(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectMeta {
+    pub size: u64,
+    pub preallocated: bool,
+    pub attrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("malformed peering message: {0}")]
+pub struct PeeringDecodeError(String);
+
+impl PeerRequest {
+    pub fn to_frame(&self, transaction_id: u64) -> Frame {
+        Frame::new(MessageType::PeerRequest, transaction_id, encode(self))
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<PeerRequest, PeeringDecodeError> {
+        postcard::from_bytes(payload).map_err(|e| PeeringDecodeError(e.to_string()))
+    }
+}
+
+impl PeerReply {
+    pub fn to_frame(&self, transaction_id: u64) -> Frame {
+        Frame::new(MessageType::PeerReply, transaction_id, encode(self))
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<PeerReply, PeeringDecodeError> {
+        postcard::from_bytes(payload).map_err(|e| PeeringDecodeError(e.to_string()))
+    }
+}
+
+fn encode<T: Serialize>(message: &T) -> Bytes {
+    Bytes::from(postcard::to_allocvec(message).expect("encoding to a Vec cannot fail"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn name() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(any::<u8>(), 0..40)
+    }
+
+    fn op() -> impl Strategy<Value = PeerOp> {
+        prop_oneof![
+            Just(PeerOp::Query),
+            (any::<u64>(), any::<u32>(), any::<u64>()).prop_map(|(after, after_epoch, through)| PeerOp::Touched {
+                after,
+                after_epoch,
+                through
+            }),
+            name().prop_map(|cursor| PeerOp::Digests { cursor }),
+            name().prop_map(|object| PeerOp::Stat { object }),
+            (name(), any::<u64>(), any::<u32>()).prop_map(|(object, offset, len)| PeerOp::Pull { object, offset, len }),
+            (name(), any::<u64>(), any::<bool>(), proptest::collection::vec((name(), name()), 0..4)).prop_map(
+                |(object, size, preallocated, attrs)| PeerOp::PushStart { object, size, preallocated, attrs }
+            ),
+            (name(), any::<u64>(), name()).prop_map(|(object, offset, data)| PeerOp::PushData { object, offset, data }),
+            name().prop_map(|object| PeerOp::Remove { object }),
+            (any::<u64>(), any::<u32>(), proptest::collection::vec(any::<u32>(), 0..4), any::<bool>()).prop_map(
+                |(last_seq, last_epoch, members, forget_requests)| PeerOp::Activate {
+                    last_seq,
+                    last_epoch,
+                    members,
+                    forget_requests
+                }
+            ),
+        ]
+    }
+
+    fn reply() -> impl Strategy<Value = PeerReply> {
+        prop_oneof![
+            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
+                |(last_seq, last_epoch, last_active, history_from)| {
+                    PeerReply::Info(PeerInfo { last_seq, last_epoch, last_active, history_from })
+                }
+            ),
+            proptest::option::of(proptest::collection::vec(name(), 0..4)).prop_map(PeerReply::Touched),
+            (proptest::collection::vec((name(), any::<u32>()), 0..4), any::<bool>()).prop_map(|(objects, more)| {
+                let objects = objects.into_iter().map(|(object, digest)| ObjectDigest { object, digest }).collect();
+                PeerReply::Digests { objects, more }
+            }),
+            proptest::option::of((any::<u64>(), any::<bool>(), proptest::collection::vec((name(), name()), 0..3)))
+                .prop_map(|meta| PeerReply::Meta(meta.map(|(size, preallocated, attrs)| ObjectMeta {
+                    size,
+                    preallocated,
+                    attrs
+                }))),
+            name().prop_map(PeerReply::Data),
+            Just(PeerReply::Done),
+            ".{0,20}".prop_map(PeerReply::Refused),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn requests_and_replies_round_trip(pg in any::<u32>(), interval in any::<u64>(), op in op(), reply in reply(), txid in any::<u64>()) {
+            let request = PeerRequest { pg, interval, op };
+            let frame = request.to_frame(txid);
+            prop_assert_eq!(frame.header.transaction_id, txid);
+            prop_assert_eq!(PeerRequest::decode(&frame.payload), Ok(request));
+            prop_assert_eq!(PeerReply::decode(&reply.to_frame(txid).payload), Ok(reply));
+        }
+
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = PeerRequest::decode(&bytes);
+            let _ = PeerReply::decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn a_length_prefix_larger_than_the_message_is_an_error() {
+        // A Data reply (variant 4) claiming 2^35 bytes, carrying three.
+        let lie = [4u8, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 1, 2, 3];
+        assert!(PeerReply::decode(&lie).is_err());
+    }
+}
