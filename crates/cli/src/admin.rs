@@ -9,6 +9,7 @@ use duplex_map::{ClusterMap, Command as MapCommand};
 use duplex_mon::client::MonClient;
 use duplex_mon::wire::WireOutcome;
 use duplex_proto::osd::OsdStats;
+use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
 use duplex_proto::{Frame, MessageType};
 
 use duplex_store::units::format_size;
@@ -19,6 +20,85 @@ pub fn run_command(mon: &mut MonClient, command: MapCommand) -> Result<u64> {
         WireOutcome::Applied { epoch } | WireOutcome::Unchanged { epoch } => Ok(epoch),
         WireOutcome::Refused(why) => bail!("the monitor refused: {why}"),
     }
+}
+
+/// Placement groups.
+#[derive(Debug, clap::Subcommand)]
+pub enum PgCommand {
+    /// Deep-scrub PGs of the pool: compare every object's copies (size,
+    /// data, attributes, block checksums) and report the bad ones.
+    Scrub {
+        /// PG numbers (default: every PG of the pool).
+        pgs: Vec<u32>,
+    },
+    /// Deep-scrub and replace each bad copy with a good one.
+    Repair {
+        /// PG numbers (default: every PG of the pool).
+        pgs: Vec<u32>,
+    },
+}
+
+/// How long one PG's scrub may take before the command gives up on it.
+const SCRUB_TIMEOUT: Duration = Duration::from_secs(600);
+
+pub fn pg(client: &Client, pool_name: &str, command: PgCommand) -> Result<()> {
+    let pool = client.pool_id(pool_name)?;
+    let map = client.map();
+    let info = map.pools.get(&pool).with_context(|| format!("no pool {pool_name}"))?;
+    let (pgs, repair) = match command {
+        PgCommand::Scrub { pgs } => (pgs, false),
+        PgCommand::Repair { pgs } => (pgs, true),
+    };
+    let pgs: Vec<u32> = if pgs.is_empty() { (0..info.pg_num).collect() } else { pgs };
+    if let Some(bad) = pgs.iter().find(|pg| **pg >= info.pg_num) {
+        bail!("pool {pool_name} has PGs 0 to {}; there is no PG {bad}", info.pg_num - 1);
+    }
+    let hierarchy = map.hierarchy();
+    let (mut objects, mut inconsistent, mut repaired) = (0u64, 0usize, 0u64);
+    for pg in &pgs {
+        let acting = map.acting(&hierarchy, info, *pg);
+        let primary = *acting.first().with_context(|| format!("PG {pool}.{pg:x} has no OSD up"))?;
+        let addr = map.osds[&primary].addr.parse().with_context(|| format!("osd.{primary}'s address"))?;
+        let key = duplex_osd::pg::pg_key(pool, *pg).context("pool id too large")?;
+        let mut conn =
+            duplex_client::conn::OsdConnection::connect(addr, &client.config().credentials, Duration::from_secs(2))
+                .with_context(|| format!("connecting to osd.{primary}"))?;
+        conn.set_read_timeout(Some(SCRUB_TIMEOUT))?;
+        conn.send(&PeerRequest { pg: key, interval: 0, op: PeerOp::Scrub { repair } }.to_frame(1))?;
+        let frame = conn.recv().with_context(|| format!("waiting for osd.{primary} to scrub PG {pool}.{pg:x}"))?;
+        if frame.header.message_type != MessageType::PeerReply as u8 {
+            bail!("unexpected reply type {}", frame.header.message_type);
+        }
+        let report = match PeerReply::decode(&frame.payload)? {
+            PeerReply::Scrubbed(report) => report,
+            PeerReply::Refused(why) => bail!("osd.{primary} did not scrub PG {pool}.{pg:x}: {why}"),
+            other => bail!("unexpected answer {other:?}"),
+        };
+        objects += report.objects;
+        inconsistent += report.inconsistent.len();
+        repaired += report.repaired;
+        if report.inconsistent.is_empty() {
+            println!("pg {pool}.{pg:x}: {} objects, consistent", report.objects);
+        }
+        for bad in &report.inconsistent {
+            let osds: Vec<String> = bad.bad.iter().map(|o| format!("osd.{o}")).collect();
+            let state = match (bad.unrepairable, repair) {
+                (true, _) => "no good copy left",
+                (false, true) => "repaired",
+                (false, false) => "run `duplex pg repair` to fix",
+            };
+            println!(
+                "pg {pool}.{pg:x}: object {} is bad on {} ({state})",
+                String::from_utf8_lossy(&bad.object),
+                osds.join(", ")
+            );
+        }
+    }
+    println!(
+        "scrubbed {} PGs: {objects} objects, {inconsistent} inconsistent, {repaired} copies repaired",
+        pgs.len()
+    );
+    Ok(())
 }
 
 #[derive(Debug, clap::Subcommand)]

@@ -47,6 +47,9 @@ enum Top {
     /// Export images over NBD.
     #[command(subcommand)]
     Nbd(NbdCommand),
+    /// Placement groups: deep scrub and repair.
+    #[command(subcommand)]
+    Pg(admin::PgCommand),
     /// OSDs up/in, PG states, capacity and client I/O.
     Status {
         #[arg(long)]
@@ -197,6 +200,7 @@ fn run(cli: Cli) -> Result<()> {
             let server = nbd::server(image, &args)?;
             server.run().context("the NBD server stopped")?;
         }
+        Top::Pg(command) => admin::pg(&connect(cli.conf.as_deref())?, &cli.pool, command)?,
         Top::Status { json } => admin::status(&connect(cli.conf.as_deref())?, json)?,
         Top::Bench(args) => {
             let client = connect(cli.conf.as_deref())?;

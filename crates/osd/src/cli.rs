@@ -78,6 +78,10 @@ pub struct OsdArgs {
     /// Worker threads with --threading pool.
     #[arg(long, default_value_t = 2)]
     pool_threads: usize,
+    /// Deep-scrub each PG this OSD is primary of this often (seconds; 0:
+    /// never). A scrub reports bad copies; `duplex pg repair` fixes them.
+    #[arg(long, default_value_t = 7 * 24 * 3600)]
+    scrub_interval_s: u64,
 }
 
 /// Runs an OSD as its flags say; returns only on a start-up error.
@@ -126,6 +130,7 @@ pub fn run(args: OsdArgs) -> Result<()> {
     config.write_path = args.write_path;
     config.threading = args.threading;
     config.pool_threads = args.pool_threads;
+    config.scrub_interval = Duration::from_secs(args.scrub_interval_s);
 
     let store_config = StoreConfig {
         device: DeviceConfig {

@@ -69,6 +69,9 @@ pub struct OsdConfig {
     pub write_path: WritePath,
     pub threading: Threading,
     pub heartbeat_interval: Duration,
+    /// How often each PG this OSD is primary of is deep-scrubbed (its
+    /// copies compared, reported, not repaired); zero: never.
+    pub scrub_interval: Duration,
 }
 
 impl OsdConfig {
@@ -96,6 +99,7 @@ impl OsdConfig {
             write_path: WritePath::Oplog,
             threading: Threading::Prioritized,
             heartbeat_interval: Duration::from_secs(1),
+            scrub_interval: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }

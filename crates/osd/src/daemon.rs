@@ -2,6 +2,7 @@
 //! monitors, then start the flushers, the priority threads (and the pool in
 //! `threading = pool`), and the admin endpoint.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use crate::config::{OsdConfig, Threading};
 use crate::flusher::Flusher;
 use crate::mailbox::Mailbox;
 use crate::metrics::{serve, Metrics};
-use crate::ops::Shared;
+use crate::ops::{ScrubRequests, Shared};
 use crate::peering_driver::PeeringDriver;
 use crate::pg::PgTable;
 use crate::priority::{pool_worker, PriorityThread, WAKER};
@@ -102,6 +103,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     // threads; which of those is idle is the OS scheduler's call.
     let shared_cores = non_priority_cores(&config.priority_cores);
     let mut flusher_senders = Vec::new();
+    let scrub_requests = ScrubRequests::default();
     for partition in store.into_partitions() {
         let index = partition.index();
         // Shared::flusher_of finds a PG's flusher by position: keep them in partition order.
@@ -117,6 +119,8 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             mailboxes: mailboxes.clone(),
             metrics: metrics.clone(),
             timeout: config.flush_timeout,
+            scrub_requests: scrub_requests.clone(),
+            repairs_asked: HashMap::new(),
         };
         let cores = shared_cores.clone();
         std::thread::Builder::new().name(format!("osd-flush-{index}")).spawn(move || {
@@ -128,7 +132,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         })?;
         flusher_senders.push(sender);
     }
-    let shared = Arc::new(Shared::new(config.clone(), pgs.clone(), cell, metrics.clone(), flusher_senders));
+    let shared = Arc::new(Shared::new(config.clone(), pgs.clone(), cell, metrics.clone(), flusher_senders, scrub_requests));
 
     let pool = if config.threading == Threading::Pool {
         let mut senders = Vec::new();
@@ -160,7 +164,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         })?;
     }
     shared.serving.store(true, Ordering::Release);
-    let driver = PeeringDriver::new(shared.clone());
+    let driver = PeeringDriver::new(shared.clone(), mailboxes.clone());
     std::thread::Builder::new()
         .name("osd-peering".into())
         .spawn(move || driver.run(Arc::new(AtomicBool::new(false))))?;

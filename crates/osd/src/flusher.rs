@@ -6,7 +6,7 @@
 //! store in batches (one device flush each), trims the logs and index
 //! caches, and posts completions to the priority threads.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use duplex_proto::peering::{PeerReply, PeerRequest};
 use duplex_store::{Batch, Key, Op, Partition, ReadRequest, StoreError};
 
 use crate::mailbox::{Completion, Mailbox};
+use crate::ops::{ScrubAsk, ScrubRequests};
 use crate::metrics::{record, Metrics, Stage};
 use crate::pg::{Ack, PgTable, ReplyTo};
 use crate::replay::store_op;
@@ -86,7 +87,15 @@ pub struct Flusher {
     pub mailboxes: Vec<Mailbox>,
     pub metrics: Arc<Metrics>,
     pub timeout: Duration,
+    /// Where a read that finds a damaged block asks for its PG's repair.
+    pub scrub_requests: ScrubRequests,
+    /// When each PG's repair was last asked for (a copy no member holds
+    /// intact must not loop: reads then fail with `Io`).
+    pub repairs_asked: HashMap<u32, Instant>,
 }
+
+/// A PG asked for repair this recently is not asked again.
+const REPAIR_BACKOFF: Duration = Duration::from_secs(10);
 
 struct Pending {
     reads: Vec<ReadJob>,
@@ -392,6 +401,7 @@ impl Flusher {
             let reply = match key {
                 Err(err) => OpReply::error(Status::Invalid, epoch, err),
                 Ok(_) => match results.next() {
+                    Some(Err(err @ StoreError::ChecksumMismatch { .. })) => self.damaged(read.pg, epoch, &err),
                     Some(result) => reply_of(epoch, result.map(Bytes::from)),
                     None => OpReply::error(Status::Io, epoch, "store returned too few results"),
                 },
@@ -407,6 +417,25 @@ impl Flusher {
                 mailbox.wake();
             }
         }
+    }
+
+    /// A read found a block of this OSD's copy damaged: the PG stops
+    /// serving and its primary (this OSD) repairs it from a replica, while
+    /// the client is told to retry; unless a repair was just tried.
+    fn damaged(&mut self, pg: u32, epoch: u64, err: &StoreError) -> OpReply {
+        self.metrics.damaged_objects.add(1);
+        let now = Instant::now();
+        if self.repairs_asked.get(&pg).is_some_and(|at| now.duration_since(*at) < REPAIR_BACKOFF) {
+            tracing::error!(pg, %err, "a damaged block again soon after a repair: no member has a good copy?");
+            return OpReply::error(Status::Io, epoch, err);
+        }
+        self.repairs_asked.insert(pg, now);
+        tracing::error!(pg, %err, "a read found a damaged block; repairing the PG from its replicas");
+        if let Some(shared) = self.pgs.get(pg) {
+            shared.lock().expect("PG lock").active = None;
+        }
+        self.scrub_requests.lock().expect("scrub requests lock").push(ScrubAsk { pg, repair: true, reply: None });
+        OpReply::error(Status::Retry, epoch, "a damaged block is being repaired from a replica; retry")
     }
 
     fn post_reply(&self, to: ClientSlot, reply: OpReply, wake: &mut [bool]) {

@@ -81,6 +81,7 @@ impl Flusher {
                 batch.delete(key);
                 self.apply_recovery(&batch)
             }
+            PeerOp::Scrub { .. } => Err("a scrub is asked of the PG's primary, not of a member's store".into()),
             PeerOp::Activate { last_seq, last_epoch, members, forget_requests } => {
                 let mut guard = pg.lock().expect("PG lock");
                 if !guard.log.is_empty() {
@@ -130,7 +131,15 @@ impl Flusher {
         let more = keys.len() > DIGEST_PAGE;
         let mut objects = Vec::with_capacity(keys.len().min(DIGEST_PAGE));
         for store_key in keys.iter().take(DIGEST_PAGE) {
-            let digest = self.digest(store_key.as_bytes()).map_err(|e| e.to_string())?;
+            let digest = match self.digest(store_key.as_bytes()) {
+                Ok(digest) => Some(digest),
+                Err(err @ StoreError::ChecksumMismatch { .. }) => {
+                    tracing::error!(pg = key, %err, "an object's copy here is damaged");
+                    self.metrics.damaged_objects.add(1);
+                    None
+                }
+                Err(err) => return Err(err.to_string()),
+            };
             objects.push(ObjectDigest { object: store_key.as_bytes()[4..].to_vec(), digest });
         }
         Ok(PeerReply::Digests { objects, more })

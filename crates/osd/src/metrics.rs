@@ -88,6 +88,11 @@ pub struct Metrics {
     pub stalled_replica_pgs: Counter,
     /// Store operations recovery applied here (pushed objects, removals).
     pub recovery_ops: Counter,
+    /// Object copies found damaged here (a block failed its checksum).
+    pub damaged_objects: Counter,
+    /// Inconsistent objects deep scrubs found, and bad copies repaired.
+    pub scrub_inconsistent: Counter,
+    pub scrub_repaired: Counter,
     /// Peering runs of this OSD's primary PGs: finished active, or stuck.
     pub peerings_active: Counter,
     pub peerings_stuck: Counter,
@@ -202,6 +207,21 @@ impl Metrics {
             "duplex_osd_recovery_ops_total",
             "Store operations recovery applied on this OSD (objects pushed to it, removals).",
             &[("", self.recovery_ops.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_damaged_objects_total",
+            "Object copies on this OSD found damaged (a data block failed its checksum) by a read or a scrub.",
+            &[("", self.damaged_objects.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_scrub_objects_total",
+            "Deep scrubs of this OSD's primary PGs: objects whose copies disagreed, and bad copies repaired.",
+            &[
+                ("{result=\"inconsistent\"}", self.scrub_inconsistent.get()),
+                ("{result=\"repaired\"}", self.scrub_repaired.get()),
+            ],
         );
         counter(
             &mut out,

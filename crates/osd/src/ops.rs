@@ -4,7 +4,7 @@
 //! connection's owning thread still has to do.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -32,7 +32,21 @@ pub struct Shared {
     pub serving: AtomicBool,
     /// Accepted connections open, over all priority threads.
     pub connections: AtomicUsize,
+    /// Scrubs asked for (by an operator, or by a read that found a damaged
+    /// block), for the peering thread to run.
+    pub scrub_requests: ScrubRequests,
     next_txid: AtomicU64,
+}
+
+pub type ScrubRequests = Arc<Mutex<Vec<ScrubAsk>>>;
+
+/// A deep scrub of one PG this OSD is primary of.
+#[derive(Clone, Copy, Debug)]
+pub struct ScrubAsk {
+    pub pg: u32,
+    pub repair: bool,
+    /// Where the report goes (None: no one waits for it).
+    pub reply: Option<ReplyTo>,
 }
 
 impl Shared {
@@ -42,6 +56,7 @@ impl Shared {
         map: Arc<MapCell>,
         metrics: Arc<Metrics>,
         flushers: Vec<Sender<Job>>,
+        scrub_requests: ScrubRequests,
     ) -> Shared {
         Shared {
             config,
@@ -51,6 +66,7 @@ impl Shared {
             flushers,
             serving: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
+            scrub_requests,
             next_txid: AtomicU64::new(1),
         }
     }

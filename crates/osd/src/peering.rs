@@ -30,7 +30,9 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use duplex_map::OsdId;
-use duplex_proto::peering::{ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, CHUNK_BYTES};
+use duplex_proto::peering::{
+    Inconsistency, ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, ScrubReport, CHUNK_BYTES,
+};
 
 /// What the driver does next.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +60,9 @@ pub struct Peering {
     phase: Phase,
     next_tag: u64,
     pub progress: Progress,
+    /// A deep scrub follows recovery (`Some(repair)`).
+    scrub: Option<bool>,
+    scrub_report: Option<ScrubReport>,
 }
 
 enum Phase {
@@ -73,12 +78,26 @@ struct Recovery {
     info: PeerInfo,
     /// Members still to recover, with how: by history or by backfill.
     targets: VecDeque<(OsdId, Plan)>,
-    /// The member being recovered now, and the step it is at.
-    current: Option<(OsdId, Step)>,
+    /// The member whose object list is being gathered, and the step it is at.
+    listing: Option<(OsdId, Step)>,
+    /// Copies and removals planned, and the one under way.
+    work: VecDeque<Work>,
+    copy: Option<Copy>,
     /// Members whose store this peering changed.
     changed: BTreeSet<OsdId>,
     /// The request outstanding (one at a time during recovery).
     waiting: Option<u64>,
+    scrub: Option<Scrub>,
+}
+
+/// A deep scrub after recovery: every member's digests, compared.
+struct Scrub {
+    repair: bool,
+    to_list: VecDeque<OsdId>,
+    /// The member being listed, the cursor, what it listed so far.
+    listing: Option<(OsdId, Vec<u8>, Vec<ObjectDigest>)>,
+    digests: BTreeMap<OsdId, Vec<ObjectDigest>>,
+    report: Option<ScrubReport>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,18 +114,19 @@ enum Step {
     AskTouched,
     ListAuthority { cursor: Vec<u8>, objects: Vec<ObjectDigest> },
     ListTarget { cursor: Vec<u8>, authority: Vec<ObjectDigest>, objects: Vec<ObjectDigest> },
-    Work { queue: VecDeque<Work>, copy: Option<Copy> },
 }
 
 #[derive(Debug)]
 enum Work {
-    Copy(Vec<u8>),
-    Remove(Vec<u8>),
+    Copy { object: Vec<u8>, from: OsdId, to: OsdId },
+    Remove { object: Vec<u8>, on: OsdId },
 }
 
-/// One object being copied from the authority to the target.
+/// One object being copied (or removed).
 struct Copy {
     object: Vec<u8>,
+    from: OsdId,
+    to: OsdId,
     stage: CopyStage,
 }
 
@@ -148,6 +168,18 @@ impl Peering {
     /// Starts peering `pg` for the interval beginning at map epoch
     /// `interval`, with `members[0]` the primary (this OSD).
     pub fn start(pg: u32, interval: u64, members: Vec<OsdId>) -> (Peering, Vec<Action>) {
+        Peering::begin(pg, interval, members, None)
+    }
+
+    /// Peering followed by a deep scrub: after recovery, every member's
+    /// object digests are compared; with `repair`, bad copies are replaced
+    /// from a good one (the authority's when it is readable). The report
+    /// is [`Peering::scrub_report`] once active.
+    pub fn start_scrub(pg: u32, interval: u64, members: Vec<OsdId>, repair: bool) -> (Peering, Vec<Action>) {
+        Peering::begin(pg, interval, members, Some(repair))
+    }
+
+    fn begin(pg: u32, interval: u64, members: Vec<OsdId>, scrub: Option<bool>) -> (Peering, Vec<Action>) {
         assert!(!members.is_empty(), "a PG's acting set includes its primary");
         let mut peering = Peering {
             pg,
@@ -156,6 +188,8 @@ impl Peering {
             phase: Phase::Stuck,
             next_tag: 1,
             progress: Progress::default(),
+            scrub,
+            scrub_report: None,
         };
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
@@ -180,9 +214,9 @@ impl Peering {
         matches!(self.phase, Phase::Stuck)
     }
 
-    /// Whether this machine still waits for answers (neither active nor stuck).
-    pub fn is_running(&self) -> bool {
-        !self.is_active() && !self.is_stuck()
+    /// A deep scrub's findings, once the machine is active (None: no scrub ran).
+    pub fn scrub_report(&self) -> Option<&ScrubReport> {
+        self.scrub_report.as_ref()
     }
 
     fn tag(&mut self) -> u64 {
@@ -263,180 +297,244 @@ impl Peering {
             .filter(|(osd, _)| **osd != authority)
             .filter_map(|(osd, member)| plan_for(member, &info).map(|plan| (*osd, plan)))
             .collect();
-        let recovery =
-            Box::new(Recovery { authority, info, targets, current: None, changed: BTreeSet::new(), waiting: None });
+        let scrub = self.scrub.map(|repair| {
+            // The authority first: its copies are the good ones when readable.
+            let mut to_list: VecDeque<OsdId> = self.members.iter().copied().filter(|m| *m != authority).collect();
+            to_list.push_front(authority);
+            Scrub { repair, to_list, listing: None, digests: BTreeMap::new(), report: None }
+        });
+        let recovery = Box::new(Recovery {
+            authority,
+            info,
+            targets,
+            listing: None,
+            work: VecDeque::new(),
+            copy: None,
+            changed: BTreeSet::new(),
+            waiting: None,
+            scrub,
+        });
         self.step(recovery, None)
     }
 
     /// Advances recovery with `reply` (to the request it waited for) until
-    /// it sends the next request or every target is done.
+    /// it sends the next request, or everything is done and it activates.
+    /// Only one stage has a request outstanding at a time, and the order
+    /// below finds it first: a copy, a target's listing, a scrub listing.
     fn step(&mut self, mut recovery: Box<Recovery>, mut reply: Option<PeerReply>) -> Vec<Action> {
         loop {
-            let Some((target, step)) = recovery.current.take() else {
-                match recovery.targets.pop_front() {
-                    Some((target, Plan::History { after, after_epoch })) => {
-                        recovery.current = Some((target, Step::AskTouched));
-                        let through = recovery.info.last_seq;
-                        return self.send(recovery, true, PeerOp::Touched { after, after_epoch, through });
-                    }
-                    Some((target, Plan::Backfill)) => {
-                        recovery.current =
-                            Some((target, Step::ListAuthority { cursor: Vec::new(), objects: Vec::new() }));
-                        return self.send(recovery, true, PeerOp::Digests { cursor: Vec::new() });
-                    }
-                    None => return self.activate(&recovery),
-                }
-            };
-            let unexpected = |reply: &Option<PeerReply>| format!("unexpected answer {reply:?} during recovery");
-            match step {
-                Step::AskTouched => match reply.take() {
-                    Some(PeerReply::Touched(Some(objects))) => {
-                        let queue = objects.into_iter().map(Work::Copy).collect();
-                        recovery.current = Some((target, Step::Work { queue, copy: None }));
-                    }
-                    Some(PeerReply::Touched(None)) => {
-                        // The history moved on meanwhile: backfill instead.
-                        recovery.current =
-                            Some((target, Step::ListAuthority { cursor: Vec::new(), objects: Vec::new() }));
-                        return self.send(recovery, true, PeerOp::Digests { cursor: Vec::new() });
-                    }
-                    other => return self.stuck(unexpected(&other)),
-                },
-                Step::ListAuthority { cursor, mut objects } => match reply.take() {
-                    Some(PeerReply::Digests { objects: page, more }) => {
-                        let Some(cursor) = next_cursor(&cursor, &page, more) else {
-                            return self.stuck("a digest listing did not advance".into());
-                        };
-                        objects.extend(page);
-                        if more {
-                            recovery.current = Some((target, Step::ListAuthority { cursor: cursor.clone(), objects }));
-                            return self.send(recovery, true, PeerOp::Digests { cursor });
-                        }
-                        recovery.current = Some((
-                            target,
-                            Step::ListTarget { cursor: Vec::new(), authority: objects, objects: vec![] },
-                        ));
-                        return self.send(recovery, false, PeerOp::Digests { cursor: Vec::new() });
-                    }
-                    other => return self.stuck(unexpected(&other)),
-                },
-                Step::ListTarget { cursor, authority, mut objects } => match reply.take() {
-                    Some(PeerReply::Digests { objects: page, more }) => {
-                        let Some(cursor) = next_cursor(&cursor, &page, more) else {
-                            return self.stuck("a digest listing did not advance".into());
-                        };
-                        objects.extend(page);
-                        if more {
-                            recovery.current =
-                                Some((target, Step::ListTarget { cursor: cursor.clone(), authority, objects }));
-                            return self.send(recovery, false, PeerOp::Digests { cursor });
-                        }
-                        let queue = diff(&authority, &objects);
-                        recovery.current = Some((target, Step::Work { queue, copy: None }));
-                    }
-                    other => return self.stuck(unexpected(&other)),
-                },
-                Step::Work { mut queue, copy } => {
-                    let Some(mut copy) = copy else {
-                        match queue.pop_front() {
-                            None => continue, // this target is done
-                            Some(Work::Remove(object)) => {
-                                recovery.changed.insert(target);
-                                self.progress.objects_removed += 1;
-                                let copy = Copy { object: object.clone(), stage: CopyStage::Removing };
-                                recovery.current = Some((target, Step::Work { queue, copy: Some(copy) }));
-                                return self.send(recovery, false, PeerOp::Remove { object });
-                            }
-                            Some(Work::Copy(object)) => {
-                                recovery.changed.insert(target);
-                                let copy = Copy { object: object.clone(), stage: CopyStage::Stat };
-                                recovery.current = Some((target, Step::Work { queue, copy: Some(copy) }));
-                                return self.send(recovery, true, PeerOp::Stat { object });
-                            }
-                        }
-                    };
-                    let object = copy.object.clone();
-                    let (next, op, to_authority) = match (copy.stage, reply.take()) {
-                        (CopyStage::Stat, Some(PeerReply::Meta(None))) => {
-                            // Gone on the authority since it was listed or logged.
-                            self.progress.objects_removed += 1;
-                            (CopyStage::Removing, PeerOp::Remove { object }, false)
-                        }
-                        (CopyStage::Stat, Some(PeerReply::Meta(Some(meta)))) => {
-                            let op = PeerOp::PushStart {
-                                object,
-                                size: meta.size,
-                                preallocated: meta.preallocated,
-                                attrs: meta.attrs.clone(),
-                            };
-                            (CopyStage::Start { meta }, op, false)
-                        }
-                        (CopyStage::Start { meta }, Some(PeerReply::Done)) => {
-                            self.progress.objects_copied += 1;
-                            if meta.size == 0 {
-                                recovery.current = Some((target, Step::Work { queue, copy: None }));
-                                continue;
-                            }
-                            let len = CHUNK_BYTES.min(meta.size as u32);
-                            let op = PeerOp::Pull { object, offset: 0, len };
-                            (CopyStage::Pull { size: meta.size, offset: 0 }, op, true)
-                        }
-                        (CopyStage::Pull { size, offset }, Some(PeerReply::Data(data))) => {
-                            let end = offset + data.len() as u64;
-                            if data.is_empty() || end > size {
-                                return self.stuck(format!(
-                                    "a pull at {offset} of a {size}-byte object returned {} bytes",
-                                    data.len()
-                                ));
-                            }
-                            if data.iter().all(|b| *b == 0) {
-                                // Holes stay holes: the pushed object starts empty.
-                                match next_pull(object, end, size) {
-                                    Some((stage, op)) => (stage, op, true),
-                                    None => {
-                                        recovery.current = Some((target, Step::Work { queue, copy: None }));
-                                        continue;
-                                    }
-                                }
-                            } else {
-                                self.progress.bytes_copied += data.len() as u64;
-                                (
-                                    CopyStage::Push { size, offset: end },
-                                    PeerOp::PushData { object, offset, data },
-                                    false,
-                                )
-                            }
-                        }
-                        (CopyStage::Push { size, offset }, Some(PeerReply::Done)) => {
-                            match next_pull(object, offset, size) {
-                                Some((stage, op)) => (stage, op, true),
-                                None => {
-                                    recovery.current = Some((target, Step::Work { queue, copy: None }));
-                                    continue;
-                                }
-                            }
-                        }
-                        (CopyStage::Removing, Some(PeerReply::Done)) => {
-                            recovery.current = Some((target, Step::Work { queue, copy: None }));
-                            continue;
-                        }
-                        (_, other) => return self.stuck(unexpected(&other)),
-                    };
-                    copy.stage = next;
-                    recovery.current = Some((target, Step::Work { queue, copy: Some(copy) }));
-                    return self.send(recovery, to_authority, op);
+            if let Some(copy) = recovery.copy.take() {
+                match self.copy_step(&mut recovery, copy, reply.take()) {
+                    Ok(Some((to, op))) => return self.send(recovery, to, op),
+                    Ok(None) => continue,
+                    Err(why) => return self.stuck(why),
                 }
             }
+            if let Some(work) = recovery.work.pop_front() {
+                let (copy, to, op) = match work {
+                    Work::Copy { object, from, to } => {
+                        recovery.changed.insert(to);
+                        let op = PeerOp::Stat { object: object.clone() };
+                        (Copy { object, from, to, stage: CopyStage::Stat }, from, op)
+                    }
+                    Work::Remove { object, on } => {
+                        recovery.changed.insert(on);
+                        self.progress.objects_removed += 1;
+                        let op = PeerOp::Remove { object: object.clone() };
+                        (Copy { object, from: on, to: on, stage: CopyStage::Removing }, on, op)
+                    }
+                };
+                recovery.copy = Some(copy);
+                return self.send(recovery, to, op);
+            }
+            if let Some((target, step)) = recovery.listing.take() {
+                match self.listing_step(&mut recovery, target, step, reply.take()) {
+                    Ok(Some((to, op))) => return self.send(recovery, to, op),
+                    Ok(None) => continue,
+                    Err(why) => return self.stuck(why),
+                }
+            }
+            if let Some((target, plan)) = recovery.targets.pop_front() {
+                let authority = recovery.authority;
+                let (step, op) = match plan {
+                    Plan::History { after, after_epoch } => {
+                        let through = recovery.info.last_seq;
+                        (Step::AskTouched, PeerOp::Touched { after, after_epoch, through })
+                    }
+                    Plan::Backfill => (
+                        Step::ListAuthority { cursor: Vec::new(), objects: Vec::new() },
+                        PeerOp::Digests { cursor: Vec::new() },
+                    ),
+                };
+                recovery.listing = Some((target, step));
+                return self.send(recovery, authority, op);
+            }
+            if let Some(mut scrub) = recovery.scrub.take() {
+                if scrub.report.is_none() {
+                    match self.scrub_step(&mut recovery, &mut scrub, reply.take()) {
+                        Ok(Some((to, op))) => {
+                            recovery.scrub = Some(scrub);
+                            return self.send(recovery, to, op);
+                        }
+                        Ok(None) => {
+                            // Listed and compared: the repairs (if any) run next.
+                            recovery.scrub = Some(scrub);
+                            continue;
+                        }
+                        Err(why) => return self.stuck(why),
+                    }
+                }
+                self.scrub_report = scrub.report.take();
+            }
+            return self.activate(&recovery);
         }
     }
 
-    /// Sends `op` to the authority or to the current target.
-    fn send(&mut self, mut recovery: Box<Recovery>, to_authority: bool, op: PeerOp) -> Vec<Action> {
-        let to = if to_authority {
-            recovery.authority
-        } else {
-            recovery.current.as_ref().expect("a target is being recovered").0
+    /// The next request of a target's object listing (`None`: its work is planned).
+    fn listing_step(
+        &mut self,
+        recovery: &mut Recovery,
+        target: OsdId,
+        step: Step,
+        reply: Option<PeerReply>,
+    ) -> Result<Option<(OsdId, PeerOp)>, String> {
+        let authority = recovery.authority;
+        let unexpected = |reply: &Option<PeerReply>| format!("unexpected answer {reply:?} during recovery");
+        match (step, reply) {
+            (Step::AskTouched, Some(PeerReply::Touched(Some(objects)))) => {
+                let copies = objects.into_iter().map(|object| Work::Copy { object, from: authority, to: target });
+                recovery.work.extend(copies);
+                Ok(None)
+            }
+            (Step::AskTouched, Some(PeerReply::Touched(None))) => {
+                // The history does not reach the target's end: backfill instead.
+                recovery.listing = Some((target, Step::ListAuthority { cursor: Vec::new(), objects: Vec::new() }));
+                Ok(Some((authority, PeerOp::Digests { cursor: Vec::new() })))
+            }
+            (Step::ListAuthority { cursor, mut objects }, Some(PeerReply::Digests { objects: page, more })) => {
+                let cursor = next_cursor(&cursor, &page, more).ok_or("a digest listing did not advance")?;
+                objects.extend(page);
+                if more {
+                    recovery.listing = Some((target, Step::ListAuthority { cursor: cursor.clone(), objects }));
+                    return Ok(Some((authority, PeerOp::Digests { cursor })));
+                }
+                let step = Step::ListTarget { cursor: Vec::new(), authority: objects, objects: Vec::new() };
+                recovery.listing = Some((target, step));
+                Ok(Some((target, PeerOp::Digests { cursor: Vec::new() })))
+            }
+            (
+                Step::ListTarget { cursor, authority: theirs, mut objects },
+                Some(PeerReply::Digests { objects: page, more }),
+            ) => {
+                let cursor = next_cursor(&cursor, &page, more).ok_or("a digest listing did not advance")?;
+                objects.extend(page);
+                if more {
+                    let step = Step::ListTarget { cursor: cursor.clone(), authority: theirs, objects };
+                    recovery.listing = Some((target, step));
+                    return Ok(Some((target, PeerOp::Digests { cursor })));
+                }
+                recovery.work.extend(diff(authority, &theirs, target, &objects));
+                Ok(None)
+            }
+            (_, other) => Err(unexpected(&other)),
+        }
+    }
+
+    /// The next request of an object copy or removal (`None`: it is done).
+    fn copy_step(
+        &mut self,
+        recovery: &mut Recovery,
+        mut copy: Copy,
+        reply: Option<PeerReply>,
+    ) -> Result<Option<(OsdId, PeerOp)>, String> {
+        let object = copy.object.clone();
+        let (next, to, op) = match (copy.stage, reply) {
+            (CopyStage::Stat, Some(PeerReply::Meta(None))) => {
+                // Gone on the source since it was listed or logged.
+                self.progress.objects_removed += 1;
+                (CopyStage::Removing, copy.to, PeerOp::Remove { object })
+            }
+            (CopyStage::Stat, Some(PeerReply::Meta(Some(meta)))) => {
+                let op = PeerOp::PushStart {
+                    object,
+                    size: meta.size,
+                    preallocated: meta.preallocated,
+                    attrs: meta.attrs.clone(),
+                };
+                (CopyStage::Start { meta }, copy.to, op)
+            }
+            (CopyStage::Start { meta }, Some(PeerReply::Done)) => {
+                self.progress.objects_copied += 1;
+                match next_pull(object, 0, meta.size) {
+                    Some((stage, op)) => (stage, copy.from, op),
+                    None => return Ok(None),
+                }
+            }
+            (CopyStage::Pull { size, offset }, Some(PeerReply::Data(data))) => {
+                let end = offset + data.len() as u64;
+                if data.is_empty() || end > size {
+                    return Err(format!("a pull at {offset} of a {size}-byte object returned {} bytes", data.len()));
+                }
+                if data.iter().all(|b| *b == 0) {
+                    // Holes stay holes: the pushed object starts empty.
+                    match next_pull(object, end, size) {
+                        Some((stage, op)) => (stage, copy.from, op),
+                        None => return Ok(None),
+                    }
+                } else {
+                    self.progress.bytes_copied += data.len() as u64;
+                    (CopyStage::Push { size, offset: end }, copy.to, PeerOp::PushData { object, offset, data })
+                }
+            }
+            (CopyStage::Push { size, offset }, Some(PeerReply::Done)) => match next_pull(object, offset, size) {
+                Some((stage, op)) => (stage, copy.from, op),
+                None => return Ok(None),
+            },
+            (CopyStage::Removing, Some(PeerReply::Done)) => return Ok(None),
+            (_, other) => return Err(format!("unexpected answer {other:?} while copying an object")),
         };
+        copy.stage = next;
+        recovery.copy = Some(copy);
+        Ok(Some((to, op)))
+    }
+
+    /// The next request of a deep scrub's listings (`None`: all listed and
+    /// compared; repairs are queued as work when asked for).
+    fn scrub_step(
+        &mut self,
+        recovery: &mut Recovery,
+        scrub: &mut Scrub,
+        reply: Option<PeerReply>,
+    ) -> Result<Option<(OsdId, PeerOp)>, String> {
+        if let Some((member, cursor, mut objects)) = scrub.listing.take() {
+            let Some(PeerReply::Digests { objects: page, more }) = reply else {
+                return Err(format!("unexpected answer {reply:?} during a scrub"));
+            };
+            let cursor = next_cursor(&cursor, &page, more).ok_or("a digest listing did not advance")?;
+            objects.extend(page);
+            if more {
+                scrub.listing = Some((member, cursor.clone(), objects));
+                return Ok(Some((member, PeerOp::Digests { cursor })));
+            }
+            scrub.digests.insert(member, objects);
+        }
+        if let Some(member) = scrub.to_list.pop_front() {
+            scrub.listing = Some((member, Vec::new(), Vec::new()));
+            return Ok(Some((member, PeerOp::Digests { cursor: Vec::new() })));
+        }
+        let (report, repairs) = compare(recovery.authority, &self.members, &scrub.digests);
+        if scrub.repair {
+            let mut report = report;
+            report.repaired = repairs.len() as u64;
+            recovery.work.extend(repairs);
+            scrub.report = Some(report);
+        } else {
+            scrub.report = Some(report);
+        }
+        Ok(None)
+    }
+
+    fn send(&mut self, mut recovery: Box<Recovery>, to: OsdId, op: PeerOp) -> Vec<Action> {
         let tag = self.tag();
         recovery.waiting = Some(tag);
         self.phase = Phase::Recovering(recovery);
@@ -480,18 +578,66 @@ fn next_pull(object: Vec<u8>, offset: u64, size: u64) -> Option<(CopyStage, Peer
     })
 }
 
-/// What makes the target's object set equal the authority's: copies of
-/// objects it lacks or holds differently, removal of objects it has extra.
-fn diff(authority: &[ObjectDigest], target: &[ObjectDigest]) -> VecDeque<Work> {
-    let theirs: BTreeMap<&[u8], u32> = target.iter().map(|d| (d.object.as_slice(), d.digest)).collect();
-    let ours: BTreeSet<&[u8]> = authority.iter().map(|d| d.object.as_slice()).collect();
-    let mut work: VecDeque<Work> = authority
+/// What makes `target`'s object set equal the authority's: copies of
+/// objects it lacks or holds differently (or damaged), removal of extra ones.
+fn diff(authority: OsdId, ours: &[ObjectDigest], target: OsdId, theirs: &[ObjectDigest]) -> Vec<Work> {
+    let held: BTreeMap<&[u8], Option<u32>> = theirs.iter().map(|d| (d.object.as_slice(), d.digest)).collect();
+    let names: BTreeSet<&[u8]> = ours.iter().map(|d| d.object.as_slice()).collect();
+    let mut work: Vec<Work> = ours
         .iter()
-        .filter(|d| theirs.get(d.object.as_slice()) != Some(&d.digest))
-        .map(|d| Work::Copy(d.object.clone()))
+        .filter(|d| d.digest.is_none() || held.get(d.object.as_slice()) != Some(&d.digest))
+        .map(|d| Work::Copy { object: d.object.clone(), from: authority, to: target })
         .collect();
-    work.extend(target.iter().filter(|d| !ours.contains(d.object.as_slice())).map(|d| Work::Remove(d.object.clone())));
+    work.extend(
+        theirs
+            .iter()
+            .filter(|d| !names.contains(d.object.as_slice()))
+            .map(|d| Work::Remove { object: d.object.clone(), on: target }),
+    );
     work
+}
+
+/// A deep scrub's verdict over every member's digests: which copies are
+/// bad, and the work that would replace them. The good copy of an object is
+/// the authority's when readable, else the first readable one (in member
+/// order); whether an object exists at all is the authority's call.
+fn compare(
+    authority: OsdId,
+    members: &[OsdId],
+    digests: &BTreeMap<OsdId, Vec<ObjectDigest>>,
+) -> (ScrubReport, Vec<Work>) {
+    let mut copies: BTreeMap<&[u8], BTreeMap<OsdId, Option<u32>>> = BTreeMap::new();
+    for (member, listed) in digests {
+        for d in listed {
+            copies.entry(d.object.as_slice()).or_default().insert(*member, d.digest);
+        }
+    }
+    let mut report = ScrubReport { objects: copies.len() as u64, ..ScrubReport::default() };
+    let mut work = Vec::new();
+    for (object, held) in copies {
+        let Some(on_authority) = held.get(&authority) else {
+            let bad: Vec<OsdId> = held.keys().copied().collect();
+            work.extend(bad.iter().map(|on| Work::Remove { object: object.to_vec(), on: *on }));
+            report.inconsistent.push(Inconsistency { object: object.to_vec(), bad, unrepairable: false });
+            continue;
+        };
+        let good = on_authority
+            .map(|digest| (authority, digest))
+            .or_else(|| members.iter().find_map(|m| held.get(m).copied().flatten().map(|digest| (*m, digest))));
+        let bad: Vec<OsdId> = members
+            .iter()
+            .copied()
+            .filter(|m| good.is_none_or(|(_, digest)| held.get(m) != Some(&Some(digest))))
+            .collect();
+        if bad.is_empty() {
+            continue;
+        }
+        if let Some((from, _)) = good {
+            work.extend(bad.iter().map(|to| Work::Copy { object: object.to_vec(), from, to: *to }));
+        }
+        report.inconsistent.push(Inconsistency { object: object.to_vec(), bad, unrepairable: good.is_none() });
+    }
+    (report, work)
 }
 
 #[cfg(test)]
@@ -509,6 +655,8 @@ mod tests {
         last_epoch: u32,
         last_active: u64,
         history: Vec<(u64, u32, Vec<u8>)>,
+        /// Objects whose copy here fails its checksum.
+        damaged: BTreeSet<Vec<u8>>,
         requests_forgotten: bool,
         requests: u32,
     }
@@ -548,7 +696,10 @@ mod tests {
                         .iter()
                         .filter(|(name, _)| cursor.is_empty() || name.as_slice() > cursor.as_slice())
                         .take(2) // small pages, to exercise paging
-                        .map(|(name, (data, _))| ObjectDigest { object: name.clone(), digest: crc32c::crc32c(data) })
+                        .map(|(name, (data, _))| ObjectDigest {
+                            object: name.clone(),
+                            digest: (!self.damaged.contains(name)).then(|| crc32c::crc32c(data)),
+                        })
                         .collect();
                     let more =
                         objects.last().is_some_and(|last| self.objects.range(last.object.clone()..).nth(1).is_some());
@@ -560,11 +711,15 @@ mod tests {
                     attrs: attrs.clone(),
                 })),
                 PeerOp::Pull { object, offset, len } => {
+                    if self.damaged.contains(&object) {
+                        return PeerReply::Refused("checksum mismatch".into());
+                    }
                     let data = &self.objects[&object].0;
                     let end = (offset + len as u64).min(data.len() as u64);
                     PeerReply::Data(data[offset as usize..end as usize].to_vec())
                 }
                 PeerOp::PushStart { object, size, attrs, .. } => {
+                    self.damaged.remove(&object);
                     self.objects.insert(object, (vec![0; size as usize], attrs));
                     PeerReply::Done
                 }
@@ -574,6 +729,7 @@ mod tests {
                     PeerReply::Done
                 }
                 PeerOp::Remove { object } => {
+                    self.damaged.remove(&object);
                     self.objects.remove(&object);
                     PeerReply::Done
                 }
@@ -587,6 +743,7 @@ mod tests {
                     self.requests_forgotten = forget_requests;
                     PeerReply::Done
                 }
+                PeerOp::Scrub { .. } => PeerReply::Refused("not a member's request".into()),
             }
         }
     }
@@ -594,7 +751,22 @@ mod tests {
     /// Runs peering to the end over `members` (ids 0..n, 0 the primary).
     fn run(members: &mut [Member], interval: u64) -> Action {
         let ids: Vec<OsdId> = (0..members.len() as u32).collect();
-        let (mut machine, mut actions) = Peering::start(7, interval, ids);
+        let (machine, actions) = Peering::start(7, interval, ids);
+        drive(members, interval, machine, actions).0
+    }
+
+    fn scrub(members: &mut [Member], repair: bool) -> (Action, Option<ScrubReport>) {
+        let ids: Vec<OsdId> = (0..members.len() as u32).collect();
+        let (machine, actions) = Peering::start_scrub(7, 9, ids, repair);
+        drive(members, 9, machine, actions)
+    }
+
+    fn drive(
+        members: &mut [Member],
+        interval: u64,
+        mut machine: Peering,
+        mut actions: Vec<Action>,
+    ) -> (Action, Option<ScrubReport>) {
         let mut queue: VecDeque<Action> = actions.drain(..).collect();
         while let Some(action) = queue.pop_front() {
             match action {
@@ -604,7 +776,7 @@ mod tests {
                 }
                 done => {
                     assert!(queue.is_empty(), "nothing follows the end");
-                    return done;
+                    return (done, machine.scrub_report().cloned());
                 }
             }
         }
@@ -733,5 +905,57 @@ mod tests {
             Some(Plan::Backfill),
             "divergent"
         );
+    }
+
+    fn damaged_copies() -> Vec<Member> {
+        let good = active_member(&[("a", b"alpha"), ("b", b"beta"), ("c", b"gamma")]);
+        let mut members = vec![good.clone(), good.clone(), good];
+        members[1].damaged.insert(b"b".to_vec()); // rotted on a replica
+        members[0].damaged.insert(b"c".to_vec()); // rotted on the primary (the authority)
+        members[2].objects.insert(b"b".to_vec(), (b"bets".to_vec(), vec![])); // silently different
+        members
+    }
+
+    #[test]
+    fn a_deep_scrub_reports_bad_copies_and_changes_nothing_without_repair() {
+        let mut members = damaged_copies();
+        let (outcome, report) = scrub(&mut members, false);
+        assert!(matches!(outcome, Action::Active { recovered_objects: 0, .. }), "{outcome:?}");
+        let report = report.expect("a scrub report");
+        assert_eq!(report.objects, 3);
+        assert_eq!(report.repaired, 0);
+        let bad: Vec<(Vec<u8>, Vec<u32>)> = report.inconsistent.iter().map(|i| (i.object.clone(), i.bad.clone())).collect();
+        assert_eq!(bad, vec![(b"b".to_vec(), vec![1, 2]), (b"c".to_vec(), vec![0])]);
+        assert_eq!(members[2].objects[&b"b".to_vec()].0, b"bets", "untouched");
+    }
+
+    #[test]
+    fn a_repair_replaces_bad_copies_from_a_good_one_even_on_the_authority() {
+        let mut members = damaged_copies();
+        let (outcome, report) = scrub(&mut members, true);
+        assert!(matches!(outcome, Action::Active { .. }), "{outcome:?}");
+        assert_eq!(report.expect("a scrub report").repaired, 3);
+        for member in &members {
+            assert!(member.damaged.is_empty());
+            assert_eq!(member.objects, active_member(&[("a", b"alpha"), ("b", b"beta"), ("c", b"gamma")]).objects);
+        }
+        // A second scrub finds nothing.
+        let (_, report) = scrub(&mut members, false);
+        assert_eq!(report.expect("a scrub report").inconsistent, vec![]);
+    }
+
+    #[test]
+    fn an_object_damaged_everywhere_is_reported_unrepairable() {
+        let good = active_member(&[("a", b"alpha")]);
+        let mut members = vec![good.clone(), good];
+        for member in &mut members {
+            member.damaged.insert(b"a".to_vec());
+        }
+        let (outcome, report) = scrub(&mut members, true);
+        assert!(matches!(outcome, Action::Active { .. }), "{outcome:?}");
+        let report = report.expect("a scrub report");
+        assert_eq!(report.inconsistent.len(), 1);
+        assert!(report.inconsistent[0].unrepairable);
+        assert_eq!(report.repaired, 0);
     }
 }

@@ -21,7 +21,9 @@ use duplex_proto::MessageType;
 
 use crate::cluster::MapView;
 use crate::flusher::{Job, PeerReplyTo};
-use crate::ops::Shared;
+use crate::mailbox::{Completion, Mailbox};
+use crate::ops::{ScrubAsk, Shared};
+use crate::pg::ReplyTo;
 use crate::peering::{Action, Peering};
 use crate::pg::pg_key;
 
@@ -44,10 +46,15 @@ struct Machine {
     /// When a stuck machine may start again.
     retry_at: Option<Instant>,
     started: Instant,
+    /// A scrub's requester, answered when the machine ends.
+    scrub_reply: Option<ReplyTo>,
+    /// When this PG was last deep-scrubbed (or first peered here).
+    last_scrub: Instant,
 }
 
 pub struct PeeringDriver {
     shared: Arc<Shared>,
+    mailboxes: Vec<Mailbox>,
     credentials: Credentials,
     machines: HashMap<u32, Machine>,
     /// Actions to carry out, oldest first, with the PG they belong to.
@@ -60,12 +67,13 @@ pub struct PeeringDriver {
 }
 
 impl PeeringDriver {
-    pub fn new(shared: Arc<Shared>) -> PeeringDriver {
+    pub fn new(shared: Arc<Shared>, mailboxes: Vec<Mailbox>) -> PeeringDriver {
         let config = &shared.config;
         let credentials =
             Credentials { fsid: config.fsid, secret: config.secret.clone(), name: format!("osd.{}", config.id) };
         PeeringDriver {
             shared,
+            mailboxes,
             credentials,
             machines: HashMap::new(),
             queue: VecDeque::new(),
@@ -110,20 +118,48 @@ impl PeeringDriver {
             }
         }
         if epoch_moved {
-            self.machines.retain(|key, _| wanted.contains_key(key));
+            let gone: Vec<u32> = self.machines.keys().copied().filter(|key| !wanted.contains_key(key)).collect();
+            for key in gone {
+                self.end(key, Some("this OSD is no longer the PG's primary".into()));
+                self.machines.remove(&key);
+            }
+        }
+        let asked = std::mem::take(&mut *self.shared.scrub_requests.lock().expect("scrub requests lock"));
+        let mut scrubs: HashMap<u32, ScrubAsk> = HashMap::new();
+        for ask in asked {
+            if !wanted.contains_key(&ask.pg) {
+                self.answer(ask.reply, PeerReply::Refused(format!("osd.{me} is not the primary of PG {:#x}", ask.pg)));
+                continue;
+            }
+            if let Some(earlier) = scrubs.insert(ask.pg, ask) {
+                // Two asks for one PG: one scrub answers both (repairing if either asked).
+                let merged = scrubs.get_mut(&ask.pg).expect("just inserted");
+                merged.repair |= earlier.repair;
+                if merged.reply.is_none() {
+                    merged.reply = earlier.reply;
+                } else {
+                    self.answer(earlier.reply, PeerReply::Refused("a newer scrub of this PG replaced it".into()));
+                }
+            }
         }
         let now = Instant::now();
+        let scrub_interval = self.shared.config.scrub_interval;
         let mut inactive = 0u64;
         for (key, (identity, acting)) in wanted {
-            let restart = match self.machines.get(&key) {
-                None => true,
-                Some(machine) if machine.identity != identity => true,
-                Some(machine) if machine.peering.is_stuck() => machine.retry_at.is_none_or(|at| now >= at),
-                Some(machine) if machine.peering.is_active() => !self.locally_active(key),
-                Some(_) => false,
-            };
+            let scheduled = self.machines.get(&key).is_some_and(|m| {
+                m.peering.is_active() && !scrub_interval.is_zero() && m.last_scrub.elapsed() >= scrub_interval
+            });
+            let scrub = scrubs.remove(&key).or_else(|| scheduled.then_some(ScrubAsk { pg: key, repair: false, reply: None }));
+            let restart = scrub.is_some()
+                || match self.machines.get(&key) {
+                    None => true,
+                    Some(machine) if machine.identity != identity => true,
+                    Some(machine) if machine.peering.is_stuck() => machine.retry_at.is_none_or(|at| now >= at),
+                    Some(machine) if machine.peering.is_active() => !self.locally_active(key),
+                    Some(_) => false,
+                };
             if restart {
-                self.start(key, view.epoch(), identity, acting);
+                self.start(key, view.epoch(), identity, acting, scrub);
             }
             if self.machines.get(&key).is_none_or(|m| !m.peering.is_active()) {
                 inactive += 1;
@@ -136,15 +172,55 @@ impl PeeringDriver {
         self.shared.pgs.get(key).is_some_and(|pg| pg.lock().expect("PG lock").active.is_some())
     }
 
-    fn start(&mut self, key: u32, epoch: u64, identity: Identity, acting: Vec<OsdId>) {
+    fn start(&mut self, key: u32, epoch: u64, identity: Identity, acting: Vec<OsdId>, scrub: Option<ScrubAsk>) {
         // The interval is named by the epoch peering starts at: members
         // refuse older ones, so a replaced primary cannot drive them.
         let interval = epoch;
         self.queue.retain(|(pg, _)| *pg != key);
-        let (peering, actions) = Peering::start(key, interval, acting);
+        let mut last_scrub = Instant::now();
+        let mut scrub_reply = None;
+        if let Some(old) = self.machines.get(&key) {
+            last_scrub = old.last_scrub;
+            scrub_reply = old.scrub_reply;
+        }
+        let (peering, actions) = match scrub {
+            Some(ask) => {
+                if scrub_reply.is_some() && ask.reply.is_some() {
+                    self.answer(scrub_reply.take(), PeerReply::Refused("a newer scrub of this PG replaced it".into()));
+                }
+                scrub_reply = ask.reply.or(scrub_reply);
+                last_scrub = Instant::now();
+                tracing::info!(pg = key, repair = ask.repair, "deep scrub");
+                Peering::start_scrub(key, interval, acting, ask.repair)
+            }
+            None => Peering::start(key, interval, acting),
+        };
         tracing::debug!(pg = key, interval, members = ?peering.members(), "peering");
         self.queue.extend(actions.into_iter().map(|a| (key, a)));
-        self.machines.insert(key, Machine { peering, identity, retry_at: None, started: Instant::now() });
+        let machine = Machine { peering, identity, retry_at: None, started: Instant::now(), scrub_reply, last_scrub };
+        self.machines.insert(key, machine);
+    }
+
+    /// Answers a scrub's requester, if one waits on this PG's machine.
+    fn end(&mut self, key: u32, refused: Option<String>) {
+        let Some(machine) = self.machines.get_mut(&key) else { return };
+        let Some(reply) = machine.scrub_reply.take() else { return };
+        let answer = match (refused, machine.peering.scrub_report()) {
+            (Some(why), _) => PeerReply::Refused(why),
+            (None, Some(report)) => PeerReply::Scrubbed(report.clone()),
+            (None, None) => {
+                // Re-peered without a scrub (the interval changed): keep waiting.
+                machine.scrub_reply = Some(reply);
+                return;
+            }
+        };
+        self.answer(Some(reply), answer);
+    }
+
+    fn answer(&self, to: Option<ReplyTo>, reply: PeerReply) {
+        let Some(to) = to else { return };
+        let frame = reply.to_frame(to.txid);
+        self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
     }
 
     fn carry_out(&mut self, key: u32, action: Action) {
@@ -172,6 +248,18 @@ impl PeeringDriver {
                 if let Some(machine) = self.machines.get(&key) {
                     let took = machine.started.elapsed();
                     let progress = machine.peering.progress;
+                    if let Some(report) = machine.peering.scrub_report() {
+                        metrics.scrub_inconsistent.add(report.inconsistent.len() as u64);
+                        metrics.scrub_repaired.add(report.repaired);
+                        if report.inconsistent.is_empty() {
+                            tracing::info!(pg = key, objects = report.objects, ?took, "deep scrub: consistent");
+                        } else {
+                            for bad in &report.inconsistent {
+                                tracing::error!(pg = key, object = %String::from_utf8_lossy(&bad.object), bad = ?bad.bad, unrepairable = bad.unrepairable, "deep scrub: inconsistent copies");
+                            }
+                            tracing::warn!(pg = key, objects = report.objects, inconsistent = report.inconsistent.len(), repaired = report.repaired, ?took, "deep scrub done");
+                        }
+                    }
                     if recovered_objects > 0 {
                         tracing::info!(
                             pg = key,
@@ -186,6 +274,7 @@ impl PeeringDriver {
                         tracing::debug!(pg = key, authority, last_seq, ?took, "PG active");
                     }
                 }
+                self.end(key, None);
             }
             Action::Stuck(why) => {
                 self.shared.metrics.peerings_stuck.add(1);

@@ -14,7 +14,7 @@ use crossbeam_channel::{Receiver, Sender};
 use duplex_map::OsdId;
 use duplex_oplog::RequestId;
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, OsdStats, RepReply, Status};
-use duplex_proto::peering::{PeerReply, PeerRequest};
+use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
 use duplex_proto::{Frame, Handshake, MessageType, Session};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
@@ -24,7 +24,7 @@ use crate::conn::{Conn, ConnError, Role, MAX_IN_FLIGHT};
 use crate::flusher::{Job, PeerReplyTo, SyncDone};
 use crate::mailbox::{Completion, Mailbox};
 use crate::metrics::{record, Histograms, Stage};
-use crate::ops::{self, ClientOp, Outcome, Shared};
+use crate::ops::{self, ClientOp, Outcome, ScrubAsk, Shared};
 use crate::pg::{pg_key, pg_number, pool_of, Ack, ReplyTo};
 
 pub const LISTENER: Token = Token(0);
@@ -317,6 +317,11 @@ impl PriorityThread {
                     let refusal =
                         PeerReply::Refused(format!("PG {:#x} is not in map epoch {}", request.pg, view.epoch()));
                     self.send(token, &refusal.to_frame(txid));
+                } else if let PeerOp::Scrub { repair } = request.op {
+                    // The peering thread runs it and answers when the PG is active again.
+                    let reply = Some(ReplyTo { thread: self.index, token, txid });
+                    let ask = ScrubAsk { pg: request.pg, repair, reply };
+                    self.shared.scrub_requests.lock().expect("scrub requests lock").push(ask);
                 } else {
                     let reply = PeerReplyTo::Remote(ReplyTo { thread: self.index, token, txid });
                     let _ = self.shared.flusher_of(request.pg).send(Job::Peer { request, reply });

@@ -88,6 +88,13 @@ pub enum PeerOp {
         members: Vec<u32>,
         forget_requests: bool,
     },
+    /// Operator → the PG's primary (interval ignored): peer the PG again
+    /// with a deep scrub, comparing every object's digest on every member;
+    /// with `repair`, bad copies are replaced by good ones. Answered
+    /// [`PeerReply::Scrubbed`] when the PG is active again.
+    Scrub {
+        repair: bool,
+    },
 }
 
 /// What a member reports when queried.
@@ -108,8 +115,29 @@ pub struct PeerInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectDigest {
     pub object: Vec<u8>,
-    /// crc32c over size, data (holes as zeros) and attributes.
-    pub digest: u32,
+    /// crc32c over size, data (holes as zeros) and attributes; `None`: a
+    /// data block failed its checksum (this copy is damaged).
+    pub digest: Option<u32>,
+}
+
+/// What a deep scrub found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubReport {
+    /// Objects compared (on the authority, or on any member).
+    pub objects: u64,
+    pub inconsistent: Vec<Inconsistency>,
+    /// Bad copies replaced (0 without `repair`).
+    pub repaired: u64,
+}
+
+/// An object whose copies disagree.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inconsistency {
+    pub object: Vec<u8>,
+    /// Members whose copy differs from the good one, is missing, or is damaged.
+    pub bad: Vec<u32>,
+    /// No member holds a good copy: nothing to repair from.
+    pub unrepairable: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,6 +153,7 @@ pub enum PeerReply {
     Meta(Option<ObjectMeta>),
     Data(Vec<u8>),
     Done,
+    Scrubbed(ScrubReport),
     /// The member could not (or would not) do it; the primary starts over later.
     Refused(String),
 }
@@ -189,6 +218,7 @@ mod tests {
             ),
             (name(), any::<u64>(), name()).prop_map(|(object, offset, data)| PeerOp::PushData { object, offset, data }),
             name().prop_map(|object| PeerOp::Remove { object }),
+            any::<bool>().prop_map(|repair| PeerOp::Scrub { repair }),
             (any::<u64>(), any::<u32>(), proptest::collection::vec(any::<u32>(), 0..4), any::<bool>()).prop_map(
                 |(last_seq, last_epoch, members, forget_requests)| PeerOp::Activate {
                     last_seq,
@@ -208,10 +238,12 @@ mod tests {
                 }
             ),
             proptest::option::of(proptest::collection::vec(name(), 0..4)).prop_map(PeerReply::Touched),
-            (proptest::collection::vec((name(), any::<u32>()), 0..4), any::<bool>()).prop_map(|(objects, more)| {
-                let objects = objects.into_iter().map(|(object, digest)| ObjectDigest { object, digest }).collect();
-                PeerReply::Digests { objects, more }
-            }),
+            (proptest::collection::vec((name(), proptest::option::of(any::<u32>())), 0..4), any::<bool>()).prop_map(
+                |(objects, more)| {
+                    let objects = objects.into_iter().map(|(object, digest)| ObjectDigest { object, digest }).collect();
+                    PeerReply::Digests { objects, more }
+                }
+            ),
             proptest::option::of((any::<u64>(), any::<bool>(), proptest::collection::vec((name(), name()), 0..3)))
                 .prop_map(|meta| PeerReply::Meta(meta.map(|(size, preallocated, attrs)| ObjectMeta {
                     size,
@@ -220,6 +252,19 @@ mod tests {
                 }))),
             name().prop_map(PeerReply::Data),
             Just(PeerReply::Done),
+            (
+                any::<u64>(),
+                proptest::collection::vec((name(), proptest::collection::vec(any::<u32>(), 0..3), any::<bool>()), 0..3),
+                any::<u64>()
+            )
+                .prop_map(|(objects, bad, repaired)| PeerReply::Scrubbed(ScrubReport {
+                    objects,
+                    inconsistent: bad
+                        .into_iter()
+                        .map(|(object, bad, unrepairable)| Inconsistency { object, bad, unrepairable })
+                        .collect(),
+                    repaired,
+                })),
             ".{0,20}".prop_map(PeerReply::Refused),
         ]
     }
