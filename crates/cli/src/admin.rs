@@ -94,10 +94,7 @@ pub fn pg(client: &Client, pool_name: &str, command: PgCommand) -> Result<()> {
             );
         }
     }
-    println!(
-        "scrubbed {} PGs: {objects} objects, {inconsistent} inconsistent, {repaired} copies repaired",
-        pgs.len()
-    );
+    println!("scrubbed {} PGs: {objects} objects, {inconsistent} inconsistent, {repaired} copies repaired", pgs.len());
     Ok(())
 }
 

@@ -132,7 +132,8 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         })?;
         flusher_senders.push(sender);
     }
-    let shared = Arc::new(Shared::new(config.clone(), pgs.clone(), cell, metrics.clone(), flusher_senders, scrub_requests));
+    let shared =
+        Arc::new(Shared::new(config.clone(), pgs.clone(), cell, metrics.clone(), flusher_senders, scrub_requests));
 
     let pool = if config.threading == Threading::Pool {
         let mut senders = Vec::new();

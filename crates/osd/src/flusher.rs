@@ -18,8 +18,8 @@ use duplex_proto::peering::{PeerReply, PeerRequest};
 use duplex_store::{Batch, Key, Op, Partition, ReadRequest, StoreError};
 
 use crate::mailbox::{Completion, Mailbox};
-use crate::ops::{ScrubAsk, ScrubRequests};
 use crate::metrics::{record, Metrics, Stage};
+use crate::ops::{ScrubAsk, ScrubRequests};
 use crate::pg::{Ack, PgTable, ReplyTo};
 use crate::replay::store_op;
 

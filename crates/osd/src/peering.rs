@@ -924,7 +924,8 @@ mod tests {
         let report = report.expect("a scrub report");
         assert_eq!(report.objects, 3);
         assert_eq!(report.repaired, 0);
-        let bad: Vec<(Vec<u8>, Vec<u32>)> = report.inconsistent.iter().map(|i| (i.object.clone(), i.bad.clone())).collect();
+        let bad: Vec<(Vec<u8>, Vec<u32>)> =
+            report.inconsistent.iter().map(|i| (i.object.clone(), i.bad.clone())).collect();
         assert_eq!(bad, vec![(b"b".to_vec(), vec![1, 2]), (b"c".to_vec(), vec![0])]);
         assert_eq!(members[2].objects[&b"b".to_vec()].0, b"bets", "untouched");
     }

@@ -23,9 +23,9 @@ use crate::cluster::MapView;
 use crate::flusher::{Job, PeerReplyTo};
 use crate::mailbox::{Completion, Mailbox};
 use crate::ops::{ScrubAsk, Shared};
-use crate::pg::ReplyTo;
 use crate::peering::{Action, Peering};
 use crate::pg::pg_key;
+use crate::pg::ReplyTo;
 
 /// How long a member has to answer one request. Long enough for a query
 /// that flushes a full log, or a digest page over big objects.
@@ -149,7 +149,8 @@ impl PeeringDriver {
             let scheduled = self.machines.get(&key).is_some_and(|m| {
                 m.peering.is_active() && !scrub_interval.is_zero() && m.last_scrub.elapsed() >= scrub_interval
             });
-            let scrub = scrubs.remove(&key).or_else(|| scheduled.then_some(ScrubAsk { pg: key, repair: false, reply: None }));
+            let scrub =
+                scrubs.remove(&key).or_else(|| scheduled.then_some(ScrubAsk { pg: key, repair: false, reply: None }));
             let restart = scrub.is_some()
                 || match self.machines.get(&key) {
                     None => true,
@@ -257,7 +258,14 @@ impl PeeringDriver {
                             for bad in &report.inconsistent {
                                 tracing::error!(pg = key, object = %String::from_utf8_lossy(&bad.object), bad = ?bad.bad, unrepairable = bad.unrepairable, "deep scrub: inconsistent copies");
                             }
-                            tracing::warn!(pg = key, objects = report.objects, inconsistent = report.inconsistent.len(), repaired = report.repaired, ?took, "deep scrub done");
+                            tracing::warn!(
+                                pg = key,
+                                objects = report.objects,
+                                inconsistent = report.inconsistent.len(),
+                                repaired = report.repaired,
+                                ?took,
+                                "deep scrub done"
+                            );
                         }
                     }
                     if recovered_objects > 0 {
