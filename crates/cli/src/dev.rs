@@ -393,6 +393,43 @@ pub fn restart(dir: &Path, settings: &[String], only: &[u32]) -> Result<()> {
     Ok(())
 }
 
+/// Adds one OSD to a running dev cluster, configured like osd.0 (its own
+/// store and log), and waits until the map has it up. Its PGs' primaries
+/// then backfill it.
+pub fn add_osd(dir: &Path) -> Result<u32> {
+    let Some(mut state) = running(dir)? else {
+        bail!("no cluster runs in {}; start one with `duplex dev up --dir {}`", dir.display(), dir.display());
+    };
+    let dir = dir.canonicalize()?;
+    let dir = dir.as_path();
+    let (mon, ids) = admin_client(dir)?;
+    let ids_in_use: Vec<u32> =
+        state.processes.iter().filter_map(|p| p.name.strip_prefix("osd.")?.parse().ok()).collect();
+    let id = ids_in_use.iter().max().map_or(0, |max| max + 1);
+    let name = format!("osd.{id}");
+    let template = dir.join("osd.0.toml");
+    let text = std::fs::read_to_string(&template).with_context(|| format!("reading {}", template.display()))?;
+    let mut table: toml::Table = toml::from_str(&text).with_context(|| format!("parsing {}", template.display()))?;
+    let osd_dir = dir.join(&name);
+    std::fs::create_dir_all(&osd_dir)?;
+    let oplog_dir = PathBuf::from(format!("/dev/shm/duplex-{}-{name}", &state.fsid[..12]));
+    table.insert("id".into(), toml::Value::Integer(id.into()));
+    table.insert("data".into(), toml::Value::String(osd_dir.join("store.img").to_string_lossy().into_owned()));
+    table.insert("oplog_dir".into(), toml::Value::String(oplog_dir.to_string_lossy().into_owned()));
+    table.insert("host".into(), toml::Value::String(format!("local-{id}")));
+    let conf = dir.join(format!("{name}.toml"));
+    write_osd_config(&conf, &toml::to_string(&table).context("serializing an OSD configuration")?, &[])?;
+    state.oplog_dirs.push(oplog_dir);
+    state.processes.push(spawn_daemon(dir, &name, &["osd", "--config", &conf.to_string_lossy()])?);
+    write_file(&state_path(dir), &serde_json::to_string_pretty(&state).expect("serializable"))?;
+    wait_for(&format!("{name} to boot"), Duration::from_secs(60), || {
+        map_from_any(&mon, &ids).is_some_and(|map| map.osds.get(&id).is_some_and(|o| o.up))
+    })
+    .with_context(|| format!("see {}", dir.join(format!("{name}.log")).display()))?;
+    println!("added {name} to the cluster in {}", dir.display());
+    Ok(id)
+}
+
 fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
     let started = Instant::now();
     while started.elapsed() < timeout {

@@ -106,6 +106,12 @@ enum DevCommand {
         #[arg(long = "osd", value_name = "ID")]
         only: Vec<u32>,
     },
+    /// Add an OSD to a running dev cluster (configured like osd.0); its PGs
+    /// are backfilled while clients go on.
+    AddOsd {
+        #[arg(long, default_value = DEFAULT_DIR)]
+        dir: PathBuf,
+    },
     /// The tour: bring a cluster up (if none runs), create an image, benchmark
     /// it with random writes then reads, print the results. Leaves the cluster running.
     Demo {
@@ -190,6 +196,9 @@ fn run(cli: Cli) -> Result<()> {
         }
         Top::Dev(DevCommand::Down { dir, wipe }) => dev::down(&dir, wipe)?,
         Top::Dev(DevCommand::Restart { dir, osd_settings, only }) => dev::restart(&dir, &osd_settings, &only)?,
+        Top::Dev(DevCommand::AddOsd { dir }) => {
+            dev::add_osd(&dir)?;
+        }
         Top::Dev(DevCommand::Demo { dir, seconds, image_size, up }) => demo(&dir, seconds, image_size, &up)?,
         Top::Pool(command) => admin::pool(&connect(cli.conf.as_deref())?, command)?,
         Top::Image(command) => admin::image(&connect(cli.conf.as_deref())?, &cli.pool, command)?,

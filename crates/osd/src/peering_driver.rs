@@ -64,6 +64,9 @@ pub struct PeeringDriver {
     unreachable: HashMap<OsdId, Instant>,
     next_txid: u64,
     seen_epoch: u64,
+    /// The PGs this OSD is primary of at `seen_epoch`, with their intervals.
+    wanted: BTreeMap<u32, (Identity, Vec<OsdId>)>,
+    next_pass: Instant,
 }
 
 impl PeeringDriver {
@@ -81,6 +84,8 @@ impl PeeringDriver {
             unreachable: HashMap::new(),
             next_txid: 1,
             seen_epoch: 0,
+            wanted: BTreeMap::new(),
+            next_pass: Instant::now(),
         }
     }
 
@@ -105,18 +110,30 @@ impl PeeringDriver {
         let view = self.shared.map.load();
         let me = self.shared.config.id;
         let epoch_moved = view.epoch() != self.seen_epoch;
+        let now = Instant::now();
+        let scrub_asked = !self.shared.scrub_requests.lock().expect("scrub requests lock").is_empty();
+        // Between map changes a full pass is needed only now and then (stuck
+        // machines, PGs a failed write deactivated, scheduled scrubs): not
+        // after every request of a long recovery.
+        if !epoch_moved && !scrub_asked && now < self.next_pass {
+            return;
+        }
+        self.next_pass = now + TICK;
         self.seen_epoch = view.epoch();
-        let mut wanted: BTreeMap<u32, (Identity, Vec<OsdId>)> = BTreeMap::new();
-        for pool in view.map.pools.values() {
-            for number in 0..pool.pg_num {
-                let acting = view.map.acting(&view.hierarchy, pool, number);
-                if acting.first() != Some(&me) {
-                    continue;
+        if epoch_moved {
+            self.wanted.clear();
+            for pool in view.map.pools.values() {
+                for number in 0..pool.pg_num {
+                    let acting = view.map.acting(&view.hierarchy, pool, number);
+                    if acting.first() != Some(&me) {
+                        continue;
+                    }
+                    let Some(key) = pg_key(pool.id, number) else { continue };
+                    self.wanted.insert(key, (identity(&view, &acting), acting));
                 }
-                let Some(key) = pg_key(pool.id, number) else { continue };
-                wanted.insert(key, (identity(&view, &acting), acting));
             }
         }
+        let wanted = self.wanted.clone();
         if epoch_moved {
             let gone: Vec<u32> = self.machines.keys().copied().filter(|key| !wanted.contains_key(key)).collect();
             for key in gone {
@@ -142,7 +159,6 @@ impl PeeringDriver {
                 }
             }
         }
-        let now = Instant::now();
         let scrub_interval = self.shared.config.scrub_interval;
         let mut inactive = 0u64;
         for (key, (identity, acting)) in wanted {
@@ -178,7 +194,11 @@ impl PeeringDriver {
         // refuse older ones, so a replaced primary cannot drive them.
         let interval = epoch;
         self.queue.retain(|(pg, _)| *pg != key);
-        let mut last_scrub = Instant::now();
+        // A PG first seen here counts as scrubbed a random part of the
+        // interval ago, so scheduled scrubs spread out instead of all
+        // blocking their PGs at once.
+        let interval_ago = self.shared.config.scrub_interval.mul_f64(rand::random::<f64>());
+        let mut last_scrub = Instant::now().checked_sub(interval_ago).unwrap_or_else(Instant::now);
         let mut scrub_reply = None;
         if let Some(old) = self.machines.get(&key) {
             last_scrub = old.last_scrub;

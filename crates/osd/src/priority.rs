@@ -483,7 +483,10 @@ impl PriorityThread {
             if !pending.request.is_none() {
                 pg.requests.finish(pending.request, !pending.failed);
             }
-            if pending.failed && pg.active.take().is_some() {
+            // Only a write of the interval the PG is active in says a member
+            // of it missed an entry; a late failure from before does not.
+            let current = pg.active.as_ref().is_some_and(|a| pending.map_epoch >= a.interval);
+            if pending.failed && current && pg.active.take().is_some() {
                 // A member missed an entry of this interval (it restarted,
                 // lost the connection, or fell behind): its log now has a
                 // gap only peering can fill. Writes wait until it has.
