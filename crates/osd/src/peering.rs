@@ -643,6 +643,7 @@ fn compare(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     type Attrs = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -958,5 +959,165 @@ mod tests {
         assert_eq!(report.inconsistent.len(), 1);
         assert!(report.inconsistent[0].unrepairable);
         assert_eq!(report.repaired, 0);
+    }
+
+    /// One randomly generated history of a PG and its members, as peering
+    /// finds them: a main line of writes (epoch 5, then epoch 6 from seq
+    /// `k` on, when interval 6 went active among the "current" members),
+    /// members that were current (a prefix of the main line past `k`),
+    /// stale (a prefix up to `k`, maybe plus a divergent tail of epoch-5
+    /// writes the main line never took), or that lost their log (a store
+    /// holding some prefix, no log).
+    #[derive(Clone, Debug)]
+    struct Scenario {
+        main: Vec<(u32, u8)>,
+        k: usize,
+        members: Vec<Kind>,
+    }
+
+    #[derive(Clone, Debug)]
+    enum Kind {
+        Current { len: usize, history: usize },
+        Stale { len: usize, divergent: usize, history: usize },
+        Lost { len: usize },
+    }
+
+    fn scenario() -> impl Strategy<Value = Scenario> {
+        (
+            proptest::collection::vec((0u32..6, any::<u8>()), 4..40),
+            0.0f64..1.0,
+            proptest::collection::vec((0u8..3, 0.0f64..1.0, 0usize..5, 0usize..50), 1..4),
+            0usize..4,
+        )
+            .prop_map(|(main, k, kinds, longest_at)| {
+                let k = ((main.len() as f64 * k) as usize).min(main.len() - 1);
+                let n = main.len();
+                let mut members: Vec<Kind> = kinds
+                    .into_iter()
+                    .map(|(kind, at, divergent, history)| match kind {
+                        0 => Kind::Current { len: k + ((n - k) as f64 * at) as usize, history },
+                        // The old primary (its divergent tail starts at k), or an older replica.
+                        1 if divergent > 0 => Kind::Stale { len: k, divergent, history },
+                        1 => Kind::Stale { len: (k as f64 * at) as usize, divergent, history },
+                        _ => Kind::Lost { len: (n as f64 * at) as usize },
+                    })
+                    .collect();
+                // Interval 6 went active: at least one member was in it, and
+                // its primary logged the whole main line (anywhere in the set).
+                let at = longest_at.min(members.len());
+                members.insert(at, Kind::Current { len: n, history: n });
+                Scenario { main, k, members }
+            })
+    }
+
+    fn object(id: u32) -> Vec<u8> {
+        format!("obj-{id}").into_bytes()
+    }
+
+    /// Applies entries (seq, epoch, object id, byte) to a member.
+    fn apply(member: &mut Member, entries: &[(u64, u32, u32, u8)], keep_history: usize) {
+        for (seq, epoch, id, byte) in entries {
+            if *byte < 16 {
+                // Some writes are deletes: a stale copy may hold what the main line removed.
+                member.objects.remove(&object(*id));
+            } else {
+                member.objects.insert(object(*id), (vec![*byte; 8 + *id as usize], Vec::new()));
+            }
+            member.last_seq = *seq;
+            member.last_epoch = *epoch;
+        }
+        let from = entries.len().saturating_sub(keep_history);
+        member.history = entries[from..].iter().map(|(seq, epoch, id, _)| (*seq, *epoch, object(*id))).collect();
+    }
+
+    fn build(scenario: &Scenario) -> Vec<Member> {
+        let main: Vec<(u64, u32, u32, u8)> = scenario
+            .main
+            .iter()
+            .enumerate()
+            .map(|(i, (id, byte))| ((i + 1) as u64, if i < scenario.k { 5 } else { 6 }, *id, *byte))
+            .collect();
+        scenario
+            .members
+            .iter()
+            .map(|kind| {
+                let mut member = Member::default();
+                match kind {
+                    Kind::Current { len, history } => {
+                        apply(&mut member, &main[..*len], *history);
+                        member.last_active = 6;
+                    }
+                    Kind::Stale { len, divergent, history } => {
+                        let mut entries = main[..*len].to_vec();
+                        if *len == scenario.k {
+                            // The old primary's writes no one else logged.
+                            let tail = (0..*divergent as u64).map(|i| (*len as u64 + 1 + i, 5, i as u32, 0xEE));
+                            entries.extend(tail);
+                        }
+                        apply(&mut member, &entries, *history);
+                        member.last_active = 5;
+                    }
+                    Kind::Lost { len } => {
+                        apply(&mut member, &main[..*len], 0);
+                        (member.last_seq, member.last_epoch, member.last_active) = (0, 0, 0);
+                    }
+                }
+                member
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..Default::default() })]
+
+        /// Whatever the members' histories, and however often a request
+        /// fails midway (the machine stops; the next one starts over on the
+        /// partly recovered members), peering ends with every member
+        /// holding exactly the main line's state: every write interval 6
+        /// acknowledged, nothing of the divergent tails.
+        #[test]
+        fn peering_converges_on_the_main_line_despite_failures(
+            scenario in scenario(),
+            failures in proptest::collection::vec(0u32..100, 0..64),
+            fail_percent in 0u32..30,
+        ) {
+            let mut members = build(&scenario);
+            let mut truth = Member::default();
+            let main: Vec<(u64, u32, u32, u8)> = scenario.main.iter().enumerate()
+                .map(|(i, (id, byte))| ((i + 1) as u64, 5, *id, *byte)).collect();
+            apply(&mut truth, &main, 0);
+            let ids: Vec<OsdId> = (0..members.len() as u32).collect();
+            let mut draws = failures.into_iter();
+            let mut interval = 10;
+            let finished = loop {
+                interval += 1;
+                prop_assert!(interval < 200, "peering never finished");
+                let (mut machine, actions) = Peering::start(7, interval, ids.clone());
+                let mut queue: VecDeque<Action> = actions.into();
+                let mut outcome = None;
+                while let Some(action) = queue.pop_front() {
+                    match action {
+                        Action::Send { to, tag, op } => {
+                            // Failures drawn from the seed, then none: it must end.
+                            if draws.next().is_some_and(|draw| draw < fail_percent) {
+                                queue.extend(machine.on_failure(tag, "injected"));
+                                continue;
+                            }
+                            let reply = members[to as usize].answer(op, interval);
+                            queue.extend(machine.on_reply(tag, reply));
+                        }
+                        done => outcome = Some(done),
+                    }
+                }
+                if let Some(Action::Active { .. }) = outcome {
+                    break interval;
+                }
+                prop_assert!(matches!(outcome, Some(Action::Stuck(_))), "{outcome:?}");
+            };
+            for (i, member) in members.iter().enumerate() {
+                prop_assert_eq!(&member.objects, &truth.objects, "member {} differs", i);
+                prop_assert_eq!((member.last_seq, member.last_active), (scenario.main.len() as u64, finished));
+            }
+        }
     }
 }
