@@ -202,9 +202,13 @@ impl Verifying {
     }
 }
 
+/// The dev cluster's state.json.
+fn dev_state(cluster: &DevCluster) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(cluster.path().join("state.json")).unwrap()).unwrap()
+}
+
 fn pid_of(cluster: &DevCluster, name: &str) -> i32 {
-    let state: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(cluster.path().join("state.json")).unwrap()).unwrap();
+    let state = dev_state(cluster);
     let process = state["processes"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap();
     process["pid"].as_u64().unwrap() as i32
 }
@@ -266,9 +270,7 @@ fn a_node_that_loses_its_operation_log_is_repaired_from_its_peers() {
     let run = Verifying::start(&client);
     run.wait_for_progress("before the fault");
     kill_9(&cluster, "osd.1");
-    let state: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(cluster.path().join("state.json")).unwrap()).unwrap();
-    let log_dir = state["oplog_dirs"]
+    let log_dir = dev_state(&cluster)["oplog_dirs"]
         .as_array()
         .unwrap()
         .iter()

@@ -19,7 +19,7 @@ use duplex_store::{Batch, Key, Op, Partition, ReadRequest, StoreError};
 
 use crate::mailbox::{Completion, Mailbox};
 use crate::metrics::{record, Metrics, Stage};
-use crate::ops::{ScrubAsk, ScrubRequests};
+use crate::peering_driver::{ScrubAsk, ScrubRequests};
 use crate::pg::{Ack, PgTable, ReplyTo};
 use crate::replay::store_op;
 

@@ -84,7 +84,9 @@ impl Flusher {
             PeerOp::Scrub { .. } => Err("a scrub is asked of the PG's primary, not of a member's store".into()),
             PeerOp::Activate { last_seq, last_epoch, members, forget_requests } => {
                 let mut guard = pg.lock().expect("PG lock");
-                if !guard.log.is_empty() {
+                if last_seq == u64::MAX {
+                    Err("no log continues after seq 2^64 - 1".to_string())
+                } else if !guard.log.is_empty() {
                     Err("the log took entries while peering".to_string())
                 } else {
                     guard

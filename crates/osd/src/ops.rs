@@ -4,7 +4,7 @@
 //! connection's owning thread still has to do.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -17,6 +17,7 @@ use crate::cluster::{ActingCache, MapCell, MapView};
 use crate::config::{OsdConfig, WritePath};
 use crate::flusher::{ClientSlot, Job, ReadJob, SyncDone};
 use crate::metrics::{record, Histograms, Metrics, Stage};
+use crate::peering_driver::ScrubRequests;
 use crate::pg::{pg_key, pg_number, pool_of, Ack, OfferError, Pg, PgTable, ReplyTo, SharedPg};
 use crate::requests::RequestState;
 
@@ -36,17 +37,6 @@ pub struct Shared {
     /// block), for the peering thread to run.
     pub scrub_requests: ScrubRequests,
     next_txid: AtomicU64,
-}
-
-pub type ScrubRequests = Arc<Mutex<Vec<ScrubAsk>>>;
-
-/// A deep scrub of one PG this OSD is primary of.
-#[derive(Clone, Copy, Debug)]
-pub struct ScrubAsk {
-    pub pg: u32,
-    pub repair: bool,
-    /// Where the report goes (None: no one waits for it).
-    pub reply: Option<ReplyTo>,
 }
 
 impl Shared {
@@ -207,6 +197,14 @@ impl Interval<'_> {
     }
 }
 
+/// Locks the PG if it serves this interval (`None`: it is peering, answer
+/// [`peering_reply`]). Under this one lock a write's append cannot slip
+/// past a fence.
+fn lock_served<'a>(pg: &'a SharedPg, interval: &Interval<'_>) -> Option<MutexGuard<'a, Pg>> {
+    let guard = pg.lock().expect("PG lock");
+    interval.served_by(&guard).then_some(guard)
+}
+
 fn peering_reply(shared: &Shared, op: &ClientOp, epoch: u64) -> Outcome {
     shared.metrics.peering_retries.add(1);
     reply(op, Status::Retry, epoch, "the PG is peering (its replicas are being brought up to date)")
@@ -243,11 +241,7 @@ fn read(shared: &Shared, pg: &SharedPg, interval: &Interval<'_>, key: u32, op: C
     }
     let mut flush_first = false;
     {
-        let pg = pg.lock().expect("PG lock");
-        if !interval.served_by(&pg) {
-            drop(pg);
-            return peering_reply(shared, &op, epoch);
-        }
+        let Some(pg) = lock_served(pg, interval) else { return peering_reply(shared, &op, epoch) };
         if pg.index.contains(&request.object) {
             if let Some(data) = pg.index.read(&pg.log, &request.object, request.offset, request.length as u64) {
                 drop(pg);
@@ -301,11 +295,7 @@ fn metadata_read(
 ) -> Outcome {
     let request = &op.request;
     let flush_first = {
-        let pg = pg.lock().expect("PG lock");
-        if !interval.served_by(&pg) {
-            drop(pg);
-            return peering_reply(shared, &op, epoch);
-        }
+        let Some(pg) = lock_served(pg, interval) else { return peering_reply(shared, &op, epoch) };
         if request.kind == OpKind::List {
             !pg.index.is_empty()
         } else {
@@ -346,11 +336,7 @@ fn mutate(
     let (offset, data) = log_fields(request);
     let request_id = RequestId { client: request.client, tid: op.txid };
     let started = Instant::now();
-    let mut guard = pg.lock().expect("PG lock");
-    if !interval.served_by(&guard) {
-        drop(guard);
-        return peering_reply(shared, &op, epoch);
-    }
+    let Some(mut guard) = lock_served(pg, interval) else { return peering_reply(shared, &op, epoch) };
     match guard.requests.get(request_id) {
         Some(RequestState::Committed) => {
             drop(guard);

@@ -535,6 +535,13 @@ impl Peering {
     }
 
     fn send(&mut self, mut recovery: Box<Recovery>, to: OsdId, op: PeerOp) -> Vec<Action> {
+        // `step` finds the stage a reply belongs to by which one is in
+        // progress: there must be exactly one.
+        let in_progress = usize::from(recovery.copy.is_some())
+            + usize::from(recovery.listing.is_some())
+            + usize::from(recovery.scrub.as_ref().is_some_and(|s| s.listing.is_some()));
+        debug_assert_eq!(in_progress, 1, "one recovery stage waits for each answer");
+        debug_assert!(self.members.contains(&to), "requests go to the PG's members only");
         let tag = self.tag();
         recovery.waiting = Some(tag);
         self.phase = Phase::Recovering(recovery);

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use duplex_client::conn::OsdConnection;
@@ -22,7 +22,7 @@ use duplex_proto::MessageType;
 use crate::cluster::MapView;
 use crate::flusher::{Job, PeerReplyTo};
 use crate::mailbox::{Completion, Mailbox};
-use crate::ops::{ScrubAsk, Shared};
+use crate::ops::Shared;
 use crate::peering::{Action, Peering};
 use crate::pg::pg_key;
 use crate::pg::ReplyTo;
@@ -36,6 +36,24 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How often the thread looks at the map and the PGs when idle.
 const TICK: Duration = Duration::from_millis(50);
+
+/// Scrubs asked for (by an operator, or by a read that met a damaged
+/// block), for the peering thread to run; drained every pass.
+pub type ScrubRequests = Arc<Mutex<Vec<ScrubAsk>>>;
+
+/// The most scrub asks waiting at once: more are refused (an operator's
+/// flood must not grow the queue without bound; read repairs are asked at
+/// most once per PG per 10 s).
+pub const MAX_SCRUB_ASKS: usize = 4096;
+
+/// A deep scrub of one PG this OSD is primary of.
+#[derive(Clone, Copy, Debug)]
+pub struct ScrubAsk {
+    pub pg: u32,
+    pub repair: bool,
+    /// Where the report goes (None: no one waits for it).
+    pub reply: Option<ReplyTo>,
+}
 
 /// A PG's interval: its acting set, with each member's incarnation.
 type Identity = Vec<(OsdId, u64)>;
@@ -348,7 +366,11 @@ impl PeeringDriver {
         let txid = self.next_txid;
         self.next_txid += 1;
         conn.send(&request.to_frame(txid)).map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
         loop {
+            if Instant::now() >= deadline {
+                return Err(format!("no answer within {REQUEST_TIMEOUT:?}"));
+            }
             let frame = conn.recv().map_err(|e| e.to_string())?;
             if frame.header.message_type != MessageType::PeerReply as u8 || frame.header.transaction_id != txid {
                 continue; // an answer to a request that timed out before

@@ -87,13 +87,15 @@ pub struct Pg {
     pub dirty: bool,
     /// Request ids of recent mutations, to answer resends.
     pub requests: RequestTable,
-    /// The newest epoch among the entries this log took (None: unknown,
-    /// e.g. after a restart with an empty log).
-    newest_epoch: Option<u32>,
     /// Replica side: since when early entries have waited on a gap, and
     /// whether that was reported.
     gap_since: Option<Instant>,
     gap_reported: bool,
+    /// The newest epoch among the entries this log took since it opened or
+    /// was activated (None: none). Not the log's `last_epoch`: two priority
+    /// threads may stamp entries with maps a moment apart, so epochs can dip
+    /// along the seqs.
+    newest_epoch: Option<u32>,
     /// Peering: the interval this PG is active in here (None: peering, or
     /// never peered since this OSD started). Client operations and
     /// replicated entries are taken only while active.
@@ -135,9 +137,9 @@ impl Pg {
             waiters: false,
             dirty: false,
             requests: RequestTable::default(),
-            newest_epoch: None,
             gap_since: None,
             gap_reported: false,
+            newest_epoch: None,
             active: None,
             asked_interval: 0,
             history: VecDeque::new(),
@@ -168,6 +170,17 @@ impl Pg {
         self.gap_since = None;
         self.gap_reported = false;
         std::mem::take(&mut self.early).into_iter().map(|(seq, (_, to))| Ack { seq, to }).collect()
+    }
+
+    /// Notes a logged entry: its epoch, and its object in the recent
+    /// history (the oldest falls out).
+    fn remember(&mut self, seq: u64, epoch: u32, object: &[u8]) {
+        self.newest_epoch = Some(self.newest_epoch.map_or(epoch, |e| e.max(epoch)));
+        debug_assert!(self.history.back().is_none_or(|(last, ..)| *last + 1 == seq), "the history is contiguous");
+        if self.history.len() == HISTORY_LEN {
+            self.history.pop_front();
+        }
+        self.history.push_back((seq, epoch, Bytes::copy_from_slice(object)));
     }
 
     /// The oldest seq whose object the history names (`last_seq + 1`: none).
@@ -236,11 +249,7 @@ impl Pg {
     ) -> Result<(), LogError> {
         debug_assert_eq!(entry.pg, self.key, "entry for another PG");
         let at = self.log.append_encoded(entry.seq, encoded)?;
-        if self.history.len() == HISTORY_LEN {
-            self.history.pop_front();
-        }
-        self.history.push_back((entry.seq, entry.epoch, Bytes::copy_from_slice(entry.object)));
-        self.newest_epoch = Some(self.newest_epoch.map_or(entry.epoch, |e| e.max(entry.epoch)));
+        self.remember(entry.seq, entry.epoch, entry.object);
         self.index.insert_ref(entry, at);
         self.requests.set(entry.request, state);
         Ok(())
@@ -430,17 +439,13 @@ impl PgTable {
         let region = open_region(self.mode, &path, self.region_bytes).map_err(|e| open_err(LogError::Io(e)))?;
         let (log, entries) = PgLog::open(region, key).map_err(open_err)?;
         let mut pg = Pg::new(key, log);
-        pg.newest_epoch = entries.iter().map(|e| e.epoch).max();
         // Index the recovered entries so reads see them until they are flushed.
         let offsets: Vec<u64> = pg.log.offsets().collect();
         debug_assert_eq!(offsets.len(), entries.len(), "one offset per live entry");
         for (entry, at) in entries.iter().zip(offsets) {
             pg.index.insert(entry, at);
             pg.requests.set(entry.request, RequestState::Committed);
-            pg.history.push_back((entry.seq, entry.epoch, Bytes::copy_from_slice(&entry.object)));
-            if pg.history.len() > HISTORY_LEN {
-                pg.history.pop_front();
-            }
+            pg.remember(entry.seq, entry.epoch, &entry.object);
         }
         let shared = Arc::new(Mutex::new(pg));
         self.pgs.write().expect("PG table lock").insert(key, shared.clone());

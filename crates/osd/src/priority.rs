@@ -24,7 +24,8 @@ use crate::conn::{Conn, ConnError, Role, MAX_IN_FLIGHT};
 use crate::flusher::{Job, PeerReplyTo, SyncDone};
 use crate::mailbox::{Completion, Mailbox};
 use crate::metrics::{record, Histograms, Stage};
-use crate::ops::{self, ClientOp, Outcome, ScrubAsk, Shared};
+use crate::ops::{self, ClientOp, Outcome, Shared};
+use crate::peering_driver::{ScrubAsk, MAX_SCRUB_ASKS};
 use crate::pg::{pg_key, pg_number, pool_of, Ack, ReplyTo};
 
 pub const LISTENER: Token = Token(0);
@@ -312,16 +313,31 @@ impl PriorityThread {
                 let request = PeerRequest::decode(&frame.payload).map_err(|e| e.to_string())?;
                 let view = self.cache.view(&self.shared.map);
                 let known = view.pool(pool_of(request.pg)).is_some_and(|pool| pg_number(request.pg) < pool.pg_num);
-                if !known {
-                    // This OSD's map may be behind the primary's: it retries.
-                    let refusal =
-                        PeerReply::Refused(format!("PG {:#x} is not in map epoch {}", request.pg, view.epoch()));
-                    self.send(token, &refusal.to_frame(txid));
+                let is_scrub = matches!(request.op, PeerOp::Scrub { .. });
+                let refusal = if !known {
+                    Some(format!("PG {:#x} is not in map epoch {}", request.pg, view.epoch()))
+                } else if !is_scrub && request.interval > view.epoch() {
+                    // An interval is a map epoch: one this OSD has not seen
+                    // yet is refused until its map catches up (the primary
+                    // retries). It also keeps a fence from jumping ahead of
+                    // every map the cluster will ever have.
+                    Some(format!("interval {} is past this OSD's map (epoch {})", request.interval, view.epoch()))
+                } else {
+                    None
+                };
+                if let Some(why) = refusal {
+                    self.send(token, &PeerReply::Refused(why).to_frame(txid));
                 } else if let PeerOp::Scrub { repair } = request.op {
                     // The peering thread runs it and answers when the PG is active again.
-                    let reply = Some(ReplyTo { thread: self.index, token, txid });
-                    let ask = ScrubAsk { pg: request.pg, repair, reply };
-                    self.shared.scrub_requests.lock().expect("scrub requests lock").push(ask);
+                    let reply = ReplyTo { thread: self.index, token, txid };
+                    let mut asks = self.shared.scrub_requests.lock().expect("scrub requests lock");
+                    if asks.len() >= MAX_SCRUB_ASKS {
+                        drop(asks);
+                        let busy = PeerReply::Refused("too many scrubs are waiting; ask again later".into());
+                        self.send(token, &busy.to_frame(txid));
+                    } else {
+                        asks.push(ScrubAsk { pg: request.pg, repair, reply: Some(reply) });
+                    }
                 } else {
                     let reply = PeerReplyTo::Remote(ReplyTo { thread: self.index, token, txid });
                     let _ = self.shared.flusher_of(request.pg).send(Job::Peer { request, reply });
@@ -478,7 +494,10 @@ impl PriorityThread {
         let pending = self.pending.remove(&txid).expect("just seen");
         record(&self.histograms, Stage::Replication, pending.sent.elapsed().as_micros() as u64);
         record(&self.histograms, Stage::Write, pending.arrived.elapsed().as_micros() as u64);
-        if let Some(pg) = self.shared.pgs.get(pending.pg) {
+        // The PG lock only when there is something to note: the common
+        // anonymous, successful write skips it.
+        let note = !pending.request.is_none() || pending.failed;
+        if let Some(pg) = self.shared.pgs.get(pending.pg).filter(|_| note) {
             let mut pg = pg.lock().expect("PG lock");
             if !pending.request.is_none() {
                 pg.requests.finish(pending.request, !pending.failed);

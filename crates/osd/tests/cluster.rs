@@ -434,3 +434,50 @@ fn a_frame_larger_than_any_request_closes_the_connection() {
     assert!(sink.is_empty(), "the OSD answered a frame it should have refused");
     assert!(cluster.metric_sum("duplex_osd_connections_refused_total") >= 1.0);
 }
+
+/// Peering requests are trusted no further than the map: an interval past
+/// this OSD's map, an activation past the end of the seq space, or one for
+/// an interval never queried are refused. A query in the current interval
+/// (a rogue "primary") only fences the PG, and its real primary peers it
+/// again: the cluster goes on serving.
+#[test]
+fn hostile_peering_requests_are_refused_and_the_pg_recovers() {
+    use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
+    use duplex_proto::MessageType;
+    let cluster = TestCluster::new(3, 8, &[]);
+    cluster.wait_all_up();
+    let mut client = cluster.client();
+    let pool = cluster.pool(&client);
+    let object = b"fenced";
+    client.write(pool, object, 0, b"before").unwrap();
+    let map = client.map().clone();
+    let info = map.pools[&pool].clone();
+    let pg = duplex_placement::pg_of(object, info.pg_num);
+    let primary = map.acting(&map.hierarchy(), &info, pg)[0];
+    let key = duplex_osd::pg::pg_key(pool, pg).unwrap();
+    let mut conn = duplex_client::conn::OsdConnection::connect(
+        client.addr_of(primary).unwrap(),
+        &duplex_osd::local::credentials("client.rogue"),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let mut ask = |txid: u64, interval: u64, op: PeerOp| {
+        conn.send(&PeerRequest { pg: key, interval, op }.to_frame(txid)).unwrap();
+        let frame = conn.recv().unwrap();
+        assert_eq!(frame.header.message_type, MessageType::PeerReply as u8);
+        assert_eq!(frame.header.transaction_id, txid);
+        PeerReply::decode(&frame.payload).unwrap()
+    };
+    let activate =
+        |last_seq| PeerOp::Activate { last_seq, last_epoch: 1, members: vec![primary], forget_requests: true };
+    assert!(matches!(ask(1, u64::MAX, PeerOp::Query), PeerReply::Refused(_)), "an interval past the map");
+    assert!(matches!(ask(2, map.epoch + 1000, activate(1)), PeerReply::Refused(_)));
+    // Within the map: a query fences the PG (it answers its state)...
+    let epoch = client.map().epoch;
+    assert!(matches!(ask(3, epoch, PeerOp::Query), PeerReply::Info(_)));
+    // ...but an activation that would overflow the log's seqs is refused.
+    assert!(matches!(ask(4, epoch, activate(u64::MAX)), PeerReply::Refused(_)));
+    // The real primary notices its PG was fenced and peers it again.
+    client.write(pool, object, 0, b"after!").unwrap();
+    assert_eq!(client.read(pool, object, 0, 6).unwrap().as_ref(), b"after!");
+}
