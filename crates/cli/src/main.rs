@@ -143,6 +143,8 @@ fn main() {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into()))
             .with_writer(std::io::stderr)
+            // Colours only on a terminal: a log file must not fill with escape codes.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init();
     }
     if let Err(err) = run(cli) {

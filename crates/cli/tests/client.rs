@@ -257,36 +257,116 @@ fn a_killed_osd_restarts_and_catches_up() {
     assert!(report.is_ok(), "{report}");
 }
 
-/// Issue 7, scenario 6 (the operation-log half): a node loses power. Its
-/// `shm` operation log, with every entry not yet flushed to the store, is
-/// gone; it comes back with empty logs, no record of the intervals it was
-/// active in, and a store that misses those entries. Peering must not trust
-/// it: it is backfilled from its peers before it serves, and nothing
-/// acknowledged is lost.
-#[test]
-fn a_node_that_loses_its_operation_log_is_repaired_from_its_peers() {
-    let cluster = DevCluster::start();
-    let client = cluster.client();
-    let run = Verifying::start(&client);
-    run.wait_for_progress("before the fault");
-    kill_9(&cluster, "osd.1");
-    let log_dir = dev_state(&cluster)["oplog_dirs"]
+/// Restarts `osd` with its data device behind a simulated volatile write
+/// cache and a fault trigger file; returns the trigger's path (absent: no
+/// fault armed).
+fn with_device_faults(cluster: &DevCluster, osd: u32) -> std::path::PathBuf {
+    let trigger = cluster.path().join(format!("osd.{osd}.faults"));
+    let setting = format!("inject_device_faults={}", trigger.display());
+    run_ok(
+        cluster
+            .cli()
+            .args(["dev", "restart", "--osd", &osd.to_string(), "--osd-set", &setting, "--dir"])
+            .arg(cluster.path()),
+    );
+    trigger
+}
+
+/// Waits until process `pid` is gone (or a zombie); how long that took.
+fn wait_until_dead(pid: i32, what: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state follows the parenthesised command name.
+        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next().unwrap_or('X'));
+        if matches!(state, None | Some('Z') | Some('X')) {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{what}: process {pid} still runs after 30 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The operation-log directory of `osd` in a dev cluster.
+fn log_dir_of(cluster: &DevCluster, osd: u32) -> std::path::PathBuf {
+    dev_state(cluster)["oplog_dirs"]
         .as_array()
         .unwrap()
         .iter()
         .map(|dir| std::path::PathBuf::from(dir.as_str().unwrap()))
-        .find(|dir| dir.to_string_lossy().ends_with("-osd.1"))
-        .expect("osd.1's operation-log directory");
+        .find(|dir| dir.to_string_lossy().ends_with(&format!("-osd.{osd}")))
+        .expect("the OSD's operation-log directory")
+}
+
+/// Issue 7, scenario 6: a node loses power. The `shm` operation log, with
+/// every entry not yet flushed to the store, is gone, and so is every
+/// store write the device had not flushed: osd.1 runs with a simulated
+/// volatile write cache and the power cut lands just before one of its
+/// flushes. It comes back with empty logs, no record of the intervals it
+/// was active in, and a store that misses those writes. Peering must not
+/// trust it: it is backfilled from its peers before it serves, and nothing
+/// acknowledged is lost.
+#[test]
+fn a_node_that_loses_power_is_repaired_from_its_peers() {
+    let cluster = DevCluster::start();
+    let trigger = with_device_faults(&cluster, 1);
+    let client = cluster.client();
+    let run = Verifying::start(&client);
+    run.wait_for_progress("before the fault");
+    let pid = pid_of(&cluster, "osd.1");
+    std::fs::write(&trigger, "power-cut\n").unwrap();
+    wait_until_dead(pid, "the power cut");
+    let log = std::fs::read_to_string(cluster.path().join("osd.1.log")).unwrap();
+    let cut = log.lines().find(|l| l.contains("injected power cut")).expect("the cut came at a flush").to_string();
+    let unflushed: u64 = cut
+        .split("unflushed_bytes=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("the cut logs what it dropped");
+    assert!(unflushed > 0, "a flush was due, so writes were waiting for it: {cut}");
+    let log_dir = log_dir_of(&cluster, 1);
     let lost = std::fs::read_dir(&log_dir).unwrap().count();
     std::fs::remove_dir_all(&log_dir).unwrap();
+    std::fs::remove_file(&trigger).unwrap();
     let resumed = run.wait_for_progress("after osd.1 lost power");
     run_ok(cluster.cli().args(["dev", "restart", "--osd", "1", "--dir"]).arg(cluster.path()));
     let rejoined = run.wait_for_progress("after osd.1 came back without its log");
     std::thread::sleep(Duration::from_secs(2));
     let report = run.finish();
     eprintln!(
-        "power loss of osd.1 ({lost} log files dropped): I/O resumed after {resumed:?}, went on {rejoined:?} \
-         after it came back; {report}"
+        "power loss of osd.1 ({lost} log files and {unflushed} bytes of unflushed device writes dropped): \
+         I/O resumed after {resumed:?}, went on {rejoined:?} after it came back; {report}"
+    );
+    assert!(report.is_ok(), "{report}");
+}
+
+/// Issue 7, scenario 8: osd.1's data device starts failing its flushes with
+/// EIO (and drops what they were to make durable). The OSD must not retry
+/// and trust it: it stops, the cluster serves its PGs from the replicas,
+/// and once restarted on a mended device it catches up; nothing
+/// acknowledged is lost.
+#[test]
+fn a_device_flush_error_stops_the_osd_and_the_cluster_recovers() {
+    let cluster = DevCluster::start();
+    let trigger = with_device_faults(&cluster, 1);
+    let client = cluster.client();
+    let run = Verifying::start(&client);
+    run.wait_for_progress("before the fault");
+    let pid = pid_of(&cluster, "osd.1");
+    std::fs::write(&trigger, "flush-eio\n").unwrap();
+    let stopped = wait_until_dead(pid, "the failed flush");
+    let log = std::fs::read_to_string(cluster.path().join("osd.1.log")).unwrap();
+    assert!(log.contains("the data device failed"), "osd.1 stopped because of its device");
+    let resumed = run.wait_for_progress("after osd.1's device failed");
+    std::fs::remove_file(&trigger).unwrap();
+    run_ok(cluster.cli().args(["dev", "restart", "--osd", "1", "--dir"]).arg(cluster.path()));
+    let rejoined = run.wait_for_progress("after osd.1 came back on a mended device");
+    std::thread::sleep(Duration::from_secs(2));
+    let report = run.finish();
+    eprintln!(
+        "flush EIO on osd.1: it stopped {stopped:?} after the fault was armed, I/O resumed {resumed:?} later, \
+         went on {rejoined:?} after it came back; {report}"
     );
     assert!(report.is_ok(), "{report}");
 }

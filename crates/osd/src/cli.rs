@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::config::{OplogMode, OsdConfig, Threading, WritePath};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use duplex_store::{DeviceConfig, DirectIo, MkfsOptions, StoreConfig};
+use duplex_store::{DeviceConfig, DeviceFaults, DirectIo, MkfsOptions, StoreConfig};
 
 #[derive(Parser, Debug)]
 #[command(name = "duplex-osd", version, about = "One OSD of a Duplex cluster: a data device behind an operation log")]
@@ -82,6 +82,12 @@ pub struct OsdArgs {
     /// never). A scrub reports bad copies; `duplex pg repair` fixes them.
     #[arg(long, default_value_t = 7 * 24 * 3600)]
     scrub_interval_s: u64,
+    /// Testing and failure rehearsals only: put the data device behind a
+    /// simulated volatile write cache (unflushed writes die with the
+    /// process) and arm the faults this file names when it appears, one
+    /// word per line: flush-eio, write-eio, power-cut (docs/RELIABILITY.md).
+    #[arg(long, value_name = "TRIGGER_FILE")]
+    inject_device_faults: Option<PathBuf>,
 }
 
 /// Runs an OSD as its flags say; returns only on a start-up error.
@@ -89,6 +95,8 @@ pub fn run(args: OsdArgs) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file must not fill with escape codes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let mut monitors = Vec::new();
     for mon in &args.monitors {
@@ -132,9 +140,22 @@ pub fn run(args: OsdArgs) -> Result<()> {
     config.pool_threads = args.pool_threads;
     config.scrub_interval = Duration::from_secs(args.scrub_interval_s);
 
+    let faults = match &args.inject_device_faults {
+        Some(trigger) => {
+            let faults = DeviceFaults::new();
+            faults.watch(trigger.clone()).context("starting the device-fault watcher")?;
+            tracing::warn!(
+                trigger = %trigger.display(),
+                "device fault injection is on: the data device has a simulated volatile write cache"
+            );
+            Some(faults)
+        }
+        None => None,
+    };
     let store_config = StoreConfig {
         device: DeviceConfig {
             direct_io: if args.allow_buffered_io { DirectIo::Fallback } else { DirectIo::Require },
+            faults,
             ..DeviceConfig::default()
         },
         ..StoreConfig::default()

@@ -25,8 +25,34 @@ use crate::replay::store_op;
 
 /// Entries per store batch; a flush of more takes several batches.
 pub const FLUSH_BATCH: usize = 128;
-/// After a failed flush, the next attempt (not a hot loop on a bad device).
+/// After a flush the store refused (not a device error), the next attempt
+/// (not a hot loop).
 const FLUSH_RETRY: Duration = Duration::from_secs(1);
+/// The exit status of an OSD whose data device failed (sysexits' EX_IOERR).
+pub const DEVICE_FAILED_EXIT: i32 = 74;
+
+/// Whether `err` means the data device failed a write or a flush.
+pub(crate) fn is_device_failure(err: &StoreError) -> bool {
+    matches!(err, StoreError::Io { .. } | StoreError::PartitionFailed(_))
+}
+
+/// The data device failed a write or a flush: what reached the disk is
+/// unknown, and a later flush that succeeds would not bring back what the
+/// failed one dropped (Linux forgets dirty pages whose writeback failed).
+/// Retrying and trusting the store would acknowledge writes it may not
+/// hold, so the OSD stops at once, before anything else is acknowledged on
+/// its account. Its peers then serve its PGs; when it starts again (on a
+/// mended device) it replays its operation log and peering brings it up to
+/// date from them.
+pub(crate) fn device_failed(partition: u32, err: &StoreError) -> ! {
+    tracing::error!(
+        partition,
+        %err,
+        "the data device failed; this OSD stops so that its PGs fail over to their replicas \
+         (check the device; on restart the OSD replays its log and catches up from its peers)"
+    );
+    std::process::exit(DEVICE_FAILED_EXIT)
+}
 
 /// Where a client reply goes.
 #[derive(Clone, Copy, Debug)]
@@ -269,6 +295,9 @@ impl Flusher {
                 Err(err) => Err(err),
             };
             if let Err(err) = applied {
+                if is_device_failure(&err) {
+                    device_failed(self.partition.index(), &err);
+                }
                 // Nothing is trimmed: the entries stay in the log and are
                 // retried on the next flush (and replayed on restart).
                 tracing::error!(partition = self.partition.index(), %err, "flush failed; entries stay in the log");
@@ -355,6 +384,7 @@ impl Flusher {
             }
             let status = match self.partition.apply(&batch) {
                 Ok(_) => Status::Ok,
+                Err(err) if is_device_failure(&err) => device_failed(self.partition.index(), &err),
                 Err(err) => {
                     tracing::error!(partition = self.partition.index(), %err, "sync write failed");
                     Status::Io

@@ -20,6 +20,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::error::{Result, StoreError};
+use crate::faults::{DeviceFaults, FaultyIo};
 use crate::BLOCK_SIZE;
 
 /// Alignment of every [`AlignedBuf`]: enough for any device's direct I/O.
@@ -112,6 +113,9 @@ pub struct DeviceConfig {
     pub queue_depth: u32,
     /// How long to wait for another process's lock on the device.
     pub lock_wait: std::time::Duration,
+    /// Tests and fault rehearsals only: a volatile write cache and armed
+    /// faults in front of every queue ([`crate::faults`]).
+    pub faults: Option<Arc<DeviceFaults>>,
 }
 
 impl Default for DeviceConfig {
@@ -121,6 +125,7 @@ impl Default for DeviceConfig {
             direct_io: DirectIo::Require,
             queue_depth: 256,
             lock_wait: std::time::Duration::from_secs(10),
+            faults: None,
         }
     }
 }
@@ -243,6 +248,14 @@ impl Device {
 
     /// A new I/O queue for one partition.
     pub fn queue(&self) -> Result<Box<dyn BlockIo>> {
+        let queue = self.real_queue()?;
+        Ok(match &self.config.faults {
+            Some(faults) => Box::new(FaultyIo::new(queue, faults.clone())),
+            None => queue,
+        })
+    }
+
+    fn real_queue(&self) -> Result<Box<dyn BlockIo>> {
         let pread = || Box::new(PreadIo { file: self.file.clone(), stats: IoStats::default() }) as Box<dyn BlockIo>;
         match self.config.backend {
             IoBackend::Pread => Ok(pread()),

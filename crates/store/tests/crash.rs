@@ -7,7 +7,10 @@
 //!   and each of its 4 KiB data blocks either old or new;
 //!
 //! and continues from the store's actual state with a new child, many times.
-//! Bounded by `DUPLEX_CRASH_SECONDS` (default 20) and `DUPLEX_CRASH_ITERATIONS` (default 300).
+//! `crash_test_with_a_volatile_write_cache` runs the child's device behind a
+//! volatile write cache (`duplex_store::faults`): every write not yet
+//! flushed dies with the child, as it would with the machine's power.
+//! Bounded by `DUPLEX_CRASH_SECONDS` (default 15, per test) and `DUPLEX_CRASH_ITERATIONS` (default 300).
 
 mod common;
 
@@ -45,7 +48,10 @@ fn crash_child() {
     };
     let seed: u64 = std::env::var("DUPLEX_CRASH_SEED").unwrap().parse().unwrap();
     let first: u64 = std::env::var("DUPLEX_CRASH_FIRST").unwrap().parse().unwrap();
-    let config = test_config(backend());
+    let mut config = test_config(backend());
+    if std::env::var_os("DUPLEX_CRASH_VOLATILE").is_some() {
+        config.device.faults = Some(duplex_store::DeviceFaults::new());
+    }
     let mut store = Store::open(store_path.as_ref(), &config).unwrap();
     let mut out = std::io::stdout().lock();
     for index in first..first + 10_000 {
@@ -146,13 +152,22 @@ fn summarize(batch: &Batch) -> Vec<String> {
 
 #[test]
 fn crash_test() {
+    run_crash_test(false);
+}
+
+#[test]
+fn crash_test_with_a_volatile_write_cache() {
+    run_crash_test(true);
+}
+
+fn run_crash_test(volatile: bool) {
     let budget =
-        Duration::from_secs(std::env::var("DUPLEX_CRASH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20));
+        Duration::from_secs(std::env::var("DUPLEX_CRASH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(15));
     let dir = tempfile::tempdir().unwrap();
     let config = test_config(backend());
     let path = make_store(dir.path(), 32 << 20, 1, 32 << 10, &config);
     let seed: u64 = rand::thread_rng().gen();
-    eprintln!("crash test seed {seed} (store {})", path.display());
+    eprintln!("crash test seed {seed} (store {}, volatile write cache: {volatile})", path.display());
     let mut rng = rng(seed);
     let mut model = Model::default();
     let mut next_batch = 0u64;
@@ -166,6 +181,7 @@ fn crash_test() {
             .env("DUPLEX_CRASH_STORE", &path)
             .env("DUPLEX_CRASH_SEED", seed.to_string())
             .env("DUPLEX_CRASH_FIRST", next_batch.to_string())
+            .envs(volatile.then_some(("DUPLEX_CRASH_VOLATILE", "1")))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -190,7 +206,7 @@ fn crash_test() {
             total_durable += (verdict == "durable") as u64;
             next_batch += 1;
         }
-        let context = format!("seed {seed}, iteration {iterations}, in-flight batch {next_batch}");
+        let context = format!("seed {seed}, volatile {volatile}, iteration {iterations}, in-flight batch {next_batch}");
         let report = fsck(&path, &config, true);
         assert!(
             report.clean,
@@ -216,7 +232,7 @@ fn crash_test() {
             .collect();
         next_batch += 1;
     }
-    eprintln!("crash test: {iterations} kills, {total_durable} durable batches checked, {in_flight_seen} kills caught a batch in flight");
+    eprintln!("crash test (volatile write cache: {volatile}): {iterations} kills, {total_durable} durable batches checked, {in_flight_seen} kills caught a batch in flight");
     assert!(iterations >= 5, "too few iterations to mean anything");
     assert!(total_durable > 0, "no batch was ever reported durable");
 }

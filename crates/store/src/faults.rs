@@ -1,0 +1,371 @@
+//! Fault injection at the device seam: what a real disk does to a store
+//! that tests must prove it survives.
+//!
+//! With [`DeviceFaults`] in its [`DeviceConfig`](crate::DeviceConfig), every
+//! I/O queue of a device behaves like a disk with a **volatile write
+//! cache**: a write is visible to reads at once but reaches the file only at
+//! the next flush, so a process that dies between the two loses it, as a
+//! machine that loses power does. Like a real cache, it may also write any
+//! of them back early, in any order: each write request reaches the file at
+//! once with probability one half (whole, never torn), so a crash leaves a
+//! random subset of the unflushed writes behind, and a store that counts on
+//! one write landing before another without a flush between them is caught.
+//! On top of that, tests (or an operator
+//! rehearsing a failure, through the OSD's trigger file) can arm:
+//! - **flush EIO**: every flush fails with `EIO`, and the writes it was to
+//!   make durable are dropped, as Linux drops dirty pages whose writeback
+//!   failed;
+//! - **write EIO**: every write fails with `EIO`;
+//! - **power cut**: the next flush does not happen; the process is killed
+//!   with `SIGKILL` instead, with every unflushed write still in the cache.
+//!
+//! Never used outside tests and fault rehearsals: the cache costs a copy
+//! per write and a map lookup per read sector.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::device::{AlignedBuf, BlockIo, IoStats};
+
+/// The unit the cache tracks: the smallest direct I/O any device takes.
+const SECTOR: u64 = 512;
+
+/// Faults shared by every queue of one device; armed from any thread.
+#[derive(Debug, Default)]
+pub struct DeviceFaults {
+    flush_eio: AtomicBool,
+    write_eio: AtomicBool,
+    power_cut: AtomicBool,
+    /// Bytes written and not yet flushed, over every queue.
+    unflushed: AtomicU64,
+    /// Bytes dropped by failed flushes.
+    dropped: AtomicU64,
+    /// The state of the generator that picks early write-backs.
+    random: AtomicU64,
+}
+
+/// A fault that a trigger names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    FlushEio,
+    WriteEio,
+    PowerCut,
+}
+
+impl Fault {
+    /// The fault a trigger word names (`flush-eio`, `write-eio`, `power-cut`).
+    pub fn parse(word: &str) -> Option<Fault> {
+        match word.trim() {
+            "flush-eio" => Some(Fault::FlushEio),
+            "write-eio" => Some(Fault::WriteEio),
+            "power-cut" => Some(Fault::PowerCut),
+            _ => None,
+        }
+    }
+}
+
+impl DeviceFaults {
+    pub fn new() -> Arc<DeviceFaults> {
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        DeviceFaults::seeded(seed ^ u64::from(std::process::id()))
+    }
+
+    /// Faults whose early write-backs follow `seed`.
+    pub fn seeded(seed: u64) -> Arc<DeviceFaults> {
+        Arc::new(DeviceFaults { random: AtomicU64::new(seed | 1), ..DeviceFaults::default() })
+    }
+
+    /// A coin flip (xorshift64: the choice needs no quality, only speed).
+    fn coin(&self) -> bool {
+        let mut x = self.random.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.random.store(x, Ordering::Relaxed);
+        x & 1 == 1
+    }
+
+    /// Arms `fault`; it stays armed for the life of the process.
+    pub fn arm(&self, fault: Fault) {
+        let flag = match fault {
+            Fault::FlushEio => &self.flush_eio,
+            Fault::WriteEio => &self.write_eio,
+            Fault::PowerCut => &self.power_cut,
+        };
+        if !flag.swap(true, Ordering::SeqCst) {
+            tracing::warn!(?fault, "device fault armed");
+        }
+    }
+
+    /// Bytes written to the device's queues and not yet flushed.
+    pub fn unflushed_bytes(&self) -> u64 {
+        self.unflushed.load(Ordering::Relaxed)
+    }
+
+    /// Bytes that failed flushes dropped.
+    pub fn dropped_bytes(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Arms the faults named in `trigger` (one word per line, see
+    /// [`Fault::parse`]) when the file appears or grows; polled by a thread
+    /// every 10 ms for the life of the process. Unknown words are logged
+    /// and ignored.
+    pub fn watch(self: &Arc<Self>, trigger: PathBuf) -> io::Result<()> {
+        let faults = self.clone();
+        std::thread::Builder::new().name("device-faults".into()).spawn(move || loop {
+            if let Ok(text) = std::fs::read_to_string(&trigger) {
+                for word in text.split_whitespace() {
+                    match Fault::parse(word) {
+                        Some(fault) => faults.arm(fault),
+                        None => tracing::warn!(word, path = %trigger.display(), "unknown device fault"),
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        })?;
+        Ok(())
+    }
+}
+
+/// One queue behind a volatile write cache, with the armed faults.
+pub(crate) struct FaultyIo {
+    inner: Box<dyn BlockIo>,
+    faults: Arc<DeviceFaults>,
+    /// Unflushed sectors by sector number: newest contents win.
+    cache: BTreeMap<u64, Box<[u8]>>,
+    stats: IoStats,
+}
+
+impl FaultyIo {
+    pub(crate) fn new(inner: Box<dyn BlockIo>, faults: Arc<DeviceFaults>) -> FaultyIo {
+        FaultyIo { inner, faults, cache: BTreeMap::new(), stats: IoStats::default() }
+    }
+
+    fn cached_bytes(&self) -> u64 {
+        self.cache.len() as u64 * SECTOR
+    }
+
+    /// Empties the cache without writing it back; returns the bytes lost.
+    fn drop_cache(&mut self) -> u64 {
+        let lost = self.cached_bytes();
+        self.cache.clear();
+        self.faults.unflushed.fetch_sub(lost, Ordering::Relaxed);
+        lost
+    }
+
+    /// Writes the cache back in runs of adjacent sectors (one request each,
+    /// so no two requests overlap and completion order cannot matter).
+    fn write_back(&mut self) -> io::Result<()> {
+        let mut runs: Vec<(u64, AlignedBuf)> = Vec::new();
+        let mut run: Option<(u64, Vec<u8>)> = None;
+        for (sector, bytes) in &self.cache {
+            match &mut run {
+                Some((start, data)) if start.saturating_add(data.len() as u64 / SECTOR) == *sector => {
+                    data.extend_from_slice(bytes)
+                }
+                _ => {
+                    if let Some((start, data)) = run.take() {
+                        runs.push((start * SECTOR, AlignedBuf::from_slice(&data)));
+                    }
+                    run = Some((*sector, bytes.to_vec()));
+                }
+            }
+        }
+        if let Some((start, data)) = run {
+            runs.push((start * SECTOR, AlignedBuf::from_slice(&data)));
+        }
+        let requests: Vec<(u64, &[u8])> = runs.iter().map(|(offset, buf)| (*offset, &buf[..])).collect();
+        if !requests.is_empty() {
+            self.inner.write_many(&requests)?;
+        }
+        Ok(())
+    }
+}
+
+impl BlockIo for FaultyIo {
+    fn read_many(&mut self, requests: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        self.inner.read_many(requests)?;
+        for (offset, buf) in requests.iter_mut() {
+            let first = *offset / SECTOR;
+            let last = (*offset + buf.len() as u64).div_ceil(SECTOR);
+            for (sector, bytes) in self.cache.range(first..last) {
+                let at = ((sector - first) * SECTOR) as usize;
+                buf[at..at + SECTOR as usize].copy_from_slice(bytes);
+            }
+            self.stats.reads += 1;
+            self.stats.bytes_read += buf.len() as u64;
+        }
+        Ok(())
+    }
+
+    fn write_many(&mut self, requests: &[(u64, &[u8])]) -> io::Result<()> {
+        if self.faults.write_eio.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let early: Vec<(u64, &[u8])> = requests.iter().filter(|_| self.faults.coin()).copied().collect();
+        if !early.is_empty() {
+            self.inner.write_many(&early)?;
+        }
+        let before = self.cached_bytes();
+        for (offset, buf) in requests {
+            debug_assert!(offset.is_multiple_of(SECTOR) && (buf.len() as u64).is_multiple_of(SECTOR));
+            for (index, chunk) in buf.chunks(SECTOR as usize).enumerate() {
+                self.cache.insert(offset / SECTOR + index as u64, chunk.into());
+            }
+            self.stats.writes += 1;
+            self.stats.bytes_written += buf.len() as u64;
+        }
+        self.faults.unflushed.fetch_add(self.cached_bytes() - before, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stats.flushes += 1;
+        if self.faults.power_cut.load(Ordering::SeqCst) {
+            tracing::error!(
+                unflushed_bytes = self.faults.unflushed_bytes(),
+                "injected power cut: the process dies with its unflushed device writes"
+            );
+            // SAFETY: kill(2) on this process; SIGKILL cannot be caught, so
+            // nothing after it runs and no cache is written back.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            unreachable!("SIGKILL returned");
+        }
+        if self.faults.flush_eio.load(Ordering::SeqCst) {
+            let lost = self.drop_cache();
+            self.faults.dropped.fetch_add(lost, Ordering::Relaxed);
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.write_back()?;
+        self.inner.flush()?;
+        self.drop_cache();
+        Ok(())
+    }
+
+    fn stats(&self) -> IoStats {
+        self.stats
+    }
+
+    fn engine(&self) -> &'static str {
+        self.inner.engine()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{create_file, Device, DeviceConfig, DirectIo};
+
+    fn device(dir: &std::path::Path, faults: Option<Arc<DeviceFaults>>) -> Device {
+        let path = dir.join("disk");
+        if !path.exists() {
+            create_file(&path, 1 << 20).unwrap();
+        }
+        let config = DeviceConfig {
+            direct_io: DirectIo::Fallback,
+            lock_wait: Duration::from_secs(1),
+            faults,
+            ..DeviceConfig::default()
+        };
+        Device::open(&path, &config, true).unwrap()
+    }
+
+    fn read(io: &mut dyn BlockIo, offset: u64, len: usize) -> Vec<u8> {
+        let mut buf = AlignedBuf::zeroed(len);
+        io.read_many(&mut [(offset, &mut buf[..])]).unwrap();
+        buf.to_vec()
+    }
+
+    fn write(io: &mut dyn BlockIo, offset: u64, byte: u8, len: usize) -> io::Result<()> {
+        let buf = AlignedBuf::from_slice(&vec![byte; len]);
+        io.write_many(&[(offset, &buf[..])])
+    }
+
+    #[test]
+    fn unflushed_writes_are_read_back_but_a_random_part_is_lost_with_the_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = DeviceFaults::seeded(42);
+        {
+            let dev = device(dir.path(), Some(faults.clone()));
+            let mut io = dev.queue().unwrap();
+            write(io.as_mut(), 0, 1, 65536).unwrap();
+            io.flush().unwrap();
+            for sector in 0..64 {
+                write(io.as_mut(), sector * 1024, 2, 1024).unwrap();
+            }
+            write(io.as_mut(), 1024, 3, 512).unwrap();
+            assert_eq!(faults.unflushed_bytes(), 65536);
+            let seen = read(io.as_mut(), 0, 65536);
+            assert!(seen[..1024].iter().all(|b| *b == 2));
+            assert!(seen[1024..1536].iter().all(|b| *b == 3), "the newest write wins");
+            assert!(seen[1536..].iter().all(|b| *b == 2));
+            // The queue goes away without a flush: the "process" died.
+        }
+        let dev = device(dir.path(), None);
+        let mut io = dev.queue().unwrap();
+        let left = read(io.as_mut(), 0, 65536);
+        let requests: Vec<&[u8]> = left.chunks(1024).collect();
+        for (index, request) in requests.iter().enumerate().skip(2) {
+            assert!(request.iter().all(|b| *b == request[0]), "request {index} is torn");
+        }
+        let landed = requests.iter().filter(|r| r[0] == 2).count();
+        assert!(landed > 8 && landed < 56, "about half the unflushed writes land early: {landed} of 64");
+    }
+
+    #[test]
+    fn a_flush_writes_the_cache_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = DeviceFaults::new();
+        {
+            let dev = device(dir.path(), Some(faults.clone()));
+            let mut io = dev.queue().unwrap();
+            for (sector, byte) in [(9u64, 9u8), (3, 3), (4, 4), (10, 10), (20, 20)] {
+                write(io.as_mut(), sector * 512, byte, 512).unwrap();
+            }
+            io.flush().unwrap();
+            assert_eq!(faults.unflushed_bytes(), 0);
+        }
+        let dev = device(dir.path(), None);
+        let mut io = dev.queue().unwrap();
+        let all = read(io.as_mut(), 0, 16384);
+        for (sector, byte) in [(9usize, 9u8), (3, 3), (4, 4), (10, 10), (20, 20), (5, 0), (0, 0)] {
+            assert!(all[sector * 512..(sector + 1) * 512].iter().all(|b| *b == byte), "sector {sector}");
+        }
+    }
+
+    #[test]
+    fn a_failed_flush_loses_what_it_was_to_make_durable_and_fails_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = DeviceFaults::new();
+        {
+            let dev = device(dir.path(), Some(faults.clone()));
+            let mut io = dev.queue().unwrap();
+            write(io.as_mut(), 0, 7, 4096).unwrap();
+            faults.arm(Fault::FlushEio);
+            assert_eq!(io.flush().unwrap_err().raw_os_error(), Some(libc::EIO));
+            assert_eq!(faults.dropped_bytes(), 4096);
+            assert_eq!(faults.unflushed_bytes(), 0);
+            assert!(io.flush().is_err(), "the fault stays armed");
+            faults.arm(Fault::WriteEio);
+            assert_eq!(write(io.as_mut(), 0, 8, 4096).unwrap_err().raw_os_error(), Some(libc::EIO));
+        }
+        let dev = device(dir.path(), None);
+        let mut io = dev.queue().unwrap();
+        let left = read(io.as_mut(), 0, 4096);
+        assert!(left.iter().all(|b| *b == 0) || left.iter().all(|b| *b == 7), "whole, old or new");
+    }
+
+    #[test]
+    fn trigger_words() {
+        assert_eq!(Fault::parse("flush-eio\n"), Some(Fault::FlushEio));
+        assert_eq!(Fault::parse("write-eio"), Some(Fault::WriteEio));
+        assert_eq!(Fault::parse("power-cut"), Some(Fault::PowerCut));
+        assert_eq!(Fault::parse("reboot"), None);
+    }
+}
