@@ -9,7 +9,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -52,6 +52,10 @@ pub struct UpArgs {
     /// (repeatable): e.g. --osd-set write_path=sync --osd-set flush_threshold=4.
     #[arg(long = "osd-set", value_name = "KEY=VALUE")]
     pub osd_settings: Vec<String>,
+    /// The address monitors and OSDs listen on (the fault tests run
+    /// clusters inside network namespaces).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: IpAddr,
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -101,8 +105,8 @@ pub fn running(dir: &Path) -> Result<Option<State>> {
     Ok(read_state(&dir)?.filter(|state| state.processes.iter().any(|p| is_ours(p, &dir))))
 }
 
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0").context("finding a free port")?.local_addr()?.port())
+fn free_port(ip: IpAddr) -> Result<u16> {
+    Ok(TcpListener::bind((ip, 0)).with_context(|| format!("finding a free port on {ip}"))?.local_addr()?.port())
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -185,7 +189,7 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
     write_secret(&dir.join("secret"), &random_hex(32))?;
     let mut monitors = Vec::new();
     for id in 1..=args.monitors as u64 {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let addr = SocketAddr::new(args.bind, free_port(args.bind)?);
         monitors.push((id, addr));
     }
     let mon_lines: Vec<String> = monitors.iter().map(|(id, addr)| format!("{id}={addr}")).collect();
@@ -225,12 +229,13 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
             &conf,
             &format!(
                 "id = {id}\ndata = \"{}\"\nmkfs_size = {}\nallow_buffered_io = true\noplog_mode = \"shm\"\n\
-                 oplog_dir = \"{}\"\noplog_pg_bytes = {}\nmon = [{mon_list}]\nlisten = \"127.0.0.1:0\"\n\
+                 oplog_dir = \"{}\"\noplog_pg_bytes = {}\nmon = [{mon_list}]\nlisten = \"{}\"\n\
                  admin = \"127.0.0.1:0\"\n# One host per OSD, so replicas spread over OSDs.\nhost = \"local-{id}\"\n{common}",
                 osd_dir.join("store.img").display(),
                 args.osd_size,
                 oplog_dir.display(),
                 args.oplog_pg_bytes,
+                SocketAddr::new(args.bind, 0),
             ),
             &args.osd_settings,
         )?;

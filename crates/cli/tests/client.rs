@@ -559,3 +559,138 @@ fn a_restart_changes_settings_and_keeps_data() {
     client.write(pool, b"after", 0, Bytes::from_static(b"synced")).unwrap();
     assert_eq!(&client.read(pool, b"after", 0, 6).unwrap()[..], b"synced");
 }
+
+/// Issue 7, scenarios 3 and 7: osd.1 runs on its own host (network
+/// namespace B); the monitor, the other OSDs and the verifying workload run
+/// on host A. A reader on host B, pinned to osd.1 (it reads only objects
+/// osd.1 is primary of), keeps reading while the link between the hosts is
+/// cut. osd.1 must stop serving before the monitor makes a new primary (its
+/// lease runs out first), so the pinned reader never gets data older than a
+/// write the new primary acknowledged; the monitor marks osd.1 down, I/O
+/// goes on without it, and once the link is back osd.1 rejoins and catches
+/// up. Nothing acknowledged is lost.
+#[test]
+fn an_isolated_host_is_marked_down_and_rejoins_and_a_reader_cut_off_with_it_reads_nothing_stale() {
+    let hosts = common::netns::Hosts::create();
+    let (a, b, ip_a, ip_b, link) = (hosts.a.clone(), hosts.b.clone(), hosts.ip_a, hosts.ip_b, hosts.link());
+    let body = std::thread::spawn(move || {
+        common::netns::Hosts::enter(&a);
+        partition_scenario(&b, ip_a, ip_b, &link);
+    });
+    let outcome = body.join();
+    drop(hosts);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+fn partition_scenario(b: &str, ip_a: std::net::IpAddr, ip_b: std::net::IpAddr, link: &common::netns::Link) {
+    let cluster = DevCluster::with_args(&["--bind", &ip_a.to_string()]);
+    // osd.1 moves to host B.
+    run_ok(
+        common::netns::Hosts::duplex_in(b)
+            .args(["dev", "restart", "--osd", "1", "--osd-set", &format!("listen={ip_b}:0"), "--dir"])
+            .arg(cluster.path()),
+    );
+    let client = cluster.client();
+    let run = Verifying::start(&client);
+    run.wait_for_progress("before the cut");
+
+    let recorder = run.recorder.clone();
+    let conf = cluster.conf();
+    let stop_reader = Arc::new(AtomicBool::new(false));
+    let (served, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let cut_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let served_after_cut = Arc::new(AtomicU64::new(0));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let reader = {
+        let (b, stop, served, refused, cut_at, served_after_cut) = (
+            b.to_string(),
+            stop_reader.clone(),
+            served.clone(),
+            refused.clone(),
+            cut_at.clone(),
+            served_after_cut.clone(),
+        );
+        std::thread::spawn(move || {
+            common::netns::Hosts::enter(&b);
+            let mut config = duplex_client::ClientConfig::from_file(&conf).unwrap();
+            config.op_timeout = Duration::from_secs(2);
+            let client = duplex_client::Client::connect(config).unwrap();
+            let pool = client.pool_id("rbd").unwrap();
+            let info = client.image_info(pool, "vm1").unwrap();
+            let image = client.open_image(pool, "vm1").unwrap();
+            let map = client.map();
+            let pool_info = &map.pools[&pool];
+            let blocks_per_object = info.object_size as u64 / workload::BLOCK;
+            let pinned: Vec<u64> = (0..info.object_count())
+                .filter(|object| {
+                    let name = format!("{}.{:016x}", info.id, object);
+                    let pg = duplex_placement::pg_of(name.as_bytes(), pool_info.pg_num);
+                    map.acting(&map.hierarchy(), pool_info, pg).first() == Some(&1)
+                })
+                .flat_map(|object| object * blocks_per_object..(object + 1) * blocks_per_object)
+                .collect();
+            assert!(!pinned.is_empty(), "osd.1 is primary of some of the image's objects");
+            ready_tx.send(pinned.len()).unwrap();
+            let mut next = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let block = pinned[next % pinned.len()];
+                next = next.wrapping_add(7919);
+                let ticket = recorder.invoke();
+                match image.read(block * workload::BLOCK, workload::BLOCK as u32) {
+                    Ok(data) => {
+                        recorder.read_done(ticket, block, &data, false);
+                        served.fetch_add(1, Ordering::Relaxed);
+                        if cut_at.lock().unwrap().is_some() {
+                            served_after_cut.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Err(_) => {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        })
+    };
+    let pinned_blocks = ready_rx.recv_timeout(Duration::from_secs(60)).expect("the pinned reader starts");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(served.load(Ordering::Relaxed) > 0, "the pinned reader reads through osd.1");
+
+    let hosts_cut = Instant::now();
+    *cut_at.lock().unwrap() = Some(hosts_cut);
+    link.cut();
+    let down_wait = wait_for_osd(&client, 1, false, "osd.1 to be marked down");
+    let resumed = run.wait_for_progress("after osd.1's host was cut off");
+    // Give the pinned reader time to read what the new primaries wrote.
+    std::thread::sleep(Duration::from_secs(3));
+    let (served_cut, refused_cut) = (served_after_cut.load(Ordering::Relaxed), refused.load(Ordering::Relaxed));
+
+    link.heal();
+    let healed = Instant::now();
+    let rejoin_wait = wait_for_osd(&client, 1, true, "osd.1 to rejoin");
+    let rejoined = run.wait_for_progress("after osd.1 rejoined");
+    stop_reader.store(true, Ordering::Relaxed);
+    reader.join().expect("the pinned reader ends");
+    std::thread::sleep(Duration::from_secs(2));
+    let report = run.finish();
+    eprintln!(
+        "host of osd.1 cut off: marked down {down_wait:?} after the cut, I/O resumed {resumed:?} after that; the \
+         pinned reader ({pinned_blocks} blocks) had {served_cut} reads served after the cut and {refused_cut} \
+         refused; link back: osd.1 up again {rejoin_wait:?} after it (healed at {:?} after the cut), I/O went on \
+         {rejoined:?} later; {report}",
+        healed - hosts_cut
+    );
+    assert!(refused_cut > 0, "osd.1 stopped serving the pinned reader");
+    assert!(report.is_ok(), "{report}");
+}
+
+/// Waits (up to 60 s) until the client's map has `osd` up or down; how long that took.
+fn wait_for_osd(client: &duplex_client::Client, osd: u32, up: bool, what: &str) -> Duration {
+    let started = Instant::now();
+    while client.map().osds.get(&osd).map(|o| o.up) != Some(up) {
+        assert!(started.elapsed() < Duration::from_secs(60), "waiting for {what}: still not after 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    started.elapsed()
+}

@@ -6,8 +6,21 @@
 //!
 //! - An up OSD whose last heartbeat is older than `grace` is marked down.
 //! - An up OSD reported failed by `min_reporters` distinct peers within
-//!   `grace` is marked down at once. One flaky peer cannot evict a healthy
+//!   `grace` gets no lease from then on, and is marked down as soon as the
+//!   last one it got has run out. One flaky peer cannot evict a healthy
 //!   OSD.
+//!
+//! **Leases.** Each acknowledged heartbeat grants the OSD a lease of
+//! [`FailureDetector::lease_ms`] (two thirds of the grace), counted by the
+//! OSD from when it *sent* the heartbeat; it serves clients only while it
+//! holds one. The detector never marks an OSD down while a lease it granted
+//! may still run: a silent OSD is marked down after the grace, a third
+//! longer than its last lease, and a condemned one gets no new lease. So by
+//! the time any OSD acts on the map that makes a new primary, the old one
+//! has stopped serving reads, even when it is cut off and never sees that
+//! map (issue 7's stale-read scenario). The third of the grace in between
+//! absorbs scheduling delays and clock-rate differences; no clocks need to
+//! agree.
 //! - A down OSD that stays down (and in) for `down_out_interval` is marked
 //!   out, so its data is re-replicated elsewhere.
 //! - A down OSD returns through `OsdBoot`, not through a heartbeat: it must
@@ -43,6 +56,12 @@ pub struct FailureDetector {
     down_since: BTreeMap<OsdId, u64>,
     /// Recent failure reports: target → reporter → time.
     reports: BTreeMap<OsdId, BTreeMap<OsdId, u64>>,
+    /// When each OSD was last granted a lease (the heartbeat's arrival,
+    /// which is after the OSD sent it: the lease ends no later than this
+    /// plus `lease_ms`).
+    last_granted: BTreeMap<OsdId, u64>,
+    /// OSDs to be marked down: they get no lease any more.
+    condemned: BTreeSet<OsdId>,
 }
 
 impl FailureDetector {
@@ -50,11 +69,26 @@ impl FailureDetector {
         FailureDetector { config, ..FailureDetector::default() }
     }
 
-    pub fn heartbeat(&mut self, osd: OsdId, now_ms: u64) {
+    /// How long a lease lasts: two thirds of the grace.
+    pub fn lease_ms(&self) -> u64 {
+        self.config.grace_ms * 2 / 3
+    }
+
+    /// Takes a heartbeat; returns the lease it grants in milliseconds, or
+    /// 0 when the OSD may not serve: `map` has it down (it must boot again)
+    /// or it is about to be marked down.
+    pub fn heartbeat(&mut self, osd: OsdId, now_ms: u64, map: &ClusterMap) -> u64 {
         let last = self.last_heard.entry(osd).or_insert(now_ms);
         *last = (*last).max(now_ms);
         // Peer reports stand even so: an OSD that reaches the monitor but
         // not its peers cannot replicate, and must go down. They expire instead.
+        let up = map.osds.get(&osd).is_some_and(|o| o.up);
+        if !up || self.condemned.contains(&osd) {
+            return 0;
+        }
+        let granted = self.last_granted.entry(osd).or_insert(now_ms);
+        *granted = (*granted).max(now_ms);
+        self.lease_ms()
     }
 
     /// `reporter` could not reach `target`.
@@ -79,13 +113,20 @@ impl FailureDetector {
                     .map(|r| r.iter().filter(|(_, t)| now_ms.saturating_sub(**t) <= grace).map(|(r, _)| *r).collect())
                     .unwrap_or_default();
                 let silent = now_ms.saturating_sub(last) > grace;
-                let reported = reporters.len() >= self.config.min_reporters.max(1);
-                if silent || reported {
+                if reporters.len() >= self.config.min_reporters.max(1) {
+                    self.condemned.insert(id);
+                }
+                let lease_over = self.last_granted.get(&id).is_none_or(|t| now_ms.saturating_sub(*t) > self.lease_ms());
+                debug_assert!(!silent || lease_over, "the grace outlasts every lease");
+                if silent || (self.condemned.contains(&id) && lease_over) {
+                    self.condemned.insert(id);
                     commands.push(Command::MarkDown { id });
                 }
             } else {
                 self.last_heard.remove(&id);
                 self.reports.remove(&id);
+                self.last_granted.remove(&id);
+                self.condemned.remove(&id);
                 let since = *self.down_since.entry(id).or_insert(now_ms);
                 if osd.is_in && now_ms.saturating_sub(since) >= self.config.down_out_interval_ms {
                     commands.push(Command::MarkOut { id });
@@ -96,6 +137,8 @@ impl FailureDetector {
         self.last_heard.retain(|id, _| map.osds.contains_key(id));
         self.down_since.retain(|id, _| map.osds.contains_key(id));
         self.reports.retain(|id, _| map.osds.contains_key(id));
+        self.last_granted.retain(|id, _| map.osds.contains_key(id));
+        self.condemned.retain(|id| map.osds.contains_key(id));
         commands
     }
 }
@@ -126,7 +169,7 @@ mod tests {
         for now in (0..=until_ms).step_by(100) {
             for id in map.osds.keys().copied().collect::<Vec<_>>() {
                 if beating(id, now) && now % 1000 == 0 {
-                    detector.heartbeat(id, now);
+                    detector.heartbeat(id, now, map);
                 }
             }
             for command in detector.tick(map, now) {
@@ -160,25 +203,33 @@ mod tests {
     }
 
     #[test]
-    fn two_reporters_mark_down_at_once_but_one_does_not() {
+    fn two_reporters_condemn_an_osd_which_goes_down_when_its_lease_ends() {
         let map = map_with(4);
         let mut detector = FailureDetector::new(FailureConfig::default());
         for id in 0..4 {
-            detector.heartbeat(id, 0);
+            assert_eq!(detector.heartbeat(id, 0, &map), 4_000, "a lease of two thirds of the grace");
         }
         detector.report_failure(3, 0, 1000);
         assert!(detector.tick(&map, 1000).is_empty(), "a single reporter is not enough");
         detector.report_failure(3, 3, 1000); // an OSD cannot report itself
         assert!(detector.tick(&map, 1000).is_empty());
+        assert_eq!(detector.heartbeat(3, 1000, &map), 4_000);
         detector.report_failure(3, 1, 1100);
-        assert_eq!(detector.tick(&map, 1100), vec![Command::MarkDown { id: 3 }]);
+        assert!(detector.tick(&map, 1100).is_empty(), "its lease from 1 s still runs");
+        assert_eq!(detector.heartbeat(3, 2000, &map), 0, "condemned: no new lease");
+        assert!(detector.tick(&map, 5000).is_empty(), "the lease runs until 5 s");
+        assert_eq!(detector.tick(&map, 5001), vec![Command::MarkDown { id: 3 }]);
     }
 
     #[test]
     fn reports_expire_after_the_grace_and_heartbeats_do_not_clear_them() {
         let map = map_with(3);
         let mut detector = FailureDetector::new(FailureConfig::default());
-        let beat_all = |d: &mut FailureDetector, t| (0..3).for_each(|id| d.heartbeat(id, t));
+        let beat_all = |d: &mut FailureDetector, t| {
+            (0..3).for_each(|id| {
+                d.heartbeat(id, t, &map);
+            })
+        };
         beat_all(&mut detector, 0);
         detector.report_failure(2, 0, 1_000);
         beat_all(&mut detector, 7_000);
@@ -187,8 +238,31 @@ mod tests {
         detector.report_failure(2, 0, 8_000);
         beat_all(&mut detector, 8_000);
         // Two fresh reports stand although OSD 2 still reaches the monitor:
-        // it cannot reach its peers, so it cannot replicate.
-        assert_eq!(detector.tick(&map, 8_000), vec![Command::MarkDown { id: 2 }]);
+        // it cannot reach its peers, so it cannot replicate. It goes down
+        // once the lease of its last heartbeat has run out.
+        assert!(detector.tick(&map, 8_000).is_empty());
+        assert_eq!(detector.tick(&map, 12_001), vec![Command::MarkDown { id: 2 }]);
+    }
+
+    #[test]
+    fn no_lease_for_a_down_osd_and_none_outlives_the_grace() {
+        let mut map = map_with(2);
+        let mut detector = FailureDetector::new(FailureConfig::default());
+        let lease = detector.heartbeat(1, 0, &map);
+        assert!(lease > 0 && lease < FailureConfig::default().grace_ms);
+        map.run(&Command::MarkDown { id: 1 }).unwrap();
+        assert_eq!(detector.heartbeat(1, 100, &map), 0, "down in the map: boot first");
+        // Silent after its last lease: marked down only once that lease is over.
+        let map = map_with(2);
+        let mut detector = FailureDetector::new(FailureConfig::default());
+        detector.heartbeat(0, 0, &map);
+        detector.heartbeat(1, 0, &map);
+        for now in (0..=6_000).step_by(100) {
+            detector.heartbeat(0, now, &map);
+            assert!(detector.tick(&map, now).is_empty(), "at {now}");
+        }
+        assert_eq!(detector.tick(&map, 6_100), vec![Command::MarkDown { id: 1 }]);
+        assert_eq!(detector.heartbeat(1, 6_200, &map), 0, "a late heartbeat gets no lease once condemned");
     }
 
     #[test]

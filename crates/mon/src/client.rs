@@ -82,6 +82,15 @@ impl MonClient {
         }
     }
 
+    /// Sends `osd`'s heartbeat to the leader; returns the lease it grants
+    /// (zero: none).
+    pub fn heartbeat(&mut self, osd: u32) -> Result<Duration, ClientError> {
+        match self.call_leader(&MonMessage::Heartbeat { osd })? {
+            MonMessage::HeartbeatReply { lease_ms } => Ok(Duration::from_millis(lease_ms)),
+            other => Err(ClientError::Refused(format!("unexpected reply {other:?}"))),
+        }
+    }
+
     /// Sends a heartbeat or failure report to the leader.
     pub fn notify(&mut self, message: &MonMessage) -> Result<(), ClientError> {
         match self.call_leader(message)? {

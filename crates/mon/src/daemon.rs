@@ -154,8 +154,7 @@ fn core_loop(
                     let now = detection.now_ms();
                     let reply = match detection.detector(core.is_leader()) {
                         Some(detector) => {
-                            detector.heartbeat(osd, now);
-                            MonMessage::Ack
+                            MonMessage::HeartbeatReply { lease_ms: detector.heartbeat(osd, now, core.map()) }
                         }
                         None => MonMessage::NotLeader { leader: core.leader() },
                     };

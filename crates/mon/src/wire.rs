@@ -51,6 +51,11 @@ pub enum MonMessage {
         is_leader: bool,
         epoch: u64,
     },
+    /// A heartbeat taken: the lease it grants the OSD, counted from when it
+    /// sent the heartbeat (0: none; the map has it down, or soon will).
+    HeartbeatReply {
+        lease_ms: u64,
+    },
 }
 
 /// [`CommandOutcome`] on the wire.

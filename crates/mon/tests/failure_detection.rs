@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{boot_osds, leader, wait_for, Cluster};
-use duplex_mon::wire::MonMessage;
 
 const GRACE_MS: u64 = 2_000;
 const DOWN_OUT_MS: u64 = 3_000;
@@ -27,9 +26,10 @@ fn a_silent_osd_is_marked_down_within_grace_plus_two_seconds() {
         let (mut client, stop_one, done) = (cluster.client(), stop_one.clone(), done.clone());
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
-                client.notify(&MonMessage::Heartbeat { osd: 0 }).unwrap();
+                let lease = client.heartbeat(0).unwrap();
+                assert!(lease > Duration::ZERO && lease < Duration::from_millis(GRACE_MS), "{lease:?}");
                 if !stop_one.load(Ordering::Relaxed) {
-                    client.notify(&MonMessage::Heartbeat { osd: 1 }).unwrap();
+                    client.heartbeat(1).unwrap();
                 }
                 std::thread::sleep(Duration::from_millis(500));
             }
@@ -43,6 +43,7 @@ fn a_silent_osd_is_marked_down_within_grace_plus_two_seconds() {
     });
     let detected_after = silent_since.elapsed();
     assert!(detected_after <= Duration::from_millis(GRACE_MS + 2_000), "marked down after {detected_after:?}");
+    assert_eq!(client.heartbeat(1).unwrap(), Duration::ZERO, "a down OSD gets no lease until it boots again");
     wait_for("OSD 1 to be marked out", Duration::from_millis(DOWN_OUT_MS + 5_000), || {
         client.map(1).is_ok_and(|m| !m.osds[&1].is_in)
     });

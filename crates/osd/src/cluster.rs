@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use duplex_map::{ClusterMap, Command, OsdId, Pool};
 use duplex_mon::client::MonClient;
-use duplex_mon::wire::{Credentials, MonMessage, WireOutcome};
+use duplex_mon::wire::{Credentials, WireOutcome};
 use duplex_placement::Hierarchy;
 
 pub struct MapView {
@@ -97,6 +97,63 @@ impl ActingCache {
     }
 }
 
+/// This OSD's lease from the monitors: it serves clients only while it
+/// holds one (duplex_map::failure explains why the monitors never make a
+/// new primary while it may still run). Each acknowledged heartbeat renews
+/// it, counted from when the heartbeat was sent; a map that says this OSD
+/// is down revokes it at once.
+pub struct Lease {
+    origin: Instant,
+    /// Milliseconds from `origin` until which the lease runs.
+    until_ms: AtomicU64,
+    /// Heartbeats sent before this (ms from `origin`) no longer renew it.
+    revoked_ms: AtomicU64,
+}
+
+impl Default for Lease {
+    fn default() -> Self {
+        Lease { origin: Instant::now(), until_ms: AtomicU64::new(0), revoked_ms: AtomicU64::new(0) }
+    }
+}
+
+impl Lease {
+    fn ms_since_origin(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.origin).as_millis() as u64
+    }
+
+    /// Whether this OSD may serve clients now.
+    pub fn holds(&self) -> bool {
+        self.ms_since_origin(Instant::now()) < self.until_ms.load(Ordering::Acquire)
+    }
+
+    /// A heartbeat sent at `sent` was answered with a lease of `length`.
+    pub fn renew(&self, sent: Instant, length: Duration) {
+        let sent_ms = self.ms_since_origin(sent);
+        if length.is_zero() || sent_ms < self.revoked_ms.load(Ordering::Acquire) {
+            return;
+        }
+        self.until_ms.fetch_max(sent_ms + length.as_millis() as u64, Ordering::AcqRel);
+    }
+
+    /// Ends the lease now; only heartbeats sent from now on renew it.
+    pub fn revoke(&self) {
+        // A heartbeat sent in this same millisecond may have been answered
+        // before the monitor saw the map: it must not count.
+        self.revoked_ms.store(self.ms_since_origin(Instant::now()) + 1, Ordering::Release);
+        self.until_ms.store(0, Ordering::Release);
+    }
+}
+
+/// Sends one heartbeat and renews `lease` with its answer.
+pub fn heartbeat(client: &mut MonClient, id: OsdId, lease: &Lease) {
+    let sent = Instant::now();
+    match client.heartbeat(id) {
+        Ok(length) if length.is_zero() => tracing::debug!("the monitor granted no lease (this OSD is down in its map)"),
+        Ok(length) => lease.renew(sent, length),
+        Err(err) => tracing::warn!(%err, "heartbeat not delivered"),
+    }
+}
+
 /// What the monitor thread needs.
 #[derive(Clone)]
 pub struct MonLink {
@@ -140,19 +197,25 @@ fn fetch_map(link: &MonLink, give_up_after: Duration) -> anyhow::Result<ClusterM
     }
 }
 
-/// Until `stop`: heartbeats to the leader (its own thread) and follows
-/// the map into `cell`. If the map says this OSD is down while it runs
-/// (a heartbeat was late), it boots again.
-pub fn follow(link: MonLink, cell: Arc<MapCell>, stop: Arc<AtomicBool>) {
+/// A monitor client for heartbeats: it gives up within one interval.
+pub fn heartbeat_client(link: &MonLink) -> MonClient {
+    let mut client = MonClient::new(link.monitors.clone(), link.credentials.clone());
+    client.timeout = link.heartbeat.max(Duration::from_millis(500));
+    client
+}
+
+/// Until `stop`: heartbeats to the leader (its own thread), renewing
+/// `lease`, and follows the map into `cell`. If the map says this OSD is
+/// down while it runs (a heartbeat was late), its lease ends and it boots
+/// again.
+pub fn follow(link: MonLink, cell: Arc<MapCell>, lease: Arc<Lease>, stop: Arc<AtomicBool>) {
     let beat = link.clone();
     let beat_stop = stop.clone();
+    let beat_lease = lease.clone();
     let spawned = std::thread::Builder::new().name("osd-heartbeat".into()).spawn(move || {
-        let mut client = MonClient::new(beat.monitors.clone(), beat.credentials.clone());
-        client.timeout = beat.heartbeat.max(Duration::from_millis(500));
+        let mut client = heartbeat_client(&beat);
         while !beat_stop.load(Ordering::Relaxed) {
-            if let Err(err) = client.notify(&MonMessage::Heartbeat { osd: beat.id }) {
-                tracing::warn!(%err, "heartbeat not delivered");
-            }
+            heartbeat(&mut client, beat.id, &beat_lease);
             std::thread::sleep(beat.heartbeat);
         }
     });
@@ -166,6 +229,7 @@ pub fn follow(link: MonLink, cell: Arc<MapCell>, stop: Arc<AtomicBool>) {
         tracing::info!(epoch = map.epoch, "new map");
         cell.store(map.clone());
         if !me_up {
+            lease.revoke();
             tracing::warn!("the map says this OSD is down; booting again");
             if let Err(err) = boot(&link, Duration::from_secs(10)) {
                 tracing::error!(%err, "re-boot failed");

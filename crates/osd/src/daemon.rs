@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use duplex_mon::wire::Credentials;
 use duplex_store::{Store, StoreConfig};
 
-use crate::cluster::{boot, follow, MapCell, MonLink};
+use crate::cluster::{boot, follow, heartbeat, heartbeat_client, MapCell, MonLink};
 use crate::config::{OsdConfig, Threading};
 use crate::flusher::Flusher;
 use crate::mailbox::Mailbox;
@@ -37,7 +37,7 @@ impl Running {
     /// Follows the map and heartbeats until the process ends.
     pub fn follow_forever(self) {
         let stop = Arc::new(AtomicBool::new(false));
-        follow(self.link, self.shared.map.clone(), stop);
+        follow(self.link, self.shared.map.clone(), self.shared.lease.clone(), stop);
     }
 }
 
@@ -164,6 +164,8 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             thread.run();
         })?;
     }
+    // The first lease, so that the first clients are not turned away.
+    heartbeat(&mut heartbeat_client(&link), config.id, &shared.lease);
     shared.serving.store(true, Ordering::Release);
     let driver = PeeringDriver::new(shared.clone(), mailboxes.clone());
     std::thread::Builder::new()

@@ -100,6 +100,8 @@ pub struct Metrics {
     pub recovered_objects: Counter,
     /// Client operations answered `Retry` because their PG was peering.
     pub peering_retries: Counter,
+    /// Client operations answered `Retry` because this OSD held no lease.
+    pub lease_refusals: Counter,
     /// This OSD's primary PGs not active right now (peering or stuck).
     pub inactive_pgs: AtomicU64,
     /// Metadata operations (stat, attributes, listings, creates).
@@ -240,6 +242,12 @@ impl Metrics {
             "duplex_osd_peering_retries_total",
             "Client operations answered Retry because their PG was peering.",
             &[("", self.peering_retries.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_lease_refusals_total",
+            "Client operations answered Retry because this OSD held no lease from the monitors.",
+            &[("", self.lease_refusals.get())],
         );
         counter(
             &mut out,

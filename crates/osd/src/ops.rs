@@ -13,7 +13,7 @@ use duplex_map::OsdId;
 use duplex_oplog::{Entry, EntryRef, LogError, OpKind as LogOp, RequestId};
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status, MAX_OBJECT_NAME};
 
-use crate::cluster::{ActingCache, MapCell, MapView};
+use crate::cluster::{ActingCache, Lease, MapCell, MapView};
 use crate::config::{OsdConfig, WritePath};
 use crate::flusher::{ClientSlot, Job, ReadJob, SyncDone};
 use crate::metrics::{record, Histograms, Metrics, Stage};
@@ -36,6 +36,8 @@ pub struct Shared {
     /// Scrubs asked for (by an operator, or by a read that found a damaged
     /// block), for the peering thread to run.
     pub scrub_requests: ScrubRequests,
+    /// Clients are served only under a lease from the monitors.
+    pub lease: Arc<Lease>,
     next_txid: AtomicU64,
 }
 
@@ -57,6 +59,7 @@ impl Shared {
             serving: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
             scrub_requests,
+            lease: Arc::new(Lease::default()),
             next_txid: AtomicU64::new(1),
         }
     }
@@ -132,6 +135,12 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     let epoch = view.epoch();
     if !shared.serving.load(Ordering::Acquire) {
         return reply(&op, Status::Retry, epoch, "the OSD is starting (replaying its logs)");
+    }
+    if !shared.lease.holds() {
+        // Cut off from the monitors (or marked down): another OSD may be
+        // primary by now, so even a read could return stale data.
+        shared.metrics.lease_refusals.add(1);
+        return reply(&op, Status::Retry, epoch, "this OSD holds no lease from the monitors");
     }
     let request = &op.request;
     if request.map_epoch > epoch {

@@ -5,11 +5,12 @@
 //! I/O queue of a device behaves like a disk with a **volatile write
 //! cache**: a write is visible to reads at once but reaches the file only at
 //! the next flush, so a process that dies between the two loses it, as a
-//! machine that loses power does. Like a real cache, it may also write any
-//! of them back early, in any order: each write request reaches the file at
-//! once with probability one half (whole, never torn), so a crash leaves a
-//! random subset of the unflushed writes behind, and a store that counts on
-//! one write landing before another without a flush between them is caught.
+//! machine that loses power does. With [`DeviceFaults::reordering`] it also
+//! writes some of them back early, in any order, as a real cache may: each
+//! write request reaches the file at once with probability one half (whole,
+//! never torn), so a crash leaves a random subset of the unflushed writes
+//! behind, and a store that counts on one write landing before another
+//! without a flush between them is caught.
 //! On top of that, tests (or an operator
 //! rehearsing a failure, through the OSD's trigger file) can arm:
 //! - **flush EIO**: every flush fails with `EIO`, and the writes it was to
@@ -44,7 +45,7 @@ pub struct DeviceFaults {
     unflushed: AtomicU64,
     /// Bytes dropped by failed flushes.
     dropped: AtomicU64,
-    /// The state of the generator that picks early write-backs.
+    /// The state of the generator that picks early write-backs (0: none).
     random: AtomicU64,
 }
 
@@ -69,20 +70,25 @@ impl Fault {
 }
 
 impl DeviceFaults {
+    /// A cache that writes nothing back before a flush: a crash loses
+    /// every unflushed write.
     pub fn new() -> Arc<DeviceFaults> {
-        let seed =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-        DeviceFaults::seeded(seed ^ u64::from(std::process::id()))
+        Arc::new(DeviceFaults::default())
     }
 
-    /// Faults whose early write-backs follow `seed`.
-    pub fn seeded(seed: u64) -> Arc<DeviceFaults> {
+    /// A cache that also writes about half of the unflushed writes back
+    /// early, chosen by a generator seeded with `seed`.
+    pub fn reordering(seed: u64) -> Arc<DeviceFaults> {
         Arc::new(DeviceFaults { random: AtomicU64::new(seed | 1), ..DeviceFaults::default() })
     }
 
-    /// A coin flip (xorshift64: the choice needs no quality, only speed).
+    /// A coin flip (xorshift64: the choice needs no quality, only speed);
+    /// always tails without a seed.
     fn coin(&self) -> bool {
         let mut x = self.random.load(Ordering::Relaxed);
+        if x == 0 {
+            return false;
+        }
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
@@ -290,7 +296,7 @@ mod tests {
     #[test]
     fn unflushed_writes_are_read_back_but_a_random_part_is_lost_with_the_process() {
         let dir = tempfile::tempdir().unwrap();
-        let faults = DeviceFaults::seeded(42);
+        let faults = DeviceFaults::reordering(42);
         {
             let dev = device(dir.path(), Some(faults.clone()));
             let mut io = dev.queue().unwrap();

@@ -49,8 +49,10 @@ fn crash_child() {
     let seed: u64 = std::env::var("DUPLEX_CRASH_SEED").unwrap().parse().unwrap();
     let first: u64 = std::env::var("DUPLEX_CRASH_FIRST").unwrap().parse().unwrap();
     let mut config = test_config(backend());
-    if std::env::var_os("DUPLEX_CRASH_VOLATILE").is_some() {
-        config.device.faults = Some(duplex_store::DeviceFaults::new());
+    match std::env::var("DUPLEX_CRASH_VOLATILE").as_deref() {
+        Ok("reordering") => config.device.faults = Some(duplex_store::DeviceFaults::reordering(seed ^ first)),
+        Ok(_) => config.device.faults = Some(duplex_store::DeviceFaults::new()),
+        Err(_) => {}
     }
     let mut store = Store::open(store_path.as_ref(), &config).unwrap();
     let mut out = std::io::stdout().lock();
@@ -79,6 +81,42 @@ fn snapshot(store: &mut Store) -> Snapshot {
     out
 }
 
+/// Blocks (key, index) that failed their checksum.
+type Torn = std::collections::BTreeSet<(Vec<u8>, usize)>;
+
+/// A snapshot that reads block by block; a block that fails its checksum
+/// reads as zeros and is listed.
+fn snapshot_tolerant(store: &mut Store) -> (Snapshot, Torn) {
+    let partition = store.partition_mut(0);
+    let mut out = Snapshot::new();
+    let mut torn = Torn::new();
+    for key in partition.list(&[], None, usize::MAX) {
+        let info = partition.stat(key.as_bytes()).unwrap();
+        let mut data = vec![0u8; info.size as usize];
+        for (index, chunk) in data.chunks_mut(BLOCK).enumerate() {
+            match partition.read(key.as_bytes(), (index * BLOCK) as u64, chunk.len() as u64) {
+                Ok(bytes) => chunk.copy_from_slice(&bytes),
+                Err(duplex_store::StoreError::ChecksumMismatch { .. }) => {
+                    torn.insert((key.as_bytes().to_vec(), index));
+                }
+                Err(err) => panic!("reading {key:?} block {index}: {err}"),
+            }
+        }
+        let attrs = partition.list_attrs(key.as_bytes()).unwrap().into_iter().collect();
+        out.insert(key.as_bytes().to_vec(), (data, attrs, info.preallocated));
+    }
+    (out, torn)
+}
+
+/// Whether the objects' sizes and attributes are those of `model`.
+fn meta_matches(actual: &Snapshot, model: &Model) -> bool {
+    model.objects.len() == actual.len()
+        && model
+            .objects
+            .iter()
+            .all(|(k, o)| actual.get(k).is_some_and(|(data, attrs, _)| data.len() == o.data.len() && *attrs == o.attrs))
+}
+
 fn block_of(data: Option<&Vec<u8>>, index: usize) -> Vec<u8> {
     let mut block = vec![0u8; BLOCK];
     if let Some(data) = data {
@@ -102,19 +140,32 @@ fn may_be_new_block(batch: &Batch, key: &[u8], index: usize) -> bool {
 }
 
 /// Checks `actual` against the states before and after the in-flight batch.
-fn check_crash_state(actual: &Snapshot, before: &Model, after: &Model, in_flight: &Batch, context: &str) {
-    let meta_matches = |model: &Model| {
-        model.objects.len() == actual.len()
-            && model.objects.iter().all(|(k, o)| {
-                actual.get(k).is_some_and(|(data, attrs, _)| data.len() == o.data.len() && *attrs == o.attrs)
-            })
-    };
+/// `torn` blocks (power loss only) must belong to objects the in-flight
+/// batch wrote or truncated: besides the blocks it wrote, growing an object
+/// zeroes the rest of its old tail block in place.
+fn check_crash_state(actual: &Snapshot, before: &Model, after: &Model, in_flight: &Batch, torn: &Torn, context: &str) {
+    let meta_matches = |model: &Model| meta_matches(actual, model);
+    for (key, index) in torn {
+        let written = in_flight.ops.iter().any(|op| match op {
+            duplex_store::Op::Write { key: k, .. } | duplex_store::Op::Truncate { key: k, .. } => {
+                k.as_bytes() == &key[..]
+            }
+            _ => false,
+        });
+        assert!(
+            written,
+            "{context}: {key:?} block {index} fails its checksum but the in-flight batch did not write it"
+        );
+    }
     assert!(
         meta_matches(before) || meta_matches(after),
         "{context}: metadata is neither the state before nor after the in-flight batch"
     );
     for (key, (data, _, _)) in actual {
         for index in 0..data.len().div_ceil(BLOCK) {
+            if torn.contains(&(key.clone(), index)) {
+                continue;
+            }
             let got = block_of(Some(data), index);
             let old = block_of(before.objects.get(key).map(|o| &o.data), index);
             let new = block_of(after.objects.get(key).map(|o| &o.data), index);
@@ -152,15 +203,27 @@ fn summarize(batch: &Batch) -> Vec<String> {
 
 #[test]
 fn crash_test() {
-    run_crash_test(false);
+    run_crash_test(None);
 }
 
 #[test]
 fn crash_test_with_a_volatile_write_cache() {
-    run_crash_test(true);
+    run_crash_test(Some("drop"));
 }
 
-fn run_crash_test(volatile: bool) {
+/// Known to fail within a few hundred kills: with unflushed writes landing
+/// in any order, a block of the in-flight batch can read back as zeros with
+/// a valid checksum (neither its old nor its new contents). Tracked in
+/// docs/RELIABILITY.md until the store's ordering is fixed; run with
+/// `cargo test -p duplex-store --test crash -- --ignored reordering`.
+#[test]
+#[ignore = "finds a known store ordering bug under write reordering (docs/RELIABILITY.md)"]
+fn crash_test_with_a_reordering_write_cache() {
+    run_crash_test(Some("reordering"));
+}
+
+fn run_crash_test(cache: Option<&str>) {
+    let volatile = cache.is_some();
     let budget =
         Duration::from_secs(std::env::var("DUPLEX_CRASH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(15));
     let dir = tempfile::tempdir().unwrap();
@@ -172,7 +235,7 @@ fn run_crash_test(volatile: bool) {
     let mut model = Model::default();
     let mut next_batch = 0u64;
     let started = Instant::now();
-    let (mut iterations, mut total_durable, mut in_flight_seen) = (0, 0, 0);
+    let (mut iterations, mut total_durable, mut in_flight_seen, mut torn_blocks) = (0, 0, 0, 0);
     let max_iterations: u64 = std::env::var("DUPLEX_CRASH_ITERATIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
     while started.elapsed() < budget && iterations < max_iterations {
         iterations += 1;
@@ -181,7 +244,7 @@ fn run_crash_test(volatile: bool) {
             .env("DUPLEX_CRASH_STORE", &path)
             .env("DUPLEX_CRASH_SEED", seed.to_string())
             .env("DUPLEX_CRASH_FIRST", next_batch.to_string())
-            .envs(volatile.then_some(("DUPLEX_CRASH_VOLATILE", "1")))
+            .envs(cache.map(|mode| ("DUPLEX_CRASH_VOLATILE", mode)))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -208,8 +271,15 @@ fn run_crash_test(volatile: bool) {
         }
         let context = format!("seed {seed}, volatile {volatile}, iteration {iterations}, in-flight batch {next_batch}");
         let report = fsck(&path, &config, true);
+        // After a power loss (not a process crash) a block of the in-flight
+        // batch may have landed without its journal record, or the record
+        // without the block: it then fails its checksum (the crate's
+        // durability contract). Which blocks, the snapshot below checks.
+        let only_torn_blocks = volatile
+            && report.issues.is_empty()
+            && report.partitions.iter().flat_map(|p| &p.issues).all(|issue| issue.kind == "data_checksum");
         assert!(
-            report.clean,
+            report.clean || only_torn_blocks,
             "{context}: fsck after SIGKILL: {:?} {:?}",
             report.issues,
             report.partitions.iter().map(|p| &p.issues).collect::<Vec<_>>()
@@ -219,9 +289,30 @@ fn run_crash_test(volatile: bool) {
         let _ = after.apply(&in_flight);
         let context = format!("{context}; in-flight ops: {:?}", summarize(&in_flight));
         let mut store = Store::open(&path, &config).unwrap();
-        let actual = snapshot(&mut store);
+        let (mut actual, torn) = snapshot_tolerant(&mut store);
+        check_crash_state(&actual, &model, &after, &in_flight, &torn, &context);
+        if !torn.is_empty() {
+            torn_blocks += torn.len();
+            // As a redo log (or a peer's copy) would: rewrite the objects
+            // whose blocks tore, from the state the metadata shows.
+            let settled = if meta_matches(&actual, &model) { &model } else { &after };
+            let mut repair = Batch::new();
+            for key in torn.iter().map(|(key, _)| key).collect::<std::collections::BTreeSet<_>>() {
+                let object = &settled.objects[key];
+                let key = duplex_store::Key::new(key).unwrap();
+                repair.delete(key.clone());
+                if object.preallocated {
+                    repair.create_preallocated(key.clone(), object.data.len() as u64);
+                }
+                repair.write(key.clone(), 0, object.data.clone());
+                for (name, value) in &object.attrs {
+                    repair.set_attr(key.clone(), name.clone(), value.clone());
+                }
+            }
+            store.partition_mut(0).apply(&repair).unwrap();
+            actual = snapshot(&mut store);
+        }
         store.close().unwrap();
-        check_crash_state(&actual, &model, &after, &in_flight, &context);
         if actual.iter().map(|(k, v)| (k, &v.0)).ne(model.objects.iter().map(|(k, o)| (k, &o.data))) {
             in_flight_seen += 1;
         }
@@ -232,7 +323,7 @@ fn run_crash_test(volatile: bool) {
             .collect();
         next_batch += 1;
     }
-    eprintln!("crash test (volatile write cache: {volatile}): {iterations} kills, {total_durable} durable batches checked, {in_flight_seen} kills caught a batch in flight");
+    eprintln!("crash test (volatile write cache: {volatile}): {iterations} kills, {total_durable} durable batches checked, {in_flight_seen} kills caught a batch in flight, {torn_blocks} blocks torn and rewritten");
     assert!(iterations >= 5, "too few iterations to mean anything");
     assert!(total_durable > 0, "no batch was ever reported durable");
 }

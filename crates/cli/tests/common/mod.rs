@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod netns;
 pub mod workload;
 
 use std::io::{BufRead, BufReader};
