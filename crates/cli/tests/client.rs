@@ -247,7 +247,7 @@ fn a_killed_osd_restarts_and_catches_up() {
     run.wait_for_progress("before the fault");
     kill_9(&cluster, "osd.1");
     let resumed = run.wait_for_progress("after kill -9 of osd.1");
-    run_ok(cluster.cli().args(["dev", "restart", "--osd", "1", "--dir"]).arg(cluster.path()));
+    restart_osd(&cluster, 1);
     let rejoined = run.wait_for_progress("after osd.1 restarted");
     std::thread::sleep(Duration::from_secs(2));
     let report = run.finish();
@@ -270,6 +270,19 @@ fn with_device_faults(cluster: &DevCluster, osd: u32) -> std::path::PathBuf {
             .arg(cluster.path()),
     );
     trigger
+}
+
+/// `duplex dev restart --osd N`: starts `osd` again (with its data and logs).
+fn restart_osd(cluster: &DevCluster, osd: u32) {
+    run_ok(cluster.cli().args(["dev", "restart", "--osd", &osd.to_string(), "--dir"]).arg(cluster.path()));
+}
+
+/// Arms device fault `word` on `osd` (through its `trigger` file) and waits
+/// until the OSD process is gone; how long that took.
+fn arm_until_dead(cluster: &DevCluster, osd: u32, trigger: &std::path::Path, word: &str) -> Duration {
+    let pid = pid_of(cluster, &format!("osd.{osd}"));
+    std::fs::write(trigger, format!("{word}\n")).unwrap();
+    wait_until_dead(pid, word)
 }
 
 /// Waits until process `pid` is gone (or a zombie); how long that took.
@@ -313,9 +326,7 @@ fn a_node_that_loses_power_is_repaired_from_its_peers() {
     let client = cluster.client();
     let run = Verifying::start(&client);
     run.wait_for_progress("before the fault");
-    let pid = pid_of(&cluster, "osd.1");
-    std::fs::write(&trigger, "power-cut\n").unwrap();
-    wait_until_dead(pid, "the power cut");
+    arm_until_dead(&cluster, 1, &trigger, "power-cut");
     let log = std::fs::read_to_string(cluster.path().join("osd.1.log")).unwrap();
     let cut = log.lines().find(|l| l.contains("injected power cut")).expect("the cut came at a flush").to_string();
     let unflushed: u64 = cut
@@ -330,7 +341,7 @@ fn a_node_that_loses_power_is_repaired_from_its_peers() {
     std::fs::remove_dir_all(&log_dir).unwrap();
     std::fs::remove_file(&trigger).unwrap();
     let resumed = run.wait_for_progress("after osd.1 lost power");
-    run_ok(cluster.cli().args(["dev", "restart", "--osd", "1", "--dir"]).arg(cluster.path()));
+    restart_osd(&cluster, 1);
     let rejoined = run.wait_for_progress("after osd.1 came back without its log");
     std::thread::sleep(Duration::from_secs(2));
     let report = run.finish();
@@ -353,14 +364,12 @@ fn a_device_flush_error_stops_the_osd_and_the_cluster_recovers() {
     let client = cluster.client();
     let run = Verifying::start(&client);
     run.wait_for_progress("before the fault");
-    let pid = pid_of(&cluster, "osd.1");
-    std::fs::write(&trigger, "flush-eio\n").unwrap();
-    let stopped = wait_until_dead(pid, "the failed flush");
+    let stopped = arm_until_dead(&cluster, 1, &trigger, "flush-eio");
     let log = std::fs::read_to_string(cluster.path().join("osd.1.log")).unwrap();
     assert!(log.contains("the data device failed"), "osd.1 stopped because of its device");
     let resumed = run.wait_for_progress("after osd.1's device failed");
     std::fs::remove_file(&trigger).unwrap();
-    run_ok(cluster.cli().args(["dev", "restart", "--osd", "1", "--dir"]).arg(cluster.path()));
+    restart_osd(&cluster, 1);
     let rejoined = run.wait_for_progress("after osd.1 came back on a mended device");
     std::thread::sleep(Duration::from_secs(2));
     let report = run.finish();

@@ -91,7 +91,7 @@ impl MonClient {
         }
     }
 
-    /// Sends a heartbeat or failure report to the leader.
+    /// Sends a failure report (or another message answered `Ack`) to the leader.
     pub fn notify(&mut self, message: &MonMessage) -> Result<(), ClientError> {
         match self.call_leader(message)? {
             MonMessage::Ack => Ok(()),

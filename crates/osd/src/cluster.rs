@@ -132,7 +132,9 @@ impl Lease {
         if length.is_zero() || sent_ms < self.revoked_ms.load(Ordering::Acquire) {
             return;
         }
-        self.until_ms.fetch_max(sent_ms + length.as_millis() as u64, Ordering::AcqRel);
+        // Saturating: the length comes off the wire.
+        let until = sent_ms.saturating_add(u64::try_from(length.as_millis()).unwrap_or(u64::MAX));
+        self.until_ms.fetch_max(until, Ordering::AcqRel);
     }
 
     /// Ends the lease now; only heartbeats sent from now on renew it.
@@ -237,4 +239,27 @@ pub fn follow(link: MonLink, cell: Arc<MapCell>, lease: Arc<Lease>, stop: Arc<At
         }
         true
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_runs_from_the_send_and_a_revocation_outlasts_older_answers() {
+        let lease = Lease::default();
+        assert!(!lease.holds(), "none before the first answer");
+        let sent = Instant::now();
+        lease.renew(sent, Duration::ZERO);
+        assert!(!lease.holds(), "a zero lease grants nothing");
+        lease.renew(sent, Duration::from_secs(60));
+        assert!(lease.holds());
+        lease.revoke();
+        assert!(!lease.holds());
+        lease.renew(sent, Duration::from_secs(60));
+        assert!(!lease.holds(), "an answer to a heartbeat sent before the revocation does not count");
+        std::thread::sleep(Duration::from_millis(2));
+        lease.renew(Instant::now(), Duration::MAX);
+        assert!(lease.holds(), "a later heartbeat renews it; an absurd length saturates instead of overflowing");
+    }
 }

@@ -31,29 +31,6 @@ const FLUSH_RETRY: Duration = Duration::from_secs(1);
 /// The exit status of an OSD whose data device failed (sysexits' EX_IOERR).
 pub const DEVICE_FAILED_EXIT: i32 = 74;
 
-/// Whether `err` means the data device failed a write or a flush.
-pub(crate) fn is_device_failure(err: &StoreError) -> bool {
-    matches!(err, StoreError::Io { .. } | StoreError::PartitionFailed(_))
-}
-
-/// The data device failed a write or a flush: what reached the disk is
-/// unknown, and a later flush that succeeds would not bring back what the
-/// failed one dropped (Linux forgets dirty pages whose writeback failed).
-/// Retrying and trusting the store would acknowledge writes it may not
-/// hold, so the OSD stops at once, before anything else is acknowledged on
-/// its account. Its peers then serve its PGs; when it starts again (on a
-/// mended device) it replays its operation log and peering brings it up to
-/// date from them.
-pub(crate) fn device_failed(partition: u32, err: &StoreError) -> ! {
-    tracing::error!(
-        partition,
-        %err,
-        "the data device failed; this OSD stops so that its PGs fail over to their replicas \
-         (check the device; on restart the OSD replays its log and catches up from its peers)"
-    );
-    std::process::exit(DEVICE_FAILED_EXIT)
-}
-
 /// Where a client reply goes.
 #[derive(Clone, Copy, Debug)]
 pub struct ClientSlot {
@@ -286,7 +263,7 @@ impl Flusher {
             for op in ops.by_ref().take(FLUSH_BATCH) {
                 batch.push(op);
             }
-            let applied = match self.partition.apply(&batch) {
+            let applied = match self.apply(&batch) {
                 Ok(_) => {
                     self.metrics.flushed_entries.add(batch.len() as u64);
                     Ok(())
@@ -295,9 +272,6 @@ impl Flusher {
                 Err(err) => Err(err),
             };
             if let Err(err) = applied {
-                if is_device_failure(&err) {
-                    device_failed(self.partition.index(), &err);
-                }
                 // Nothing is trimmed: the entries stay in the log and are
                 // retried on the next flush (and replayed on restart).
                 tracing::error!(partition = self.partition.index(), %err, "flush failed; entries stay in the log");
@@ -351,6 +325,32 @@ impl Flusher {
         Ok(refilled)
     }
 
+    /// Every store write of the OSD goes through here. A device write or
+    /// flush error stops the OSD: what reached the disk is unknown, and a
+    /// later flush that succeeds would not bring back what the failed one
+    /// dropped (Linux forgets dirty pages whose writeback failed). Retrying
+    /// and trusting the store would acknowledge writes it may not hold, so
+    /// the process exits before anything else is acknowledged on its
+    /// account. Its peers then serve its PGs; started again on a mended
+    /// device, it replays its operation log (the failed entries are still
+    /// in it) and peering brings it up to date. Only errors the store
+    /// refused without touching the device come back.
+    pub(crate) fn apply(&mut self, batch: &Batch) -> Result<(), StoreError> {
+        match self.partition.apply(batch) {
+            Ok(_) => Ok(()),
+            Err(err @ (StoreError::Io { .. } | StoreError::PartitionFailed(_))) => {
+                tracing::error!(
+                    partition = self.partition.index(),
+                    %err,
+                    "the data device failed; this OSD stops so that its PGs fail over to their replicas \
+                     (check the device; on restart the OSD replays its log and catches up from its peers)"
+                );
+                std::process::exit(DEVICE_FAILED_EXIT)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
     /// A batch the store refused as invalid: one op the OSD could not check
     /// before logging it (an attribute that overflows its object's budget)
     /// must not wedge the PG forever. Applies the ops one at a time and
@@ -359,7 +359,7 @@ impl Flusher {
         for op in ops {
             let mut single = Batch::new();
             single.push(op);
-            match self.partition.apply(&single) {
+            match self.apply(&single) {
                 Ok(_) => self.metrics.flushed_entries.add(1),
                 Err(StoreError::InvalidArgument(why)) => {
                     tracing::error!(partition = self.partition.index(), op = ?single.ops[0].key(), %why, "dropping a logged operation the store refuses");
@@ -382,9 +382,8 @@ impl Flusher {
                 // Checked before it was queued, as a logged entry would be.
                 batch.push(store_op(entry).expect("a checked entry is a valid store operation"));
             }
-            let status = match self.partition.apply(&batch) {
+            let status = match self.apply(&batch) {
                 Ok(_) => Status::Ok,
-                Err(err) if is_device_failure(&err) => device_failed(self.partition.index(), &err),
                 Err(err) => {
                     tracing::error!(partition = self.partition.index(), %err, "sync write failed");
                     Status::Io

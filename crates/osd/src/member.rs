@@ -11,7 +11,7 @@ use duplex_proto::peering::{
 };
 use duplex_store::{Batch, Key, StoreError};
 
-use crate::flusher::{device_failed, is_device_failure, Flusher};
+use crate::flusher::Flusher;
 use crate::mailbox::Completion;
 use crate::pg::{Ack, Activation, SharedPg};
 
@@ -179,11 +179,7 @@ impl Flusher {
     }
 
     fn apply_recovery(&mut self, batch: &Batch) -> Result<PeerReply, String> {
-        match self.partition.apply(batch) {
-            Ok(_) => {}
-            Err(err) if is_device_failure(&err) => device_failed(self.partition.index(), &err),
-            Err(err) => return Err(err.to_string()),
-        }
+        self.apply(batch).map_err(|e| e.to_string())?;
         self.metrics.recovery_ops.add(1);
         Ok(PeerReply::Done)
     }

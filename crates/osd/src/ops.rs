@@ -274,15 +274,23 @@ fn read(shared: &Shared, pg: &SharedPg, interval: &Interval<'_>, key: u32, op: C
         metrics.reads_r2.add(1);
     }
     metrics.reads.add(1);
+    queue_read(shared, key, &op, epoch, flush_first)
+}
+
+/// Hands a read (data or metadata) to the PG's flusher, which answers it.
+fn queue_read(shared: &Shared, key: u32, op: &ClientOp, epoch: u64, flush_first: bool) -> Outcome {
+    let request = &op.request;
+    let data = request.kind == OpKind::Read;
     shared.send_job(
         key,
         Job::Read(ReadJob {
-            kind: OpKind::Read,
+            kind: request.kind,
             pg: key,
             object: request.object.clone(),
-            arg: Bytes::new(),
-            offset: request.offset,
-            len: request.length,
+            // An attribute's name, or a listing's prefix.
+            arg: if data { Bytes::new() } else { request.data.clone() },
+            offset: if data { request.offset } else { 0 },
+            len: if data { request.length } else { 0 },
             flush_first,
             reply: ClientSlot { thread: op.thread, token: op.token, slot: op.slot },
             map_epoch: epoch,
@@ -312,21 +320,7 @@ fn metadata_read(
         }
     };
     shared.metrics.metadata_ops.add(1);
-    shared.send_job(
-        key,
-        Job::Read(ReadJob {
-            kind: request.kind,
-            pg: key,
-            object: request.object.clone(),
-            arg: request.data.clone(),
-            offset: 0,
-            len: 0,
-            flush_first,
-            reply: ClientSlot { thread: op.thread, token: op.token, slot: op.slot },
-            map_epoch: epoch,
-        }),
-    );
-    Outcome::Queued
+    queue_read(shared, key, &op, epoch, flush_first)
 }
 
 fn mutate(

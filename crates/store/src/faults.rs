@@ -198,6 +198,7 @@ impl BlockIo for FaultyIo {
     fn read_many(&mut self, requests: &mut [(u64, &mut [u8])]) -> io::Result<()> {
         self.inner.read_many(requests)?;
         for (offset, buf) in requests.iter_mut() {
+            debug_assert!(offset.is_multiple_of(SECTOR) && (buf.len() as u64).is_multiple_of(SECTOR));
             let first = *offset / SECTOR;
             let last = (*offset + buf.len() as u64).div_ceil(SECTOR);
             for (sector, bytes) in self.cache.range(first..last) {
@@ -268,7 +269,9 @@ mod tests {
     use super::*;
     use crate::device::{create_file, Device, DeviceConfig, DirectIo};
 
-    fn device(dir: &std::path::Path, faults: Option<Arc<DeviceFaults>>) -> Device {
+    /// A queue on the test's device file (made on first use), behind
+    /// `faults` if given. It holds the device's lock until dropped.
+    fn queue(dir: &std::path::Path, faults: Option<Arc<DeviceFaults>>) -> Box<dyn BlockIo> {
         let path = dir.join("disk");
         if !path.exists() {
             create_file(&path, 1 << 20).unwrap();
@@ -279,7 +282,7 @@ mod tests {
             faults,
             ..DeviceConfig::default()
         };
-        Device::open(&path, &config, true).unwrap()
+        Device::open(&path, &config, true).unwrap().queue().unwrap()
     }
 
     fn read(io: &mut dyn BlockIo, offset: u64, len: usize) -> Vec<u8> {
@@ -298,8 +301,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let faults = DeviceFaults::reordering(42);
         {
-            let dev = device(dir.path(), Some(faults.clone()));
-            let mut io = dev.queue().unwrap();
+            let mut io = queue(dir.path(), Some(faults.clone()));
             write(io.as_mut(), 0, 1, 65536).unwrap();
             io.flush().unwrap();
             for sector in 0..64 {
@@ -313,8 +315,7 @@ mod tests {
             assert!(seen[1536..].iter().all(|b| *b == 2));
             // The queue goes away without a flush: the "process" died.
         }
-        let dev = device(dir.path(), None);
-        let mut io = dev.queue().unwrap();
+        let mut io = queue(dir.path(), None);
         let left = read(io.as_mut(), 0, 65536);
         let requests: Vec<&[u8]> = left.chunks(1024).collect();
         for (index, request) in requests.iter().enumerate().skip(2) {
@@ -329,16 +330,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let faults = DeviceFaults::new();
         {
-            let dev = device(dir.path(), Some(faults.clone()));
-            let mut io = dev.queue().unwrap();
+            let mut io = queue(dir.path(), Some(faults.clone()));
             for (sector, byte) in [(9u64, 9u8), (3, 3), (4, 4), (10, 10), (20, 20)] {
                 write(io.as_mut(), sector * 512, byte, 512).unwrap();
             }
             io.flush().unwrap();
             assert_eq!(faults.unflushed_bytes(), 0);
         }
-        let dev = device(dir.path(), None);
-        let mut io = dev.queue().unwrap();
+        let mut io = queue(dir.path(), None);
         let all = read(io.as_mut(), 0, 16384);
         for (sector, byte) in [(9usize, 9u8), (3, 3), (4, 4), (10, 10), (20, 20), (5, 0), (0, 0)] {
             assert!(all[sector * 512..(sector + 1) * 512].iter().all(|b| *b == byte), "sector {sector}");
@@ -350,8 +349,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let faults = DeviceFaults::new();
         {
-            let dev = device(dir.path(), Some(faults.clone()));
-            let mut io = dev.queue().unwrap();
+            let mut io = queue(dir.path(), Some(faults.clone()));
             write(io.as_mut(), 0, 7, 4096).unwrap();
             faults.arm(Fault::FlushEio);
             assert_eq!(io.flush().unwrap_err().raw_os_error(), Some(libc::EIO));
@@ -361,8 +359,7 @@ mod tests {
             faults.arm(Fault::WriteEio);
             assert_eq!(write(io.as_mut(), 0, 8, 4096).unwrap_err().raw_os_error(), Some(libc::EIO));
         }
-        let dev = device(dir.path(), None);
-        let mut io = dev.queue().unwrap();
+        let mut io = queue(dir.path(), None);
         let left = read(io.as_mut(), 0, 4096);
         assert!(left.iter().all(|b| *b == 0) || left.iter().all(|b| *b == 7), "whole, old or new");
     }

@@ -75,7 +75,7 @@ impl Hosts {
     /// `duplex <args>` run inside namespace `ns`.
     pub fn duplex_in(ns: &str) -> Command {
         let mut command = Command::new("ip");
-        command.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_duplex")]);
+        command.args(["netns", "exec", ns]).arg(super::duplex().get_program());
         command
     }
 }
