@@ -21,7 +21,7 @@ use crate::ops::Shared;
 use crate::peering_driver::{PeeringDriver, ScrubRequests};
 use crate::pg::PgTable;
 use crate::priority::{pool_worker, PriorityThread, WAKER};
-use crate::replay::replay;
+use crate::replay::replay_recovered;
 
 /// A running OSD's addresses.
 pub struct Running {
@@ -56,15 +56,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             .context("opening the operation logs")?,
     );
     let recovered = pgs.recover().context("recovering the operation logs")?;
-    let mut replayed = 0usize;
-    for (pg, entries) in &recovered {
-        let mut guard = pg.lock().expect("PG lock");
-        let key = guard.key;
-        let partition = store.partition_mut(store.partition_of(&key.to_be_bytes()));
-        replayed += replay(entries, partition).with_context(|| format!("replaying the log of PG {key:#x}"))?;
-        let last = guard.last_seq();
-        guard.trim(last).with_context(|| format!("trimming the log of PG {key:#x}"))?;
-    }
+    let replayed = replay_recovered(&recovered, &mut store)?;
     tracing::info!(pgs = recovered.len(), entries = replayed, "operation logs replayed into the store");
 
     let listener =

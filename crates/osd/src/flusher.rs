@@ -100,32 +100,60 @@ pub struct Flusher {
 /// A PG asked for repair this recently is not asked again.
 const REPAIR_BACKOFF: Duration = Duration::from_secs(10);
 
-struct Pending {
+/// The work a flusher has taken and not yet done, and its gauges' last
+/// readings. [`Flusher::run`] keeps one; a simulator drives
+/// [`Flusher::take`] and [`Flusher::step`] with its own clock instead.
+pub struct Pending {
     reads: Vec<ReadJob>,
     peering: Vec<(PeerRequest, PeerReplyTo)>,
     syncs: Vec<(Entry, SyncDone)>,
     dirty: BTreeSet<u32>,
     deadline: Option<Instant>,
     flush_now: bool,
+    written: u64,
+    used: u64,
+}
+
+impl Pending {
+    /// When the next flush is due without another job (None: not before one comes).
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Whether `step` has work to do at once.
+    pub fn is_ready(&self, now: Instant) -> bool {
+        self.flush_now
+            || self.deadline.is_some_and(|d| now >= d)
+            || !self.syncs.is_empty()
+            || !self.reads.is_empty()
+            || !self.peering.is_empty()
+    }
 }
 
 impl Flusher {
-    /// Runs until every job sender is gone; returns the partition to close.
-    pub fn run(mut self) -> Partition {
-        let histograms = self.metrics.histograms();
-        let mut pending = Pending {
+    /// Starts the partition's gauges; the work list for `take` and `step`.
+    pub fn start(&self) -> Pending {
+        let written = device_bytes(&self.partition);
+        let total = self.partition.data_blocks() * duplex_store::BLOCK_SIZE as u64;
+        self.metrics.store_capacity_bytes.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
+        let used = (self.partition.data_blocks() - self.partition.free_blocks()) * duplex_store::BLOCK_SIZE as u64;
+        self.metrics.store_used_bytes.fetch_add(used, std::sync::atomic::Ordering::Relaxed);
+        Pending {
             reads: Vec::new(),
             peering: Vec::new(),
             syncs: Vec::new(),
             dirty: BTreeSet::new(),
             deadline: None,
             flush_now: false,
-        };
-        let mut written = device_bytes(&self.partition);
-        let total = self.partition.data_blocks() * duplex_store::BLOCK_SIZE as u64;
-        self.metrics.store_capacity_bytes.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
-        let mut used = (self.partition.data_blocks() - self.partition.free_blocks()) * duplex_store::BLOCK_SIZE as u64;
-        self.metrics.store_used_bytes.fetch_add(used, std::sync::atomic::Ordering::Relaxed);
+            written,
+            used,
+        }
+    }
+
+    /// Runs until every job sender is gone; returns the partition to close.
+    pub fn run(mut self) -> Partition {
+        let histograms = self.metrics.histograms();
+        let mut pending = self.start();
         loop {
             let first = match pending.deadline {
                 None => match self.jobs.recv() {
@@ -138,74 +166,81 @@ impl Flusher {
                     Err(RecvTimeoutError::Disconnected) => return self.partition,
                 },
             };
+            let now = Instant::now();
             for job in first.into_iter().chain(self.jobs.try_iter()) {
-                self.take(job, &mut pending);
+                self.take(job, &mut pending, now);
             }
-            let due = pending.deadline.is_some_and(|d| Instant::now() >= d);
-            if pending.flush_now || due {
-                let started = Instant::now();
-                let flushed = self.flush(std::mem::take(&mut pending.dirty));
-                record(&histograms, Stage::Flush, started.elapsed().as_micros() as u64);
-                pending.deadline = None;
-                pending.flush_now = false;
-                let refilled = match flushed {
-                    Ok(refilled) => refilled,
-                    Err(failed) => {
-                        // The entries stay in their logs: try these PGs again later.
-                        pending.dirty.extend(failed);
-                        pending.deadline = Some(Instant::now() + FLUSH_RETRY);
-                        Vec::new()
-                    }
-                };
-                // Replica entries that waited for room went into the logs this
-                // flush trimmed: they need a flush of their own, at once if
-                // more are still waiting (their primary waits for the acks).
-                // (A deadline, not `flush_now`: the loop blocks for jobs unless one is set.)
-                for (pg, more_waiting) in refilled {
-                    pending.dirty.insert(pg);
-                    let due = if more_waiting { Instant::now() } else { Instant::now() + self.timeout };
-                    pending.deadline = Some(pending.deadline.map_or(due, |d| d.min(due)));
-                }
-            }
-            if !pending.syncs.is_empty() {
-                let started = Instant::now();
-                self.apply_syncs(std::mem::take(&mut pending.syncs));
-                record(&histograms, Stage::Flush, started.elapsed().as_micros() as u64);
-            }
-            if !pending.reads.is_empty() {
-                self.read(std::mem::take(&mut pending.reads));
-            }
-            // After the client work: peering waits on no one else, and a
-            // query flushes its PG itself.
-            for (request, to) in std::mem::take(&mut pending.peering) {
-                let reply = self.peer_request(request);
-                match to {
-                    PeerReplyTo::Local(sender) => {
-                        let _ = sender.send(reply);
-                    }
-                    PeerReplyTo::Remote(to) => {
-                        let frame = reply.to_frame(to.txid);
-                        self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
-                    }
-                }
-            }
-            let now = device_bytes(&self.partition);
-            self.metrics.device_bytes_written.add(now.saturating_sub(written));
-            written = now;
-            // This partition's share of the OSD's used bytes, as a delta.
-            let now_used =
-                (self.partition.data_blocks() - self.partition.free_blocks()) * duplex_store::BLOCK_SIZE as u64;
-            let gauge = &self.metrics.store_used_bytes;
-            gauge.fetch_add(now_used.wrapping_sub(used), std::sync::atomic::Ordering::Relaxed);
-            used = now_used;
+            self.step(&mut pending, &histograms, now);
         }
     }
 
-    fn take(&self, job: Job, pending: &mut Pending) {
+    /// One pass over the work taken, as of `now`: the flush if one is due,
+    /// then sync applies, reads, and peering requests.
+    pub fn step(&mut self, pending: &mut Pending, histograms: &crate::metrics::Histograms, now: Instant) {
+        let due = pending.deadline.is_some_and(|d| now >= d);
+        if pending.flush_now || due {
+            let started = Instant::now();
+            let flushed = self.flush(std::mem::take(&mut pending.dirty));
+            record(histograms, Stage::Flush, started.elapsed().as_micros() as u64);
+            pending.deadline = None;
+            pending.flush_now = false;
+            let refilled = match flushed {
+                Ok(refilled) => refilled,
+                Err(failed) => {
+                    // The entries stay in their logs: try these PGs again later.
+                    pending.dirty.extend(failed);
+                    pending.deadline = Some(now + FLUSH_RETRY);
+                    Vec::new()
+                }
+            };
+            // Replica entries that waited for room went into the logs this
+            // flush trimmed: they need a flush of their own, at once if
+            // more are still waiting (their primary waits for the acks).
+            // (A deadline, not `flush_now`: the loop blocks for jobs unless one is set.)
+            for (pg, more_waiting) in refilled {
+                pending.dirty.insert(pg);
+                let due = if more_waiting { now } else { now + self.timeout };
+                pending.deadline = Some(pending.deadline.map_or(due, |d| d.min(due)));
+            }
+        }
+        if !pending.syncs.is_empty() {
+            let started = Instant::now();
+            self.apply_syncs(std::mem::take(&mut pending.syncs));
+            record(histograms, Stage::Flush, started.elapsed().as_micros() as u64);
+        }
+        if !pending.reads.is_empty() {
+            self.read(std::mem::take(&mut pending.reads));
+        }
+        // After the client work: peering waits on no one else, and a
+        // query flushes its PG itself.
+        for (request, to) in std::mem::take(&mut pending.peering) {
+            let reply = self.peer_request(request);
+            match to {
+                PeerReplyTo::Local(sender) => {
+                    let _ = sender.send(reply);
+                }
+                PeerReplyTo::Remote(to) => {
+                    let frame = reply.to_frame(to.txid);
+                    self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
+                }
+            }
+        }
+        let now_written = device_bytes(&self.partition);
+        self.metrics.device_bytes_written.add(now_written.saturating_sub(pending.written));
+        pending.written = now_written;
+        // This partition's share of the OSD's used bytes, as a delta.
+        let now_used = (self.partition.data_blocks() - self.partition.free_blocks()) * duplex_store::BLOCK_SIZE as u64;
+        let gauge = &self.metrics.store_used_bytes;
+        gauge.fetch_add(now_used.wrapping_sub(pending.used), std::sync::atomic::Ordering::Relaxed);
+        pending.used = now_used;
+    }
+
+    /// Takes one job into `pending`, as of `now`.
+    pub fn take(&self, job: Job, pending: &mut Pending, now: Instant) {
         match job {
             Job::Dirty(pg) => {
                 pending.dirty.insert(pg);
-                pending.deadline.get_or_insert_with(|| Instant::now() + self.timeout);
+                pending.deadline.get_or_insert(now + self.timeout);
             }
             Job::Flush(pg) => {
                 pending.dirty.insert(pg);

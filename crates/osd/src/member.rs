@@ -39,10 +39,10 @@ impl Flusher {
                 return PeerReply::Refused(format!("interval {interval} was never queried here"));
             }
         }
-        self.step(&pg, key, interval, op).unwrap_or_else(PeerReply::Refused)
+        self.peer_step(&pg, key, interval, op).unwrap_or_else(PeerReply::Refused)
     }
 
-    fn step(&mut self, pg: &SharedPg, key: u32, interval: u64, op: PeerOp) -> Result<PeerReply, String> {
+    fn peer_step(&mut self, pg: &SharedPg, key: u32, interval: u64, op: PeerOp) -> Result<PeerReply, String> {
         match op {
             PeerOp::Query => self.query(key),
             PeerOp::Touched { after, after_epoch, through } => {

@@ -102,6 +102,8 @@ pub struct Metrics {
     pub peering_retries: Counter,
     /// Client operations answered `Retry` because this OSD held no lease.
     pub lease_refusals: Counter,
+    /// Reads answered `Retry` because a write to their object was not yet on every replica.
+    pub uncommitted_retries: Counter,
     /// This OSD's primary PGs not active right now (peering or stuck).
     pub inactive_pgs: AtomicU64,
     /// Metadata operations (stat, attributes, listings, creates).
@@ -236,6 +238,12 @@ impl Metrics {
             "duplex_osd_recovered_objects_total",
             "Objects this OSD's primaries copied or removed to bring members up to date.",
             &[("", self.recovered_objects.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_uncommitted_read_retries_total",
+            "Reads answered Retry because a write to their object was not yet on every replica.",
+            &[("", self.uncommitted_retries.get())],
         );
         counter(
             &mut out,

@@ -100,6 +100,9 @@ pub enum Outcome {
     /// store has applied it. The owning thread hands `local` to the flusher
     /// after it has registered the write, so the completion cannot beat it.
     Replicate {
+        /// The write's id: its replication transaction id, and its key
+        /// among the PG's uncommitted writes.
+        write: u64,
         token: usize,
         slot: u64,
         entry: Bytes,
@@ -219,6 +222,20 @@ fn peering_reply(shared: &Shared, op: &ClientOp, epoch: u64) -> Outcome {
     reply(op, Status::Retry, epoch, "the PG is peering (its replicas are being brought up to date)")
 }
 
+/// The bytes a mutation changes, for [`crate::pg::Uncommitted`]: a write
+/// its range; anything else (size, existence, attributes) the whole object.
+fn changed_range(op: LogOp, offset: u64, data: &[u8]) -> (u64, u64) {
+    match op {
+        LogOp::Write => (offset, offset.saturating_add(data.len() as u64)),
+        _ => (0, u64::MAX),
+    }
+}
+
+fn uncommitted_reply(shared: &Shared, op: &ClientOp, epoch: u64) -> Outcome {
+    shared.metrics.uncommitted_retries.add(1);
+    reply(op, Status::Retry, epoch, "a write to this object is not yet on every replica")
+}
+
 /// The log op a mutation becomes (`None`: not a mutation).
 fn log_op_of(kind: OpKind) -> Option<LogOp> {
     Some(match kind {
@@ -251,6 +268,10 @@ fn read(shared: &Shared, pg: &SharedPg, interval: &Interval<'_>, key: u32, op: C
     let mut flush_first = false;
     {
         let Some(pg) = lock_served(pg, interval) else { return peering_reply(shared, &op, epoch) };
+        let end = request.offset.saturating_add(request.length as u64);
+        if pg.uncommitted.touches(&request.object, request.offset, end) {
+            return uncommitted_reply(shared, &op, epoch);
+        }
         if pg.index.contains(&request.object) {
             if let Some(data) = pg.index.read(&pg.log, &request.object, request.offset, request.length as u64) {
                 drop(pg);
@@ -313,6 +334,11 @@ fn metadata_read(
     let request = &op.request;
     let flush_first = {
         let Some(pg) = lock_served(pg, interval) else { return peering_reply(shared, &op, epoch) };
+        // A listing names objects, and a write in flight never removes
+        // one: it may show a new name early, as a concurrent create would.
+        if request.kind != OpKind::List && pg.uncommitted.touches(&request.object, 0, u64::MAX) {
+            return uncommitted_reply(shared, &op, epoch);
+        }
         if request.kind == OpKind::List {
             !pg.index.is_empty()
         } else {
@@ -339,6 +365,7 @@ fn mutate(
     let (offset, data) = log_fields(request);
     let request_id = RequestId { client: request.client, tid: op.txid };
     let started = Instant::now();
+    let write = shared.txid();
     let Some(mut guard) = lock_served(pg, interval) else { return peering_reply(shared, &op, epoch) };
     match guard.requests.get(request_id) {
         Some(RequestState::Committed) => {
@@ -394,6 +421,10 @@ fn mutate(
                 }
                 Err(err) => return reply(&op, Status::Io, epoch, err),
             }
+            if !replicas.is_empty() {
+                let (start, end) = changed_range(log_op, offset, data);
+                guard.uncommitted.begin(write, request.object.clone(), start, end);
+            }
             let depth = guard.log.len();
             let was_dirty = std::mem::replace(&mut guard.dirty, true);
             drop(guard);
@@ -404,6 +435,8 @@ fn mutate(
             guard.sync_seq += 1;
             let seq = guard.sync_seq;
             guard.requests.set(request_id, RequestState::InFlight);
+            let (start, end) = changed_range(log_op, offset, data);
+            guard.uncommitted.begin(write, request.object.clone(), start, end);
             drop(guard);
             let entry = Entry {
                 pg: key,
@@ -441,6 +474,7 @@ fn mutate(
         };
     }
     Outcome::Replicate {
+        write,
         token: op.token,
         slot: op.slot,
         entry: Bytes::from(encoded),
@@ -451,6 +485,43 @@ fn mutate(
         pg: key,
         request: request_id,
     }
+}
+
+/// A replicated write's end at its primary, once every replica answered
+/// (or the wait timed out): notes the request's fate in the PG's table,
+/// deactivates the PG when a member of its current interval missed the
+/// entry, and returns the client's reply.
+pub fn finish_write(shared: &Shared, pg: u32, write: u64, request: RequestId, map_epoch: u64, failed: bool) -> OpReply {
+    if let Some(pg_lock) = shared.pgs.get(pg) {
+        let mut guard = pg_lock.lock().expect("PG lock");
+        guard.uncommitted.end(write);
+        if !request.is_none() {
+            guard.requests.finish(request, !failed);
+        }
+        // Only a write of the interval the PG is active in says a member
+        // of it missed an entry; a late failure from before does not.
+        let current = guard.active.as_ref().is_some_and(|a| map_epoch >= a.interval);
+        if failed && current && guard.active.take().is_some() {
+            // A member missed an entry of this interval (it restarted,
+            // lost the connection, or fell behind): its log now has a
+            // gap only peering can fill. Writes wait until it has.
+            tracing::warn!(pg, "a replicated write failed; the PG peers again");
+        }
+    }
+    if failed {
+        OpReply::error(Status::Retry, map_epoch, "a replica did not acknowledge; resend")
+    } else {
+        OpReply { status: Status::Ok, map_epoch, data: Bytes::new() }
+    }
+}
+
+/// Whether peering has moved `pg` past the interval a write was sent in
+/// (`map_epoch`): its members were fenced, so they will not all
+/// acknowledge it any more. Its primary fails it at once (the client
+/// resends, under the same request id) instead of holding it, and every
+/// resend of it, until the replication timeout.
+pub fn write_outlived(shared: &Shared, pg: u32, map_epoch: u64) -> bool {
+    shared.pgs.get(pg).is_some_and(|pg| pg.lock().expect("PG lock").asked_interval > map_epoch)
 }
 
 /// Wakes the PG's flusher: arm its timer on the first entry, flush at

@@ -56,7 +56,7 @@ pub struct ScrubAsk {
 }
 
 /// A PG's interval: its acting set, with each member's incarnation.
-type Identity = Vec<(OsdId, u64)>;
+pub type Identity = Vec<(OsdId, u64)>;
 
 struct Machine {
     peering: Peering,
@@ -139,17 +139,7 @@ impl PeeringDriver {
         self.next_pass = now + TICK;
         self.seen_epoch = view.epoch();
         if epoch_moved {
-            self.wanted.clear();
-            for pool in view.map.pools.values() {
-                for number in 0..pool.pg_num {
-                    let acting = view.map.acting(&view.hierarchy, pool, number);
-                    if acting.first() != Some(&me) {
-                        continue;
-                    }
-                    let Some(key) = pg_key(pool.id, number) else { continue };
-                    self.wanted.insert(key, (identity(&view, &acting), acting));
-                }
-            }
+            self.wanted = primary_intervals(&view, me);
         }
         let wanted = self.wanted.clone();
         if epoch_moved {
@@ -378,6 +368,22 @@ impl PeeringDriver {
             return PeerReply::decode(&frame.payload).map_err(|e| e.to_string());
         }
     }
+}
+
+/// The PGs `me` is primary of in `view`: each one's interval and acting set.
+pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, (Identity, Vec<OsdId>)> {
+    let mut wanted = BTreeMap::new();
+    for pool in view.map.pools.values() {
+        for number in 0..pool.pg_num {
+            let acting = view.map.acting(&view.hierarchy, pool, number);
+            if acting.first() != Some(&me) {
+                continue;
+            }
+            let Some(key) = pg_key(pool.id, number) else { continue };
+            wanted.insert(key, (identity(view, &acting), acting));
+        }
+    }
+    wanted
 }
 
 fn identity(view: &MapView, acting: &[OsdId]) -> Identity {

@@ -87,6 +87,9 @@ pub struct Pg {
     pub dirty: bool,
     /// Request ids of recent mutations, to answer resends.
     pub requests: RequestTable,
+    /// Primary side: the writes it logged that not every replica has
+    /// acknowledged yet. Their objects are not readable meanwhile.
+    pub uncommitted: Uncommitted,
     /// Replica side: since when early entries have waited on a gap, and
     /// whether that was reported.
     gap_since: Option<Instant>,
@@ -107,6 +110,53 @@ pub struct Pg {
     /// entry: peering recovers a member that is only a little behind by
     /// copying just these objects.
     history: VecDeque<(u64, u32, Bytes)>,
+}
+
+/// A primary's writes in flight to its replicas, by write id, with the
+/// byte range each one changes, and how many each object has. A read must
+/// not see such a write: until every replica has it, it may fail (the
+/// client then resends it, and it lands again after writes that came in
+/// between) or be lost with its primary, and a value once read must not
+/// come back or go away that way. The log and, after a flush, the store
+/// hold it already, so reads that overlap it wait (are answered `Retry`)
+/// until it is acknowledged or failed.
+#[derive(Debug, Default)]
+pub struct Uncommitted {
+    writes: HashMap<u64, (Bytes, u64, u64)>,
+    objects: HashMap<Bytes, u32>,
+}
+
+impl Uncommitted {
+    /// Write `write` changes bytes `start..end` of `object` (a truncate, a
+    /// delete or an attribute: `0..u64::MAX`).
+    pub fn begin(&mut self, write: u64, object: Bytes, start: u64, end: u64) {
+        *self.objects.entry(object.clone()).or_insert(0) += 1;
+        let previous = self.writes.insert(write, (object, start, end));
+        debug_assert!(previous.is_none(), "write ids are unique");
+    }
+
+    /// The write is acknowledged or failed (an unknown id: nothing to do).
+    pub fn end(&mut self, write: u64) {
+        let Some((object, ..)) = self.writes.remove(&write) else { return };
+        match self.objects.get_mut(&object) {
+            Some(count) if *count > 1 => *count -= 1,
+            Some(_) => {
+                self.objects.remove(&object);
+            }
+            None => debug_assert!(false, "every write counted its object"),
+        }
+    }
+
+    /// Whether a write in flight changes any of bytes `start..end` of `object`.
+    pub fn touches(&self, object: &[u8], start: u64, end: u64) -> bool {
+        // The common case, no write in flight to this object, is one lookup.
+        self.objects.contains_key(object)
+            && self.writes.values().any(|(o, s, e)| o[..] == *object && *s < end && start < *e)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
 }
 
 /// The seqs of recent history a PG remembers (object names, in memory).
@@ -137,6 +187,7 @@ impl Pg {
             waiters: false,
             dirty: false,
             requests: RequestTable::default(),
+            uncommitted: Uncommitted::default(),
             gap_since: None,
             gap_reported: false,
             newest_epoch: None,
@@ -232,6 +283,10 @@ impl Pg {
         self.newest_epoch = None;
         if rebuilt {
             self.requests = RequestTable::default();
+        } else {
+            // Not rebuilt: this member's log was a prefix of the
+            // authoritative history, so every entry it logged survived.
+            self.requests.commit_all();
         }
         self.active = Some(activation);
         Ok(())

@@ -24,7 +24,7 @@ use crate::conn::{Conn, ConnError, Role, MAX_IN_FLIGHT};
 use crate::flusher::{Job, PeerReplyTo, SyncDone};
 use crate::mailbox::{Completion, Mailbox};
 use crate::metrics::{record, Histograms, Stage};
-use crate::ops::{self, ClientOp, Outcome, Shared};
+use crate::ops::{self, finish_write, ClientOp, Outcome, Shared};
 use crate::peering_driver::{ScrubAsk, MAX_SCRUB_ASKS};
 use crate::pg::{pg_key, pg_number, pool_of, Ack, ReplyTo};
 
@@ -161,12 +161,21 @@ impl PriorityThread {
     }
 
     /// Fails (`Retry`) replicated writes still waiting for replicas after
-    /// `REPLICATION_TIMEOUT`; late acknowledgements find nothing and are ignored.
+    /// `REPLICATION_TIMEOUT`, or whose PG peering has moved to a newer
+    /// interval; late acknowledgements find nothing and are ignored.
     fn expire_pending(&mut self, now: Instant) {
+        let mut outlived: HashMap<(u32, u64), bool> = HashMap::new();
+        let shared = &self.shared;
         let expired: Vec<u64> = self
             .pending
             .iter()
-            .filter(|(_, p)| !p.waiting.is_empty() && now.duration_since(p.sent) > REPLICATION_TIMEOUT)
+            .filter(|(_, p)| {
+                !p.waiting.is_empty()
+                    && (now.duration_since(p.sent) > REPLICATION_TIMEOUT
+                        || *outlived
+                            .entry((p.pg, p.map_epoch))
+                            .or_insert_with(|| ops::write_outlived(shared, p.pg, p.map_epoch)))
+            })
             .map(|(txid, _)| *txid)
             .collect();
         for txid in expired {
@@ -400,8 +409,8 @@ impl PriorityThread {
                 record(&self.histograms, stage, arrived.elapsed().as_micros() as u64);
                 self.reply(token, slot, &reply);
             }
-            Outcome::Replicate { token, slot, entry, replicas, local, arrived, map_epoch, pg, request } => {
-                let txid = self.shared.txid();
+            Outcome::Replicate { write, token, slot, entry, replicas, local, arrived, map_epoch, pg, request } => {
+                let txid = write;
                 let frame = Frame::new(MessageType::RepOp, txid, entry);
                 let mut waiting = Vec::with_capacity(replicas.len());
                 let mut unreachable = false;
@@ -494,29 +503,7 @@ impl PriorityThread {
         let pending = self.pending.remove(&txid).expect("just seen");
         record(&self.histograms, Stage::Replication, pending.sent.elapsed().as_micros() as u64);
         record(&self.histograms, Stage::Write, pending.arrived.elapsed().as_micros() as u64);
-        // The PG lock only when there is something to note: the common
-        // anonymous, successful write skips it.
-        let note = !pending.request.is_none() || pending.failed;
-        if let Some(pg) = self.shared.pgs.get(pending.pg).filter(|_| note) {
-            let mut pg = pg.lock().expect("PG lock");
-            if !pending.request.is_none() {
-                pg.requests.finish(pending.request, !pending.failed);
-            }
-            // Only a write of the interval the PG is active in says a member
-            // of it missed an entry; a late failure from before does not.
-            let current = pg.active.as_ref().is_some_and(|a| pending.map_epoch >= a.interval);
-            if pending.failed && current && pg.active.take().is_some() {
-                // A member missed an entry of this interval (it restarted,
-                // lost the connection, or fell behind): its log now has a
-                // gap only peering can fill. Writes wait until it has.
-                tracing::warn!(pg = pending.pg, "a replicated write failed; the PG peers again");
-            }
-        }
-        let reply = if pending.failed {
-            OpReply::error(Status::Retry, pending.map_epoch, "a replica did not acknowledge; resend")
-        } else {
-            OpReply { status: Status::Ok, map_epoch: pending.map_epoch, data: Bytes::new() }
-        };
+        let reply = finish_write(&self.shared, pending.pg, txid, pending.request, pending.map_epoch, pending.failed);
         self.reply(pending.token, pending.slot, &reply);
     }
 

@@ -18,8 +18,11 @@
 //! wrong: it could commit while some of its batch's data blocks were not
 //! yet written, and those writes would be skipped forever.
 
+use anyhow::Context;
 use duplex_oplog::{Entry, OpKind};
-use duplex_store::{Batch, Key, Op, Partition, StoreError};
+use duplex_store::{Batch, Key, Op, Partition, Store, StoreError};
+
+use crate::pg::SharedPg;
 
 /// Entries per store batch (one device flush each).
 pub const REPLAY_BATCH: usize = 64;
@@ -69,4 +72,20 @@ pub fn replay(entries: &[Entry], partition: &mut Partition) -> Result<usize, Rep
         partition.apply(&batch).map_err(|source| ReplayError::Store { seq: last, source })?;
     }
     Ok(entries.len())
+}
+
+/// What an OSD does with the logs it found before it serves: applies each
+/// PG's live entries to the store and trims them (the store holds them
+/// now). Returns how many entries were replayed.
+pub fn replay_recovered(recovered: &[(SharedPg, Vec<Entry>)], store: &mut Store) -> anyhow::Result<usize> {
+    let mut replayed = 0usize;
+    for (pg, entries) in recovered {
+        let mut guard = pg.lock().expect("PG lock");
+        let key = guard.key;
+        let partition = store.partition_mut(store.partition_of(&key.to_be_bytes()));
+        replayed += replay(entries, partition).with_context(|| format!("replaying the log of PG {key:#x}"))?;
+        let last = guard.last_seq();
+        guard.trim(last).with_context(|| format!("trimming the log of PG {key:#x}"))?;
+    }
+    Ok(replayed)
 }

@@ -60,6 +60,17 @@ impl RequestTable {
         }
     }
 
+    /// Peering brought every member to this OSD's history: each request
+    /// whose entry this OSD logged is in every member's store now, however
+    /// its primary answered it. A resend must be answered Ok, not run
+    /// again: run again, it would land after writes that came in between,
+    /// and a value already read would come back.
+    pub fn commit_all(&mut self) {
+        for state in self.states.values_mut() {
+            *state = RequestState::Committed;
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.order.len()
     }

@@ -47,6 +47,9 @@ pub struct DeviceFaults {
     dropped: AtomicU64,
     /// The state of the generator that picks early write-backs (0: none).
     random: AtomicU64,
+    /// A queue dropped without a flush writes its cache back (a process
+    /// crash: the device keeps power) instead of losing it (a power loss).
+    write_back_on_drop: AtomicBool,
 }
 
 /// A fault that a trigger names.
@@ -106,6 +109,16 @@ impl DeviceFaults {
         if !flag.swap(true, Ordering::SeqCst) {
             tracing::warn!(?fault, "device fault armed");
         }
+    }
+
+    /// What dropping a queue (its partition, its store) without a flush
+    /// means from now on: `true`, the process died and the device kept
+    /// power, so its cache still reaches the medium; `false` (the default),
+    /// the power went and the cache is lost. An in-process simulator
+    /// crashes an OSD by dropping its store; a real process dies by signal
+    /// and never drops anything.
+    pub fn set_write_back_on_drop(&self, write_back: bool) {
+        self.write_back_on_drop.store(write_back, Ordering::SeqCst);
     }
 
     /// Bytes written to the device's queues and not yet flushed.
@@ -191,6 +204,17 @@ impl FaultyIo {
             self.inner.write_many(&requests)?;
         }
         Ok(())
+    }
+}
+
+impl Drop for FaultyIo {
+    fn drop(&mut self) {
+        if self.faults.write_back_on_drop.load(Ordering::SeqCst) {
+            if let Err(err) = self.write_back() {
+                tracing::warn!(%err, "writing a dropped queue's cache back failed");
+            }
+        }
+        self.drop_cache();
     }
 }
 
@@ -323,6 +347,23 @@ mod tests {
         }
         let landed = requests.iter().filter(|r| r[0] == 2).count();
         assert!(landed > 8 && landed < 56, "about half the unflushed writes land early: {landed} of 64");
+    }
+
+    #[test]
+    fn a_dropped_queue_keeps_its_writes_only_when_the_device_kept_power() {
+        for keep in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let faults = DeviceFaults::new();
+            faults.set_write_back_on_drop(keep);
+            {
+                let mut io = queue(dir.path(), Some(faults.clone()));
+                write(io.as_mut(), 4096, 7, 4096).unwrap();
+            }
+            assert_eq!(faults.unflushed_bytes(), 0, "the cache is gone with the queue");
+            let mut io = queue(dir.path(), None);
+            let expected = if keep { 7 } else { 0 };
+            assert!(read(io.as_mut(), 4096, 4096).iter().all(|b| *b == expected), "keep={keep}");
+        }
     }
 
     #[test]

@@ -1,0 +1,502 @@
+//! One OSD, driven by the simulator instead of by threads and sockets.
+//!
+//! Its state is the real OSD's: a [`Shared`] (PG logs, map, lease), a
+//! [`Flusher`] owning the store partition, and the peering [`Driver`]. An
+//! event calls the same functions the priority thread calls
+//! ([`client_op`], [`replica_op`], [`finish_write`]); the flusher's jobs and
+//! mailbox are then drained on the spot, with the simulated clock.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use crossbeam_channel::Receiver;
+use duplex_map::{ClusterMap, OsdId};
+use duplex_oplog::RequestId;
+use duplex_osd::cluster::{ActingCache, Lease, MapCell};
+use duplex_osd::config::OsdConfig;
+use duplex_osd::flusher::{Flusher, Job, PeerReplyTo, Pending};
+use duplex_osd::mailbox::{Completion, Mailbox};
+use duplex_osd::metrics::{Histograms, Metrics};
+use duplex_osd::ops::{client_op, finish_write, replica_op, write_outlived, ClientOp, Outcome, Shared};
+use duplex_osd::peering::Action;
+use duplex_osd::peering_driver::ScrubRequests;
+use duplex_osd::pg::{Ack, PgTable, ReplyTo};
+use duplex_osd::replay::replay_recovered;
+use duplex_proto::osd::{OpReply, OpRequest, RepReply, Status};
+use duplex_proto::peering::{PeerReply, PeerRequest};
+use duplex_proto::{Frame, MessageType};
+use duplex_store::{DeviceConfig, DeviceFaults, DirectIo, IoBackend, Store, StoreConfig};
+
+use crate::driver::Driver;
+use crate::{Ctx, Msg, Node, Output, Timer};
+
+/// The real priority thread's replication timeout.
+const REPLICATION_TIMEOUT_US: u64 = 10_000_000;
+const HEARTBEAT_US: u64 = 1_000_000;
+
+pub struct SimOsd {
+    pub id: OsdId,
+    pub store_path: PathBuf,
+    pub log_dir: PathBuf,
+    /// Bumped at every start: timers of an older incarnation are ignored.
+    pub incarnation: u64,
+    pub live: Option<Live>,
+}
+
+struct PendingWrite {
+    client: u32,
+    tid: u64,
+    waiting: Vec<OsdId>,
+    failed: bool,
+    expires: u64,
+    map_epoch: u64,
+    pg: u32,
+    request: RequestId,
+}
+
+pub struct Live {
+    shared: Shared,
+    flusher: Flusher,
+    pending: Pending,
+    inbox: Receiver<Completion>,
+    _poll: mio::Poll,
+    pub faults: Arc<DeviceFaults>,
+    cache: ActingCache,
+    histograms: Histograms,
+    writes: BTreeMap<u64, PendingWrite>,
+    parked: VecDeque<ClientOp>,
+    lease_until: u64,
+    revoked_at: u64,
+    held_lease: Arc<Lease>,
+    no_lease: Arc<Lease>,
+    driver: Driver,
+    /// Sent Boot, not yet told it was applied.
+    booting: bool,
+    /// When the next flush timer is set for (None: none).
+    flush_timer: Option<u64>,
+}
+
+fn store_config(faults: Arc<DeviceFaults>) -> StoreConfig {
+    StoreConfig {
+        device: DeviceConfig {
+            backend: IoBackend::Pread,
+            direct_io: DirectIo::Fallback,
+            faults: Some(faults),
+            ..DeviceConfig::default()
+        },
+        metadata_cache_bytes: 256 << 10,
+        max_dirty_bytes: 1 << 20,
+        read_only: false,
+    }
+}
+
+impl SimOsd {
+    /// Makes the OSD's store file (not started).
+    pub fn create(id: OsdId, dir: &std::path::Path, store_bytes: u64) -> Result<SimOsd> {
+        let store_path = dir.join(format!("osd-{id}.store"));
+        let log_dir = dir.join(format!("osd-{id}.logs"));
+        let options = duplex_store::MkfsOptions {
+            partitions: 1,
+            journal_bytes: Some(1 << 20),
+            bytes_per_onode: 16 << 10,
+            size_bytes: Some(store_bytes),
+        };
+        let config = StoreConfig {
+            device: DeviceConfig {
+                backend: IoBackend::Pread,
+                direct_io: DirectIo::Fallback,
+                ..DeviceConfig::default()
+            },
+            ..store_config(DeviceFaults::new())
+        };
+        duplex_store::mkfs(&store_path, &options, &config).context("mkfs")?;
+        Ok(SimOsd { id, store_path, log_dir, incarnation: 0, live: None })
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.live.is_some()
+    }
+
+    /// Starts (or restarts) the OSD: mounts the store behind a seeded
+    /// volatile cache, replays its logs, and asks the monitor to boot it.
+    pub fn start(&mut self, ctx: &mut Ctx, disk_seed: u64, log_bytes: u64) -> Result<()> {
+        assert!(self.live.is_none(), "osd.{} is already running", self.id);
+        self.incarnation += 1;
+        let faults = DeviceFaults::reordering(disk_seed);
+        let mut store = Store::open(&self.store_path, &store_config(faults.clone())).context("mounting the store")?;
+        let pgs = Arc::new(PgTable::open(duplex_osd::config::OplogMode::Shm, &self.log_dir, log_bytes)?);
+        let recovered = pgs.recover()?;
+        replay_recovered(&recovered, &mut store)?;
+        let mut config = OsdConfig::new(self.id, self.store_path.clone(), self.log_dir.clone(), Vec::new());
+        config.flush_timeout = std::time::Duration::from_millis(5);
+        let poll = mio::Poll::new()?;
+        let (mailbox, inbox) = Mailbox::new(mio::Waker::new(poll.registry(), mio::Token(0))?);
+        let metrics = Arc::new(Metrics::default());
+        let (sender, jobs) = crossbeam_channel::unbounded();
+        let scrub_requests = ScrubRequests::default();
+        let partition = store.into_partitions().pop().context("a store with one partition")?;
+        let flusher = Flusher {
+            partition,
+            jobs,
+            pgs: pgs.clone(),
+            mailboxes: vec![mailbox],
+            metrics: metrics.clone(),
+            timeout: config.flush_timeout,
+            scrub_requests: scrub_requests.clone(),
+            repairs_asked: HashMap::new(),
+        };
+        let pending = flusher.start();
+        let cell = Arc::new(MapCell::new(ClusterMap::new([0; 16])));
+        let shared = Shared::new(config, pgs, cell.clone(), metrics.clone(), vec![sender], scrub_requests);
+        shared.serving.store(true, std::sync::atomic::Ordering::Release);
+        let held_lease = Arc::new(Lease::default());
+        held_lease.renew(std::time::Instant::now(), std::time::Duration::from_secs(365 * 24 * 3600));
+        self.live = Some(Live {
+            cache: ActingCache::new(&cell),
+            histograms: metrics.histograms(),
+            shared,
+            flusher,
+            pending,
+            inbox,
+            _poll: poll,
+            faults,
+            writes: BTreeMap::new(),
+            parked: VecDeque::new(),
+            lease_until: 0,
+            revoked_at: 0,
+            held_lease,
+            no_lease: Arc::new(Lease::default()),
+            driver: Driver::default(),
+            booting: true,
+            flush_timer: None,
+        });
+        ctx.send(Node::Monitor, Msg::Boot);
+        ctx.timer(ctx.now + HEARTBEAT_US, Timer::OsdHeartbeat);
+        ctx.timer(ctx.now + crate::driver::TICK_US, Timer::OsdTick);
+        self.heartbeat(ctx);
+        Ok(())
+    }
+
+    /// Kills the OSD. With `power_loss` its device loses what was not
+    /// flushed and its `shm` logs are gone; otherwise (a process crash)
+    /// both survive.
+    pub fn crash(&mut self, power_loss: bool) -> Result<()> {
+        let Some(live) = self.live.take() else { return Ok(()) };
+        live.faults.set_write_back_on_drop(!power_loss);
+        drop(live);
+        if power_loss {
+            for item in std::fs::read_dir(&self.log_dir)? {
+                let path = item?.path();
+                if path.extension().is_some_and(|e| e == "log") {
+                    std::fs::remove_file(path)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this OSD has booted, holds a lease, and has every PG it is
+    /// primary of active, with nothing in flight.
+    pub fn is_settled(&self, now: u64) -> bool {
+        self.live.as_ref().is_some_and(|live| {
+            !live.booting && now < live.lease_until && live.driver.all_active() && live.writes.is_empty()
+        })
+    }
+
+    pub fn activations(&self) -> (u64, u64) {
+        self.live.as_ref().map_or((0, 0), |l| (l.driver.activations, l.driver.recovered_objects))
+    }
+
+    fn heartbeat(&mut self, ctx: &mut Ctx) {
+        let Some(live) = self.live.as_mut() else { return };
+        ctx.send(Node::Monitor, Msg::Heartbeat { sent: ctx.now });
+        if live.booting {
+            ctx.send(Node::Monitor, Msg::Boot);
+        }
+    }
+
+    pub fn on_timer(&mut self, ctx: &mut Ctx, timer: Timer) {
+        match timer {
+            Timer::OsdHeartbeat => {
+                self.heartbeat(ctx);
+                ctx.timer(ctx.now + HEARTBEAT_US, Timer::OsdHeartbeat);
+            }
+            Timer::OsdTick => {
+                self.expire_writes(ctx);
+                self.pump_peering(ctx);
+                ctx.timer(ctx.now + crate::driver::TICK_US, Timer::OsdTick);
+            }
+            Timer::OsdFlush => {
+                if let Some(live) = self.live.as_mut() {
+                    live.flush_timer = None;
+                }
+                self.drain(ctx);
+            }
+            _ => {}
+        }
+    }
+
+    pub fn on_message(&mut self, ctx: &mut Ctx, from: Node, msg: Msg) {
+        let Some(live) = self.live.as_mut() else { return };
+        match msg {
+            Msg::Lease { sent, lease_us } => {
+                if lease_us > 0 && sent >= live.revoked_at {
+                    live.lease_until = live.lease_until.max(sent + lease_us);
+                }
+            }
+            Msg::Booted => live.booting = false,
+            Msg::Map(map) => self.on_map(ctx, map),
+            Msg::Frame(frame) => self.on_frame(ctx, from, frame),
+            Msg::Heartbeat { .. } | Msg::Boot => {}
+        }
+    }
+
+    fn on_map(&mut self, ctx: &mut Ctx, map: Arc<ClusterMap>) {
+        let id = self.id;
+        let Some(live) = self.live.as_mut() else { return };
+        if map.epoch <= live.shared.map.epoch() {
+            return;
+        }
+        let me_up = map.osds.get(&id).is_some_and(|o| o.up);
+        live.shared.map.store((*map).clone());
+        if !me_up && !live.booting {
+            // As `cluster::follow` does: marked down, stop serving and boot again.
+            live.lease_until = 0;
+            live.revoked_at = ctx.now;
+            live.booting = true;
+            ctx.send(Node::Monitor, Msg::Boot);
+        }
+        self.pump_peering(ctx);
+    }
+
+    fn on_frame(&mut self, ctx: &mut Ctx, from: Node, frame: Frame) {
+        let txid = frame.header.transaction_id;
+        match (MessageType::from_u8(frame.header.message_type), from) {
+            (Some(MessageType::OsdOp), Node::Client(client)) => match OpRequest::decode(&frame.payload) {
+                Ok(request) => self.client_request(ctx, client, txid, request),
+                Err(_) => ctx.out.push(Output::Disconnect { peer: from }),
+            },
+            (Some(MessageType::RepOp), Node::Osd(primary)) => self.replica_entry(ctx, primary, txid, &frame.payload),
+            (Some(MessageType::RepOpReply), Node::Osd(replica)) => match RepReply::decode(&frame.payload) {
+                Ok(ack) => self.on_ack(ctx, txid, replica, ack.status == Status::Ok),
+                Err(_) => ctx.out.push(Output::Disconnect { peer: from }),
+            },
+            (Some(MessageType::PeerRequest), Node::Osd(primary)) => match PeerRequest::decode(&frame.payload) {
+                Ok(request) => {
+                    let to = ReplyTo { thread: 0, token: primary as usize, txid };
+                    let live = self.live.as_mut().expect("checked by on_message");
+                    live.flusher.take(
+                        Job::Peer { request, reply: PeerReplyTo::Remote(to) },
+                        &mut live.pending,
+                        ctx.instant(),
+                    );
+                    self.drain(ctx);
+                }
+                Err(_) => ctx.out.push(Output::Disconnect { peer: from }),
+            },
+            (Some(MessageType::PeerReply), Node::Osd(member)) => {
+                let live = self.live.as_mut().expect("checked by on_message");
+                let Some(out) = live.driver.outstanding.filter(|o| o.txid == txid && o.to == member) else { return };
+                live.driver.outstanding = None;
+                let outcome = PeerReply::decode(&frame.payload).map_err(|e| e.to_string());
+                live.driver.on_outcome(out.pg, out.tag, outcome);
+                self.pump_peering(ctx);
+            }
+            _ => ctx.out.push(Output::Disconnect { peer: from }),
+        }
+    }
+
+    fn client_request(&mut self, ctx: &mut Ctx, client: u32, tid: u64, request: OpRequest) {
+        tracing::trace!(at = ctx.now, osd = self.id, client, tid, kind = ?request.kind, pg = request.pg, "client op");
+        let op = ClientOp { thread: 0, token: client as usize, slot: tid, txid: tid, request, arrived: ctx.instant() };
+        self.run_client_op(ctx, op);
+        self.drain(ctx);
+    }
+
+    fn run_client_op(&mut self, ctx: &mut Ctx, op: ClientOp) {
+        let live = self.live.as_mut().expect("running");
+        // The lease is the monitor's, on the simulated clock.
+        live.shared.lease = if ctx.now < live.lease_until { live.held_lease.clone() } else { live.no_lease.clone() };
+        let outcome = client_op(&live.shared, &mut live.cache, &live.histograms, op);
+        self.execute(ctx, outcome);
+    }
+
+    fn execute(&mut self, ctx: &mut Ctx, outcome: Outcome) {
+        let live = self.live.as_mut().expect("running");
+        match outcome {
+            Outcome::Reply { token, slot, reply, .. } => {
+                ctx.send(Node::Client(token as u32), Msg::Frame(reply.to_frame(slot)));
+            }
+            Outcome::Replicate { write, token, slot, entry, replicas, local, map_epoch, pg, request, .. } => {
+                assert!(local.is_none(), "the simulator runs the oplog write path");
+                let txid = write;
+                let frame = Frame::new(MessageType::RepOp, txid, entry);
+                for osd in &replicas {
+                    ctx.send(Node::Osd(*osd), Msg::Frame(frame.clone()));
+                }
+                live.writes.insert(
+                    txid,
+                    PendingWrite {
+                        client: token as u32,
+                        tid: slot,
+                        waiting: replicas,
+                        failed: false,
+                        expires: ctx.now + REPLICATION_TIMEOUT_US,
+                        map_epoch,
+                        pg,
+                        request,
+                    },
+                );
+            }
+            Outcome::Queued => {}
+            Outcome::Full(op) => live.parked.push_back(op),
+            Outcome::Acks { pg, acks, status } => {
+                tracing::trace!(osd = self.id, pg, acks = acks.len(), ?status, "replica acks");
+                send_acks(ctx, pg, &acks, status)
+            }
+        }
+    }
+
+    fn replica_entry(&mut self, ctx: &mut Ctx, primary: OsdId, txid: u64, payload: &Bytes) {
+        let live = self.live.as_mut().expect("checked by on_message");
+        let to = ReplyTo { thread: 0, token: primary as usize, txid };
+        match replica_op(&live.shared, &live.histograms, payload, to) {
+            Ok(outcome) => self.execute(ctx, outcome),
+            Err(why) => {
+                tracing::warn!(osd = self.id, primary, %why, "dropping a peer that sent a bad entry");
+                ctx.out.push(Output::Disconnect { peer: Node::Osd(primary) });
+            }
+        }
+        self.drain(ctx);
+    }
+
+    fn on_ack(&mut self, ctx: &mut Ctx, txid: u64, replica: OsdId, ok: bool) {
+        let live = self.live.as_mut().expect("checked by on_message");
+        tracing::trace!(osd = self.id, txid, replica, ok, "ack");
+        let Some(write) = live.writes.get_mut(&txid) else { return };
+        write.waiting.retain(|osd| *osd != replica);
+        write.failed |= !ok;
+        if write.waiting.is_empty() {
+            self.finish(ctx, txid);
+        }
+    }
+
+    fn finish(&mut self, ctx: &mut Ctx, txid: u64) {
+        let live = self.live.as_mut().expect("running");
+        let Some(write) = live.writes.remove(&txid) else { return };
+        let reply: OpReply = finish_write(&live.shared, write.pg, txid, write.request, write.map_epoch, write.failed);
+        ctx.send(Node::Client(write.client), Msg::Frame(reply.to_frame(write.tid)));
+    }
+
+    fn expire_writes(&mut self, ctx: &mut Ctx) {
+        let Some(live) = self.live.as_mut() else { return };
+        let shared = &live.shared;
+        let expired: Vec<u64> = live
+            .writes
+            .iter()
+            .filter(|(_, w)| ctx.now > w.expires || write_outlived(shared, w.pg, w.map_epoch))
+            .map(|(t, _)| *t)
+            .collect();
+        for txid in expired {
+            if let Some(write) = self.live.as_mut().and_then(|l| l.writes.get_mut(&txid)) {
+                write.waiting.clear();
+                write.failed = true;
+            }
+            self.finish(ctx, txid);
+        }
+    }
+
+    /// Runs the flusher until it has nothing to do now, then routes what it
+    /// posted and arms its deadline.
+    fn drain(&mut self, ctx: &mut Ctx) {
+        let Some(live) = self.live.as_mut() else { return };
+        let now = ctx.instant();
+        loop {
+            let jobs: Vec<Job> = live.flusher.jobs.try_iter().collect();
+            for job in jobs {
+                live.flusher.take(job, &mut live.pending, now);
+            }
+            if !live.pending.is_ready(now) {
+                break;
+            }
+            live.flusher.step(&mut live.pending, &live.histograms, now);
+        }
+        let mut retry_parked = false;
+        let completions: Vec<Completion> = live.inbox.try_iter().collect();
+        for completion in completions {
+            match completion {
+                Completion::Reply { token, slot, reply } => {
+                    ctx.send(Node::Client(token as u32), Msg::Frame(reply.to_frame(slot)));
+                }
+                Completion::Send { token, frame } => ctx.send(Node::Osd(token as u32), Msg::Frame(frame)),
+                Completion::Flushed => retry_parked = true,
+                Completion::LocalApplied { .. } | Completion::Accepted(_) | Completion::Worked(_) => {
+                    unreachable!("the simulator runs neither the sync path nor the pool")
+                }
+            }
+        }
+        if let Some(deadline) = live.pending.deadline() {
+            let at = deadline.saturating_duration_since(ctx.base).as_micros() as u64;
+            if live.flush_timer.is_none_or(|t| at < t) {
+                live.flush_timer = Some(at);
+                ctx.timer(at.max(ctx.now), Timer::OsdFlush);
+            }
+        }
+        if retry_parked {
+            let parked: Vec<ClientOp> = live.parked.drain(..).collect();
+            for op in parked {
+                self.run_client_op(ctx, op);
+            }
+            self.drain(ctx);
+        }
+    }
+
+    /// Carries out peering actions until one waits on another OSD.
+    fn pump_peering(&mut self, ctx: &mut Ctx) {
+        let me = self.id;
+        let Some(live) = self.live.as_mut() else { return };
+        if let Some(out) = live.driver.outstanding.filter(|o| ctx.now >= o.deadline) {
+            live.driver.outstanding = None;
+            live.driver.on_outcome(out.pg, out.tag, Err(format!("osd.{}: no answer in time", out.to)));
+        }
+        loop {
+            let live = self.live.as_mut().expect("running");
+            let view = live.shared.map.load();
+            let scrubs = std::mem::take(&mut *live.shared.scrub_requests.lock().expect("scrub lock"));
+            let pgs = live.shared.pgs.clone();
+            live.driver.reconcile(&view, me, ctx.now, scrubs, |key| {
+                pgs.get(key).is_some_and(|pg| pg.lock().expect("PG lock").active.is_some())
+            });
+            let Some((pg, action)) = live.driver.next_action() else { break };
+            match action {
+                Action::Send { to, tag, op } => {
+                    let Some(interval) = live.driver.interval_of(pg) else { continue };
+                    let request = PeerRequest { pg, interval, op };
+                    if to == me {
+                        let (sender, receiver) = crossbeam_channel::bounded(1);
+                        let job = Job::Peer { request, reply: PeerReplyTo::Local(sender) };
+                        live.flusher.take(job, &mut live.pending, ctx.instant());
+                        self.drain(ctx);
+                        let live = self.live.as_mut().expect("running");
+                        let outcome = receiver.try_recv().map_err(|_| "the local store did not answer".to_string());
+                        live.driver.on_outcome(pg, tag, outcome);
+                    } else {
+                        let txid = live.driver.send(pg, tag, to, ctx.now);
+                        ctx.send(Node::Osd(to), Msg::Frame(request.to_frame(txid)));
+                    }
+                }
+                end => live.driver.on_end(pg, &end, ctx.now),
+            }
+        }
+    }
+}
+
+fn send_acks(ctx: &mut Ctx, pg: u32, acks: &[Ack], status: Status) {
+    for Ack { seq, to } in acks {
+        let frame = RepReply { status, pg, seq: *seq }.to_frame(to.txid);
+        ctx.send(Node::Osd(to.token as u32), Msg::Frame(frame));
+    }
+}

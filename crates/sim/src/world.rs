@@ -1,0 +1,575 @@
+//! One simulated run: the event loop, the fault schedule, and the verdict.
+//!
+//! A run has three phases. **Load:** clients write and read stamped blocks
+//! while the fault schedule crashes OSDs (process crash or power loss),
+//! isolates them, or cuts them from the monitor or from one peer, one OSD
+//! at a time, each fault healed after a seeded while. **Settle:** faults
+//! stop, everything is healed and restarted, client operations finish (or
+//! give up); the run waits until every OSD is up, leased and has its PGs
+//! active. **Verify:** one client reads every block. The history then goes
+//! to [`duplex_verify::check`]. A run that does not settle within its
+//! limit fails too: liveness is part of the verdict.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use duplex_map::{Command, FailureConfig};
+use duplex_verify::{check, History};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::client::{SimClient, POOL};
+use crate::monitor::SimMonitor;
+use crate::network::{InFlight, NetConfig, Network};
+use crate::osd::SimOsd;
+use crate::{Ctx, Msg, Node, Output, Timer};
+
+/// Faults the schedule may inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FaultKind {
+    /// kill -9: the logs and the device's cache survive.
+    Crash,
+    /// The machine loses power: its `shm` logs and unflushed device writes are gone.
+    PowerLoss,
+    /// The OSD's host is cut from every other node.
+    Isolate,
+    /// The OSD can reach its peers and clients but not the monitor.
+    CutFromMonitor,
+    /// The OSD cannot reach one other OSD.
+    CutPeer,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 5] =
+        [FaultKind::Crash, FaultKind::PowerLoss, FaultKind::Isolate, FaultKind::CutFromMonitor, FaultKind::CutPeer];
+}
+
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub seed: u64,
+    pub osds: u32,
+    pub pool_size: u8,
+    pub min_size: u8,
+    pub pg_num: u32,
+    pub clients: u32,
+    /// Operations each client keeps in flight.
+    pub slots: usize,
+    /// Distinct 4 KiB blocks the clients share.
+    pub blocks: u64,
+    /// Virtual time of the load phase, in µs.
+    pub load_us: u64,
+    pub faults: Vec<FaultKind>,
+    /// Between two faults (µs, a range).
+    pub fault_gap_us: (u64, u64),
+    /// How long a fault lasts before it is healed (µs, a range).
+    pub fault_length_us: (u64, u64),
+    pub net: NetConfig,
+    pub failure: FailureConfig,
+    /// Bytes of log per PG: small, so that logs fill and flushes interleave.
+    pub log_bytes: u64,
+    pub store_bytes: u64,
+    /// A client operation not done after this long is given up (unknown outcome).
+    pub give_up_us: u64,
+    /// Settling and verifying must end within this much virtual time.
+    pub settle_limit_us: u64,
+    /// Where the stores and logs go (default: a new directory in /dev/shm, or the temp dir).
+    pub dir: Option<PathBuf>,
+}
+
+impl SimConfig {
+    pub fn new(seed: u64) -> SimConfig {
+        SimConfig {
+            seed,
+            osds: 4,
+            pool_size: 3,
+            min_size: 2,
+            pg_num: 8,
+            clients: 3,
+            slots: 2,
+            blocks: 48,
+            load_us: 30_000_000,
+            faults: FaultKind::ALL.to_vec(),
+            fault_gap_us: (500_000, 4_000_000),
+            fault_length_us: (200_000, 12_000_000),
+            net: NetConfig::default(),
+            failure: FailureConfig { grace_ms: 6_000, down_out_interval_ms: 15_000, min_reporters: 2 },
+            log_bytes: 64 << 10,
+            store_bytes: 48 << 20,
+            give_up_us: 40_000_000,
+            settle_limit_us: 180_000_000,
+            dir: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RunReport {
+    pub seed: u64,
+    pub virtual_us: u64,
+    pub events: u64,
+    pub messages: u64,
+    pub messages_lost: u64,
+    pub acknowledged_writes: u64,
+    pub unknown_writes: u64,
+    pub reads: u64,
+    pub faults: Vec<String>,
+    pub peerings: u64,
+    pub recovered_objects: u64,
+    /// A digest of every delivered message and the history: equal for equal seeds.
+    pub digest: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimFailure {
+    #[error("seed {seed}: the checker found {count} violations; first: {first}")]
+    Violations { seed: u64, count: usize, first: String },
+    #[error("seed {seed}: the cluster did not settle by {at_us} µs ({why})")]
+    Stuck { seed: u64, at_us: u64, why: String },
+    #[error("seed {seed}: {message}")]
+    Broken { seed: u64, message: String },
+}
+
+enum Event {
+    Deliver {
+        from: Node,
+        to: Node,
+        flight: InFlight,
+        msg: Msg,
+    },
+    /// `node` None: the world's own (faults).
+    Timer {
+        node: Option<Node>,
+        incarnation: u64,
+        timer: Timer,
+    },
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord, Clone, Copy, Debug)]
+enum Phase {
+    Load,
+    Settle,
+    Verify,
+}
+
+/// A fault in force on one OSD.
+#[derive(Clone, Copy, Debug)]
+enum Active {
+    Down,
+    Cut,
+}
+
+struct World {
+    config: SimConfig,
+    rng: StdRng,
+    now: u64,
+    base: Instant,
+    next_seq: u64,
+    queue: BinaryHeap<Reverse<(u64, u64)>>,
+    events: BTreeMap<u64, Event>,
+    net: Network,
+    monitor: SimMonitor,
+    osds: Vec<SimOsd>,
+    clients: Vec<SimClient>,
+    faulty: BTreeMap<u32, (Active, Vec<Node>)>,
+    faults: Vec<String>,
+    phase: Phase,
+    settle_by: u64,
+    digest: DefaultHasher,
+    delivered: u64,
+    _dir: tempfile::TempDir,
+}
+
+/// Runs one seed to its verdict.
+pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
+    let seed = config.seed;
+    let broken = |message: String| SimFailure::Broken { seed, message };
+    let parent = config.dir.clone().unwrap_or_else(|| {
+        let shm = PathBuf::from("/dev/shm");
+        if shm.is_dir() {
+            shm
+        } else {
+            std::env::temp_dir()
+        }
+    });
+    let dir = tempfile::Builder::new()
+        .prefix("duplex-sim-")
+        .tempdir_in(&parent)
+        .map_err(|e| broken(format!("making a directory in {}: {e}", parent.display())))?;
+    let mut osds = Vec::new();
+    for id in 0..config.osds {
+        osds.push(SimOsd::create(id, dir.path(), config.store_bytes).map_err(|e| broken(format!("osd.{id}: {e:#}")))?);
+    }
+    let mut monitor = SimMonitor::new([7; 16], config.failure);
+    monitor.run(&Command::PoolCreate {
+        name: POOL.into(),
+        size: config.pool_size,
+        min_size: config.min_size,
+        pg_num: config.pg_num,
+    });
+    let verifier_id = config.clients;
+    let clients = (0..=config.clients).map(|id| SimClient::new(id, config.blocks, config.give_up_us)).collect();
+    let mut world = World {
+        config: config.clone(),
+        rng: StdRng::seed_from_u64(seed),
+        now: 0,
+        base: Instant::now(),
+        next_seq: 0,
+        queue: BinaryHeap::new(),
+        events: BTreeMap::new(),
+        net: Network::new(config.net),
+        monitor,
+        osds,
+        clients,
+        faulty: BTreeMap::new(),
+        faults: Vec::new(),
+        phase: Phase::Load,
+        settle_by: u64::MAX,
+        digest: DefaultHasher::new(),
+        delivered: 0,
+        _dir: dir,
+    };
+    for id in 0..config.osds {
+        world.start_osd(id)?;
+    }
+    world.schedule(None, 0, 100_000, Timer::MonitorTick);
+    world.schedule(None, 0, 500_000, Timer::MonitorGossip);
+    world.schedule(None, 0, 1_000_000, Timer::Fault);
+    for id in 0..config.clients {
+        let mut ctx = world.ctx(3_000_000);
+        let client = &mut world.clients[id as usize];
+        client.start(&mut ctx, &mut world.rng, config.slots);
+        world.apply(Node::Client(id), ctx.out);
+    }
+    let load_end = config.load_us + 3_000_000;
+    while let Some(Reverse((at, seq))) = world.queue.pop() {
+        let event = world.events.remove(&seq).expect("every queued event is stored");
+        world.now = at;
+        if world.phase == Phase::Load && at >= load_end {
+            world.end_load();
+        }
+        if world.now > world.settle_by {
+            let why = world.unsettled();
+            return Err(SimFailure::Stuck { seed, at_us: world.now, why });
+        }
+        world.dispatch(event)?;
+        match world.phase {
+            Phase::Settle if world.settled() => {
+                world.phase = Phase::Verify;
+                let mut ctx = world.ctx(0);
+                world.clients[verifier_id as usize].verify_all(&mut ctx);
+                world.apply(Node::Client(verifier_id), ctx.out);
+            }
+            Phase::Verify if world.clients[verifier_id as usize].final_pass_done() => break,
+            _ => {}
+        }
+    }
+    if world.phase != Phase::Verify || !world.clients[verifier_id as usize].final_pass_done() {
+        return Err(SimFailure::Stuck { seed, at_us: world.now, why: "the event queue ran dry".into() });
+    }
+    world.verdict()
+}
+
+impl World {
+    fn ctx(&self, delay: u64) -> Ctx {
+        Ctx { now: self.now + delay, base: self.base, out: Vec::new() }
+    }
+
+    fn schedule(&mut self, node: Option<Node>, incarnation: u64, after: u64, timer: Timer) {
+        self.push(self.now + after, Event::Timer { node, incarnation, timer });
+    }
+
+    fn push(&mut self, at: u64, event: Event) {
+        self.next_seq += 1;
+        self.queue.push(Reverse((at, self.next_seq)));
+        self.events.insert(self.next_seq, event);
+    }
+
+    fn incarnation(&self, node: Node) -> u64 {
+        match node {
+            Node::Osd(id) => self.osds[id as usize].incarnation,
+            _ => 0,
+        }
+    }
+
+    /// Carries out what a node's handler asked for.
+    fn apply(&mut self, from: Node, outputs: Vec<Output>) {
+        for output in outputs {
+            match output {
+                Output::Send { to, msg } => {
+                    if let Some(flight) = self.net.send(&mut self.rng, self.now, from, to) {
+                        self.push(flight.arrives, Event::Deliver { from, to, flight, msg });
+                    }
+                }
+                Output::Timer { at, timer } => {
+                    let incarnation = self.incarnation(from);
+                    self.push(at.max(self.now), Event::Timer { node: Some(from), incarnation, timer });
+                }
+                Output::Disconnect { peer } => self.net.break_pair(from, peer),
+            }
+        }
+    }
+
+    fn start_osd(&mut self, id: u32) -> Result<(), SimFailure> {
+        let disk_seed = self.rng.gen::<u64>();
+        let mut ctx = self.ctx(0);
+        let log_bytes = self.config.log_bytes;
+        self.osds[id as usize]
+            .start(&mut ctx, disk_seed, log_bytes)
+            .map_err(|e| SimFailure::Broken { seed: self.config.seed, message: format!("starting osd.{id}: {e:#}") })?;
+        self.apply(Node::Osd(id), ctx.out);
+        Ok(())
+    }
+
+    fn broadcast_map(&mut self) {
+        let map = self.monitor.map.clone();
+        let mut ctx = self.ctx(0);
+        for id in 0..self.config.osds {
+            ctx.send(Node::Osd(id), Msg::Map(map.clone()));
+        }
+        for id in 0..self.clients.len() as u32 {
+            ctx.send(Node::Client(id), Msg::Map(map.clone()));
+        }
+        self.apply(Node::Monitor, ctx.out);
+    }
+
+    fn dispatch(&mut self, event: Event) -> Result<(), SimFailure> {
+        match event {
+            Event::Deliver { from, to, flight, msg } => {
+                if !self.net.arrives(&flight) {
+                    return Ok(());
+                }
+                self.delivered += 1;
+                (self.now, from, to, kind_of(&msg)).hash(&mut self.digest);
+                self.deliver(from, to, msg);
+            }
+            Event::Timer { node: None, timer, .. } => self.world_timer(timer)?,
+            Event::Timer { node: Some(node), incarnation, timer } => {
+                let mut ctx = self.ctx(0);
+                match node {
+                    Node::Monitor => {
+                        let changed = match timer {
+                            Timer::MonitorTick => {
+                                ctx.timer(self.now + 100_000, Timer::MonitorTick);
+                                self.monitor.tick(self.now)
+                            }
+                            _ => {
+                                ctx.timer(self.now + 500_000, Timer::MonitorGossip);
+                                true
+                            }
+                        };
+                        if changed {
+                            self.broadcast_map();
+                        }
+                    }
+                    Node::Osd(id) => {
+                        let osd = &mut self.osds[id as usize];
+                        if osd.is_live() && osd.incarnation == incarnation {
+                            osd.on_timer(&mut ctx, timer);
+                        }
+                    }
+                    Node::Client(id) => self.clients[id as usize].on_timer(&mut ctx, &mut self.rng, timer),
+                }
+                self.apply(node, ctx.out);
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, from: Node, to: Node, msg: Msg) {
+        let mut ctx = self.ctx(0);
+        match to {
+            Node::Monitor => match (from, msg) {
+                (Node::Osd(id), Msg::Boot) => {
+                    if self.monitor.boot(id) {
+                        self.broadcast_map();
+                    }
+                    ctx.send(from, Msg::Booted);
+                    ctx.send(from, Msg::Map(self.monitor.map.clone()));
+                }
+                (Node::Osd(id), Msg::Heartbeat { sent }) => {
+                    let lease_us = self.monitor.heartbeat(id, self.now);
+                    ctx.send(from, Msg::Lease { sent, lease_us });
+                }
+                (from, msg) => panic!("the monitor got {msg:?} from {from:?}"),
+            },
+            Node::Osd(id) => {
+                let osd = &mut self.osds[id as usize];
+                if osd.is_live() {
+                    osd.on_message(&mut ctx, from, msg);
+                }
+            }
+            Node::Client(id) => {
+                let client = &mut self.clients[id as usize];
+                match msg {
+                    Msg::Map(map) => client.on_map(map),
+                    Msg::Frame(frame) => client.on_frame(&mut ctx, &mut self.rng, frame),
+                    other => panic!("client.{id} got {other:?}"),
+                }
+            }
+        }
+        self.apply(to, ctx.out);
+    }
+
+    fn world_timer(&mut self, timer: Timer) -> Result<(), SimFailure> {
+        match timer {
+            Timer::Fault => {
+                if self.phase != Phase::Load {
+                    return Ok(());
+                }
+                if self.faulty.is_empty() && !self.config.faults.is_empty() {
+                    self.inject()?;
+                }
+                let (low, high) = self.config.fault_gap_us;
+                let gap = self.rng.gen_range(low..=high);
+                self.schedule(None, 0, gap, Timer::Fault);
+            }
+            Timer::Recover { osd } => self.recover(osd)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn inject(&mut self) -> Result<(), SimFailure> {
+        let kind = self.config.faults[self.rng.gen_range(0..self.config.faults.len())];
+        let id = self.rng.gen_range(0..self.config.osds);
+        let node = Node::Osd(id);
+        let (low, high) = self.config.fault_length_us;
+        let length = self.rng.gen_range(low..=high);
+        let seed = self.config.seed;
+        let others: Vec<Node> = (0..self.config.osds)
+            .filter(|o| *o != id)
+            .map(Node::Osd)
+            .chain((0..self.clients.len() as u32).map(Node::Client))
+            .chain([Node::Monitor])
+            .collect();
+        let (active, cut) = match kind {
+            FaultKind::Crash | FaultKind::PowerLoss => {
+                let power = kind == FaultKind::PowerLoss;
+                self.osds[id as usize]
+                    .crash(power)
+                    .map_err(|e| SimFailure::Broken { seed, message: format!("crashing osd.{id}: {e:#}") })?;
+                self.net.break_node(node);
+                (Active::Down, Vec::new())
+            }
+            FaultKind::Isolate => (Active::Cut, others),
+            FaultKind::CutFromMonitor => (Active::Cut, vec![Node::Monitor]),
+            FaultKind::CutPeer => {
+                let peers: Vec<u32> = (0..self.config.osds).filter(|o| *o != id).collect();
+                let peer = peers[self.rng.gen_range(0..peers.len())];
+                (Active::Cut, vec![Node::Osd(peer)])
+            }
+        };
+        for other in &cut {
+            self.net.cut(node, *other);
+        }
+        self.faults.push(format!(
+            "{:.3}s {kind:?} osd.{id} for {:.3}s {cut:?}",
+            self.now as f64 / 1e6,
+            length as f64 / 1e6
+        ));
+        tracing::info!(at = self.now, ?kind, osd = id, length, "fault");
+        self.faulty.insert(id, (active, cut));
+        self.schedule(None, 0, length, Timer::Recover { osd: id });
+        Ok(())
+    }
+
+    fn recover(&mut self, id: u32) -> Result<(), SimFailure> {
+        let Some((active, cut)) = self.faulty.remove(&id) else { return Ok(()) };
+        for other in cut {
+            self.net.heal(Node::Osd(id), other);
+        }
+        if matches!(active, Active::Down) {
+            self.start_osd(id)?;
+        }
+        Ok(())
+    }
+
+    fn end_load(&mut self) {
+        self.phase = Phase::Settle;
+        self.settle_by = self.now + self.config.settle_limit_us;
+        let faulty: Vec<u32> = self.faulty.keys().copied().collect();
+        for id in faulty {
+            // Errors surface as an unsettled cluster.
+            if let Err(err) = self.recover(id) {
+                tracing::error!(%err, "recovering at the end of the load");
+            }
+        }
+        self.net.heal_all();
+        for client in &mut self.clients {
+            client.stopped = true;
+        }
+    }
+
+    fn settled(&self) -> bool {
+        self.clients.iter().all(|c| c.in_flight() == 0)
+            && self.monitor.map.osds.values().all(|o| o.up && o.is_in)
+            && self.osds.iter().all(|o| o.is_settled(self.now))
+    }
+
+    fn unsettled(&self) -> String {
+        let busy: Vec<u32> = self.clients.iter().filter(|c| c.in_flight() > 0).map(|c| c.id).collect();
+        let down: Vec<u32> = self.monitor.map.osds.values().filter(|o| !o.up || !o.is_in).map(|o| o.id).collect();
+        let unsettled: Vec<u32> = self.osds.iter().filter(|o| !o.is_settled(self.now)).map(|o| o.id).collect();
+        format!(
+            "phase {:?}; clients busy {busy:?}; OSDs down or out {down:?}; OSDs not settled {unsettled:?}",
+            self.phase
+        )
+    }
+
+    fn verdict(self) -> Result<RunReport, SimFailure> {
+        let seed = self.config.seed;
+        let mut errors = Vec::new();
+        let mut history = History::default();
+        for client in &self.clients {
+            errors.extend(client.errors.iter().cloned());
+            history.ops.extend(client.history.iter().cloned());
+        }
+        if let Some(first) = errors.first() {
+            return Err(SimFailure::Broken {
+                seed,
+                message: format!("{} client errors; first: {first}", errors.len()),
+            });
+        }
+        let report = check(&history);
+        if !report.is_ok() {
+            return Err(SimFailure::Violations {
+                seed,
+                count: report.violations.len(),
+                first: format!("{:?}", report.violations[0]),
+            });
+        }
+        let mut digest = self.digest;
+        format!("{:?}", history.ops).hash(&mut digest);
+        let (peerings, recovered_objects) =
+            self.osds.iter().map(|o| o.activations()).fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+        let writers = &self.clients[..self.clients.len() - 1];
+        Ok(RunReport {
+            seed,
+            virtual_us: self.now,
+            events: self.next_seq,
+            messages: self.net.sent,
+            messages_lost: self.net.lost,
+            acknowledged_writes: writers.iter().map(|c| c.acknowledged).sum(),
+            unknown_writes: writers.iter().map(|c| c.unknown).sum(),
+            reads: self.clients.iter().map(|c| c.reads).sum(),
+            faults: self.faults,
+            peerings,
+            recovered_objects,
+            digest: digest.finish(),
+        })
+    }
+}
+
+fn kind_of(msg: &Msg) -> (u8, u64) {
+    match msg {
+        Msg::Frame(frame) => (frame.header.message_type, frame.header.transaction_id),
+        Msg::Heartbeat { sent } => (200, *sent),
+        Msg::Lease { lease_us, .. } => (201, *lease_us),
+        Msg::Boot => (202, 0),
+        Msg::Booted => (203, 0),
+        Msg::Map(map) => (204, map.epoch),
+    }
+}
