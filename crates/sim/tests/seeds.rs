@@ -61,11 +61,9 @@ fn regression_seed_7_a_resend_of_a_surviving_write_is_not_run_again() {
     run_seed(7);
 }
 
-/// Seeds that still fail (stale reads): open bugs, see docs/RELIABILITY.md.
+/// A seed that still fails (a stale read): an open bug, see docs/RELIABILITY.md.
 #[test]
-#[ignore = "open bugs the simulator found; see docs/RELIABILITY.md"]
+#[ignore = "an open bug the simulator found; see docs/RELIABILITY.md"]
 fn known_failing_seeds() {
-    for seed in [25] {
-        run_seed(seed);
-    }
+    run_seed(25);
 }
