@@ -120,13 +120,13 @@ impl Pending {
         self.deadline
     }
 
+    fn flush_due(&self, now: Instant) -> bool {
+        self.flush_now || self.deadline.is_some_and(|d| now >= d)
+    }
+
     /// Whether `step` has work to do at once.
     pub fn is_ready(&self, now: Instant) -> bool {
-        self.flush_now
-            || self.deadline.is_some_and(|d| now >= d)
-            || !self.syncs.is_empty()
-            || !self.reads.is_empty()
-            || !self.peering.is_empty()
+        self.flush_due(now) || !self.syncs.is_empty() || !self.reads.is_empty() || !self.peering.is_empty()
     }
 }
 
@@ -177,8 +177,7 @@ impl Flusher {
     /// One pass over the work taken, as of `now`: the flush if one is due,
     /// then sync applies, reads, and peering requests.
     pub fn step(&mut self, pending: &mut Pending, histograms: &crate::metrics::Histograms, now: Instant) {
-        let due = pending.deadline.is_some_and(|d| now >= d);
-        if pending.flush_now || due {
+        if pending.flush_due(now) {
             let started = Instant::now();
             let flushed = self.flush(std::mem::take(&mut pending.dirty));
             record(histograms, Stage::Flush, started.elapsed().as_micros() as u64);

@@ -334,13 +334,12 @@ fn metadata_read(
     let request = &op.request;
     let flush_first = {
         let Some(pg) = lock_served(pg, interval) else { return peering_reply(shared, &op, epoch) };
-        // A listing names objects, and a write in flight never removes
-        // one: it may show a new name early, as a concurrent create would.
-        if request.kind != OpKind::List && pg.uncommitted.touches(&request.object, 0, u64::MAX) {
-            return uncommitted_reply(shared, &op, epoch);
-        }
         if request.kind == OpKind::List {
+            // A listing names objects, and a write in flight never removes
+            // one: it may show a new name early, as a concurrent create would.
             !pg.index.is_empty()
+        } else if pg.uncommitted.touches(&request.object, 0, u64::MAX) {
+            return uncommitted_reply(shared, &op, epoch);
         } else {
             pg.index.contains(&request.object)
         }
@@ -492,6 +491,8 @@ fn mutate(
 /// deactivates the PG when a member of its current interval missed the
 /// entry, and returns the client's reply.
 pub fn finish_write(shared: &Shared, pg: u32, write: u64, request: RequestId, map_epoch: u64, failed: bool) -> OpReply {
+    // Every replicated write takes the PG lock once more here, to leave
+    // the uncommitted set: the price of reads that never see it early.
     if let Some(pg_lock) = shared.pgs.get(pg) {
         let mut guard = pg_lock.lock().expect("PG lock");
         guard.uncommitted.end(write);

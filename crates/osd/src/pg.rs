@@ -122,36 +122,40 @@ pub struct Pg {
 /// until it is acknowledged or failed.
 #[derive(Debug, Default)]
 pub struct Uncommitted {
-    writes: HashMap<u64, (Bytes, u64, u64)>,
-    objects: HashMap<Bytes, u32>,
+    /// Each write's object.
+    writes: HashMap<u64, Bytes>,
+    /// Per object with writes in flight: each one's id and byte range.
+    objects: HashMap<Bytes, Vec<(u64, u64, u64)>>,
 }
 
 impl Uncommitted {
     /// Write `write` changes bytes `start..end` of `object` (a truncate, a
     /// delete or an attribute: `0..u64::MAX`).
     pub fn begin(&mut self, write: u64, object: Bytes, start: u64, end: u64) {
-        *self.objects.entry(object.clone()).or_insert(0) += 1;
-        let previous = self.writes.insert(write, (object, start, end));
+        debug_assert!(start <= end, "a range runs forward");
+        self.objects.entry(object.clone()).or_default().push((write, start, end));
+        let previous = self.writes.insert(write, object);
         debug_assert!(previous.is_none(), "write ids are unique");
     }
 
     /// The write is acknowledged or failed (an unknown id: nothing to do).
     pub fn end(&mut self, write: u64) {
-        let Some((object, ..)) = self.writes.remove(&write) else { return };
-        match self.objects.get_mut(&object) {
-            Some(count) if *count > 1 => *count -= 1,
-            Some(_) => {
-                self.objects.remove(&object);
-            }
-            None => debug_assert!(false, "every write counted its object"),
+        let Some(object) = self.writes.remove(&write) else { return };
+        let ranges = self.objects.get_mut(&object).expect("every write is listed under its object");
+        ranges.retain(|(id, ..)| *id != write);
+        if ranges.is_empty() {
+            self.objects.remove(&object);
         }
+        debug_assert_eq!(
+            self.writes.len(),
+            self.objects.values().map(Vec::len).sum::<usize>(),
+            "each write is listed once"
+        );
     }
 
     /// Whether a write in flight changes any of bytes `start..end` of `object`.
     pub fn touches(&self, object: &[u8], start: u64, end: u64) -> bool {
-        // The common case, no write in flight to this object, is one lookup.
-        self.objects.contains_key(object)
-            && self.writes.values().any(|(o, s, e)| o[..] == *object && *s < end && start < *e)
+        self.objects.get(object).is_some_and(|ranges| ranges.iter().any(|(_, s, e)| *s < end && start < *e))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -533,6 +537,22 @@ impl PgTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_waits_only_for_writes_in_flight_that_overlap_it() {
+        let mut uncommitted = Uncommitted::default();
+        let object = Bytes::from_static(b"obj");
+        uncommitted.begin(1, object.clone(), 4096, 8192);
+        uncommitted.begin(2, object.clone(), 0, u64::MAX);
+        assert!(uncommitted.touches(b"obj", 0, 10), "the whole-object write covers it");
+        uncommitted.end(2);
+        assert!(!uncommitted.touches(b"obj", 0, 4096), "adjacent, not overlapping");
+        assert!(uncommitted.touches(b"obj", 8191, 8192));
+        assert!(!uncommitted.touches(b"other", 4096, 8192), "another object");
+        uncommitted.end(7);
+        uncommitted.end(1);
+        assert!(uncommitted.is_empty() && !uncommitted.touches(b"obj", 0, u64::MAX));
+    }
     use duplex_oplog::OpKind;
 
     fn entry(seq: u64, len: usize) -> Entry {

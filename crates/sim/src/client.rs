@@ -115,7 +115,7 @@ impl SimClient {
                 if op.attempt != attempt {
                     return;
                 }
-                tracing::debug!(client = self.id, tid, attempt, "no answer; resending");
+                tracing::debug!(client = self.id, tid, attempt, "resending (no answer in time, or after a backoff)");
                 if ctx.now >= op.give_up {
                     self.end(ctx, rng, tid, None);
                     return;
