@@ -82,7 +82,7 @@ impl Flusher {
                 self.apply_recovery(&batch)
             }
             PeerOp::Scrub { .. } => Err("a scrub is asked of the PG's primary, not of a member's store".into()),
-            PeerOp::Activate { last_seq, last_epoch, members, forget_requests } => {
+            PeerOp::Activate { last_seq, last_epoch, members, rebuilt, requests } => {
                 let mut guard = pg.lock().expect("PG lock");
                 if last_seq == u64::MAX {
                     Err("no log continues after seq 2^64 - 1".to_string())
@@ -90,7 +90,7 @@ impl Flusher {
                     Err("the log took entries while peering".to_string())
                 } else {
                     guard
-                        .activate(last_seq, last_epoch, Activation { interval, members }, forget_requests)
+                        .activate(last_seq, last_epoch, Activation { interval, members }, rebuilt, &requests)
                         .map(|()| PeerReply::Done)
                         .map_err(|e| e.to_string())
                 }
@@ -114,12 +114,13 @@ impl Flusher {
         if !guard.log.is_empty() {
             return Err("the log could not be flushed (a damaged entry?)".into());
         }
-        Ok(PeerReply::Info(PeerInfo {
+        let info = PeerInfo {
             last_seq: guard.last_seq(),
             last_epoch: guard.log.last_epoch(),
             last_active: guard.log.last_active(),
             history_from: guard.history_from(),
-        }))
+        };
+        Ok(PeerReply::Info { info, requests: guard.requests.logged() })
     }
 
     fn digests(&mut self, key: u32, cursor: &[u8]) -> Result<PeerReply, String> {

@@ -433,7 +433,7 @@ fn mutate(
         WritePath::Sync => {
             guard.sync_seq += 1;
             let seq = guard.sync_seq;
-            guard.requests.set(request_id, RequestState::InFlight);
+            guard.requests.set(request_id, RequestState::InFlight, seq);
             let (start, end) = changed_range(log_op, offset, data);
             guard.uncommitted.begin(write, request.object.clone(), start, end);
             drop(guard);

@@ -31,8 +31,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use duplex_map::OsdId;
 use duplex_proto::peering::{
-    Inconsistency, ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, ScrubReport, CHUNK_BYTES,
+    Inconsistency, LoggedRequest, ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, ScrubReport, CHUNK_BYTES,
 };
+
+use crate::requests::merge_logged;
 
 /// What the driver does next.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,7 +68,7 @@ pub struct Peering {
 }
 
 enum Phase {
-    Querying { waiting: BTreeMap<u64, OsdId>, infos: BTreeMap<OsdId, PeerInfo> },
+    Querying { waiting: BTreeMap<u64, OsdId>, infos: BTreeMap<OsdId, (PeerInfo, Vec<LoggedRequest>)> },
     Recovering(Box<Recovery>),
     Activating { waiting: BTreeMap<u64, OsdId>, authority: OsdId, last_seq: u64 },
     Active,
@@ -85,6 +87,11 @@ struct Recovery {
     copy: Option<Copy>,
     /// Members whose store this peering changed.
     changed: BTreeSet<OsdId>,
+    /// The request ids each member logged.
+    logged: BTreeMap<OsdId, Vec<LoggedRequest>>,
+    /// Members whose log is a prefix of the authority's (the authority's
+    /// own included): every id they logged is in the history.
+    on_history: BTreeSet<OsdId>,
     /// The request outstanding (one at a time during recovery).
     waiting: Option<u64>,
     scrub: Option<Scrub>,
@@ -258,10 +265,10 @@ impl Peering {
         match std::mem::replace(&mut self.phase, Phase::Stuck) {
             Phase::Querying { mut waiting, mut infos } => {
                 let osd = waiting.remove(&tag).expect("expected tag");
-                let PeerReply::Info(info) = reply else {
+                let PeerReply::Info { info, requests } = reply else {
                     return self.stuck(format!("osd.{osd} answered a query with {reply:?}"));
                 };
-                infos.insert(osd, info);
+                infos.insert(osd, (info, requests));
                 if !waiting.is_empty() {
                     self.phase = Phase::Querying { waiting, infos };
                     return Vec::new();
@@ -289,14 +296,25 @@ impl Peering {
         }
     }
 
-    fn recover(&mut self, infos: BTreeMap<OsdId, PeerInfo>) -> Vec<Action> {
+    fn recover(&mut self, answers: BTreeMap<OsdId, (PeerInfo, Vec<LoggedRequest>)>) -> Vec<Action> {
         let primary = self.members[0];
+        let mut infos = BTreeMap::new();
+        let mut logged = BTreeMap::new();
+        for (osd, (info, requests)) in answers {
+            infos.insert(osd, info);
+            logged.insert(osd, requests);
+        }
         let (authority, info) = choose_authority(primary, &infos).expect("every member answered");
-        let targets = infos
-            .iter()
-            .filter(|(osd, _)| **osd != authority)
-            .filter_map(|(osd, member)| plan_for(member, &info).map(|plan| (*osd, plan)))
-            .collect();
+        let mut on_history = BTreeSet::from([authority]);
+        let mut targets = VecDeque::new();
+        for (osd, member) in infos.iter().filter(|(osd, _)| **osd != authority) {
+            match plan_for(member, &info) {
+                None => {
+                    on_history.insert(*osd);
+                }
+                Some(plan) => targets.push_back((*osd, plan)),
+            }
+        }
         let scrub = self.scrub.map(|repair| {
             // The authority first: its copies are the good ones when readable.
             let mut to_list: VecDeque<OsdId> = self.members.iter().copied().filter(|m| *m != authority).collect();
@@ -311,6 +329,8 @@ impl Peering {
             work: VecDeque::new(),
             copy: None,
             changed: BTreeSet::new(),
+            logged,
+            on_history,
             waiting: None,
             scrub,
         });
@@ -402,6 +422,9 @@ impl Peering {
         let unexpected = |reply: &Option<PeerReply>| format!("unexpected answer {reply:?} during recovery");
         match (step, reply) {
             (Step::AskTouched, Some(PeerReply::Touched(Some(objects)))) => {
+                // The authority's history holds the target's last entry:
+                // the target's log is a prefix of it.
+                recovery.on_history.insert(target);
                 let copies = objects.into_iter().map(|object| Work::Copy { object, from: authority, to: target });
                 recovery.work.extend(copies);
                 Ok(None)
@@ -552,6 +575,8 @@ impl Peering {
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
         let members: Vec<u32> = self.members.clone();
+        let requests =
+            merge_logged(recovery.on_history.iter().filter_map(|osd| recovery.logged.get(osd)).map(Vec::as_slice));
         for osd in members.clone() {
             let tag = self.tag();
             waiting.insert(tag, osd);
@@ -559,7 +584,8 @@ impl Peering {
                 last_seq: recovery.info.last_seq,
                 last_epoch: recovery.info.last_epoch,
                 members: members.clone(),
-                forget_requests: recovery.changed.contains(&osd),
+                rebuilt: recovery.changed.contains(&osd),
+                requests: requests.clone(),
             };
             actions.push(Action::Send { to: osd, tag, op });
         }
@@ -665,8 +691,16 @@ mod tests {
         history: Vec<(u64, u32, Vec<u8>)>,
         /// Objects whose copy here fails its checksum.
         damaged: BTreeSet<Vec<u8>>,
-        requests_forgotten: bool,
-        requests: u32,
+        /// The request ids of the entries it logged.
+        logged: Vec<LoggedRequest>,
+        rebuilt: bool,
+        answered: u32,
+    }
+
+    /// The request id of the entry at `seq` of `epoch` (a divergent entry,
+    /// of another epoch, has another id).
+    fn request_of(seq: u64, epoch: u32) -> LoggedRequest {
+        LoggedRequest { client: 1, tid: seq * 10 + epoch as u64, seq }
     }
 
     impl Member {
@@ -675,17 +709,21 @@ mod tests {
             self.last_epoch = 5;
             self.objects.insert(object.as_bytes().to_vec(), (data.to_vec(), Vec::new()));
             self.history.push((self.last_seq, 5, object.as_bytes().to_vec()));
+            self.logged.push(request_of(self.last_seq, 5));
         }
 
         fn answer(&mut self, op: PeerOp, interval: u64) -> PeerReply {
-            self.requests += 1;
+            self.answered += 1;
             match op {
-                PeerOp::Query => PeerReply::Info(PeerInfo {
-                    last_seq: self.last_seq,
-                    last_epoch: self.last_epoch,
-                    last_active: self.last_active,
-                    history_from: self.history.first().map_or(self.last_seq + 1, |(seq, ..)| *seq),
-                }),
+                PeerOp::Query => PeerReply::Info {
+                    info: PeerInfo {
+                        last_seq: self.last_seq,
+                        last_epoch: self.last_epoch,
+                        last_active: self.last_active,
+                        history_from: self.history.first().map_or(self.last_seq + 1, |(seq, ..)| *seq),
+                    },
+                    requests: self.logged.clone(),
+                },
                 PeerOp::Touched { after, after_epoch, through } => {
                     if !self.history.iter().any(|(seq, epoch, _)| (*seq, *epoch) == (after, after_epoch)) {
                         return PeerReply::Touched(None);
@@ -741,14 +779,15 @@ mod tests {
                     self.objects.remove(&object);
                     PeerReply::Done
                 }
-                PeerOp::Activate { last_seq, last_epoch, forget_requests, .. } => {
+                PeerOp::Activate { last_seq, last_epoch, rebuilt, requests, .. } => {
                     if (last_seq, last_epoch) != (self.last_seq, self.last_epoch) {
                         self.history.clear();
                     }
                     self.last_seq = last_seq;
                     self.last_epoch = last_epoch;
                     self.last_active = interval;
-                    self.requests_forgotten = forget_requests;
+                    self.rebuilt = rebuilt;
+                    self.logged = requests;
                     PeerReply::Done
                 }
                 PeerOp::Scrub { .. } => PeerReply::Refused("not a member's request".into()),
@@ -807,8 +846,9 @@ mod tests {
         assert_eq!(outcome, Action::Active { authority: 0, last_seq: 2, recovered_objects: 0 });
         for member in &members {
             assert_eq!((member.last_active, member.last_seq), (9, 2));
-            assert!(!member.requests_forgotten);
-            assert_eq!(member.requests, 2, "a query and an activation each");
+            assert!(!member.rebuilt);
+            assert_eq!(member.answered, 2, "a query and an activation each");
+            assert_eq!(member.logged, vec![request_of(1, 5), request_of(2, 5)]);
         }
     }
 
@@ -822,15 +862,18 @@ mod tests {
         let outcome = run(&mut members, 9);
         assert_eq!(outcome, Action::Active { authority: 1, last_seq: 4, recovered_objects: 2 });
         assert_eq!(members[0].objects, members[1].objects);
-        assert!(members[0].requests_forgotten);
-        assert!(!members[1].requests_forgotten);
+        assert!(members[0].rebuilt);
+        assert!(!members[1].rebuilt);
         assert_eq!(members[0].last_seq, 4);
+        let all: Vec<LoggedRequest> = (1..=4).map(|seq| request_of(seq, 5)).collect();
+        assert_eq!(members[0].logged, all, "the member behind learns the ids it missed");
+        assert_eq!(members[1].logged, all);
     }
 
     #[test]
     fn an_older_or_divergent_member_is_backfilled_by_digest_comparison() {
         let authority = active_member(&[("a", b"new"), ("b", b"same"), ("d", &[0u8; 10])]);
-        let mut stale = Member { last_active: 3, last_seq: 40, ..Member::default() };
+        let mut stale = Member { last_active: 3, last_seq: 40, logged: vec![request_of(40, 3)], ..Member::default() };
         stale.objects.insert(b"a".to_vec(), (b"old".to_vec(), vec![]));
         stale.objects.insert(b"b".to_vec(), (b"same".to_vec(), vec![]));
         stale.objects.insert(b"c".to_vec(), (b"extra".to_vec(), vec![]));
@@ -842,6 +885,8 @@ mod tests {
         assert_eq!(members[0].objects, members[1].objects);
         assert_eq!(members[2].objects, members[1].objects);
         assert!(members.iter().all(|m| m.last_seq == 3 && m.last_active == 9));
+        let history: Vec<LoggedRequest> = (1..=3).map(|seq| request_of(seq, 5)).collect();
+        assert!(members.iter().all(|m| m.logged == history), "the divergent member's id is forgotten");
     }
 
     #[test]
@@ -880,7 +925,7 @@ mod tests {
         assert!(matches!(&stuck[..], [Action::Stuck(_)]));
         assert!(machine.is_stuck());
         let info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: 0, history_from: 1 };
-        assert!(machine.on_reply(tags[1], PeerReply::Info(info)).is_empty(), "late answer");
+        assert!(machine.on_reply(tags[1], PeerReply::Info { info, requests: vec![] }).is_empty(), "late answer");
 
         let (mut machine, actions) = Peering::start(7, 9, vec![0, 1]);
         let Action::Send { tag, .. } = actions[1] else { panic!() };
@@ -1033,6 +1078,7 @@ mod tests {
             member.last_seq = *seq;
             member.last_epoch = *epoch;
         }
+        member.logged = entries.iter().map(|(seq, epoch, ..)| request_of(*seq, *epoch)).collect();
         let from = entries.len().saturating_sub(keep_history);
         member.history = entries[from..].iter().map(|(seq, epoch, id, _)| (*seq, *epoch, object(*id))).collect();
     }
@@ -1067,6 +1113,7 @@ mod tests {
                     Kind::Lost { len } => {
                         apply(&mut member, &main[..*len], 0);
                         (member.last_seq, member.last_epoch, member.last_active) = (0, 0, 0);
+                        member.logged.clear();
                     }
                 }
                 member
@@ -1081,7 +1128,9 @@ mod tests {
         /// fails midway (the machine stops; the next one starts over on the
         /// partly recovered members), peering ends with every member
         /// holding exactly the main line's state: every write interval 6
-        /// acknowledged, nothing of the divergent tails.
+        /// acknowledged, nothing of the divergent tails; and every member
+        /// knows the request id of every main-line entry (a resend of one
+        /// is answered, whoever is primary next), and of no divergent one.
         #[test]
         fn peering_converges_on_the_main_line_despite_failures(
             scenario in scenario(),
@@ -1093,6 +1142,9 @@ mod tests {
             let main: Vec<(u64, u32, u32, u8)> = scenario.main.iter().enumerate()
                 .map(|(i, (id, byte))| ((i + 1) as u64, 5, *id, *byte)).collect();
             apply(&mut truth, &main, 0);
+            let main_ids: Vec<LoggedRequest> = (1..=scenario.main.len() as u64)
+                .map(|seq| request_of(seq, if seq as usize <= scenario.k { 5 } else { 6 }))
+                .collect();
             let ids: Vec<OsdId> = (0..members.len() as u32).collect();
             let mut draws = failures.into_iter();
             let mut interval = 10;
@@ -1124,6 +1176,7 @@ mod tests {
             for (i, member) in members.iter().enumerate() {
                 prop_assert_eq!(&member.objects, &truth.objects, "member {} differs", i);
                 prop_assert_eq!((member.last_seq, member.last_active), (scenario.main.len() as u64, finished));
+                prop_assert_eq!(&member.logged, &main_ids, "member {} request ids", i);
             }
         }
     }

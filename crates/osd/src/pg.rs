@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use duplex_oplog::{Entry, EntryRef, FileRegion, IndexCache, LogError, MmapRegion, PgLog, Region};
+use duplex_proto::peering::LoggedRequest;
 
 use crate::config::OplogMode;
 use crate::requests::{RequestState, RequestTable};
@@ -270,13 +271,15 @@ impl Pg {
     /// Peering's end: the log (empty) continues after `last_seq` (an entry
     /// of `last_epoch`), and the PG is active in `activation.interval`,
     /// persisted as its last active one. `rebuilt`: recovery changed this
-    /// member's store, so its own history and request ids no longer hold.
+    /// member's store, so its own history no longer holds. `requests`: the
+    /// ids of the authoritative history, which replace this member's own.
     pub fn activate(
         &mut self,
         last_seq: u64,
         last_epoch: u32,
         activation: Activation,
         rebuilt: bool,
+        requests: &[LoggedRequest],
     ) -> Result<(), LogError> {
         assert!(self.log.is_empty(), "activation follows a flush");
         if rebuilt || (last_seq, last_epoch) != (self.last_seq(), self.log.last_epoch()) {
@@ -285,13 +288,7 @@ impl Pg {
         self.log.set_position(last_seq + 1, last_epoch, activation.interval)?;
         self.sync_seq = last_seq;
         self.newest_epoch = None;
-        if rebuilt {
-            self.requests = RequestTable::default();
-        } else {
-            // Not rebuilt: this member's log was a prefix of the
-            // authoritative history, so every entry it logged survived.
-            self.requests.commit_all();
-        }
+        self.requests.replace(requests);
         self.active = Some(activation);
         Ok(())
     }
@@ -310,7 +307,7 @@ impl Pg {
         let at = self.log.append_encoded(entry.seq, encoded)?;
         self.remember(entry.seq, entry.epoch, entry.object);
         self.index.insert_ref(entry, at);
-        self.requests.set(entry.request, state);
+        self.requests.set(entry.request, state, entry.seq);
         Ok(())
     }
 
@@ -503,7 +500,7 @@ impl PgTable {
         debug_assert_eq!(offsets.len(), entries.len(), "one offset per live entry");
         for (entry, at) in entries.iter().zip(offsets) {
             pg.index.insert(entry, at);
-            pg.requests.set(entry.request, RequestState::Committed);
+            pg.requests.set(entry.request, RequestState::Committed, entry.seq);
             pg.remember(entry.seq, entry.epoch, &entry.object);
         }
         let shared = Arc::new(Mutex::new(pg));

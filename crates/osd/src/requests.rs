@@ -3,14 +3,21 @@
 //! in-flight requests to the new primary with the same id).
 //!
 //! Every logged entry carries its request id, so any OSD that logged it, as
-//! primary or replica, or found it in its log at start, knows it. The table
-//! is bounded: it forgets the oldest ids first. A client resends within its
-//! request timeout, while the table holds the last [`TRACKED_REQUESTS`]
-//! mutations of the PG.
+//! primary or replica, or found it in its log at start, knows it. Peering
+//! carries the ids across members: each reports its table, and every member
+//! activates with the ids of the members whose log is a prefix of the
+//! authoritative history (docs/RELIABILITY.md, "Duplicate requests"). So a
+//! member rebuilt by recovery, or restarted with a flushed log, still
+//! answers a resend of a write it never saw as that write's primary.
+//!
+//! The table is bounded: it forgets the oldest ids (by log seq) first. A
+//! client resends within its request timeout, while the table holds the
+//! last [`TRACKED_REQUESTS`] mutations of the PG.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 
 use duplex_oplog::RequestId;
+use duplex_proto::peering::LoggedRequest;
 
 /// Request ids remembered per PG.
 pub const TRACKED_REQUESTS: usize = 4096;
@@ -27,57 +34,89 @@ pub enum RequestState {
 
 #[derive(Debug, Default)]
 pub struct RequestTable {
-    states: HashMap<RequestId, RequestState>,
-    order: VecDeque<RequestId>,
+    /// Each id's state and the seq of its entry.
+    states: HashMap<RequestId, (RequestState, u64)>,
+    /// The ids by seq, for eviction (a seq names one entry of one history).
+    by_seq: BTreeMap<u64, RequestId>,
 }
 
 impl RequestTable {
     pub fn get(&self, id: RequestId) -> Option<RequestState> {
-        self.states.get(&id).copied()
+        self.states.get(&id).map(|(state, _)| *state)
     }
 
-    /// Records `id` in `state`; ids without a client are not tracked.
-    pub fn set(&mut self, id: RequestId, state: RequestState) {
+    /// Records `id`, whose entry has `seq`, in `state`; ids without a
+    /// client are not tracked. An id seen again (a resend that runs once
+    /// more after a failure) moves to its new seq.
+    pub fn set(&mut self, id: RequestId, state: RequestState, seq: u64) {
         if id.is_none() {
             return;
         }
-        if self.states.insert(id, state).is_none() {
-            self.order.push_back(id);
-            if self.order.len() > TRACKED_REQUESTS {
-                let oldest = self.order.pop_front().expect("longer than the bound");
-                self.states.remove(&oldest);
+        if let Some((_, old_seq)) = self.states.insert(id, (state, seq)) {
+            self.by_seq.remove(&old_seq);
+        }
+        if let Some(displaced) = self.by_seq.insert(seq, id) {
+            // Another id at this seq: a log rolled back and reused it.
+            if displaced != id {
+                self.states.remove(&displaced);
             }
         }
-        debug_assert_eq!(self.states.len(), self.order.len(), "every tracked id is in the eviction order once");
+        while self.by_seq.len() > TRACKED_REQUESTS {
+            let (_, oldest) = self.by_seq.pop_first().expect("longer than the bound");
+            self.states.remove(&oldest);
+        }
+        debug_assert_eq!(self.states.len(), self.by_seq.len(), "every tracked id is at one seq");
     }
 
     /// Ends an in-flight request (a later state, set meanwhile, wins).
     pub fn finish(&mut self, id: RequestId, committed: bool) {
-        if let Some(state) = self.states.get_mut(&id) {
+        if let Some((state, _)) = self.states.get_mut(&id) {
             if *state == RequestState::InFlight {
                 *state = if committed { RequestState::Committed } else { RequestState::Failed };
             }
         }
     }
 
-    /// Peering brought every member to this OSD's history: each request
-    /// whose entry this OSD logged is in every member's store now, however
-    /// its primary answered it. A resend must be answered Ok, not run
-    /// again: run again, it would land after writes that came in between,
-    /// and a value already read would come back.
-    pub fn commit_all(&mut self) {
-        for state in self.states.values_mut() {
-            *state = RequestState::Committed;
+    /// What this member reports to peering: every id it logged, with its
+    /// seq. Whether they count is peering's call: they do when this log is
+    /// a prefix of the authoritative history, whatever state they are in here.
+    pub fn logged(&self) -> Vec<LoggedRequest> {
+        self.by_seq.iter().map(|(seq, id)| LoggedRequest { client: id.client, tid: id.tid, seq: *seq }).collect()
+    }
+
+    /// Peering's end: the ids whose entries are in the authoritative
+    /// history, and so in every member's store now, however a primary
+    /// answered them. A resend of one is answered Ok, not run again: run
+    /// again, it would land after writes that came in between, and a value
+    /// already read would come back. Ids this member logged that are not
+    /// among them were rolled back with its divergent log, and are forgotten.
+    pub fn replace(&mut self, committed: &[LoggedRequest]) {
+        *self = RequestTable::default();
+        for request in committed {
+            self.set(RequestId { client: request.client, tid: request.tid }, RequestState::Committed, request.seq);
         }
     }
 
     pub fn len(&self) -> usize {
-        self.order.len()
+        self.by_seq.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
+        self.by_seq.is_empty()
     }
+}
+
+/// Merges the ids several members logged (logs that are prefixes of one
+/// history agree on each seq): the newest [`TRACKED_REQUESTS`], by seq.
+pub fn merge_logged<'a>(tables: impl IntoIterator<Item = &'a [LoggedRequest]>) -> Vec<LoggedRequest> {
+    let mut by_seq: BTreeMap<u64, LoggedRequest> = BTreeMap::new();
+    for table in tables {
+        for request in table {
+            by_seq.insert(request.seq, *request);
+        }
+    }
+    let skip = by_seq.len().saturating_sub(TRACKED_REQUESTS);
+    by_seq.into_values().skip(skip).collect()
 }
 
 #[cfg(test)]
@@ -91,22 +130,57 @@ mod tests {
     #[test]
     fn tracks_states_and_forgets_the_oldest() {
         let mut table = RequestTable::default();
-        table.set(RequestId::default(), RequestState::Committed);
+        table.set(RequestId::default(), RequestState::Committed, 1);
         assert!(table.is_empty(), "ids without a client are not tracked");
-        table.set(id(1), RequestState::InFlight);
+        table.set(id(1), RequestState::InFlight, 1);
         table.finish(id(1), true);
         assert_eq!(table.get(id(1)), Some(RequestState::Committed));
         table.finish(id(1), false);
         assert_eq!(table.get(id(1)), Some(RequestState::Committed), "only in-flight requests finish");
-        table.set(id(2), RequestState::InFlight);
+        table.set(id(2), RequestState::InFlight, 2);
         table.finish(id(2), false);
         assert_eq!(table.get(id(2)), Some(RequestState::Failed));
         for tid in 3..TRACKED_REQUESTS as u64 + 3 {
-            table.set(id(tid), RequestState::Committed);
+            table.set(id(tid), RequestState::Committed, tid);
         }
         assert_eq!(table.len(), TRACKED_REQUESTS);
         assert_eq!(table.get(id(1)), None);
         assert_eq!(table.get(id(2)), None);
         assert_eq!(table.get(id(3)), Some(RequestState::Committed));
+    }
+
+    #[test]
+    fn a_rerun_moves_to_its_new_seq_and_a_reused_seq_displaces_the_old_id() {
+        let mut table = RequestTable::default();
+        table.set(id(1), RequestState::Failed, 5);
+        table.set(id(1), RequestState::InFlight, 9);
+        assert_eq!(table.len(), 1);
+        assert_eq!(table.logged(), vec![LoggedRequest { client: 7, tid: 1, seq: 9 }]);
+        table.set(id(2), RequestState::Committed, 9);
+        assert_eq!(table.get(id(1)), None, "seq 9 now holds another entry");
+        assert_eq!(table.len(), 1);
+    }
+
+    #[test]
+    fn replace_keeps_exactly_the_given_ids_as_committed() {
+        let mut table = RequestTable::default();
+        table.set(id(1), RequestState::InFlight, 1);
+        table.set(id(2), RequestState::Failed, 2);
+        table.replace(&[LoggedRequest { client: 7, tid: 2, seq: 2 }, LoggedRequest { client: 7, tid: 3, seq: 3 }]);
+        assert_eq!(table.get(id(1)), None, "rolled back");
+        assert_eq!(table.get(id(2)), Some(RequestState::Committed), "failed here, yet in the history");
+        assert_eq!(table.get(id(3)), Some(RequestState::Committed), "logged by another member");
+    }
+
+    #[test]
+    fn merging_keeps_the_newest_ids_by_seq() {
+        let a: Vec<LoggedRequest> = (1..=10).map(|seq| LoggedRequest { client: 1, tid: seq, seq }).collect();
+        let b: Vec<LoggedRequest> =
+            (5..=TRACKED_REQUESTS as u64 + 20).map(|seq| LoggedRequest { client: 1, tid: seq, seq }).collect();
+        let merged = merge_logged([&a[..], &b[..]]);
+        assert_eq!(merged.len(), TRACKED_REQUESTS);
+        assert_eq!(merged.first().map(|r| r.seq), Some(21));
+        assert_eq!(merged.last().map(|r| r.seq), Some(TRACKED_REQUESTS as u64 + 20));
+        assert!(merged.windows(2).all(|w| w[0].seq < w[1].seq));
     }
 }

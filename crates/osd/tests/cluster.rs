@@ -468,13 +468,18 @@ fn hostile_peering_requests_are_refused_and_the_pg_recovers() {
         assert_eq!(frame.header.transaction_id, txid);
         PeerReply::decode(&frame.payload).unwrap()
     };
-    let activate =
-        |last_seq| PeerOp::Activate { last_seq, last_epoch: 1, members: vec![primary], forget_requests: true };
+    let activate = |last_seq| PeerOp::Activate {
+        last_seq,
+        last_epoch: 1,
+        members: vec![primary],
+        rebuilt: true,
+        requests: vec![],
+    };
     assert!(matches!(ask(1, u64::MAX, PeerOp::Query), PeerReply::Refused(_)), "an interval past the map");
     assert!(matches!(ask(2, map.epoch + 1000, activate(1)), PeerReply::Refused(_)));
     // Within the map: a query fences the PG (it answers its state)...
     let epoch = client.map().epoch;
-    assert!(matches!(ask(3, epoch, PeerOp::Query), PeerReply::Info(_)));
+    assert!(matches!(ask(3, epoch, PeerOp::Query), PeerReply::Info { .. }));
     // ...but an activation that would overflow the log's seqs is refused.
     assert!(matches!(ask(4, epoch, activate(u64::MAX)), PeerReply::Refused(_)));
     // The real primary notices its PG was fenced and peers it again.

@@ -34,7 +34,7 @@ pub struct PeerRequest {
 pub enum PeerOp {
     /// Stop taking replicated entries for this PG (they belong to an older
     /// interval), apply the operation log to the store, and report
-    /// [`PeerReply::Info`].
+    /// [`PeerReply::Info`] with the request ids it logged.
     Query,
     /// The objects touched by log entries in `(after, through]`, if this
     /// member's recent history still covers them and its entry `after` has
@@ -77,16 +77,18 @@ pub enum PeerOp {
         object: Vec<u8>,
     },
     /// The PG is consistent: continue the log after `last_seq` (whose entry
-    /// had `last_epoch`), remember
-    /// this interval as the last one this member was active in, and take
-    /// replicated entries of this interval from `members[0]`.
-    /// `forget_requests`: this member's state was rolled back or rebuilt,
-    /// so the request ids it logged no longer prove a write is there.
+    /// had `last_epoch`), remember this interval as the last one this
+    /// member was active in, and take replicated entries of this interval
+    /// from `members[0]`. `rebuilt`: recovery changed this member's store,
+    /// so its own recent history no longer holds. `requests`: the ids whose
+    /// entries are in the authoritative history (a resend of one is
+    /// answered, not applied again); they replace the member's own.
     Activate {
         last_seq: u64,
         last_epoch: u32,
         members: Vec<u32>,
-        forget_requests: bool,
+        rebuilt: bool,
+        requests: Vec<LoggedRequest>,
     },
     /// Operator → the PG's primary (interval ignored): peer the PG again
     /// with a deep scrub, comparing every object's digest on every member;
@@ -110,6 +112,14 @@ pub struct PeerInfo {
     /// The oldest seq whose object its recent history still names; entries
     /// after `history_from - 1` can be recovered object by object.
     pub history_from: u64,
+}
+
+/// A client request id a member logged, and the seq of its entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoggedRequest {
+    pub client: u64,
+    pub tid: u64,
+    pub seq: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -142,7 +152,11 @@ pub struct Inconsistency {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PeerReply {
-    Info(PeerInfo),
+    Info {
+        info: PeerInfo,
+        /// The request ids of recent mutations this member logged.
+        requests: Vec<LoggedRequest>,
+    },
     /// `None`: the history no longer reaches back that far.
     Touched(Option<Vec<Vec<u8>>>),
     Digests {
@@ -202,6 +216,17 @@ mod tests {
         proptest::collection::vec(any::<u8>(), 0..40)
     }
 
+    fn requests() -> impl Strategy<Value = Vec<LoggedRequest>> {
+        proptest::collection::vec(
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(client, tid, seq)| LoggedRequest {
+                client,
+                tid,
+                seq,
+            }),
+            0..4,
+        )
+    }
+
     fn op() -> impl Strategy<Value = PeerOp> {
         prop_oneof![
             Just(PeerOp::Query),
@@ -219,22 +244,23 @@ mod tests {
             (name(), any::<u64>(), name()).prop_map(|(object, offset, data)| PeerOp::PushData { object, offset, data }),
             name().prop_map(|object| PeerOp::Remove { object }),
             any::<bool>().prop_map(|repair| PeerOp::Scrub { repair }),
-            (any::<u64>(), any::<u32>(), proptest::collection::vec(any::<u32>(), 0..4), any::<bool>()).prop_map(
-                |(last_seq, last_epoch, members, forget_requests)| PeerOp::Activate {
+            (any::<u64>(), any::<u32>(), proptest::collection::vec(any::<u32>(), 0..4), any::<bool>(), requests())
+                .prop_map(|(last_seq, last_epoch, members, rebuilt, requests)| PeerOp::Activate {
                     last_seq,
                     last_epoch,
                     members,
-                    forget_requests
-                }
-            ),
+                    rebuilt,
+                    requests
+                }),
         ]
     }
 
     fn reply() -> impl Strategy<Value = PeerReply> {
         prop_oneof![
-            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
-                |(last_seq, last_epoch, last_active, history_from)| {
-                    PeerReply::Info(PeerInfo { last_seq, last_epoch, last_active, history_from })
+            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>(), requests()).prop_map(
+                |(last_seq, last_epoch, last_active, history_from, requests)| {
+                    let info = PeerInfo { last_seq, last_epoch, last_active, history_from };
+                    PeerReply::Info { info, requests }
                 }
             ),
             proptest::option::of(proptest::collection::vec(name(), 0..4)).prop_map(PeerReply::Touched),

@@ -35,13 +35,14 @@ fn main() -> Result<()> {
         match run(&config) {
             Ok(report) => println!(
                 "seed {seed}: ok in {:.1}s real, {:.1}s virtual: {} writes acknowledged, {} unknown, {} reads; \
-                 {} faults, {} peerings, {} objects recovered; {} messages ({} lost); digest {:016x}",
+                 {} faults, {} marked down, {} peerings, {} objects recovered; {} messages ({} lost); digest {:016x}",
                 started.elapsed().as_secs_f64(),
                 report.virtual_us as f64 / 1e6,
                 report.acknowledged_writes,
                 report.unknown_writes,
                 report.reads,
                 report.faults.len(),
+                report.marked_down,
                 report.peerings,
                 report.recovered_objects,
                 report.messages,

@@ -12,11 +12,13 @@ use duplex_map::{ClusterMap, Command, FailureConfig, FailureDetector, OsdId};
 pub struct SimMonitor {
     pub map: Arc<ClusterMap>,
     detector: FailureDetector,
+    /// OSDs the failure detector marked down (a run with none tested no failover).
+    pub marked_down: u64,
 }
 
 impl SimMonitor {
     pub fn new(fsid: [u8; 16], failure: FailureConfig) -> SimMonitor {
-        SimMonitor { map: Arc::new(ClusterMap::new(fsid)), detector: FailureDetector::new(failure) }
+        SimMonitor { map: Arc::new(ClusterMap::new(fsid)), detector: FailureDetector::new(failure), marked_down: 0 }
     }
 
     /// Runs a command; whether the map changed. A refused command is a bug
@@ -52,7 +54,11 @@ impl SimMonitor {
         let commands = self.detector.tick(&self.map, now_us / 1000);
         let mut changed = false;
         for command in commands {
-            changed |= self.run(&command);
+            let applied = self.run(&command);
+            if applied && matches!(command, Command::MarkDown { .. }) {
+                self.marked_down += 1;
+            }
+            changed |= applied;
         }
         changed
     }

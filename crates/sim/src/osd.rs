@@ -257,6 +257,7 @@ impl SimOsd {
     fn on_map(&mut self, ctx: &mut Ctx, map: Arc<ClusterMap>) {
         let id = self.id;
         let Some(live) = self.live.as_mut() else { return };
+        tracing::trace!(at = ctx.now, osd = id, epoch = map.epoch, have = live.shared.map.epoch(), "map");
         if map.epoch <= live.shared.map.epoch() {
             return;
         }

@@ -116,6 +116,8 @@ pub struct RunReport {
     pub unknown_writes: u64,
     pub reads: u64,
     pub faults: Vec<String>,
+    /// OSDs the monitor's failure detector marked down.
+    pub marked_down: u64,
     pub peerings: u64,
     pub recovered_objects: u64,
     /// A digest of every delivered message and the history: equal for equal seeds.
@@ -234,8 +236,9 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
     for id in 0..config.osds {
         world.start_osd(id)?;
     }
-    world.schedule(None, 0, 100_000, Timer::MonitorTick);
-    world.schedule(None, 0, 500_000, Timer::MonitorGossip);
+    // The monitor's own timers (a world timer would never reach it).
+    world.schedule(Some(Node::Monitor), 0, 100_000, Timer::MonitorTick);
+    world.schedule(Some(Node::Monitor), 0, 500_000, Timer::MonitorGossip);
     world.schedule(None, 0, 1_000_000, Timer::Fault);
     for id in 0..config.clients {
         let mut ctx = world.ctx(3_000_000);
@@ -355,10 +358,13 @@ impl World {
                                 ctx.timer(self.now + 100_000, Timer::MonitorTick);
                                 self.monitor.tick(self.now)
                             }
-                            _ => {
+                            Timer::MonitorGossip => {
+                                // Repeats the map, as the real monitor answers
+                                // subscriptions: a map lost in flight still arrives.
                                 ctx.timer(self.now + 500_000, Timer::MonitorGossip);
                                 true
                             }
+                            other => panic!("the monitor has no timer {other:?}"),
                         };
                         if changed {
                             self.broadcast_map();
@@ -427,7 +433,9 @@ impl World {
                 self.schedule(None, 0, gap, Timer::Fault);
             }
             Timer::Recover { osd } => self.recover(osd)?,
-            _ => {}
+            // A node's timer scheduled as the world's would silently never
+            // fire (the monitor once never ticked that way): fail loudly.
+            other => panic!("{other:?} is a node's timer, scheduled as the world's"),
         }
         Ok(())
     }
@@ -556,6 +564,7 @@ impl World {
             unknown_writes: writers.iter().map(|c| c.unknown).sum(),
             reads: self.clients.iter().map(|c| c.reads).sum(),
             faults: self.faults,
+            marked_down: self.monitor.marked_down,
             peerings,
             recovered_objects,
             digest: digest.finish(),
