@@ -171,6 +171,37 @@ fn first_write_to_preallocated_block_that_never_landed_reads_zeros() {
     assert_eq!(store.partition_mut(0).read(key.as_bytes(), 0, 4096).unwrap(), vec![0; 4096]);
 }
 
+/// Mount reads a block of the last record that matches neither crc as a
+/// write that never landed, and a first write's block as a hole again
+/// (the test above). So a batch must never land data over the previous
+/// record's first writes without its own record: with a reordering write
+/// cache it could, and the block came back as zeros that pass every check
+/// (found by `crash_test_with_a_reordering_write_cache`). Such a batch now
+/// flushes its record before its data; other batches still flush once.
+#[test]
+fn overwriting_the_last_records_first_write_makes_the_record_durable_first() {
+    let (_dir, path, config) = setup();
+    let key = key(0, 8);
+    let mut store = Store::open(&path, &config).unwrap();
+    let partition = store.partition_mut(0);
+    let flushes = |p: &duplex_store::Partition| (p.stats().io.flushes, p.stats().ordered_commits);
+    let start = flushes(partition);
+    partition.write(&key, 0, &[1; 4096]).unwrap(); // the block's first write
+    assert_eq!(flushes(partition), (start.0 + 1, 0), "one flush per batch");
+    partition.write(&key, 512, &[2; 512]).unwrap(); // in place, over that first write
+    assert_eq!(flushes(partition), (start.0 + 3, 1), "record flushed, then data flushed");
+    partition.write(&key, 1024, &[3; 512]).unwrap(); // the block is no first write of the last record now
+    assert_eq!(flushes(partition), (start.0 + 4, 1));
+    let mut expected = vec![1u8; 4096];
+    expected[512..1024].fill(2);
+    expected[1024..1536].fill(3);
+    assert_eq!(partition.read(key.as_bytes(), 0, 4096).unwrap(), expected);
+    partition.checkpoint().unwrap();
+    let after_checkpoint = flushes(partition);
+    partition.write(&key, 0, &[4; 512]).unwrap();
+    assert_eq!(flushes(partition), (after_checkpoint.0 + 1, 1), "after a checkpoint no record is recovered at mount");
+}
+
 #[test]
 fn torn_block_of_the_last_record_is_an_error_not_data() {
     let (_dir, path, config) = setup();

@@ -4,6 +4,14 @@
 //! record write → (wait) → data writes → (wait) → one flush → apply in memory.
 //! The record goes first so that, after a crash, the last record names every
 //! block the batch may have touched, with its old and new crc32c.
+//!
+//! A device's write cache may still land the data before the record. That
+//! is harmless but for one case: a batch overwriting in place a block the
+//! previous record wrote for the first time. Landed without its record,
+//! its data would make mount take the previous record's first write for
+//! one that never landed, and turn the block back into a hole (zeros that
+//! pass every check). Such a batch flushes its record before writing its
+//! data: a second flush, for that batch only.
 
 use super::plan::Prepared;
 use super::{CommitInfo, Partition};
@@ -71,8 +79,12 @@ impl Partition {
         let record_offset = self.geometry.journal.byte_offset() + self.journal_used_bytes;
         let data: Vec<(u64, &[u8])> =
             prepared.staged.iter().map(|(block, staged)| (self.data_offset(*block), &staged.buf[..])).collect();
+        let ordered = prepared.staged.keys().any(|block| self.last_record_fresh.contains(block));
         let stage = std::time::Instant::now();
         let io_result = self.io.write_many(&[(record_offset, &record_buf[..])]).and_then(|()| {
+            if ordered {
+                self.io.flush()?;
+            }
             let record_done = std::time::Instant::now();
             self.stats.record_write_ns += (record_done - stage).as_nanos() as u64;
             if !data.is_empty() {
@@ -92,6 +104,9 @@ impl Partition {
         }
         self.next_seq += 1;
         self.journal_used_bytes += record_len;
+        self.stats.ordered_commits += u64::from(ordered);
+        self.last_record_fresh.clear();
+        self.last_record_fresh.extend(prepared.staged.iter().filter(|(_, s)| !s.was_written).map(|(block, _)| *block));
         self.apply_record(&prepared.record)?;
         for (key, entry) in prepared.index_updates {
             match entry {
@@ -226,6 +241,8 @@ impl Partition {
         }
         self.header_seq = header.header_seq;
         self.journal_used_bytes = 0;
+        // The journal is empty: mount recovers no last record.
+        self.last_record_fresh.clear();
         self.slots.mark_clean();
         self.alloc.mark_clean();
         self.written.mark_clean();

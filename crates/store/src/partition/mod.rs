@@ -14,7 +14,7 @@ pub(crate) mod mount;
 mod plan;
 mod read;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use crate::bitmap::Bitmap;
 use crate::device::{AlignedBuf, BlockIo, IoStats};
@@ -95,6 +95,9 @@ pub struct PartitionStats {
     pub journal_bytes_written: u64,
     pub metadata_bytes_written: u64,
     pub checkpoints: u64,
+    /// Batches whose record was flushed before their data was written (they
+    /// overwrote a block the previous record wrote for the first time).
+    pub ordered_commits: u64,
     /// Time spent in each commit stage, summed over batches (nanoseconds).
     pub plan_ns: u64,
     pub record_write_ns: u64,
@@ -169,6 +172,13 @@ pub struct Partition {
     /// Spare 4 KiB block buffers, reused by commits and reads instead of
     /// allocating and zeroing one per block (bounded by `SPARE_BLOCKS_MAX`).
     pub(crate) spare_blocks: Vec<AlignedBuf>,
+    /// Blocks the journal's last record wrote for the first time. Mount
+    /// treats a block of the last record whose contents match neither crc
+    /// as one whose write never landed, and a first write's block then
+    /// reads as a hole again. That is right only if nothing wrote the block
+    /// since: so a batch that overwrites one of these in place makes its
+    /// own record durable before its data can land (see `commit`).
+    pub(crate) last_record_fresh: HashSet<u32>,
 }
 
 /// Most spare block buffers kept per partition (4 MiB).

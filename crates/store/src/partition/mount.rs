@@ -86,6 +86,7 @@ impl Partition {
             stats: PartitionStats::default(),
             mount_issues: Vec::new(),
             spare_blocks: Vec::new(),
+            last_record_fresh: std::collections::HashSet::new(),
         };
         let replayed = partition.replay_journal()?;
         partition.rebuild_index()?;
