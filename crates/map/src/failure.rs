@@ -25,6 +25,13 @@
 //!   out, so its data is re-replicated elsewhere.
 //! - A down OSD returns through `OsdBoot`, not through a heartbeat: it must
 //!   re-register before it serves again.
+//! - A boot is a new incarnation (a new `state_epoch`), and a sign of life:
+//!   the detector forgets the old incarnation's silence, reports and
+//!   condemnation, and gives the new one a fresh grace. Without this, an
+//!   OSD that restarted within the grace (the map still showing it up) was
+//!   marked down for its old process's silence, and one that booted again
+//!   between two ticks stayed condemned, so it was marked down at every
+//!   tick and flapped for good (found by the simulator, seed 130).
 //!
 //! This is soft state. A new leader starts with empty timers, giving every
 //! OSD a fresh grace period, so a leader change can delay detection but
@@ -62,6 +69,8 @@ pub struct FailureDetector {
     last_granted: BTreeMap<OsdId, u64>,
     /// OSDs to be marked down: they get no lease any more.
     condemned: BTreeSet<OsdId>,
+    /// The incarnation (`state_epoch`) each up OSD had at the last tick.
+    incarnation: BTreeMap<OsdId, u64>,
 }
 
 impl FailureDetector {
@@ -106,6 +115,13 @@ impl FailureDetector {
             let id = osd.id;
             if osd.up {
                 self.down_since.remove(&id);
+                if self.incarnation.insert(id, osd.state_epoch).is_some_and(|seen| seen != osd.state_epoch) {
+                    // It booted since the last tick: what the detector
+                    // knew was about the process before.
+                    self.last_heard.insert(id, now_ms);
+                    self.reports.remove(&id);
+                    self.condemned.remove(&id);
+                }
                 let last = *self.last_heard.entry(id).or_insert(now_ms);
                 let reporters: BTreeSet<OsdId> = self
                     .reports
@@ -123,6 +139,7 @@ impl FailureDetector {
                     commands.push(Command::MarkDown { id });
                 }
             } else {
+                self.incarnation.remove(&id);
                 self.last_heard.remove(&id);
                 self.reports.remove(&id);
                 self.last_granted.remove(&id);
@@ -139,6 +156,7 @@ impl FailureDetector {
         self.reports.retain(|id, _| map.osds.contains_key(id));
         self.last_granted.retain(|id, _| map.osds.contains_key(id));
         self.condemned.retain(|id| map.osds.contains_key(id));
+        self.incarnation.retain(|id, _| map.osds.contains_key(id));
         commands
     }
 }
@@ -274,5 +292,47 @@ mod tests {
         assert!(detector.tick(&map, 10_000_000).is_empty(), "already out; OSD 1 is in its first grace");
         assert!(detector.tick(&map, 10_005_000).is_empty());
         assert_eq!(detector.tick(&map, 10_006_100), vec![Command::MarkDown { id: 1 }]);
+    }
+
+    fn boot(map: &mut ClusterMap, id: OsdId) {
+        map.run(&Command::OsdBoot {
+            id,
+            addr: format!("127.0.0.1:{}", 7000 + id),
+            host: format!("h{id}"),
+            weight: 1 << 16,
+        })
+        .unwrap();
+    }
+
+    /// Found by the simulator (seed 130): a restart within the grace, then
+    /// boots between ticks, flapped for good.
+    #[test]
+    fn a_boot_is_a_sign_of_life_and_clears_the_old_incarnations_condemnation() {
+        let mut map = map_with(2);
+        let mut detector = FailureDetector::new(FailureConfig::default());
+        detector.heartbeat(1, 0, &map);
+        assert!(detector.tick(&map, 0).is_empty());
+        // osd.1 dies at once and restarts at 5.5 s, within the grace: the
+        // map still shows it up. Its first heartbeat would come later.
+        for now in (100..=11_500).step_by(100) {
+            if now == 5_500 {
+                boot(&mut map, 1);
+            }
+            detector.heartbeat(0, now, &map);
+            assert!(detector.tick(&map, now).is_empty(), "the new incarnation gets a fresh grace (at {now})");
+        }
+        // Silent for the whole grace since its boot: condemned and marked
+        // down. It boots again before the next tick, and heartbeats: it is
+        // up for good.
+        assert_eq!(detector.tick(&map, 11_600), vec![Command::MarkDown { id: 1 }]);
+        map.run(&Command::MarkDown { id: 1 }).unwrap();
+        boot(&mut map, 1);
+        for now in (11_700..=30_000).step_by(100) {
+            detector.heartbeat(0, now, &map);
+            if now % 1_000 == 0 {
+                assert!(detector.heartbeat(1, now, &map) > 0, "the new incarnation gets leases (at {now})");
+            }
+            assert!(detector.tick(&map, now).is_empty(), "no flapping (at {now})");
+        }
     }
 }

@@ -38,3 +38,4 @@ pub mod pg;
 pub mod priority;
 pub mod replay;
 pub mod requests;
+pub mod stored_interval;

@@ -14,6 +14,7 @@ use duplex_store::{Batch, Key, StoreError};
 use crate::flusher::Flusher;
 use crate::mailbox::Completion;
 use crate::pg::{Ack, Activation, SharedPg};
+use crate::stored_interval;
 
 impl Flusher {
     /// Does one peering step for the PG's primary and says how it went.
@@ -83,17 +84,22 @@ impl Flusher {
             }
             PeerOp::Scrub { .. } => Err("a scrub is asked of the PG's primary, not of a member's store".into()),
             PeerOp::Activate { last_seq, last_epoch, members, rebuilt, requests } => {
-                let mut guard = pg.lock().expect("PG lock");
-                if last_seq == u64::MAX {
-                    Err("no log continues after seq 2^64 - 1".to_string())
-                } else if !guard.log.is_empty() {
-                    Err("the log took entries while peering".to_string())
-                } else {
+                {
+                    let mut guard = pg.lock().expect("PG lock");
+                    if last_seq == u64::MAX {
+                        return Err("no log continues after seq 2^64 - 1".to_string());
+                    } else if !guard.log.is_empty() {
+                        return Err("the log took entries while peering".to_string());
+                    }
                     guard
                         .activate(last_seq, last_epoch, Activation { interval, members }, rebuilt, &requests)
-                        .map(|()| PeerReply::Done)
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| e.to_string())?;
                 }
+                // The store too, which outlives an `shm` log (stored_interval.rs).
+                let mut batch = Batch::new();
+                batch.push(stored_interval::record(self.partition.index(), key, interval));
+                self.apply(&batch).map_err(|e| e.to_string())?;
+                Ok(PeerReply::Done)
             }
         }
     }
@@ -110,16 +116,28 @@ impl Flusher {
     fn query(&mut self, key: u32) -> Result<PeerReply, String> {
         self.flush(BTreeSet::from([key])).map_err(|_| "flushing the log to the store failed".to_string())?;
         let pg = self.pgs.get(key).ok_or("the PG vanished")?;
+        let stored = stored_interval::read(&mut self.partition, key).map_err(|e| e.to_string())?;
         let guard = pg.lock().expect("PG lock");
         if !guard.log.is_empty() {
             return Err("the log could not be flushed (a damaged entry?)".into());
         }
-        let info = PeerInfo {
+        let mut info = PeerInfo {
             last_seq: guard.last_seq(),
             last_epoch: guard.log.last_epoch(),
             last_active: guard.log.last_active(),
             history_from: guard.history_from(),
         };
+        if stored > info.last_active {
+            // The log was lost (a power loss took the `shm` log): this copy
+            // is of the store's interval, at a position no one knows
+            // (stored_interval.rs says why that is safe).
+            tracing::info!(
+                pg = key,
+                interval = stored,
+                "the PG log was lost; reporting the interval the store recorded"
+            );
+            info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: stored, history_from: 1 };
+        }
         Ok(PeerReply::Info { info, requests: guard.requests.logged() })
     }
 

@@ -137,7 +137,18 @@ impl Driver {
     /// A machine finished (`Action::Active`) or stopped (`Action::Stuck`).
     pub fn on_end(&mut self, pg: u32, action: &Action, now: u64) {
         match action {
-            Action::Active { recovered_objects, .. } => {
+            Action::Active { recovered_objects, authority, last_seq } => {
+                let machine = self.machines.get(&pg);
+                tracing::debug!(
+                    at = now,
+                    pg,
+                    interval = machine.map(|m| m.peering.interval),
+                    members = ?machine.map(|m| m.peering.members()),
+                    authority,
+                    last_seq,
+                    recovered_objects,
+                    "simulated peering active"
+                );
                 self.activations += 1;
                 self.recovered_objects += recovered_objects;
             }

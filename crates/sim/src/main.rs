@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Parser;
-use duplex_sim::{run, SimConfig};
+use duplex_sim::{run, FaultKind, SimConfig};
 
 #[derive(Parser)]
 #[command(version, about = "Duplex's deterministic cluster simulator")]
@@ -20,6 +20,17 @@ struct Cli {
     /// Log what the simulated daemons log (RUST_LOG filter, e.g. "info").
     #[arg(long)]
     log: Option<String>,
+    /// Only these faults, comma-separated (crash, power-loss,
+    /// power-loss-in-commit, isolate, cut-from-monitor, cut-peer).
+    #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
+    faults: Vec<FaultKind>,
+}
+
+fn parse_fault(name: &str) -> Result<FaultKind, String> {
+    FaultKind::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
+        format!("unknown fault '{name}' (one of: {})", names.join(", "))
+    })
 }
 
 fn main() -> Result<()> {
@@ -31,17 +42,22 @@ fn main() -> Result<()> {
     for seed in cli.seed..cli.seed + cli.seeds {
         let mut config = SimConfig::new(seed);
         config.load_us = cli.load_seconds * 1_000_000;
+        if !cli.faults.is_empty() {
+            config.faults = cli.faults.clone();
+        }
         let started = std::time::Instant::now();
         match run(&config) {
             Ok(report) => println!(
                 "seed {seed}: ok in {:.1}s real, {:.1}s virtual: {} writes acknowledged, {} unknown, {} reads; \
-                 {} faults, {} marked down, {} peerings, {} objects recovered; {} messages ({} lost); digest {:016x}",
+                 {} faults ({} power cuts in a commit, {} damaged copies found), {} marked down, {} peerings, {} objects recovered; {} messages ({} lost); digest {:016x}",
                 started.elapsed().as_secs_f64(),
                 report.virtual_us as f64 / 1e6,
                 report.acknowledged_writes,
                 report.unknown_writes,
                 report.reads,
                 report.faults.len(),
+                report.power_cuts_in_commit,
+                report.damaged_objects,
                 report.marked_down,
                 report.peerings,
                 report.recovered_objects,
@@ -51,8 +67,13 @@ fn main() -> Result<()> {
             ),
             Err(failure) => {
                 println!(
-                    "seed {seed}: FAILED: {failure}\n  reproduce: duplex-sim --seed {seed} --load-seconds {}",
-                    cli.load_seconds
+                    "seed {seed}: FAILED: {failure}\n  reproduce: duplex-sim --seed {seed} --load-seconds {}{}",
+                    cli.load_seconds,
+                    if cli.faults.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" --faults {}", cli.faults.iter().map(|k| k.name()).collect::<Vec<_>>().join(","))
+                    }
                 );
                 failed.push(seed);
             }

@@ -36,6 +36,7 @@ impl SimMonitor {
     }
 
     pub fn boot(&mut self, osd: OsdId) -> bool {
+        tracing::debug!(osd, "boot");
         self.run(&Command::OsdBoot {
             id: osd,
             addr: format!("sim-osd-{osd}"),
@@ -54,6 +55,7 @@ impl SimMonitor {
         let commands = self.detector.tick(&self.map, now_us / 1000);
         let mut changed = false;
         for command in commands {
+            tracing::debug!(at = now_us, ?command, "failure detector");
             let applied = self.run(&command);
             if applied && matches!(command, Command::MarkDown { .. }) {
                 self.marked_down += 1;

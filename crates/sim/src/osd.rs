@@ -44,6 +44,9 @@ pub struct SimOsd {
     /// Bumped at every start: timers of an older incarnation are ignored.
     pub incarnation: u64,
     pub live: Option<Live>,
+    /// Damaged copies (blocks failing their checksum) that earlier
+    /// incarnations found while peering.
+    damaged_before: u64,
 }
 
 struct PendingWrite {
@@ -113,7 +116,7 @@ impl SimOsd {
             ..store_config(DeviceFaults::new())
         };
         duplex_store::mkfs(&store_path, &options, &config).context("mkfs")?;
-        Ok(SimOsd { id, store_path, log_dir, incarnation: 0, live: None })
+        Ok(SimOsd { id, store_path, log_dir, incarnation: 0, live: None, damaged_before: 0 })
     }
 
     pub fn is_live(&self) -> bool {
@@ -180,11 +183,28 @@ impl SimOsd {
         Ok(())
     }
 
+    /// Arms a power cut at the OSD's next device flush (in the middle of a
+    /// store commit); the world catches the unwind and calls `crash(true)`.
+    /// `false`: the OSD is not running.
+    pub fn arm_power_cut(&mut self) -> bool {
+        let Some(live) = self.live.as_ref() else { return false };
+        live.faults.cut_power_at_next_flush();
+        true
+    }
+
+    /// Disarms a power cut that did not fire.
+    pub fn disarm_power_cut(&mut self) {
+        if let Some(live) = self.live.as_ref() {
+            live.faults.disarm_power_cut();
+        }
+    }
+
     /// Kills the OSD. With `power_loss` its device loses what was not
     /// flushed and its `shm` logs are gone; otherwise (a process crash)
     /// both survive.
     pub fn crash(&mut self, power_loss: bool) -> Result<()> {
         let Some(live) = self.live.take() else { return Ok(()) };
+        self.damaged_before += live.shared.metrics.damaged_objects.get();
         live.faults.set_write_back_on_drop(!power_loss);
         drop(live);
         if power_loss {
@@ -204,6 +224,11 @@ impl SimOsd {
         self.live.as_ref().is_some_and(|live| {
             !live.booting && now < live.lease_until && live.driver.all_active() && live.writes.is_empty()
         })
+    }
+
+    /// Damaged copies of objects this OSD found in its store, over all its incarnations.
+    pub fn damaged_objects(&self) -> u64 {
+        self.damaged_before + self.live.as_ref().map_or(0, |l| l.shared.metrics.damaged_objects.get())
     }
 
     pub fn activations(&self) -> (u64, u64) {

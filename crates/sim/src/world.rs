@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use duplex_map::{Command, FailureConfig};
+use duplex_store::PowerCut;
 use duplex_verify::{check, History};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -34,6 +35,10 @@ pub enum FaultKind {
     Crash,
     /// The machine loses power: its `shm` logs and unflushed device writes are gone.
     PowerLoss,
+    /// The machine loses power in the middle of a store commit (at the
+    /// OSD's next device flush): what the device had not landed is lost or
+    /// torn at sector boundaries, and the `shm` logs are gone.
+    PowerLossInCommit,
     /// The OSD's host is cut from every other node.
     Isolate,
     /// The OSD can reach its peers and clients but not the monitor.
@@ -43,8 +48,30 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 5] =
-        [FaultKind::Crash, FaultKind::PowerLoss, FaultKind::Isolate, FaultKind::CutFromMonitor, FaultKind::CutPeer];
+    /// The kind named `name` (as `--faults` spells it: `power-loss-in-commit`).
+    pub fn parse(name: &str) -> Option<FaultKind> {
+        FaultKind::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Crash => "crash",
+            FaultKind::PowerLoss => "power-loss",
+            FaultKind::PowerLossInCommit => "power-loss-in-commit",
+            FaultKind::Isolate => "isolate",
+            FaultKind::CutFromMonitor => "cut-from-monitor",
+            FaultKind::CutPeer => "cut-peer",
+        }
+    }
+
+    pub const ALL: [FaultKind; 6] = [
+        FaultKind::Crash,
+        FaultKind::PowerLoss,
+        FaultKind::PowerLossInCommit,
+        FaultKind::Isolate,
+        FaultKind::CutFromMonitor,
+        FaultKind::CutPeer,
+    ];
 }
 
 #[derive(Clone, Debug)]
@@ -118,6 +145,10 @@ pub struct RunReport {
     pub faults: Vec<String>,
     /// OSDs the monitor's failure detector marked down.
     pub marked_down: u64,
+    /// Power cuts that fired in the middle of a store commit.
+    pub power_cuts_in_commit: u64,
+    /// Damaged object copies (torn blocks) the OSDs found and peering replaced.
+    pub damaged_objects: u64,
     pub peerings: u64,
     pub recovered_objects: u64,
     /// A digest of every delivered message and the history: equal for equal seeds.
@@ -161,6 +192,8 @@ enum Phase {
 enum Active {
     Down,
     Cut,
+    /// A power cut armed at the OSD's next flush (it becomes `Down` when it fires).
+    PowerCutArmed,
 }
 
 struct World {
@@ -181,11 +214,13 @@ struct World {
     settle_by: u64,
     digest: DefaultHasher,
     delivered: u64,
+    power_cuts_in_commit: u64,
     _dir: tempfile::TempDir,
 }
 
 /// Runs one seed to its verdict.
 pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
+    quiet_power_cuts();
     let seed = config.seed;
     let broken = |message: String| SimFailure::Broken { seed, message };
     let parent = config.dir.clone().unwrap_or_else(|| {
@@ -231,6 +266,7 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
         settle_by: u64::MAX,
         digest: DefaultHasher::new(),
         delivered: 0,
+        power_cuts_in_commit: 0,
         _dir: dir,
     };
     for id in 0..config.osds {
@@ -273,6 +309,21 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
         return Err(SimFailure::Stuck { seed, at_us: world.now, why: "the event queue ran dry".into() });
     }
     world.verdict()
+}
+
+/// A simulated power cut unwinds the OSD's stack with a [`PowerCut`]
+/// payload, which the world catches: the default panic hook would print it
+/// as a crash. Other panics are reported as before.
+fn quiet_power_cuts() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info.payload().is::<PowerCut>() {
+                previous(info);
+            }
+        }));
+    });
 }
 
 impl World {
@@ -371,9 +422,9 @@ impl World {
                         }
                     }
                     Node::Osd(id) => {
-                        let osd = &mut self.osds[id as usize];
+                        let osd = &self.osds[id as usize];
                         if osd.is_live() && osd.incarnation == incarnation {
-                            osd.on_timer(&mut ctx, timer);
+                            self.osd_call(id, &mut ctx, |osd, ctx| osd.on_timer(ctx, timer));
                         }
                     }
                     Node::Client(id) => self.clients[id as usize].on_timer(&mut ctx, &mut self.rng, timer),
@@ -402,9 +453,8 @@ impl World {
                 (from, msg) => panic!("the monitor got {msg:?} from {from:?}"),
             },
             Node::Osd(id) => {
-                let osd = &mut self.osds[id as usize];
-                if osd.is_live() {
-                    osd.on_message(&mut ctx, from, msg);
+                if self.osds[id as usize].is_live() {
+                    self.osd_call(id, &mut ctx, |osd, ctx| osd.on_message(ctx, from, msg));
                 }
             }
             Node::Client(id) => {
@@ -462,6 +512,12 @@ impl World {
                 self.net.break_node(node);
                 (Active::Down, Vec::new())
             }
+            FaultKind::PowerLossInCommit => {
+                if !self.osds[id as usize].arm_power_cut() {
+                    return Ok(());
+                }
+                (Active::PowerCutArmed, Vec::new())
+            }
             FaultKind::Isolate => (Active::Cut, others),
             FaultKind::CutFromMonitor => (Active::Cut, vec![Node::Monitor]),
             FaultKind::CutPeer => {
@@ -489,10 +545,39 @@ impl World {
         for other in cut {
             self.net.heal(Node::Osd(id), other);
         }
-        if matches!(active, Active::Down) {
-            self.start_osd(id)?;
+        match active {
+            Active::Down => self.start_osd(id)?,
+            Active::PowerCutArmed => self.osds[id as usize].disarm_power_cut(),
+            Active::Cut => {}
         }
         Ok(())
+    }
+
+    /// Runs `call` on OSD `id`; if its device's power cut fires inside (the
+    /// store unwinds with [`PowerCut`]), the OSD goes down as in a power
+    /// loss, with the device's cache torn. What the OSD sent before the cut
+    /// was sent.
+    fn osd_call(&mut self, id: u32, ctx: &mut Ctx, call: impl FnOnce(&mut SimOsd, &mut Ctx)) {
+        let osd = &mut self.osds[id as usize];
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(osd, ctx)));
+        let Err(payload) = outcome else { return };
+        if !payload.is::<PowerCut>() {
+            std::panic::resume_unwind(payload);
+        }
+        tracing::info!(at = self.now, osd = id, "the power went in the middle of a store commit");
+        self.power_cuts_in_commit += 1;
+        if let Err(err) = self.osds[id as usize].crash(true) {
+            panic!("cutting the power of osd.{id}: {err:#}");
+        }
+        self.net.break_node(Node::Osd(id));
+        match self.faulty.get_mut(&id) {
+            Some((active, _)) => *active = Active::Down,
+            None => {
+                // Armed, then disarmed too late: bring it back soon anyway.
+                self.faulty.insert(id, (Active::Down, Vec::new()));
+                self.schedule(None, 0, 1_000_000, Timer::Recover { osd: id });
+            }
+        }
     }
 
     fn end_load(&mut self) {
@@ -565,6 +650,8 @@ impl World {
             reads: self.clients.iter().map(|c| c.reads).sum(),
             faults: self.faults,
             marked_down: self.monitor.marked_down,
+            power_cuts_in_commit: self.power_cuts_in_commit,
+            damaged_objects: self.osds.iter().map(SimOsd::damaged_objects).sum(),
             peerings,
             recovered_objects,
             digest: digest.finish(),

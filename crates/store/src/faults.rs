@@ -7,10 +7,13 @@
 //! the next flush, so a process that dies between the two loses it, as a
 //! machine that loses power does. With [`DeviceFaults::reordering`] it also
 //! writes some of them back early, in any order, as a real cache may: each
-//! write request reaches the file at once with probability one half (whole,
-//! never torn), so a crash leaves a random subset of the unflushed writes
-//! behind, and a store that counts on one write landing before another
-//! without a flush between them is caught.
+//! write request reaches the file at once with probability one half (whole),
+//! so a crash leaves a random subset of the unflushed writes behind, and a
+//! store that counts on one write landing before another without a flush
+//! between them is caught. When such a queue loses power (it is dropped
+//! without a write-back, as the simulator's power loss does), each sector
+//! still cached lands with probability one half: the cache was destaging
+//! when the power went, so writes **tear** at sector boundaries.
 //! On top of that, tests (or an operator
 //! rehearsing a failure, through the OSD's trigger file) can arm:
 //! - **flush EIO**: every flush fails with `EIO`, and the writes it was to
@@ -50,7 +53,15 @@ pub struct DeviceFaults {
     /// A queue dropped without a flush writes its cache back (a process
     /// crash: the device keeps power) instead of losing it (a power loss).
     write_back_on_drop: AtomicBool,
+    /// In-process power cut: the next flush unwinds with [`PowerCut`].
+    unwind_at_flush: AtomicBool,
 }
+
+/// The panic payload of an in-process power cut
+/// ([`DeviceFaults::cut_power_at_next_flush`]): the caller that catches it
+/// drops the store, and with it the device's cache (torn, see above).
+#[derive(Debug)]
+pub struct PowerCut;
 
 /// A fault that a trigger names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,6 +130,21 @@ impl DeviceFaults {
     /// and never drops anything.
     pub fn set_write_back_on_drop(&self, write_back: bool) {
         self.write_back_on_drop.store(write_back, Ordering::SeqCst);
+    }
+
+    /// An in-process power cut in the middle of a commit, for a simulator
+    /// that runs a whole cluster in one process (where the trigger's
+    /// `power-cut`, a SIGKILL, would end every node): the next flush writes
+    /// nothing back and unwinds with a [`PowerCut`] payload. The caller
+    /// catches it (`std::panic::catch_unwind`) and drops the store without
+    /// a write-back, so whatever the device had not landed is lost or torn.
+    pub fn cut_power_at_next_flush(&self) {
+        self.unwind_at_flush.store(true, Ordering::SeqCst);
+    }
+
+    /// Disarms an in-process power cut that has not fired.
+    pub fn disarm_power_cut(&self) {
+        self.unwind_at_flush.store(false, Ordering::SeqCst);
     }
 
     /// Bytes written to the device's queues and not yet flushed.
@@ -213,6 +239,15 @@ impl Drop for FaultyIo {
             if let Err(err) = self.write_back() {
                 tracing::warn!(%err, "writing a dropped queue's cache back failed");
             }
+        } else if self.faults.random.load(Ordering::Relaxed) != 0 {
+            // Power lost mid-destage: a random half of the sectors land.
+            let before = self.cached_bytes();
+            let faults = self.faults.clone();
+            self.cache.retain(|_, _| faults.coin());
+            self.faults.unflushed.fetch_sub(before - self.cached_bytes(), Ordering::Relaxed);
+            if let Err(err) = self.write_back() {
+                tracing::warn!(%err, "landing a torn part of a dropped queue's cache failed");
+            }
         }
         self.drop_cache();
     }
@@ -268,6 +303,9 @@ impl BlockIo for FaultyIo {
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
             unreachable!("SIGKILL returned");
         }
+        if self.faults.unwind_at_flush.load(Ordering::SeqCst) {
+            std::panic::panic_any(PowerCut);
+        }
         if self.faults.flush_eio.load(Ordering::SeqCst) {
             let lost = self.drop_cache();
             self.faults.dropped.fetch_add(lost, Ordering::Relaxed);
@@ -321,7 +359,7 @@ mod tests {
     }
 
     #[test]
-    fn unflushed_writes_are_read_back_but_a_random_part_is_lost_with_the_process() {
+    fn unflushed_writes_are_read_back_but_a_random_part_is_lost_and_torn_with_the_power() {
         let dir = tempfile::tempdir().unwrap();
         let faults = DeviceFaults::reordering(42);
         {
@@ -337,16 +375,24 @@ mod tests {
             assert!(seen[..1024].iter().all(|b| *b == 2));
             assert!(seen[1024..1536].iter().all(|b| *b == 3), "the newest write wins");
             assert!(seen[1536..].iter().all(|b| *b == 2));
-            // The queue goes away without a flush: the "process" died.
+            // The queue goes away without a flush or a write-back: the power went.
         }
+        assert_eq!(faults.unflushed_bytes(), 0, "the cache is gone with the queue");
         let mut io = queue(dir.path(), None);
         let left = read(io.as_mut(), 0, 65536);
-        let requests: Vec<&[u8]> = left.chunks(1024).collect();
-        for (index, request) in requests.iter().enumerate().skip(2) {
-            assert!(request.iter().all(|b| *b == request[0]), "request {index} is torn");
-        }
-        let landed = requests.iter().filter(|r| r[0] == 2).count();
-        assert!(landed > 8 && landed < 56, "about half the unflushed writes land early: {landed} of 64");
+        let sectors: Vec<u8> = left
+            .chunks(512)
+            .map(|sector| {
+                assert!(sector.iter().all(|b| *b == sector[0]), "a sector lands whole");
+                sector[0]
+            })
+            .collect();
+        assert!(sectors.iter().all(|s| [1, 2, 3].contains(s)), "each sector holds a write's contents");
+        // Half the requests land whole, early; then half the sectors still cached.
+        let landed = sectors.iter().filter(|s| **s != 1).count();
+        assert!(landed > 70 && landed < 120, "about three quarters of the sectors land: {landed} of 128");
+        let torn = sectors.chunks(2).skip(2).filter(|request| request[0] != request[1]).count();
+        assert!(torn > 0, "some 1 KiB writes tore at their sector boundary");
     }
 
     #[test]

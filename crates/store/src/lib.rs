@@ -81,7 +81,7 @@ pub mod units;
 pub use batch::{Batch, Op};
 pub use device::{DeviceConfig, DirectIo, IoBackend, IoStats};
 pub use error::{Result, StoreError};
-pub use faults::{DeviceFaults, Fault};
+pub use faults::{DeviceFaults, Fault, PowerCut};
 pub use fsck::{fsck, FsckIssue, FsckReport, PartitionFsck};
 pub use key::Key;
 pub use layout::MkfsOptions;

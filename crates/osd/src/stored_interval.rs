@@ -1,0 +1,102 @@
+//! The last interval a PG was active in on this OSD, kept in the store.
+//!
+//! The PG log's header holds it too, and peering chooses its authority by
+//! it first. But an `shm` log dies with the power: a member that lost it
+//! would report "never active", and peering could then prefer an older
+//! copy to the newest one. The simulator found exactly that (seed 228):
+//! osd.2, the survivor of a PG's last active interval, lost its log to a
+//! power cut while its peer from that interval was down; peering among
+//! osd.2 and osd.0 (which had missed the interval) saw two "never active"
+//! members, chose osd.0, and backfill removed acknowledged objects from
+//! osd.2.
+//!
+//! The store survives a power loss, so every activation also records the
+//! interval there, durably, before it is acknowledged (one store batch per
+//! PG per peering; nothing on the write path). A member whose log knows of
+//! an older interval than its store lost its log; it reports the store's
+//! interval with an *unknown* position (seq and epoch 0). Its log, and so
+//! which entries its store holds, is gone, and the store's last batch may
+//! have been torn by the same power cut: so it never counts as level with
+//! another member (it is always backfilled when it is not the authority),
+//! and any member of the same interval that kept its log wins over it.
+//! Only when it is the one member of the newest interval present is its
+//! store the authority, which is what it is: the newest copy there is.
+//!
+//! The record is an attribute of one object per PG, in the store group of
+//! pool 0: no pool has id 0, so no PG lists it, copies it or serves it, and
+//! its group number is the partition's index, so it sits in the PG's own
+//! partition.
+
+use duplex_store::{Key, Op, Partition, StoreError};
+
+const ATTR: &[u8] = b"last_active";
+
+/// The object that holds PG `pg`'s record, on partition `partition`.
+fn key(partition: u32, pg: u32) -> Key {
+    Key::in_group(partition, &pg.to_be_bytes()).expect("a 4-byte name in a group is a valid key")
+}
+
+/// The store operation that records `interval` as `pg`'s last active one.
+pub fn record(partition: u32, pg: u32, interval: u64) -> Op {
+    Op::SetAttr { key: key(partition, pg), name: ATTR.to_vec(), value: interval.to_le_bytes().to_vec() }
+}
+
+/// The last active interval the store knows for `pg` (0: none recorded,
+/// or a record that does not decode, which counts as none).
+pub fn read(partition: &mut Partition, pg: u32) -> Result<u64, StoreError> {
+    let key = key(partition.index(), pg);
+    match partition.get_attr(key.as_bytes(), ATTR) {
+        Ok(bytes) => Ok(bytes.try_into().map_or(0, u64::from_le_bytes)),
+        Err(StoreError::NotFound | StoreError::AttrNotFound) => Ok(0),
+        Err(err) => Err(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_record_lives_in_the_pgs_partition_outside_every_pool() {
+        for (partitions, pg) in [(1u32, 0x0010_0003u32), (4, 0x0020_0007), (7, 0xFFF0_0001)] {
+            let partition = pg % partitions;
+            let key = key(partition, pg);
+            let group = u32::from_be_bytes(key.as_bytes()[..4].try_into().unwrap());
+            assert_eq!(group % partitions, partition, "the PG's own partition");
+            assert_eq!(crate::pg::pool_of(group), 0, "pool 0, which never exists");
+        }
+    }
+
+    #[test]
+    fn the_record_round_trips_through_a_store_and_a_bad_one_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store");
+        let config = duplex_store::StoreConfig {
+            device: duplex_store::DeviceConfig {
+                backend: duplex_store::IoBackend::Pread,
+                direct_io: duplex_store::DirectIo::Fallback,
+                ..duplex_store::DeviceConfig::default()
+            },
+            ..duplex_store::StoreConfig::default()
+        };
+        let options = duplex_store::MkfsOptions {
+            partitions: 2,
+            journal_bytes: Some(1 << 20),
+            bytes_per_onode: 16 << 10,
+            size_bytes: Some(64 << 20),
+        };
+        duplex_store::mkfs(&path, &options, &config).unwrap();
+        let mut store = duplex_store::Store::open(&path, &config).unwrap();
+        let pg = crate::pg::pg_key(1, 5).unwrap();
+        let partition = store.partition_mut((pg % 2) as usize);
+        assert_eq!(read(partition, pg).unwrap(), 0, "nothing recorded");
+        let mut batch = duplex_store::Batch::new();
+        batch.push(record(partition.index(), pg, 1 << 40));
+        partition.apply(&batch).unwrap();
+        assert_eq!(read(partition, pg).unwrap(), 1 << 40);
+        let mut bad = duplex_store::Batch::new();
+        bad.set_attr(key(partition.index(), pg), ATTR.to_vec(), vec![1, 2, 3]);
+        partition.apply(&bad).unwrap();
+        assert_eq!(read(partition, pg).unwrap(), 0, "a record that does not decode counts as none");
+    }
+}
