@@ -134,7 +134,6 @@ impl LocalCluster {
 
     /// Starts (or restarts) OSD `id`; returns once it serves.
     pub fn start_osd(&mut self, id: u32) -> Result<()> {
-        let admin = free_addr()?;
         let oplog_dir = self.shm.join(format!("osd{id}"));
         let mut child = Process::new(&self.options.osd_binary)
             .args(&self.options.osd_prefix_args)
@@ -147,7 +146,10 @@ impl LocalCluster {
             .arg(&oplog_dir)
             .arg("--secret-file")
             .arg(&self.secret)
-            .args(["--admin", &admin.to_string()])
+            // Port 0: the OSD binds and reports it. A port picked here and
+            // passed on could be taken meanwhile (an outgoing connection's
+            // ephemeral port), and the OSD would exit at start.
+            .args(["--admin", "127.0.0.1:0"])
             .args(&self.options.osd_args)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
             .stdout(Stdio::piped())
@@ -171,10 +173,11 @@ impl LocalCluster {
         };
         // "duplex-osd ID serving on ADDR admin ADDR replayed N"
         let words: Vec<&str> = line.split_whitespace().collect();
-        let (Some(addr), Some(replayed)) = (words.get(4), words.get(8)) else {
+        let (Some(addr), Some(admin), Some(replayed)) = (words.get(4), words.get(6), words.get(8)) else {
             bail!("unexpected OSD start line: {line}");
         };
-        let osd = LocalOsd { child, addr: addr.parse()?, admin, replayed: replayed.parse()?, oplog_dir };
+        let osd =
+            LocalOsd { child, addr: addr.parse()?, admin: admin.parse()?, replayed: replayed.parse()?, oplog_dir };
         self.osds.insert(id, osd);
         Ok(())
     }
