@@ -598,7 +598,15 @@ pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &Bytes, to:
     if !guard.accepts(entry.epoch) {
         // Peering has not activated this PG here for the sender's interval:
         // the entry is from a replaced primary, or comes before activation.
+        let active = guard.active.as_ref().map(|a| a.interval);
         drop(guard);
+        tracing::debug!(
+            pg = key,
+            seq = entry.seq,
+            epoch = entry.epoch,
+            ?active,
+            "refusing an entry of another interval"
+        );
         return Ok(Outcome::Acks { pg: key, acks: vec![Ack { seq: entry.seq, to }], status: Status::Retry });
     }
     if shared.config.write_path == WritePath::Sync {

@@ -68,9 +68,19 @@ pub struct Peering {
 }
 
 enum Phase {
-    Querying { waiting: BTreeMap<u64, OsdId>, infos: BTreeMap<OsdId, (PeerInfo, Vec<LoggedRequest>)> },
+    Querying {
+        waiting: BTreeMap<u64, OsdId>,
+        infos: BTreeMap<OsdId, (PeerInfo, Vec<LoggedRequest>)>,
+    },
     Recovering(Box<Recovery>),
-    Activating { waiting: BTreeMap<u64, OsdId>, authority: OsdId, last_seq: u64 },
+    /// The replicas are activated first; `primary` is the primary's own
+    /// activation, sent once they all have answered (`None`: sent).
+    Activating {
+        waiting: BTreeMap<u64, OsdId>,
+        authority: OsdId,
+        last_seq: u64,
+        primary: Option<PeerOp>,
+    },
     Active,
     Stuck,
 }
@@ -279,14 +289,22 @@ impl Peering {
                 recovery.waiting = None;
                 self.step(recovery, Some(reply))
             }
-            Phase::Activating { mut waiting, authority, last_seq } => {
+            Phase::Activating { mut waiting, authority, last_seq, primary } => {
                 waiting.remove(&tag);
                 if reply != PeerReply::Done {
                     return self.stuck(format!("activation answered with {reply:?}"));
                 }
                 if !waiting.is_empty() {
-                    self.phase = Phase::Activating { waiting, authority, last_seq };
+                    self.phase = Phase::Activating { waiting, authority, last_seq, primary };
                     return Vec::new();
+                }
+                if let Some(op) = primary {
+                    // Every replica takes entries of this interval now: the
+                    // primary may start sending them.
+                    let (to, tag) = (self.members[0], self.tag());
+                    self.phase =
+                        Phase::Activating { waiting: BTreeMap::from([(tag, to)]), authority, last_seq, primary: None };
+                    return vec![Action::Send { to, tag, op }];
                 }
                 self.phase = Phase::Active;
                 let recovered_objects = self.progress.objects_copied + self.progress.objects_removed;
@@ -577,19 +595,31 @@ impl Peering {
         let members: Vec<u32> = self.members.clone();
         let requests =
             merge_logged(recovery.on_history.iter().filter_map(|osd| recovery.logged.get(osd)).map(Vec::as_slice));
-        for osd in members.clone() {
+        let activate = |osd: OsdId| PeerOp::Activate {
+            last_seq: recovery.info.last_seq,
+            last_epoch: recovery.info.last_epoch,
+            members: members.clone(),
+            rebuilt: recovery.changed.contains(&osd),
+            requests: requests.clone(),
+        };
+        // The replicas first: a primary active before them would send
+        // entries they refuse (not active yet), fail those writes and peer
+        // all over again (seen in the isolated-host scenario).
+        for osd in members[1..].iter().copied() {
             let tag = self.tag();
             waiting.insert(tag, osd);
-            let op = PeerOp::Activate {
-                last_seq: recovery.info.last_seq,
-                last_epoch: recovery.info.last_epoch,
-                members: members.clone(),
-                rebuilt: recovery.changed.contains(&osd),
-                requests: requests.clone(),
-            };
-            actions.push(Action::Send { to: osd, tag, op });
+            actions.push(Action::Send { to: osd, tag, op: activate(osd) });
         }
-        self.phase = Phase::Activating { waiting, authority: recovery.authority, last_seq: recovery.info.last_seq };
+        let (authority, last_seq) = (recovery.authority, recovery.info.last_seq);
+        let primary = activate(members[0]);
+        if waiting.is_empty() {
+            let tag = self.tag();
+            waiting.insert(tag, members[0]);
+            actions.push(Action::Send { to: members[0], tag, op: primary });
+            self.phase = Phase::Activating { waiting, authority, last_seq, primary: None };
+        } else {
+            self.phase = Phase::Activating { waiting, authority, last_seq, primary: Some(primary) };
+        }
         actions
     }
 }
@@ -850,6 +880,39 @@ mod tests {
             assert_eq!(member.answered, 2, "a query and an activation each");
             assert_eq!(member.logged, vec![request_of(1, 5), request_of(2, 5)]);
         }
+    }
+
+    /// A primary active before its replicas would send entries they refuse.
+    #[test]
+    fn the_primary_activates_only_after_every_replica_has() {
+        let member = active_member(&[("a", b"1")]);
+        let mut members = [member.clone(), member.clone(), member];
+        let (mut machine, actions) = Peering::start(7, 9, vec![0, 1, 2]);
+        let mut queue: VecDeque<Action> = actions.into();
+        let mut activations = Vec::new();
+        while let Some(action) = queue.pop_front() {
+            let Action::Send { to, tag, op } = action else { break };
+            if let PeerOp::Activate { .. } = op {
+                // Answer each activation only once every one sent so far is out.
+                activations.push(to);
+                assert!(
+                    to != 0 || activations.len() == 3,
+                    "the primary's activation went out before the replicas answered: {activations:?}"
+                );
+            }
+            let reply = members[to as usize].answer(op, 9);
+            queue.extend(machine.on_reply(tag, reply));
+        }
+        assert!(machine.is_active());
+        assert_eq!(activations, vec![1, 2, 0]);
+        let (mut alone, actions) = Peering::start(7, 9, vec![0]);
+        let mut queue: VecDeque<Action> = actions.into();
+        let mut lone = Member::default();
+        while let Some(Action::Send { to, tag, op }) = queue.pop_front() {
+            assert_eq!(to, 0);
+            queue.extend(alone.on_reply(tag, lone.answer(op, 9)));
+        }
+        assert!(alone.is_active(), "a PG of one member activates too");
     }
 
     #[test]

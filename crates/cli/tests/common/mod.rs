@@ -104,8 +104,9 @@ impl DevCluster {
 impl Drop for DevCluster {
     fn drop(&mut self) {
         let _ = duplex().args(["dev", "down", "--dir"]).arg(self.path()).output();
-        if std::thread::panicking() {
-            // Keep the daemons' logs of a failed test where CI can show them.
+        // Keep the daemons' logs of a failed test where CI can show them
+        // (or of any test, with DUPLEX_KEEP_LOGS set: for diagnosis).
+        if std::thread::panicking() || std::env::var_os("DUPLEX_KEEP_LOGS").is_some() {
             let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join("failed-cluster-logs");
             let _ = std::fs::create_dir_all(&keep);
             for entry in std::fs::read_dir(self.path()).into_iter().flatten().flatten() {
