@@ -147,7 +147,8 @@ pub struct RunReport {
     pub marked_down: u64,
     /// Power cuts that fired in the middle of a store commit.
     pub power_cuts_in_commit: u64,
-    /// Damaged object copies (torn blocks) the OSDs found and peering replaced.
+    /// Damaged object copies (blocks failing their checksum, torn by power
+    /// cuts) the OSDs found while peering, which then copies a good one over.
     pub damaged_objects: u64,
     pub peerings: u64,
     pub recovered_objects: u64,
