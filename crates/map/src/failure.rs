@@ -168,13 +168,7 @@ mod tests {
     fn map_with(osds: u32) -> ClusterMap {
         let mut map = ClusterMap::new([0; 16]);
         for id in 0..osds {
-            map.run(&Command::OsdBoot {
-                id,
-                addr: format!("127.0.0.1:{}", 7000 + id),
-                host: format!("h{id}"),
-                weight: 1 << 16,
-            })
-            .unwrap();
+            boot(&mut map, id);
         }
         map
     }

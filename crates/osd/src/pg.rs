@@ -114,7 +114,7 @@ pub struct Pg {
 }
 
 /// A primary's writes in flight to its replicas, by write id, with the
-/// byte range each one changes, and how many each object has. A read must
+/// byte range each one changes, listed under their object. A read must
 /// not see such a write: until every replica has it, it may fail (the
 /// client then resends it, and it lands again after writes that came in
 /// between) or be lost with its primary, and a value once read must not
@@ -535,6 +535,8 @@ impl PgTable {
 mod tests {
     use super::*;
 
+    use duplex_oplog::OpKind;
+
     #[test]
     fn a_read_waits_only_for_writes_in_flight_that_overlap_it() {
         let mut uncommitted = Uncommitted::default();
@@ -550,7 +552,6 @@ mod tests {
         uncommitted.end(1);
         assert!(uncommitted.is_empty() && !uncommitted.touches(b"obj", 0, u64::MAX));
     }
-    use duplex_oplog::OpKind;
 
     fn entry(seq: u64, len: usize) -> Entry {
         Entry {

@@ -398,7 +398,7 @@ impl World {
                 }
                 self.delivered += 1;
                 (self.now, from, to, kind_of(&msg)).hash(&mut self.digest);
-                self.deliver(from, to, msg);
+                self.deliver(from, to, msg)?;
             }
             Event::Timer { node: None, timer, .. } => self.world_timer(timer)?,
             Event::Timer { node: Some(node), incarnation, timer } => {
@@ -425,7 +425,7 @@ impl World {
                     Node::Osd(id) => {
                         let osd = &self.osds[id as usize];
                         if osd.is_live() && osd.incarnation == incarnation {
-                            self.osd_call(id, &mut ctx, |osd, ctx| osd.on_timer(ctx, timer));
+                            self.osd_call(id, &mut ctx, |osd, ctx| osd.on_timer(ctx, timer))?;
                         }
                     }
                     Node::Client(id) => self.clients[id as usize].on_timer(&mut ctx, &mut self.rng, timer),
@@ -436,7 +436,7 @@ impl World {
         Ok(())
     }
 
-    fn deliver(&mut self, from: Node, to: Node, msg: Msg) {
+    fn deliver(&mut self, from: Node, to: Node, msg: Msg) -> Result<(), SimFailure> {
         let mut ctx = self.ctx(0);
         match to {
             Node::Monitor => match (from, msg) {
@@ -455,7 +455,7 @@ impl World {
             },
             Node::Osd(id) => {
                 if self.osds[id as usize].is_live() {
-                    self.osd_call(id, &mut ctx, |osd, ctx| osd.on_message(ctx, from, msg));
+                    self.osd_call(id, &mut ctx, |osd, ctx| osd.on_message(ctx, from, msg))?;
                 }
             }
             Node::Client(id) => {
@@ -468,6 +468,7 @@ impl World {
             }
         }
         self.apply(to, ctx.out);
+        Ok(())
     }
 
     fn world_timer(&mut self, timer: Timer) -> Result<(), SimFailure> {
@@ -558,27 +559,26 @@ impl World {
     /// store unwinds with [`PowerCut`]), the OSD goes down as in a power
     /// loss, with the device's cache torn. What the OSD sent before the cut
     /// was sent.
-    fn osd_call(&mut self, id: u32, ctx: &mut Ctx, call: impl FnOnce(&mut SimOsd, &mut Ctx)) {
+    fn osd_call(&mut self, id: u32, ctx: &mut Ctx, call: impl FnOnce(&mut SimOsd, &mut Ctx)) -> Result<(), SimFailure> {
         let osd = &mut self.osds[id as usize];
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(osd, ctx)));
-        let Err(payload) = outcome else { return };
+        let Err(payload) = outcome else { return Ok(()) };
         if !payload.is::<PowerCut>() {
             std::panic::resume_unwind(payload);
         }
+        let seed = self.config.seed;
+        // A cut is armed only as a fault, whose entry stays until it is healed.
+        let Some((active @ Active::PowerCutArmed, _)) = self.faulty.get_mut(&id) else {
+            return Err(SimFailure::Broken { seed, message: format!("osd.{id} lost power with no power cut armed") });
+        };
+        *active = Active::Down;
         tracing::info!(at = self.now, osd = id, "the power went in the middle of a store commit");
         self.power_cuts_in_commit += 1;
-        if let Err(err) = self.osds[id as usize].crash(true) {
-            panic!("cutting the power of osd.{id}: {err:#}");
-        }
+        self.osds[id as usize]
+            .crash(true)
+            .map_err(|e| SimFailure::Broken { seed, message: format!("cutting the power of osd.{id}: {e:#}") })?;
         self.net.break_node(Node::Osd(id));
-        match self.faulty.get_mut(&id) {
-            Some((active, _)) => *active = Active::Down,
-            None => {
-                // Armed, then disarmed too late: bring it back soon anyway.
-                self.faulty.insert(id, (Active::Down, Vec::new()));
-                self.schedule(None, 0, 1_000_000, Timer::Recover { osd: id });
-            }
-        }
+        Ok(())
     }
 
     fn end_load(&mut self) {

@@ -79,7 +79,15 @@ impl Partition {
         let record_offset = self.geometry.journal.byte_offset() + self.journal_used_bytes;
         let data: Vec<(u64, &[u8])> =
             prepared.staged.iter().map(|(block, staged)| (self.data_offset(*block), &staged.buf[..])).collect();
-        let ordered = prepared.staged.keys().any(|block| self.last_record_fresh.contains(block));
+        // A block this batch writes for the first time was free until it
+        // reserved it, so it cannot be one of the last record's first writes.
+        debug_assert!(
+            prepared.staged.iter().all(|(block, s)| s.was_written || !self.last_record_fresh.contains(block)),
+            "a block the last record wrote first is never reserved again before a commit frees it"
+        );
+        // Most batches follow one that wrote nothing for the first time.
+        let ordered = !self.last_record_fresh.is_empty()
+            && prepared.staged.keys().any(|block| self.last_record_fresh.contains(block));
         let stage = std::time::Instant::now();
         let io_result = self.io.write_many(&[(record_offset, &record_buf[..])]).and_then(|()| {
             if ordered {
