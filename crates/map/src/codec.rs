@@ -14,7 +14,8 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::{ClusterMap, MapDelta};
 
-pub const FORMAT_VERSION: u16 = 1;
+/// 2: temporary acting sets (`pg_temp`).
+pub const FORMAT_VERSION: u16 = 2;
 const MAP_MAGIC: [u8; 4] = *b"DPXM";
 const DELTA_MAGIC: [u8; 4] = *b"DPXD";
 

@@ -2,12 +2,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Change, ClusterMap, MapDelta, OsdId, OsdInfo, Pool};
+use crate::{pg_temp, Change, ClusterMap, MapDelta, OsdId, OsdInfo, Pool, PoolId};
 
 /// Limits that keep one map sane.
 pub const MAX_PG_NUM: u32 = 1 << 20;
 pub const MAX_POOL_SIZE: u8 = 10;
 pub const MAX_NAME_LEN: usize = 128;
+/// PGs one [`Command::ClearPgTemp`] may name.
+pub const MAX_CLEAR_PG_TEMP: usize = 1 << 16;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Command {
@@ -43,6 +45,14 @@ pub enum Command {
     PoolSetPgNum {
         name: String,
         pg_num: u32,
+    },
+    /// A primary backfilled these PGs' up sets in the interval that began
+    /// at map epoch `interval`: their temporary acting sets may go
+    /// (crate::pg_temp). A PG whose up set or members moved on since is
+    /// left pinned.
+    ClearPgTemp {
+        interval: u64,
+        pgs: Vec<(PoolId, u32, Vec<OsdId>)>,
     },
 }
 
@@ -164,7 +174,29 @@ impl ClusterMap {
                 pool.pg_num = *pg_num;
                 vec![Change::SetPool(pool)]
             }
+            Command::ClearPgTemp { interval, pgs } => {
+                if pgs.len() > MAX_CLEAR_PG_TEMP {
+                    return Err(CommandError::Invalid(format!("at most {MAX_CLEAR_PG_TEMP} PGs per command")));
+                }
+                let hierarchy = self.hierarchy();
+                let changes: Vec<Change> = pgs
+                    .iter()
+                    .filter(|(pool, pg, up)| pg_temp::may_clear(self, &hierarchy, (*pool, *pg), up, *interval))
+                    .map(|(pool, pg, _)| Change::SetPgTemp { pool: *pool, pg: *pg, osds: Vec::new() })
+                    .collect();
+                if changes.is_empty() {
+                    return Ok(None);
+                }
+                changes
+            }
         };
+        // What the command changes may move PGs: pin those that move onto
+        // OSDs without their data.
+        let mut next = self.clone();
+        next.apply(&MapDelta { epoch, changes: changes.clone() })
+            .map_err(|e| CommandError::Invalid(format!("the command's own changes do not apply: {e}")))?;
+        let mut changes = changes;
+        changes.extend(pg_temp::settle(self, &next));
         Ok(Some(MapDelta { epoch, changes }))
     }
 

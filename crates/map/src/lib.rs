@@ -13,10 +13,17 @@
 //!
 //! Encoding ([`codec`]): magic, format version, a postcard body and a
 //! crc32c. The decoder refuses bad input and never panics.
+//!
+//! **Temporary acting sets** ([`ClusterMap::pg_temp`], [`pg_temp`]): when
+//! placement moves a PG onto OSDs that do not hold its data yet, the PG
+//! keeps being served by the OSDs that do, while its primary copies the
+//! data to the new ones in the background; then the primary asks the
+//! monitor to drop the temporary set ([`Command::ClearPgTemp`]).
 
 pub mod codec;
 mod command;
 pub mod failure;
+pub mod pg_temp;
 
 use std::collections::BTreeMap;
 
@@ -63,15 +70,27 @@ pub struct ClusterMap {
     pub hosts: BTreeMap<String, u32>,
     pub pools: BTreeMap<PoolId, Pool>,
     pub next_pool_id: PoolId,
+    /// PGs served by another set than the one placement names: the OSDs
+    /// that hold the data, while the new ones are backfilled ([`pg_temp`]).
+    pub pg_temp: BTreeMap<(PoolId, u32), Vec<OsdId>>,
 }
 
 /// One change inside a delta.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Change {
     SetOsd(OsdInfo),
-    AddHost { name: String, id: u32 },
+    AddHost {
+        name: String,
+        id: u32,
+    },
     SetPool(Pool),
     RemovePool(PoolId),
+    /// Sets a PG's temporary acting set (empty: removes it).
+    SetPgTemp {
+        pool: PoolId,
+        pg: u32,
+        osds: Vec<OsdId>,
+    },
 }
 
 /// The change from epoch `epoch - 1` to `epoch`.
@@ -99,6 +118,7 @@ impl ClusterMap {
             hosts: BTreeMap::new(),
             pools: BTreeMap::new(),
             next_pool_id: 1,
+            pg_temp: BTreeMap::new(),
         }
     }
 
@@ -131,6 +151,14 @@ impl ClusterMap {
                 }
                 Change::RemovePool(id) => {
                     self.pools.remove(id);
+                    self.pg_temp.retain(|(pool, _), _| pool != id);
+                }
+                Change::SetPgTemp { pool, pg, osds } => {
+                    if osds.is_empty() {
+                        self.pg_temp.remove(&(*pool, *pg));
+                    } else {
+                        self.pg_temp.insert((*pool, *pg), osds.clone());
+                    }
                 }
             }
         }
@@ -173,6 +201,16 @@ impl ClusterMap {
                 ));
             }
         }
+        for ((pool, pg), osds) in &self.pg_temp {
+            let ok = self.pools.get(pool).is_some_and(|p| *pg < p.pg_num)
+                && !osds.is_empty()
+                && osds.len() <= command::MAX_POOL_SIZE as usize
+                && osds.iter().all(|id| self.osds.contains_key(id))
+                && osds.iter().enumerate().all(|(i, id)| !osds[..i].contains(id));
+            if !ok {
+                return Err(format!("the temporary acting set of PG {pool}.{pg:x} ({osds:?}) is not valid"));
+            }
+        }
         Ok(())
     }
 
@@ -200,8 +238,35 @@ impl ClusterMap {
         hierarchy.place(duplex_placement::pg_seed(pool.id, pg), pool.size as usize)
     }
 
-    /// The acting set: the mapped OSDs that are up, in order; the first is the primary.
+    /// The up set: the mapped OSDs that are up, in order. It is where the
+    /// PG's data belongs, and its acting set once backfill is done.
+    pub fn up_set(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
+        self.pg_osds(hierarchy, pool, pg).into_iter().filter(|id| self.is_up(*id)).collect()
+    }
+
+    /// The acting set, which serves the PG (the first is the primary): the
+    /// up members of its temporary set if it has one, else the up set.
     pub fn acting(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
-        self.pg_osds(hierarchy, pool, pg).into_iter().filter(|id| self.osds.get(id).is_some_and(|o| o.up)).collect()
+        if let Some(temp) = self.pg_temp.get(&(pool.id, pg)) {
+            let up: Vec<OsdId> = temp.iter().copied().filter(|id| self.is_up(*id)).collect();
+            if !up.is_empty() {
+                return up;
+            }
+        }
+        self.up_set(hierarchy, pool, pg)
+    }
+
+    /// The members of the up set that are not acting: the OSDs the PG's
+    /// primary backfills.
+    pub fn backfill_targets(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
+        if !self.pg_temp.contains_key(&(pool.id, pg)) {
+            return Vec::new();
+        }
+        let acting = self.acting(hierarchy, pool, pg);
+        self.up_set(hierarchy, pool, pg).into_iter().filter(|id| !acting.contains(id)).collect()
+    }
+
+    pub fn is_up(&self, id: OsdId) -> bool {
+        self.osds.get(&id).is_some_and(|o| o.up)
     }
 }

@@ -104,6 +104,8 @@ fn command_strategy() -> impl Strategy<Value = Command> {
         }),
         (0u8..3).prop_map(|n| Command::PoolDelete { name: format!("p{n}") }),
         (0u8..3, 0u32..600).prop_map(|(n, pg_num)| Command::PoolSetPgNum { name: format!("p{n}"), pg_num }),
+        (0u64..40, 1u32..4, 0u32..300, proptest::collection::vec(0u32..9, 0..3))
+            .prop_map(|(interval, pool, pg, up)| Command::ClearPgTemp { interval, pgs: vec![(pool, pg, up)] }),
     ]
 }
 
@@ -151,7 +153,7 @@ proptest! {
         let _ = decode_map(&bytes);
         let _ = decode_delta(&bytes);
         // Valid framing around a garbage body, to reach the body decoder.
-        let mut framed = b"DPXM\x01\x00".to_vec();
+        let mut framed = b"DPXM\x02\x00".to_vec();
         framed.extend_from_slice(&bytes);
         let crc = crc32c::crc32c(&framed);
         framed.extend_from_slice(&crc.to_le_bytes());
@@ -167,4 +169,86 @@ fn a_boot_is_a_new_incarnation_even_while_marked_up() {
     assert_eq!(map.osds[&1].state_epoch, delta.epoch);
     assert!(delta.epoch > before);
     assert!(map.osds[&1].up);
+}
+
+/// The pins of `map`'s pool "rbd", as (pg, osds).
+fn pins(map: &ClusterMap) -> Vec<(u32, Vec<u32>)> {
+    map.pg_temp.iter().map(|((_, pg), osds)| (*pg, osds.clone())).collect()
+}
+
+#[test]
+fn a_new_osd_is_backfilled_while_the_old_acting_sets_serve() {
+    let mut map = small_cluster();
+    let pool = map.pool_by_name("rbd").unwrap().clone();
+    let hierarchy = map.hierarchy();
+    let before: Vec<Vec<u32>> = (0..64).map(|pg| map.acting(&hierarchy, &pool, pg)).collect();
+    assert!(map.pg_temp.is_empty());
+
+    map.run(&boot(6, "host-3")).unwrap();
+    let hierarchy = map.hierarchy();
+    let moved: Vec<u32> = (0..64).filter(|pg| map.up_set(&hierarchy, &pool, *pg).contains(&6)).collect();
+    assert!(!moved.is_empty(), "a fourth host takes some PGs");
+    for pg in 0..64u32 {
+        assert_eq!(map.acting(&hierarchy, &pool, pg), before[pg as usize], "PG {pg}: the same OSDs serve it");
+        let targets = map.backfill_targets(&hierarchy, &pool, pg);
+        if moved.contains(&pg) {
+            assert_eq!(map.pg_temp[&(pool.id, pg)], before[pg as usize]);
+            assert_eq!(targets, vec![6], "PG {pg}: the new OSD is its one backfill target");
+        } else {
+            assert!(!map.pg_temp.contains_key(&(pool.id, pg)) && targets.is_empty());
+        }
+    }
+
+    // The primary of a moved PG backfilled it: the up set takes over.
+    let pg = moved[0];
+    let up = map.up_set(&hierarchy, &pool, pg);
+    let interval = map.epoch;
+    let stale = Command::ClearPgTemp { interval: interval - 1, pgs: vec![(pool.id, pg, up.clone())] };
+    assert_eq!(map.run(&stale), Ok(None), "osd.6 booted after that interval began: it was not backfilled then");
+    let wrong_up = Command::ClearPgTemp { interval, pgs: vec![(pool.id, pg, vec![6])] };
+    assert_eq!(map.run(&wrong_up), Ok(None), "not the up set the primary backfilled");
+    map.run(&Command::ClearPgTemp { interval, pgs: vec![(pool.id, pg, up.clone())] }).unwrap().unwrap();
+    assert_eq!(map.acting(&map.hierarchy(), &pool, pg), up);
+    assert_eq!(map.pg_temp.len(), moved.len() - 1);
+}
+
+#[test]
+fn pins_follow_failures_and_further_moves() {
+    let mut map = small_cluster();
+    let pool = map.pool_by_name("rbd").unwrap().clone();
+    map.run(&boot(6, "host-3")).unwrap();
+    let pinned = pins(&map);
+    let (pg, temp) = pinned[0].clone();
+
+    // A pinned OSD going down leaves the rest of the pin serving.
+    map.run(&Command::MarkDown { id: temp[0] }).unwrap();
+    assert_eq!(map.acting(&map.hierarchy(), &pool, pg), temp[1..].to_vec());
+    assert_eq!(map.pg_temp[&(pool.id, pg)], temp, "the pin stays while one of its OSDs is up");
+    // With every pinned OSD down the pin goes: only the up set is left.
+    map.run(&Command::MarkDown { id: temp[1] }).unwrap();
+    assert!(!map.pg_temp.contains_key(&(pool.id, pg)));
+    assert_eq!(map.acting(&map.hierarchy(), &pool, pg), map.up_set(&map.hierarchy(), &pool, pg));
+
+    // The new OSD leaves again before its backfill ended: the PGs it took
+    // go back where they were and need no pin.
+    let mut map = small_cluster();
+    let before: Vec<Vec<u32>> = (0..64).map(|pg| map.acting(&map.hierarchy(), &pool, pg)).collect();
+    map.run(&boot(6, "host-3")).unwrap();
+    assert!(!map.pg_temp.is_empty());
+    map.run(&Command::MarkOut { id: 6 }).unwrap();
+    assert!(map.pg_temp.is_empty(), "{:?}", pins(&map));
+    for pg in 0..64u32 {
+        assert_eq!(map.acting(&map.hierarchy(), &pool, pg), before[pg as usize]);
+    }
+
+    // Marking an OSD out pins its PGs to their old acting sets, the
+    // leaving OSD included: it still holds the data.
+    let mut map = small_cluster();
+    let hierarchy = map.hierarchy();
+    let used: Vec<u32> = (0..64).filter(|pg| map.acting(&hierarchy, &pool, *pg).contains(&1)).collect();
+    map.run(&Command::MarkOut { id: 1 }).unwrap();
+    for pg in used {
+        assert!(map.pg_temp[&(pool.id, pg)].contains(&1), "PG {pg}");
+        assert!(!map.backfill_targets(&map.hierarchy(), &pool, pg).is_empty());
+    }
 }

@@ -1,0 +1,77 @@
+//! Temporary acting sets: how a PG keeps serving I/O while it moves.
+//!
+//! When an OSD is added, marked in or out, or re-weighted, placement maps
+//! some PGs onto OSDs that do not hold their data. Serving them from there
+//! at once would block each such PG until its data was copied over. So the
+//! monitor pins each of them to the OSDs that served it until then (its
+//! *temporary acting set*); they keep serving while the primary copies the
+//! data to the new members of the up set (the *backfill targets*) in the
+//! background, and writes go to those too. When every target holds it all,
+//! the primary asks the monitor to drop the pin ([`Command::ClearPgTemp`]),
+//! and the up set takes over with no more to copy.
+//!
+//! The rules, applied after every command ([`settle`]):
+//! - placement changed and the new up set has an OSD the old acting set
+//!   lacks: pin the PG to the old acting set;
+//! - placement changed and the new up set needs nothing new: no pin;
+//! - a pin none of whose OSDs is up is dropped: the up set takes over
+//!   (there is nothing else to serve from).
+//!
+//! [`Command::ClearPgTemp`]: crate::Command::ClearPgTemp
+
+use crate::{Change, ClusterMap, OsdId, PoolId};
+
+/// What placement depends on: when it is unchanged, no PG moved.
+fn placement_inputs(map: &ClusterMap) -> (Vec<(OsdId, &str, u32, bool)>, Vec<(PoolId, u8, u32)>) {
+    let osds = map.osds.values().map(|o| (o.id, o.host.as_str(), o.weight, o.is_in)).collect();
+    let pools = map.pools.values().map(|p| (p.id, p.size, p.pg_num)).collect();
+    (osds, pools)
+}
+
+/// The pin changes that follow from going from `old` to `new` (which is
+/// `old` with a command's other changes applied).
+pub(crate) fn settle(old: &ClusterMap, new: &ClusterMap) -> Vec<Change> {
+    let mut changes = Vec::new();
+    let moved = placement_inputs(old) != placement_inputs(new);
+    if moved {
+        let (old_hierarchy, new_hierarchy) = (old.hierarchy(), new.hierarchy());
+        for pool in new.pools.values() {
+            let Some(old_pool) = old.pools.get(&pool.id) else { continue };
+            // PGs a split just made have no acting set to keep.
+            for pg in 0..pool.pg_num.min(old_pool.pg_num) {
+                let old_acting = old.acting(&old_hierarchy, old_pool, pg);
+                let new_up = new.up_set(&new_hierarchy, pool, pg);
+                let needs_data = new_up.iter().any(|osd| !old_acting.contains(osd));
+                let wanted = if needs_data && !old_acting.is_empty() { old_acting } else { Vec::new() };
+                let current = new.pg_temp.get(&(pool.id, pg)).cloned().unwrap_or_default();
+                if wanted != current {
+                    changes.push(Change::SetPgTemp { pool: pool.id, pg, osds: wanted });
+                }
+            }
+        }
+    } else {
+        for ((pool, pg), osds) in &new.pg_temp {
+            if !osds.iter().any(|osd| new.is_up(*osd)) {
+                changes.push(Change::SetPgTemp { pool: *pool, pg: *pg, osds: Vec::new() });
+            }
+        }
+    }
+    changes
+}
+
+/// Whether a pin may be dropped: the up set is the one its primary
+/// backfilled, and none of the PG's OSDs restarted since the interval in
+/// which it did (a restart begins a new interval, which backfills again).
+pub(crate) fn may_clear(
+    map: &ClusterMap,
+    hierarchy: &duplex_placement::Hierarchy,
+    (pool, pg): (PoolId, u32),
+    up: &[OsdId],
+    interval: u64,
+) -> bool {
+    let (Some(temp), Some(info)) = (map.pg_temp.get(&(pool, pg)), map.pools.get(&pool)) else { return false };
+    if pg >= info.pg_num || map.up_set(hierarchy, info, pg) != up {
+        return false;
+    }
+    temp.iter().chain(up).all(|osd| map.osds.get(osd).is_some_and(|o| o.state_epoch <= interval))
+}
