@@ -21,8 +21,11 @@
 
 use crate::{Change, ClusterMap, OsdId, PoolId};
 
+/// Each OSD's (id, host, weight, in) and each pool's (id, size, PG count).
+type PlacementInputs<'a> = (Vec<(OsdId, &'a str, u32, bool)>, Vec<(PoolId, u8, u32)>);
+
 /// What placement depends on: when it is unchanged, no PG moved.
-fn placement_inputs(map: &ClusterMap) -> (Vec<(OsdId, &str, u32, bool)>, Vec<(PoolId, u8, u32)>) {
+fn placement_inputs(map: &ClusterMap) -> PlacementInputs<'_> {
     let osds = map.osds.values().map(|o| (o.id, o.host.as_str(), o.weight, o.is_in)).collect();
     let pools = map.pools.values().map(|p| (p.id, p.size, p.pg_num)).collect();
     (osds, pools)

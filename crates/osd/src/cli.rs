@@ -82,6 +82,10 @@ pub struct OsdArgs {
     /// never). A scrub reports bad copies; `duplex pg repair` fixes them.
     #[arg(long, default_value_t = 7 * 24 * 3600)]
     scrub_interval_s: u64,
+    /// The recovery throttle: bytes per second this OSD's background
+    /// backfill copies to new replicas (0: no limit).
+    #[arg(long, default_value_t = crate::config::DEFAULT_RECOVERY_BYTES_PER_SEC)]
+    recovery_bytes_per_sec: u64,
     /// Testing and failure rehearsals only: put the data device behind a
     /// simulated volatile write cache (unflushed writes die with the
     /// process) and arm the faults this file names when it appears, one
@@ -139,6 +143,7 @@ pub fn run(args: OsdArgs) -> Result<()> {
     config.threading = args.threading;
     config.pool_threads = args.pool_threads;
     config.scrub_interval = Duration::from_secs(args.scrub_interval_s);
+    config.recovery_bytes_per_sec = args.recovery_bytes_per_sec;
 
     let faults = match &args.inject_device_faults {
         Some(trigger) => {

@@ -72,7 +72,16 @@ pub struct OsdConfig {
     /// How often each PG this OSD is primary of is deep-scrubbed (its
     /// copies compared, reported, not repaired); zero: never.
     pub scrub_interval: Duration,
+    /// The recovery throttle: bytes per second background backfill copies
+    /// to new replicas, over all of this OSD's PGs (0: no limit). Client
+    /// I/O goes on meanwhile; a higher rate moves data sooner and takes
+    /// more of the disks and the network from it.
+    pub recovery_bytes_per_sec: u64,
 }
+
+/// 128 MiB/s: a fraction of one NVMe drive's bandwidth, and a new OSD
+/// still fills at about 450 GB an hour.
+pub const DEFAULT_RECOVERY_BYTES_PER_SEC: u64 = 128 << 20;
 
 impl OsdConfig {
     /// A configuration with the defaults, for the given identity and places.
@@ -100,6 +109,7 @@ impl OsdConfig {
             threading: Threading::Prioritized,
             heartbeat_interval: Duration::from_secs(1),
             scrub_interval: Duration::from_secs(7 * 24 * 3600),
+            recovery_bytes_per_sec: DEFAULT_RECOVERY_BYTES_PER_SEC,
         }
     }
 }

@@ -105,6 +105,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         // MAX_CONNECTIONS of them), or a wake-up coalesced per PG.
         let (sender, jobs) = crossbeam_channel::unbounded();
         let flusher = Flusher {
+            id: config.id,
             partition,
             jobs,
             pgs: pgs.clone(),

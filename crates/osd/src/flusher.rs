@@ -84,6 +84,8 @@ pub enum SyncDone {
 }
 
 pub struct Flusher {
+    /// This OSD's id (peering tells a backfill target by it).
+    pub id: u32,
     pub partition: Partition,
     pub jobs: Receiver<Job>,
     pub pgs: Arc<PgTable>,

@@ -21,6 +21,7 @@
 //!   the [`peering_driver`] thread of the PG's primary; [`member`] is what
 //!   each member's flusher does when asked.
 
+pub mod backfill;
 pub mod cli;
 pub mod cluster;
 pub mod config;

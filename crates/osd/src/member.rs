@@ -57,6 +57,10 @@ impl Flusher {
                 self.partition.read(key.as_bytes(), offset, len).map(PeerReply::Data).map_err(|e| e.to_string())
             }
             PeerOp::PushStart { object, size, preallocated, attrs } => {
+                // A backfill target takes writes while it is filled: those
+                // its log holds for this object are older than the copy, and
+                // must land before it, not after.
+                self.flush_pg(key)?;
                 let key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
                 let mut batch = Batch::new();
                 batch.delete(key.clone());
@@ -77,13 +81,18 @@ impl Flusher {
                 self.apply_recovery(&batch)
             }
             PeerOp::Remove { object } => {
+                self.flush_pg(key)?;
                 let key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
                 let mut batch = Batch::new();
                 batch.delete(key);
                 self.apply_recovery(&batch)
             }
             PeerOp::Scrub { .. } => Err("a scrub is asked of the PG's primary, not of a member's store".into()),
-            PeerOp::Activate { last_seq, last_epoch, members, rebuilt, requests } => {
+            PeerOp::Activate { last_seq, last_epoch, members, rebuilt, requests, backfill } => {
+                let target = backfill.contains(&self.id);
+                if target {
+                    self.begin_backfill(key)?;
+                }
                 {
                     let mut guard = pg.lock().expect("PG lock");
                     if last_seq == u64::MAX {
@@ -91,17 +100,113 @@ impl Flusher {
                     } else if !guard.log.is_empty() {
                         return Err("the log took entries while peering".to_string());
                     }
+                    let activation = Activation { interval, members, backfill };
                     guard
-                        .activate(last_seq, last_epoch, Activation { interval, members }, rebuilt, &requests)
+                        .activate(last_seq, last_epoch, activation, rebuilt || target, &requests)
                         .map_err(|e| e.to_string())?;
                 }
-                // The store too, which outlives an `shm` log (stored_interval.rs).
+                if !target {
+                    // The store too, which outlives an `shm` log (stored_interval.rs).
+                    let mut batch = Batch::new();
+                    batch.push(stored_interval::record(self.partition.index(), key, interval));
+                    self.apply(&batch).map_err(|e| e.to_string())?;
+                }
+                Ok(PeerReply::Done)
+            }
+            PeerOp::List { cursor } => self.list_names(key, &cursor),
+            PeerOp::BackfillLock { object } => self.backfill_lock(pg, key, interval, object),
+            PeerOp::BackfillDone => {
+                let is_target = |guard: &crate::pg::Pg| {
+                    guard.active.as_ref().is_some_and(|a| a.interval == interval && a.backfill.contains(&self.id))
+                };
+                if !is_target(&pg.lock().expect("PG lock")) {
+                    return Err(format!("this OSD is no backfill target of the PG in interval {interval}"));
+                }
+                // Complete now: it records the interval like any member.
                 let mut batch = Batch::new();
                 batch.push(stored_interval::record(self.partition.index(), key, interval));
+                batch.push(stored_interval::mark_backfilling(self.partition.index(), key, false));
                 self.apply(&batch).map_err(|e| e.to_string())?;
+                tracing::info!(pg = key, interval, "backfill into this OSD complete");
                 Ok(PeerReply::Done)
             }
         }
+    }
+
+    /// Applies the PG's log to the store now (nothing to do when empty).
+    fn flush_pg(&mut self, key: u32) -> Result<(), String> {
+        let pending = self.pgs.get(key).is_some_and(|pg| !pg.lock().expect("PG lock").log.is_empty());
+        if pending {
+            self.flush(BTreeSet::from([key])).map_err(|_| "flushing the log to the store failed".to_string())?;
+        }
+        Ok(())
+    }
+
+    /// A backfill into this OSD begins: its copy of the PG is marked
+    /// incomplete and emptied, durably, before it takes any entry. The
+    /// primary copies every object over; until then the writes it takes
+    /// build only partial objects, which the copies replace.
+    fn begin_backfill(&mut self, key: u32) -> Result<(), String> {
+        let index = self.partition.index();
+        let mut mark = Batch::new();
+        mark.push(stored_interval::mark_backfilling(index, key, true));
+        self.apply(&mark).map_err(|e| e.to_string())?;
+        let mut removed = 0usize;
+        loop {
+            let keys = self.partition.list_group(key, DIGEST_PAGE);
+            if keys.is_empty() {
+                break;
+            }
+            let mut batch = Batch::new();
+            for store_key in keys {
+                batch.delete(store_key);
+                removed += 1;
+            }
+            self.apply(&batch).map_err(|e| e.to_string())?;
+        }
+        tracing::info!(pg = key, removed, "backfill into this OSD begins; its old copy of the PG is emptied");
+        Ok(())
+    }
+
+    /// The primary's side of copying one object to the backfill targets.
+    fn backfill_lock(
+        &mut self,
+        pg: &SharedPg,
+        key: u32,
+        interval: u64,
+        object: Option<Vec<u8>>,
+    ) -> Result<PeerReply, String> {
+        let flush_first = {
+            let mut guard = pg.lock().expect("PG lock");
+            if guard.active.as_ref().is_none_or(|a| a.interval != interval) {
+                return Err(format!("the PG is not active in interval {interval} here"));
+            }
+            guard.backfill_lock = object.as_ref().map(|o| bytes::Bytes::copy_from_slice(o));
+            let Some(object) = &object else { return Ok(PeerReply::Done) };
+            if guard.uncommitted.touches(object, 0, u64::MAX) {
+                // New writes to it wait now; those in flight end soon.
+                return Ok(PeerReply::Busy);
+            }
+            guard.index.contains(object)
+        };
+        let object = object.expect("None returned above");
+        if flush_first {
+            self.flush_pg(key)?;
+        }
+        self.stat(key, &object)
+    }
+
+    fn list_names(&mut self, key: u32, cursor: &[u8]) -> Result<PeerReply, String> {
+        let group = key.to_be_bytes();
+        let mut start = [&group[..], cursor].concat();
+        if !cursor.is_empty() {
+            start.push(0); // strictly after the cursor
+        }
+        let end = key.checked_add(1).map(u32::to_be_bytes);
+        let keys = self.partition.list(&start, end.as_ref().map(|e| &e[..]), DIGEST_PAGE + 1);
+        let more = keys.len() > DIGEST_PAGE;
+        let objects = keys.iter().take(DIGEST_PAGE).map(|k| k.as_bytes()[4..].to_vec()).collect();
+        Ok(PeerReply::Names { objects, more })
     }
 
     /// Answers `Retry` to replicated entries a fence dropped.
@@ -120,6 +225,13 @@ impl Flusher {
         let guard = pg.lock().expect("PG lock");
         if !guard.log.is_empty() {
             return Err("the log could not be flushed (a damaged entry?)".into());
+        }
+        if stored_interval::backfilling(&mut self.partition, key).map_err(|e| e.to_string())? {
+            // Filled only in part: it lacks objects, so it is never level
+            // with a member, nor the authority over one.
+            tracing::info!(pg = key, "this OSD's copy of the PG is an unfinished backfill");
+            let info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: 0, history_from: 1 };
+            return Ok(PeerReply::Info { info, requests: Vec::new() });
         }
         let mut info = PeerInfo {
             last_seq: guard.last_seq(),

@@ -104,6 +104,15 @@ pub struct Metrics {
     pub lease_refusals: Counter,
     /// Reads answered `Retry` because a write to their object was not yet on every replica.
     pub uncommitted_retries: Counter,
+    /// Writes answered `Retry` because their object was being copied to a backfill target.
+    pub backfill_retries: Counter,
+    /// Background backfill by this OSD's primaries: objects and bytes
+    /// copied (bytes once per target), and PGs backfilled to the end.
+    pub backfill_objects: Counter,
+    pub backfill_bytes: Counter,
+    pub backfilled_pgs: Counter,
+    /// This OSD's primary PGs with backfill targets still to fill.
+    pub backfilling_pgs: AtomicU64,
     /// This OSD's primary PGs not active right now (peering or stuck).
     pub inactive_pgs: AtomicU64,
     /// Metadata operations (stat, attributes, listings, creates).
@@ -247,6 +256,30 @@ impl Metrics {
         );
         counter(
             &mut out,
+            "duplex_osd_backfill_write_retries_total",
+            "Writes answered Retry because their object was being copied to a backfill target.",
+            &[("", self.backfill_retries.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_backfill_objects_total",
+            "Objects this OSD's primaries copied to backfill targets in the background.",
+            &[("", self.backfill_objects.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_backfill_bytes_total",
+            "Bytes this OSD's primaries copied to backfill targets in the background (once per target).",
+            &[("", self.backfill_bytes.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_backfilled_pgs_total",
+            "PGs whose backfill targets this OSD's primaries filled completely.",
+            &[("", self.backfilled_pgs.get())],
+        );
+        counter(
+            &mut out,
             "duplex_osd_peering_retries_total",
             "Client operations answered Retry because their PG was peering.",
             &[("", self.peering_retries.get())],
@@ -285,6 +318,11 @@ impl Metrics {
             out,
             "# HELP duplex_osd_log_entries Live entries in all PG logs.\n# TYPE duplex_osd_log_entries gauge\nduplex_osd_log_entries {}",
             self.log_entries.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP duplex_osd_backfilling_pgs PGs this OSD is primary of with backfill targets still to fill.\n# TYPE duplex_osd_backfilling_pgs gauge\nduplex_osd_backfilling_pgs {}",
+            self.backfilling_pgs.load(Relaxed)
         );
         let _ = writeln!(
             out,

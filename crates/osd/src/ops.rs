@@ -359,7 +359,6 @@ fn mutate(
 ) -> Outcome {
     let metrics = &shared.metrics;
     let request = &op.request;
-    let replicas = &interval.acting[1..];
     let log_op = log_op_of(request.kind).expect("only mutations come here");
     let (offset, data) = log_fields(request);
     let request_id = RequestId { client: request.client, tid: op.txid };
@@ -385,6 +384,17 @@ fn mutate(
         }
         Some(RequestState::Failed) | None => {}
     }
+    if guard.backfill_lock.as_ref().is_some_and(|locked| *locked == request.object) {
+        drop(guard);
+        metrics.backfill_retries.add(1);
+        return reply(&op, Status::Retry, epoch, "the object is being copied to a new replica");
+    }
+    // The members and the backfill targets of the interval it serves.
+    let replicas = guard.active.as_ref().map(|a| a.replicas()).unwrap_or_default();
+    debug_assert!(
+        guard.active.as_ref().is_some_and(|a| a.members == interval.acting),
+        "lock_served checked the interval"
+    );
     let (encoded, local) = match shared.config.write_path {
         WritePath::Oplog => {
             let seq = guard.log.next_seq();
@@ -477,7 +487,7 @@ fn mutate(
         token: op.token,
         slot: op.slot,
         entry: Bytes::from(encoded),
-        replicas: replicas.to_vec(),
+        replicas,
         local,
         arrived: op.arrived,
         map_epoch: epoch,

@@ -41,8 +41,9 @@ use crate::requests::merge_logged;
 pub enum Action {
     /// Ask `to` (possibly this OSD itself); answer with `on_reply(tag, ..)`.
     Send { to: OsdId, tag: u64, op: PeerOp },
-    /// Every member agrees: the PG serves I/O.
-    Active { authority: OsdId, last_seq: u64, recovered_objects: u64 },
+    /// Every member agrees: the PG serves I/O. `backfill`: the targets
+    /// activated with it, to fill in the background.
+    Active { authority: OsdId, last_seq: u64, recovered_objects: u64, backfill: Vec<OsdId> },
     /// Peering cannot finish now; start again later.
     Stuck(String),
 }
@@ -59,6 +60,12 @@ pub struct Peering {
     pub pg: u32,
     pub interval: u64,
     members: Vec<OsdId>,
+    /// Backfill targets: up-set OSDs that do not hold the PG yet (the map
+    /// pins it to `members` meanwhile). They are fenced and activated with
+    /// the members, to take every write of the interval, but have no say
+    /// in its history. One that cannot be reached is left out; the PG
+    /// goes active without it.
+    targets: Vec<OsdId>,
     phase: Phase,
     next_tag: u64,
     pub progress: Progress,
@@ -185,7 +192,18 @@ impl Peering {
     /// Starts peering `pg` for the interval beginning at map epoch
     /// `interval`, with `members[0]` the primary (this OSD).
     pub fn start(pg: u32, interval: u64, members: Vec<OsdId>) -> (Peering, Vec<Action>) {
-        Peering::begin(pg, interval, members, None)
+        Peering::begin(pg, interval, members, Vec::new(), None)
+    }
+
+    /// Peering of a PG pinned to `members` while `targets` are backfilled.
+    pub fn start_with_targets(
+        pg: u32,
+        interval: u64,
+        members: Vec<OsdId>,
+        targets: Vec<OsdId>,
+        scrub: Option<bool>,
+    ) -> (Peering, Vec<Action>) {
+        Peering::begin(pg, interval, members, targets, scrub)
     }
 
     /// Peering followed by a deep scrub: after recovery, every member's
@@ -193,15 +211,23 @@ impl Peering {
     /// from a good one (the authority's when it is readable). The report
     /// is [`Peering::scrub_report`] once active.
     pub fn start_scrub(pg: u32, interval: u64, members: Vec<OsdId>, repair: bool) -> (Peering, Vec<Action>) {
-        Peering::begin(pg, interval, members, Some(repair))
+        Peering::begin(pg, interval, members, Vec::new(), Some(repair))
     }
 
-    fn begin(pg: u32, interval: u64, members: Vec<OsdId>, scrub: Option<bool>) -> (Peering, Vec<Action>) {
+    fn begin(
+        pg: u32,
+        interval: u64,
+        members: Vec<OsdId>,
+        targets: Vec<OsdId>,
+        scrub: Option<bool>,
+    ) -> (Peering, Vec<Action>) {
         assert!(!members.is_empty(), "a PG's acting set includes its primary");
+        assert!(targets.iter().all(|t| !members.contains(t)), "a backfill target is no member");
         let mut peering = Peering {
             pg,
             interval,
             members: members.clone(),
+            targets: targets.clone(),
             phase: Phase::Stuck,
             next_tag: 1,
             progress: Progress::default(),
@@ -210,7 +236,8 @@ impl Peering {
         };
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
-        for osd in members {
+        // Targets are queried only to fence them: their answers are not used.
+        for osd in members.into_iter().chain(targets) {
             let tag = peering.tag();
             waiting.insert(tag, osd);
             actions.push(Action::Send { to: osd, tag, op: PeerOp::Query });
@@ -221,6 +248,42 @@ impl Peering {
 
     pub fn members(&self) -> &[OsdId] {
         &self.members
+    }
+
+    /// The backfill targets still in this interval.
+    pub fn targets(&self) -> &[OsdId] {
+        &self.targets
+    }
+
+    /// The target request `tag` went to, if it went to one.
+    fn target_of(&self, tag: u64) -> Option<OsdId> {
+        let osd = match &self.phase {
+            Phase::Querying { waiting, .. } | Phase::Activating { waiting, .. } => waiting.get(&tag).copied(),
+            _ => None,
+        }?;
+        self.targets.contains(&osd).then_some(osd)
+    }
+
+    /// A target failed or refused: the PG goes on without it (its primary
+    /// tries again at the next interval, or when it retries the machine).
+    fn drop_target(&mut self, tag: u64, target: OsdId) -> Vec<Action> {
+        self.targets.retain(|t| *t != target);
+        match std::mem::replace(&mut self.phase, Phase::Stuck) {
+            Phase::Querying { mut waiting, infos } => {
+                waiting.remove(&tag);
+                if !waiting.is_empty() {
+                    self.phase = Phase::Querying { waiting, infos };
+                    return Vec::new();
+                }
+                self.recover(infos)
+            }
+            Phase::Activating { mut waiting, authority, last_seq, primary } => {
+                waiting.remove(&tag);
+                self.phase = Phase::Activating { waiting, authority, last_seq, primary };
+                self.activation_answered()
+            }
+            _ => unreachable!("target_of found the tag in one of the phases above"),
+        }
     }
 
     pub fn is_active(&self) -> bool {
@@ -247,6 +310,9 @@ impl Peering {
         if !self.expects(tag) {
             return Vec::new();
         }
+        if let Some(target) = self.target_of(tag) {
+            return self.drop_target(tag, target);
+        }
         self.stuck(format!("PG {:#x}: {why}", self.pg))
     }
 
@@ -269,6 +335,15 @@ impl Peering {
         if !self.expects(tag) {
             return Vec::new();
         }
+        if let Some(target) = self.target_of(tag) {
+            let fine = matches!(
+                (&self.phase, &reply),
+                (Phase::Querying { .. }, PeerReply::Info { .. }) | (Phase::Activating { .. }, PeerReply::Done)
+            );
+            if !fine {
+                return self.drop_target(tag, target);
+            }
+        }
         if let PeerReply::Refused(why) = &reply {
             return self.stuck(format!("PG {:#x}: a member refused: {why}", self.pg));
         }
@@ -278,7 +353,9 @@ impl Peering {
                 let PeerReply::Info { info, requests } = reply else {
                     return self.stuck(format!("osd.{osd} answered a query with {reply:?}"));
                 };
-                infos.insert(osd, (info, requests));
+                if !self.targets.contains(&osd) {
+                    infos.insert(osd, (info, requests));
+                }
                 if !waiting.is_empty() {
                     self.phase = Phase::Querying { waiting, infos };
                     return Vec::new();
@@ -294,24 +371,39 @@ impl Peering {
                 if reply != PeerReply::Done {
                     return self.stuck(format!("activation answered with {reply:?}"));
                 }
-                if !waiting.is_empty() {
-                    self.phase = Phase::Activating { waiting, authority, last_seq, primary };
-                    return Vec::new();
-                }
-                if let Some(op) = primary {
-                    // Every replica takes entries of this interval now: the
-                    // primary may start sending them.
-                    let (to, tag) = (self.members[0], self.tag());
-                    self.phase =
-                        Phase::Activating { waiting: BTreeMap::from([(tag, to)]), authority, last_seq, primary: None };
-                    return vec![Action::Send { to, tag, op }];
-                }
-                self.phase = Phase::Active;
-                let recovered_objects = self.progress.objects_copied + self.progress.objects_removed;
-                vec![Action::Active { authority, last_seq, recovered_objects }]
+                self.phase = Phase::Activating { waiting, authority, last_seq, primary };
+                self.activation_answered()
             }
             Phase::Active | Phase::Stuck => unreachable!("expects() is false in these phases"),
         }
+    }
+
+    /// An activation was answered (or its target dropped): the primary's
+    /// own once every other one is in, then active.
+    fn activation_answered(&mut self) -> Vec<Action> {
+        let Phase::Activating { waiting, authority, last_seq, primary } =
+            std::mem::replace(&mut self.phase, Phase::Stuck)
+        else {
+            unreachable!("called while activating")
+        };
+        if !waiting.is_empty() {
+            self.phase = Phase::Activating { waiting, authority, last_seq, primary };
+            return Vec::new();
+        }
+        if let Some(mut op) = primary {
+            // Every replica and target takes entries of this interval now:
+            // the primary may start sending them (to the targets that
+            // answered only).
+            if let PeerOp::Activate { backfill, .. } = &mut op {
+                *backfill = self.targets.clone();
+            }
+            let (to, tag) = (self.members[0], self.tag());
+            self.phase = Phase::Activating { waiting: BTreeMap::from([(tag, to)]), authority, last_seq, primary: None };
+            return vec![Action::Send { to, tag, op }];
+        }
+        self.phase = Phase::Active;
+        let recovered_objects = self.progress.objects_copied + self.progress.objects_removed;
+        vec![Action::Active { authority, last_seq, recovered_objects, backfill: self.targets.clone() }]
     }
 
     fn recover(&mut self, answers: BTreeMap<OsdId, (PeerInfo, Vec<LoggedRequest>)>) -> Vec<Action> {
@@ -593,6 +685,7 @@ impl Peering {
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
         let members: Vec<u32> = self.members.clone();
+        let targets = self.targets.clone();
         let requests =
             merge_logged(recovery.on_history.iter().filter_map(|osd| recovery.logged.get(osd)).map(Vec::as_slice));
         let activate = |osd: OsdId| PeerOp::Activate {
@@ -601,11 +694,12 @@ impl Peering {
             members: members.clone(),
             rebuilt: recovery.changed.contains(&osd),
             requests: requests.clone(),
+            backfill: targets.clone(),
         };
-        // The replicas first: a primary active before them would send
-        // entries they refuse (not active yet), fail those writes and peer
-        // all over again (seen in the isolated-host scenario).
-        for osd in members[1..].iter().copied() {
+        // The replicas and targets first: a primary active before them
+        // would send entries they refuse (not active yet), fail those
+        // writes and peer all over again (seen in the isolated-host scenario).
+        for osd in members[1..].iter().copied().chain(targets.iter().copied()) {
             let tag = self.tag();
             waiting.insert(tag, osd);
             actions.push(Action::Send { to: osd, tag, op: activate(osd) });
@@ -821,6 +915,9 @@ mod tests {
                     PeerReply::Done
                 }
                 PeerOp::Scrub { .. } => PeerReply::Refused("not a member's request".into()),
+                PeerOp::List { .. } | PeerOp::BackfillLock { .. } | PeerOp::BackfillDone => {
+                    PeerReply::Refused("background backfill is not peering's (backfill.rs tests it)".into())
+                }
             }
         }
     }
@@ -873,7 +970,7 @@ mod tests {
         let member = active_member(&[("a", b"1"), ("b", b"2")]);
         let mut members = vec![member.clone(), member.clone(), member];
         let outcome = run(&mut members, 9);
-        assert_eq!(outcome, Action::Active { authority: 0, last_seq: 2, recovered_objects: 0 });
+        assert_eq!(outcome, Action::Active { authority: 0, last_seq: 2, recovered_objects: 0, backfill: vec![] });
         for member in &members {
             assert_eq!((member.last_active, member.last_seq), (9, 2));
             assert!(!member.rebuilt);
@@ -923,7 +1020,7 @@ mod tests {
         ahead.write("a", b"4");
         let mut members = vec![behind, ahead];
         let outcome = run(&mut members, 9);
-        assert_eq!(outcome, Action::Active { authority: 1, last_seq: 4, recovered_objects: 2 });
+        assert_eq!(outcome, Action::Active { authority: 1, last_seq: 4, recovered_objects: 2, backfill: vec![] });
         assert_eq!(members[0].objects, members[1].objects);
         assert!(members[0].rebuilt);
         assert!(!members[1].rebuilt);

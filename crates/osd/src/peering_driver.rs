@@ -16,16 +16,16 @@ use std::time::{Duration, Instant};
 use duplex_client::conn::OsdConnection;
 use duplex_map::OsdId;
 use duplex_mon::wire::Credentials;
-use duplex_proto::peering::{PeerReply, PeerRequest};
+use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
 use duplex_proto::MessageType;
 
+use crate::backfill::{Backfill, Step};
 use crate::cluster::MapView;
 use crate::flusher::{Job, PeerReplyTo};
 use crate::mailbox::{Completion, Mailbox};
 use crate::ops::Shared;
 use crate::peering::{Action, Peering};
-use crate::pg::pg_key;
-use crate::pg::ReplyTo;
+use crate::pg::{pg_key, pg_number, pool_of, ReplyTo};
 
 /// How long a member has to answer one request. Long enough for a query
 /// that flushes a full log, or a digest page over big objects.
@@ -55,8 +55,26 @@ pub struct ScrubAsk {
     pub reply: Option<ReplyTo>,
 }
 
-/// A PG's interval: its acting set, with each member's incarnation.
-pub type Identity = Vec<(OsdId, u64)>;
+/// A PG's interval: its acting set and its backfill targets, with each
+/// one's incarnation.
+pub type Identity = (Vec<(OsdId, u64)>, Vec<(OsdId, u64)>);
+
+/// A PG this OSD is primary of, as the map has it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    pub identity: Identity,
+    pub acting: Vec<OsdId>,
+    /// Up-set OSDs that do not hold the PG yet (the map pins it to `acting`).
+    pub targets: Vec<OsdId>,
+    /// The up set, named when asking the monitor to drop the pin.
+    pub up: Vec<OsdId>,
+}
+
+/// A peering machine that went active without some backfill targets (they
+/// could not be reached) starts again this much later to take them in.
+pub const TARGET_RETRY: Duration = Duration::from_secs(10);
+/// Backfill: a lock on an object that writes still hold is asked again after this.
+pub const LOCK_RETRY: Duration = Duration::from_millis(2);
 
 struct Machine {
     peering: Peering,
@@ -68,6 +86,8 @@ struct Machine {
     scrub_reply: Option<ReplyTo>,
     /// When this PG was last deep-scrubbed (or first peered here).
     last_scrub: Instant,
+    /// Background backfill of the targets the machine activated.
+    backfill: Option<Backfill>,
 }
 
 pub struct PeeringDriver {
@@ -83,8 +103,15 @@ pub struct PeeringDriver {
     next_txid: u64,
     seen_epoch: u64,
     /// The PGs this OSD is primary of at `seen_epoch`, with their intervals.
-    wanted: BTreeMap<u32, (Identity, Vec<OsdId>)>,
+    wanted: BTreeMap<u32, Wanted>,
     next_pass: Instant,
+    /// Backfill steps to carry out (one PG's at a time, to its end), and
+    /// when the next may go: the recovery throttle spaces them.
+    backfill_queue: VecDeque<(u32, Step)>,
+    backfill_due: Instant,
+    /// PGs whose backfill completed, by interval: the pins to drop.
+    clears: BTreeMap<u64, Vec<u32>>,
+    clear_due: Instant,
 }
 
 impl PeeringDriver {
@@ -104,20 +131,116 @@ impl PeeringDriver {
             seen_epoch: 0,
             wanted: BTreeMap::new(),
             next_pass: Instant::now(),
+            backfill_queue: VecDeque::new(),
+            backfill_due: Instant::now(),
+            clears: BTreeMap::new(),
+            clear_due: Instant::now(),
         }
     }
 
     pub fn run(mut self, stop: Arc<AtomicBool>) {
         while !stop.load(Ordering::Relaxed) {
             self.reconcile();
-            if self.queue.is_empty() {
-                std::thread::sleep(TICK);
-                continue;
-            }
+            self.ask_clears();
             // One action, then look at the map again: a long recovery
-            // must not run on for an interval that already ended.
+            // must not run on for an interval that already ended. Peering
+            // first: its PGs wait for it; backfill runs in the background.
             if let Some((pg, action)) = self.queue.pop_front() {
                 self.carry_out(pg, action);
+            } else if !self.backfill_queue.is_empty() && Instant::now() >= self.backfill_due {
+                if let Some((pg, step)) = self.backfill_queue.pop_front() {
+                    self.backfill_step(pg, step);
+                }
+            } else {
+                let idle = self.backfill_due.saturating_duration_since(Instant::now());
+                std::thread::sleep(if self.backfill_queue.is_empty() { TICK } else { idle.min(TICK) });
+            }
+        }
+    }
+
+    /// Carries out one backfill step; the machine's next ones go first in line.
+    fn backfill_step(&mut self, key: u32, step: Step) {
+        let Some(interval) = self.machines.get(&key).map(|m| m.peering.interval) else { return };
+        let (to, tag, op) = match step {
+            Step::Send { to, tag, op } => (to, tag, op),
+            Step::SendLater { to, tag, op } => {
+                // Writes to the object are still in flight: let them land.
+                std::thread::sleep(LOCK_RETRY);
+                (to, tag, op)
+            }
+            Step::Complete => {
+                let metrics = &self.shared.metrics;
+                metrics.backfilled_pgs.add(1);
+                if let Some(machine) = self.machines.get(&key) {
+                    let progress = machine.backfill.as_ref().map(|b| b.progress).unwrap_or_default();
+                    tracing::info!(
+                        pg = key,
+                        objects = progress.objects_copied,
+                        bytes = progress.bytes_copied,
+                        took = ?machine.started.elapsed(),
+                        "backfill complete; asking the monitor to serve the PG from its up set"
+                    );
+                }
+                self.clears.entry(interval).or_default().push(key);
+                return;
+            }
+            Step::Stuck(why) => {
+                tracing::warn!(pg = key, %why, "backfill stopped; it starts over with the PG's next peering");
+                if let Some(machine) = self.machines.get_mut(&key) {
+                    machine.retry_at = Some(Instant::now() + TARGET_RETRY);
+                }
+                self.backfill_queue.retain(|(pg, _)| *pg != key);
+                return;
+            }
+        };
+        let pushed = match &op {
+            PeerOp::PushData { data, .. } => data.len() as u64,
+            _ => 0,
+        };
+        let outcome = self.call(to, PeerRequest { pg: key, interval, op });
+        let Some(backfill) = self.machines.get_mut(&key).and_then(|m| m.backfill.as_mut()) else { return };
+        let copied_before = backfill.progress.objects_copied;
+        let next = match outcome {
+            Ok(reply) => backfill.on_reply(tag, reply),
+            Err(why) => backfill.on_failure(tag, &format!("osd.{to}: {why}")),
+        };
+        let metrics = &self.shared.metrics;
+        metrics.backfill_bytes.add(pushed);
+        metrics.backfill_objects.add(backfill.progress.objects_copied - copied_before);
+        let rate = self.shared.config.recovery_bytes_per_sec;
+        if pushed > 0 && rate > 0 {
+            self.backfill_due = Instant::now() + Duration::from_secs_f64(pushed as f64 / rate as f64);
+        }
+        for step in next.into_iter().rev() {
+            self.backfill_queue.push_front((key, step));
+        }
+    }
+
+    /// Asks the monitor to drop the pins of PGs whose backfill completed
+    /// (a PG whose interval moved on since is left pinned by the monitor).
+    fn ask_clears(&mut self) {
+        if self.clears.is_empty() || Instant::now() < self.clear_due {
+            return;
+        }
+        let config = &self.shared.config;
+        let mut client = duplex_mon::client::MonClient::new(config.monitors.clone(), self.credentials.clone());
+        client.timeout = CONNECT_TIMEOUT;
+        for (interval, keys) in std::mem::take(&mut self.clears) {
+            let pgs: Vec<(u32, u32, Vec<OsdId>)> = keys
+                .iter()
+                .filter_map(|key| self.wanted.get(key).map(|w| (pool_of(*key), pg_number(*key), w.up.clone())))
+                .collect();
+            if pgs.is_empty() {
+                continue;
+            }
+            let command = duplex_map::Command::ClearPgTemp { interval, pgs };
+            match client.command(&command) {
+                Ok(outcome) => tracing::debug!(interval, ?outcome, "asked to serve backfilled PGs from their up sets"),
+                Err(err) => {
+                    tracing::warn!(%err, "the monitor did not take the backfilled PGs; asking again shortly");
+                    self.clears.entry(interval).or_default().extend(keys);
+                    self.clear_due = Instant::now() + RETRY_AFTER;
+                }
             }
         }
     }
@@ -169,7 +292,8 @@ impl PeeringDriver {
         }
         let scrub_interval = self.shared.config.scrub_interval;
         let mut inactive = 0u64;
-        for (key, (identity, acting)) in wanted {
+        let mut backfilling = 0u64;
+        for (key, Wanted { identity, acting, targets, .. }) in wanted {
             let scheduled = self.machines.get(&key).is_some_and(|m| {
                 m.peering.is_active() && !scrub_interval.is_zero() && m.last_scrub.elapsed() >= scrub_interval
             });
@@ -180,28 +304,47 @@ impl PeeringDriver {
                     None => true,
                     Some(machine) if machine.identity != identity => true,
                     Some(machine) if machine.peering.is_stuck() => machine.retry_at.is_none_or(|at| now >= at),
-                    Some(machine) if machine.peering.is_active() => !self.locally_active(key),
+                    Some(machine) if machine.peering.is_active() => {
+                        !self.locally_active(key)
+                            || (crate::backfill::unfinished(machine.backfill.as_ref(), &targets)
+                                && machine.retry_at.is_some_and(|at| now >= at))
+                    }
                     Some(_) => false,
                 };
             if restart {
-                self.start(key, view.epoch(), identity, acting, scrub);
+                self.start(key, view.epoch(), identity, acting, targets, scrub);
             }
             if self.machines.get(&key).is_none_or(|m| !m.peering.is_active()) {
                 inactive += 1;
             }
+            if self.machines.get(&key).is_none_or(|m| m.backfill.as_ref().is_none_or(|b| !b.is_complete()))
+                && !self.wanted.get(&key).is_none_or(|w| w.targets.is_empty())
+            {
+                backfilling += 1;
+            }
         }
         self.shared.metrics.inactive_pgs.store(inactive, Ordering::Relaxed);
+        self.shared.metrics.backfilling_pgs.store(backfilling, Ordering::Relaxed);
     }
 
     fn locally_active(&self, key: u32) -> bool {
         self.shared.pgs.get(key).is_some_and(|pg| pg.lock().expect("PG lock").active.is_some())
     }
 
-    fn start(&mut self, key: u32, epoch: u64, identity: Identity, acting: Vec<OsdId>, scrub: Option<ScrubAsk>) {
+    fn start(
+        &mut self,
+        key: u32,
+        epoch: u64,
+        identity: Identity,
+        acting: Vec<OsdId>,
+        targets: Vec<OsdId>,
+        scrub: Option<ScrubAsk>,
+    ) {
         // The interval is named by the epoch peering starts at: members
         // refuse older ones, so a replaced primary cannot drive them.
         let interval = epoch;
         self.queue.retain(|(pg, _)| *pg != key);
+        self.backfill_queue.retain(|(pg, _)| *pg != key);
         // A PG first seen here counts as scrubbed a random part of the
         // interval ago, so scheduled scrubs spread out instead of all
         // blocking their PGs at once.
@@ -220,13 +363,21 @@ impl PeeringDriver {
                 scrub_reply = ask.reply.or(scrub_reply);
                 last_scrub = Instant::now();
                 tracing::info!(pg = key, repair = ask.repair, "deep scrub");
-                Peering::start_scrub(key, interval, acting, ask.repair)
+                Peering::start_with_targets(key, interval, acting, targets, Some(ask.repair))
             }
-            None => Peering::start(key, interval, acting),
+            None => Peering::start_with_targets(key, interval, acting, targets, None),
         };
         tracing::debug!(pg = key, interval, members = ?peering.members(), "peering");
         self.queue.extend(actions.into_iter().map(|a| (key, a)));
-        let machine = Machine { peering, identity, retry_at: None, started: Instant::now(), scrub_reply, last_scrub };
+        let machine = Machine {
+            peering,
+            identity,
+            retry_at: None,
+            started: Instant::now(),
+            scrub_reply,
+            last_scrub,
+            backfill: None,
+        };
         self.machines.insert(key, machine);
     }
 
@@ -270,7 +421,8 @@ impl PeeringDriver {
                     self.queue.push_front((key, action));
                 }
             }
-            Action::Active { authority, last_seq, recovered_objects } => {
+            Action::Active { authority, last_seq, recovered_objects, backfill } => {
+                self.start_backfill(key, backfill);
                 let metrics = &self.shared.metrics;
                 metrics.peerings_active.add(1);
                 metrics.recovered_objects.add(recovered_objects);
@@ -323,6 +475,26 @@ impl PeeringDriver {
         }
     }
 
+    /// After peering: copies the PG to the targets it activated, in the
+    /// background. Targets it could not reach are taken in by a later
+    /// peering, so the pin stays until they are filled too.
+    fn start_backfill(&mut self, key: u32, targets: Vec<OsdId>) {
+        let me = self.shared.config.id;
+        let Some(machine) = self.machines.get_mut(&key) else { return };
+        let wanted = self.wanted.get(&key).map_or(&[][..], |w| &w.targets[..]);
+        if targets.len() < wanted.len() {
+            tracing::warn!(pg = key, ?wanted, reached = ?targets, "some backfill targets could not be reached");
+            machine.retry_at = Some(Instant::now() + TARGET_RETRY);
+        }
+        if targets.is_empty() {
+            return;
+        }
+        let (backfill, steps) = Backfill::start(key, machine.peering.interval, me, targets);
+        tracing::info!(pg = key, targets = ?backfill.targets(), "backfill starts");
+        machine.backfill = Some(backfill);
+        self.backfill_queue.extend(steps.into_iter().map(|s| (key, s)));
+    }
+
     /// One request to `to` and its answer.
     fn call(&mut self, to: OsdId, request: PeerRequest) -> Result<PeerReply, String> {
         if to == self.shared.config.id {
@@ -370,8 +542,9 @@ impl PeeringDriver {
     }
 }
 
-/// The PGs `me` is primary of in `view`: each one's interval and acting set.
-pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, (Identity, Vec<OsdId>)> {
+/// The PGs `me` is primary of in `view`: each one's interval, acting set
+/// and backfill targets.
+pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
     let mut wanted = BTreeMap::new();
     for pool in view.map.pools.values() {
         for number in 0..pool.pg_num {
@@ -380,12 +553,19 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, (Identity, 
                 continue;
             }
             let Some(key) = pg_key(pool.id, number) else { continue };
-            wanted.insert(key, (identity(view, &acting), acting));
+            let up = view.map.up_set(&view.hierarchy, pool, number);
+            let targets: Vec<OsdId> = if view.map.pg_temp.contains_key(&(pool.id, number)) {
+                up.iter().copied().filter(|osd| !acting.contains(osd)).collect()
+            } else {
+                Vec::new()
+            };
+            let identity = (incarnations(view, &acting), incarnations(view, &targets));
+            wanted.insert(key, Wanted { identity, acting, targets, up });
         }
     }
     wanted
 }
 
-fn identity(view: &MapView, acting: &[OsdId]) -> Identity {
-    acting.iter().map(|osd| (*osd, view.map.osds.get(osd).map_or(0, |o| o.state_epoch))).collect()
+fn incarnations(view: &MapView, osds: &[OsdId]) -> Vec<(OsdId, u64)> {
+    osds.iter().map(|osd| (*osd, view.map.osds.get(osd).map_or(0, |o| o.state_epoch))).collect()
 }

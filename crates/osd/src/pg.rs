@@ -111,6 +111,11 @@ pub struct Pg {
     /// entry: peering recovers a member that is only a little behind by
     /// copying just these objects.
     history: VecDeque<(u64, u32, Bytes)>,
+    /// Primary side, background backfill: the object being copied to the
+    /// backfill targets. Client writes to it wait (are answered `Retry`)
+    /// until the copy is on every target: one landing in between would
+    /// reach a target and then be overwritten there by the older copy.
+    pub backfill_lock: Option<Bytes>,
 }
 
 /// A primary's writes in flight to its replicas, by write id, with the
@@ -174,6 +179,17 @@ pub struct Activation {
     pub interval: u64,
     /// The acting set, primary first.
     pub members: Vec<u32>,
+    /// The OSDs being backfilled in this interval: they take every write
+    /// like the members do, while the primary copies the rest to them.
+    pub backfill: Vec<u32>,
+}
+
+impl Activation {
+    /// Where the primary sends each write: the other members, then the
+    /// backfill targets.
+    pub fn replicas(&self) -> Vec<u32> {
+        self.members[1..].iter().chain(&self.backfill).copied().collect()
+    }
 }
 
 /// A replica PG waiting this long on a sequence gap is reported: it missed
@@ -199,6 +215,7 @@ impl Pg {
             active: None,
             asked_interval: 0,
             history: VecDeque::new(),
+            backfill_lock: None,
         }
     }
 
@@ -223,6 +240,7 @@ impl Pg {
         debug_assert!(interval >= self.asked_interval, "fences only move forward");
         self.asked_interval = interval;
         self.active = None;
+        self.backfill_lock = None;
         self.gap_since = None;
         self.gap_reported = false;
         std::mem::take(&mut self.early).into_iter().map(|(seq, (_, to))| Ack { seq, to }).collect()
@@ -289,6 +307,7 @@ impl Pg {
         self.sync_seq = last_seq;
         self.newest_epoch = None;
         self.requests.replace(requests);
+        self.backfill_lock = None;
         self.active = Some(activation);
         Ok(())
     }

@@ -30,6 +30,9 @@
 use duplex_store::{Key, Op, Partition, StoreError};
 
 const ATTR: &[u8] = b"last_active";
+/// A backfill target's copy of the PG, until its backfill ends: 1 while
+/// incomplete, 0 after.
+const BACKFILLING: &[u8] = b"backfilling";
 
 /// The object that holds PG `pg`'s record, on partition `partition`.
 fn key(partition: u32, pg: u32) -> Key {
@@ -39,6 +42,23 @@ fn key(partition: u32, pg: u32) -> Key {
 /// The store operation that records `interval` as `pg`'s last active one.
 pub fn record(partition: u32, pg: u32, interval: u64) -> Op {
     Op::SetAttr { key: key(partition, pg), name: ATTR.to_vec(), value: interval.to_le_bytes().to_vec() }
+}
+
+/// The store operation that marks this OSD's copy of `pg` as incomplete
+/// (`true`: a backfill into it began) or complete again.
+pub fn mark_backfilling(partition: u32, pg: u32, incomplete: bool) -> Op {
+    Op::SetAttr { key: key(partition, pg), name: BACKFILLING.to_vec(), value: vec![u8::from(incomplete)] }
+}
+
+/// Whether a backfill into this OSD's copy of `pg` began and did not end:
+/// such a copy lacks objects, and is never level with a complete one.
+pub fn backfilling(partition: &mut Partition, pg: u32) -> Result<bool, StoreError> {
+    let key = key(partition.index(), pg);
+    match partition.get_attr(key.as_bytes(), BACKFILLING) {
+        Ok(bytes) => Ok(bytes != [0]),
+        Err(StoreError::NotFound | StoreError::AttrNotFound) => Ok(false),
+        Err(err) => Err(err),
+    }
 }
 
 /// The last active interval the store knows for `pg` (0: none recorded,
@@ -98,5 +118,16 @@ mod tests {
         bad.set_attr(key(partition.index(), pg), ATTR.to_vec(), vec![1, 2, 3]);
         partition.apply(&bad).unwrap();
         assert_eq!(read(partition, pg).unwrap(), 0, "a record that does not decode counts as none");
+
+        assert!(!backfilling(partition, pg).unwrap(), "no mark: complete");
+        let mut mark = duplex_store::Batch::new();
+        mark.push(mark_backfilling(partition.index(), pg, true));
+        partition.apply(&mark).unwrap();
+        assert!(backfilling(partition, pg).unwrap());
+        let mut done = duplex_store::Batch::new();
+        done.push(mark_backfilling(partition.index(), pg, false));
+        partition.apply(&done).unwrap();
+        assert!(!backfilling(partition, pg).unwrap());
+        assert_eq!(read(partition, pg).unwrap(), 0, "the mark leaves the interval alone");
     }
 }

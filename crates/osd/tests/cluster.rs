@@ -474,6 +474,7 @@ fn hostile_peering_requests_are_refused_and_the_pg_recovers() {
         members: vec![primary],
         rebuilt: true,
         requests: vec![],
+        backfill: vec![],
     };
     assert!(matches!(ask(1, u64::MAX, PeerOp::Query), PeerReply::Refused(_)), "an interval past the map");
     assert!(matches!(ask(2, map.epoch + 1000, activate(1)), PeerReply::Refused(_)));

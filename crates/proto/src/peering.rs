@@ -83,13 +83,36 @@ pub enum PeerOp {
     /// so its own recent history no longer holds. `requests`: the ids whose
     /// entries are in the authoritative history (a resend of one is
     /// answered, not applied again); they replace the member's own.
+    ///
+    /// `backfill`: the OSDs being backfilled in this interval. They take
+    /// the interval's entries like members (the primary sends every write
+    /// to them too) but their stores are filled in the background. A
+    /// member named there empties its copy of the PG first and counts as
+    /// incomplete until [`PeerOp::BackfillDone`].
     Activate {
         last_seq: u64,
         last_epoch: u32,
         members: Vec<u32>,
         rebuilt: bool,
         requests: Vec<LoggedRequest>,
+        backfill: Vec<u32>,
     },
+    /// A page of the PG's object names, strictly after `cursor`
+    /// ([`PeerReply::Names`]).
+    List {
+        cursor: Vec<u8>,
+    },
+    /// Background backfill, to the primary itself: hold client writes to
+    /// `object` (releasing the one held before; `None`: just release),
+    /// and once none is in flight, apply the log and report the object
+    /// ([`PeerReply::Meta`]); [`PeerReply::Busy`] while writes to it are
+    /// still in flight (ask again).
+    BackfillLock {
+        object: Option<Vec<u8>>,
+    },
+    /// Background backfill, to a target: it now holds every object of the
+    /// PG, so it is a complete copy of this interval from now on.
+    BackfillDone,
     /// Operator → the PG's primary (interval ignored): peer the PG again
     /// with a deep scrub, comparing every object's digest on every member;
     /// with `repair`, bad copies are replaced by good ones. Answered
@@ -168,6 +191,12 @@ pub enum PeerReply {
     Data(Vec<u8>),
     Done,
     Scrubbed(ScrubReport),
+    Names {
+        objects: Vec<Vec<u8>>,
+        more: bool,
+    },
+    /// Not yet: ask again shortly.
+    Busy,
     /// The member could not (or would not) do it; the primary starts over later.
     Refused(String),
 }
@@ -244,14 +273,20 @@ mod tests {
             (name(), any::<u64>(), name()).prop_map(|(object, offset, data)| PeerOp::PushData { object, offset, data }),
             name().prop_map(|object| PeerOp::Remove { object }),
             any::<bool>().prop_map(|repair| PeerOp::Scrub { repair }),
-            (any::<u64>(), any::<u32>(), proptest::collection::vec(any::<u32>(), 0..4), any::<bool>(), requests())
-                .prop_map(|(last_seq, last_epoch, members, rebuilt, requests)| PeerOp::Activate {
-                    last_seq,
-                    last_epoch,
-                    members,
-                    rebuilt,
-                    requests
+            (
+                any::<u64>(),
+                any::<u32>(),
+                proptest::collection::vec(any::<u32>(), 0..4),
+                any::<bool>(),
+                requests(),
+                proptest::collection::vec(any::<u32>(), 0..3)
+            )
+                .prop_map(|(last_seq, last_epoch, members, rebuilt, requests, backfill)| {
+                    PeerOp::Activate { last_seq, last_epoch, members, rebuilt, requests, backfill }
                 }),
+            name().prop_map(|cursor| PeerOp::List { cursor }),
+            proptest::option::of(name()).prop_map(|object| PeerOp::BackfillLock { object }),
+            Just(PeerOp::BackfillDone),
         ]
     }
 
@@ -278,6 +313,9 @@ mod tests {
                 }))),
             name().prop_map(PeerReply::Data),
             Just(PeerReply::Done),
+            (proptest::collection::vec(name(), 0..4), any::<bool>())
+                .prop_map(|(objects, more)| PeerReply::Names { objects, more }),
+            Just(PeerReply::Busy),
             (
                 any::<u64>(),
                 proptest::collection::vec((name(), proptest::collection::vec(any::<u32>(), 0..3), any::<bool>()), 0..3),

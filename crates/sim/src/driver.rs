@@ -1,15 +1,18 @@
 //! The peering thread's schedule, on the simulated clock: which PGs this
 //! OSD (their primary) peers, when a stuck one tries again, one request at
-//! a time. It mirrors `duplex_osd::peering_driver` (the same rules, over
-//! the same [`Peering`] machines and [`primary_intervals`]); only the
-//! blocking calls become messages and a timeout.
+//! a time, and the background backfill after. It mirrors
+//! `duplex_osd::peering_driver` (the same rules, over the same [`Peering`]
+//! and [`Backfill`] machines and [`primary_intervals`]); only the blocking
+//! calls become messages and a timeout.
 
 use std::collections::{BTreeMap, VecDeque};
 
-use duplex_map::OsdId;
+use duplex_map::{Command, OsdId};
+use duplex_osd::backfill::{self, Backfill, Step};
 use duplex_osd::cluster::MapView;
 use duplex_osd::peering::{Action, Peering};
-use duplex_osd::peering_driver::{primary_intervals, Identity, ScrubAsk};
+use duplex_osd::peering_driver::{primary_intervals, Identity, ScrubAsk, Wanted, LOCK_RETRY, TARGET_RETRY};
+use duplex_osd::pg::{pg_number, pool_of};
 use duplex_proto::peering::PeerReply;
 
 /// The real driver's constants.
@@ -21,6 +24,7 @@ struct Machine {
     peering: Peering,
     identity: Identity,
     retry_at: Option<u64>,
+    backfill: Option<Backfill>,
 }
 
 /// A request to another OSD waiting for its answer.
@@ -31,6 +35,14 @@ pub struct Outstanding {
     pub tag: u64,
     pub to: OsdId,
     pub deadline: u64,
+    /// A backfill machine's request (else a peering machine's).
+    pub backfill: bool,
+}
+
+/// What to carry out next.
+pub enum Next {
+    Peering(u32, Action),
+    Backfill(u32, Step),
 }
 
 #[derive(Default)]
@@ -38,12 +50,17 @@ pub struct Driver {
     machines: BTreeMap<u32, Machine>,
     queue: VecDeque<(u32, Action)>,
     seen_epoch: u64,
-    wanted: BTreeMap<u32, (Identity, Vec<OsdId>)>,
+    wanted: BTreeMap<u32, Wanted>,
     next_pass: u64,
     pub outstanding: Option<Outstanding>,
     next_txid: u64,
     pub activations: u64,
     pub recovered_objects: u64,
+    backfill_queue: VecDeque<(u32, Step)>,
+    /// When the next backfill step may go (the throttle, or a lock retry).
+    pub backfill_due: u64,
+    pub backfilled_pgs: u64,
+    pub backfill_objects: u64,
 }
 
 impl Driver {
@@ -69,43 +86,58 @@ impl Driver {
             let wanted = &self.wanted;
             self.machines.retain(|key, _| wanted.contains_key(key));
             self.queue.retain(|(key, _)| wanted.contains_key(key));
+            self.backfill_queue.retain(|(key, _)| wanted.contains_key(key));
             if self.outstanding.is_some_and(|o| !wanted.contains_key(&o.pg)) {
                 self.outstanding = None;
             }
         }
         let mut scrubs: BTreeMap<u32, bool> =
             scrubs.into_iter().filter(|a| self.wanted.contains_key(&a.pg)).map(|a| (a.pg, a.repair)).collect();
-        for (key, (identity, acting)) in self.wanted.clone() {
+        for (key, Wanted { identity, acting, targets, .. }) in self.wanted.clone() {
             let scrub = scrubs.remove(&key);
             let restart = scrub.is_some()
                 || match self.machines.get(&key) {
                     None => true,
                     Some(machine) if machine.identity != identity => true,
                     Some(machine) if machine.peering.is_stuck() => machine.retry_at.is_none_or(|at| now >= at),
-                    Some(machine) if machine.peering.is_active() => !locally_active(key),
+                    Some(machine) if machine.peering.is_active() => {
+                        !locally_active(key)
+                            || (backfill::unfinished(machine.backfill.as_ref(), &targets)
+                                && machine.retry_at.is_some_and(|at| now >= at))
+                    }
                     Some(_) => false,
                 };
             if restart {
-                let (peering, actions) = match scrub {
-                    Some(repair) => Peering::start_scrub(key, view.epoch(), acting, repair),
-                    None => Peering::start(key, view.epoch(), acting),
-                };
+                let (peering, actions) = Peering::start_with_targets(key, view.epoch(), acting, targets, scrub);
                 self.queue.retain(|(pg, _)| *pg != key);
+                self.backfill_queue.retain(|(pg, _)| *pg != key);
                 if self.outstanding.is_some_and(|o| o.pg == key) {
                     self.outstanding = None;
                 }
                 self.queue.extend(actions.into_iter().map(|a| (key, a)));
-                self.machines.insert(key, Machine { peering, identity, retry_at: None });
+                self.machines.insert(key, Machine { peering, identity, retry_at: None, backfill: None });
             }
         }
     }
 
-    /// The next action to carry out, unless a request is still out.
-    pub fn next_action(&mut self) -> Option<(u32, Action)> {
+    /// The next action to carry out, unless a request is still out:
+    /// peering first, then backfill when the throttle lets it go.
+    pub fn next(&mut self, now: u64) -> Option<Next> {
         if self.outstanding.is_some() {
             return None;
         }
-        self.queue.pop_front()
+        if let Some((pg, action)) = self.queue.pop_front() {
+            return Some(Next::Peering(pg, action));
+        }
+        if now < self.backfill_due {
+            return None;
+        }
+        self.backfill_queue.pop_front().map(|(pg, step)| Next::Backfill(pg, step))
+    }
+
+    /// When backfill work waits on the throttle or a lock retry.
+    pub fn backfill_waits_until(&self) -> Option<u64> {
+        (!self.backfill_queue.is_empty()).then_some(self.backfill_due)
     }
 
     pub fn interval_of(&self, pg: u32) -> Option<u64> {
@@ -113,18 +145,31 @@ impl Driver {
     }
 
     /// A transaction id for a request about to go out.
-    pub fn send(&mut self, pg: u32, tag: u64, to: OsdId, now: u64) -> u64 {
+    pub fn send(&mut self, pg: u32, tag: u64, to: OsdId, now: u64, backfill: bool) -> u64 {
         self.next_txid += 1;
         let txid = self.next_txid;
-        self.outstanding = Some(Outstanding { txid, pg, tag, to, deadline: now + REQUEST_TIMEOUT_US });
+        self.outstanding = Some(Outstanding { txid, pg, tag, to, deadline: now + REQUEST_TIMEOUT_US, backfill });
         txid
     }
 
     /// A request's answer (`Err`: it failed or timed out): its machine's
     /// next actions go to the front, so one PG's recovery runs to its end
     /// before the next one's starts (as in the real driver).
-    pub fn on_outcome(&mut self, pg: u32, tag: u64, outcome: Result<PeerReply, String>) {
+    pub fn on_outcome(&mut self, pg: u32, tag: u64, backfill: bool, outcome: Result<PeerReply, String>) {
         let Some(machine) = self.machines.get_mut(&pg) else { return };
+        if backfill {
+            let Some(backfill) = machine.backfill.as_mut() else { return };
+            let copied = backfill.progress.objects_copied;
+            let next = match outcome {
+                Ok(reply) => backfill.on_reply(tag, reply),
+                Err(why) => backfill.on_failure(tag, &why),
+            };
+            self.backfill_objects += backfill.progress.objects_copied - copied;
+            for step in next.into_iter().rev() {
+                self.backfill_queue.push_front((pg, step));
+            }
+            return;
+        }
         let next = match outcome {
             Ok(reply) => machine.peering.on_reply(tag, reply),
             Err(why) => machine.peering.on_failure(tag, &why),
@@ -135,9 +180,9 @@ impl Driver {
     }
 
     /// A machine finished (`Action::Active`) or stopped (`Action::Stuck`).
-    pub fn on_end(&mut self, pg: u32, action: &Action, now: u64) {
+    pub fn on_end(&mut self, pg: u32, me: OsdId, action: Action, now: u64) {
         match action {
-            Action::Active { recovered_objects, authority, last_seq } => {
+            Action::Active { recovered_objects, authority, last_seq, backfill } => {
                 let machine = self.machines.get(&pg);
                 tracing::debug!(
                     at = now,
@@ -147,10 +192,12 @@ impl Driver {
                     authority,
                     last_seq,
                     recovered_objects,
+                    ?backfill,
                     "simulated peering active"
                 );
                 self.activations += 1;
                 self.recovered_objects += recovered_objects;
+                self.start_backfill(pg, me, backfill, now);
             }
             Action::Stuck(why) => {
                 tracing::debug!(pg, %why, "simulated peering stuck");
@@ -160,6 +207,49 @@ impl Driver {
                 self.queue.retain(|(key, _)| *key != pg);
             }
             Action::Send { .. } => {}
+        }
+    }
+
+    /// As the real driver's `start_backfill`.
+    fn start_backfill(&mut self, pg: u32, me: OsdId, targets: Vec<OsdId>, now: u64) {
+        let Some(machine) = self.machines.get_mut(&pg) else { return };
+        let wanted = self.wanted.get(&pg).map_or(0, |w| w.targets.len());
+        if targets.len() < wanted {
+            machine.retry_at = Some(now + TARGET_RETRY.as_micros() as u64);
+        }
+        if targets.is_empty() {
+            return;
+        }
+        let (backfill, steps) = Backfill::start(pg, machine.peering.interval, me, targets);
+        machine.backfill = Some(backfill);
+        self.backfill_queue.extend(steps.into_iter().map(|s| (pg, s)));
+    }
+
+    /// A backfill step that is not a request: when it completed, the
+    /// monitor command that drops the PG's pin.
+    pub fn on_backfill_end(&mut self, pg: u32, step: Step, now: u64) -> Option<Command> {
+        match step {
+            Step::Complete => {
+                self.backfilled_pgs += 1;
+                let interval = self.interval_of(pg)?;
+                let up = self.wanted.get(&pg)?.up.clone();
+                tracing::debug!(at = now, pg, interval, "simulated backfill complete");
+                Some(Command::ClearPgTemp { interval, pgs: vec![(pool_of(pg), pg_number(pg), up)] })
+            }
+            Step::Stuck(why) => {
+                tracing::debug!(pg, %why, "simulated backfill stopped");
+                if let Some(machine) = self.machines.get_mut(&pg) {
+                    machine.retry_at = Some(now + TARGET_RETRY.as_micros() as u64);
+                }
+                self.backfill_queue.retain(|(key, _)| *key != pg);
+                None
+            }
+            Step::SendLater { to, tag, op } => {
+                self.backfill_due = now + LOCK_RETRY.as_micros() as u64;
+                self.backfill_queue.push_front((pg, Step::Send { to, tag, op }));
+                None
+            }
+            Step::Send { .. } => unreachable!("requests are sent, not ended"),
         }
     }
 

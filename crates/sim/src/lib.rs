@@ -66,6 +66,8 @@ pub enum Msg {
     Booted,
     /// Monitor → everyone: the current map.
     Map(Arc<ClusterMap>),
+    /// OSD → monitor: a map command (a backfilled PG's pin to drop).
+    Command(duplex_map::Command),
 }
 
 /// Timers; an OSD's carry its incarnation (a restarted OSD ignores the old ones).
@@ -75,6 +77,8 @@ pub enum Timer {
     OsdHeartbeat,
     /// The flusher's deadline.
     OsdFlush,
+    /// Backfill may go on (the recovery throttle let it, or a lock retry is due).
+    OsdBackfill,
     MonitorTick,
     MonitorGossip,
     /// A client's worker `slot` issues its next operation.

@@ -21,7 +21,9 @@ struct Cli {
     #[arg(long)]
     log: Option<String>,
     /// Only these faults, comma-separated (crash, power-loss,
-    /// power-loss-in-commit, isolate, cut-from-monitor, cut-peer).
+    /// power-loss-in-commit, isolate, cut-from-monitor, cut-peer; and
+    /// mark-out, which the default set leaves out: an operator's out and
+    /// in, so PGs move and are backfilled under load).
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     faults: Vec<FaultKind>,
 }
@@ -49,7 +51,8 @@ fn main() -> Result<()> {
         match run(&config) {
             Ok(report) => println!(
                 "seed {seed}: ok in {:.1}s real, {:.1}s virtual: {} writes acknowledged, {} unknown, {} reads; \
-                 {} faults ({} power cuts in a commit, {} damaged copies found), {} marked down, {} peerings, {} objects recovered; {} messages ({} lost); digest {:016x}",
+                 {} faults ({} power cuts in a commit, {} damaged copies found), {} marked down, {} peerings, {} objects recovered; \
+                 {} PGs backfilled ({} objects), {} pins dropped; {} messages ({} lost); digest {:016x}",
                 started.elapsed().as_secs_f64(),
                 report.virtual_us as f64 / 1e6,
                 report.acknowledged_writes,
@@ -61,6 +64,9 @@ fn main() -> Result<()> {
                 report.marked_down,
                 report.peerings,
                 report.recovered_objects,
+                report.backfilled_pgs,
+                report.backfill_objects,
+                report.pins_cleared,
                 report.messages,
                 report.messages_lost,
                 report.digest,

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use crossbeam_channel::Receiver;
 use duplex_map::{ClusterMap, OsdId};
 use duplex_oplog::RequestId;
+use duplex_osd::backfill::Step;
 use duplex_osd::cluster::{ActingCache, Lease, MapCell};
 use duplex_osd::config::OsdConfig;
 use duplex_osd::flusher::{Flusher, Job, PeerReplyTo, Pending};
@@ -26,11 +27,11 @@ use duplex_osd::peering_driver::ScrubRequests;
 use duplex_osd::pg::{Ack, PgTable, ReplyTo};
 use duplex_osd::replay::replay_recovered;
 use duplex_proto::osd::{OpReply, OpRequest, RepReply, Status};
-use duplex_proto::peering::{PeerReply, PeerRequest};
+use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
 use duplex_proto::{Frame, MessageType};
 use duplex_store::{DeviceConfig, DeviceFaults, DirectIo, IoBackend, Store, StoreConfig};
 
-use crate::driver::Driver;
+use crate::driver::{Driver, Next};
 use crate::{Ctx, Msg, Node, Output, Timer};
 
 /// The real priority thread's replication timeout.
@@ -80,6 +81,8 @@ pub struct Live {
     booting: bool,
     /// When the next flush timer is set for (None: none).
     flush_timer: Option<u64>,
+    /// When the backfill timer fires next (one at a time).
+    backfill_timer: Option<u64>,
 }
 
 fn store_config(faults: Arc<DeviceFaults>) -> StoreConfig {
@@ -142,6 +145,7 @@ impl SimOsd {
         let scrub_requests = ScrubRequests::default();
         let partition = store.into_partitions().pop().context("a store with one partition")?;
         let flusher = Flusher {
+            id: config.id,
             partition,
             jobs,
             pgs: pgs.clone(),
@@ -175,6 +179,7 @@ impl SimOsd {
             driver: Driver::default(),
             booting: true,
             flush_timer: None,
+            backfill_timer: None,
         });
         ctx.send(Node::Monitor, Msg::Boot);
         ctx.timer(ctx.now + HEARTBEAT_US, Timer::OsdHeartbeat);
@@ -231,6 +236,11 @@ impl SimOsd {
         self.damaged_before + self.live.as_ref().map_or(0, |l| l.shared.metrics.damaged_objects.get())
     }
 
+    /// PGs this incarnation backfilled to the end, and objects it copied.
+    pub fn backfills(&self) -> (u64, u64) {
+        self.live.as_ref().map_or((0, 0), |l| (l.driver.backfilled_pgs, l.driver.backfill_objects))
+    }
+
     pub fn activations(&self) -> (u64, u64) {
         self.live.as_ref().map_or((0, 0), |l| (l.driver.activations, l.driver.recovered_objects))
     }
@@ -260,6 +270,12 @@ impl SimOsd {
                 }
                 self.drain(ctx);
             }
+            Timer::OsdBackfill => {
+                if let Some(live) = self.live.as_mut() {
+                    live.backfill_timer = None;
+                }
+                self.pump_peering(ctx);
+            }
             _ => {}
         }
     }
@@ -275,7 +291,7 @@ impl SimOsd {
             Msg::Booted => live.booting = false,
             Msg::Map(map) => self.on_map(ctx, map),
             Msg::Frame(frame) => self.on_frame(ctx, from, frame),
-            Msg::Heartbeat { .. } | Msg::Boot => {}
+            Msg::Heartbeat { .. } | Msg::Boot | Msg::Command(_) => {}
         }
     }
 
@@ -328,7 +344,7 @@ impl SimOsd {
                 let Some(out) = live.driver.outstanding.filter(|o| o.txid == txid && o.to == member) else { return };
                 live.driver.outstanding = None;
                 let outcome = PeerReply::decode(&frame.payload).map_err(|e| e.to_string());
-                live.driver.on_outcome(out.pg, out.tag, outcome);
+                live.driver.on_outcome(out.pg, out.tag, out.backfill, outcome);
                 self.pump_peering(ctx);
             }
             _ => ctx.out.push(Output::Disconnect { peer: from }),
@@ -486,7 +502,7 @@ impl SimOsd {
         let Some(live) = self.live.as_mut() else { return };
         if let Some(out) = live.driver.outstanding.filter(|o| ctx.now >= o.deadline) {
             live.driver.outstanding = None;
-            live.driver.on_outcome(out.pg, out.tag, Err(format!("osd.{}: no answer in time", out.to)));
+            live.driver.on_outcome(out.pg, out.tag, out.backfill, Err(format!("osd.{}: no answer in time", out.to)));
         }
         loop {
             let live = self.live.as_mut().expect("running");
@@ -496,25 +512,49 @@ impl SimOsd {
             live.driver.reconcile(&view, me, ctx.now, scrubs, |key| {
                 pgs.get(key).is_some_and(|pg| pg.lock().expect("PG lock").active.is_some())
             });
-            let Some((pg, action)) = live.driver.next_action() else { break };
-            match action {
-                Action::Send { to, tag, op } => {
-                    let Some(interval) = live.driver.interval_of(pg) else { continue };
-                    let request = PeerRequest { pg, interval, op };
-                    if to == me {
-                        let (sender, receiver) = crossbeam_channel::bounded(1);
-                        let job = Job::Peer { request, reply: PeerReplyTo::Local(sender) };
-                        live.flusher.take(job, &mut live.pending, ctx.instant());
-                        self.drain(ctx);
-                        let live = self.live.as_mut().expect("running");
-                        let outcome = receiver.try_recv().map_err(|_| "the local store did not answer".to_string());
-                        live.driver.on_outcome(pg, tag, outcome);
-                    } else {
-                        let txid = live.driver.send(pg, tag, to, ctx.now);
-                        ctx.send(Node::Osd(to), Msg::Frame(request.to_frame(txid)));
-                    }
+            let Some(next) = live.driver.next(ctx.now) else { break };
+            let (pg, to, tag, op, backfill) = match next {
+                Next::Peering(pg, Action::Send { to, tag, op }) => (pg, to, tag, op, false),
+                Next::Peering(pg, end) => {
+                    live.driver.on_end(pg, me, end, ctx.now);
+                    continue;
                 }
-                end => live.driver.on_end(pg, &end, ctx.now),
+                Next::Backfill(pg, Step::Send { to, tag, op }) => {
+                    // The recovery throttle, on the simulated clock.
+                    let rate = live.shared.config.recovery_bytes_per_sec;
+                    if let (PeerOp::PushData { data, .. }, true) = (&op, rate > 0) {
+                        live.driver.backfill_due = ctx.now + data.len() as u64 * 1_000_000 / rate;
+                    }
+                    (pg, to, tag, op, true)
+                }
+                Next::Backfill(pg, end) => {
+                    if let Some(command) = live.driver.on_backfill_end(pg, end, ctx.now) {
+                        ctx.send(Node::Monitor, Msg::Command(command));
+                    }
+                    continue;
+                }
+            };
+            let Some(interval) = live.driver.interval_of(pg) else { continue };
+            let request = PeerRequest { pg, interval, op };
+            if to == me {
+                let (sender, receiver) = crossbeam_channel::bounded(1);
+                let job = Job::Peer { request, reply: PeerReplyTo::Local(sender) };
+                live.flusher.take(job, &mut live.pending, ctx.instant());
+                self.drain(ctx);
+                let live = self.live.as_mut().expect("running");
+                let outcome = receiver.try_recv().map_err(|_| "the local store did not answer".to_string());
+                live.driver.on_outcome(pg, tag, backfill, outcome);
+            } else {
+                let txid = live.driver.send(pg, tag, to, ctx.now, backfill);
+                ctx.send(Node::Osd(to), Msg::Frame(request.to_frame(txid)));
+            }
+        }
+        // Backfill held back by the throttle (or a lock retry) wakes the OSD then.
+        let Some(live) = self.live.as_mut() else { return };
+        if let Some(at) = live.driver.backfill_waits_until().filter(|at| *at > ctx.now) {
+            if live.backfill_timer.is_none_or(|t| t <= ctx.now || at < t) {
+                live.backfill_timer = Some(at);
+                ctx.timer(at, Timer::OsdBackfill);
             }
         }
     }

@@ -1,0 +1,307 @@
+//! Background backfill of one PG, run by its primary while the PG serves
+//! I/O: a sans-I/O state machine like [`crate::peering`], carried out by
+//! the peering thread (or a simulator) at the recovery throttle's pace.
+//!
+//! The map pins a PG that moved onto new OSDs to the OSDs that hold it
+//! (duplex_map::pg_temp). Peering activated the new ones as *backfill
+//! targets*: each emptied its copy, marked it incomplete, and takes every
+//! write of the interval from then on. What it lacks is what was written
+//! before. This machine copies that, object by object, in name order:
+//!
+//! 1. **Lock** the object at the primary ([`PeerOp::BackfillLock`]): new
+//!    client writes to it wait; once those in flight are on every replica
+//!    and target, the primary applies its log and reports the object.
+//! 2. **Copy** it to each target (`PushStart`, then `Pull` from the primary
+//!    and `PushData` per chunk; chunks of zeros are skipped, the target's
+//!    new object reads zeros there already). A target first applies its
+//!    own log, so the writes it took to this object land before the copy,
+//!    which holds them. An object gone by then is removed on the targets.
+//! 3. Next object; the lock moves with it. After the last one, the lock is
+//!    released and each target is told its copy is complete
+//!    ([`PeerOp::BackfillDone`]), which it records durably.
+//!
+//! Then [`Step::Complete`]: the driver asks the monitor to drop the pin,
+//! and the up set takes over with nothing left to copy. An object created
+//! after the listing passed its name needs no copy: the target took every
+//! write to it. Anything unexpected stops the machine ([`Step::Stuck`]);
+//! the target's copy stays marked incomplete, so it is never trusted.
+
+use std::collections::VecDeque;
+
+use duplex_map::OsdId;
+use duplex_proto::peering::{ObjectMeta, PeerOp, PeerReply, CHUNK_BYTES};
+
+use crate::peering::Progress;
+
+/// What the driver does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Ask `to` (the primary itself, or a target); answer with `on_reply`.
+    Send {
+        to: OsdId,
+        tag: u64,
+        op: PeerOp,
+    },
+    /// The same, after a short pause: writes to the object are in flight.
+    SendLater {
+        to: OsdId,
+        tag: u64,
+        op: PeerOp,
+    },
+    /// Every target holds the whole PG: the pin may go.
+    Complete,
+    Stuck(String),
+}
+
+pub struct Backfill {
+    pub pg: u32,
+    pub interval: u64,
+    primary: OsdId,
+    targets: Vec<OsdId>,
+    stage: Stage,
+    /// The last name listed, and whether the primary has more after it.
+    cursor: Vec<u8>,
+    more: bool,
+    /// Names listed and not copied yet.
+    names: VecDeque<Vec<u8>>,
+    waiting: Option<u64>,
+    next_tag: u64,
+    pub progress: Progress,
+}
+
+enum Stage {
+    Listing,
+    Locking {
+        object: Vec<u8>,
+    },
+    /// `PushStart` to `targets[next]` and on.
+    Starting {
+        object: Vec<u8>,
+        meta: ObjectMeta,
+        next: usize,
+    },
+    Pulling {
+        object: Vec<u8>,
+        size: u64,
+        offset: u64,
+    },
+    Pushing {
+        object: Vec<u8>,
+        size: u64,
+        offset: u64,
+        data: Vec<u8>,
+        next: usize,
+    },
+    Removing {
+        object: Vec<u8>,
+        next: usize,
+    },
+    Unlocking,
+    Finishing {
+        next: usize,
+    },
+    Complete,
+    Stuck,
+}
+
+impl Backfill {
+    /// Starts backfilling `targets` from `primary` (this OSD) in the
+    /// interval that began at map epoch `interval`.
+    pub fn start(pg: u32, interval: u64, primary: OsdId, targets: Vec<OsdId>) -> (Backfill, Vec<Step>) {
+        assert!(!targets.is_empty() && !targets.contains(&primary), "targets are other OSDs");
+        let mut backfill = Backfill {
+            pg,
+            interval,
+            primary,
+            targets,
+            stage: Stage::Listing,
+            cursor: Vec::new(),
+            more: true,
+            names: VecDeque::new(),
+            waiting: None,
+            next_tag: 1,
+            progress: Progress::default(),
+        };
+        let step = backfill.send(primary, PeerOp::List { cursor: Vec::new() });
+        (backfill, vec![step])
+    }
+
+    pub fn targets(&self) -> &[OsdId] {
+        &self.targets
+    }
+
+    pub fn is_complete(&self) -> bool {
+        matches!(self.stage, Stage::Complete)
+    }
+
+    pub fn is_stuck(&self) -> bool {
+        matches!(self.stage, Stage::Stuck)
+    }
+
+    fn send(&mut self, to: OsdId, op: PeerOp) -> Step {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.waiting = Some(tag);
+        Step::Send { to, tag, op }
+    }
+
+    fn stuck(&mut self, why: String) -> Vec<Step> {
+        self.stage = Stage::Stuck;
+        self.waiting = None;
+        vec![Step::Stuck(format!("PG {:#x} backfill: {why}", self.pg))]
+    }
+
+    /// A request could not be carried out (unreachable, timed out).
+    pub fn on_failure(&mut self, tag: u64, why: &str) -> Vec<Step> {
+        if self.waiting != Some(tag) {
+            return Vec::new();
+        }
+        self.stuck(why.to_string())
+    }
+
+    /// The answer to request `tag` (others are ignored: late, or from
+    /// before the machine stopped).
+    pub fn on_reply(&mut self, tag: u64, reply: PeerReply) -> Vec<Step> {
+        if self.waiting != Some(tag) {
+            return Vec::new();
+        }
+        self.waiting = None;
+        if let PeerReply::Refused(why) = reply {
+            return self.stuck(format!("refused: {why}"));
+        }
+        let stage = std::mem::replace(&mut self.stage, Stage::Stuck);
+        let step = match (stage, reply) {
+            (Stage::Listing, PeerReply::Names { objects, more }) => {
+                match objects.last() {
+                    Some(last) if last > &self.cursor => self.cursor = last.clone(),
+                    None if !more => {}
+                    _ => return self.stuck("a listing page did not advance".into()),
+                }
+                if objects.windows(2).any(|w| w[0] >= w[1]) {
+                    return self.stuck("a listing page out of order".into());
+                }
+                self.more = more;
+                self.names.extend(objects);
+                self.next_object()
+            }
+            (Stage::Locking { object }, PeerReply::Busy) => {
+                let op = PeerOp::BackfillLock { object: Some(object.clone()) };
+                self.stage = Stage::Locking { object };
+                let Step::Send { to, tag, op } = self.send(self.primary, op) else { unreachable!() };
+                Step::SendLater { to, tag, op }
+            }
+            (Stage::Locking { object }, PeerReply::Meta(None)) => self.remove_on(object, 0),
+            (Stage::Locking { object }, PeerReply::Meta(Some(meta))) => self.start_on(object, meta, 0),
+            (Stage::Starting { object, meta, next }, PeerReply::Done) => {
+                if next + 1 < self.targets.len() {
+                    self.start_on(object, meta, next + 1)
+                } else {
+                    self.pull(object, meta.size, 0)
+                }
+            }
+            (Stage::Pulling { object, size, offset }, PeerReply::Data(data)) => {
+                let expected = chunk_len(size, offset);
+                if data.len() as u64 != expected {
+                    return self.stuck(format!("pulled {} bytes of a {expected}-byte chunk", data.len()));
+                }
+                if data.iter().all(|b| *b == 0) {
+                    // The targets' new object reads zeros there already.
+                    self.pull(object, size, offset + expected)
+                } else {
+                    self.push_to(object, size, offset, data, 0)
+                }
+            }
+            (Stage::Pushing { object, size, offset, data, next }, PeerReply::Done) => {
+                if next + 1 < self.targets.len() {
+                    self.push_to(object, size, offset, data, next + 1)
+                } else {
+                    self.progress.bytes_copied += data.len() as u64 * self.targets.len() as u64;
+                    self.pull(object, size, offset + data.len() as u64)
+                }
+            }
+            (Stage::Removing { object, next }, PeerReply::Done) => {
+                if next + 1 < self.targets.len() {
+                    self.remove_on(object, next + 1)
+                } else {
+                    self.progress.objects_removed += 1;
+                    self.next_object()
+                }
+            }
+            (Stage::Unlocking, PeerReply::Done) => self.finish_on(0),
+            (Stage::Finishing { next }, PeerReply::Done) => {
+                if next + 1 < self.targets.len() {
+                    self.finish_on(next + 1)
+                } else {
+                    self.stage = Stage::Complete;
+                    Step::Complete
+                }
+            }
+            (_, reply) => return self.stuck(format!("unexpected answer {reply:?}")),
+        };
+        vec![step]
+    }
+
+    /// The next object to copy, the next page of names, or the end.
+    fn next_object(&mut self) -> Step {
+        if let Some(object) = self.names.pop_front() {
+            self.stage = Stage::Locking { object: object.clone() };
+            return self.send(self.primary, PeerOp::BackfillLock { object: Some(object) });
+        }
+        if self.more {
+            self.stage = Stage::Listing;
+            return self.send(self.primary, PeerOp::List { cursor: self.cursor.clone() });
+        }
+        self.stage = Stage::Unlocking;
+        self.send(self.primary, PeerOp::BackfillLock { object: None })
+    }
+
+    fn start_on(&mut self, object: Vec<u8>, meta: ObjectMeta, next: usize) -> Step {
+        let op = PeerOp::PushStart {
+            object: object.clone(),
+            size: meta.size,
+            preallocated: meta.preallocated,
+            attrs: meta.attrs.clone(),
+        };
+        self.stage = Stage::Starting { object, meta, next };
+        self.send(self.targets[next], op)
+    }
+
+    fn pull(&mut self, object: Vec<u8>, size: u64, offset: u64) -> Step {
+        if offset >= size {
+            self.progress.objects_copied += 1;
+            return self.next_object();
+        }
+        let len = chunk_len(size, offset) as u32;
+        let op = PeerOp::Pull { object: object.clone(), offset, len };
+        self.stage = Stage::Pulling { object, size, offset };
+        self.send(self.primary, op)
+    }
+
+    fn push_to(&mut self, object: Vec<u8>, size: u64, offset: u64, data: Vec<u8>, next: usize) -> Step {
+        let op = PeerOp::PushData { object: object.clone(), offset, data: data.clone() };
+        self.stage = Stage::Pushing { object, size, offset, data, next };
+        self.send(self.targets[next], op)
+    }
+
+    fn remove_on(&mut self, object: Vec<u8>, next: usize) -> Step {
+        let op = PeerOp::Remove { object: object.clone() };
+        self.stage = Stage::Removing { object, next };
+        self.send(self.targets[next], op)
+    }
+
+    fn finish_on(&mut self, next: usize) -> Step {
+        self.stage = Stage::Finishing { next };
+        self.send(self.targets[next], PeerOp::BackfillDone)
+    }
+}
+
+/// Whether an active PG has backfill targets `backfill` is not filling
+/// (none started: they could not be reached; other ones; or it stopped):
+/// peering it again takes them in.
+pub fn unfinished(backfill: Option<&Backfill>, targets: &[OsdId]) -> bool {
+    !targets.is_empty() && backfill.is_none_or(|b| b.targets() != targets || b.is_stuck())
+}
+
+fn chunk_len(size: u64, offset: u64) -> u64 {
+    (size - offset).min(CHUNK_BYTES as u64)
+}
