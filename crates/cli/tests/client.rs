@@ -455,31 +455,97 @@ fn a_damaged_block_is_read_repaired_and_scrub_finds_and_repairs_another() {
 }
 
 /// Issue 7, scenario 9: add a fourth OSD under load. The PGs that map to
-/// it are backfilled (it starts empty) and go on; no acknowledged write is
-/// lost, no read is stale, and client I/O keeps making progress.
+/// it stay served by their old OSDs while it is backfilled in the
+/// background (it starts empty), then move to it; no acknowledged write is
+/// lost, no read is stale, and client I/O never stops for a second.
 #[test]
 fn an_osd_added_under_load_is_backfilled() {
     let cluster = DevCluster::start();
     let client = cluster.client();
     let run = Verifying::start(&client);
     run.wait_for_progress("before adding an OSD");
+    let watch = StallWatch::start(run.counters.clone());
     let started = Instant::now();
     run_ok(cluster.cli().args(["dev", "add-osd", "--dir"]).arg(cluster.path()));
     let added = started.elapsed();
-    let resumed = run.wait_for_progress("after osd.3 joined");
-    // It holds data now: the PGs that moved to it were backfilled.
-    std::thread::sleep(Duration::from_secs(2));
-    let map = client.map();
-    let pool = &map.pools[&client.pool_id("rbd").unwrap()];
+    // The moved PGs stay pinned to their old OSDs while osd.3 is filled in
+    // the background; then their primaries ask for the pins to go.
+    let pool_id = client.pool_id("rbd").unwrap();
+    let mut pinned_at_most = 0;
+    let map = loop {
+        let map = client.monitor().map(1).expect("the monitor answers");
+        pinned_at_most = pinned_at_most.max(map.pg_temp.len());
+        if map.osds.contains_key(&3) && map.pg_temp.is_empty() && pinned_at_most > 0 {
+            break map;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "backfill did not finish: {:?}", map.pg_temp);
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let backfilled = started.elapsed();
+    run.wait_for_progress("after the backfill");
+    let (longest_stall, stalls) = watch.stop();
+    let pool = &map.pools[&pool_id];
     let hierarchy = map.hierarchy();
     let moved = (0..pool.pg_num).filter(|pg| map.acting(&hierarchy, pool, *pg).contains(&3)).count();
-    assert!(moved > 0, "some PGs map to the new OSD");
+    assert!(moved > 0, "some PGs are served by the new OSD");
+    assert_eq!(pinned_at_most, moved, "each moved PG was pinned while it was backfilled");
+    // Reads now come from osd.3 for the PGs it is primary of: the checker
+    // sees every acknowledged write there.
     let report = run.finish();
     eprintln!(
-        "add osd.3 under load ({moved} of {} PGs moved to it): added in {added:?}, I/O went on within {resumed:?}; {report}",
+        "add osd.3 under load ({moved} of {} PGs moved to it): added in {added:?}, backfilled and serving after \
+         {backfilled:?}; longest time without an acknowledged write: {longest_stall:?} (over 200 ms, at and for: \
+         {stalls:?}); {report}",
         pool.pg_num
     );
     assert!(report.is_ok(), "{report}");
+    assert!(
+        longest_stall < Duration::from_secs(1),
+        "client I/O stopped for {longest_stall:?} while the new OSD was backfilled"
+    );
+}
+
+/// Samples a workload's acknowledged writes every 10 ms, to find the
+/// longest time none was acknowledged, and when the stalls over 200 ms
+/// began (from the start of the watch).
+struct StallWatch {
+    stop: Arc<AtomicBool>,
+    sampler: std::thread::JoinHandle<(Duration, Vec<(Duration, Duration)>)>,
+}
+
+impl StallWatch {
+    fn start(counters: Arc<workload::Counters>) -> StallWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let sampler = std::thread::spawn(move || {
+            let started = Instant::now();
+            let (mut last, mut since, mut longest, mut stalls) = (0, started, Duration::ZERO, Vec::new());
+            let mut note = |since: Instant, longest: &mut Duration| {
+                let stall = since.elapsed();
+                *longest = (*longest).max(stall);
+                if stall > Duration::from_millis(200) {
+                    stalls.push((since - started, stall));
+                }
+            };
+            while !flag.load(Ordering::Relaxed) {
+                let now = counters.acknowledged.load(Ordering::Relaxed);
+                if now != last {
+                    note(since, &mut longest);
+                    (last, since) = (now, Instant::now());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            note(since, &mut longest);
+            (longest, stalls)
+        });
+        StallWatch { stop, sampler }
+    }
+
+    /// The longest stall seen, and the long ones.
+    fn stop(self) -> (Duration, Vec<(Duration, Duration)>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.sampler.join().expect("the sampler does not panic")
+    }
 }
 
 /// Issue 7, scenario 5: with three monitors, kill -9 an OSD and, while it

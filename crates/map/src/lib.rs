@@ -245,24 +245,22 @@ impl ClusterMap {
     }
 
     /// The acting set, which serves the PG (the first is the primary): the
-    /// up members of its temporary set if it has one, else the up set.
+    /// up members of its temporary set if it has one (none: the PG waits for
+    /// one to come back, see [`pg_temp`]), else the up set.
     pub fn acting(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
-        if let Some(temp) = self.pg_temp.get(&(pool.id, pg)) {
-            let up: Vec<OsdId> = temp.iter().copied().filter(|id| self.is_up(*id)).collect();
-            if !up.is_empty() {
-                return up;
-            }
+        match self.pg_temp.get(&(pool.id, pg)) {
+            Some(temp) => temp.iter().copied().filter(|id| self.is_up(*id)).collect(),
+            None => self.up_set(hierarchy, pool, pg),
         }
-        self.up_set(hierarchy, pool, pg)
     }
 
     /// The members of the up set that are not acting: the OSDs the PG's
     /// primary backfills.
     pub fn backfill_targets(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
-        if !self.pg_temp.contains_key(&(pool.id, pg)) {
+        let acting = self.acting(hierarchy, pool, pg);
+        if !self.pg_temp.contains_key(&(pool.id, pg)) || acting.is_empty() {
             return Vec::new();
         }
-        let acting = self.acting(hierarchy, pool, pg);
         self.up_set(hierarchy, pool, pg).into_iter().filter(|id| !acting.contains(id)).collect()
     }
 

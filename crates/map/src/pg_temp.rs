@@ -10,12 +10,18 @@
 //! the primary asks the monitor to drop the pin ([`Command::ClearPgTemp`]),
 //! and the up set takes over with no more to copy.
 //!
-//! The rules, applied after every command ([`settle`]):
-//! - placement changed and the new up set has an OSD the old acting set
-//!   lacks: pin the PG to the old acting set;
-//! - placement changed and the new up set needs nothing new: no pin;
-//! - a pin none of whose OSDs is up is dropped: the up set takes over
-//!   (there is nothing else to serve from).
+//! The rules, applied after every command that moves PGs ([`settle`]):
+//! - the new up set has an OSD the OSDs holding the PG lack (its pin, or
+//!   else its old acting set): pin the PG to those;
+//! - the new up set needs nothing new: no pin.
+//!
+//! A pin stays while none of its OSDs is up, and the PG has no acting set
+//! meanwhile (its I/O waits): they may hold its only whole copy, as the up
+//! set's OSDs may be unfinished backfills, or never have held it at all.
+//! When one of them comes back it serves again and backfill resumes. The
+//! simulator found why: a PG pinned to the one OSD that booted first lost
+//! it before its backfill ended; handing the PG to its up set then made an
+//! OSD that never held it the authority, and acknowledged writes vanished.
 //!
 //! [`Command::ClearPgTemp`]: crate::Command::ClearPgTemp
 
@@ -42,20 +48,17 @@ pub(crate) fn settle(old: &ClusterMap, new: &ClusterMap) -> Vec<Change> {
             let Some(old_pool) = old.pools.get(&pool.id) else { continue };
             // PGs a split just made have no acting set to keep.
             for pg in 0..pool.pg_num.min(old_pool.pg_num) {
-                let old_acting = old.acting(&old_hierarchy, old_pool, pg);
-                let new_up = new.up_set(&new_hierarchy, pool, pg);
-                let needs_data = new_up.iter().any(|osd| !old_acting.contains(osd));
-                let wanted = if needs_data && !old_acting.is_empty() { old_acting } else { Vec::new() };
                 let current = new.pg_temp.get(&(pool.id, pg)).cloned().unwrap_or_default();
+                // Who holds the PG: its pin (down OSDs included), or the
+                // OSDs that served it.
+                let holders =
+                    if current.is_empty() { old.acting(&old_hierarchy, old_pool, pg) } else { current.clone() };
+                let new_up = new.up_set(&new_hierarchy, pool, pg);
+                let needs_data = new_up.iter().any(|osd| !holders.contains(osd));
+                let wanted = if needs_data && !holders.is_empty() { holders } else { Vec::new() };
                 if wanted != current {
                     changes.push(Change::SetPgTemp { pool: pool.id, pg, osds: wanted });
                 }
-            }
-        }
-    } else {
-        for ((pool, pg), osds) in &new.pg_temp {
-            if !osds.iter().any(|osd| new.is_up(*osd)) {
-                changes.push(Change::SetPgTemp { pool: *pool, pg: *pg, osds: Vec::new() });
             }
         }
     }

@@ -224,10 +224,16 @@ fn pins_follow_failures_and_further_moves() {
     map.run(&Command::MarkDown { id: temp[0] }).unwrap();
     assert_eq!(map.acting(&map.hierarchy(), &pool, pg), temp[1..].to_vec());
     assert_eq!(map.pg_temp[&(pool.id, pg)], temp, "the pin stays while one of its OSDs is up");
-    // With every pinned OSD down the pin goes: only the up set is left.
+    // With every pinned OSD down the pin stays (they may hold the only
+    // whole copy) and the PG waits; an OSD of the pin that comes back
+    // serves again.
     map.run(&Command::MarkDown { id: temp[1] }).unwrap();
-    assert!(!map.pg_temp.contains_key(&(pool.id, pg)));
-    assert_eq!(map.acting(&map.hierarchy(), &pool, pg), map.up_set(&map.hierarchy(), &pool, pg));
+    assert_eq!(map.pg_temp[&(pool.id, pg)], temp);
+    assert!(map.acting(&map.hierarchy(), &pool, pg).is_empty());
+    map.run(&Command::MarkOut { id: temp[1] }).unwrap();
+    assert_eq!(map.pg_temp[&(pool.id, pg)], temp, "not even placement moves a pin none of whose OSDs is up");
+    map.run(&boot(temp[1], &format!("host-{}", temp[1] / 2))).unwrap();
+    assert_eq!(map.acting(&map.hierarchy(), &pool, pg), vec![temp[1]]);
 
     // The new OSD leaves again before its backfill ended: the PGs it took
     // go back where they were and need no pin.

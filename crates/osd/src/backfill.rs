@@ -11,14 +11,19 @@
 //! 1. **Lock** the object at the primary ([`PeerOp::BackfillLock`]): new
 //!    client writes to it wait; once those in flight are on every replica
 //!    and target, the primary applies its log and reports the object.
-//! 2. **Copy** it to each target (`PushStart`, then `Pull` from the primary
-//!    and `PushData` per chunk; chunks of zeros are skipped, the target's
-//!    new object reads zeros there already). A target first applies its
-//!    own log, so the writes it took to this object land before the copy,
-//!    which holds them. An object gone by then is removed on the targets.
-//! 3. Next object; the lock moves with it. After the last one, the lock is
-//!    released and each target is told its copy is complete
-//!    ([`PeerOp::BackfillDone`]), which it records durably.
+//!    Each target replaces its copy with an empty one of that size and
+//!    those attributes (`PushStart`). An object gone by then is removed on
+//!    the targets.
+//! 2. **Copy** its data a chunk at a time, each under a lock of just that
+//!    byte range (so writes elsewhere in the object go on): `Pull` from the
+//!    primary, `PushData` to each target, release. Chunks of zeros are
+//!    skipped: the target's copy reads zeros there, or what writes since
+//!    put there, which the primary holds too. A target first applies its
+//!    own log, so the writes it took land before the copy, which holds
+//!    them; writes after the copy reach both alike.
+//! 3. Next object. After the last one, the lock is released and each
+//!    target is told its copy is complete ([`PeerOp::BackfillDone`]),
+//!    which it records durably.
 //!
 //! Then [`Step::Complete`]: the driver asks the monitor to drop the pin,
 //! and the up set takes over with nothing left to copy. An object created
@@ -71,6 +76,7 @@ pub struct Backfill {
 
 enum Stage {
     Listing,
+    /// The whole object, for its size and attributes.
     Locking {
         object: Vec<u8>,
     },
@@ -80,17 +86,26 @@ enum Stage {
         meta: ObjectMeta,
         next: usize,
     },
+    /// The chunk at `offset`.
+    LockingChunk {
+        object: Vec<u8>,
+        offset: u64,
+    },
     Pulling {
         object: Vec<u8>,
-        size: u64,
         offset: u64,
+        len: u64,
     },
     Pushing {
         object: Vec<u8>,
-        size: u64,
         offset: u64,
         data: Vec<u8>,
         next: usize,
+    },
+    /// The chunk is on every target; then the one after `offset`.
+    Releasing {
+        object: Vec<u8>,
+        offset: u64,
     },
     Removing {
         object: Vec<u8>,
@@ -185,10 +200,9 @@ impl Backfill {
                 self.next_object()
             }
             (Stage::Locking { object }, PeerReply::Busy) => {
-                let op = PeerOp::BackfillLock { object: Some(object.clone()) };
+                let op = PeerOp::BackfillLock { object: Some(object.clone()), start: 0, end: u64::MAX };
                 self.stage = Stage::Locking { object };
-                let Step::Send { to, tag, op } = self.send(self.primary, op) else { unreachable!() };
-                Step::SendLater { to, tag, op }
+                self.send_later(op)
             }
             (Stage::Locking { object }, PeerReply::Meta(None)) => self.remove_on(object, 0),
             (Stage::Locking { object }, PeerReply::Meta(Some(meta))) => self.start_on(object, meta, 0),
@@ -196,29 +210,48 @@ impl Backfill {
                 if next + 1 < self.targets.len() {
                     self.start_on(object, meta, next + 1)
                 } else {
-                    self.pull(object, meta.size, 0)
+                    self.lock_chunk(object, 0)
                 }
             }
-            (Stage::Pulling { object, size, offset }, PeerReply::Data(data)) => {
-                let expected = chunk_len(size, offset);
-                if data.len() as u64 != expected {
-                    return self.stuck(format!("pulled {} bytes of a {expected}-byte chunk", data.len()));
+            (Stage::LockingChunk { object, offset }, PeerReply::Busy) => {
+                let op = PeerOp::BackfillLock { object: Some(object.clone()), start: offset, end: chunk_end(offset) };
+                self.stage = Stage::LockingChunk { object, offset };
+                self.send_later(op)
+            }
+            // Deleted since it was started: the targets took the delete.
+            (Stage::LockingChunk { object, .. }, PeerReply::Meta(None)) => self.remove_on(object, 0),
+            (Stage::LockingChunk { object, offset }, PeerReply::Meta(Some(meta))) => {
+                if offset >= meta.size {
+                    self.progress.objects_copied += 1;
+                    self.next_object()
+                } else {
+                    let len = (meta.size - offset).min(CHUNK_BYTES as u64);
+                    let op = PeerOp::Pull { object: object.clone(), offset, len: len as u32 };
+                    self.stage = Stage::Pulling { object, offset, len };
+                    self.send(self.primary, op)
+                }
+            }
+            (Stage::Pulling { object, offset, len }, PeerReply::Data(data)) => {
+                if data.len() as u64 != len {
+                    return self.stuck(format!("pulled {} bytes of a {len}-byte chunk", data.len()));
                 }
                 if data.iter().all(|b| *b == 0) {
-                    // The targets' new object reads zeros there already.
-                    self.pull(object, size, offset + expected)
+                    self.lock_chunk(object, offset + len)
                 } else {
-                    self.push_to(object, size, offset, data, 0)
+                    self.push_to(object, offset, data, 0)
                 }
             }
-            (Stage::Pushing { object, size, offset, data, next }, PeerReply::Done) => {
+            (Stage::Pushing { object, offset, data, next }, PeerReply::Done) => {
                 if next + 1 < self.targets.len() {
-                    self.push_to(object, size, offset, data, next + 1)
+                    self.push_to(object, offset, data, next + 1)
                 } else {
                     self.progress.bytes_copied += data.len() as u64 * self.targets.len() as u64;
-                    self.pull(object, size, offset + data.len() as u64)
+                    // Released before the throttle's pause, not after.
+                    self.stage = Stage::Releasing { object, offset: offset + data.len() as u64 };
+                    self.send(self.primary, PeerOp::BackfillLock { object: None, start: 0, end: 0 })
                 }
             }
+            (Stage::Releasing { object, offset }, PeerReply::Done) => self.lock_chunk(object, offset),
             (Stage::Removing { object, next }, PeerReply::Done) => {
                 if next + 1 < self.targets.len() {
                     self.remove_on(object, next + 1)
@@ -241,18 +274,29 @@ impl Backfill {
         vec![step]
     }
 
+    fn send_later(&mut self, op: PeerOp) -> Step {
+        let Step::Send { to, tag, op } = self.send(self.primary, op) else { unreachable!("send sends") };
+        Step::SendLater { to, tag, op }
+    }
+
     /// The next object to copy, the next page of names, or the end.
     fn next_object(&mut self) -> Step {
         if let Some(object) = self.names.pop_front() {
             self.stage = Stage::Locking { object: object.clone() };
-            return self.send(self.primary, PeerOp::BackfillLock { object: Some(object) });
+            return self.send(self.primary, PeerOp::BackfillLock { object: Some(object), start: 0, end: u64::MAX });
         }
         if self.more {
             self.stage = Stage::Listing;
             return self.send(self.primary, PeerOp::List { cursor: self.cursor.clone() });
         }
         self.stage = Stage::Unlocking;
-        self.send(self.primary, PeerOp::BackfillLock { object: None })
+        self.send(self.primary, PeerOp::BackfillLock { object: None, start: 0, end: 0 })
+    }
+
+    fn lock_chunk(&mut self, object: Vec<u8>, offset: u64) -> Step {
+        let op = PeerOp::BackfillLock { object: Some(object.clone()), start: offset, end: chunk_end(offset) };
+        self.stage = Stage::LockingChunk { object, offset };
+        self.send(self.primary, op)
     }
 
     fn start_on(&mut self, object: Vec<u8>, meta: ObjectMeta, next: usize) -> Step {
@@ -266,20 +310,9 @@ impl Backfill {
         self.send(self.targets[next], op)
     }
 
-    fn pull(&mut self, object: Vec<u8>, size: u64, offset: u64) -> Step {
-        if offset >= size {
-            self.progress.objects_copied += 1;
-            return self.next_object();
-        }
-        let len = chunk_len(size, offset) as u32;
-        let op = PeerOp::Pull { object: object.clone(), offset, len };
-        self.stage = Stage::Pulling { object, size, offset };
-        self.send(self.primary, op)
-    }
-
-    fn push_to(&mut self, object: Vec<u8>, size: u64, offset: u64, data: Vec<u8>, next: usize) -> Step {
+    fn push_to(&mut self, object: Vec<u8>, offset: u64, data: Vec<u8>, next: usize) -> Step {
         let op = PeerOp::PushData { object: object.clone(), offset, data: data.clone() };
-        self.stage = Stage::Pushing { object, size, offset, data, next };
+        self.stage = Stage::Pushing { object, offset, data, next };
         self.send(self.targets[next], op)
     }
 
@@ -302,6 +335,6 @@ pub fn unfinished(backfill: Option<&Backfill>, targets: &[OsdId]) -> bool {
     !targets.is_empty() && backfill.is_none_or(|b| b.targets() != targets || b.is_stuck())
 }
 
-fn chunk_len(size: u64, offset: u64) -> u64 {
-    (size - offset).min(CHUNK_BYTES as u64)
+fn chunk_end(offset: u64) -> u64 {
+    offset.saturating_add(CHUNK_BYTES as u64)
 }

@@ -75,6 +75,7 @@ impl Flusher {
                 self.apply_recovery(&batch)
             }
             PeerOp::PushData { object, offset, data } => {
+                self.flush_pg(key)?;
                 let key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
                 let mut batch = Batch::new();
                 batch.write(key, offset, data);
@@ -107,14 +108,17 @@ impl Flusher {
                 }
                 if !target {
                     // The store too, which outlives an `shm` log (stored_interval.rs).
+                    // A member activated by peering holds the whole PG, even
+                    // if it was an unfinished backfill target before.
                     let mut batch = Batch::new();
                     batch.push(stored_interval::record(self.partition.index(), key, interval));
+                    batch.push(stored_interval::mark_backfilling(self.partition.index(), key, false));
                     self.apply(&batch).map_err(|e| e.to_string())?;
                 }
                 Ok(PeerReply::Done)
             }
             PeerOp::List { cursor } => self.list_names(key, &cursor),
-            PeerOp::BackfillLock { object } => self.backfill_lock(pg, key, interval, object),
+            PeerOp::BackfillLock { object, start, end } => self.backfill_lock(pg, key, interval, object, start, end),
             PeerOp::BackfillDone => {
                 let is_target = |guard: &crate::pg::Pg| {
                     guard.active.as_ref().is_some_and(|a| a.interval == interval && a.backfill.contains(&self.id))
@@ -175,15 +179,17 @@ impl Flusher {
         key: u32,
         interval: u64,
         object: Option<Vec<u8>>,
+        start: u64,
+        end: u64,
     ) -> Result<PeerReply, String> {
         let flush_first = {
             let mut guard = pg.lock().expect("PG lock");
             if guard.active.as_ref().is_none_or(|a| a.interval != interval) {
                 return Err(format!("the PG is not active in interval {interval} here"));
             }
-            guard.backfill_lock = object.as_ref().map(|o| bytes::Bytes::copy_from_slice(o));
+            guard.backfill_lock = object.as_ref().map(|o| (bytes::Bytes::copy_from_slice(o), start, end));
             let Some(object) = &object else { return Ok(PeerReply::Done) };
-            if guard.uncommitted.touches(object, 0, u64::MAX) {
+            if guard.uncommitted.touches(object, start, end) {
                 // New writes to it wait now; those in flight end soon.
                 return Ok(PeerReply::Busy);
             }
@@ -230,7 +236,7 @@ impl Flusher {
             // Filled only in part: it lacks objects, so it is never level
             // with a member, nor the authority over one.
             tracing::info!(pg = key, "this OSD's copy of the PG is an unfinished backfill");
-            let info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: 0, history_from: 1 };
+            let info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: 0, history_from: 1, backfilling: true };
             return Ok(PeerReply::Info { info, requests: Vec::new() });
         }
         let mut info = PeerInfo {
@@ -238,6 +244,7 @@ impl Flusher {
             last_epoch: guard.log.last_epoch(),
             last_active: guard.log.last_active(),
             history_from: guard.history_from(),
+            backfilling: false,
         };
         if stored > info.last_active {
             // The log was lost (a power loss took the `shm` log): this copy
@@ -248,7 +255,7 @@ impl Flusher {
                 interval = stored,
                 "the PG log was lost; reporting the interval the store recorded"
             );
-            info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: stored, history_from: 1 };
+            info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: stored, history_from: 1, backfilling: false };
         }
         Ok(PeerReply::Info { info, requests: guard.requests.logged() })
     }

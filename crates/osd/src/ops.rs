@@ -384,7 +384,8 @@ fn mutate(
         }
         Some(RequestState::Failed) | None => {}
     }
-    if guard.backfill_lock.as_ref().is_some_and(|locked| *locked == request.object) {
+    let (start, end) = changed_range(log_op, offset, data);
+    if guard.backfill_lock.as_ref().is_some_and(|(locked, s, e)| *locked == request.object && *s < end && start < *e) {
         drop(guard);
         metrics.backfill_retries.add(1);
         return reply(&op, Status::Retry, epoch, "the object is being copied to a new replica");

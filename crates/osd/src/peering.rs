@@ -164,10 +164,13 @@ enum CopyStage {
 
 /// The member whose history wins: newest `last_active`, then highest
 /// `last_seq`; on a tie the primary (no data needs to move through it),
-/// then the lowest id.
+/// then the lowest id. An unfinished backfill lacks objects and never wins:
+/// with only such members there is no authority (the PG waits for an OSD
+/// that holds it whole).
 pub fn choose_authority(primary: OsdId, infos: &BTreeMap<OsdId, PeerInfo>) -> Option<(OsdId, PeerInfo)> {
     infos
         .iter()
+        .filter(|(_, info)| !info.backfilling)
         .max_by_key(|(osd, info)| (info.last_active, info.last_seq, **osd == primary, std::cmp::Reverse(**osd)))
         .map(|(osd, info)| (*osd, *info))
 }
@@ -414,7 +417,12 @@ impl Peering {
             infos.insert(osd, info);
             logged.insert(osd, requests);
         }
-        let (authority, info) = choose_authority(primary, &infos).expect("every member answered");
+        let Some((authority, info)) = choose_authority(primary, &infos) else {
+            return self.stuck(format!(
+                "PG {:#x}: every member's copy is an unfinished backfill; waiting for an OSD that holds the whole PG",
+                self.pg
+            ));
+        };
         let mut on_history = BTreeSet::from([authority]);
         let mut targets = VecDeque::new();
         for (osd, member) in infos.iter().filter(|(osd, _)| **osd != authority) {
@@ -692,7 +700,8 @@ impl Peering {
             last_seq: recovery.info.last_seq,
             last_epoch: recovery.info.last_epoch,
             members: members.clone(),
-            rebuilt: recovery.changed.contains(&osd),
+            // A target's store is emptied: its own history no longer holds.
+            rebuilt: recovery.changed.contains(&osd) || targets.contains(&osd),
             requests: requests.clone(),
             backfill: targets.clone(),
         };
@@ -819,6 +828,8 @@ mod tests {
         logged: Vec<LoggedRequest>,
         rebuilt: bool,
         answered: u32,
+        /// An unfinished backfill target's copy.
+        backfilling: bool,
     }
 
     /// The request id of the entry at `seq` of `epoch` (a divergent entry,
@@ -845,6 +856,7 @@ mod tests {
                         last_epoch: self.last_epoch,
                         last_active: self.last_active,
                         history_from: self.history.first().map_or(self.last_seq + 1, |(seq, ..)| *seq),
+                        backfilling: self.backfilling,
                     },
                     requests: self.logged.clone(),
                 },
@@ -1084,7 +1096,7 @@ mod tests {
         let stuck = machine.on_reply(tags[0], PeerReply::Refused("older interval".into()));
         assert!(matches!(&stuck[..], [Action::Stuck(_)]));
         assert!(machine.is_stuck());
-        let info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: 0, history_from: 1 };
+        let info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: 0, history_from: 1, backfilling: false };
         assert!(machine.on_reply(tags[1], PeerReply::Info { info, requests: vec![] }).is_empty(), "late answer");
 
         let (mut machine, actions) = Peering::start(7, 9, vec![0, 1]);
@@ -1095,7 +1107,13 @@ mod tests {
 
     #[test]
     fn the_authority_is_the_newest_interval_then_the_longest_log_then_the_primary() {
-        let info = |last_active, last_seq| PeerInfo { last_seq, last_epoch: 5, last_active, history_from: 1 };
+        let info = |last_active, last_seq| PeerInfo {
+            last_seq,
+            last_epoch: 5,
+            last_active,
+            history_from: 1,
+            backfilling: false,
+        };
         let infos: BTreeMap<OsdId, PeerInfo> = [(0, info(4, 100)), (1, info(5, 10)), (2, info(5, 12))].into();
         assert_eq!(choose_authority(0, &infos).map(|(osd, _)| osd), Some(2));
         let tie: BTreeMap<OsdId, PeerInfo> = [(3, info(5, 12)), (1, info(5, 12)), (2, info(5, 12))].into();
@@ -1339,5 +1357,55 @@ mod tests {
                 prop_assert_eq!(&member.logged, &main_ids, "member {} request ids", i);
             }
         }
+    }
+
+    #[test]
+    fn an_unfinished_backfill_is_never_the_authority_and_alone_it_waits() {
+        let whole = active_member(&[("a", b"1"), ("b", b"2")]);
+        // Took the newest writes while it was filled, but lacks older objects.
+        let mut partial = active_member(&[("a", b"1"), ("b", b"2"), ("c", b"3")]);
+        partial.objects.remove(b"a".as_slice());
+        partial.backfilling = true;
+        partial.last_active = 7;
+        let mut members = vec![partial.clone(), whole];
+        let outcome = run(&mut members, 9);
+        assert!(matches!(outcome, Action::Active { authority: 1, .. }), "{outcome:?}");
+        assert_eq!(members[0].objects, members[1].objects, "the partial copy was backfilled from the whole one");
+
+        let mut alone = vec![partial.clone(), partial];
+        let outcome = run(&mut alone, 9);
+        assert!(matches!(&outcome, Action::Stuck(why) if why.contains("unfinished backfill")), "{outcome:?}");
+        assert!(alone.iter().all(|m| m.last_active == 7), "nothing was activated");
+    }
+
+    #[test]
+    fn targets_are_fenced_and_activated_but_have_no_say_and_an_unreachable_one_is_left_out() {
+        let member = active_member(&[("a", b"1")]);
+        // A target claims a newer interval and more entries: ignored.
+        let mut target = active_member(&[("a", b"9"), ("z", b"9")]);
+        target.last_active = 8;
+        let mut members = [member.clone(), member, target];
+        let (mut machine, actions) = Peering::start_with_targets(7, 9, vec![0, 1], vec![2, 3], None);
+        let mut queue: VecDeque<Action> = actions.into();
+        let mut primary_backfill = None;
+        let outcome = loop {
+            match queue.pop_front().expect("peering ends") {
+                Action::Send { to: 3, tag, .. } => queue.extend(machine.on_failure(tag, "unreachable")),
+                Action::Send { to, tag, op } => {
+                    if let (0, PeerOp::Activate { backfill, .. }) = (to, &op) {
+                        primary_backfill = Some(backfill.clone());
+                    }
+                    let reply = members[to as usize].answer(op, 9);
+                    queue.extend(machine.on_reply(tag, reply));
+                }
+                end => break end,
+            }
+        };
+        assert_eq!(outcome, Action::Active { authority: 0, last_seq: 1, recovered_objects: 0, backfill: vec![2] });
+        assert_eq!(primary_backfill, Some(vec![2]), "the primary replicates to the target that answered");
+        assert_eq!(members[2].answered, 2, "the target was queried and activated");
+        assert_eq!(members[2].last_active, 9);
+        assert!(members[2].rebuilt);
+        assert_eq!(members[1].objects, members[0].objects, "nothing moved because of the target's claims");
     }
 }

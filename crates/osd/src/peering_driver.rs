@@ -554,11 +554,7 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
             }
             let Some(key) = pg_key(pool.id, number) else { continue };
             let up = view.map.up_set(&view.hierarchy, pool, number);
-            let targets: Vec<OsdId> = if view.map.pg_temp.contains_key(&(pool.id, number)) {
-                up.iter().copied().filter(|osd| !acting.contains(osd)).collect()
-            } else {
-                Vec::new()
-            };
+            let targets = view.map.backfill_targets(&view.hierarchy, pool, number);
             let identity = (incarnations(view, &acting), incarnations(view, &targets));
             wanted.insert(key, Wanted { identity, acting, targets, up });
         }

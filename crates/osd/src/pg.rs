@@ -111,11 +111,12 @@ pub struct Pg {
     /// entry: peering recovers a member that is only a little behind by
     /// copying just these objects.
     history: VecDeque<(u64, u32, Bytes)>,
-    /// Primary side, background backfill: the object being copied to the
-    /// backfill targets. Client writes to it wait (are answered `Retry`)
-    /// until the copy is on every target: one landing in between would
-    /// reach a target and then be overwritten there by the older copy.
-    pub backfill_lock: Option<Bytes>,
+    /// Primary side, background backfill: the object, and its byte range,
+    /// being copied to the backfill targets. Client writes to it wait (are
+    /// answered `Retry`) until the copy is on every target: one landing in
+    /// between would reach a target and then be overwritten there by the
+    /// older copy.
+    pub backfill_lock: Option<(Bytes, u64, u64)>,
 }
 
 /// A primary's writes in flight to its replicas, by write id, with the

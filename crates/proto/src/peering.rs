@@ -103,12 +103,14 @@ pub enum PeerOp {
         cursor: Vec<u8>,
     },
     /// Background backfill, to the primary itself: hold client writes to
-    /// `object` (releasing the one held before; `None`: just release),
-    /// and once none is in flight, apply the log and report the object
-    /// ([`PeerReply::Meta`]); [`PeerReply::Busy`] while writes to it are
-    /// still in flight (ask again).
+    /// bytes `start..end` of `object` (releasing what was held before;
+    /// `None`: just release), and once none is in flight, apply the log and
+    /// report the object ([`PeerReply::Meta`]); [`PeerReply::Busy`] while
+    /// writes to that range are still in flight (ask again).
     BackfillLock {
         object: Option<Vec<u8>>,
+        start: u64,
+        end: u64,
     },
     /// Background backfill, to a target: it now holds every object of the
     /// PG, so it is a complete copy of this interval from now on.
@@ -135,6 +137,9 @@ pub struct PeerInfo {
     /// The oldest seq whose object its recent history still names; entries
     /// after `history_from - 1` can be recovered object by object.
     pub history_from: u64,
+    /// Its copy is an unfinished backfill: it lacks objects, so it is never
+    /// the authority (and never level with one).
+    pub backfilling: bool,
 }
 
 /// A client request id a member logged, and the seq of its entry.
@@ -285,16 +290,17 @@ mod tests {
                     PeerOp::Activate { last_seq, last_epoch, members, rebuilt, requests, backfill }
                 }),
             name().prop_map(|cursor| PeerOp::List { cursor }),
-            proptest::option::of(name()).prop_map(|object| PeerOp::BackfillLock { object }),
+            (proptest::option::of(name()), any::<u64>(), any::<u64>())
+                .prop_map(|(object, start, end)| PeerOp::BackfillLock { object, start, end }),
             Just(PeerOp::BackfillDone),
         ]
     }
 
     fn reply() -> impl Strategy<Value = PeerReply> {
         prop_oneof![
-            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>(), requests()).prop_map(
-                |(last_seq, last_epoch, last_active, history_from, requests)| {
-                    let info = PeerInfo { last_seq, last_epoch, last_active, history_from };
+            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>(), any::<bool>(), requests()).prop_map(
+                |(last_seq, last_epoch, last_active, history_from, backfilling, requests)| {
+                    let info = PeerInfo { last_seq, last_epoch, last_active, history_from, backfilling };
                     PeerReply::Info { info, requests }
                 }
             ),

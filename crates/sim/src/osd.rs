@@ -520,6 +520,7 @@ impl SimOsd {
                     continue;
                 }
                 Next::Backfill(pg, Step::Send { to, tag, op }) => {
+                    tracing::trace!(at = ctx.now, osd = me, pg, to, ?op, "backfill request");
                     // The recovery throttle, on the simulated clock.
                     let rate = live.shared.config.recovery_bytes_per_sec;
                     if let (PeerOp::PushData { data, .. }, true) = (&op, rate > 0) {

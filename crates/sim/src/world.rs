@@ -564,6 +564,9 @@ impl World {
                 (Active::Cut, vec![Node::Osd(peer)])
             }
             FaultKind::MarkOut => {
+                if !self.monitor.map.osds.contains_key(&id) {
+                    return Ok(()); // not booted yet
+                }
                 if self.monitor.run(&Command::MarkOut { id }) {
                     self.broadcast_map();
                 }
