@@ -277,19 +277,22 @@ fn osd_stats(client: &Client, addr: &str) -> Result<OsdStats> {
 }
 
 /// PG states over all pools: active+clean (all copies up), degraded (writes
-/// go on with fewer copies), inactive (fewer than min_size up: I/O waits).
+/// go on with fewer copies), inactive (fewer than min_size up: I/O waits),
+/// and +backfilling: moved by placement, served by the OSDs that hold it
+/// while its new ones are filled in the background.
 fn pg_states(map: &ClusterMap) -> BTreeMap<&'static str, u32> {
     let hierarchy = map.hierarchy();
     let mut states = BTreeMap::new();
     for pool in map.pools.values() {
         for pg in 0..pool.pg_num {
             let up = map.acting(&hierarchy, pool, pg).len();
-            let state = if up >= pool.size as usize {
-                "active+clean"
-            } else if up >= pool.min_size as usize {
-                "active+degraded"
-            } else {
-                "inactive"
+            let backfilling = map.pg_temp.contains_key(&(pool.id, pg));
+            let state = match (up >= pool.size as usize, up >= pool.min_size as usize, backfilling) {
+                (true, _, false) => "active+clean",
+                (true, _, true) => "active+backfilling",
+                (false, true, false) => "active+degraded",
+                (false, true, true) => "active+degraded+backfilling",
+                (false, false, _) => "inactive",
             };
             *states.entry(state).or_default() += 1;
         }

@@ -338,3 +338,149 @@ pub fn unfinished(backfill: Option<&Backfill>, targets: &[OsdId]) -> bool {
 fn chunk_end(offset: u64) -> u64 {
     offset.saturating_add(CHUNK_BYTES as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    type Objects = BTreeMap<Vec<u8>, Vec<u8>>;
+
+    /// The primary (0) and targets (1, 2) as the machine sees them.
+    struct Model {
+        primary: Objects,
+        targets: BTreeMap<OsdId, Objects>,
+        /// Lock requests answered Busy before one succeeds.
+        busy: u32,
+        locked: Option<(Vec<u8>, u64, u64)>,
+        done: Vec<OsdId>,
+        later: u32,
+    }
+
+    impl Model {
+        fn answer(&mut self, to: OsdId, op: PeerOp) -> PeerReply {
+            let meta = |data: &Vec<u8>| ObjectMeta { size: data.len() as u64, preallocated: false, attrs: Vec::new() };
+            if to != 0 {
+                let store = self.targets.get_mut(&to).expect("a target");
+                return match op {
+                    PeerOp::PushStart { object, size, .. } => {
+                        store.insert(object, vec![0; size as usize]);
+                        PeerReply::Done
+                    }
+                    PeerOp::PushData { object, offset, data } => {
+                        let held = store.get_mut(&object).expect("started");
+                        assert!(
+                            self.locked.as_ref().is_some_and(|(o, s, e)| *o == object
+                                && *s <= offset
+                                && offset + data.len() as u64 <= *e),
+                            "a chunk is pushed under its lock"
+                        );
+                        held[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
+                        PeerReply::Done
+                    }
+                    PeerOp::Remove { object } => {
+                        store.remove(&object);
+                        PeerReply::Done
+                    }
+                    PeerOp::BackfillDone => {
+                        self.done.push(to);
+                        PeerReply::Done
+                    }
+                    other => panic!("{other:?} sent to a target"),
+                };
+            }
+            match op {
+                PeerOp::List { cursor } => {
+                    let objects: Vec<Vec<u8>> =
+                        self.primary.keys().filter(|k| cursor.is_empty() || **k > cursor).take(2).cloned().collect();
+                    let more = objects.last().is_some_and(|last| self.primary.keys().any(|k| k > last));
+                    PeerReply::Names { objects, more }
+                }
+                PeerOp::BackfillLock { object, start, end } => {
+                    self.locked = object.clone().map(|o| (o, start, end));
+                    let Some(object) = object else { return PeerReply::Done };
+                    if self.busy > 0 {
+                        self.busy -= 1;
+                        return PeerReply::Busy;
+                    }
+                    PeerReply::Meta(self.primary.get(&object).map(meta))
+                }
+                PeerOp::Pull { object, offset, len } => {
+                    let data = &self.primary[&object];
+                    PeerReply::Data(data[offset as usize..(offset + len as u64) as usize].to_vec())
+                }
+                other => panic!("{other:?} sent to the primary"),
+            }
+        }
+    }
+
+    fn run(model: &mut Model, mut deleted_after_listing: Option<Vec<u8>>) -> (Backfill, Step) {
+        let (mut machine, steps) = Backfill::start(7, 9, 0, vec![1, 2]);
+        let mut queue: VecDeque<Step> = steps.into();
+        while let Some(step) = queue.pop_front() {
+            let (to, tag, op) = match step {
+                Step::Send { to, tag, op } => (to, tag, op),
+                Step::SendLater { to, tag, op } => {
+                    model.later += 1;
+                    (to, tag, op)
+                }
+                end => return (machine, end),
+            };
+            if let (PeerOp::BackfillLock { object: Some(object), .. }, Some(gone)) = (&op, &deleted_after_listing) {
+                if object == gone {
+                    model.primary.remove(gone);
+                    deleted_after_listing = None;
+                }
+            }
+            let reply = model.answer(to, op);
+            queue.extend(machine.on_reply(tag, reply));
+        }
+        panic!("the machine neither completed nor stopped");
+    }
+
+    #[test]
+    fn every_object_reaches_every_target_in_locked_chunks_and_zeros_are_skipped() {
+        let big: Vec<u8> = (0..(2 * CHUNK_BYTES as usize + 1000)).map(|i| (i % 251) as u8 + 1).collect();
+        let mut sparse = vec![0u8; 2 * CHUNK_BYTES as usize];
+        sparse[CHUNK_BYTES as usize + 5] = 9;
+        let primary: Objects = [
+            (b"a".to_vec(), b"small".to_vec()),
+            (b"b".to_vec(), big),
+            (b"c".to_vec(), Vec::new()),
+            (b"d".to_vec(), sparse),
+            (b"e".to_vec(), b"gone soon".to_vec()),
+        ]
+        .into();
+        // A target holds a partial copy from the writes it took already.
+        let partial: Objects = [(b"a".to_vec(), b"sm".to_vec()), (b"e".to_vec(), b"gone".to_vec())].into();
+        let targets = [(1, partial.clone()), (2, partial)].into();
+        let mut model = Model { primary, targets, busy: 2, locked: None, done: Vec::new(), later: 0 };
+        let (machine, end) = run(&mut model, Some(b"e".to_vec()));
+        assert_eq!(end, Step::Complete);
+        assert!(machine.is_complete());
+        for (id, store) in &model.targets {
+            assert_eq!(store, &model.primary, "target {id}");
+        }
+        assert_eq!(model.done, vec![1, 2], "each target is told it is complete");
+        assert_eq!(model.later, 2, "a busy lock is asked again after a pause");
+        assert_eq!(model.locked, None, "the last lock is released");
+        assert_eq!(machine.progress.objects_copied, 4);
+        assert_eq!(machine.progress.objects_removed, 1, "the object deleted after the listing");
+        let nonzero_chunks = 5 + (2 * CHUNK_BYTES as u64 + 1000) + CHUNK_BYTES as u64;
+        assert_eq!(machine.progress.bytes_copied, 2 * nonzero_chunks, "zero chunks are not sent");
+    }
+
+    #[test]
+    fn a_refusal_stops_it_and_late_answers_are_ignored() {
+        let (mut machine, steps) = Backfill::start(7, 9, 0, vec![1]);
+        let Step::Send { tag, .. } = steps[0].clone() else { panic!("a request first") };
+        assert!(machine.on_reply(tag + 5, PeerReply::Done).is_empty(), "not the awaited answer");
+        let stop = machine.on_reply(tag, PeerReply::Refused("not active".into()));
+        assert!(matches!(&stop[..], [Step::Stuck(why)] if why.contains("not active")));
+        assert!(machine.is_stuck());
+        assert!(unfinished(Some(&machine), &[1]), "a stopped backfill is taken up again");
+        assert!(!unfinished(None, &[]), "nothing to fill");
+        assert!(unfinished(None, &[1]));
+    }
+}
