@@ -190,19 +190,22 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Waits until the map shows every running OSD up.
+    /// Waits until the map shows every running OSD up and no PG pinned (no
+    /// backfill under way: every acting set is its up set).
     pub fn wait_all_up(&self, timeout: Duration) -> Result<()> {
         let client = self.mon_client();
         let started = Instant::now();
         while started.elapsed() < timeout {
             if let Ok(map) = client.map(1) {
-                if self.osds.keys().all(|id| map.osds.get(id).is_some_and(|o| o.up)) {
+                // Up, and no PG still being backfilled onto an OSD that
+                // booted after its pool was made (its acting set is final).
+                if self.osds.keys().all(|id| map.osds.get(id).is_some_and(|o| o.up)) && map.pg_temp.is_empty() {
                     return Ok(());
                 }
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        bail!("OSDs not up after {timeout:?}")
+        bail!("OSDs not up (or PGs still backfilling) after {timeout:?}")
     }
 
     /// The OSD's metrics page.
