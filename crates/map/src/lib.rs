@@ -75,6 +75,14 @@ pub struct ClusterMap {
     pub pg_temp: BTreeMap<(PoolId, u32), Vec<OsdId>>,
 }
 
+/// Where a PG lives ([`ClusterMap::pg_sets`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PgSets {
+    pub up: Vec<OsdId>,
+    pub acting: Vec<OsdId>,
+    pub backfill: Vec<OsdId>,
+}
+
 /// One change inside a delta.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Change {
@@ -254,14 +262,18 @@ impl ClusterMap {
         }
     }
 
-    /// The members of the up set that are not acting: the OSDs the PG's
-    /// primary backfills.
-    pub fn backfill_targets(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
-        let acting = self.acting(hierarchy, pool, pg);
-        if !self.pg_temp.contains_key(&(pool.id, pg)) || acting.is_empty() {
-            return Vec::new();
+    /// A PG's up set, acting set and backfill targets (the up set's OSDs
+    /// that are not acting, which its primary fills), placing it once.
+    pub fn pg_sets(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> PgSets {
+        let up = self.up_set(hierarchy, pool, pg);
+        if !self.pg_temp.contains_key(&(pool.id, pg)) {
+            return PgSets { acting: up.clone(), up, backfill: Vec::new() };
         }
-        self.up_set(hierarchy, pool, pg).into_iter().filter(|id| !acting.contains(id)).collect()
+        let acting = self.acting(hierarchy, pool, pg);
+        // A pin with no OSD up leaves the PG without a primary to fill anyone.
+        let backfill =
+            if acting.is_empty() { Vec::new() } else { up.iter().copied().filter(|id| !acting.contains(id)).collect() };
+        PgSets { up, acting, backfill }
     }
 
     pub fn is_up(&self, id: OsdId) -> bool {

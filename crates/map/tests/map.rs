@@ -190,7 +190,7 @@ fn a_new_osd_is_backfilled_while_the_old_acting_sets_serve() {
     assert!(!moved.is_empty(), "a fourth host takes some PGs");
     for pg in 0..64u32 {
         assert_eq!(map.acting(&hierarchy, &pool, pg), before[pg as usize], "PG {pg}: the same OSDs serve it");
-        let targets = map.backfill_targets(&hierarchy, &pool, pg);
+        let targets = map.pg_sets(&hierarchy, &pool, pg).backfill;
         if moved.contains(&pg) {
             assert_eq!(map.pg_temp[&(pool.id, pg)], before[pg as usize]);
             assert_eq!(targets, vec![6], "PG {pg}: the new OSD is its one backfill target");
@@ -255,6 +255,6 @@ fn pins_follow_failures_and_further_moves() {
     map.run(&Command::MarkOut { id: 1 }).unwrap();
     for pg in used {
         assert!(map.pg_temp[&(pool.id, pg)].contains(&1), "PG {pg}");
-        assert!(!map.backfill_targets(&map.hierarchy(), &pool, pg).is_empty());
+        assert!(!map.pg_sets(&map.hierarchy(), &pool, pg).backfill.is_empty());
     }
 }

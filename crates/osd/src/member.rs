@@ -90,6 +90,9 @@ impl Flusher {
             }
             PeerOp::Scrub { .. } => Err("a scrub is asked of the PG's primary, not of a member's store".into()),
             PeerOp::Activate { last_seq, last_epoch, members, rebuilt, requests, backfill } => {
+                if backfill.iter().any(|t| members.contains(t)) {
+                    return Err(format!("backfill targets {backfill:?} overlap the members {members:?}"));
+                }
                 let target = backfill.contains(&self.id);
                 if target {
                     self.begin_backfill(key)?;
@@ -202,16 +205,24 @@ impl Flusher {
         self.stat(key, &object)
     }
 
-    fn list_names(&mut self, key: u32, cursor: &[u8]) -> Result<PeerReply, String> {
+    /// A page of the PG's store keys strictly after `cursor` (an object
+    /// name), and whether more follow.
+    fn page_after(&self, key: u32, cursor: &[u8]) -> (Vec<Key>, bool) {
         let group = key.to_be_bytes();
         let mut start = [&group[..], cursor].concat();
         if !cursor.is_empty() {
             start.push(0); // strictly after the cursor
         }
         let end = key.checked_add(1).map(u32::to_be_bytes);
-        let keys = self.partition.list(&start, end.as_ref().map(|e| &e[..]), DIGEST_PAGE + 1);
+        let mut keys = self.partition.list(&start, end.as_ref().map(|e| &e[..]), DIGEST_PAGE + 1);
         let more = keys.len() > DIGEST_PAGE;
-        let objects = keys.iter().take(DIGEST_PAGE).map(|k| k.as_bytes()[4..].to_vec()).collect();
+        keys.truncate(DIGEST_PAGE);
+        (keys, more)
+    }
+
+    fn list_names(&mut self, key: u32, cursor: &[u8]) -> Result<PeerReply, String> {
+        let (keys, more) = self.page_after(key, cursor);
+        let objects = keys.iter().map(|k| k.as_bytes()[4..].to_vec()).collect();
         Ok(PeerReply::Names { objects, more })
     }
 
@@ -261,16 +272,9 @@ impl Flusher {
     }
 
     fn digests(&mut self, key: u32, cursor: &[u8]) -> Result<PeerReply, String> {
-        let group = key.to_be_bytes();
-        let mut start = [&group[..], cursor].concat();
-        if !cursor.is_empty() {
-            start.push(0); // strictly after the cursor
-        }
-        let end = key.checked_add(1).map(u32::to_be_bytes);
-        let keys = self.partition.list(&start, end.as_ref().map(|e| &e[..]), DIGEST_PAGE + 1);
-        let more = keys.len() > DIGEST_PAGE;
-        let mut objects = Vec::with_capacity(keys.len().min(DIGEST_PAGE));
-        for store_key in keys.iter().take(DIGEST_PAGE) {
+        let (keys, more) = self.page_after(key, cursor);
+        let mut objects = Vec::with_capacity(keys.len());
+        for store_key in &keys {
             let digest = match self.digest(store_key.as_bytes()) {
                 Ok(digest) => Some(digest),
                 Err(err @ StoreError::ChecksumMismatch { .. }) => {

@@ -432,7 +432,6 @@ fn mutate(
                 Err(err) => return reply(&op, Status::Io, epoch, err),
             }
             if !replicas.is_empty() {
-                let (start, end) = changed_range(log_op, offset, data);
                 guard.uncommitted.begin(write, request.object.clone(), start, end);
             }
             let depth = guard.log.len();
@@ -445,7 +444,6 @@ fn mutate(
             guard.sync_seq += 1;
             let seq = guard.sync_seq;
             guard.requests.set(request_id, RequestState::InFlight, seq);
-            let (start, end) = changed_range(log_op, offset, data);
             guard.uncommitted.begin(write, request.object.clone(), start, end);
             drop(guard);
             let entry = Entry {

@@ -195,18 +195,7 @@ impl Peering {
     /// Starts peering `pg` for the interval beginning at map epoch
     /// `interval`, with `members[0]` the primary (this OSD).
     pub fn start(pg: u32, interval: u64, members: Vec<OsdId>) -> (Peering, Vec<Action>) {
-        Peering::begin(pg, interval, members, Vec::new(), None)
-    }
-
-    /// Peering of a PG pinned to `members` while `targets` are backfilled.
-    pub fn start_with_targets(
-        pg: u32,
-        interval: u64,
-        members: Vec<OsdId>,
-        targets: Vec<OsdId>,
-        scrub: Option<bool>,
-    ) -> (Peering, Vec<Action>) {
-        Peering::begin(pg, interval, members, targets, scrub)
+        Peering::start_with_targets(pg, interval, members, Vec::new(), None)
     }
 
     /// Peering followed by a deep scrub: after recovery, every member's
@@ -214,10 +203,12 @@ impl Peering {
     /// from a good one (the authority's when it is readable). The report
     /// is [`Peering::scrub_report`] once active.
     pub fn start_scrub(pg: u32, interval: u64, members: Vec<OsdId>, repair: bool) -> (Peering, Vec<Action>) {
-        Peering::begin(pg, interval, members, Vec::new(), Some(repair))
+        Peering::start_with_targets(pg, interval, members, Vec::new(), Some(repair))
     }
 
-    fn begin(
+    /// Peering of a PG pinned to `members` while `targets` are backfilled,
+    /// followed by a deep scrub if `scrub` is `Some(repair)`.
+    pub fn start_with_targets(
         pg: u32,
         interval: u64,
         members: Vec<OsdId>,

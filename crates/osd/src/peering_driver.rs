@@ -299,27 +299,23 @@ impl PeeringDriver {
             });
             let scrub =
                 scrubs.remove(&key).or_else(|| scheduled.then_some(ScrubAsk { pg: key, repair: false, reply: None }));
-            let restart = scrub.is_some()
-                || match self.machines.get(&key) {
-                    None => true,
-                    Some(machine) if machine.identity != identity => true,
-                    Some(machine) if machine.peering.is_stuck() => machine.retry_at.is_none_or(|at| now >= at),
-                    Some(machine) if machine.peering.is_active() => {
-                        !self.locally_active(key)
-                            || (crate::backfill::unfinished(machine.backfill.as_ref(), &targets)
-                                && machine.retry_at.is_some_and(|at| now >= at))
-                    }
-                    Some(_) => false,
-                };
+            let machine = self.machines.get(&key).map(|m| MachineState {
+                peering: &m.peering,
+                same_interval: m.identity == identity,
+                retry_due: m.retry_at.map(|at| now >= at),
+                backfill: m.backfill.as_ref(),
+            });
+            let restart = scrub.is_some() || restart_due(machine, &targets, || self.locally_active(key));
+            // Targets to fill, and no backfill of them complete yet.
+            let filling = !targets.is_empty()
+                && !self.machines.get(&key).and_then(|m| m.backfill.as_ref()).is_some_and(Backfill::is_complete);
             if restart {
                 self.start(key, view.epoch(), identity, acting, targets, scrub);
             }
             if self.machines.get(&key).is_none_or(|m| !m.peering.is_active()) {
                 inactive += 1;
             }
-            if self.machines.get(&key).is_none_or(|m| m.backfill.as_ref().is_none_or(|b| !b.is_complete()))
-                && !self.wanted.get(&key).is_none_or(|w| w.targets.is_empty())
-            {
+            if filling {
                 backfilling += 1;
             }
         }
@@ -542,19 +538,50 @@ impl PeeringDriver {
     }
 }
 
+/// What [`restart_due`] looks at of a PG's machine.
+pub struct MachineState<'a> {
+    pub peering: &'a Peering,
+    /// Its interval is the PG's current one.
+    pub same_interval: bool,
+    /// Whether its retry time has come (`None`: none is set).
+    pub retry_due: Option<bool>,
+    pub backfill: Option<&'a Backfill>,
+}
+
+/// Whether a PG's peering starts (again): it has no machine, its interval
+/// changed, a stuck machine's retry is due, a failed write deactivated the
+/// PG, or backfill targets the active machine is not filling are due to be
+/// taken in. This driver and the simulator's decide by it alike.
+pub fn restart_due(
+    machine: Option<MachineState<'_>>,
+    targets: &[OsdId],
+    locally_active: impl FnOnce() -> bool,
+) -> bool {
+    let Some(machine) = machine else { return true };
+    if !machine.same_interval {
+        return true;
+    }
+    if machine.peering.is_stuck() {
+        return machine.retry_due.unwrap_or(true);
+    }
+    if machine.peering.is_active() {
+        return !locally_active()
+            || (crate::backfill::unfinished(machine.backfill, targets) && machine.retry_due == Some(true));
+    }
+    false
+}
+
 /// The PGs `me` is primary of in `view`: each one's interval, acting set
 /// and backfill targets.
 pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
     let mut wanted = BTreeMap::new();
     for pool in view.map.pools.values() {
         for number in 0..pool.pg_num {
-            let acting = view.map.acting(&view.hierarchy, pool, number);
+            let duplex_map::PgSets { up, acting, backfill: targets } = view.map.pg_sets(&view.hierarchy, pool, number);
             if acting.first() != Some(&me) {
                 continue;
             }
             let Some(key) = pg_key(pool.id, number) else { continue };
-            let up = view.map.up_set(&view.hierarchy, pool, number);
-            let targets = view.map.backfill_targets(&view.hierarchy, pool, number);
             let identity = (incarnations(view, &acting), incarnations(view, &targets));
             wanted.insert(key, Wanted { identity, acting, targets, up });
         }

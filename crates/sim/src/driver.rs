@@ -8,10 +8,12 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use duplex_map::{Command, OsdId};
-use duplex_osd::backfill::{self, Backfill, Step};
+use duplex_osd::backfill::{Backfill, Step};
 use duplex_osd::cluster::MapView;
 use duplex_osd::peering::{Action, Peering};
-use duplex_osd::peering_driver::{primary_intervals, Identity, ScrubAsk, Wanted, LOCK_RETRY, TARGET_RETRY};
+use duplex_osd::peering_driver::{
+    primary_intervals, restart_due, Identity, MachineState, ScrubAsk, Wanted, LOCK_RETRY, TARGET_RETRY,
+};
 use duplex_osd::pg::{pg_number, pool_of};
 use duplex_proto::peering::PeerReply;
 
@@ -95,18 +97,13 @@ impl Driver {
             scrubs.into_iter().filter(|a| self.wanted.contains_key(&a.pg)).map(|a| (a.pg, a.repair)).collect();
         for (key, Wanted { identity, acting, targets, .. }) in self.wanted.clone() {
             let scrub = scrubs.remove(&key);
-            let restart = scrub.is_some()
-                || match self.machines.get(&key) {
-                    None => true,
-                    Some(machine) if machine.identity != identity => true,
-                    Some(machine) if machine.peering.is_stuck() => machine.retry_at.is_none_or(|at| now >= at),
-                    Some(machine) if machine.peering.is_active() => {
-                        !locally_active(key)
-                            || (backfill::unfinished(machine.backfill.as_ref(), &targets)
-                                && machine.retry_at.is_some_and(|at| now >= at))
-                    }
-                    Some(_) => false,
-                };
+            let machine = self.machines.get(&key).map(|m| MachineState {
+                peering: &m.peering,
+                same_interval: m.identity == identity,
+                retry_due: m.retry_at.map(|at| now >= at),
+                backfill: m.backfill.as_ref(),
+            });
+            let restart = scrub.is_some() || restart_due(machine, &targets, || locally_active(key));
             if restart {
                 let (peering, actions) = Peering::start_with_targets(key, view.epoch(), acting, targets, scrub);
                 self.queue.retain(|(pg, _)| *pg != key);
