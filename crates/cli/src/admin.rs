@@ -1,4 +1,4 @@
-//! `duplex pool …`, `duplex image …` and `duplex status`.
+//! `duplex pool …`, `duplex image …`, `duplex mark …` and `duplex status`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -36,6 +36,57 @@ pub enum PgCommand {
         /// PG numbers (default: every PG of the pool).
         pgs: Vec<u32>,
     },
+}
+
+/// An operator's decisions about OSDs, which the monitor records.
+#[derive(Debug, clap::Subcommand)]
+pub enum MarkCommand {
+    /// Take an OSD out of placement: its PGs move to other OSDs, which are
+    /// filled in the background while it goes on serving them.
+    Out { id: u32 },
+    /// Put an OSD back into placement.
+    In { id: u32 },
+    /// Give up a down OSD's copies for good. PGs that wait for it (it was
+    /// among the last OSDs they were active on) go on with the best copies
+    /// left: writes only it held are lost. For an OSD that will not return.
+    Lost {
+        id: u32,
+        /// Confirms that losing those writes is accepted.
+        #[arg(long)]
+        yes_i_really_mean_it: bool,
+    },
+}
+
+pub fn mark(client: &Client, command: MarkCommand) -> Result<()> {
+    let mut mon = client.monitor();
+    let (command, done) = match command {
+        MarkCommand::Out { id } => (MapCommand::MarkOut { id }, format!("marked osd.{id} out")),
+        MarkCommand::In { id } => (MapCommand::MarkIn { id }, format!("marked osd.{id} in")),
+        MarkCommand::Lost { id, yes_i_really_mean_it } => {
+            let map = client.map();
+            let waiting = waiting_for(&map, id);
+            if !yes_i_really_mean_it {
+                bail!(
+                    "osd.{id} may hold the only copy of acknowledged writes to {} PGs{}; if it will never come \
+                     back, run again with --yes-i-really-mean-it",
+                    waiting.len(),
+                    if waiting.is_empty() { String::new() } else { format!(" ({})", waiting.join(", ")) }
+                );
+            }
+            (MapCommand::MarkLost { id }, format!("marked osd.{id} lost; {} PGs no longer wait for it", waiting.len()))
+        }
+    };
+    let epoch = run_command(&mut mon, command)?;
+    println!("{done} (map epoch {epoch})");
+    Ok(())
+}
+
+/// The PGs (as "pool.pg") that name `osd` in their last active set or pin.
+fn waiting_for(map: &ClusterMap, osd: u32) -> Vec<String> {
+    let sets = map.active_sets.iter().filter(|(_, set)| set.osds.contains(&osd)).map(|(key, _)| key);
+    let pins = map.pg_temp.iter().filter(|(_, pin)| pin.contains(&osd)).map(|(key, _)| key);
+    let keys: std::collections::BTreeSet<_> = sets.chain(pins).collect();
+    keys.into_iter().map(|(pool, pg)| format!("{pool}.{pg:x}")).collect()
 }
 
 /// How long one PG's scrub may take before the command gives up on it.
@@ -278,13 +329,24 @@ fn osd_stats(client: &Client, addr: &str) -> Result<OsdStats> {
 
 /// PG states over all pools: active+clean (all copies up), degraded (writes
 /// go on with fewer copies), inactive (fewer than min_size up: I/O waits),
-/// and +backfilling: moved by placement, served by the OSDs that hold it
-/// while its new ones are filled in the background.
-fn pg_states(map: &ClusterMap) -> BTreeMap<&'static str, u32> {
+/// +backfilling: moved by placement, served by the OSDs that hold it while
+/// its new ones are filled in the background; and down: none of the OSDs
+/// it was last active on is up (I/O waits for one of them). With the down
+/// PGs ("pool.pg: osd.N, …"), at most `MAX_DOWN_LISTED`.
+fn pg_states(map: &ClusterMap) -> (BTreeMap<&'static str, u32>, Vec<String>) {
     let hierarchy = map.hierarchy();
     let mut states = BTreeMap::new();
+    let mut down = Vec::new();
     for pool in map.pools.values() {
         for pg in 0..pool.pg_num {
+            if let Some(waiting) = duplex_map::active_set::down_waiting_for(map, pool.id, pg) {
+                *states.entry("down").or_default() += 1;
+                if down.len() < MAX_DOWN_LISTED {
+                    let names: Vec<String> = waiting.iter().map(|osd| format!("osd.{osd}")).collect();
+                    down.push(format!("{}.{pg:x} waits for {}", pool.id, names.join(" or ")));
+                }
+                continue;
+            }
             let up = map.acting(&hierarchy, pool, pg).len();
             let backfilling = map.pg_temp.contains_key(&(pool.id, pg));
             let state = match (up >= pool.size as usize, up >= pool.min_size as usize, backfilling) {
@@ -297,8 +359,11 @@ fn pg_states(map: &ClusterMap) -> BTreeMap<&'static str, u32> {
             *states.entry(state).or_default() += 1;
         }
     }
-    states
+    (states, down)
 }
+
+/// Down PGs `duplex status` names one by one.
+const MAX_DOWN_LISTED: usize = 10;
 
 pub fn status(client: &Client, json: bool) -> Result<()> {
     let map = client.map();
@@ -325,13 +390,14 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
     let seconds = started.elapsed().as_secs_f64();
     let write_iops = after.2.saturating_sub(before.2) as f64 / seconds;
     let read_iops = after.3.saturating_sub(before.3) as f64 / seconds;
-    let states = pg_states(&map);
+    let (states, down) = pg_states(&map);
     if json {
         let value = serde_json::json!({
             "epoch": map.epoch,
             "osds": {"total": map.osds.len(), "up": up, "in": is_in, "reporting": after.4},
             "pools": map.pools.len(),
             "pgs": states,
+            "down_pgs": down,
             "capacity_bytes": after.0,
             "used_bytes": after.1,
             "client_iops": {"write": write_iops, "read": read_iops},
@@ -342,7 +408,7 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
     let health = if up == map.osds.len() && !states.contains_key("inactive") && !states.contains_key("active+degraded")
     {
         "HEALTH_OK"
-    } else if states.contains_key("inactive") {
+    } else if states.contains_key("inactive") || states.contains_key("down") {
         "HEALTH_ERR (some PGs cannot serve I/O)"
     } else {
         "HEALTH_WARN"
@@ -362,6 +428,9 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
     let pgs: u32 = states.values().sum();
     let summary: Vec<String> = states.iter().map(|(state, n)| format!("{n} {state}")).collect();
     println!("pools:    {} pools, {pgs} PGs: {}", map.pools.len(), summary.join(", "));
+    for line in &down {
+        println!("          down: {line} (bring one back, or `duplex mark lost ID` if it is gone for good)");
+    }
     let used_pct = if after.0 > 0 { after.1 as f64 * 100.0 / after.0 as f64 } else { 0.0 };
     println!("capacity: {} used of {} ({used_pct:.1}%; raw, all copies)", format_size(after.1), format_size(after.0));
     println!("client:   {write_iops:.0} write IOPS, {read_iops:.0} read IOPS (last second)");

@@ -50,6 +50,9 @@ enum Top {
     /// Placement groups: deep scrub and repair.
     #[command(subcommand)]
     Pg(admin::PgCommand),
+    /// Mark OSDs out, in, or lost (operator decisions the monitor records).
+    #[command(subcommand)]
+    Mark(admin::MarkCommand),
     /// OSDs up/in, PG states, capacity and client I/O.
     Status {
         #[arg(long)]
@@ -212,6 +215,7 @@ fn run(cli: Cli) -> Result<()> {
             server.run().context("the NBD server stopped")?;
         }
         Top::Pg(command) => admin::pg(&connect(cli.conf.as_deref())?, &cli.pool, command)?,
+        Top::Mark(command) => admin::mark(&connect(cli.conf.as_deref())?, command)?,
         Top::Status { json } => admin::status(&connect(cli.conf.as_deref())?, json)?,
         Top::Bench(args) => {
             let client = connect(cli.conf.as_deref())?;

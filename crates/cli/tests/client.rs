@@ -760,6 +760,52 @@ fn partition_scenario(b: &str, ip_a: std::net::IpAddr, ip_b: std::net::IpAddr, l
     assert!(report.is_ok(), "{report}");
 }
 
+/// Size 2, min_size 1: osd.A alone takes a write while osd.B is down; then
+/// osd.A dies and osd.B comes back. osd.B must not serve its older copy:
+/// the PG is down (as `duplex status` says) until osd.A returns, and then
+/// the write is there. The monitor refuses to give osd.A up unasked.
+#[test]
+fn a_pg_whose_last_active_osds_are_down_waits_for_them() {
+    let cluster = DevCluster::with_pgs(8);
+    let client = cluster.client();
+    let pool = client.pool_id("rbd").unwrap();
+    let object = b"last-copy";
+    client.write(pool, object, 0, Bytes::from_static(b"version 1")).unwrap();
+    let map = client.map();
+    let info = map.pools.get(&pool).unwrap();
+    let pg = duplex_placement::pg_of(object, info.pg_num);
+    let acting = map.acting(&map.hierarchy(), info, pg);
+    let (a, b) = (acting[0], acting[1]);
+
+    kill_9(&cluster, &format!("osd.{b}"));
+    wait_for_osd(&client, b, false, "the replica marked down");
+    client.write(pool, object, 0, Bytes::from_static(b"version 2")).unwrap();
+    kill_9(&cluster, &format!("osd.{a}"));
+    wait_for_osd(&client, a, false, "the survivor marked down");
+    restart_osd(&cluster, b);
+    wait_for_osd(&client, b, true, "the stale replica back up");
+
+    let status = String::from_utf8(run_ok(cluster.cli().arg("status")).stdout).unwrap();
+    let waits = format!("{pool}.{pg:x} waits for osd.{a}");
+    assert!(status.contains("down") && status.contains(&waits), "{status}");
+    let mut impatient = duplex_client::ClientConfig::from_file(&cluster.conf()).unwrap();
+    impatient.op_timeout = Duration::from_secs(3);
+    let impatient = duplex_client::Client::connect(impatient).unwrap();
+    let read = impatient.read(pool, object, 0, 9);
+    assert!(matches!(read, Err(ClientError::TimedOut(..))), "the PG must wait, not serve osd.{b}'s copy: {read:?}");
+    let refused = cluster.cli().args(["mark", "lost", &a.to_string()]).output().unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("--yes-i-really-mean-it"), "{said}");
+
+    restart_osd(&cluster, a);
+    let started = Instant::now();
+    let read = client.read(pool, object, 0, 9).unwrap();
+    eprintln!("osd.{a} back: the PG served again after {:?}", started.elapsed());
+    assert_eq!(&read[..], b"version 2");
+    let status = String::from_utf8(run_ok(cluster.cli().arg("status")).stdout).unwrap();
+    assert!(!status.contains("down:"), "{status}");
+}
+
 /// Waits (up to 60 s) until the client's map has `osd` up or down; how long that took.
 fn wait_for_osd(client: &duplex_client::Client, osd: u32, up: bool, what: &str) -> Duration {
     let started = Instant::now();

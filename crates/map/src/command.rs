@@ -2,14 +2,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{pg_temp, Change, ClusterMap, MapDelta, OsdId, OsdInfo, Pool, PoolId};
+use crate::{active_set, pg_temp, ActiveSet, Change, ClusterMap, MapDelta, OsdId, OsdInfo, Pool, PoolId};
 
 /// Limits that keep one map sane.
 pub const MAX_PG_NUM: u32 = 1 << 20;
 pub const MAX_POOL_SIZE: u8 = 10;
 pub const MAX_NAME_LEN: usize = 128;
-/// PGs one [`Command::ClearPgTemp`] may name.
-pub const MAX_CLEAR_PG_TEMP: usize = 1 << 16;
+/// PGs one [`Command::ClearPgTemp`] or [`Command::RecordActive`] may name.
+pub const MAX_PGS_PER_COMMAND: usize = 1 << 16;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Command {
@@ -53,6 +53,19 @@ pub enum Command {
     ClearPgTemp {
         interval: u64,
         pgs: Vec<(PoolId, u32, Vec<OsdId>)>,
+    },
+    /// A primary is about to serve these PGs from these OSDs, in the
+    /// interval that began at the given epoch: record them as each PG's
+    /// last active set (crate::active_set). One that is not the PG's acting
+    /// set in the current map any more, or older than its record, is left.
+    RecordActive {
+        pgs: Vec<(PoolId, u32, u64, Vec<OsdId>)>,
+    },
+    /// The operator gives up a down OSD's copies for good: PGs that wait
+    /// for it (their last active set, or their pin) go on without it, with
+    /// the best copies left. Acknowledged writes only it held are lost.
+    MarkLost {
+        id: OsdId,
     },
 }
 
@@ -175,15 +188,57 @@ impl ClusterMap {
                 vec![Change::SetPool(pool)]
             }
             Command::ClearPgTemp { interval, pgs } => {
-                if pgs.len() > MAX_CLEAR_PG_TEMP {
-                    return Err(CommandError::Invalid(format!("at most {MAX_CLEAR_PG_TEMP} PGs per command")));
+                if pgs.len() > MAX_PGS_PER_COMMAND {
+                    return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
                 }
                 let hierarchy = self.hierarchy();
                 let changes: Vec<Change> = pgs
                     .iter()
                     .filter(|(pool, pg, up)| pg_temp::may_clear(self, &hierarchy, (*pool, *pg), up, *interval))
-                    .map(|(pool, pg, _)| Change::SetPgTemp { pool: *pool, pg: *pg, osds: Vec::new() })
+                    .flat_map(|(pool, pg, up)| {
+                        // The backfilled up set holds every write now, and
+                        // the pin's OSDs may leave the PG in this epoch.
+                        let set = ActiveSet { since: epoch, osds: up.clone() };
+                        [
+                            Change::SetPgTemp { pool: *pool, pg: *pg, osds: Vec::new() },
+                            Change::SetActiveSet { pool: *pool, pg: *pg, set: Some(set) },
+                        ]
+                    })
                     .collect();
+                if changes.is_empty() {
+                    return Ok(None);
+                }
+                changes
+            }
+            Command::RecordActive { pgs } => {
+                if pgs.len() > MAX_PGS_PER_COMMAND {
+                    return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
+                }
+                let hierarchy = self.hierarchy();
+                let mut changes: Vec<Change> = Vec::new();
+                let mut named = std::collections::BTreeSet::new();
+                for (pool, pg, interval, osds) in pgs {
+                    // A PG named twice: its first record counts.
+                    if named.insert((*pool, *pg))
+                        && active_set::may_record(self, &hierarchy, (*pool, *pg), *interval, osds)
+                    {
+                        let set = ActiveSet { since: *interval, osds: osds.clone() };
+                        changes.push(Change::SetActiveSet { pool: *pool, pg: *pg, set: Some(set) });
+                    }
+                }
+                if changes.is_empty() {
+                    return Ok(None);
+                }
+                changes
+            }
+            Command::MarkLost { id } => {
+                let info = osd(id)?;
+                if info.up {
+                    return Err(CommandError::Invalid(format!(
+                        "osd.{id} is up: only a down OSD's copies can be given up (stop it first)"
+                    )));
+                }
+                let changes = active_set::lose(self, *id);
                 if changes.is_empty() {
                     return Ok(None);
                 }

@@ -19,7 +19,12 @@
 //! keeps being served by the OSDs that do, while its primary copies the
 //! data to the new ones in the background; then the primary asks the
 //! monitor to drop the temporary set ([`Command::ClearPgTemp`]).
+//!
+//! **Last active sets** ([`ClusterMap::active_sets`], [`active_set`]): the
+//! OSDs that hold every write a PG acknowledged. A PG none of whose set is
+//! up is *down*: peering among the others would serve older data.
 
+pub mod active_set;
 pub mod codec;
 mod command;
 pub mod failure;
@@ -29,6 +34,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use active_set::ActiveSet;
 pub use command::{Command, CommandError};
 pub use failure::{FailureConfig, FailureDetector};
 
@@ -73,6 +79,8 @@ pub struct ClusterMap {
     /// PGs served by another set than the one placement names: the OSDs
     /// that hold the data, while the new ones are backfilled ([`pg_temp`]).
     pub pg_temp: BTreeMap<(PoolId, u32), Vec<OsdId>>,
+    /// The OSDs each PG was last active on ([`active_set`]).
+    pub active_sets: BTreeMap<(PoolId, u32), ActiveSet>,
 }
 
 /// Where a PG lives ([`ClusterMap::pg_sets`]).
@@ -98,6 +106,12 @@ pub enum Change {
         pool: PoolId,
         pg: u32,
         osds: Vec<OsdId>,
+    },
+    /// Sets a PG's last active set (`None`: removes it).
+    SetActiveSet {
+        pool: PoolId,
+        pg: u32,
+        set: Option<ActiveSet>,
     },
 }
 
@@ -127,6 +141,7 @@ impl ClusterMap {
             pools: BTreeMap::new(),
             next_pool_id: 1,
             pg_temp: BTreeMap::new(),
+            active_sets: BTreeMap::new(),
         }
     }
 
@@ -160,6 +175,7 @@ impl ClusterMap {
                 Change::RemovePool(id) => {
                     self.pools.remove(id);
                     self.pg_temp.retain(|(pool, _), _| pool != id);
+                    self.active_sets.retain(|(pool, _), _| pool != id);
                 }
                 Change::SetPgTemp { pool, pg, osds } => {
                     if osds.is_empty() {
@@ -168,6 +184,14 @@ impl ClusterMap {
                         self.pg_temp.insert((*pool, *pg), osds.clone());
                     }
                 }
+                Change::SetActiveSet { pool, pg, set } => match set {
+                    Some(set) => {
+                        self.active_sets.insert((*pool, *pg), set.clone());
+                    }
+                    None => {
+                        self.active_sets.remove(&(*pool, *pg));
+                    }
+                },
             }
         }
         self.epoch = delta.epoch;
@@ -217,6 +241,17 @@ impl ClusterMap {
                 && osds.iter().enumerate().all(|(i, id)| !osds[..i].contains(id));
             if !ok {
                 return Err(format!("the temporary acting set of PG {pool}.{pg:x} ({osds:?}) is not valid"));
+            }
+        }
+        for ((pool, pg), set) in &self.active_sets {
+            let osds = &set.osds;
+            let ok = self.pools.get(pool).is_some_and(|p| *pg < p.pg_num)
+                && set.since <= self.epoch
+                && osds.len() <= command::MAX_POOL_SIZE as usize
+                && osds.iter().all(|id| self.osds.contains_key(id))
+                && osds.iter().enumerate().all(|(i, id)| !osds[..i].contains(id));
+            if !ok {
+                return Err(format!("the last active set of PG {pool}.{pg:x} ({set:?}) is not valid"));
             }
         }
         Ok(())

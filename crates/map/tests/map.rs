@@ -3,7 +3,7 @@
 //! reject corruption, placement follows up/down and in/out.
 
 use duplex_map::codec::{decode_delta, decode_map, encode_delta, encode_map};
-use duplex_map::{ClusterMap, Command, CommandError, MapDelta};
+use duplex_map::{ActiveSet, ClusterMap, Command, CommandError, MapDelta};
 use proptest::prelude::*;
 
 const ONE: u32 = 1 << 16;
@@ -257,4 +257,76 @@ fn pins_follow_failures_and_further_moves() {
         assert!(map.pg_temp[&(pool.id, pg)].contains(&1), "PG {pg}");
         assert!(!map.pg_sets(&map.hierarchy(), &pool, pg).backfill.is_empty());
     }
+}
+
+#[test]
+fn a_pg_records_only_its_current_acting_set_and_records_only_move_forward() {
+    let mut map = small_cluster();
+    let pool = map.pool_by_name("rbd").unwrap().clone();
+    let pg = 5;
+    let acting_now = |map: &ClusterMap| map.acting(&map.hierarchy(), &pool, pg);
+    let record =
+        |interval: u64, osds: &[u32]| Command::RecordActive { pgs: vec![(pool.id, pg, interval, osds.to_vec())] };
+    let acting = acting_now(&map);
+    assert_eq!(acting.len(), 2);
+    let interval = map.epoch;
+    let strangers: Vec<u32> = (0..6).filter(|o| !acting.contains(o)).take(2).collect();
+    assert_eq!(map.run(&record(interval, &strangers)), Ok(None), "not the PG's acting set");
+    assert_eq!(map.run(&record(interval + 1, &acting)), Ok(None), "an interval from the future");
+    map.run(&record(interval, &acting)).unwrap().expect("recorded");
+    assert_eq!(map.active_sets[&(pool.id, pg)], ActiveSet { since: interval, osds: acting.clone() });
+    assert_eq!(map.run(&record(interval, &acting)), Ok(None), "already recorded: no new epoch");
+
+    // A member fails: the primary of the next interval records the survivor.
+    map.run(&Command::MarkDown { id: acting[1] }).unwrap();
+    assert_eq!(acting_now(&map), acting[..1]);
+    assert_eq!(map.run(&record(interval, &acting)), Ok(None), "the old interval's set is not acting any more");
+    let degraded_since = map.epoch;
+    map.run(&record(degraded_since, &acting[..1])).unwrap().expect("recorded");
+    // It comes back: a late ask from the first interval cannot undo the record.
+    map.run(&boot(acting[1], &format!("host-{}", acting[1] / 2))).unwrap();
+    assert_eq!(acting_now(&map), acting);
+    assert_eq!(map.run(&record(interval, &acting)), Ok(None), "older than the record in place");
+    assert_eq!(map.active_sets[&(pool.id, pg)].osds, acting[..1]);
+
+    // The survivor goes down too: the PG is down, waiting for it, even
+    // though the other member is up (it missed the survivor's writes).
+    assert_eq!(duplex_map::active_set::down_waiting_for(&map, pool.id, pg), None);
+    map.run(&Command::MarkDown { id: acting[0] }).unwrap();
+    assert_eq!(duplex_map::active_set::down_waiting_for(&map, pool.id, pg), Some(&acting[..1]));
+    assert!(matches!(map.run(&Command::MarkLost { id: acting[1] }), Err(CommandError::Invalid(_))), "up: not lost");
+    // The operator gives its copy up: the PG takes the best one left.
+    map.run(&Command::MarkLost { id: acting[0] }).unwrap().expect("a set named it");
+    assert_eq!(map.active_sets[&(pool.id, pg)], ActiveSet { since: degraded_since, osds: vec![] });
+    assert_eq!(duplex_map::active_set::down_waiting_for(&map, pool.id, pg), None);
+    assert_eq!(map.run(&Command::MarkLost { id: acting[0] }), Ok(None), "nothing left to give up");
+    map.validate().unwrap();
+    assert_eq!(decode_map(&encode_map(&map)).unwrap(), map);
+}
+
+#[test]
+fn a_dropped_pin_records_the_up_set_and_a_lost_osd_leaves_pins() {
+    let mut map = small_cluster();
+    let pool = map.pool_by_name("rbd").unwrap().clone();
+    map.run(&boot(6, "host-3")).unwrap();
+    let pg = pins(&map)[0].0;
+    let up = map.up_set(&map.hierarchy(), &pool, pg);
+    let interval = map.epoch;
+    let delta = map.run(&Command::ClearPgTemp { interval, pgs: vec![(pool.id, pg, up.clone())] }).unwrap().unwrap();
+    assert!(!map.pg_temp.contains_key(&(pool.id, pg)));
+    assert_eq!(map.active_sets[&(pool.id, pg)], ActiveSet { since: delta.epoch, osds: up }, "filled: they hold it all");
+
+    // Every OSD of a pin down, then lost: the pin goes, and the up set
+    // serves what it has.
+    let (pg, pin) = pins(&map)[0].clone();
+    for osd in &pin {
+        map.run(&Command::MarkDown { id: *osd }).unwrap();
+    }
+    assert!(map.acting(&map.hierarchy(), &pool, pg).is_empty(), "pinned to down OSDs: waits");
+    for osd in &pin {
+        map.run(&Command::MarkLost { id: *osd }).unwrap();
+    }
+    assert!(!map.pg_temp.contains_key(&(pool.id, pg)));
+    assert_eq!(map.acting(&map.hierarchy(), &pool, pg), map.up_set(&map.hierarchy(), &pool, pg));
+    map.validate().unwrap();
 }

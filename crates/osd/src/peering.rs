@@ -13,13 +13,19 @@
 //!    then the highest `last_seq`. Members active in the same interval
 //!    logged prefixes of one primary's sequence, so the longest one holds
 //!    every write acknowledged in it (an acknowledgement needs every member).
+//!    But only if one OSD of the PG's last active set (in the map, see
+//!    `duplex_map::active_set`) answered with a whole copy: those hold
+//!    every write the PG acknowledged. Otherwise the PG is down and waits.
 //! 3. **Recover** each other member in turn. One whose newest entry (seq
 //!    and epoch) is in the authority's recent history is only behind: it
 //!    gets the objects that history names for the seqs it lacks. Any other
 //!    (divergent, lost its log, too far behind, never seen) is **backfilled**:
 //!    both object lists with digests are compared, differing objects are
 //!    copied whole and extra ones removed.
-//! 4. **Activate** every member at the authority's `last_seq`: new writes
+//! 4. **Record** the members as the PG's last active set, if the map does
+//!    not name them already ([`Action::Record`]): the driver asks the
+//!    monitor and tells the machine when its map shows them.
+//! 5. **Activate** every member at the authority's `last_seq`: new writes
 //!    continue one sequence, and each member persists the interval as its
 //!    `last_active`. Only when all have answered is the PG active: client
 //!    I/O waits (is answered `Retry`) until then.
@@ -46,6 +52,11 @@ pub enum Action {
     Active { authority: OsdId, last_seq: u64, recovered_objects: u64, backfill: Vec<OsdId> },
     /// Peering cannot finish now; start again later.
     Stuck(String),
+    /// Have the monitor record `members` as the PG's last active set
+    /// (`duplex_map::Command::RecordActive`), and call
+    /// [`Peering::on_recorded`] when the map shows it. Nothing activates
+    /// before.
+    Record { members: Vec<OsdId> },
 }
 
 /// Progress, for `duplex status` and the logs.
@@ -72,6 +83,9 @@ pub struct Peering {
     /// A deep scrub follows recovery (`Some(repair)`).
     scrub: Option<bool>,
     scrub_report: Option<ScrubReport>,
+    /// The PG's last active set as the map had it when peering began
+    /// (`None`: never recorded; empty: its OSDs were marked lost).
+    active_set: Option<Vec<OsdId>>,
 }
 
 enum Phase {
@@ -80,6 +94,8 @@ enum Phase {
         infos: BTreeMap<OsdId, (PeerInfo, Vec<LoggedRequest>)>,
     },
     Recovering(Box<Recovery>),
+    /// Recovered: waiting for the map to record the members.
+    Recording(Box<Recovery>),
     /// The replicas are activated first; `primary` is the primary's own
     /// activation, sent once they all have answered (`None`: sent).
     Activating {
@@ -166,13 +182,17 @@ enum CopyStage {
 /// `last_seq`; on a tie the primary (no data needs to move through it),
 /// then the lowest id. An unfinished backfill lacks objects and never wins:
 /// with only such members there is no authority (the PG waits for an OSD
-/// that holds it whole).
-pub fn choose_authority(primary: OsdId, infos: &BTreeMap<OsdId, PeerInfo>) -> Option<(OsdId, PeerInfo)> {
-    infos
-        .iter()
-        .filter(|(_, info)| !info.backfilling)
-        .max_by_key(|(osd, info)| (info.last_active, info.last_seq, **osd == primary, std::cmp::Reverse(**osd)))
-        .map(|(osd, info)| (*osd, *info))
+/// that holds it whole), unless `lost` (every whole copy was marked lost:
+/// the best unfinished one is all there is).
+pub fn choose_authority(primary: OsdId, infos: &BTreeMap<OsdId, PeerInfo>, lost: bool) -> Option<(OsdId, PeerInfo)> {
+    let best = |unfinished: bool| {
+        infos
+            .iter()
+            .filter(|(_, info)| info.backfilling == unfinished)
+            .max_by_key(|(osd, info)| (info.last_active, info.last_seq, **osd == primary, std::cmp::Reverse(**osd)))
+            .map(|(osd, info)| (*osd, *info))
+    };
+    best(false).or_else(|| if lost { best(true) } else { None })
 }
 
 /// How `member` catches up with the authority (`None`: it already has).
@@ -193,9 +213,11 @@ fn plan_for(member: &PeerInfo, authority: &PeerInfo) -> Option<Plan> {
 
 impl Peering {
     /// Starts peering `pg` for the interval beginning at map epoch
-    /// `interval`, with `members[0]` the primary (this OSD).
+    /// `interval`, with `members[0]` the primary (this OSD), whose map
+    /// records them as the PG's last active set already.
     pub fn start(pg: u32, interval: u64, members: Vec<OsdId>) -> (Peering, Vec<Action>) {
-        Peering::start_with_targets(pg, interval, members, Vec::new(), None)
+        let active_set = Some(members.clone());
+        Peering::start_with_targets(pg, interval, members, Vec::new(), None, active_set)
     }
 
     /// Peering followed by a deep scrub: after recovery, every member's
@@ -203,17 +225,20 @@ impl Peering {
     /// from a good one (the authority's when it is readable). The report
     /// is [`Peering::scrub_report`] once active.
     pub fn start_scrub(pg: u32, interval: u64, members: Vec<OsdId>, repair: bool) -> (Peering, Vec<Action>) {
-        Peering::start_with_targets(pg, interval, members, Vec::new(), Some(repair))
+        let active_set = Some(members.clone());
+        Peering::start_with_targets(pg, interval, members, Vec::new(), Some(repair), active_set)
     }
 
     /// Peering of a PG pinned to `members` while `targets` are backfilled,
-    /// followed by a deep scrub if `scrub` is `Some(repair)`.
+    /// followed by a deep scrub if `scrub` is `Some(repair)`. `active_set`
+    /// is the PG's last active set in the map (`None`: none recorded).
     pub fn start_with_targets(
         pg: u32,
         interval: u64,
         members: Vec<OsdId>,
         targets: Vec<OsdId>,
         scrub: Option<bool>,
+        active_set: Option<Vec<OsdId>>,
     ) -> (Peering, Vec<Action>) {
         assert!(!members.is_empty(), "a PG's acting set includes its primary");
         assert!(targets.iter().all(|t| !members.contains(t)), "a backfill target is no member");
@@ -227,6 +252,7 @@ impl Peering {
             progress: Progress::default(),
             scrub,
             scrub_report: None,
+            active_set,
         };
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
@@ -314,7 +340,7 @@ impl Peering {
         match &self.phase {
             Phase::Querying { waiting, .. } | Phase::Activating { waiting, .. } => waiting.contains_key(&tag),
             Phase::Recovering(recovery) => recovery.waiting == Some(tag),
-            Phase::Active | Phase::Stuck => false,
+            Phase::Recording(_) | Phase::Active | Phase::Stuck => false,
         }
     }
 
@@ -368,7 +394,32 @@ impl Peering {
                 self.phase = Phase::Activating { waiting, authority, last_seq, primary };
                 self.activation_answered()
             }
-            Phase::Active | Phase::Stuck => unreachable!("expects() is false in these phases"),
+            Phase::Recording(_) | Phase::Active | Phase::Stuck => {
+                unreachable!("expects() is false in these phases")
+            }
+        }
+    }
+
+    /// Whether the machine waits for the map to record its members.
+    pub fn is_recording(&self) -> bool {
+        matches!(self.phase, Phase::Recording(_))
+    }
+
+    /// The map records `active_set` as the PG's last active set: if it
+    /// names the members the machine waits to record, activation goes on.
+    pub fn on_recorded(&mut self, active_set: Option<&[OsdId]>) -> Vec<Action> {
+        if active_set != Some(&self.members[..]) {
+            return Vec::new();
+        }
+        match std::mem::replace(&mut self.phase, Phase::Stuck) {
+            Phase::Recording(recovery) => {
+                self.active_set = Some(self.members.clone());
+                self.activate(&recovery)
+            }
+            other => {
+                self.phase = other;
+                Vec::new()
+            }
         }
     }
 
@@ -408,7 +459,22 @@ impl Peering {
             infos.insert(osd, info);
             logged.insert(osd, requests);
         }
-        let Some((authority, info)) = choose_authority(primary, &infos) else {
+        // Only the OSDs of the last active set are known to hold every
+        // acknowledged write: without one of them, any authority could be
+        // older than what clients were told is written.
+        let lost = self.active_set.as_ref().is_some_and(Vec::is_empty);
+        if let Some(set) = self.active_set.as_ref().filter(|set| !set.is_empty()) {
+            if !set.iter().any(|osd| infos.get(osd).is_some_and(|info: &PeerInfo| !info.backfilling)) {
+                let names: Vec<String> = set.iter().map(|osd| format!("osd.{osd}")).collect();
+                return self.stuck(format!(
+                    "PG {:#x} is down: it was last active on {}, and none of them answered with its copy; \
+                     waiting for one to come back (or for an operator to mark them lost)",
+                    self.pg,
+                    names.join(", ")
+                ));
+            }
+        }
+        let Some((authority, info)) = choose_authority(primary, &infos, lost) else {
             return self.stuck(format!(
                 "PG {:#x}: every member's copy is an unfinished backfill; waiting for an OSD that holds the whole PG",
                 self.pg
@@ -514,6 +580,10 @@ impl Peering {
                     }
                 }
                 self.scrub_report = scrub.report.take();
+            }
+            if self.active_set.as_deref() != Some(&self.members[..]) {
+                self.phase = Phase::Recording(recovery);
+                return vec![Action::Record { members: self.members.clone() }];
             }
             return self.activate(&recovery);
         }
@@ -951,6 +1021,8 @@ mod tests {
                     let reply = members[to as usize].answer(op, interval);
                     queue.extend(machine.on_reply(tag, reply));
                 }
+                // The monitor records them at once.
+                Action::Record { members } => queue.extend(machine.on_recorded(Some(&members))),
                 done => {
                     assert!(queue.is_empty(), "nothing follows the end");
                     return (done, machine.scrub_report().cloned());
@@ -1106,10 +1178,10 @@ mod tests {
             backfilling: false,
         };
         let infos: BTreeMap<OsdId, PeerInfo> = [(0, info(4, 100)), (1, info(5, 10)), (2, info(5, 12))].into();
-        assert_eq!(choose_authority(0, &infos).map(|(osd, _)| osd), Some(2));
+        assert_eq!(choose_authority(0, &infos, false).map(|(osd, _)| osd), Some(2));
         let tie: BTreeMap<OsdId, PeerInfo> = [(3, info(5, 12)), (1, info(5, 12)), (2, info(5, 12))].into();
-        assert_eq!(choose_authority(2, &tie).map(|(osd, _)| osd), Some(2));
-        assert_eq!(choose_authority(9, &tie).map(|(osd, _)| osd), Some(1));
+        assert_eq!(choose_authority(2, &tie, false).map(|(osd, _)| osd), Some(2));
+        assert_eq!(choose_authority(9, &tie, false).map(|(osd, _)| osd), Some(1));
         // A member whose history reaches back far enough recovers by it; else backfill.
         let history = Some(Plan::History { after: 10, after_epoch: 5 });
         assert_eq!(plan_for(&info(5, 10), &PeerInfo { history_from: 10, ..info(5, 12) }), history);
@@ -1365,8 +1437,62 @@ mod tests {
 
         let mut alone = vec![partial.clone(), partial];
         let outcome = run(&mut alone, 9);
+        // Neither of the set's OSDs answered with a whole copy.
+        assert!(matches!(&outcome, Action::Stuck(why) if why.contains("is down")), "{outcome:?}");
+        // With no set recorded, the same holds for want of any whole copy.
+        let (machine, actions) = Peering::start_with_targets(7, 9, vec![0, 1], vec![], None, None);
+        let outcome = drive(&mut alone, 9, machine, actions).0;
         assert!(matches!(&outcome, Action::Stuck(why) if why.contains("unfinished backfill")), "{outcome:?}");
         assert!(alone.iter().all(|m| m.last_active == 7), "nothing was activated");
+    }
+
+    #[test]
+    fn only_an_osd_of_the_last_active_set_may_lead_and_new_members_are_recorded_before_they_serve() {
+        // osd.2 alone took the newest writes; osd.0 and osd.1 missed them.
+        let stale = active_member(&[("a", b"old")]);
+        let start = |record: Option<Vec<OsdId>>| Peering::start_with_targets(7, 9, vec![0, 1], vec![], None, record);
+
+        let mut members = vec![stale.clone(), stale.clone()];
+        let (machine, actions) = start(Some(vec![2]));
+        let outcome = drive(&mut members, 9, machine, actions).0;
+        assert!(
+            matches!(&outcome, Action::Stuck(why) if why.contains("is down") && why.contains("osd.2")),
+            "{outcome:?}"
+        );
+        assert!(members.iter().all(|m| m.last_active == 5), "nothing was activated");
+
+        // With osd.1 in the set, it leads; the members are recorded first.
+        let (mut machine, actions) = start(Some(vec![1, 2]));
+        let mut queue: VecDeque<Action> = actions.into();
+        let mut recorded = None;
+        while let Some(action) = queue.pop_front() {
+            match action {
+                Action::Send { to, tag, op } => {
+                    let reply = members[to as usize].answer(op, 9);
+                    queue.extend(machine.on_reply(tag, reply));
+                }
+                Action::Record { members } => recorded = Some(members),
+                other => panic!("{other:?} before the members were recorded"),
+            }
+        }
+        assert_eq!(recorded, Some(vec![0, 1]));
+        assert!(machine.is_recording());
+        assert!(members.iter().all(|m| m.last_active == 5), "nobody serves before the map records them");
+        assert!(machine.on_recorded(Some(&[1, 2])).is_empty(), "the map still has the old set");
+        assert!(machine.on_recorded(None).is_empty());
+        let actions = machine.on_recorded(Some(&[0, 1]));
+        let outcome = drive(&mut members, 9, machine, actions).0;
+        assert!(matches!(outcome, Action::Active { .. }), "{outcome:?}");
+        assert!(members.iter().all(|m| m.last_active == 9));
+
+        // The set's OSDs were marked lost (an empty set): the best copy
+        // present leads, an unfinished backfill too if that is all there is.
+        let mut partial = stale.clone();
+        partial.backfilling = true;
+        let mut members = vec![partial.clone(), partial];
+        let (machine, actions) = start(Some(vec![]));
+        let outcome = drive(&mut members, 9, machine, actions).0;
+        assert!(matches!(outcome, Action::Active { authority: 0, .. }), "{outcome:?}");
     }
 
     #[test]
@@ -1376,7 +1502,7 @@ mod tests {
         let mut target = active_member(&[("a", b"9"), ("z", b"9")]);
         target.last_active = 8;
         let mut members = [member.clone(), member, target];
-        let (mut machine, actions) = Peering::start_with_targets(7, 9, vec![0, 1], vec![2, 3], None);
+        let (mut machine, actions) = Peering::start_with_targets(7, 9, vec![0, 1], vec![2, 3], None, Some(vec![0, 1]));
         let mut queue: VecDeque<Action> = actions.into();
         let mut primary_backfill = None;
         let outcome = loop {

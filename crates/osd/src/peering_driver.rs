@@ -68,6 +68,8 @@ pub struct Wanted {
     pub targets: Vec<OsdId>,
     /// The up set, named when asking the monitor to drop the pin.
     pub up: Vec<OsdId>,
+    /// The PG's last active set in the map (`duplex_map::active_set`).
+    pub active_set: Option<Vec<OsdId>>,
 }
 
 /// A peering machine that went active without some backfill targets (they
@@ -88,6 +90,9 @@ struct Machine {
     last_scrub: Instant,
     /// Background backfill of the targets the machine activated.
     backfill: Option<Backfill>,
+    /// While the machine waits for the map to record its members: when to
+    /// ask the monitor (again: the ask or the answer may be lost).
+    record_due: Option<Instant>,
 }
 
 pub struct PeeringDriver {
@@ -142,6 +147,7 @@ impl PeeringDriver {
         while !stop.load(Ordering::Relaxed) {
             self.reconcile();
             self.ask_clears();
+            self.ask_records();
             // One action, then look at the map again: a long recovery
             // must not run on for an interval that already ended. Peering
             // first: its PGs wait for it; backfill runs in the background.
@@ -245,6 +251,38 @@ impl PeeringDriver {
         }
     }
 
+    /// Asks the monitor to record the members of the PGs whose machines
+    /// wait for it, all in one command.
+    fn ask_records(&mut self) {
+        let now = Instant::now();
+        let due: Vec<u32> = self
+            .machines
+            .iter()
+            .filter(|(_, m)| m.peering.is_recording() && m.record_due.is_some_and(|at| now >= at))
+            .map(|(key, _)| *key)
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let pgs = due.iter().map(|key| {
+            let peering = &self.machines[key].peering;
+            (*key, peering.interval, peering.members().to_vec())
+        });
+        let command = record_command(pgs);
+        for key in &due {
+            if let Some(machine) = self.machines.get_mut(key) {
+                machine.record_due = Some(now + RETRY_AFTER);
+            }
+        }
+        let config = &self.shared.config;
+        let mut client = duplex_mon::client::MonClient::new(config.monitors.clone(), self.credentials.clone());
+        client.timeout = CONNECT_TIMEOUT;
+        match client.command(&command) {
+            Ok(outcome) => tracing::debug!(pgs = due.len(), ?outcome, "asked to record the PGs' active sets"),
+            Err(err) => tracing::warn!(%err, "the monitor did not take the PGs' active sets; asking again shortly"),
+        }
+    }
+
     /// Starts machines for PGs whose interval changed (or that a failed
     /// write deactivated), restarts stuck ones when due, drops the others.
     fn reconcile(&mut self) {
@@ -293,7 +331,7 @@ impl PeeringDriver {
         let scrub_interval = self.shared.config.scrub_interval;
         let mut inactive = 0u64;
         let mut backfilling = 0u64;
-        for (key, Wanted { identity, acting, targets, .. }) in wanted {
+        for (key, want) in wanted {
             let scheduled = self.machines.get(&key).is_some_and(|m| {
                 m.peering.is_active() && !scrub_interval.is_zero() && m.last_scrub.elapsed() >= scrub_interval
             });
@@ -301,16 +339,22 @@ impl PeeringDriver {
                 scrubs.remove(&key).or_else(|| scheduled.then_some(ScrubAsk { pg: key, repair: false, reply: None }));
             let machine = self.machines.get(&key).map(|m| MachineState {
                 peering: &m.peering,
-                same_interval: m.identity == identity,
+                same_interval: m.identity == want.identity,
                 retry_due: m.retry_at.map(|at| now >= at),
                 backfill: m.backfill.as_ref(),
             });
-            let restart = scrub.is_some() || restart_due(machine, &targets, || self.locally_active(key));
+            let restart = scrub.is_some() || restart_due(machine, &want.targets, || self.locally_active(key));
             // Targets to fill, and no backfill of them complete yet.
-            let filling = !targets.is_empty()
+            let filling = !want.targets.is_empty()
                 && !self.machines.get(&key).and_then(|m| m.backfill.as_ref()).is_some_and(Backfill::is_complete);
             if restart {
-                self.start(key, view.epoch(), identity, acting, targets, scrub);
+                self.start(key, view.epoch(), want, scrub);
+            } else if let Some(machine) = self.machines.get_mut(&key) {
+                // The monitor recorded the members a machine waits on.
+                let next = machine.peering.on_recorded(want.active_set.as_deref());
+                for action in next.into_iter().rev() {
+                    self.queue.push_front((key, action));
+                }
             }
             if self.machines.get(&key).is_none_or(|m| !m.peering.is_active()) {
                 inactive += 1;
@@ -327,15 +371,8 @@ impl PeeringDriver {
         self.shared.pgs.get(key).is_some_and(|pg| pg.lock().expect("PG lock").active.is_some())
     }
 
-    fn start(
-        &mut self,
-        key: u32,
-        epoch: u64,
-        identity: Identity,
-        acting: Vec<OsdId>,
-        targets: Vec<OsdId>,
-        scrub: Option<ScrubAsk>,
-    ) {
+    fn start(&mut self, key: u32, epoch: u64, want: Wanted, scrub: Option<ScrubAsk>) {
+        let Wanted { identity, acting, targets, active_set, .. } = want;
         // The interval is named by the epoch peering starts at: members
         // refuse older ones, so a replaced primary cannot drive them.
         let interval = epoch;
@@ -359,9 +396,9 @@ impl PeeringDriver {
                 scrub_reply = ask.reply.or(scrub_reply);
                 last_scrub = Instant::now();
                 tracing::info!(pg = key, repair = ask.repair, "deep scrub");
-                Peering::start_with_targets(key, interval, acting, targets, Some(ask.repair))
+                Peering::start_with_targets(key, interval, acting, targets, Some(ask.repair), active_set)
             }
-            None => Peering::start_with_targets(key, interval, acting, targets, None),
+            None => Peering::start_with_targets(key, interval, acting, targets, None, active_set),
         };
         tracing::debug!(pg = key, interval, members = ?peering.members(), "peering");
         self.queue.extend(actions.into_iter().map(|a| (key, a)));
@@ -373,6 +410,7 @@ impl PeeringDriver {
             scrub_reply,
             last_scrub,
             backfill: None,
+            record_due: None,
         };
         self.machines.insert(key, machine);
     }
@@ -459,6 +497,12 @@ impl PeeringDriver {
                     }
                 }
                 self.end(key, None);
+            }
+            Action::Record { members } => {
+                tracing::debug!(pg = key, ?members, "recovered; the map must record the members before they serve");
+                if let Some(machine) = self.machines.get_mut(&key) {
+                    machine.record_due = Some(Instant::now());
+                }
             }
             Action::Stuck(why) => {
                 self.shared.metrics.peerings_stuck.add(1);
@@ -583,10 +627,18 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
             }
             let Some(key) = pg_key(pool.id, number) else { continue };
             let identity = (incarnations(view, &acting), incarnations(view, &targets));
-            wanted.insert(key, Wanted { identity, acting, targets, up });
+            let active_set = view.map.active_sets.get(&(pool.id, number)).map(|set| set.osds.clone());
+            wanted.insert(key, Wanted { identity, acting, targets, up, active_set });
         }
     }
     wanted
+}
+
+/// The monitor command that records each PG's members as its last active
+/// set, for the interval each one's machine peered: (PG key, interval, members).
+pub fn record_command(pgs: impl Iterator<Item = (u32, u64, Vec<OsdId>)>) -> duplex_map::Command {
+    let pgs = pgs.map(|(key, interval, members)| (pool_of(key), pg_number(key), interval, members)).collect();
+    duplex_map::Command::RecordActive { pgs }
 }
 
 fn incarnations(view: &MapView, osds: &[OsdId]) -> Vec<(OsdId, u64)> {

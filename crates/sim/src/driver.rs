@@ -12,7 +12,7 @@ use duplex_osd::backfill::{Backfill, Step};
 use duplex_osd::cluster::MapView;
 use duplex_osd::peering::{Action, Peering};
 use duplex_osd::peering_driver::{
-    primary_intervals, restart_due, Identity, MachineState, ScrubAsk, Wanted, LOCK_RETRY, TARGET_RETRY,
+    primary_intervals, record_command, restart_due, Identity, MachineState, ScrubAsk, Wanted, LOCK_RETRY, TARGET_RETRY,
 };
 use duplex_osd::pg::{pg_number, pool_of};
 use duplex_proto::peering::PeerReply;
@@ -27,6 +27,8 @@ struct Machine {
     identity: Identity,
     retry_at: Option<u64>,
     backfill: Option<Backfill>,
+    /// While waiting for the map to record the members: when to ask.
+    record_due: Option<u64>,
 }
 
 /// A request to another OSD waiting for its answer.
@@ -63,6 +65,8 @@ pub struct Driver {
     pub backfill_due: u64,
     pub backfilled_pgs: u64,
     pub backfill_objects: u64,
+    /// Active sets this OSD asked the monitor to record.
+    pub records_asked: u64,
 }
 
 impl Driver {
@@ -95,7 +99,7 @@ impl Driver {
         }
         let mut scrubs: BTreeMap<u32, bool> =
             scrubs.into_iter().filter(|a| self.wanted.contains_key(&a.pg)).map(|a| (a.pg, a.repair)).collect();
-        for (key, Wanted { identity, acting, targets, .. }) in self.wanted.clone() {
+        for (key, Wanted { identity, acting, targets, active_set, .. }) in self.wanted.clone() {
             let scrub = scrubs.remove(&key);
             let machine = self.machines.get(&key).map(|m| MachineState {
                 peering: &m.peering,
@@ -104,16 +108,24 @@ impl Driver {
                 backfill: m.backfill.as_ref(),
             });
             let restart = scrub.is_some() || restart_due(machine, &targets, || locally_active(key));
-            if restart {
-                let (peering, actions) = Peering::start_with_targets(key, view.epoch(), acting, targets, scrub);
-                self.queue.retain(|(pg, _)| *pg != key);
-                self.backfill_queue.retain(|(pg, _)| *pg != key);
-                if self.outstanding.is_some_and(|o| o.pg == key) {
-                    self.outstanding = None;
+            if !restart {
+                // The monitor recorded the members a machine waits on.
+                if let Some(machine) = self.machines.get_mut(&key) {
+                    let next = machine.peering.on_recorded(active_set.as_deref());
+                    for action in next.into_iter().rev() {
+                        self.queue.push_front((key, action));
+                    }
                 }
-                self.queue.extend(actions.into_iter().map(|a| (key, a)));
-                self.machines.insert(key, Machine { peering, identity, retry_at: None, backfill: None });
+                continue;
             }
+            let (peering, actions) = Peering::start_with_targets(key, view.epoch(), acting, targets, scrub, active_set);
+            self.queue.retain(|(pg, _)| *pg != key);
+            self.backfill_queue.retain(|(pg, _)| *pg != key);
+            if self.outstanding.is_some_and(|o| o.pg == key) {
+                self.outstanding = None;
+            }
+            self.queue.extend(actions.into_iter().map(|a| (key, a)));
+            self.machines.insert(key, Machine { peering, identity, retry_at: None, backfill: None, record_due: None });
         }
     }
 
@@ -203,8 +215,31 @@ impl Driver {
                 }
                 self.queue.retain(|(key, _)| *key != pg);
             }
+            Action::Record { members } => {
+                tracing::debug!(at = now, pg, ?members, "simulated peering asks to record its members");
+                if let Some(machine) = self.machines.get_mut(&pg) {
+                    machine.record_due = Some(now);
+                }
+            }
             Action::Send { .. } => {}
         }
+    }
+
+    /// The command asking the monitor to record the members of the PGs
+    /// whose machines wait for it (as the real driver's `ask_records`).
+    pub fn records_due(&mut self, now: u64) -> Option<Command> {
+        let mut pgs = Vec::new();
+        for (key, machine) in &mut self.machines {
+            if machine.peering.is_recording() && machine.record_due.is_some_and(|at| now >= at) {
+                machine.record_due = Some(now + RETRY_AFTER_US);
+                pgs.push((*key, machine.peering.interval, machine.peering.members().to_vec()));
+            }
+        }
+        if pgs.is_empty() {
+            return None;
+        }
+        self.records_asked += pgs.len() as u64;
+        Some(record_command(pgs.into_iter()))
     }
 
     /// As the real driver's `start_backfill`.

@@ -26,6 +26,15 @@ struct Cli {
     /// in, so PGs move and are backfilled under load).
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     faults: Vec<FaultKind>,
+    /// At most this many OSDs under a fault at once.
+    #[arg(long, default_value_t = 1)]
+    concurrent_faults: usize,
+    /// Replicas per PG (default: the simulator's, 3).
+    #[arg(long)]
+    pool_size: Option<u8>,
+    /// Replicas below which a PG takes no writes (default: the simulator's, 2).
+    #[arg(long)]
+    min_size: Option<u8>,
 }
 
 fn parse_fault(name: &str) -> Result<FaultKind, String> {
@@ -47,12 +56,15 @@ fn main() -> Result<()> {
         if !cli.faults.is_empty() {
             config.faults = cli.faults.clone();
         }
+        config.concurrent_faults = cli.concurrent_faults;
+        config.pool_size = cli.pool_size.unwrap_or(config.pool_size);
+        config.min_size = cli.min_size.unwrap_or(config.min_size);
         let started = std::time::Instant::now();
         match run(&config) {
             Ok(report) => println!(
                 "seed {seed}: ok in {:.1}s real, {:.1}s virtual: {} writes acknowledged, {} unknown, {} reads; \
                  {} faults ({} power cuts in a commit, {} damaged copies found), {} marked down, {} peerings, {} objects recovered; \
-                 {} PGs backfilled ({} objects), {} pins dropped; {} messages ({} lost); digest {:016x}",
+                 {} PGs backfilled ({} objects), {} pins dropped, {} active-set records; {} messages ({} lost); digest {:016x}",
                 started.elapsed().as_secs_f64(),
                 report.virtual_us as f64 / 1e6,
                 report.acknowledged_writes,
@@ -67,18 +79,27 @@ fn main() -> Result<()> {
                 report.backfilled_pgs,
                 report.backfill_objects,
                 report.pins_cleared,
+                report.sets_recorded,
                 report.messages,
                 report.messages_lost,
                 report.digest,
             ),
             Err(failure) => {
                 println!(
-                    "seed {seed}: FAILED: {failure}\n  reproduce: duplex-sim --seed {seed} --load-seconds {}{}",
+                    "seed {seed}: FAILED: {failure}\n  reproduce: duplex-sim --seed {seed} --load-seconds {}{}{}",
                     cli.load_seconds,
                     if cli.faults.is_empty() {
                         String::new()
                     } else {
                         format!(" --faults {}", cli.faults.iter().map(|k| k.name()).collect::<Vec<_>>().join(","))
+                    },
+                    match (cli.pool_size, cli.min_size) {
+                        (None, None) => String::new(),
+                        _ => format!(" --pool-size {} --min-size {}", config.pool_size, config.min_size),
+                    } + &if cli.concurrent_faults == 1 {
+                        String::new()
+                    } else {
+                        format!(" --concurrent-faults {}", cli.concurrent_faults)
                     }
                 );
                 failed.push(seed);

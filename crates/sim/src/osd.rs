@@ -550,8 +550,11 @@ impl SimOsd {
                 ctx.send(Node::Osd(to), Msg::Frame(request.to_frame(txid)));
             }
         }
-        // Backfill held back by the throttle (or a lock retry) wakes the OSD then.
         let Some(live) = self.live.as_mut() else { return };
+        if let Some(command) = live.driver.records_due(ctx.now) {
+            ctx.send(Node::Monitor, Msg::Command(command));
+        }
+        // Backfill held back by the throttle (or a lock retry) wakes the OSD then.
         if let Some(at) = live.driver.backfill_waits_until().filter(|at| *at > ctx.now) {
             if live.backfill_timer.is_none_or(|t| t <= ctx.now || at < t) {
                 live.backfill_timer = Some(at);

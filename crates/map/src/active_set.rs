@@ -1,0 +1,97 @@
+//! Each PG's last active set: the OSDs that hold every write it acknowledged.
+//!
+//! Peering picks its authority among the members it can reach. That alone
+//! is not enough: with size 2 and min_size 1, say osd.A alone took writes
+//! while osd.B was down; then osd.A died and osd.B came back. Peering among
+//! the members present (osd.B alone) would make osd.B's older copy the
+//! authority, and the writes acknowledged by osd.A would be gone (or come
+//! back later as a divergent history, and be thrown away). Ceph prevents
+//! this with its *past intervals*: the PG stays down until an OSD of its
+//! last interval that may have taken writes answers.
+//!
+//! Duplex keeps the answer in the map instead of deriving it from old maps:
+//! - **The rule:** before a PG serves I/O in a new interval whose members
+//!   differ from its recorded set, its primary has the monitor record them
+//!   ([`Command::RecordActive`]), and waits until the map shows it. So
+//!   every write a PG ever acknowledged is on every OSD of its set (each
+//!   member of an interval takes each write, and is brought level with
+//!   the authority before the interval begins).
+//! - **The check:** peering goes on only if one OSD of the recorded set is
+//!   among the members that answered, with a complete copy. Else the PG
+//!   is *down* and waits for one of them.
+//! - **The monitor accepts a record only for the PG's acting set in its
+//!   current map**: a primary whose interval ended cannot record its
+//!   members after its successor began peering with the set before.
+//! - **A pin dropped after backfill** ([`Command::ClearPgTemp`]) records
+//!   the up set in the same epoch: the targets hold everything by then, and
+//!   the OSDs of the pin may leave the PG at once.
+//! - **An OSD the operator marks lost** ([`Command::MarkLost`]) leaves
+//!   every set and pin: the PG is given up to the OSDs still named. A set
+//!   left empty means "its last copies are lost": peering then takes the
+//!   best copy present, even an unfinished backfill.
+//!
+//! A PG with no record (a new pool) has nothing to wait for; its first
+//! activation records one.
+//!
+//! [`Command::RecordActive`]: crate::Command::RecordActive
+//! [`Command::ClearPgTemp`]: crate::Command::ClearPgTemp
+//! [`Command::MarkLost`]: crate::Command::MarkLost
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Change, ClusterMap, OsdId, PoolId};
+
+/// The OSDs a PG was last active on, and since which interval.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveSet {
+    /// The map epoch its interval began at (records only move forward).
+    pub since: u64,
+    /// Empty: the OSDs it named were marked lost; any copy will do.
+    pub osds: Vec<OsdId>,
+}
+
+/// Whether a primary may record `osds` as PG `(pool, pg)`'s active set for
+/// the interval that began at epoch `interval`: they are its acting set
+/// in this map, and the record is not older than the one in place.
+pub(crate) fn may_record(
+    map: &ClusterMap,
+    hierarchy: &duplex_placement::Hierarchy,
+    (pool, pg): (PoolId, u32),
+    interval: u64,
+    osds: &[OsdId],
+) -> bool {
+    let Some(info) = map.pools.get(&pool) else { return false };
+    if pg >= info.pg_num || osds.is_empty() || interval > map.epoch {
+        return false;
+    }
+    if map.active_sets.get(&(pool, pg)).is_some_and(|set| set.since > interval || set.osds == osds) {
+        return false;
+    }
+    map.acting(hierarchy, info, pg) == osds
+}
+
+/// The changes that give `osd`'s copies up: it leaves every active set
+/// and every pin (a pin left empty goes: the PG moves to its up set).
+pub(crate) fn lose(map: &ClusterMap, osd: OsdId) -> Vec<Change> {
+    let mut changes = Vec::new();
+    for (&(pool, pg), set) in &map.active_sets {
+        if set.osds.contains(&osd) {
+            let osds = set.osds.iter().copied().filter(|o| *o != osd).collect();
+            changes.push(Change::SetActiveSet { pool, pg, set: Some(ActiveSet { since: set.since, osds }) });
+        }
+    }
+    for (&(pool, pg), pin) in &map.pg_temp {
+        if pin.contains(&osd) {
+            let osds = pin.iter().copied().filter(|o| *o != osd).collect();
+            changes.push(Change::SetPgTemp { pool, pg, osds });
+        }
+    }
+    changes
+}
+
+/// Whether none of a PG's last active OSDs is up: it cannot go active
+/// until one comes back or is marked lost (`None`: not down).
+pub fn down_waiting_for(map: &ClusterMap, pool: PoolId, pg: u32) -> Option<&[OsdId]> {
+    let set = map.active_sets.get(&(pool, pg))?;
+    (!set.osds.is_empty() && !set.osds.iter().any(|osd| map.is_up(*osd))).then_some(set.osds.as_slice())
+}
