@@ -408,19 +408,14 @@ impl Peering {
     /// The map records `active_set` as the PG's last active set: if it
     /// names the members the machine waits to record, activation goes on.
     pub fn on_recorded(&mut self, active_set: Option<&[OsdId]>) -> Vec<Action> {
-        if active_set != Some(&self.members[..]) {
+        if !self.is_recording() || active_set != Some(&self.members[..]) {
             return Vec::new();
         }
-        match std::mem::replace(&mut self.phase, Phase::Stuck) {
-            Phase::Recording(recovery) => {
-                self.active_set = Some(self.members.clone());
-                self.activate(&recovery)
-            }
-            other => {
-                self.phase = other;
-                Vec::new()
-            }
-        }
+        let Phase::Recording(recovery) = std::mem::replace(&mut self.phase, Phase::Stuck) else {
+            unreachable!("checked above")
+        };
+        self.active_set = Some(self.members.clone());
+        self.activate(&recovery)
     }
 
     /// An activation was answered (or its target dropped): the primary's
