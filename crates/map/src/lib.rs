@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use active_set::ActiveSet;
-pub use command::{Command, CommandError};
+pub use command::{Command, CommandError, MAX_PGS_PER_COMMAND};
 pub use failure::{FailureConfig, FailureDetector};
 
 pub type OsdId = u32;
@@ -234,27 +234,25 @@ impl ClusterMap {
             }
         }
         for ((pool, pg), osds) in &self.pg_temp {
-            let ok = self.pools.get(pool).is_some_and(|p| *pg < p.pg_num)
-                && !osds.is_empty()
-                && osds.len() <= command::MAX_POOL_SIZE as usize
-                && osds.iter().all(|id| self.osds.contains_key(id))
-                && osds.iter().enumerate().all(|(i, id)| !osds[..i].contains(id));
-            if !ok {
+            if !self.names_pg_and_osds((*pool, *pg), osds) || osds.is_empty() {
                 return Err(format!("the temporary acting set of PG {pool}.{pg:x} ({osds:?}) is not valid"));
             }
         }
         for ((pool, pg), set) in &self.active_sets {
-            let osds = &set.osds;
-            let ok = self.pools.get(pool).is_some_and(|p| *pg < p.pg_num)
-                && set.since <= self.epoch
-                && osds.len() <= command::MAX_POOL_SIZE as usize
-                && osds.iter().all(|id| self.osds.contains_key(id))
-                && osds.iter().enumerate().all(|(i, id)| !osds[..i].contains(id));
-            if !ok {
+            if !self.names_pg_and_osds((*pool, *pg), &set.osds) || set.since > self.epoch {
                 return Err(format!("the last active set of PG {pool}.{pg:x} ({set:?}) is not valid"));
             }
         }
         Ok(())
+    }
+
+    /// Whether a per-PG entry (a pin, a last active set) names an existing
+    /// PG and at most a pool's worth of distinct, known OSDs.
+    fn names_pg_and_osds(&self, (pool, pg): (PoolId, u32), osds: &[OsdId]) -> bool {
+        self.pools.get(&pool).is_some_and(|p| pg < p.pg_num)
+            && osds.len() <= command::MAX_POOL_SIZE as usize
+            && osds.iter().all(|id| self.osds.contains_key(id))
+            && osds.iter().enumerate().all(|(i, id)| !osds[..i].contains(id))
     }
 
     pub fn pool_by_name(&self, name: &str) -> Option<&Pool> {

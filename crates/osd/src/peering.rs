@@ -83,8 +83,9 @@ pub struct Peering {
     /// A deep scrub follows recovery (`Some(repair)`).
     scrub: Option<bool>,
     scrub_report: Option<ScrubReport>,
-    /// The PG's last active set as the map had it when peering began
-    /// (`None`: never recorded; empty: its OSDs were marked lost).
+    /// The PG's last active set in the map: as it was when peering began
+    /// (`None`: never recorded; empty: its OSDs were marked lost), then the
+    /// members once the map records them.
     active_set: Option<Vec<OsdId>>,
 }
 
@@ -746,6 +747,11 @@ impl Peering {
     }
 
     fn activate(&mut self, recovery: &Recovery) -> Vec<Action> {
+        debug_assert_eq!(
+            self.active_set.as_deref(),
+            Some(&self.members[..]),
+            "no member is activated before the map records the members"
+        );
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
         let members: Vec<u32> = self.members.clone();

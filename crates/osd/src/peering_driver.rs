@@ -228,27 +228,39 @@ impl PeeringDriver {
         if self.clears.is_empty() || Instant::now() < self.clear_due {
             return;
         }
-        let config = &self.shared.config;
-        let mut client = duplex_mon::client::MonClient::new(config.monitors.clone(), self.credentials.clone());
-        client.timeout = CONNECT_TIMEOUT;
+        let mut client = self.monitor();
         for (interval, keys) in std::mem::take(&mut self.clears) {
-            let pgs: Vec<(u32, u32, Vec<OsdId>)> = keys
-                .iter()
-                .filter_map(|key| self.wanted.get(key).map(|w| (pool_of(*key), pg_number(*key), w.up.clone())))
-                .collect();
-            if pgs.is_empty() {
-                continue;
-            }
-            let command = duplex_map::Command::ClearPgTemp { interval, pgs };
-            match client.command(&command) {
-                Ok(outcome) => tracing::debug!(interval, ?outcome, "asked to serve backfilled PGs from their up sets"),
-                Err(err) => {
-                    tracing::warn!(%err, "the monitor did not take the backfilled PGs; asking again shortly");
-                    self.clears.entry(interval).or_default().extend(keys);
-                    self.clear_due = Instant::now() + RETRY_AFTER;
+            // A command names a bounded number of PGs.
+            for keys in keys.chunks(duplex_map::MAX_PGS_PER_COMMAND) {
+                let pgs: Vec<(u32, u32, Vec<OsdId>)> = keys
+                    .iter()
+                    .filter_map(|key| self.wanted.get(key).map(|w| (pool_of(*key), pg_number(*key), w.up.clone())))
+                    .collect();
+                if pgs.is_empty() {
+                    continue;
+                }
+                let command = duplex_map::Command::ClearPgTemp { interval, pgs };
+                match client.command(&command) {
+                    Ok(outcome) => {
+                        tracing::debug!(interval, ?outcome, "asked to serve backfilled PGs from their up sets")
+                    }
+                    Err(err) => {
+                        tracing::warn!(%err, "the monitor did not take the backfilled PGs; asking again shortly");
+                        self.clears.entry(interval).or_default().extend(keys);
+                        self.clear_due = Instant::now() + RETRY_AFTER;
+                    }
                 }
             }
         }
+    }
+
+    /// A client of the monitors for this thread's commands (connecting
+    /// briefly: a monitor that is down must not hold up peering for long).
+    fn monitor(&self) -> duplex_mon::client::MonClient {
+        let config = &self.shared.config;
+        let mut client = duplex_mon::client::MonClient::new(config.monitors.clone(), self.credentials.clone());
+        client.timeout = CONNECT_TIMEOUT;
+        client
     }
 
     /// Asks the monitor to record the members of the PGs whose machines
@@ -264,22 +276,24 @@ impl PeeringDriver {
         if due.is_empty() {
             return;
         }
-        let pgs = due.iter().map(|key| {
-            let peering = &self.machines[key].peering;
-            (*key, peering.interval, peering.members().to_vec())
-        });
-        let command = record_command(pgs);
+        let pgs: Vec<(u32, u64, Vec<OsdId>)> = due
+            .iter()
+            .map(|key| {
+                let peering = &self.machines[key].peering;
+                (*key, peering.interval, peering.members().to_vec())
+            })
+            .collect();
         for key in &due {
             if let Some(machine) = self.machines.get_mut(key) {
                 machine.record_due = Some(now + RETRY_AFTER);
             }
         }
-        let config = &self.shared.config;
-        let mut client = duplex_mon::client::MonClient::new(config.monitors.clone(), self.credentials.clone());
-        client.timeout = CONNECT_TIMEOUT;
-        match client.command(&command) {
-            Ok(outcome) => tracing::debug!(pgs = due.len(), ?outcome, "asked to record the PGs' active sets"),
-            Err(err) => tracing::warn!(%err, "the monitor did not take the PGs' active sets; asking again shortly"),
+        let mut client = self.monitor();
+        for command in record_commands(pgs) {
+            match client.command(&command) {
+                Ok(outcome) => tracing::debug!(pgs = due.len(), ?outcome, "asked to record the PGs' active sets"),
+                Err(err) => tracing::warn!(%err, "the monitor did not take the PGs' active sets; asking again shortly"),
+            }
         }
     }
 
@@ -634,13 +648,46 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
     wanted
 }
 
-/// The monitor command that records each PG's members as its last active
-/// set, for the interval each one's machine peered: (PG key, interval, members).
-pub fn record_command(pgs: impl Iterator<Item = (u32, u64, Vec<OsdId>)>) -> duplex_map::Command {
-    let pgs = pgs.map(|(key, interval, members)| (pool_of(key), pg_number(key), interval, members)).collect();
-    duplex_map::Command::RecordActive { pgs }
+/// The monitor commands that record each PG's members as its last active
+/// set, for the interval each one's machine peered: (PG key, interval,
+/// members). One per [`duplex_map::MAX_PGS_PER_COMMAND`] PGs: the monitor
+/// refuses a longer one whole, and the PGs would wait for good.
+pub fn record_commands(pgs: Vec<(u32, u64, Vec<OsdId>)>) -> Vec<duplex_map::Command> {
+    pgs.chunks(duplex_map::MAX_PGS_PER_COMMAND)
+        .map(|chunk| {
+            let pgs = chunk
+                .iter()
+                .map(|(key, interval, members)| (pool_of(*key), pg_number(*key), *interval, members.clone()))
+                .collect();
+            duplex_map::Command::RecordActive { pgs }
+        })
+        .collect()
 }
 
 fn incarnations(view: &MapView, osds: &[OsdId]) -> Vec<(OsdId, u64)> {
     osds.iter().map(|osd| (*osd, view.map.osds.get(osd).map_or(0, |o| o.state_epoch))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_commands_stay_within_what_the_monitor_takes() {
+        let limit = duplex_map::MAX_PGS_PER_COMMAND;
+        let pgs: Vec<(u32, u64, Vec<OsdId>)> =
+            (0..limit as u32 + 1).map(|n| (pg_key(1, n).expect("a valid PG"), 9, vec![0, 1])).collect();
+        let commands = record_commands(pgs);
+        let sizes: Vec<usize> = commands
+            .iter()
+            .map(|c| match c {
+                duplex_map::Command::RecordActive { pgs } => pgs.len(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(sizes, vec![limit, 1]);
+        let duplex_map::Command::RecordActive { pgs } = &commands[1] else { unreachable!() };
+        assert_eq!(pgs[0], (1, limit as u32, 9, vec![0, 1]), "PG keys become (pool, pg)");
+        assert!(record_commands(Vec::new()).is_empty());
+    }
 }

@@ -12,7 +12,7 @@ use duplex_osd::backfill::{Backfill, Step};
 use duplex_osd::cluster::MapView;
 use duplex_osd::peering::{Action, Peering};
 use duplex_osd::peering_driver::{
-    primary_intervals, record_command, restart_due, Identity, MachineState, ScrubAsk, Wanted, LOCK_RETRY, TARGET_RETRY,
+    primary_intervals, record_commands, restart_due, Identity, MachineState, ScrubAsk, Wanted, LOCK_RETRY, TARGET_RETRY,
 };
 use duplex_osd::pg::{pg_number, pool_of};
 use duplex_proto::peering::PeerReply;
@@ -65,8 +65,6 @@ pub struct Driver {
     pub backfill_due: u64,
     pub backfilled_pgs: u64,
     pub backfill_objects: u64,
-    /// Active sets this OSD asked the monitor to record.
-    pub records_asked: u64,
 }
 
 impl Driver {
@@ -225,9 +223,9 @@ impl Driver {
         }
     }
 
-    /// The command asking the monitor to record the members of the PGs
+    /// The commands asking the monitor to record the members of the PGs
     /// whose machines wait for it (as the real driver's `ask_records`).
-    pub fn records_due(&mut self, now: u64) -> Option<Command> {
+    pub fn records_due(&mut self, now: u64) -> Vec<Command> {
         let mut pgs = Vec::new();
         for (key, machine) in &mut self.machines {
             if machine.peering.is_recording() && machine.record_due.is_some_and(|at| now >= at) {
@@ -235,11 +233,7 @@ impl Driver {
                 pgs.push((*key, machine.peering.interval, machine.peering.members().to_vec()));
             }
         }
-        if pgs.is_empty() {
-            return None;
-        }
-        self.records_asked += pgs.len() as u64;
-        Some(record_command(pgs.into_iter()))
+        record_commands(pgs)
     }
 
     /// As the real driver's `start_backfill`.

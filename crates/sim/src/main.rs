@@ -44,6 +44,22 @@ fn parse_fault(name: &str) -> Result<FaultKind, String> {
     })
 }
 
+/// The flags (after `--load-seconds`) that replay a run of `config`.
+fn replay_flags(cli: &Cli, config: &SimConfig) -> String {
+    let mut flags = String::new();
+    if !cli.faults.is_empty() {
+        let names: Vec<&str> = cli.faults.iter().map(|k| k.name()).collect();
+        flags += &format!(" --faults {}", names.join(","));
+    }
+    if cli.pool_size.is_some() || cli.min_size.is_some() {
+        flags += &format!(" --pool-size {} --min-size {}", config.pool_size, config.min_size);
+    }
+    if cli.concurrent_faults != 1 {
+        flags += &format!(" --concurrent-faults {}", cli.concurrent_faults);
+    }
+    flags
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     if let Some(filter) = &cli.log {
@@ -86,21 +102,9 @@ fn main() -> Result<()> {
             ),
             Err(failure) => {
                 println!(
-                    "seed {seed}: FAILED: {failure}\n  reproduce: duplex-sim --seed {seed} --load-seconds {}{}{}",
+                    "seed {seed}: FAILED: {failure}\n  reproduce: duplex-sim --seed {seed} --load-seconds {}{}",
                     cli.load_seconds,
-                    if cli.faults.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" --faults {}", cli.faults.iter().map(|k| k.name()).collect::<Vec<_>>().join(","))
-                    },
-                    match (cli.pool_size, cli.min_size) {
-                        (None, None) => String::new(),
-                        _ => format!(" --pool-size {} --min-size {}", config.pool_size, config.min_size),
-                    } + &if cli.concurrent_faults == 1 {
-                        String::new()
-                    } else {
-                        format!(" --concurrent-faults {}", cli.concurrent_faults)
-                    }
+                    replay_flags(&cli, &config)
                 );
                 failed.push(seed);
             }

@@ -551,7 +551,7 @@ impl SimOsd {
             }
         }
         let Some(live) = self.live.as_mut() else { return };
-        if let Some(command) = live.driver.records_due(ctx.now) {
+        for command in live.driver.records_due(ctx.now) {
             ctx.send(Node::Monitor, Msg::Command(command));
         }
         // Backfill held back by the throttle (or a lock retry) wakes the OSD then.

@@ -218,7 +218,7 @@ enum Active {
     /// Down after a power loss: its `shm` log is gone.
     PowerLost,
     Cut,
-    /// A power cut armed at the OSD's next flush (it becomes `Down` when it fires).
+    /// A power cut armed at the OSD's next flush (it becomes `PowerLost` when it fires).
     PowerCutArmed,
     /// Marked out by the operator: marked in again when healed.
     Out,
