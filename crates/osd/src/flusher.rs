@@ -22,6 +22,7 @@ use crate::metrics::{record, Metrics, Stage};
 use crate::peering_driver::{ScrubAsk, ScrubRequests};
 use crate::pg::{Ack, PgTable, ReplyTo};
 use crate::replay::store_op;
+use crate::stored_requests;
 
 /// Entries per store batch; a flush of more takes several batches.
 pub const FLUSH_BATCH: usize = 128;
@@ -272,10 +273,11 @@ impl Flusher {
             let mut guard = pg.lock().expect("PG lock");
             guard.dirty = false;
             let before = ops.len();
-            let mut last = 0;
+            let (mut first, mut last) = (None, 0);
             for entry in guard.log.entries() {
                 match entry {
                     Ok(entry) => {
+                        first.get_or_insert(entry.seq);
                         last = entry.seq;
                         // The primary and replica paths checked every entry before logging it.
                         ops.push(store_op(entry).expect("a logged entry is a valid store operation"));
@@ -287,6 +289,14 @@ impl Flusher {
                         break;
                     }
                 }
+            }
+            if let Some(first) = first {
+                // The ids outlive the trim (stored_requests.rs); the log is
+                // trimmed only after every batch of this flush is durable.
+                ops.extend({
+                    let pg = &mut *guard;
+                    stored_requests::record(self.partition.index(), key, &pg.requests, first..=last, &mut pg.ids_block)
+                });
             }
             drop(guard);
             if ops.len() > before {

@@ -40,3 +40,4 @@ pub mod priority;
 pub mod replay;
 pub mod requests;
 pub mod stored_interval;
+pub mod stored_requests;

@@ -7,14 +7,16 @@ use std::collections::BTreeSet;
 
 use duplex_proto::osd::{RepReply, Status};
 use duplex_proto::peering::{
-    ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, PeerRequest, CHUNK_BYTES, DIGEST_PAGE,
+    LoggedRequest, ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, PeerRequest, CHUNK_BYTES, DIGEST_PAGE,
 };
 use duplex_store::{Batch, Key, StoreError};
 
 use crate::flusher::Flusher;
 use crate::mailbox::Completion;
 use crate::pg::{Ack, Activation, SharedPg};
+use crate::requests::merge_logged;
 use crate::stored_interval;
+use crate::stored_requests;
 
 impl Flusher {
     /// Does one peering step for the PG's primary and says how it went.
@@ -97,7 +99,7 @@ impl Flusher {
                 if target {
                     self.begin_backfill(key)?;
                 }
-                {
+                let replaced = {
                     let mut guard = pg.lock().expect("PG lock");
                     if last_seq == u64::MAX {
                         return Err("no log continues after seq 2^64 - 1".to_string());
@@ -107,15 +109,20 @@ impl Flusher {
                     let activation = Activation { interval, members, backfill };
                     guard
                         .activate(last_seq, last_epoch, activation, rebuilt || target, &requests)
-                        .map_err(|e| e.to_string())?;
-                }
+                        .map_err(|e| e.to_string())?
+                };
                 if !target {
                     // The store too, which outlives an `shm` log (stored_interval.rs).
                     // A member activated by peering holds the whole PG, even
                     // if it was an unfinished backfill target before.
+                    let index = self.partition.index();
                     let mut batch = Batch::new();
-                    batch.push(stored_interval::record(self.partition.index(), key, interval));
-                    batch.push(stored_interval::mark_backfilling(self.partition.index(), key, false));
+                    batch.push(stored_interval::record(index, key, interval));
+                    batch.push(stored_interval::mark_backfilling(index, key, false));
+                    if replaced {
+                        // Its own history's ids are not the PG's any more.
+                        batch.push(stored_requests::rewrite(index, key, &requests));
+                    }
                     self.apply(&batch).map_err(|e| e.to_string())?;
                 }
                 Ok(PeerReply::Done)
@@ -129,10 +136,22 @@ impl Flusher {
                 if !is_target(&pg.lock().expect("PG lock")) {
                     return Err(format!("this OSD is no backfill target of the PG in interval {interval}"));
                 }
-                // Complete now: it records the interval like any member.
+                // Complete now: it records the interval like any member, and
+                // the ids it was given at activation or logged since.
+                let requests: Vec<LoggedRequest> = {
+                    // Not those of entries still in the log: their writes are
+                    // not in the store yet, and a power cut could take them.
+                    let mut guard = pg.lock().expect("PG lock");
+                    // The rewrite below replaces what the last flush wrote.
+                    guard.ids_block.forget();
+                    let flushed = guard.flushed_through();
+                    guard.requests.logged().into_iter().filter(|request| request.seq <= flushed).collect()
+                };
+                let index = self.partition.index();
                 let mut batch = Batch::new();
-                batch.push(stored_interval::record(self.partition.index(), key, interval));
-                batch.push(stored_interval::mark_backfilling(self.partition.index(), key, false));
+                batch.push(stored_interval::record(index, key, interval));
+                batch.push(stored_interval::mark_backfilling(index, key, false));
+                batch.push(stored_requests::rewrite(index, key, &requests));
                 self.apply(&batch).map_err(|e| e.to_string())?;
                 tracing::info!(pg = key, interval, "backfill into this OSD complete");
                 Ok(PeerReply::Done)
@@ -239,6 +258,7 @@ impl Flusher {
         self.flush(BTreeSet::from([key])).map_err(|_| "flushing the log to the store failed".to_string())?;
         let pg = self.pgs.get(key).ok_or("the PG vanished")?;
         let stored = stored_interval::read(&mut self.partition, key).map_err(|e| e.to_string())?;
+        let stored_ids = stored_requests::read(&mut self.partition, key).map_err(|e| e.to_string())?;
         let guard = pg.lock().expect("PG lock");
         if !guard.log.is_empty() {
             return Err("the log could not be flushed (a damaged entry?)".into());
@@ -257,6 +277,8 @@ impl Flusher {
             history_from: guard.history_from(),
             backfilling: false,
         };
+        // Where this member's history ends, as far as it knows.
+        let mut end = info.last_seq;
         if stored > info.last_active {
             // The log was lost (a power loss took the `shm` log): this copy
             // is of the store's interval, at a position no one knows
@@ -267,8 +289,14 @@ impl Flusher {
                 "the PG log was lost; reporting the interval the store recorded"
             );
             info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: stored, history_from: 1, backfilling: false };
+            end = u64::MAX;
         }
-        Ok(PeerReply::Info { info, requests: guard.requests.logged() })
+        // The ids of entries flushed and trimmed (stored_requests.rs), then
+        // those the table holds, which win a seq both name. A stored id past
+        // the log's end cannot be of its history: left out (its resend runs).
+        let stored_ids: Vec<LoggedRequest> = stored_ids.into_iter().filter(|request| request.seq <= end).collect();
+        let requests = merge_logged([&stored_ids[..], &guard.requests.logged()[..]]);
+        Ok(PeerReply::Info { info, requests })
     }
 
     fn digests(&mut self, key: u32, cursor: &[u8]) -> Result<PeerReply, String> {

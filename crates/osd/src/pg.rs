@@ -18,6 +18,7 @@ use duplex_proto::peering::LoggedRequest;
 
 use crate::config::OplogMode;
 use crate::requests::{RequestState, RequestTable};
+use crate::stored_requests::LastBlock;
 
 /// Pools whose id fits the 12 bits left to it in a PG key.
 pub const MAX_POOL_ID: u32 = (1 << 12) - 1;
@@ -88,6 +89,8 @@ pub struct Pg {
     pub dirty: bool,
     /// Request ids of recent mutations, to answer resends.
     pub requests: RequestTable,
+    /// The block of the store's id record the last flush wrote (stored_requests.rs).
+    pub ids_block: LastBlock,
     /// Primary side: the writes it logged that not every replica has
     /// acknowledged yet. Their objects are not readable meanwhile.
     pub uncommitted: Uncommitted,
@@ -209,6 +212,7 @@ impl Pg {
             waiters: false,
             dirty: false,
             requests: RequestTable::default(),
+            ids_block: LastBlock::default(),
             uncommitted: Uncommitted::default(),
             gap_since: None,
             gap_reported: false,
@@ -292,6 +296,8 @@ impl Pg {
     /// persisted as its last active one. `rebuilt`: recovery changed this
     /// member's store, so its own history no longer holds. `requests`: the
     /// ids of the authoritative history, which replace this member's own.
+    /// Returns whether this member's own history was replaced (it was
+    /// rebuilt, or its log ends elsewhere than the authority's).
     pub fn activate(
         &mut self,
         last_seq: u64,
@@ -299,18 +305,20 @@ impl Pg {
         activation: Activation,
         rebuilt: bool,
         requests: &[LoggedRequest],
-    ) -> Result<(), LogError> {
+    ) -> Result<bool, LogError> {
         assert!(self.log.is_empty(), "activation follows a flush");
-        if rebuilt || (last_seq, last_epoch) != (self.last_seq(), self.log.last_epoch()) {
+        let replaced = rebuilt || (last_seq, last_epoch) != (self.last_seq(), self.log.last_epoch());
+        if replaced {
             self.history.clear();
         }
         self.log.set_position(last_seq + 1, last_epoch, activation.interval)?;
         self.sync_seq = last_seq;
         self.newest_epoch = None;
         self.requests.replace(requests);
+        self.ids_block.forget();
         self.backfill_lock = None;
         self.active = Some(activation);
-        Ok(())
+        Ok(replaced)
     }
 
     /// Appends an encoded entry (the same bytes go to the replicas, or came
@@ -425,6 +433,12 @@ impl Pg {
     /// The seq of the newest logged entry (0: none ever).
     pub fn last_seq(&self) -> u64 {
         self.log.next_seq() - 1
+    }
+
+    /// The seq of the newest entry in the store: the log holds the ones
+    /// after it (a log's live entries have consecutive seqs).
+    pub fn flushed_through(&self) -> u64 {
+        self.last_seq() - self.log.len() as u64
     }
 
     /// After the store holds every entry through `seq`: drop them from the log and index.

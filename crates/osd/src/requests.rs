@@ -97,6 +97,23 @@ impl RequestTable {
         }
     }
 
+    /// The id of the entry at `seq`, if this table tracks it.
+    pub fn at_seq(&self, seq: u64) -> Option<RequestId> {
+        self.by_seq.get(&seq).copied()
+    }
+
+    /// Adds ids the store kept for entries flushed before this OSD started
+    /// (stored_requests.rs): as committed, as the log's own are at start.
+    /// The log's ids win: an id or a seq the table already has is skipped.
+    pub fn load(&mut self, stored: &[LoggedRequest]) {
+        for request in stored {
+            let id = RequestId { client: request.client, tid: request.tid };
+            if !self.states.contains_key(&id) && !self.by_seq.contains_key(&request.seq) {
+                self.set(id, RequestState::Committed, request.seq);
+            }
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.by_seq.len()
     }
@@ -170,6 +187,22 @@ mod tests {
         assert_eq!(table.get(id(1)), None, "rolled back");
         assert_eq!(table.get(id(2)), Some(RequestState::Committed), "failed here, yet in the history");
         assert_eq!(table.get(id(3)), Some(RequestState::Committed), "logged by another member");
+    }
+
+    #[test]
+    fn loading_stored_ids_never_overrides_the_logs() {
+        let mut table = RequestTable::default();
+        table.set(id(1), RequestState::Committed, 10);
+        table.load(&[
+            LoggedRequest { client: 7, tid: 1, seq: 4 },
+            LoggedRequest { client: 7, tid: 2, seq: 10 },
+            LoggedRequest { client: 7, tid: 3, seq: 5 },
+        ]);
+        assert_eq!(table.at_seq(10), Some(id(1)), "the log's entry at seq 10 stays");
+        assert_eq!(table.at_seq(4), None, "id 1 is at seq 10, per the log");
+        assert_eq!(table.get(id(2)), None);
+        assert_eq!(table.get(id(3)), Some(RequestState::Committed));
+        assert_eq!(table.at_seq(5), Some(id(3)));
     }
 
     #[test]

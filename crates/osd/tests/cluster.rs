@@ -487,3 +487,72 @@ fn hostile_peering_requests_are_refused_and_the_pg_recovers() {
     client.write(pool, object, 0, b"after!").unwrap();
     assert_eq!(client.read(pool, object, 0, 6).unwrap().as_ref(), b"after!");
 }
+
+/// A resend whose first run was flushed and trimmed from every member's
+/// log before they all restarted is answered, not applied again: the ids
+/// are kept in the store with each flush (stored_requests.rs). Probed with
+/// different data under the same request id, which a real client never
+/// sends: if the resend ran, the object would change.
+#[test]
+fn a_resend_after_every_member_restarted_with_a_trimmed_log_is_not_applied_again() {
+    use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
+    let mut cluster = TestCluster::new(3, 8, &[]);
+    cluster.wait_all_up();
+    let mut client = cluster.client();
+    let pool = cluster.pool(&client);
+    let object = b"dedup-after-restart".to_vec();
+    client.write(pool, &object, 0, b"warm!").unwrap();
+    let credentials = duplex_osd::local::credentials("client.dedup");
+    let write = |client: &mut duplex_client::ObjectClient, data: &'static [u8], txid: u64| -> Status {
+        let map = client.map().clone();
+        let info = map.pools[&pool].clone();
+        let pg = duplex_placement::pg_of(&object, info.pg_num);
+        let primary = map.acting(&map.hierarchy(), &info, pg)[0];
+        let addr = client.addr_of(primary).unwrap();
+        let mut conn =
+            duplex_client::conn::OsdConnection::connect(addr, &credentials, Duration::from_secs(10)).unwrap();
+        let request = OpRequest {
+            kind: OpKind::Write,
+            pool,
+            pg,
+            map_epoch: map.epoch,
+            object: bytes::Bytes::from(object.clone()),
+            offset: 0,
+            length: 0,
+            data: bytes::Bytes::from_static(data),
+            client: 0xD0_0B1E,
+        };
+        conn.send(&request.to_frame(txid)).unwrap();
+        OpReply::decode(&conn.recv().unwrap().payload).unwrap().status
+    };
+    assert_eq!(write(&mut client, b"first", 1), Status::Ok);
+    assert_eq!(write(&mut client, b"later", 2), Status::Ok);
+    let map = client.map().clone();
+    let info = map.pools[&pool].clone();
+    let acting = map.acting(&map.hierarchy(), &info, duplex_placement::pg_of(&object, info.pg_num));
+    // The default flush timeout is 1 ms: the logs are flushed and trimmed by now.
+    std::thread::sleep(Duration::from_millis(500));
+    for osd in &acting {
+        cluster.kill_osd(*osd);
+    }
+    for osd in &acting {
+        cluster.start_osd(*osd);
+        assert_eq!(cluster.osds[osd].replayed, 0, "osd.{osd} replayed its log: the ids could have come from it");
+    }
+    cluster.wait_all_up();
+    let mut client = cluster.client();
+    // The PG peers first: the resend is answered Retry until it is active.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        client.refresh_map();
+        match write(&mut client, b"first", 1) {
+            Status::Ok => break,
+            Status::Retry | Status::WrongOsd if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            other => panic!("the resend was answered {other:?}"),
+        }
+    }
+    assert_eq!(&client.read(pool, &object, 0, 5).unwrap()[..], b"later", "the resend ran again after the restart");
+    assert!(cluster.metric_sum("duplex_osd_duplicate_requests_total") >= 1.0);
+}

@@ -182,14 +182,13 @@ fn regression_seeds_7_and_35_a_pg_waits_for_an_osd_of_its_last_active_set() {
     run_two_faults_at_once(35);
 }
 
-/// Not fixed yet (docs/RELIABILITY.md, "Known gaps"): a write logged by the
-/// one member left (its replica was down), answered `Retry`, then that
-/// member restarted after its log was flushed and trimmed. Peering kept the
-/// write, but its request id was gone with the trimmed log, and the
-/// client's resend ran it again after newer writes. Request ids must be
-/// persisted with the flushed state. (Seeds 4 and 65 with two faults at once.)
+/// A write logged by the one member left (its replica was down) was
+/// answered `Retry`; then that member restarted after its log was flushed
+/// and trimmed. Peering kept the write, but its request id was gone with
+/// the trimmed log, and the client's resend ran it again after newer
+/// writes: a stale read. Flushes now keep the ids in the store
+/// (stored_requests.rs). (Seeds 4 and 65 with two faults at once.)
 #[test]
-#[ignore = "request ids are not persisted yet (docs/RELIABILITY.md, known gaps)"]
 fn regression_seeds_4_and_65_a_resend_after_the_logging_member_restarted_is_not_run_again() {
     run_two_faults_at_once(4);
     run_two_faults_at_once(65);
