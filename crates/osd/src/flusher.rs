@@ -22,7 +22,6 @@ use crate::metrics::{record, Metrics, Stage};
 use crate::peering_driver::{ScrubAsk, ScrubRequests};
 use crate::pg::{Ack, PgTable, ReplyTo};
 use crate::replay::store_op;
-use crate::stored_requests;
 
 /// Entries per store batch; a flush of more takes several batches.
 pub const FLUSH_BATCH: usize = 128;
@@ -273,11 +272,16 @@ impl Flusher {
             let mut guard = pg.lock().expect("PG lock");
             guard.dirty = false;
             let before = ops.len();
-            let (mut first, mut last) = (None, 0);
+            // The log holds the entries after the store's newest.
+            let (first, mut last) = (guard.flushed_through() + 1, 0);
             for entry in guard.log.entries() {
                 match entry {
                     Ok(entry) => {
-                        first.get_or_insert(entry.seq);
+                        debug_assert_eq!(
+                            entry.seq,
+                            last.max(first - 1) + 1,
+                            "a log's live entries have consecutive seqs"
+                        );
                         last = entry.seq;
                         // The primary and replica paths checked every entry before logging it.
                         ops.push(store_op(entry).expect("a logged entry is a valid store operation"));
@@ -290,13 +294,10 @@ impl Flusher {
                     }
                 }
             }
-            if let Some(first) = first {
+            if last >= first {
                 // The ids outlive the trim (stored_requests.rs); the log is
                 // trimmed only after every batch of this flush is durable.
-                ops.extend({
-                    let pg = &mut *guard;
-                    stored_requests::record(self.partition.index(), key, &pg.requests, first..=last, &mut pg.ids_block)
-                });
+                ops.extend(guard.record_flushed_ids(self.partition.index(), first..=last));
             }
             drop(guard);
             if ops.len() > before {

@@ -41,3 +41,41 @@ pub mod replay;
 pub mod requests;
 pub mod stored_interval;
 pub mod stored_requests;
+
+/// A small store in a temporary directory, for unit tests of what the OSD
+/// keeps in its store.
+#[cfg(test)]
+pub(crate) struct TestStore {
+    _dir: tempfile::TempDir,
+    pub path: std::path::PathBuf,
+    pub config: duplex_store::StoreConfig,
+}
+
+#[cfg(test)]
+impl TestStore {
+    /// A 64 MiB store of `partitions` partitions (plain reads, no O_DIRECT).
+    pub fn new(partitions: u32) -> TestStore {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store");
+        let config = duplex_store::StoreConfig {
+            device: duplex_store::DeviceConfig {
+                backend: duplex_store::IoBackend::Pread,
+                direct_io: duplex_store::DirectIo::Fallback,
+                ..duplex_store::DeviceConfig::default()
+            },
+            ..duplex_store::StoreConfig::default()
+        };
+        let options = duplex_store::MkfsOptions {
+            partitions,
+            journal_bytes: Some(1 << 20),
+            bytes_per_onode: 16 << 10,
+            size_bytes: Some(64 << 20),
+        };
+        duplex_store::mkfs(&path, &options, &config).unwrap();
+        TestStore { _dir: dir, path, config }
+    }
+
+    pub fn open(&self) -> duplex_store::Store {
+        duplex_store::Store::open(&self.path, &self.config).unwrap()
+    }
+}

@@ -7,14 +7,13 @@ use std::collections::BTreeSet;
 
 use duplex_proto::osd::{RepReply, Status};
 use duplex_proto::peering::{
-    LoggedRequest, ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, PeerRequest, CHUNK_BYTES, DIGEST_PAGE,
+    ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, PeerRequest, CHUNK_BYTES, DIGEST_PAGE,
 };
 use duplex_store::{Batch, Key, StoreError};
 
 use crate::flusher::Flusher;
 use crate::mailbox::Completion;
 use crate::pg::{Ack, Activation, SharedPg};
-use crate::requests::merge_logged;
 use crate::stored_interval;
 use crate::stored_requests;
 
@@ -138,15 +137,7 @@ impl Flusher {
                 }
                 // Complete now: it records the interval like any member, and
                 // the ids it was given at activation or logged since.
-                let requests: Vec<LoggedRequest> = {
-                    // Not those of entries still in the log: their writes are
-                    // not in the store yet, and a power cut could take them.
-                    let mut guard = pg.lock().expect("PG lock");
-                    // The rewrite below replaces what the last flush wrote.
-                    guard.ids_block.forget();
-                    let flushed = guard.flushed_through();
-                    guard.requests.logged().into_iter().filter(|request| request.seq <= flushed).collect()
-                };
+                let requests = pg.lock().expect("PG lock").flushed_ids();
                 let index = self.partition.index();
                 let mut batch = Batch::new();
                 batch.push(stored_interval::record(index, key, interval));
@@ -258,8 +249,7 @@ impl Flusher {
         self.flush(BTreeSet::from([key])).map_err(|_| "flushing the log to the store failed".to_string())?;
         let pg = self.pgs.get(key).ok_or("the PG vanished")?;
         let stored = stored_interval::read(&mut self.partition, key).map_err(|e| e.to_string())?;
-        let stored_ids = stored_requests::read(&mut self.partition, key).map_err(|e| e.to_string())?;
-        let guard = pg.lock().expect("PG lock");
+        let mut guard = pg.lock().expect("PG lock");
         if !guard.log.is_empty() {
             return Err("the log could not be flushed (a damaged entry?)".into());
         }
@@ -291,12 +281,10 @@ impl Flusher {
             info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: stored, history_from: 1, backfilling: false };
             end = u64::MAX;
         }
-        // The ids of entries flushed and trimmed (stored_requests.rs), then
-        // those the table holds, which win a seq both name. A stored id past
-        // the log's end cannot be of its history: left out (its resend runs).
-        let stored_ids: Vec<LoggedRequest> = stored_ids.into_iter().filter(|request| request.seq <= end).collect();
-        let requests = merge_logged([&stored_ids[..], &guard.requests.logged()[..]]);
-        Ok(PeerReply::Info { info, requests })
+        // A PG this OSD had no log of at start (an `shm` log lost with the
+        // power) learns here what its store's record kept.
+        guard.load_stored_ids(&mut self.partition, end).map_err(|e| e.to_string())?;
+        Ok(PeerReply::Info { info, requests: guard.requests.logged() })
     }
 
     fn digests(&mut self, key: u32, cursor: &[u8]) -> Result<PeerReply, String> {

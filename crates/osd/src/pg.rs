@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -15,10 +16,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use duplex_oplog::{Entry, EntryRef, FileRegion, IndexCache, LogError, MmapRegion, PgLog, Region};
 use duplex_proto::peering::LoggedRequest;
+use duplex_store::{Op, Partition, StoreError};
 
 use crate::config::OplogMode;
 use crate::requests::{RequestState, RequestTable};
-use crate::stored_requests::LastBlock;
+use crate::stored_requests::{self, LastBlock};
 
 /// Pools whose id fits the 12 bits left to it in a PG key.
 pub const MAX_POOL_ID: u32 = (1 << 12) - 1;
@@ -90,7 +92,11 @@ pub struct Pg {
     /// Request ids of recent mutations, to answer resends.
     pub requests: RequestTable,
     /// The block of the store's id record the last flush wrote (stored_requests.rs).
-    pub ids_block: LastBlock,
+    ids_block: LastBlock,
+    /// The table holds the ids the store's record kept (loaded at start or
+    /// at the first peering query, or replaced by activation): it is what
+    /// flushes write back, so it must hold them before the first flush.
+    stored_ids_loaded: bool,
     /// Primary side: the writes it logged that not every replica has
     /// acknowledged yet. Their objects are not readable meanwhile.
     pub uncommitted: Uncommitted,
@@ -213,6 +219,7 @@ impl Pg {
             dirty: false,
             requests: RequestTable::default(),
             ids_block: LastBlock::default(),
+            stored_ids_loaded: false,
             uncommitted: Uncommitted::default(),
             gap_since: None,
             gap_reported: false,
@@ -316,6 +323,7 @@ impl Pg {
         self.newest_epoch = None;
         self.requests.replace(requests);
         self.ids_block.forget();
+        self.stored_ids_loaded = true;
         self.backfill_lock = None;
         self.active = Some(activation);
         Ok(replaced)
@@ -433,6 +441,35 @@ impl Pg {
     /// The seq of the newest logged entry (0: none ever).
     pub fn last_seq(&self) -> u64 {
         self.log.next_seq() - 1
+    }
+
+    /// Adds to the id table, once, the ids the store kept for this PG
+    /// (stored_requests.rs) up to seq `end`: one past where this member's
+    /// history ends is of no history it continues.
+    pub fn load_stored_ids(&mut self, partition: &mut Partition, end: u64) -> Result<(), StoreError> {
+        if !self.stored_ids_loaded {
+            let stored = stored_requests::read(partition, self.key)?;
+            let stored: Vec<LoggedRequest> = stored.into_iter().filter(|request| request.seq <= end).collect();
+            self.requests.load(&stored);
+            self.stored_ids_loaded = true;
+        }
+        Ok(())
+    }
+
+    /// The store operations that keep the ids of the entries `flushed`
+    /// (now in the store, in log order) past the log's trim.
+    pub fn record_flushed_ids(&mut self, partition: u32, flushed: RangeInclusive<u64>) -> Vec<Op> {
+        debug_assert!(self.stored_ids_loaded, "a flush would clear the ids the store kept and the table lacks");
+        stored_requests::record(partition, self.key, &self.requests, flushed, &mut self.ids_block)
+    }
+
+    /// The ids of entries in the store, for a rewrite of the whole record
+    /// (those still in the log are not: a power cut could take their writes).
+    pub fn flushed_ids(&mut self) -> Vec<LoggedRequest> {
+        // The rewrite replaces what the last flush wrote.
+        self.ids_block.forget();
+        let flushed = self.flushed_through();
+        self.requests.logged().into_iter().filter(|request| request.seq <= flushed).collect()
     }
 
     /// The seq of the newest entry in the store: the log holds the ones

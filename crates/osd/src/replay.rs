@@ -23,7 +23,6 @@ use duplex_oplog::{Entry, OpKind};
 use duplex_store::{Batch, Key, Op, Partition, Store, StoreError};
 
 use crate::pg::SharedPg;
-use crate::stored_requests;
 
 /// Entries per store batch (one device flush each).
 pub const REPLAY_BATCH: usize = 64;
@@ -86,22 +85,12 @@ pub fn replay_recovered(recovered: &[(SharedPg, Vec<Entry>)], store: &mut Store)
         let partition = store.partition_mut(store.partition_of(&key.to_be_bytes()));
         // The ids of entries flushed before the stop join the log's
         // (stored_requests.rs): the table is what later flushes record.
-        // One past the log's end is of no history this log continues.
         let last = guard.last_seq();
-        let stored =
-            stored_requests::read(partition, key).with_context(|| format!("reading the request ids of PG {key:#x}"))?;
-        let stored: Vec<_> = stored.into_iter().filter(|request| request.seq <= last).collect();
-        guard.requests.load(&stored);
+        guard.load_stored_ids(partition, last).with_context(|| format!("reading the request ids of PG {key:#x}"))?;
         replayed += replay(entries, partition).with_context(|| format!("replaying the log of PG {key:#x}"))?;
         if let (Some(first), Some(newest)) = (entries.first(), entries.last()) {
             // Their ids outlive the trim too.
-            let mut batch = Batch::new();
-            for op in {
-                let pg = &mut *guard;
-                stored_requests::record(partition.index(), key, &pg.requests, first.seq..=newest.seq, &mut pg.ids_block)
-            } {
-                batch.push(op);
-            }
+            let batch = Batch { ops: guard.record_flushed_ids(partition.index(), first.seq..=newest.seq) };
             partition.apply(&batch).with_context(|| format!("recording the request ids of PG {key:#x}"))?;
         }
         guard.trim(last).with_context(|| format!("trimming the log of PG {key:#x}"))?;

@@ -89,24 +89,8 @@ mod tests {
 
     #[test]
     fn the_record_round_trips_through_a_store_and_a_bad_one_is_none() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store");
-        let config = duplex_store::StoreConfig {
-            device: duplex_store::DeviceConfig {
-                backend: duplex_store::IoBackend::Pread,
-                direct_io: duplex_store::DirectIo::Fallback,
-                ..duplex_store::DeviceConfig::default()
-            },
-            ..duplex_store::StoreConfig::default()
-        };
-        let options = duplex_store::MkfsOptions {
-            partitions: 2,
-            journal_bytes: Some(1 << 20),
-            bytes_per_onode: 16 << 10,
-            size_bytes: Some(64 << 20),
-        };
-        duplex_store::mkfs(&path, &options, &config).unwrap();
-        let mut store = duplex_store::Store::open(&path, &config).unwrap();
+        let test_store = crate::TestStore::new(2);
+        let mut store = test_store.open();
         let pg = crate::pg::pg_key(1, 5).unwrap();
         let partition = store.partition_mut((pg % 2) as usize);
         assert_eq!(read(partition, pg).unwrap(), 0, "nothing recorded");

@@ -11,9 +11,10 @@
 //! a value already overwritten came back.
 //!
 //! So every flush also writes its entries' ids here, in the same flush
-//! (before the log is trimmed); a start loads them into the table before
-//! replaying the log, and a member reports them to peering with the ids
-//! of its log. The record is a ring of [`TRACKED_REQUESTS`] slots indexed
+//! (before the log is trimmed). The record is loaded into the table once
+//! ([`crate::pg::Pg::load_stored_ids`]: at start before replaying the log,
+//! or at the PG's first peering query when it had no log then), so the
+//! table a member reports to peering holds it. The record is a ring of [`TRACKED_REQUESTS`] slots indexed
 //! by seq, the same bound as the in-memory table. A flush writes the whole
 //! 4 KiB blocks its seqs fall in (usually one), their other slots taken
 //! from the table, never part of a block: see [`record`] for why.
@@ -344,24 +345,8 @@ mod tests {
 
     #[test]
     fn the_record_round_trips_through_a_store() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store");
-        let config = duplex_store::StoreConfig {
-            device: duplex_store::DeviceConfig {
-                backend: duplex_store::IoBackend::Pread,
-                direct_io: duplex_store::DirectIo::Fallback,
-                ..duplex_store::DeviceConfig::default()
-            },
-            ..duplex_store::StoreConfig::default()
-        };
-        let options = duplex_store::MkfsOptions {
-            partitions: 2,
-            journal_bytes: Some(1 << 20),
-            bytes_per_onode: 16 << 10,
-            size_bytes: Some(64 << 20),
-        };
-        duplex_store::mkfs(&path, &options, &config).unwrap();
-        let mut store = duplex_store::Store::open(&path, &config).unwrap();
+        let test_store = crate::TestStore::new(2);
+        let mut store = test_store.open();
         let pg = crate::pg::pg_key(1, 5).unwrap();
         let partition = store.partition_mut((pg % 2) as usize);
         assert!(read(partition, pg).unwrap().is_empty(), "nothing flushed yet");
@@ -378,27 +363,11 @@ mod tests {
     #[test]
     fn a_damaged_block_loses_only_its_ids_and_the_next_flush_replaces_it() {
         use std::os::unix::fs::FileExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store");
-        let config = duplex_store::StoreConfig {
-            device: duplex_store::DeviceConfig {
-                backend: duplex_store::IoBackend::Pread,
-                direct_io: duplex_store::DirectIo::Fallback,
-                ..duplex_store::DeviceConfig::default()
-            },
-            ..duplex_store::StoreConfig::default()
-        };
-        let options = duplex_store::MkfsOptions {
-            partitions: 1,
-            journal_bytes: Some(1 << 20),
-            bytes_per_onode: 16 << 10,
-            size_bytes: Some(32 << 20),
-        };
-        duplex_store::mkfs(&path, &options, &config).unwrap();
+        let test_store = crate::TestStore::new(1);
         let pg = crate::pg::pg_key(1, 5).unwrap();
         // Slots 1..=200: block 0 holds seqs 1..=127, block 1 the rest.
         let table = table_of(1..=200);
-        let mut store = duplex_store::Store::open(&path, &config).unwrap();
+        let mut store = test_store.open();
         let mut batch = duplex_store::Batch::new();
         for op in record(0, pg, &table, 1..=200, &mut LastBlock::default()) {
             batch.push(op);
@@ -406,13 +375,13 @@ mod tests {
         store.partition_mut(0).apply(&batch).unwrap();
         let offset = store.partition_mut(0).locate_data(key(0, pg).as_bytes(), 0).unwrap();
         store.close().unwrap();
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&test_store.path).unwrap();
         let mut byte = [0u8; 1];
         file.read_exact_at(&mut byte, offset + 100).unwrap();
         file.write_all_at(&[byte[0] ^ 1], offset + 100).unwrap();
         drop(file);
 
-        let mut store = duplex_store::Store::open(&path, &config).unwrap();
+        let mut store = test_store.open();
         let partition = store.partition_mut(0);
         assert_eq!(read(partition, pg).unwrap(), logged(128..=200), "block 0's ids are lost, not the rest");
         // Seq 4097 falls in block 0: the flush writes the block whole, so it
