@@ -27,6 +27,19 @@ def status():
     return json.loads(duplex("status", "--json", capture=True))
 
 
+def backfill_sent(directory):
+    """Bytes the OSDs' finished backfills sent, from their logs ("backfill
+    complete ... bytes=N")."""
+    total = 0
+    for name in os.listdir(directory):
+        if name.startswith("osd.") and name.endswith(".log"):
+            with open(os.path.join(directory, name), errors="replace") as log:
+                for line in log:
+                    if "backfill complete" in line:
+                        total += sum(int(f[6:]) for f in line.split() if f.startswith("bytes=") and f[6:].isdigit())
+    return total
+
+
 def settle_after(command, timeout_s=600):
     """Runs `duplex mark COMMAND 0`; returns (seconds until every PG is
     active+clean after some were seen backfilling, used bytes before, after)."""
@@ -57,11 +70,12 @@ def main():
         duplex("bench", "--image", "disk", "--pattern", "seqwrite", "--bs", "4M", "--qd", "8",
                "--seconds", str(args.fill_seconds))
         for command in ("out", "in"):
+            sent_before = backfill_sent(args.dir)
             seconds, used_before, used_after = settle_after(command)
-            copied = used_after - used_before
+            sent = backfill_sent(args.dir) - sent_before
             print(f"mark {command} osd.0: every PG active+clean after {seconds:.1f} s; "
-                  f"used {used_before / 2**30:.2f} -> {used_after / 2**30:.2f} GiB"
-                  + (f" ({copied / 2**30:.2f} GiB copied, {copied / 2**20 / seconds:.0f} MiB/s)" if copied > 0 else ""))
+                  f"used {used_before / 2**30:.2f} -> {used_after / 2**30:.2f} GiB; "
+                  f"backfill sent {sent / 2**30:.2f} GiB ({sent / 2**20 / seconds:.0f} MiB/s)")
     finally:
         duplex("dev", "down", "--dir", args.dir, "--wipe")
 

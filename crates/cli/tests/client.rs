@@ -505,6 +505,72 @@ fn an_osd_added_under_load_is_backfilled() {
     );
 }
 
+/// An OSD marked out and back in still holds its old copies of the PGs
+/// that come back to it: backfill compares them with the primary's and
+/// sends only what differs (here nothing, as no write came in between),
+/// where it used to empty them and copy everything again.
+#[test]
+fn an_osd_marked_back_in_is_compared_not_filled_again() {
+    let cluster = DevCluster::start();
+    let client = cluster.client();
+    let pool = client.pool_id("rbd").unwrap();
+    let objects: Vec<(String, Vec<u8>)> = (0..24u32)
+        .map(|n| {
+            let data = (0..MIB as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8 ^ n as u8).collect();
+            (format!("kept.{n:02}"), data)
+        })
+        .collect();
+    for (name, data) in &objects {
+        // In pieces: one write must fit an OSD's PG log.
+        for (piece, bytes) in data.chunks(256 << 10).enumerate() {
+            let offset = (piece << 18) as u64;
+            client.write(pool, name.as_bytes(), offset, Bytes::copy_from_slice(bytes)).unwrap();
+        }
+    }
+    let sent_by_backfill = || -> u64 {
+        (0..3)
+            .flat_map(|osd| {
+                std::fs::read_to_string(cluster.path().join(format!("osd.{osd}.log")))
+                    .unwrap_or_default()
+                    .lines()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .filter(|line| line.contains("backfill complete"))
+            .filter_map(|line| line.split_whitespace().find_map(|f| f.strip_prefix("bytes=")?.parse::<u64>().ok()))
+            .sum()
+    };
+    // The mark makes one epoch, with the pins; their drops come later.
+    let mark_and_settle = |how: &str| -> Duration {
+        let before = client.monitor().map(1).expect("the monitor answers").epoch;
+        let started = Instant::now();
+        run_ok(cluster.cli().args(["mark", how, "0"]));
+        loop {
+            let map = client.monitor().map(1).expect("the monitor answers");
+            if map.epoch >= before + 2 && map.pg_temp.is_empty() {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "mark {how}: backfill did not end: {:?}",
+                map.pg_temp
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let out_took = mark_and_settle("out");
+    let sent_out = sent_by_backfill();
+    let in_took = mark_and_settle("in");
+    let sent_in = sent_by_backfill() - sent_out;
+    eprintln!("mark out osd.0: {sent_out} bytes sent in {out_took:?}; mark in: {sent_in} bytes sent in {in_took:?}");
+    assert!(sent_out >= 4 * MIB, "re-replication after the out sent its PGs' data ({sent_out} bytes)");
+    assert_eq!(sent_in, 0, "osd.0's copies were equal to the primaries': nothing to send");
+    for (name, data) in &objects {
+        let read = client.read(pool, name.as_bytes(), 0, MIB as u32).unwrap();
+        assert!(read[..] == data[..], "{name} reads back as written");
+    }
+}
+
 /// Samples a workload's acknowledged writes every 10 ms, to find the
 /// longest time none was acknowledged, and when the stalls over 200 ms
 /// began (from the start of the watch).

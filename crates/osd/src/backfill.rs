@@ -4,32 +4,40 @@
 //!
 //! The map pins a PG that moved onto new OSDs to the OSDs that hold it
 //! (duplex_map::pg_temp). Peering activated the new ones as *backfill
-//! targets*: each emptied its copy, marked it incomplete, and takes every
-//! write of the interval from then on. What it lacks is what was written
-//! before. This machine copies that, object by object, in name order:
+//! targets*: each marked its copy incomplete (keeping what it held) and
+//! takes every write of the interval from then on. What it lacks is what
+//! was written before, and what it holds may be stale. This machine makes
+//! each target's copy equal to the primary's, object by object, in the
+//! name order of the primary's and the targets' listings merged (so a
+//! stale object only a target holds is met too):
 //!
 //! 1. **Lock** the object at the primary ([`PeerOp::BackfillLock`]): new
 //!    client writes to it wait; once those in flight are on every replica
-//!    and target, the primary applies its log and reports the object.
-//!    Each target replaces its copy with an empty one of that size and
-//!    those attributes (`PushStart`). An object gone by then is removed on
-//!    the targets.
+//!    and target, the primary applies its log and reports the object. If
+//!    it has none, the targets remove theirs. Otherwise each target that
+//!    holds a copy of that size and those attributes ([`PeerOp::Stat`])
+//!    *keeps* it; any other replaces it with an empty one (`PushStart`).
 //! 2. **Copy** its data a chunk at a time, each under a lock of just that
 //!    byte range (so writes elsewhere in the object go on): `Pull` from the
-//!    primary, `PushData` to each target, release. Chunks of zeros are
-//!    skipped: the target's copy reads zeros there, or what writes since
-//!    put there, which the primary holds too. A target first applies its
-//!    own log, so the writes it took land before the copy, which holds
-//!    them; writes after the copy reach both alike.
+//!    primary; a target that kept its copy reports its digest of the chunk
+//!    ([`PeerOp::ChunkDigest`]) and gets the chunk (`PushData`) only if it
+//!    differs; a target that was reset gets every chunk but those of zeros
+//!    (its copy reads zeros there, or what writes since put there, which
+//!    the primary holds too). A target first applies its own log, so the
+//!    writes it took land before the comparison and the copy; writes after
+//!    reach both alike.
 //! 3. Next object. After the last one, the lock is released and each
 //!    target is told its copy is complete ([`PeerOp::BackfillDone`]),
 //!    which it records durably.
 //!
 //! Then [`Step::Complete`]: the driver asks the monitor to drop the pin,
 //! and the up set takes over with nothing left to copy. An object created
-//! after the listing passed its name needs no copy: the target took every
-//! write to it. Anything unexpected stops the machine ([`Step::Stuck`]);
-//! the target's copy stays marked incomplete, so it is never trusted.
+//! after the walk passed its name needs no copy: every target holding a
+//! copy then (the listing named it) removed it under that name's lock, so
+//! the writes since built it from nothing on both sides. Anything
+//! unexpected stops the machine ([`Step::Stuck`]); the target's copy stays
+//! marked incomplete, so it is never trusted, and the next interval's
+//! backfill compares again rather than copying it all again.
 
 use std::collections::VecDeque;
 
@@ -64,23 +72,44 @@ pub struct Backfill {
     primary: OsdId,
     targets: Vec<OsdId>,
     stage: Stage,
-    /// The last name listed, and whether the primary has more after it.
-    cursor: Vec<u8>,
-    more: bool,
-    /// Names listed and not copied yet.
-    names: VecDeque<Vec<u8>>,
+    /// The primary's listing (index 0), then each target's.
+    listings: Vec<Listing>,
+    /// For the object under way, per target: it kept its copy (compared
+    /// chunk by chunk) rather than starting from an empty one.
+    kept: Vec<bool>,
+    /// Something was sent to a target for the object under way.
+    changed: bool,
     waiting: Option<u64>,
     next_tag: u64,
     pub progress: Progress,
 }
 
+/// One OSD's names of the PG's objects, read a page at a time.
+#[derive(Default)]
+struct Listing {
+    /// Listed and not walked yet, in order.
+    names: VecDeque<Vec<u8>>,
+    /// The last name listed, and whether more follow it.
+    cursor: Vec<u8>,
+    more: bool,
+}
+
 enum Stage {
-    Listing,
+    /// A page of `listings[source]`.
+    Listing {
+        source: usize,
+    },
     /// The whole object, for its size and attributes.
     Locking {
         object: Vec<u8>,
     },
-    /// `PushStart` to `targets[next]` and on.
+    /// `targets[next]`'s size and attributes, to keep its copy or not.
+    Statting {
+        object: Vec<u8>,
+        meta: ObjectMeta,
+        next: usize,
+    },
+    /// `targets[next]` replaces its copy with an empty one.
     Starting {
         object: Vec<u8>,
         meta: ObjectMeta,
@@ -96,13 +125,11 @@ enum Stage {
         offset: u64,
         len: u64,
     },
-    Pushing {
-        object: Vec<u8>,
-        offset: u64,
-        data: Vec<u8>,
-        next: usize,
-    },
-    /// The chunk is on every target; then the one after `offset`.
+    /// The chunk pulled, its crc32c, and whether any target got it yet;
+    /// `targets[next]` is asked for its digest or sent the chunk.
+    Checking(Chunk),
+    Pushing(Chunk),
+    /// The chunk went to some target; then the one after `offset`.
     Releasing {
         object: Vec<u8>,
         offset: u64,
@@ -119,25 +146,35 @@ enum Stage {
     Stuck,
 }
 
+struct Chunk {
+    object: Vec<u8>,
+    offset: u64,
+    data: Vec<u8>,
+    crc: u32,
+    sent: bool,
+    next: usize,
+}
+
 impl Backfill {
     /// Starts backfilling `targets` from `primary` (this OSD) in the
     /// interval that began at map epoch `interval`.
     pub fn start(pg: u32, interval: u64, primary: OsdId, targets: Vec<OsdId>) -> (Backfill, Vec<Step>) {
         assert!(!targets.is_empty() && !targets.contains(&primary), "targets are other OSDs");
+        let listings = (0..=targets.len()).map(|_| Listing { more: true, ..Listing::default() }).collect();
         let mut backfill = Backfill {
             pg,
             interval,
             primary,
             targets,
-            stage: Stage::Listing,
-            cursor: Vec::new(),
-            more: true,
-            names: VecDeque::new(),
+            stage: Stage::Stuck,
+            listings,
+            kept: Vec::new(),
+            changed: false,
             waiting: None,
             next_tag: 1,
             progress: Progress::default(),
         };
-        let step = backfill.send(primary, PeerOp::List { cursor: Vec::new() });
+        let step = backfill.next_object();
         (backfill, vec![step])
     }
 
@@ -186,17 +223,18 @@ impl Backfill {
         }
         let stage = std::mem::replace(&mut self.stage, Stage::Stuck);
         let step = match (stage, reply) {
-            (Stage::Listing, PeerReply::Names { objects, more }) => {
+            (Stage::Listing { source }, PeerReply::Names { objects, more }) => {
+                let listing = &mut self.listings[source];
                 match objects.last() {
-                    Some(last) if last > &self.cursor => self.cursor = last.clone(),
+                    Some(last) if last > &listing.cursor => listing.cursor = last.clone(),
                     None if !more => {}
                     _ => return self.stuck("a listing page did not advance".into()),
                 }
                 if objects.windows(2).any(|w| w[0] >= w[1]) {
                     return self.stuck("a listing page out of order".into());
                 }
-                self.more = more;
-                self.names.extend(objects);
+                listing.more = more;
+                listing.names.extend(objects);
                 self.next_object()
             }
             (Stage::Locking { object }, PeerReply::Busy) => {
@@ -205,14 +243,29 @@ impl Backfill {
                 self.send_later(op)
             }
             (Stage::Locking { object }, PeerReply::Meta(None)) => self.remove_on(object, 0),
-            (Stage::Locking { object }, PeerReply::Meta(Some(meta))) => self.start_on(object, meta, 0),
-            (Stage::Starting { object, meta, next }, PeerReply::Done) => {
-                if next + 1 < self.targets.len() {
-                    self.start_on(object, meta, next + 1)
+            (Stage::Locking { object }, PeerReply::Meta(Some(meta))) => {
+                self.kept.clear();
+                self.changed = false;
+                self.stat_on(object, meta, 0)
+            }
+            (Stage::Statting { object, meta, next }, PeerReply::Meta(held)) => {
+                if held.as_ref() == Some(&meta) {
+                    self.kept.push(true);
+                    self.stat_on(object, meta, next + 1)
                 } else {
-                    self.lock_chunk(object, 0)
+                    self.kept.push(false);
+                    self.changed = true;
+                    let op = PeerOp::PushStart {
+                        object: object.clone(),
+                        size: meta.size,
+                        preallocated: meta.preallocated,
+                        attrs: meta.attrs.clone(),
+                    };
+                    self.stage = Stage::Starting { object, meta, next };
+                    self.send(self.targets[next], op)
                 }
             }
+            (Stage::Starting { object, meta, next }, PeerReply::Done) => self.stat_on(object, meta, next + 1),
             (Stage::LockingChunk { object, offset }, PeerReply::Busy) => {
                 let op = PeerOp::BackfillLock { object: Some(object.clone()), start: offset, end: chunk_end(offset) };
                 self.stage = Stage::LockingChunk { object, offset };
@@ -222,7 +275,9 @@ impl Backfill {
             (Stage::LockingChunk { object, .. }, PeerReply::Meta(None)) => self.remove_on(object, 0),
             (Stage::LockingChunk { object, offset }, PeerReply::Meta(Some(meta))) => {
                 if offset >= meta.size {
-                    self.progress.objects_copied += 1;
+                    if self.changed {
+                        self.progress.objects_copied += 1;
+                    }
                     self.next_object()
                 } else {
                     let len = (meta.size - offset).min(CHUNK_BYTES as u64);
@@ -235,21 +290,20 @@ impl Backfill {
                 if data.len() as u64 != len {
                     return self.stuck(format!("pulled {} bytes of a {len}-byte chunk", data.len()));
                 }
-                if data.iter().all(|b| *b == 0) {
-                    self.lock_chunk(object, offset + len)
+                let crc = crc32c::crc32c(&data);
+                self.chunk_to(Chunk { object, offset, data, crc, sent: false, next: 0 })
+            }
+            (Stage::Checking(chunk), PeerReply::ChunkDigest(digest)) => {
+                if digest == Some(chunk.crc) {
+                    self.chunk_to(Chunk { next: chunk.next + 1, ..chunk })
                 } else {
-                    self.push_to(object, offset, data, 0)
+                    self.push(chunk)
                 }
             }
-            (Stage::Pushing { object, offset, data, next }, PeerReply::Done) => {
-                if next + 1 < self.targets.len() {
-                    self.push_to(object, offset, data, next + 1)
-                } else {
-                    self.progress.bytes_copied += data.len() as u64 * self.targets.len() as u64;
-                    // Released before the throttle's pause, not after.
-                    self.stage = Stage::Releasing { object, offset: offset + data.len() as u64 };
-                    self.send(self.primary, PeerOp::BackfillLock { object: None, start: 0, end: 0 })
-                }
+            (Stage::Pushing(chunk), PeerReply::Done) => {
+                self.progress.bytes_copied += chunk.data.len() as u64;
+                self.changed = true;
+                self.chunk_to(Chunk { next: chunk.next + 1, sent: true, ..chunk })
             }
             (Stage::Releasing { object, offset }, PeerReply::Done) => self.lock_chunk(object, offset),
             (Stage::Removing { object, next }, PeerReply::Done) => {
@@ -279,18 +333,46 @@ impl Backfill {
         Step::SendLater { to, tag, op }
     }
 
-    /// The next object to copy, the next page of names, or the end.
+    fn source(&self, index: usize) -> OsdId {
+        if index == 0 {
+            self.primary
+        } else {
+            self.targets[index - 1]
+        }
+    }
+
+    /// The next object of the merged listings, the next page of one, or
+    /// the end. A name is walked only once every listing with more to come
+    /// has a name queued: its smallest is then the next of them all.
     fn next_object(&mut self) -> Step {
-        if let Some(object) = self.names.pop_front() {
-            self.stage = Stage::Locking { object: object.clone() };
-            return self.send(self.primary, PeerOp::BackfillLock { object: Some(object), start: 0, end: u64::MAX });
+        if let Some(source) = self.listings.iter().position(|l| l.names.is_empty() && l.more) {
+            self.stage = Stage::Listing { source };
+            let cursor = self.listings[source].cursor.clone();
+            return self.send(self.source(source), PeerOp::List { cursor });
         }
-        if self.more {
-            self.stage = Stage::Listing;
-            return self.send(self.primary, PeerOp::List { cursor: self.cursor.clone() });
+        let Some(object) = self.listings.iter().filter_map(|l| l.names.front()).min().cloned() else {
+            self.stage = Stage::Unlocking;
+            return self.send(self.primary, PeerOp::BackfillLock { object: None, start: 0, end: 0 });
+        };
+        for listing in &mut self.listings {
+            if listing.names.front() == Some(&object) {
+                listing.names.pop_front();
+            }
         }
-        self.stage = Stage::Unlocking;
-        self.send(self.primary, PeerOp::BackfillLock { object: None, start: 0, end: 0 })
+        self.stage = Stage::Locking { object: object.clone() };
+        self.send(self.primary, PeerOp::BackfillLock { object: Some(object), start: 0, end: u64::MAX })
+    }
+
+    /// Asks `targets[next]` for its copy's size and attributes, or, when
+    /// every target has answered, starts on the data.
+    fn stat_on(&mut self, object: Vec<u8>, meta: ObjectMeta, next: usize) -> Step {
+        if next == self.targets.len() {
+            debug_assert_eq!(self.kept.len(), self.targets.len());
+            return self.lock_chunk(object, 0);
+        }
+        let op = PeerOp::Stat { object: object.clone() };
+        self.stage = Stage::Statting { object, meta, next };
+        self.send(self.targets[next], op)
     }
 
     fn lock_chunk(&mut self, object: Vec<u8>, offset: u64) -> Step {
@@ -299,21 +381,42 @@ impl Backfill {
         self.send(self.primary, op)
     }
 
-    fn start_on(&mut self, object: Vec<u8>, meta: ObjectMeta, next: usize) -> Step {
-        let op = PeerOp::PushStart {
-            object: object.clone(),
-            size: meta.size,
-            preallocated: meta.preallocated,
-            attrs: meta.attrs.clone(),
-        };
-        self.stage = Stage::Starting { object, meta, next };
-        self.send(self.targets[next], op)
+    /// The chunk for `targets[chunk.next]` and on: a kept copy is asked
+    /// for its digest, a reset one gets it unless it is all zeros. After
+    /// the last target, the next chunk (its lock releases this one).
+    fn chunk_to(&mut self, mut chunk: Chunk) -> Step {
+        while chunk.next < self.targets.len() {
+            let to = self.targets[chunk.next];
+            if self.kept[chunk.next] {
+                let op = PeerOp::ChunkDigest {
+                    object: chunk.object.clone(),
+                    offset: chunk.offset,
+                    len: chunk.data.len() as u32,
+                };
+                self.stage = Stage::Checking(chunk);
+                return self.send(to, op);
+            }
+            if chunk.data.iter().any(|b| *b != 0) {
+                return self.push(chunk);
+            }
+            chunk.next += 1;
+        }
+        let offset = chunk.offset + chunk.data.len() as u64;
+        if chunk.sent {
+            // Released before the throttle's pause (which comes before the
+            // next lock), not held through it.
+            self.stage = Stage::Releasing { object: chunk.object, offset };
+            self.send(self.primary, PeerOp::BackfillLock { object: None, start: 0, end: 0 })
+        } else {
+            self.lock_chunk(chunk.object, offset)
+        }
     }
 
-    fn push_to(&mut self, object: Vec<u8>, offset: u64, data: Vec<u8>, next: usize) -> Step {
-        let op = PeerOp::PushData { object: object.clone(), offset, data: data.clone() };
-        self.stage = Stage::Pushing { object, offset, data, next };
-        self.send(self.targets[next], op)
+    fn push(&mut self, chunk: Chunk) -> Step {
+        let op = PeerOp::PushData { object: chunk.object.clone(), offset: chunk.offset, data: chunk.data.clone() };
+        let to = self.targets[chunk.next];
+        self.stage = Stage::Pushing(chunk);
+        self.send(to, op)
     }
 
     fn remove_on(&mut self, object: Vec<u8>, next: usize) -> Step {
@@ -325,6 +428,37 @@ impl Backfill {
     fn finish_on(&mut self, next: usize) -> Step {
         self.stage = Stage::Finishing { next };
         self.send(self.targets[next], PeerOp::BackfillDone)
+    }
+}
+
+/// The recovery throttle (`--recovery-bytes-per-sec`) of one OSD's
+/// backfill: the bytes its steps read or write on targets (chunks sent,
+/// chunks compared) are owed, and paid off by a pause before the next lock
+/// is taken, so that no lock is held through a pause.
+#[derive(Debug, Default)]
+pub struct Throttle {
+    owed: u64,
+}
+
+impl Throttle {
+    /// Counts what `op` costs, once it was carried out.
+    pub fn charge(&mut self, op: &PeerOp) {
+        self.owed += match op {
+            PeerOp::PushData { data, .. } => data.len() as u64,
+            PeerOp::ChunkDigest { len, .. } => u64::from(*len),
+            _ => 0,
+        };
+    }
+
+    /// Before sending `op`: how long to wait first, in microseconds, at
+    /// `bytes_per_sec` (0: no limit). The debt is paid by that wait.
+    pub fn pause_before(&mut self, op: &PeerOp, bytes_per_sec: u64) -> Option<u64> {
+        let takes_lock = matches!(op, PeerOp::BackfillLock { object: Some(_), .. });
+        if !takes_lock || bytes_per_sec == 0 || self.owed == 0 {
+            return None;
+        }
+        let owed = std::mem::take(&mut self.owed);
+        Some((u128::from(owed) * 1_000_000 / u128::from(bytes_per_sec)).min(u128::from(u64::MAX)) as u64)
     }
 }
 
@@ -356,26 +490,71 @@ mod tests {
         locked: Option<(Vec<u8>, u64, u64)>,
         done: Vec<OsdId>,
         later: u32,
+        /// Requests of each kind sent to targets.
+        sent: BTreeMap<&'static str, u32>,
+    }
+
+    fn meta(data: &[u8]) -> ObjectMeta {
+        ObjectMeta { size: data.len() as u64, preallocated: false, attrs: Vec::new() }
+    }
+
+    fn page(objects: &Objects, cursor: &[u8]) -> PeerReply {
+        let names: Vec<Vec<u8>> =
+            objects.keys().filter(|k| cursor.is_empty() || &k[..] > cursor).take(2).cloned().collect();
+        let more = names.last().is_some_and(|last| objects.keys().any(|k| k > last));
+        PeerReply::Names { objects: names, more }
     }
 
     impl Model {
+        fn new(primary: Objects, targets: BTreeMap<OsdId, Objects>) -> Model {
+            Model { primary, targets, busy: 0, locked: None, done: Vec::new(), later: 0, sent: BTreeMap::new() }
+        }
+
+        fn is_locked(&self, object: &[u8], start: u64, end: u64) -> bool {
+            self.locked.as_ref().is_some_and(|(o, s, e)| o == object && *s <= start && end <= *e)
+        }
+
         fn answer(&mut self, to: OsdId, op: PeerOp) -> PeerReply {
-            let meta = |data: &Vec<u8>| ObjectMeta { size: data.len() as u64, preallocated: false, attrs: Vec::new() };
             if to != 0 {
+                let kind = match &op {
+                    PeerOp::List { .. } => "list",
+                    PeerOp::Stat { .. } => "stat",
+                    PeerOp::PushStart { .. } => "start",
+                    PeerOp::ChunkDigest { .. } => "digest",
+                    PeerOp::PushData { .. } => "push",
+                    PeerOp::Remove { .. } => "remove",
+                    _ => "other",
+                };
+                *self.sent.entry(kind).or_default() += 1;
+                let locked = match &op {
+                    PeerOp::Stat { object } | PeerOp::PushStart { object, .. } | PeerOp::Remove { object } => {
+                        self.is_locked(object, 0, u64::MAX)
+                    }
+                    PeerOp::ChunkDigest { object, offset, len } => {
+                        self.is_locked(object, *offset, offset + u64::from(*len))
+                    }
+                    PeerOp::PushData { object, offset, data } => {
+                        self.is_locked(object, *offset, offset + data.len() as u64)
+                    }
+                    _ => true,
+                };
+                assert!(locked, "{op:?} is sent under the primary's lock");
                 let store = self.targets.get_mut(&to).expect("a target");
                 return match op {
+                    PeerOp::List { cursor } => page(store, &cursor),
+                    PeerOp::Stat { object } => PeerReply::Meta(store.get(&object).map(|d| meta(d))),
                     PeerOp::PushStart { object, size, .. } => {
                         store.insert(object, vec![0; size as usize]);
                         PeerReply::Done
                     }
+                    PeerOp::ChunkDigest { object, offset, len } => {
+                        PeerReply::ChunkDigest(store.get(&object).map(|held| {
+                            let end = (offset + u64::from(len)).min(held.len() as u64);
+                            crc32c::crc32c(&held[offset as usize..end as usize])
+                        }))
+                    }
                     PeerOp::PushData { object, offset, data } => {
                         let held = store.get_mut(&object).expect("started");
-                        assert!(
-                            self.locked.as_ref().is_some_and(|(o, s, e)| *o == object
-                                && *s <= offset
-                                && offset + data.len() as u64 <= *e),
-                            "a chunk is pushed under its lock"
-                        );
                         held[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
                         PeerReply::Done
                     }
@@ -391,12 +570,7 @@ mod tests {
                 };
             }
             match op {
-                PeerOp::List { cursor } => {
-                    let objects: Vec<Vec<u8>> =
-                        self.primary.keys().filter(|k| cursor.is_empty() || **k > cursor).take(2).cloned().collect();
-                    let more = objects.last().is_some_and(|last| self.primary.keys().any(|k| k > last));
-                    PeerReply::Names { objects, more }
-                }
+                PeerOp::List { cursor } => page(&self.primary, &cursor),
                 PeerOp::BackfillLock { object, start, end } => {
                     self.locked = object.clone().map(|o| (o, start, end));
                     let Some(object) = object else { return PeerReply::Done };
@@ -404,7 +578,7 @@ mod tests {
                         self.busy -= 1;
                         return PeerReply::Busy;
                     }
-                    PeerReply::Meta(self.primary.get(&object).map(meta))
+                    PeerReply::Meta(self.primary.get(&object).map(|d| meta(d)))
                 }
                 PeerOp::Pull { object, offset, len } => {
                     let data = &self.primary[&object];
@@ -416,7 +590,8 @@ mod tests {
     }
 
     fn run(model: &mut Model, mut deleted_after_listing: Option<Vec<u8>>) -> (Backfill, Step) {
-        let (mut machine, steps) = Backfill::start(7, 9, 0, vec![1, 2]);
+        let targets = model.targets.keys().copied().collect();
+        let (mut machine, steps) = Backfill::start(7, 9, 0, targets);
         let mut queue: VecDeque<Step> = steps.into();
         while let Some(step) = queue.pop_front() {
             let (to, tag, op) = match step {
@@ -439,9 +614,13 @@ mod tests {
         panic!("the machine neither completed nor stopped");
     }
 
+    fn patterned(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8 ^ seed | 1).collect()
+    }
+
     #[test]
     fn every_object_reaches_every_target_in_locked_chunks_and_zeros_are_skipped() {
-        let big: Vec<u8> = (0..(2 * CHUNK_BYTES as usize + 1000)).map(|i| (i % 251) as u8 + 1).collect();
+        let big = patterned(2 * CHUNK_BYTES as usize + 1000, 0);
         let mut sparse = vec![0u8; 2 * CHUNK_BYTES as usize];
         sparse[CHUNK_BYTES as usize + 5] = 9;
         let primary: Objects = [
@@ -454,8 +633,8 @@ mod tests {
         .into();
         // A target holds a partial copy from the writes it took already.
         let partial: Objects = [(b"a".to_vec(), b"sm".to_vec()), (b"e".to_vec(), b"gone".to_vec())].into();
-        let targets = [(1, partial.clone()), (2, partial)].into();
-        let mut model = Model { primary, targets, busy: 2, locked: None, done: Vec::new(), later: 0 };
+        let mut model = Model::new(primary, [(1, partial.clone()), (2, partial)].into());
+        model.busy = 2;
         let (machine, end) = run(&mut model, Some(b"e".to_vec()));
         assert_eq!(end, Step::Complete);
         assert!(machine.is_complete());
@@ -469,6 +648,67 @@ mod tests {
         assert_eq!(machine.progress.objects_removed, 1, "the object deleted after the listing");
         let nonzero_chunks = 5 + (2 * CHUNK_BYTES as u64 + 1000) + CHUNK_BYTES as u64;
         assert_eq!(machine.progress.bytes_copied, 2 * nonzero_chunks, "zero chunks are not sent");
+        assert_eq!(model.sent.get("digest"), None, "a copy that was reset is not compared");
+    }
+
+    #[test]
+    fn a_target_that_kept_its_copy_gets_only_what_differs_and_loses_what_the_primary_lacks() {
+        let chunk = CHUNK_BYTES as usize;
+        let same = patterned(3 * chunk, 1);
+        let mut one_chunk_off = same.clone();
+        one_chunk_off[chunk + 17] ^= 0xff;
+        let primary: Objects = [
+            (b"b".to_vec(), same.clone()),
+            (b"d".to_vec(), same.clone()),
+            (b"f".to_vec(), vec![0; chunk]),
+            (b"g".to_vec(), b"new here".to_vec()),
+        ]
+        .into();
+        // Target 1 held the PG before (an OSD marked back in): one chunk
+        // of "d" is stale, and it still has objects the primary deleted
+        // meanwhile, named before, between and after the primary's.
+        let mut stale_zeros = vec![0; chunk];
+        stale_zeros[3] = 1;
+        let held: Objects = [
+            (b"a".to_vec(), b"deleted since".to_vec()),
+            (b"b".to_vec(), same.clone()),
+            (b"c".to_vec(), b"deleted too".to_vec()),
+            (b"d".to_vec(), one_chunk_off),
+            (b"f".to_vec(), stale_zeros),
+            (b"z".to_vec(), b"deleted last".to_vec()),
+        ]
+        .into();
+        // Target 2 is new.
+        let mut model = Model::new(primary, [(1, held), (2, Objects::new())].into());
+        let (machine, end) = run(&mut model, None);
+        assert_eq!(end, Step::Complete);
+        for (id, store) in &model.targets {
+            assert_eq!(store, &model.primary, "target {id}");
+        }
+        // Target 1: one chunk of "d", the zero chunk of "f" (its copy held
+        // a stray byte there) and all of "g"; target 2: everything but zeros.
+        let to_target_1 = chunk as u64 + chunk as u64 + 8;
+        let to_target_2 = 3 * chunk as u64 * 2 + 8;
+        assert_eq!(machine.progress.bytes_copied, to_target_1 + to_target_2);
+        assert_eq!(machine.progress.objects_removed, 3, "a, c and z");
+        assert_eq!(model.sent["digest"], 3 + 3 + 1, "each chunk target 1 kept is compared");
+        assert_eq!(model.sent["start"], 1 + 4, "target 1 lacked g; target 2 lacked all");
+        assert_eq!(model.sent["list"], 3 + 1, "target 1's listing, in pages of two, and target 2's one empty page");
+    }
+
+    #[test]
+    fn the_throttle_pauses_only_before_taking_a_lock() {
+        let mut throttle = Throttle::default();
+        let lock = PeerOp::BackfillLock { object: Some(b"x".to_vec()), start: 0, end: 10 };
+        let release = PeerOp::BackfillLock { object: None, start: 0, end: 0 };
+        assert_eq!(throttle.pause_before(&lock, 1_000_000), None, "nothing owed");
+        throttle.charge(&PeerOp::PushData { object: b"x".to_vec(), offset: 0, data: vec![1; 500_000] });
+        throttle.charge(&PeerOp::ChunkDigest { object: b"x".to_vec(), offset: 0, len: 250_000 });
+        throttle.charge(&PeerOp::Pull { object: b"x".to_vec(), offset: 0, len: 1_000_000 });
+        assert_eq!(throttle.pause_before(&release, 1_000_000), None, "a release never waits");
+        assert_eq!(throttle.pause_before(&lock, 0), None, "0: no limit");
+        assert_eq!(throttle.pause_before(&lock, 1_000_000), Some(750_000), "750 kB at 1 MB/s");
+        assert_eq!(throttle.pause_before(&lock, 1_000_000), None, "paid");
     }
 
     #[test]

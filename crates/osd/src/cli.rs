@@ -83,7 +83,8 @@ pub struct OsdArgs {
     #[arg(long, default_value_t = 7 * 24 * 3600)]
     scrub_interval_s: u64,
     /// The recovery throttle: bytes per second this OSD's background
-    /// backfill copies to new replicas (0: no limit).
+    /// backfill sends to, or compares on, the replicas it fills (0: no
+    /// limit).
     #[arg(long, default_value_t = crate::config::DEFAULT_RECOVERY_BYTES_PER_SEC)]
     recovery_bytes_per_sec: u64,
     /// Testing and failure rehearsals only: put the data device behind a

@@ -72,8 +72,9 @@ pub struct OsdConfig {
     /// How often each PG this OSD is primary of is deep-scrubbed (its
     /// copies compared, reported, not repaired); zero: never.
     pub scrub_interval: Duration,
-    /// The recovery throttle: bytes per second background backfill copies
-    /// to new replicas, over all of this OSD's PGs (0: no limit). Client
+    /// The recovery throttle: bytes per second background backfill sends
+    /// to, or compares on, the replicas it fills, over all of this OSD's
+    /// PGs (0: no limit). Client
     /// I/O goes on meanwhile; a higher rate moves data sooner and takes
     /// more of the disks and the network from it.
     pub recovery_bytes_per_sec: u64,

@@ -51,7 +51,23 @@ impl Flusher {
                 Ok(PeerReply::Touched(pg.lock().expect("PG lock").touched(after, after_epoch, through)))
             }
             PeerOp::Digests { cursor } => self.digests(key, &cursor),
-            PeerOp::Stat { object } => self.stat(key, &object),
+            PeerOp::Stat { object } => {
+                // A backfill target compares its copy under the primary's
+                // lock: the writes it logged before must count.
+                self.flush_pg(key)?;
+                self.stat(key, &object)
+            }
+            PeerOp::ChunkDigest { object, offset, len } => {
+                self.flush_pg(key)?;
+                let key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
+                let len = len.min(CHUNK_BYTES) as u64;
+                match self.partition.read(key.as_bytes(), offset, len) {
+                    Ok(data) => Ok(PeerReply::ChunkDigest(Some(crc32c::crc32c(&data)))),
+                    // Either way the primary's chunk replaces it.
+                    Err(StoreError::NotFound | StoreError::ChecksumMismatch { .. }) => Ok(PeerReply::ChunkDigest(None)),
+                    Err(err) => Err(err.to_string()),
+                }
+            }
             PeerOp::Pull { object, offset, len } => {
                 let key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
                 let len = len.min(CHUNK_BYTES) as u64;
@@ -160,28 +176,17 @@ impl Flusher {
     }
 
     /// A backfill into this OSD begins: its copy of the PG is marked
-    /// incomplete and emptied, durably, before it takes any entry. The
-    /// primary copies every object over; until then the writes it takes
-    /// build only partial objects, which the copies replace.
+    /// incomplete, durably, before it takes any entry. What it held stays:
+    /// the primary compares each object with it, copies what differs and
+    /// removes what it lacks, so an OSD that held most of the PG (marked
+    /// back in, or a backfill begun again in a new interval) reads it
+    /// rather than receiving it all again. Until then it is never trusted.
     fn begin_backfill(&mut self, key: u32) -> Result<(), String> {
         let index = self.partition.index();
         let mut mark = Batch::new();
         mark.push(stored_interval::mark_backfilling(index, key, true));
         self.apply(&mark).map_err(|e| e.to_string())?;
-        let mut removed = 0usize;
-        loop {
-            let keys = self.partition.list_group(key, DIGEST_PAGE);
-            if keys.is_empty() {
-                break;
-            }
-            let mut batch = Batch::new();
-            for store_key in keys {
-                batch.delete(store_key);
-                removed += 1;
-            }
-            self.apply(&batch).map_err(|e| e.to_string())?;
-        }
-        tracing::info!(pg = key, removed, "backfill into this OSD begins; its old copy of the PG is emptied");
+        tracing::info!(pg = key, "backfill into this OSD begins; its copy of the PG is incomplete until it ends");
         Ok(())
     }
 

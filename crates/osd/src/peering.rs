@@ -989,7 +989,10 @@ mod tests {
                     PeerReply::Done
                 }
                 PeerOp::Scrub { .. } => PeerReply::Refused("not a member's request".into()),
-                PeerOp::List { .. } | PeerOp::BackfillLock { .. } | PeerOp::BackfillDone => {
+                PeerOp::List { .. }
+                | PeerOp::BackfillLock { .. }
+                | PeerOp::BackfillDone
+                | PeerOp::ChunkDigest { .. } => {
                     PeerReply::Refused("background backfill is not peering's (backfill.rs tests it)".into())
                 }
             }

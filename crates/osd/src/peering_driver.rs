@@ -19,7 +19,7 @@ use duplex_mon::wire::Credentials;
 use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
 use duplex_proto::MessageType;
 
-use crate::backfill::{Backfill, Step};
+use crate::backfill::{Backfill, Step, Throttle};
 use crate::cluster::MapView;
 use crate::flusher::{Job, PeerReplyTo};
 use crate::mailbox::{Completion, Mailbox};
@@ -114,6 +114,7 @@ pub struct PeeringDriver {
     /// when the next may go: the recovery throttle spaces them.
     backfill_queue: VecDeque<(u32, Step)>,
     backfill_due: Instant,
+    throttle: Throttle,
     /// PGs whose backfill completed, by interval: the pins to drop.
     clears: BTreeMap<u64, Vec<u32>>,
     clear_due: Instant,
@@ -138,6 +139,7 @@ impl PeeringDriver {
             next_pass: Instant::now(),
             backfill_queue: VecDeque::new(),
             backfill_due: Instant::now(),
+            throttle: Throttle::default(),
             clears: BTreeMap::new(),
             clear_due: Instant::now(),
         }
@@ -199,6 +201,12 @@ impl PeeringDriver {
                 return;
             }
         };
+        if let Some(pause) = self.throttle.pause_before(&op, self.shared.config.recovery_bytes_per_sec) {
+            self.backfill_due = Instant::now() + Duration::from_micros(pause);
+            self.backfill_queue.push_front((key, Step::Send { to, tag, op }));
+            return;
+        }
+        self.throttle.charge(&op);
         let pushed = match &op {
             PeerOp::PushData { data, .. } => data.len() as u64,
             _ => 0,
@@ -213,10 +221,6 @@ impl PeeringDriver {
         let metrics = &self.shared.metrics;
         metrics.backfill_bytes.add(pushed);
         metrics.backfill_objects.add(backfill.progress.objects_copied - copied_before);
-        let rate = self.shared.config.recovery_bytes_per_sec;
-        if pushed > 0 && rate > 0 {
-            self.backfill_due = Instant::now() + Duration::from_secs_f64(pushed as f64 / rate as f64);
-        }
         for step in next.into_iter().rev() {
             self.backfill_queue.push_front((key, step));
         }

@@ -50,9 +50,19 @@ pub enum PeerOp {
     Digests {
         cursor: Vec<u8>,
     },
-    /// An object's size and attributes ([`PeerReply::Meta`]).
+    /// An object's size and attributes, after applying the log
+    /// ([`PeerReply::Meta`]).
     Stat {
         object: Vec<u8>,
+    },
+    /// A crc32c of object bytes `offset..offset + len` (at most
+    /// [`CHUNK_BYTES`], holes as zeros), after applying the log
+    /// ([`PeerReply::ChunkDigest`]): background backfill compares a chunk
+    /// a target kept with the primary's before it copies it.
+    ChunkDigest {
+        object: Vec<u8>,
+        offset: u64,
+        len: u32,
     },
     /// Object bytes ([`PeerReply::Data`]); at most [`CHUNK_BYTES`].
     Pull {
@@ -87,8 +97,8 @@ pub enum PeerOp {
     /// `backfill`: the OSDs being backfilled in this interval. They take
     /// the interval's entries like members (the primary sends every write
     /// to them too) but their stores are filled in the background. A
-    /// member named there empties its copy of the PG first and counts as
-    /// incomplete until [`PeerOp::BackfillDone`].
+    /// member named there marks its copy of the PG incomplete first (and
+    /// keeps it, for the backfill to compare) until [`PeerOp::BackfillDone`].
     Activate {
         last_seq: u64,
         last_epoch: u32,
@@ -194,6 +204,8 @@ pub enum PeerReply {
     /// `None`: no such object.
     Meta(Option<ObjectMeta>),
     Data(Vec<u8>),
+    /// `None`: no such object, or a block of the range failed its checksum.
+    ChunkDigest(Option<u32>),
     Done,
     Scrubbed(ScrubReport),
     Names {
@@ -272,6 +284,11 @@ mod tests {
             name().prop_map(|cursor| PeerOp::Digests { cursor }),
             name().prop_map(|object| PeerOp::Stat { object }),
             (name(), any::<u64>(), any::<u32>()).prop_map(|(object, offset, len)| PeerOp::Pull { object, offset, len }),
+            (name(), any::<u64>(), any::<u32>()).prop_map(|(object, offset, len)| PeerOp::ChunkDigest {
+                object,
+                offset,
+                len
+            }),
             (name(), any::<u64>(), any::<bool>(), proptest::collection::vec((name(), name()), 0..4)).prop_map(
                 |(object, size, preallocated, attrs)| PeerOp::PushStart { object, size, preallocated, attrs }
             ),
@@ -318,6 +335,7 @@ mod tests {
                     attrs
                 }))),
             name().prop_map(PeerReply::Data),
+            proptest::option::of(any::<u32>()).prop_map(PeerReply::ChunkDigest),
             Just(PeerReply::Done),
             (proptest::collection::vec(name(), 0..4), any::<bool>())
                 .prop_map(|(objects, more)| PeerReply::Names { objects, more }),

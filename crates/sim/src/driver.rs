@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use duplex_map::{Command, OsdId};
-use duplex_osd::backfill::{Backfill, Step};
+use duplex_osd::backfill::{Backfill, Step, Throttle};
 use duplex_osd::cluster::MapView;
 use duplex_osd::peering::{Action, Peering};
 use duplex_osd::peering_driver::{
@@ -63,6 +63,7 @@ pub struct Driver {
     backfill_queue: VecDeque<(u32, Step)>,
     /// When the next backfill step may go (the throttle, or a lock retry).
     pub backfill_due: u64,
+    throttle: Throttle,
     pub backfilled_pgs: u64,
     pub backfill_objects: u64,
 }
@@ -140,6 +141,19 @@ impl Driver {
             return None;
         }
         self.backfill_queue.pop_front().map(|(pg, step)| Next::Backfill(pg, step))
+    }
+
+    /// The recovery throttle, before a backfill request goes out: `false`
+    /// when it must wait (the step is queued again, due after the pause).
+    pub fn throttle(&mut self, pg: u32, step: &Step, now: u64, bytes_per_sec: u64) -> bool {
+        let Step::Send { op, .. } = step else { return true };
+        if let Some(pause) = self.throttle.pause_before(op, bytes_per_sec) {
+            self.backfill_due = now + pause;
+            self.backfill_queue.push_front((pg, step.clone()));
+            return false;
+        }
+        self.throttle.charge(op);
+        true
     }
 
     /// When backfill work waits on the throttle or a lock retry.

@@ -27,7 +27,7 @@ use duplex_osd::peering_driver::ScrubRequests;
 use duplex_osd::pg::{Ack, PgTable, ReplyTo};
 use duplex_osd::replay::replay_recovered;
 use duplex_proto::osd::{OpReply, OpRequest, RepReply, Status};
-use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
+use duplex_proto::peering::{PeerReply, PeerRequest};
 use duplex_proto::{Frame, MessageType};
 use duplex_store::{DeviceConfig, DeviceFaults, DirectIo, IoBackend, Store, StoreConfig};
 
@@ -519,13 +519,14 @@ impl SimOsd {
                     live.driver.on_end(pg, me, end, ctx.now);
                     continue;
                 }
-                Next::Backfill(pg, Step::Send { to, tag, op }) => {
-                    tracing::trace!(at = ctx.now, osd = me, pg, to, ?op, "backfill request");
+                Next::Backfill(pg, step @ Step::Send { .. }) => {
                     // The recovery throttle, on the simulated clock.
                     let rate = live.shared.config.recovery_bytes_per_sec;
-                    if let (PeerOp::PushData { data, .. }, true) = (&op, rate > 0) {
-                        live.driver.backfill_due = ctx.now + data.len() as u64 * 1_000_000 / rate;
+                    if !live.driver.throttle(pg, &step, ctx.now, rate) {
+                        continue;
                     }
+                    let Step::Send { to, tag, op } = step else { unreachable!("matched above") };
+                    tracing::trace!(at = ctx.now, osd = me, pg, to, ?op, "backfill request");
                     (pg, to, tag, op, true)
                 }
                 Next::Backfill(pg, end) => {
