@@ -107,8 +107,10 @@ impl Flusher {
             }
             PeerOp::Scrub { .. } => Err("a scrub is asked of the PG's primary, not of a member's store".into()),
             PeerOp::Activate { last_seq, last_epoch, members, rebuilt, requests, backfill } => {
-                if backfill.iter().any(|t| members.contains(t)) {
-                    return Err(format!("backfill targets {backfill:?} overlap the members {members:?}"));
+                // Members may be among them (filled in the background, see
+                // `Peering::fill_in_background`), but never the primary.
+                if members.first().is_none_or(|primary| backfill.contains(primary)) {
+                    return Err(format!("backfill targets {backfill:?} include the primary of {members:?}"));
                 }
                 let target = backfill.contains(&self.id);
                 if target {

@@ -87,6 +87,13 @@ pub struct Peering {
     /// (`None`: never recorded; empty: its OSDs were marked lost), then the
     /// members once the map records them.
     active_set: Option<Vec<OsdId>>,
+    /// Fill members that need a backfill in the background, when the
+    /// others that are whole number at least this (the pool's min_size):
+    /// see [`Peering::fill_in_background`]. `None`: inside peering.
+    background_min: Option<usize>,
+    /// Members filled in the background in this interval: activated as
+    /// backfill targets, and members once that ends (a peering again).
+    filled_in_background: Vec<OsdId>,
 }
 
 enum Phase {
@@ -196,12 +203,17 @@ pub fn choose_authority(primary: OsdId, infos: &BTreeMap<OsdId, PeerInfo>, lost:
     best(false).or_else(|| if lost { best(true) } else { None })
 }
 
-/// How `member` catches up with the authority (`None`: it already has).
-fn plan_for(member: &PeerInfo, authority: &PeerInfo) -> Option<Plan> {
+/// How `member` catches up with the authority in the interval that began
+/// at epoch `interval` (`None`: it already has).
+fn plan_for(member: &PeerInfo, authority: &PeerInfo, interval: u64) -> Option<Plan> {
     // Logs that end at the same entry hold the same history; an epoch of 0
-    // proves nothing (no entry, or the log was lost).
+    // proves nothing (no entry, or the log was lost), unless the member
+    // was active in this very interval: peering (or a backfill in the
+    // background) made it level then, and a lost log would have begun
+    // another interval (a restart). Without that, a PG with no write yet
+    // would fill such a member again at every peering.
     let end = |info: &PeerInfo| (info.last_seq, info.last_epoch);
-    if member.last_epoch > 0 && end(member) == end(authority) {
+    if (member.last_epoch > 0 || member.last_active == interval) && end(member) == end(authority) {
         return None;
     }
     // Behind, and the authority's history reaches back to the member's
@@ -254,6 +266,8 @@ impl Peering {
             scrub,
             scrub_report: None,
             active_set,
+            background_min: None,
+            filled_in_background: Vec::new(),
         };
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
@@ -269,6 +283,30 @@ impl Peering {
 
     pub fn members(&self) -> &[OsdId] {
         &self.members
+    }
+
+    /// Members whose copy needs a backfill (restarted too far behind, lost
+    /// their log, diverged) are filled in the background, as the targets of
+    /// a pin are, instead of inside peering with the PG's I/O waiting: if
+    /// the members that are whole after peering number at least
+    /// `min_size`, the primary is not one of them, no pin's targets are
+    /// filled in this interval and no scrub runs. They take every write
+    /// of the interval meanwhile and are never the authority; when their
+    /// backfill ends the PG peers again and they are members like the
+    /// others. Call before the first reply.
+    pub fn fill_in_background(&mut self, min_size: usize) {
+        self.background_min = Some(min_size.max(1));
+    }
+
+    /// The members filled in the background in this interval.
+    pub fn filled_in_background(&self) -> &[OsdId] {
+        &self.filled_in_background
+    }
+
+    /// The OSDs the PG's backfill fills: the pin's targets, then members
+    /// filled in the background.
+    fn backfill_targets(&self) -> Vec<OsdId> {
+        self.targets.iter().chain(&self.filled_in_background).copied().collect()
     }
 
     /// The backfill targets still in this interval.
@@ -436,7 +474,7 @@ impl Peering {
             // the primary may start sending them (to the targets that
             // answered only).
             if let PeerOp::Activate { backfill, .. } = &mut op {
-                *backfill = self.targets.clone();
+                *backfill = self.backfill_targets();
             }
             let (to, tag) = (self.members[0], self.tag());
             self.phase = Phase::Activating { waiting: BTreeMap::from([(tag, to)]), authority, last_seq, primary: None };
@@ -444,7 +482,7 @@ impl Peering {
         }
         self.phase = Phase::Active;
         let recovered_objects = self.progress.objects_copied + self.progress.objects_removed;
-        vec![Action::Active { authority, last_seq, recovered_objects, backfill: self.targets.clone() }]
+        vec![Action::Active { authority, last_seq, recovered_objects, backfill: self.backfill_targets() }]
     }
 
     fn recover(&mut self, answers: BTreeMap<OsdId, (PeerInfo, Vec<LoggedRequest>)>) -> Vec<Action> {
@@ -479,11 +517,26 @@ impl Peering {
         let mut on_history = BTreeSet::from([authority]);
         let mut targets = VecDeque::new();
         for (osd, member) in infos.iter().filter(|(osd, _)| **osd != authority) {
-            match plan_for(member, &info) {
+            match plan_for(member, &info, self.interval) {
                 None => {
                     on_history.insert(*osd);
                 }
                 Some(plan) => targets.push_back((*osd, plan)),
+            }
+        }
+        // A PG never written to (seq 0) has nothing to fill: comparing the
+        // lists inside peering is quicker than a second peering.
+        let background = self.scrub.is_none() && self.targets.is_empty() && info.last_seq > 0;
+        if let Some(min_size) = self.background_min.filter(|_| background) {
+            let to_fill: Vec<OsdId> = targets
+                .iter()
+                .filter(|(osd, plan)| *plan == Plan::Backfill && *osd != primary)
+                .map(|(osd, _)| *osd)
+                .collect();
+            if !to_fill.is_empty() && infos.len() - to_fill.len() >= min_size {
+                targets.retain(|(osd, _)| !to_fill.contains(osd));
+                tracing::info!(pg = self.pg, members = ?to_fill, "members to backfill are filled in the background");
+                self.filled_in_background = to_fill;
             }
         }
         let scrub = self.scrub.map(|repair| {
@@ -755,14 +808,14 @@ impl Peering {
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
         let members: Vec<u32> = self.members.clone();
-        let targets = self.targets.clone();
+        let targets = self.backfill_targets();
         let requests =
             merge_logged(recovery.on_history.iter().filter_map(|osd| recovery.logged.get(osd)).map(Vec::as_slice));
         let activate = |osd: OsdId| PeerOp::Activate {
             last_seq: recovery.info.last_seq,
             last_epoch: recovery.info.last_epoch,
             members: members.clone(),
-            // A target's store is emptied: its own history no longer holds.
+            // A target's store is being refilled: its own history no longer holds.
             rebuilt: recovery.changed.contains(&osd) || targets.contains(&osd),
             requests: requests.clone(),
             backfill: targets.clone(),
@@ -770,7 +823,8 @@ impl Peering {
         // The replicas and targets first: a primary active before them
         // would send entries they refuse (not active yet), fail those
         // writes and peer all over again (seen in the isolated-host scenario).
-        for osd in members[1..].iter().copied().chain(targets.iter().copied()) {
+        let filled_later = targets.iter().copied().filter(|t| !members.contains(t));
+        for osd in members[1..].iter().copied().chain(filled_later) {
             let tag = self.tag();
             waiting.insert(tag, osd);
             actions.push(Action::Send { to: osd, tag, op: activate(osd) });
@@ -1129,6 +1183,35 @@ mod tests {
     }
 
     #[test]
+    fn members_to_backfill_are_filled_in_the_background_while_the_whole_ones_keep_min_size() {
+        let writes: &[(&str, &[u8])] = &[("a", b"new"), ("b", b"same")];
+        let peer = |members: &mut [Member], min_size: usize| {
+            let (mut machine, actions) = Peering::start(7, 9, vec![0, 1, 2]);
+            machine.fill_in_background(min_size);
+            drive(members, 9, machine, actions).0
+        };
+        // osd.2 lost its log; osd.0 and osd.1 are whole, which min_size 2 allows.
+        let mut members = [active_member(writes), active_member(writes), Member::default()];
+        let outcome = peer(&mut members, 2);
+        assert!(
+            matches!(&outcome, Action::Active { backfill, recovered_objects: 0, .. } if backfill == &[2]),
+            "{outcome:?}"
+        );
+        assert!(members[2].objects.is_empty(), "nothing copied inside peering");
+        assert!(members[2].rebuilt && members[2].last_active == 9, "activated, as a target, with the others");
+        // With min_size 3 the PG needs it whole before it serves: inside peering.
+        let mut members = [active_member(writes), active_member(writes), Member::default()];
+        let outcome = peer(&mut members, 3);
+        assert!(matches!(&outcome, Action::Active { backfill, .. } if backfill.is_empty()), "{outcome:?}");
+        assert_eq!(members[2].objects, members[0].objects);
+        // The primary itself is never filled in the background.
+        let mut members = [Member::default(), active_member(writes), active_member(writes)];
+        let outcome = peer(&mut members, 1);
+        assert!(matches!(&outcome, Action::Active { backfill, .. } if backfill.is_empty()), "{outcome:?}");
+        assert_eq!(members[0].objects, members[1].objects);
+    }
+
+    #[test]
     fn large_objects_move_in_chunks() {
         let big: Vec<u8> = (0..CHUNK_BYTES as usize * 2 + 100).map(|i| (i % 251) as u8).collect();
         let authority = active_member(&[("big", &big)]);
@@ -1188,18 +1271,21 @@ mod tests {
         assert_eq!(choose_authority(9, &tie, false).map(|(osd, _)| osd), Some(1));
         // A member whose history reaches back far enough recovers by it; else backfill.
         let history = Some(Plan::History { after: 10, after_epoch: 5 });
-        assert_eq!(plan_for(&info(5, 10), &PeerInfo { history_from: 10, ..info(5, 12) }), history);
+        assert_eq!(plan_for(&info(5, 10), &PeerInfo { history_from: 10, ..info(5, 12) }, 9), history);
         assert_eq!(
-            plan_for(&info(3, 10), &PeerInfo { history_from: 10, ..info(5, 12) }),
+            plan_for(&info(3, 10), &PeerInfo { history_from: 10, ..info(5, 12) }, 9),
             history,
             "older interval, same history"
         );
-        assert_eq!(plan_for(&info(5, 10), &PeerInfo { history_from: 11, ..info(5, 12) }), Some(Plan::Backfill));
+        assert_eq!(plan_for(&info(5, 10), &PeerInfo { history_from: 11, ..info(5, 12) }, 9), Some(Plan::Backfill));
         let unknown = PeerInfo { last_epoch: 0, ..info(0, 0) };
-        assert_eq!(plan_for(&unknown, &unknown), Some(Plan::Backfill), "an unknown end proves nothing");
-        assert_eq!(plan_for(&info(5, 12), &info(5, 12)), None);
+        assert_eq!(plan_for(&unknown, &unknown, 9), Some(Plan::Backfill), "an unknown end proves nothing");
+        let empty_here = PeerInfo { last_epoch: 0, ..info(9, 0) };
+        assert_eq!(plan_for(&empty_here, &empty_here, 9), None, "level when made so in this interval");
+        assert_eq!(plan_for(&empty_here, &empty_here, 10), Some(Plan::Backfill), "but not in the next one");
+        assert_eq!(plan_for(&info(5, 12), &info(5, 12), 9), None);
         assert_eq!(
-            plan_for(&PeerInfo { last_epoch: 4, ..info(5, 12) }, &info(5, 12)),
+            plan_for(&PeerInfo { last_epoch: 4, ..info(5, 12) }, &info(5, 12), 9),
             Some(Plan::Backfill),
             "divergent"
         );

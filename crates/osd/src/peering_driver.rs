@@ -70,6 +70,19 @@ pub struct Wanted {
     pub up: Vec<OsdId>,
     /// The PG's last active set in the map (`duplex_map::active_set`).
     pub active_set: Option<Vec<OsdId>>,
+    /// The pool's min_size: members that need a backfill are filled in
+    /// the background if this many others are whole.
+    pub min_size: usize,
+}
+
+/// A peering machine for `want`'s interval, which began at map epoch
+/// `interval`, followed by a deep scrub if `scrub` is `Some(repair)`.
+/// This driver and the simulator's start them alike.
+pub fn start_peering(key: u32, interval: u64, want: Wanted, scrub: Option<bool>) -> (Peering, Vec<Action>) {
+    let Wanted { acting, targets, active_set, min_size, .. } = want;
+    let (mut peering, actions) = Peering::start_with_targets(key, interval, acting, targets, scrub, active_set);
+    peering.fill_in_background(min_size);
+    (peering, actions)
 }
 
 /// A peering machine that went active without some backfill targets (they
@@ -179,17 +192,24 @@ impl PeeringDriver {
             Step::Complete => {
                 let metrics = &self.shared.metrics;
                 metrics.backfilled_pgs.add(1);
-                if let Some(machine) = self.machines.get(&key) {
-                    let progress = machine.backfill.as_ref().map(|b| b.progress).unwrap_or_default();
+                let Some(machine) = self.machines.get(&key) else { return };
+                let progress = machine.backfill.as_ref().map(|b| b.progress).unwrap_or_default();
+                let (objects, bytes, took) =
+                    (progress.objects_copied, progress.bytes_copied, machine.started.elapsed());
+                if machine.peering.targets().is_empty() {
+                    // Only members filled in the background: no pin to
+                    // drop; the next pass peers the PG again (restart_due).
+                    tracing::info!(pg = key, objects, bytes, ?took, "backfill complete; peering the PG again");
+                } else {
                     tracing::info!(
                         pg = key,
-                        objects = progress.objects_copied,
-                        bytes = progress.bytes_copied,
-                        took = ?machine.started.elapsed(),
+                        objects,
+                        bytes,
+                        ?took,
                         "backfill complete; asking the monitor to serve the PG from its up set"
                     );
+                    self.clears.entry(interval).or_default().push(key);
                 }
-                self.clears.entry(interval).or_default().push(key);
                 return;
             }
             Step::Stuck(why) => {
@@ -362,9 +382,11 @@ impl PeeringDriver {
                 backfill: m.backfill.as_ref(),
             });
             let restart = scrub.is_some() || restart_due(machine, &want.targets, || self.locally_active(key));
-            // Targets to fill, and no backfill of them complete yet.
-            let filling = !want.targets.is_empty()
-                && !self.machines.get(&key).and_then(|m| m.backfill.as_ref()).is_some_and(Backfill::is_complete);
+            // Targets to fill (a pin's, or members'), and no backfill of them complete yet.
+            let machine = self.machines.get(&key);
+            let filling = (!want.targets.is_empty()
+                || machine.is_some_and(|m| !m.peering.filled_in_background().is_empty()))
+                && !machine.and_then(|m| m.backfill.as_ref()).is_some_and(Backfill::is_complete);
             if restart {
                 self.start(key, view.epoch(), want, scrub);
             } else if let Some(machine) = self.machines.get_mut(&key) {
@@ -390,7 +412,7 @@ impl PeeringDriver {
     }
 
     fn start(&mut self, key: u32, epoch: u64, want: Wanted, scrub: Option<ScrubAsk>) {
-        let Wanted { identity, acting, targets, active_set, .. } = want;
+        let identity = want.identity.clone();
         // The interval is named by the epoch peering starts at: members
         // refuse older ones, so a replaced primary cannot drive them.
         let interval = epoch;
@@ -406,7 +428,7 @@ impl PeeringDriver {
             last_scrub = old.last_scrub;
             scrub_reply = old.scrub_reply;
         }
-        let (peering, actions) = match scrub {
+        let repair = match scrub {
             Some(ask) => {
                 if scrub_reply.is_some() && ask.reply.is_some() {
                     self.answer(scrub_reply.take(), PeerReply::Refused("a newer scrub of this PG replaced it".into()));
@@ -414,10 +436,11 @@ impl PeeringDriver {
                 scrub_reply = ask.reply.or(scrub_reply);
                 last_scrub = Instant::now();
                 tracing::info!(pg = key, repair = ask.repair, "deep scrub");
-                Peering::start_with_targets(key, interval, acting, targets, Some(ask.repair), active_set)
+                Some(ask.repair)
             }
-            None => Peering::start_with_targets(key, interval, acting, targets, None, active_set),
+            None => None,
         };
+        let (peering, actions) = start_peering(key, interval, want, repair);
         tracing::debug!(pg = key, interval, members = ?peering.members(), "peering");
         self.queue.extend(actions.into_iter().map(|a| (key, a)));
         let machine = Machine {
@@ -627,8 +650,14 @@ pub fn restart_due(
         return machine.retry_due.unwrap_or(true);
     }
     if machine.peering.is_active() {
+        let filled = machine.peering.filled_in_background();
+        // Members filled in the background become members like the others.
+        if !filled.is_empty() && machine.backfill.is_some_and(Backfill::is_complete) {
+            return true;
+        }
+        let expected: Vec<OsdId> = targets.iter().chain(filled).copied().collect();
         return !locally_active()
-            || (crate::backfill::unfinished(machine.backfill, targets) && machine.retry_due == Some(true));
+            || (crate::backfill::unfinished(machine.backfill, &expected) && machine.retry_due == Some(true));
     }
     false
 }
@@ -646,7 +675,8 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
             let Some(key) = pg_key(pool.id, number) else { continue };
             let identity = (incarnations(view, &acting), incarnations(view, &targets));
             let active_set = view.map.active_sets.get(&(pool.id, number)).map(|set| set.osds.clone());
-            wanted.insert(key, Wanted { identity, acting, targets, up, active_set });
+            let min_size = usize::from(pool.min_size);
+            wanted.insert(key, Wanted { identity, acting, targets, up, active_set, min_size });
         }
     }
     wanted

@@ -198,7 +198,9 @@ impl Activation {
     /// Where the primary sends each write: the other members, then the
     /// backfill targets.
     pub fn replicas(&self) -> Vec<u32> {
-        self.members[1..].iter().chain(&self.backfill).copied().collect()
+        // A member filled in the background is a member and a target.
+        let targets = self.backfill.iter().filter(|t| !self.members.contains(t));
+        self.members[1..].iter().chain(targets).copied().collect()
     }
 }
 

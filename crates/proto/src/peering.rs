@@ -94,9 +94,10 @@ pub enum PeerOp {
     /// entries are in the authoritative history (a resend of one is
     /// answered, not applied again); they replace the member's own.
     ///
-    /// `backfill`: the OSDs being backfilled in this interval. They take
-    /// the interval's entries like members (the primary sends every write
-    /// to them too) but their stores are filled in the background. A
+    /// `backfill`: the OSDs being backfilled in this interval (a pin's
+    /// targets, or members whose copy needs it). They take the interval's
+    /// entries like members (the primary sends every write to them too)
+    /// but their stores are filled in the background. A
     /// member named there marks its copy of the PG incomplete first (and
     /// keeps it, for the backfill to compare) until [`PeerOp::BackfillDone`].
     Activate {

@@ -12,7 +12,8 @@ use duplex_osd::backfill::{Backfill, Step, Throttle};
 use duplex_osd::cluster::MapView;
 use duplex_osd::peering::{Action, Peering};
 use duplex_osd::peering_driver::{
-    primary_intervals, record_commands, restart_due, Identity, MachineState, ScrubAsk, Wanted, LOCK_RETRY, TARGET_RETRY,
+    primary_intervals, record_commands, restart_due, start_peering, Identity, MachineState, ScrubAsk, Wanted,
+    LOCK_RETRY, TARGET_RETRY,
 };
 use duplex_osd::pg::{pg_number, pool_of};
 use duplex_proto::peering::PeerReply;
@@ -98,15 +99,16 @@ impl Driver {
         }
         let mut scrubs: BTreeMap<u32, bool> =
             scrubs.into_iter().filter(|a| self.wanted.contains_key(&a.pg)).map(|a| (a.pg, a.repair)).collect();
-        for (key, Wanted { identity, acting, targets, active_set, .. }) in self.wanted.clone() {
+        for (key, want) in self.wanted.clone() {
+            let (identity, targets, active_set) = (&want.identity, &want.targets, &want.active_set);
             let scrub = scrubs.remove(&key);
             let machine = self.machines.get(&key).map(|m| MachineState {
                 peering: &m.peering,
-                same_interval: m.identity == identity,
+                same_interval: m.identity == *identity,
                 retry_due: m.retry_at.map(|at| now >= at),
                 backfill: m.backfill.as_ref(),
             });
-            let restart = scrub.is_some() || restart_due(machine, &targets, || locally_active(key));
+            let restart = scrub.is_some() || restart_due(machine, targets, || locally_active(key));
             if !restart {
                 // The monitor recorded the members a machine waits on.
                 if let Some(machine) = self.machines.get_mut(&key) {
@@ -117,7 +119,8 @@ impl Driver {
                 }
                 continue;
             }
-            let (peering, actions) = Peering::start_with_targets(key, view.epoch(), acting, targets, scrub, active_set);
+            let identity = identity.clone();
+            let (peering, actions) = start_peering(key, view.epoch(), want, scrub);
             self.queue.retain(|(pg, _)| *pg != key);
             self.backfill_queue.retain(|(pg, _)| *pg != key);
             if self.outstanding.is_some_and(|o| o.pg == key) {
@@ -274,6 +277,9 @@ impl Driver {
                 let interval = self.interval_of(pg)?;
                 let up = self.wanted.get(&pg)?.up.clone();
                 tracing::debug!(at = now, pg, interval, "simulated backfill complete");
+                if self.machines.get(&pg)?.peering.targets().is_empty() {
+                    return None; // members filled in the background: peered again
+                }
                 Some(Command::ClearPgTemp { interval, pgs: vec![(pool_of(pg), pg_number(pg), up)] })
             }
             Step::Stuck(why) => {

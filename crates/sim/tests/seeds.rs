@@ -204,3 +204,21 @@ fn regression_seed_63_a_torn_block_of_the_id_record_does_not_wedge_flushes() {
     let report = run_two_faults_at_once(63);
     assert!(report.power_cuts_in_commit > 0, "the seed no longer cuts the power in a commit: it tests nothing");
 }
+
+/// A member that needs a backfill is filled in the background, and the PG
+/// peers again when that ends. The first version left a PG that had never
+/// been written to peering forever: its members were at no entry (seq and
+/// epoch 0), which never counts as level, so each peering filled them in
+/// the background again (1,252 times; the cluster never settled). A member
+/// active in the peered interval itself now counts as level. (Seed 95 with
+/// two faults at once.)
+#[test]
+fn regression_seed_95_a_pg_never_written_to_is_not_filled_in_the_background_forever() {
+    let report = run_two_faults_at_once(95);
+    assert!(
+        report.backfilled_pgs > report.pins_cleared,
+        "no member was filled in the background: the seed tests nothing ({} backfilled, {} pins dropped)",
+        report.backfilled_pgs,
+        report.pins_cleared
+    );
+}
