@@ -21,7 +21,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DUPLEX = os.path.join(ROOT, "target", "release", "duplex")
+DUPLEX = os.environ.get("DUPLEX_BIN", os.path.join(ROOT, "target", "release", "duplex"))
 
 
 def duplex(*args, capture=False):
@@ -80,10 +80,11 @@ def main():
               f"longest write {latency['max'] / 1e6:.2f} s, {result['errors']} errors")
         inside = log_lines(args.dir, "PG recovered and active")
         behind = log_lines(args.dir, "filled in the background")
+        handed = log_lines(args.dir, "handing the PG to a whole member")
         filled = log_lines(args.dir, "backfill complete")
         print(f"recovered inside peering: {len(inside)} PGs, "
               f"{sum(int(field(l, 'bytes') or 0) for l in inside) / 2**20:.0f} MiB copied; "
-              f"filled in the background: {len(behind)} PGs; backfills complete: {len(filled)}, "
+              f"filled in the background: {len(behind)} PGs; handed over: {len(handed)} PGs; backfills complete: {len(filled)}, "
               f"{sum(int(field(l, 'bytes') or 0) for l in filled) / 2**20:.0f} MiB sent")
     finally:
         if bench is not None:

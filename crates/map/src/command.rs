@@ -54,6 +54,17 @@ pub enum Command {
         interval: u64,
         pgs: Vec<(PoolId, u32, Vec<OsdId>)>,
     },
+    /// A primary whose own copy of these PGs needs a backfill hands each
+    /// to a member that holds it whole: pin it to the given OSDs, its
+    /// acting set with that member first, so it serves while the old
+    /// primary is filled in the background (crate::pg_temp). Its pin goes
+    /// like any other ([`Command::ClearPgTemp`]) once that ends. A PG whose
+    /// acting set moved on, or one of whose OSDs restarted since the
+    /// interval that began at map epoch `interval`, is left.
+    HandOver {
+        interval: u64,
+        pgs: Vec<(PoolId, u32, Vec<OsdId>)>,
+    },
     /// A primary is about to serve these PGs from these OSDs, in the
     /// interval that began at the given epoch: record them as each PG's
     /// last active set (crate::active_set). One that is not the PG's acting
@@ -204,6 +215,25 @@ impl ClusterMap {
                             Change::SetActiveSet { pool: *pool, pg: *pg, set: Some(set) },
                         ]
                     })
+                    .collect();
+                if changes.is_empty() {
+                    return Ok(None);
+                }
+                changes
+            }
+            Command::HandOver { interval, pgs } => {
+                if pgs.len() > MAX_PGS_PER_COMMAND {
+                    return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
+                }
+                let hierarchy = self.hierarchy();
+                let mut named = std::collections::BTreeSet::new();
+                let changes: Vec<Change> = pgs
+                    .iter()
+                    .filter(|(pool, pg, osds)| {
+                        named.insert((*pool, *pg))
+                            && pg_temp::may_hand_over(self, &hierarchy, (*pool, *pg), osds, *interval)
+                    })
+                    .map(|(pool, pg, osds)| Change::SetPgTemp { pool: *pool, pg: *pg, osds: osds.clone() })
                     .collect();
                 if changes.is_empty() {
                     return Ok(None);

@@ -65,6 +65,32 @@ pub(crate) fn settle(old: &ClusterMap, new: &ClusterMap) -> Vec<Change> {
     changes
 }
 
+/// Whether a primary may hand a PG over ([`Command::HandOver`]): `osds`
+/// is its acting set in another order (a new primary first), and none of
+/// them restarted since the interval that began at epoch `interval`.
+///
+/// [`Command::HandOver`]: crate::Command::HandOver
+pub(crate) fn may_hand_over(
+    map: &ClusterMap,
+    hierarchy: &duplex_placement::Hierarchy,
+    (pool, pg): (PoolId, u32),
+    osds: &[OsdId],
+    interval: u64,
+) -> bool {
+    let Some(info) = map.pools.get(&pool) else { return false };
+    if pg >= info.pg_num || interval > map.epoch {
+        return false;
+    }
+    let acting = map.acting(hierarchy, info, pg);
+    let (mut sorted_acting, mut sorted_osds) = (acting.clone(), osds.to_vec());
+    sorted_acting.sort_unstable();
+    sorted_osds.sort_unstable();
+    !osds.is_empty()
+        && acting.first() != osds.first()
+        && sorted_acting == sorted_osds
+        && osds.iter().all(|osd| map.osds.get(osd).is_some_and(|o| o.up && o.state_epoch <= interval))
+}
+
 /// Whether a pin may be dropped: the up set is the one its primary
 /// backfilled, and none of the PG's OSDs restarted since the interval in
 /// which it did (a restart begins a new interval, which backfills again).

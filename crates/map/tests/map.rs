@@ -106,6 +106,8 @@ fn command_strategy() -> impl Strategy<Value = Command> {
         (0u8..3, 0u32..600).prop_map(|(n, pg_num)| Command::PoolSetPgNum { name: format!("p{n}"), pg_num }),
         (0u64..40, 1u32..4, 0u32..300, proptest::collection::vec(0u32..9, 0..3))
             .prop_map(|(interval, pool, pg, up)| Command::ClearPgTemp { interval, pgs: vec![(pool, pg, up)] }),
+        (0u64..40, 1u32..4, 0u32..300, proptest::collection::vec(0u32..9, 0..3))
+            .prop_map(|(interval, pool, pg, osds)| Command::HandOver { interval, pgs: vec![(pool, pg, osds)] }),
     ]
 }
 
@@ -169,6 +171,43 @@ fn a_boot_is_a_new_incarnation_even_while_marked_up() {
     assert_eq!(map.osds[&1].state_epoch, delta.epoch);
     assert!(delta.epoch > before);
     assert!(map.osds[&1].up);
+}
+
+/// A primary whose copy needs a backfill hands its PG to another member:
+/// the PG is pinned to its acting set in that order, and the pin goes once
+/// the old primary is filled, like any other.
+#[test]
+fn a_primary_hands_its_pg_over_to_another_member() {
+    let mut map = small_cluster();
+    let pool = map.pool_by_name("rbd").unwrap().clone();
+    let hierarchy = map.hierarchy();
+    let pg = 5;
+    let acting = map.acting(&hierarchy, &pool, pg);
+    assert!(acting.len() >= 2, "{acting:?}");
+    let interval = map.epoch;
+    let mut reordered = acting.clone();
+    reordered.rotate_left(1);
+    let hand_over = |osds: Vec<u32>, interval| Command::HandOver { interval, pgs: vec![(pool.id, pg, osds)] };
+    assert_eq!(map.run(&hand_over(acting.clone(), interval)), Ok(None), "the same primary: nothing to hand over");
+    let mut stranger = reordered.clone();
+    stranger[0] = (0..9).find(|osd| !acting.contains(osd)).unwrap();
+    assert_eq!(map.run(&hand_over(stranger, interval)), Ok(None), "only to OSDs of the acting set");
+    assert_eq!(map.run(&hand_over(reordered[1..].to_vec(), interval)), Ok(None), "with all of them");
+    assert_eq!(map.run(&hand_over(reordered.clone(), interval + 5)), Ok(None), "an interval the map has not reached");
+    map.run(&hand_over(reordered.clone(), interval)).unwrap().unwrap();
+    let hierarchy = map.hierarchy();
+    assert_eq!(map.acting(&hierarchy, &pool, pg), reordered);
+    assert!(map.pg_sets(&hierarchy, &pool, pg).backfill.is_empty(), "no new OSD to fill");
+    // The new primary filled the old one: the up set (the old order) takes over.
+    let up = map.up_set(&hierarchy, &pool, pg);
+    assert_eq!(up, acting);
+    map.run(&Command::ClearPgTemp { interval: map.epoch, pgs: vec![(pool.id, pg, up.clone())] }).unwrap().unwrap();
+    assert_eq!(map.acting(&map.hierarchy(), &pool, pg), acting);
+    // A restart of a member since the interval the primary peered: left.
+    let interval = map.epoch;
+    map.run(&boot(reordered[0], &format!("host-{}", reordered[0] / 2))).unwrap().unwrap();
+    assert!(map.osds[&reordered[0]].state_epoch > interval);
+    assert_eq!(map.run(&hand_over(reordered, interval)), Ok(None), "a member restarted since");
 }
 
 /// The pins of `map`'s pool "rbd", as (pg, osds).

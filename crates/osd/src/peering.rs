@@ -57,6 +57,11 @@ pub enum Action {
     /// [`Peering::on_recorded`] when the map shows it. Nothing activates
     /// before.
     Record { members: Vec<OsdId> },
+    /// This OSD's own copy needs a backfill: have the monitor pin the PG to
+    /// `acting`, its acting set with a whole member first
+    /// (`duplex_map::Command::HandOver`), which then serves while this one
+    /// is filled in the background. The machine waits for the new map.
+    HandOver { acting: Vec<OsdId> },
 }
 
 /// Progress, for `duplex status` and the logs.
@@ -104,6 +109,10 @@ enum Phase {
     Recovering(Box<Recovery>),
     /// Recovered: waiting for the map to record the members.
     Recording(Box<Recovery>),
+    /// Waiting for the map to hand the PG to `acting[0]`.
+    HandingOver {
+        acting: Vec<OsdId>,
+    },
     /// The replicas are activated first; `primary` is the primary's own
     /// activation, sent once they all have answered (`None`: sent).
     Activating {
@@ -289,8 +298,10 @@ impl Peering {
     /// their log, diverged) are filled in the background, as the targets of
     /// a pin are, instead of inside peering with the PG's I/O waiting: if
     /// the members that are whole after peering number at least
-    /// `min_size`, the primary is not one of them, no pin's targets are
-    /// filled in this interval and no scrub runs. They take every write
+    /// `min_size`, no pin's targets are filled in this interval, no scrub
+    /// runs and the PG was ever written to. If the primary is one of them
+    /// it hands the PG over instead ([`Action::HandOver`]), to be filled by
+    /// the new primary. They take every write
     /// of the interval meanwhile and are never the authority; when their
     /// backfill ends the PG peers again and they are members like the
     /// others. Call before the first reply.
@@ -379,7 +390,7 @@ impl Peering {
         match &self.phase {
             Phase::Querying { waiting, .. } | Phase::Activating { waiting, .. } => waiting.contains_key(&tag),
             Phase::Recovering(recovery) => recovery.waiting == Some(tag),
-            Phase::Recording(_) | Phase::Active | Phase::Stuck => false,
+            Phase::Recording(_) | Phase::HandingOver { .. } | Phase::Active | Phase::Stuck => false,
         }
     }
 
@@ -433,7 +444,7 @@ impl Peering {
                 self.phase = Phase::Activating { waiting, authority, last_seq, primary };
                 self.activation_answered()
             }
-            Phase::Recording(_) | Phase::Active | Phase::Stuck => {
+            Phase::Recording(_) | Phase::HandingOver { .. } | Phase::Active | Phase::Stuck => {
                 unreachable!("expects() is false in these phases")
             }
         }
@@ -442,6 +453,15 @@ impl Peering {
     /// Whether the machine waits for the map to record its members.
     pub fn is_recording(&self) -> bool {
         matches!(self.phase, Phase::Recording(_))
+    }
+
+    /// The acting set the machine asked the map to hand the PG over to,
+    /// while it waits for it.
+    pub fn handing_over(&self) -> Option<&[OsdId]> {
+        match &self.phase {
+            Phase::HandingOver { acting } => Some(acting),
+            _ => None,
+        }
     }
 
     /// The map records `active_set` as the PG's last active set: if it
@@ -528,11 +548,16 @@ impl Peering {
         // lists inside peering is quicker than a second peering.
         let background = self.scrub.is_none() && self.targets.is_empty() && info.last_seq > 0;
         if let Some(min_size) = self.background_min.filter(|_| background) {
-            let to_fill: Vec<OsdId> = targets
-                .iter()
-                .filter(|(osd, plan)| *plan == Plan::Backfill && *osd != primary)
-                .map(|(osd, _)| *osd)
-                .collect();
+            let to_fill: Vec<OsdId> =
+                targets.iter().filter(|(_, plan)| *plan == Plan::Backfill).map(|(osd, _)| *osd).collect();
+            if to_fill.contains(&primary) && infos.len() - to_fill.len() >= min_size {
+                // The primary serves reads: it hands the PG to the
+                // authority, whose peering fills it in the background.
+                let mut acting = vec![authority];
+                acting.extend(self.members.iter().copied().filter(|osd| *osd != authority));
+                self.phase = Phase::HandingOver { acting: acting.clone() };
+                return vec![Action::HandOver { acting }];
+            }
             if !to_fill.is_empty() && infos.len() - to_fill.len() >= min_size {
                 targets.retain(|(osd, _)| !to_fill.contains(osd));
                 tracing::info!(pg = self.pg, members = ?to_fill, "members to backfill are filled in the background");
@@ -1183,7 +1208,7 @@ mod tests {
     }
 
     #[test]
-    fn members_to_backfill_are_filled_in_the_background_while_the_whole_ones_keep_min_size() {
+    fn members_to_backfill_are_filled_in_the_background_while_the_whole_ones_keep_min_size_and_a_primary_hands_over() {
         let writes: &[(&str, &[u8])] = &[("a", b"new"), ("b", b"same")];
         let peer = |members: &mut [Member], min_size: usize| {
             let (mut machine, actions) = Peering::start(7, 9, vec![0, 1, 2]);
@@ -1204,9 +1229,13 @@ mod tests {
         let outcome = peer(&mut members, 3);
         assert!(matches!(&outcome, Action::Active { backfill, .. } if backfill.is_empty()), "{outcome:?}");
         assert_eq!(members[2].objects, members[0].objects);
-        // The primary itself is never filled in the background.
+        // The primary, which serves reads, hands the PG to the authority
+        // (which will fill it in the background), unless min_size forbids.
         let mut members = [Member::default(), active_member(writes), active_member(writes)];
-        let outcome = peer(&mut members, 1);
+        let outcome = peer(&mut members, 2);
+        assert_eq!(outcome, Action::HandOver { acting: vec![1, 0, 2] });
+        assert!(members[0].objects.is_empty() && members[0].last_active == 0, "nothing done to it meanwhile");
+        let outcome = peer(&mut members, 3);
         assert!(matches!(&outcome, Action::Active { backfill, .. } if backfill.is_empty()), "{outcome:?}");
         assert_eq!(members[0].objects, members[1].objects);
     }

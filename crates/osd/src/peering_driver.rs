@@ -75,6 +75,22 @@ pub struct Wanted {
     pub min_size: usize,
 }
 
+impl Wanted {
+    /// The map pins the PG to an acting set other than its up set.
+    pub fn is_pinned(&self) -> bool {
+        self.acting != self.up
+    }
+
+    /// A PG that went active with nothing to fill in the background
+    /// (`backfill`) while pinned to its up set's own OSDs (a hand-over,
+    /// [`Action::HandOver`]) holds every copy whole: its pin may go. This
+    /// asks again after a first request was refused (a member restarted
+    /// between the backfill and the request), or never made.
+    pub fn pin_may_go_once_active(&self, backfill: &[OsdId]) -> bool {
+        backfill.is_empty() && self.targets.is_empty() && self.is_pinned()
+    }
+}
+
 /// A peering machine for `want`'s interval, which began at map epoch
 /// `interval`, followed by a deep scrub if `scrub` is `Some(repair)`.
 /// This driver and the simulator's start them alike.
@@ -196,9 +212,9 @@ impl PeeringDriver {
                 let progress = machine.backfill.as_ref().map(|b| b.progress).unwrap_or_default();
                 let (objects, bytes, took) =
                     (progress.objects_copied, progress.bytes_copied, machine.started.elapsed());
-                if machine.peering.targets().is_empty() {
-                    // Only members filled in the background: no pin to
-                    // drop; the next pass peers the PG again (restart_due).
+                if !self.wanted.get(&key).is_some_and(Wanted::is_pinned) {
+                    // Members filled in the background, and no pin to
+                    // drop: the next pass peers the PG again (restart_due).
                     tracing::info!(pg = key, objects, bytes, ?took, "backfill complete; peering the PG again");
                 } else {
                     tracing::info!(
@@ -294,26 +310,30 @@ impl PeeringDriver {
         let due: Vec<u32> = self
             .machines
             .iter()
-            .filter(|(_, m)| m.peering.is_recording() && m.record_due.is_some_and(|at| now >= at))
+            .filter(|(_, m)| {
+                (m.peering.is_recording() || m.peering.handing_over().is_some())
+                    && m.record_due.is_some_and(|at| now >= at)
+            })
             .map(|(key, _)| *key)
             .collect();
         if due.is_empty() {
             return;
         }
-        let pgs: Vec<(u32, u64, Vec<OsdId>)> = due
-            .iter()
-            .map(|key| {
-                let peering = &self.machines[key].peering;
-                (*key, peering.interval, peering.members().to_vec())
-            })
-            .collect();
+        let (mut records, mut hand_overs) = (Vec::new(), Vec::new());
+        for key in &due {
+            let peering = &self.machines[key].peering;
+            match peering.handing_over() {
+                Some(acting) => hand_overs.push((*key, peering.interval, acting.to_vec())),
+                None => records.push((*key, peering.interval, peering.members().to_vec())),
+            }
+        }
         for key in &due {
             if let Some(machine) = self.machines.get_mut(key) {
                 machine.record_due = Some(now + RETRY_AFTER);
             }
         }
         let mut client = self.monitor();
-        for command in record_commands(pgs) {
+        for command in record_commands(records).into_iter().chain(hand_over_commands(hand_overs)) {
             match client.command(&command) {
                 Ok(outcome) => tracing::debug!(pgs = due.len(), ?outcome, "asked to record the PGs' active sets"),
                 Err(err) => tracing::warn!(%err, "the monitor did not take the PGs' active sets; asking again shortly"),
@@ -381,7 +401,7 @@ impl PeeringDriver {
                 retry_due: m.retry_at.map(|at| now >= at),
                 backfill: m.backfill.as_ref(),
             });
-            let restart = scrub.is_some() || restart_due(machine, &want.targets, || self.locally_active(key));
+            let restart = scrub.is_some() || restart_due(machine, &want, || self.locally_active(key));
             // Targets to fill (a pin's, or members'), and no backfill of them complete yet.
             let machine = self.machines.get(&key);
             let filling = (!want.targets.is_empty()
@@ -497,6 +517,11 @@ impl PeeringDriver {
                 }
             }
             Action::Active { authority, last_seq, recovered_objects, backfill } => {
+                if let Some(machine) = self.machines.get(&key) {
+                    if self.wanted.get(&key).is_some_and(|w| w.pin_may_go_once_active(&backfill)) {
+                        self.clears.entry(machine.peering.interval).or_default().push(key);
+                    }
+                }
                 self.start_backfill(key, backfill);
                 let metrics = &self.shared.metrics;
                 metrics.peerings_active.add(1);
@@ -541,6 +566,16 @@ impl PeeringDriver {
             }
             Action::Record { members } => {
                 tracing::debug!(pg = key, ?members, "recovered; the map must record the members before they serve");
+                if let Some(machine) = self.machines.get_mut(&key) {
+                    machine.record_due = Some(Instant::now());
+                }
+            }
+            Action::HandOver { acting } => {
+                tracing::info!(
+                    pg = key,
+                    ?acting,
+                    "this OSD's copy needs a backfill: handing the PG to a whole member, which fills it in the background"
+                );
                 if let Some(machine) = self.machines.get_mut(&key) {
                     machine.record_due = Some(Instant::now());
                 }
@@ -637,11 +672,8 @@ pub struct MachineState<'a> {
 /// changed, a stuck machine's retry is due, a failed write deactivated the
 /// PG, or backfill targets the active machine is not filling are due to be
 /// taken in. This driver and the simulator's decide by it alike.
-pub fn restart_due(
-    machine: Option<MachineState<'_>>,
-    targets: &[OsdId],
-    locally_active: impl FnOnce() -> bool,
-) -> bool {
+pub fn restart_due(machine: Option<MachineState<'_>>, want: &Wanted, locally_active: impl FnOnce() -> bool) -> bool {
+    let targets = &want.targets[..];
     let Some(machine) = machine else { return true };
     if !machine.same_interval {
         return true;
@@ -651,8 +683,9 @@ pub fn restart_due(
     }
     if machine.peering.is_active() {
         let filled = machine.peering.filled_in_background();
-        // Members filled in the background become members like the others.
-        if !filled.is_empty() && machine.backfill.is_some_and(Backfill::is_complete) {
+        // Members filled in the background become members like the others
+        // (when the PG is pinned, with the next interval: the pin goes).
+        if !filled.is_empty() && machine.backfill.is_some_and(Backfill::is_complete) && !want.is_pinned() {
             return true;
         }
         let expected: Vec<OsdId> = targets.iter().chain(filled).copied().collect();
@@ -694,6 +727,24 @@ pub fn record_commands(pgs: Vec<(u32, u64, Vec<OsdId>)>) -> Vec<duplex_map::Comm
                 .map(|(key, interval, members)| (pool_of(*key), pg_number(*key), *interval, members.clone()))
                 .collect();
             duplex_map::Command::RecordActive { pgs }
+        })
+        .collect()
+}
+
+/// The monitor commands that hand PGs over to the acting sets their
+/// primaries ask for ([`Action::HandOver`]): (PG key, interval, acting).
+/// One per interval and per [`duplex_map::MAX_PGS_PER_COMMAND`] PGs.
+pub fn hand_over_commands(pgs: Vec<(u32, u64, Vec<OsdId>)>) -> Vec<duplex_map::Command> {
+    let mut by_interval: BTreeMap<u64, Vec<(duplex_map::PoolId, u32, Vec<OsdId>)>> = BTreeMap::new();
+    for (key, interval, acting) in pgs {
+        by_interval.entry(interval).or_default().push((pool_of(key), pg_number(key), acting));
+    }
+    by_interval
+        .into_iter()
+        .flat_map(|(interval, pgs)| {
+            pgs.chunks(duplex_map::MAX_PGS_PER_COMMAND)
+                .map(|chunk| duplex_map::Command::HandOver { interval, pgs: chunk.to_vec() })
+                .collect::<Vec<_>>()
         })
         .collect()
 }

@@ -12,8 +12,8 @@ use duplex_osd::backfill::{Backfill, Step, Throttle};
 use duplex_osd::cluster::MapView;
 use duplex_osd::peering::{Action, Peering};
 use duplex_osd::peering_driver::{
-    primary_intervals, record_commands, restart_due, start_peering, Identity, MachineState, ScrubAsk, Wanted,
-    LOCK_RETRY, TARGET_RETRY,
+    hand_over_commands, primary_intervals, record_commands, restart_due, start_peering, Identity, MachineState,
+    ScrubAsk, Wanted, LOCK_RETRY, TARGET_RETRY,
 };
 use duplex_osd::pg::{pg_number, pool_of};
 use duplex_proto::peering::PeerReply;
@@ -30,6 +30,11 @@ struct Machine {
     backfill: Option<Backfill>,
     /// While waiting for the map to record the members: when to ask.
     record_due: Option<u64>,
+    /// While waiting for the map to drop the PG's pin: when to ask. The
+    /// simulated network loses commands, which the real driver's
+    /// request-reply to the monitor would see; so it asks until the map
+    /// shows it (or the interval ends).
+    clear_due: Option<u64>,
 }
 
 /// A request to another OSD waiting for its answer.
@@ -66,6 +71,8 @@ pub struct Driver {
     pub backfill_due: u64,
     throttle: Throttle,
     pub backfilled_pgs: u64,
+    /// Members activated to be filled in the background.
+    pub background_fills: u64,
     pub backfill_objects: u64,
 }
 
@@ -100,7 +107,7 @@ impl Driver {
         let mut scrubs: BTreeMap<u32, bool> =
             scrubs.into_iter().filter(|a| self.wanted.contains_key(&a.pg)).map(|a| (a.pg, a.repair)).collect();
         for (key, want) in self.wanted.clone() {
-            let (identity, targets, active_set) = (&want.identity, &want.targets, &want.active_set);
+            let (identity, active_set) = (&want.identity, &want.active_set);
             let scrub = scrubs.remove(&key);
             let machine = self.machines.get(&key).map(|m| MachineState {
                 peering: &m.peering,
@@ -108,7 +115,7 @@ impl Driver {
                 retry_due: m.retry_at.map(|at| now >= at),
                 backfill: m.backfill.as_ref(),
             });
-            let restart = scrub.is_some() || restart_due(machine, targets, || locally_active(key));
+            let restart = scrub.is_some() || restart_due(machine, &want, || locally_active(key));
             if !restart {
                 // The monitor recorded the members a machine waits on.
                 if let Some(machine) = self.machines.get_mut(&key) {
@@ -127,7 +134,9 @@ impl Driver {
                 self.outstanding = None;
             }
             self.queue.extend(actions.into_iter().map(|a| (key, a)));
-            self.machines.insert(key, Machine { peering, identity, retry_at: None, backfill: None, record_due: None });
+            let machine =
+                Machine { peering, identity, retry_at: None, backfill: None, record_due: None, clear_due: None };
+            self.machines.insert(key, machine);
         }
     }
 
@@ -221,6 +230,13 @@ impl Driver {
                 );
                 self.activations += 1;
                 self.recovered_objects += recovered_objects;
+                self.background_fills += machine.map_or(0, |m| m.peering.filled_in_background().len() as u64);
+                // As the real driver's `carry_out`: a hand-over's pin may go.
+                if self.wanted.get(&pg).is_some_and(|w| w.pin_may_go_once_active(&backfill)) {
+                    if let Some(machine) = self.machines.get_mut(&pg) {
+                        machine.clear_due = Some(now);
+                    }
+                }
                 self.start_backfill(pg, me, backfill, now);
             }
             Action::Stuck(why) => {
@@ -236,21 +252,50 @@ impl Driver {
                     machine.record_due = Some(now);
                 }
             }
+            Action::HandOver { acting } => {
+                tracing::debug!(at = now, pg, ?acting, "simulated peering hands the PG over");
+                if let Some(machine) = self.machines.get_mut(&pg) {
+                    machine.record_due = Some(now);
+                }
+            }
             Action::Send { .. } => {}
         }
     }
 
-    /// The commands asking the monitor to record the members of the PGs
-    /// whose machines wait for it (as the real driver's `ask_records`).
-    pub fn records_due(&mut self, now: u64) -> Vec<Command> {
-        let mut pgs = Vec::new();
+    /// The commands the machines wait for the map to carry out, due now:
+    /// record the members, hand the PG over (as the real driver's
+    /// `ask_records`), drop the pin (its `ask_clears`).
+    pub fn map_commands_due(&mut self, now: u64) -> Vec<Command> {
+        let (mut records, mut hand_overs) = (Vec::new(), Vec::new());
         for (key, machine) in &mut self.machines {
-            if machine.peering.is_recording() && machine.record_due.is_some_and(|at| now >= at) {
-                machine.record_due = Some(now + RETRY_AFTER_US);
-                pgs.push((*key, machine.peering.interval, machine.peering.members().to_vec()));
+            let peering = &machine.peering;
+            if !(peering.is_recording() || peering.handing_over().is_some())
+                || machine.record_due.is_none_or(|at| now < at)
+            {
+                continue;
+            }
+            machine.record_due = Some(now + RETRY_AFTER_US);
+            match peering.handing_over() {
+                Some(acting) => hand_overs.push((*key, peering.interval, acting.to_vec())),
+                None => records.push((*key, peering.interval, peering.members().to_vec())),
             }
         }
-        record_commands(pgs)
+        let mut commands = record_commands(records);
+        commands.extend(hand_over_commands(hand_overs));
+        for (key, machine) in &mut self.machines {
+            if machine.clear_due.is_none_or(|at| now < at) {
+                continue;
+            }
+            match self.wanted.get(key).filter(|w| w.is_pinned()) {
+                Some(want) => {
+                    machine.clear_due = Some(now + RETRY_AFTER_US);
+                    let pgs = vec![(pool_of(*key), pg_number(*key), want.up.clone())];
+                    commands.push(Command::ClearPgTemp { interval: machine.peering.interval, pgs });
+                }
+                None => machine.clear_due = None,
+            }
+        }
+        commands
     }
 
     /// As the real driver's `start_backfill`.
@@ -268,19 +313,20 @@ impl Driver {
         self.backfill_queue.extend(steps.into_iter().map(|s| (pg, s)));
     }
 
-    /// A backfill step that is not a request: when it completed, the
-    /// monitor command that drops the PG's pin.
-    pub fn on_backfill_end(&mut self, pg: u32, step: Step, now: u64) -> Option<Command> {
+    /// A backfill step that is not a request. When it completed, the pin
+    /// goes (asked by `map_commands_due`); with no pin, the PG peers again
+    /// (members filled in the background, `restart_due`).
+    pub fn on_backfill_end(&mut self, pg: u32, step: Step, now: u64) {
         match step {
             Step::Complete => {
                 self.backfilled_pgs += 1;
-                let interval = self.interval_of(pg)?;
-                let up = self.wanted.get(&pg)?.up.clone();
-                tracing::debug!(at = now, pg, interval, "simulated backfill complete");
-                if self.machines.get(&pg)?.peering.targets().is_empty() {
-                    return None; // members filled in the background: peered again
+                let pinned = self.wanted.get(&pg).is_some_and(Wanted::is_pinned);
+                if let Some(machine) = self.machines.get_mut(&pg) {
+                    tracing::debug!(at = now, pg, interval = machine.peering.interval, "simulated backfill complete");
+                    if pinned {
+                        machine.clear_due = Some(now);
+                    }
                 }
-                Some(Command::ClearPgTemp { interval, pgs: vec![(pool_of(pg), pg_number(pg), up)] })
             }
             Step::Stuck(why) => {
                 tracing::debug!(pg, %why, "simulated backfill stopped");
@@ -288,12 +334,10 @@ impl Driver {
                     machine.retry_at = Some(now + TARGET_RETRY.as_micros() as u64);
                 }
                 self.backfill_queue.retain(|(key, _)| *key != pg);
-                None
             }
             Step::SendLater { to, tag, op } => {
                 self.backfill_due = now + LOCK_RETRY.as_micros() as u64;
                 self.backfill_queue.push_front((pg, Step::Send { to, tag, op }));
-                None
             }
             Step::Send { .. } => unreachable!("requests are sent, not ended"),
         }

@@ -80,7 +80,7 @@ fn main() -> Result<()> {
             Ok(report) => println!(
                 "seed {seed}: ok in {:.1}s real, {:.1}s virtual: {} writes acknowledged, {} unknown, {} reads; \
                  {} faults ({} power cuts in a commit, {} damaged copies found), {} marked down, {} peerings, {} objects recovered; \
-                 {} PGs backfilled ({} objects), {} pins dropped, {} active-set records; {} messages ({} lost); digest {:016x}",
+                 {} PGs backfilled ({} objects), {} pins dropped, {} handed over, {} filled in the background, {} active-set records; {} messages ({} lost); digest {:016x}",
                 started.elapsed().as_secs_f64(),
                 report.virtual_us as f64 / 1e6,
                 report.acknowledged_writes,
@@ -95,6 +95,8 @@ fn main() -> Result<()> {
                 report.backfilled_pgs,
                 report.backfill_objects,
                 report.pins_cleared,
+                report.hand_overs,
+                report.background_fills,
                 report.sets_recorded,
                 report.messages,
                 report.messages_lost,

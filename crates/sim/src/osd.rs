@@ -241,6 +241,10 @@ impl SimOsd {
         self.live.as_ref().map_or((0, 0), |l| (l.driver.backfilled_pgs, l.driver.backfill_objects))
     }
 
+    pub fn background_fills(&self) -> u64 {
+        self.live.as_ref().map_or(0, |l| l.driver.background_fills)
+    }
+
     pub fn activations(&self) -> (u64, u64) {
         self.live.as_ref().map_or((0, 0), |l| (l.driver.activations, l.driver.recovered_objects))
     }
@@ -530,9 +534,7 @@ impl SimOsd {
                     (pg, to, tag, op, true)
                 }
                 Next::Backfill(pg, end) => {
-                    if let Some(command) = live.driver.on_backfill_end(pg, end, ctx.now) {
-                        ctx.send(Node::Monitor, Msg::Command(command));
-                    }
+                    live.driver.on_backfill_end(pg, end, ctx.now);
                     continue;
                 }
             };
@@ -552,7 +554,7 @@ impl SimOsd {
             }
         }
         let Some(live) = self.live.as_mut() else { return };
-        for command in live.driver.records_due(ctx.now) {
+        for command in live.driver.map_commands_due(ctx.now) {
             ctx.send(Node::Monitor, Msg::Command(command));
         }
         // Backfill held back by the throttle (or a lock retry) wakes the OSD then.

@@ -173,6 +173,12 @@ pub struct RunReport {
     pub backfilled_pgs: u64,
     pub backfill_objects: u64,
     pub pins_cleared: u64,
+    /// Members activated to be filled in the background (by OSDs still
+    /// running at the end).
+    pub background_fills: u64,
+    /// PGs named in hand-overs the monitor took (a primary that needed a
+    /// backfill gave the PG to a whole member).
+    pub hand_overs: u64,
     /// Commands that recorded PGs' last active sets (each for one or more PGs).
     pub sets_recorded: u64,
     /// A digest of every delivered message and the history: equal for equal seeds.
@@ -245,6 +251,7 @@ struct World {
     power_cuts_in_commit: u64,
     /// Pins (temporary acting sets) dropped after their PG's backfill.
     pins_cleared: u64,
+    hand_overs: u64,
     sets_recorded: u64,
     _dir: tempfile::TempDir,
 }
@@ -299,6 +306,7 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
         delivered: 0,
         power_cuts_in_commit: 0,
         pins_cleared: 0,
+        hand_overs: 0,
         sets_recorded: 0,
         _dir: dir,
     };
@@ -488,6 +496,7 @@ impl World {
                     if self.monitor.run(&command) {
                         match command {
                             Command::ClearPgTemp { .. } => self.pins_cleared += 1,
+                            Command::HandOver { pgs, .. } => self.hand_overs += pgs.len() as u64,
                             Command::RecordActive { .. } => self.sets_recorded += 1,
                             _ => {}
                         }
@@ -717,6 +726,8 @@ impl World {
             backfilled_pgs,
             backfill_objects,
             pins_cleared: self.pins_cleared,
+            hand_overs: self.hand_overs,
+            background_fills: self.osds.iter().map(|o| o.background_fills()).sum(),
             sets_recorded: self.sets_recorded,
             seed,
             virtual_us: self.now,
