@@ -119,8 +119,9 @@ struct Machine {
     last_scrub: Instant,
     /// Background backfill of the targets the machine activated.
     backfill: Option<Backfill>,
-    /// While the machine waits for the map to record its members: when to
-    /// ask the monitor (again: the ask or the answer may be lost).
+    /// While the machine waits for the map to record its members, or to
+    /// hand the PG over: when to ask the monitor (again: the ask or the
+    /// answer may be lost).
     record_due: Option<Instant>,
 }
 
@@ -304,7 +305,8 @@ impl PeeringDriver {
     }
 
     /// Asks the monitor to record the members of the PGs whose machines
-    /// wait for it, all in one command.
+    /// wait for it, or to hand PGs over ([`Action::HandOver`]): one
+    /// command per kind (and interval, for hand-overs).
     fn ask_records(&mut self) {
         let now = Instant::now();
         let due: Vec<u32> = self
@@ -335,8 +337,12 @@ impl PeeringDriver {
         let mut client = self.monitor();
         for command in record_commands(records).into_iter().chain(hand_over_commands(hand_overs)) {
             match client.command(&command) {
-                Ok(outcome) => tracing::debug!(pgs = due.len(), ?outcome, "asked to record the PGs' active sets"),
-                Err(err) => tracing::warn!(%err, "the monitor did not take the PGs' active sets; asking again shortly"),
+                Ok(outcome) => {
+                    tracing::debug!(pgs = due.len(), ?outcome, "asked the monitor to record or hand over PGs")
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "the monitor did not take the PGs' records or hand-overs; asking again shortly")
+                }
             }
         }
     }
@@ -670,8 +676,9 @@ pub struct MachineState<'a> {
 
 /// Whether a PG's peering starts (again): it has no machine, its interval
 /// changed, a stuck machine's retry is due, a failed write deactivated the
-/// PG, or backfill targets the active machine is not filling are due to be
-/// taken in. This driver and the simulator's decide by it alike.
+/// PG, backfill targets the active machine is not filling are due to be
+/// taken in, or members it filled in the background are level now (and no
+/// pin is to go first). This driver and the simulator's decide by it alike.
 pub fn restart_due(machine: Option<MachineState<'_>>, want: &Wanted, locally_active: impl FnOnce() -> bool) -> bool {
     let targets = &want.targets[..];
     let Some(machine) = machine else { return true };
