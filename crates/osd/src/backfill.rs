@@ -159,8 +159,29 @@ impl Backfill {
     /// Starts backfilling `targets` from `primary` (this OSD) in the
     /// interval that began at map epoch `interval`.
     pub fn start(pg: u32, interval: u64, primary: OsdId, targets: Vec<OsdId>) -> (Backfill, Vec<Step>) {
+        Backfill::start_with(pg, interval, primary, targets, None)
+    }
+
+    /// The same, walking only `only` (when `Some`) instead of every object
+    /// the primary and the targets list: members behind by history, whose
+    /// copies lack only what the authority's history names since.
+    pub fn start_with(
+        pg: u32,
+        interval: u64,
+        primary: OsdId,
+        targets: Vec<OsdId>,
+        only: Option<Vec<Vec<u8>>>,
+    ) -> (Backfill, Vec<Step>) {
         assert!(!targets.is_empty() && !targets.contains(&primary), "targets are other OSDs");
-        let listings = (0..=targets.len()).map(|_| Listing { more: true, ..Listing::default() }).collect();
+        let listings = match only {
+            None => (0..=targets.len()).map(|_| Listing { more: true, ..Listing::default() }).collect(),
+            Some(mut names) => {
+                names.sort_unstable();
+                names.dedup();
+                let given = Listing { names: names.into(), cursor: Vec::new(), more: false };
+                std::iter::once(given).chain(targets.iter().map(|_| Listing::default())).collect()
+            }
+        };
         let mut backfill = Backfill {
             pg,
             interval,
@@ -694,6 +715,43 @@ mod tests {
         assert_eq!(model.sent["digest"], 3 + 3 + 1, "each chunk target 1 kept is compared");
         assert_eq!(model.sent["start"], 1 + 4, "target 1 lacked g; target 2 lacked all");
         assert_eq!(model.sent["list"], 3 + 1, "target 1's listing, in pages of two, and target 2's one empty page");
+    }
+
+    #[test]
+    fn a_walk_of_given_objects_lists_nothing_and_touches_only_those() {
+        let primary: Objects =
+            [(b"a".to_vec(), b"new a".to_vec()), (b"b".to_vec(), b"bbbb".to_vec()), (b"c".to_vec(), b"cc".to_vec())]
+                .into();
+        // Behind by history: "a" changed and "z" was deleted since its last
+        // entry; "b" differs too, which its history does not name (so this
+        // walk must leave it: it shows the walk is bounded by the names).
+        let held: Objects = [
+            (b"a".to_vec(), b"old a".to_vec()),
+            (b"b".to_vec(), b"BBBB".to_vec()),
+            (b"c".to_vec(), b"cc".to_vec()),
+            (b"z".to_vec(), b"gone".to_vec()),
+        ]
+        .into();
+        let mut model = Model::new(primary, [(1, held)].into());
+        let (mut machine, steps) = Backfill::start_with(7, 9, 0, vec![1], Some(vec![b"z".to_vec(), b"a".to_vec()]));
+        let mut queue: VecDeque<Step> = steps.into();
+        let mut end = None;
+        while let Some(step) = queue.pop_front() {
+            match step {
+                Step::Send { to, tag, op } => {
+                    let reply = model.answer(to, op);
+                    queue.extend(machine.on_reply(tag, reply));
+                }
+                other => end = Some(other),
+            }
+        }
+        assert_eq!(end, Some(Step::Complete));
+        let target = &model.targets[&1];
+        assert_eq!(target[&b"a".to_vec()], b"new a".to_vec());
+        assert!(!target.contains_key(&b"z".to_vec()), "deleted since: removed");
+        assert_eq!(target[&b"b".to_vec()], b"BBBB".to_vec(), "not named: not walked");
+        assert_eq!(model.sent.get("list"), None, "nothing listed");
+        assert_eq!(model.done, vec![1]);
     }
 
     #[test]

@@ -99,6 +99,10 @@ pub struct Peering {
     /// Members filled in the background in this interval: activated as
     /// backfill targets, and members once that ends (a peering again).
     filled_in_background: Vec<OsdId>,
+    /// What their backfill walks: only these objects, when every one of
+    /// them was behind by history (the rest of their copy is the
+    /// authority's already); `None`, every object.
+    fill_only: Option<BTreeSet<Vec<u8>>>,
 }
 
 enum Phase {
@@ -145,6 +149,9 @@ struct Recovery {
     /// The request outstanding (one at a time during recovery).
     waiting: Option<u64>,
     scrub: Option<Scrub>,
+    /// Members behind by history to fill in the background, once the
+    /// authority has named the objects they lack.
+    history_in_background: BTreeSet<OsdId>,
 }
 
 /// A deep scrub after recovery: every member's digests, compared.
@@ -277,6 +284,7 @@ impl Peering {
             active_set,
             background_min: None,
             filled_in_background: Vec::new(),
+            fill_only: Some(BTreeSet::new()),
         };
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
@@ -312,6 +320,16 @@ impl Peering {
     /// The members filled in the background in this interval.
     pub fn filled_in_background(&self) -> &[OsdId] {
         &self.filled_in_background
+    }
+
+    /// The objects the PG's backfill need walk, if not all: when it fills
+    /// only members behind by history, the ones the authority's history
+    /// names since each one's last entry.
+    pub fn fill_only(&self) -> Option<Vec<Vec<u8>>> {
+        if self.filled_in_background.is_empty() || !self.targets.is_empty() {
+            return None;
+        }
+        self.fill_only.as_ref().map(|names| names.iter().cloned().collect())
     }
 
     /// The OSDs the PG's backfill fills: the pin's targets, then members
@@ -547,6 +565,7 @@ impl Peering {
         // A PG never written to (seq 0) has nothing to fill: comparing the
         // lists inside peering is quicker than a second peering.
         let background = self.scrub.is_none() && self.targets.is_empty() && info.last_seq > 0;
+        let mut history_in_background = BTreeSet::new();
         if let Some(min_size) = self.background_min.filter(|_| background) {
             let to_fill: Vec<OsdId> =
                 targets.iter().filter(|(_, plan)| *plan == Plan::Backfill).map(|(osd, _)| *osd).collect();
@@ -562,6 +581,18 @@ impl Peering {
                 targets.retain(|(osd, _)| !to_fill.contains(osd));
                 tracing::info!(pg = self.pg, members = ?to_fill, "members to backfill are filled in the background");
                 self.filled_in_background = to_fill;
+                self.fill_only = None;
+            }
+            // Members behind by history too, if the whole ones still keep
+            // min_size: the authority names what they lack (below), and
+            // they get it in the background rather than inside peering.
+            let behind: BTreeSet<OsdId> = targets
+                .iter()
+                .filter(|(osd, plan)| matches!(plan, Plan::History { .. }) && *osd != primary)
+                .map(|(osd, _)| *osd)
+                .collect();
+            if !behind.is_empty() && infos.len() - self.filled_in_background.len() - behind.len() >= min_size {
+                history_in_background = behind;
             }
         }
         let scrub = self.scrub.map(|repair| {
@@ -582,6 +613,7 @@ impl Peering {
             on_history,
             waiting: None,
             scrub,
+            history_in_background,
         });
         self.step(recovery, None)
     }
@@ -678,8 +710,27 @@ impl Peering {
                 // The authority's history holds the target's last entry:
                 // the target's log is a prefix of it.
                 recovery.on_history.insert(target);
+                if recovery.history_in_background.contains(&target) {
+                    tracing::info!(
+                        pg = self.pg,
+                        member = target,
+                        objects = objects.len(),
+                        "a member behind by history is filled in the background"
+                    );
+                    self.filled_in_background.push(target);
+                    if let Some(names) = self.fill_only.as_mut() {
+                        names.extend(objects);
+                    }
+                    return Ok(None);
+                }
                 let copies = objects.into_iter().map(|object| Work::Copy { object, from: authority, to: target });
                 recovery.work.extend(copies);
+                Ok(None)
+            }
+            (Step::AskTouched, Some(PeerReply::Touched(None))) if recovery.history_in_background.contains(&target) => {
+                // The history no longer reaches its end: a whole backfill, in the background.
+                self.filled_in_background.push(target);
+                self.fill_only = None;
                 Ok(None)
             }
             (Step::AskTouched, Some(PeerReply::Touched(None))) => {
@@ -1186,6 +1237,49 @@ mod tests {
         let all: Vec<LoggedRequest> = (1..=4).map(|seq| request_of(seq, 5)).collect();
         assert_eq!(members[0].logged, all, "the member behind learns the ids it missed");
         assert_eq!(members[1].logged, all);
+    }
+
+    #[test]
+    fn a_member_behind_by_history_is_filled_in_the_background_with_just_the_objects_its_gap_touched() {
+        let behind = active_member(&[("a", b"1"), ("b", b"2")]);
+        let mut ahead = behind.clone();
+        ahead.write("c", b"3");
+        ahead.write("a", b"4");
+        let mut members = vec![ahead.clone(), ahead, behind];
+        let (mut machine, actions) = Peering::start(7, 9, vec![0, 1, 2]);
+        machine.fill_in_background(2);
+        let mut queue: VecDeque<Action> = actions.into();
+        let mut outcome = None;
+        while let Some(action) = queue.pop_front() {
+            match action {
+                Action::Send { to, tag, op } => {
+                    let reply = members[to as usize].answer(op, 9);
+                    queue.extend(machine.on_reply(tag, reply));
+                }
+                Action::Record { members } => queue.extend(machine.on_recorded(Some(&members))),
+                done => outcome = Some(done),
+            }
+        }
+        assert_eq!(
+            outcome,
+            Some(Action::Active { authority: 0, last_seq: 4, recovered_objects: 0, backfill: vec![2] })
+        );
+        assert_eq!(machine.fill_only(), Some(vec![b"a".to_vec(), b"c".to_vec()]), "what the gap touched");
+        assert!(!members[2].objects.contains_key(&b"c".to_vec()), "nothing copied inside peering");
+        let all: Vec<LoggedRequest> = (1..=4).map(|seq| request_of(seq, 5)).collect();
+        assert_eq!(members[2].logged, all, "its log is a prefix of the history: it knows every id");
+        // With min_size 3 it is brought level inside peering, as before.
+        let mut members = [members[0].clone(), members[1].clone(), active_member(&[("a", b"1"), ("b", b"2")])];
+        let outcome = {
+            let (mut machine, actions) = Peering::start(7, 9, vec![0, 1, 2]);
+            machine.fill_in_background(3);
+            drive(&mut members, 9, machine, actions).0
+        };
+        assert!(
+            matches!(&outcome, Action::Active { backfill, recovered_objects: 2, .. } if backfill.is_empty()),
+            "{outcome:?}"
+        );
+        assert_eq!(members[2].objects, members[0].objects);
     }
 
     #[test]

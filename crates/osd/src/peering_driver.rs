@@ -611,8 +611,10 @@ impl PeeringDriver {
         if targets.is_empty() {
             return;
         }
-        let (backfill, steps) = Backfill::start(key, machine.peering.interval, me, targets);
-        tracing::info!(pg = key, targets = ?backfill.targets(), "backfill starts");
+        let only = machine.peering.fill_only();
+        let objects = only.as_ref().map(Vec::len);
+        let (backfill, steps) = Backfill::start_with(key, machine.peering.interval, me, targets, only);
+        tracing::info!(pg = key, targets = ?backfill.targets(), ?objects, "backfill starts");
         machine.backfill = Some(backfill);
         self.backfill_queue.extend(steps.into_iter().map(|s| (key, s)));
     }

@@ -308,7 +308,8 @@ impl Driver {
         if targets.is_empty() {
             return;
         }
-        let (backfill, steps) = Backfill::start(pg, machine.peering.interval, me, targets);
+        let only = machine.peering.fill_only();
+        let (backfill, steps) = Backfill::start_with(pg, machine.peering.interval, me, targets, only);
         machine.backfill = Some(backfill);
         self.backfill_queue.extend(steps.into_iter().map(|s| (pg, s)));
     }
