@@ -1245,7 +1245,7 @@ mod tests {
         let mut ahead = behind.clone();
         ahead.write("c", b"3");
         ahead.write("a", b"4");
-        let mut members = vec![ahead.clone(), ahead, behind];
+        let mut members = [ahead.clone(), ahead, behind];
         let (mut machine, actions) = Peering::start(7, 9, vec![0, 1, 2]);
         machine.fill_in_background(2);
         let mut queue: VecDeque<Action> = actions.into();
@@ -1265,7 +1265,7 @@ mod tests {
             Some(Action::Active { authority: 0, last_seq: 4, recovered_objects: 0, backfill: vec![2] })
         );
         assert_eq!(machine.fill_only(), Some(vec![b"a".to_vec(), b"c".to_vec()]), "what the gap touched");
-        assert!(!members[2].objects.contains_key(&b"c".to_vec()), "nothing copied inside peering");
+        assert!(!members[2].objects.contains_key(b"c".as_slice()), "nothing copied inside peering");
         let all: Vec<LoggedRequest> = (1..=4).map(|seq| request_of(seq, 5)).collect();
         assert_eq!(members[2].logged, all, "its log is a prefix of the history: it knows every id");
         // With min_size 3 it is brought level inside peering, as before.
