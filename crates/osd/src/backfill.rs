@@ -151,6 +151,8 @@ struct Chunk {
     offset: u64,
     data: Vec<u8>,
     crc: u32,
+    /// All zeros: a target that started empty reads the same already.
+    zeros: bool,
     sent: bool,
     next: usize,
 }
@@ -311,8 +313,8 @@ impl Backfill {
                 if data.len() as u64 != len {
                     return self.stuck(format!("pulled {} bytes of a {len}-byte chunk", data.len()));
                 }
-                let crc = crc32c::crc32c(&data);
-                self.chunk_to(Chunk { object, offset, data, crc, sent: false, next: 0 })
+                let (crc, zeros) = (crc32c::crc32c(&data), data.iter().all(|b| *b == 0));
+                self.chunk_to(Chunk { object, offset, data, crc, zeros, sent: false, next: 0 })
             }
             (Stage::Checking(chunk), PeerReply::ChunkDigest(digest)) => {
                 if digest == Some(chunk.crc) {
@@ -417,7 +419,7 @@ impl Backfill {
                 self.stage = Stage::Checking(chunk);
                 return self.send(to, op);
             }
-            if chunk.data.iter().any(|b| *b != 0) {
+            if !chunk.zeros {
                 return self.push(chunk);
             }
             chunk.next += 1;

@@ -473,6 +473,11 @@ impl Peering {
         matches!(self.phase, Phase::Recording(_))
     }
 
+    /// It waits for the map: to record its members, or to hand the PG over.
+    pub fn waits_for_map(&self) -> bool {
+        self.is_recording() || self.handing_over().is_some()
+    }
+
     /// The acting set the machine asked the map to hand the PG over to,
     /// while it waits for it.
     pub fn handing_over(&self) -> Option<&[OsdId]> {
@@ -564,37 +569,13 @@ impl Peering {
         }
         // A PG never written to (seq 0) has nothing to fill: comparing the
         // lists inside peering is quicker than a second peering.
-        let background = self.scrub.is_none() && self.targets.is_empty() && info.last_seq > 0;
-        let mut history_in_background = BTreeSet::new();
-        if let Some(min_size) = self.background_min.filter(|_| background) {
-            let to_fill: Vec<OsdId> =
-                targets.iter().filter(|(_, plan)| *plan == Plan::Backfill).map(|(osd, _)| *osd).collect();
-            if to_fill.contains(&primary) && infos.len() - to_fill.len() >= min_size {
-                // The primary serves reads: it hands the PG to the
-                // authority, whose peering fills it in the background.
-                let mut acting = vec![authority];
-                acting.extend(self.members.iter().copied().filter(|osd| *osd != authority));
+        let history_in_background = match self.plan_background(authority, info.last_seq, infos.len(), &mut targets) {
+            Ok(history) => history,
+            Err(acting) => {
                 self.phase = Phase::HandingOver { acting: acting.clone() };
                 return vec![Action::HandOver { acting }];
             }
-            if !to_fill.is_empty() && infos.len() - to_fill.len() >= min_size {
-                targets.retain(|(osd, _)| !to_fill.contains(osd));
-                tracing::info!(pg = self.pg, members = ?to_fill, "members to backfill are filled in the background");
-                self.filled_in_background = to_fill;
-                self.fill_only = None;
-            }
-            // Members behind by history too, if the whole ones still keep
-            // min_size: the authority names what they lack (below), and
-            // they get it in the background rather than inside peering.
-            let behind: BTreeSet<OsdId> = targets
-                .iter()
-                .filter(|(osd, plan)| matches!(plan, Plan::History { .. }) && *osd != primary)
-                .map(|(osd, _)| *osd)
-                .collect();
-            if !behind.is_empty() && infos.len() - self.filled_in_background.len() - behind.len() >= min_size {
-                history_in_background = behind;
-            }
-        }
+        };
         let scrub = self.scrub.map(|repair| {
             // The authority first: its copies are the good ones when readable.
             let mut to_list: VecDeque<OsdId> = self.members.iter().copied().filter(|m| *m != authority).collect();
@@ -616,6 +597,54 @@ impl Peering {
             history_in_background,
         });
         self.step(recovery, None)
+    }
+
+    /// Which recovery goes to the background ([`Peering::fill_in_background`]),
+    /// given the authority's `last_seq`, the number of members that answered
+    /// and the plan for each one not level (`targets`). Members to backfill
+    /// leave `targets` for `filled_in_background`; the members behind by
+    /// history to fill there once the authority names their objects are
+    /// returned. `Err(acting)`: the primary itself needs a backfill, and
+    /// hands the PG over to that acting set.
+    fn plan_background(
+        &mut self,
+        authority: OsdId,
+        last_seq: u64,
+        answered: usize,
+        targets: &mut VecDeque<(OsdId, Plan)>,
+    ) -> Result<BTreeSet<OsdId>, Vec<OsdId>> {
+        // A PG never written to (seq 0) has nothing to fill: comparing the
+        // lists inside peering is quicker than a second peering.
+        let allowed = self.scrub.is_none() && self.targets.is_empty() && last_seq > 0;
+        let Some(min_size) = self.background_min.filter(|_| allowed) else { return Ok(BTreeSet::new()) };
+        let primary = self.members[0];
+        let to_fill: Vec<OsdId> =
+            targets.iter().filter(|(_, plan)| *plan == Plan::Backfill).map(|(osd, _)| *osd).collect();
+        if !to_fill.is_empty() && answered - to_fill.len() >= min_size {
+            if to_fill.contains(&primary) {
+                // The primary serves reads: it hands the PG to the
+                // authority, whose peering fills it in the background.
+                let mut acting = vec![authority];
+                acting.extend(self.members.iter().copied().filter(|osd| *osd != authority));
+                return Err(acting);
+            }
+            targets.retain(|(osd, _)| !to_fill.contains(osd));
+            tracing::info!(pg = self.pg, members = ?to_fill, "members to backfill are filled in the background");
+            self.filled_in_background = to_fill;
+            self.fill_only = None;
+        }
+        // Members behind by history too, if the whole ones still keep
+        // min_size: the authority names what they lack, and they get it in
+        // the background rather than inside peering.
+        let behind: BTreeSet<OsdId> = targets
+            .iter()
+            .filter(|(osd, plan)| matches!(plan, Plan::History { .. }) && *osd != primary)
+            .map(|(osd, _)| *osd)
+            .collect();
+        if behind.is_empty() || answered - self.filled_in_background.len() - behind.len() < min_size {
+            return Ok(BTreeSet::new());
+        }
+        Ok(behind)
     }
 
     /// Advances recovery with `reply` (to the request it waited for) until
@@ -885,6 +914,7 @@ impl Peering {
         let mut actions = Vec::new();
         let members: Vec<u32> = self.members.clone();
         let targets = self.backfill_targets();
+        assert!(!targets.contains(&members[0]), "the primary serves: it is never filled in the background");
         let requests =
             merge_logged(recovery.on_history.iter().filter_map(|osd| recovery.logged.get(osd)).map(Vec::as_slice));
         let activate = |osd: OsdId| PeerOp::Activate {
@@ -1132,34 +1162,31 @@ mod tests {
     /// Runs peering to the end over `members` (ids 0..n, 0 the primary).
     fn run(members: &mut [Member], interval: u64) -> Action {
         let ids: Vec<OsdId> = (0..members.len() as u32).collect();
-        let (machine, actions) = Peering::start(7, interval, ids);
-        drive(members, interval, machine, actions).0
+        let (mut machine, actions) = Peering::start(7, interval, ids);
+        drive(members, interval, &mut machine, actions)
     }
 
     fn scrub(members: &mut [Member], repair: bool) -> (Action, Option<ScrubReport>) {
         let ids: Vec<OsdId> = (0..members.len() as u32).collect();
-        let (machine, actions) = Peering::start_scrub(7, 9, ids, repair);
-        drive(members, 9, machine, actions)
+        let (mut machine, actions) = Peering::start_scrub(7, 9, ids, repair);
+        let outcome = drive(members, 9, &mut machine, actions);
+        (outcome, machine.scrub_report().cloned())
     }
 
-    fn drive(
-        members: &mut [Member],
-        interval: u64,
-        mut machine: Peering,
-        mut actions: Vec<Action>,
-    ) -> (Action, Option<ScrubReport>) {
-        let mut queue: VecDeque<Action> = actions.drain(..).collect();
+    /// Carries `machine` to its end over `members`, the monitor recording
+    /// members at once; the machine stays the caller's, to look at after.
+    fn drive(members: &mut [Member], interval: u64, machine: &mut Peering, actions: Vec<Action>) -> Action {
+        let mut queue: VecDeque<Action> = actions.into();
         while let Some(action) = queue.pop_front() {
             match action {
                 Action::Send { to, tag, op } => {
                     let reply = members[to as usize].answer(op, interval);
                     queue.extend(machine.on_reply(tag, reply));
                 }
-                // The monitor records them at once.
                 Action::Record { members } => queue.extend(machine.on_recorded(Some(&members))),
                 done => {
                     assert!(queue.is_empty(), "nothing follows the end");
-                    return (done, machine.scrub_report().cloned());
+                    return done;
                 }
             }
         }
@@ -1248,22 +1275,8 @@ mod tests {
         let mut members = [ahead.clone(), ahead, behind];
         let (mut machine, actions) = Peering::start(7, 9, vec![0, 1, 2]);
         machine.fill_in_background(2);
-        let mut queue: VecDeque<Action> = actions.into();
-        let mut outcome = None;
-        while let Some(action) = queue.pop_front() {
-            match action {
-                Action::Send { to, tag, op } => {
-                    let reply = members[to as usize].answer(op, 9);
-                    queue.extend(machine.on_reply(tag, reply));
-                }
-                Action::Record { members } => queue.extend(machine.on_recorded(Some(&members))),
-                done => outcome = Some(done),
-            }
-        }
-        assert_eq!(
-            outcome,
-            Some(Action::Active { authority: 0, last_seq: 4, recovered_objects: 0, backfill: vec![2] })
-        );
+        let outcome = drive(&mut members, 9, &mut machine, actions);
+        assert_eq!(outcome, Action::Active { authority: 0, last_seq: 4, recovered_objects: 0, backfill: vec![2] });
         assert_eq!(machine.fill_only(), Some(vec![b"a".to_vec(), b"c".to_vec()]), "what the gap touched");
         assert!(!members[2].objects.contains_key(b"c".as_slice()), "nothing copied inside peering");
         let all: Vec<LoggedRequest> = (1..=4).map(|seq| request_of(seq, 5)).collect();
@@ -1273,7 +1286,7 @@ mod tests {
         let outcome = {
             let (mut machine, actions) = Peering::start(7, 9, vec![0, 1, 2]);
             machine.fill_in_background(3);
-            drive(&mut members, 9, machine, actions).0
+            drive(&mut members, 9, &mut machine, actions)
         };
         assert!(
             matches!(&outcome, Action::Active { backfill, recovered_objects: 2, .. } if backfill.is_empty()),
@@ -1307,7 +1320,7 @@ mod tests {
         let peer = |members: &mut [Member], min_size: usize| {
             let (mut machine, actions) = Peering::start(7, 9, vec![0, 1, 2]);
             machine.fill_in_background(min_size);
-            drive(members, 9, machine, actions).0
+            drive(members, 9, &mut machine, actions)
         };
         // osd.2 lost its log; osd.0 and osd.1 are whole, which min_size 2 allows.
         let mut members = [active_member(writes), active_member(writes), Member::default()];
@@ -1653,8 +1666,8 @@ mod tests {
         // Neither of the set's OSDs answered with a whole copy.
         assert!(matches!(&outcome, Action::Stuck(why) if why.contains("is down")), "{outcome:?}");
         // With no set recorded, the same holds for want of any whole copy.
-        let (machine, actions) = Peering::start_with_targets(7, 9, vec![0, 1], vec![], None, None);
-        let outcome = drive(&mut alone, 9, machine, actions).0;
+        let (mut machine, actions) = Peering::start_with_targets(7, 9, vec![0, 1], vec![], None, None);
+        let outcome = drive(&mut alone, 9, &mut machine, actions);
         assert!(matches!(&outcome, Action::Stuck(why) if why.contains("unfinished backfill")), "{outcome:?}");
         assert!(alone.iter().all(|m| m.last_active == 7), "nothing was activated");
     }
@@ -1666,8 +1679,8 @@ mod tests {
         let start = |record: Option<Vec<OsdId>>| Peering::start_with_targets(7, 9, vec![0, 1], vec![], None, record);
 
         let mut members = vec![stale.clone(), stale.clone()];
-        let (machine, actions) = start(Some(vec![2]));
-        let outcome = drive(&mut members, 9, machine, actions).0;
+        let (mut machine, actions) = start(Some(vec![2]));
+        let outcome = drive(&mut members, 9, &mut machine, actions);
         assert!(
             matches!(&outcome, Action::Stuck(why) if why.contains("is down") && why.contains("osd.2")),
             "{outcome:?}"
@@ -1694,7 +1707,7 @@ mod tests {
         assert!(machine.on_recorded(Some(&[1, 2])).is_empty(), "the map still has the old set");
         assert!(machine.on_recorded(None).is_empty());
         let actions = machine.on_recorded(Some(&[0, 1]));
-        let outcome = drive(&mut members, 9, machine, actions).0;
+        let outcome = drive(&mut members, 9, &mut machine, actions);
         assert!(matches!(outcome, Action::Active { .. }), "{outcome:?}");
         assert!(members.iter().all(|m| m.last_active == 9));
 
@@ -1703,8 +1716,8 @@ mod tests {
         let mut partial = stale.clone();
         partial.backfilling = true;
         let mut members = vec![partial.clone(), partial];
-        let (machine, actions) = start(Some(vec![]));
-        let outcome = drive(&mut members, 9, machine, actions).0;
+        let (mut machine, actions) = start(Some(vec![]));
+        let outcome = drive(&mut members, 9, &mut machine, actions);
         assert!(matches!(outcome, Action::Active { authority: 0, .. }), "{outcome:?}");
     }
 

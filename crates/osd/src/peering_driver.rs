@@ -312,30 +312,20 @@ impl PeeringDriver {
         let due: Vec<u32> = self
             .machines
             .iter()
-            .filter(|(_, m)| {
-                (m.peering.is_recording() || m.peering.handing_over().is_some())
-                    && m.record_due.is_some_and(|at| now >= at)
-            })
+            .filter(|(_, m)| m.peering.waits_for_map() && m.record_due.is_some_and(|at| now >= at))
             .map(|(key, _)| *key)
             .collect();
         if due.is_empty() {
             return;
         }
-        let (mut records, mut hand_overs) = (Vec::new(), Vec::new());
-        for key in &due {
-            let peering = &self.machines[key].peering;
-            match peering.handing_over() {
-                Some(acting) => hand_overs.push((*key, peering.interval, acting.to_vec())),
-                None => records.push((*key, peering.interval, peering.members().to_vec())),
-            }
-        }
+        let commands = map_commands(due.iter().map(|key| (*key, &self.machines[key].peering)));
         for key in &due {
             if let Some(machine) = self.machines.get_mut(key) {
                 machine.record_due = Some(now + RETRY_AFTER);
             }
         }
         let mut client = self.monitor();
-        for command in record_commands(records).into_iter().chain(hand_over_commands(hand_overs)) {
+        for command in commands {
             match client.command(&command) {
                 Ok(outcome) => {
                     tracing::debug!(pgs = due.len(), ?outcome, "asked the monitor to record or hand over PGs")
@@ -724,11 +714,29 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
     wanted
 }
 
+/// The monitor commands the machines wait for the map to carry out: record
+/// their members ([`Action::Record`]) or hand their PG over
+/// ([`Action::HandOver`]); others are skipped. This driver and the
+/// simulator's ask alike.
+pub fn map_commands<'a>(machines: impl IntoIterator<Item = (u32, &'a Peering)>) -> Vec<duplex_map::Command> {
+    let (mut records, mut hand_overs) = (Vec::new(), Vec::new());
+    for (key, peering) in machines {
+        if let Some(acting) = peering.handing_over() {
+            hand_overs.push((key, peering.interval, acting.to_vec()));
+        } else if peering.is_recording() {
+            records.push((key, peering.interval, peering.members().to_vec()));
+        }
+    }
+    let mut commands = record_commands(records);
+    commands.extend(hand_over_commands(hand_overs));
+    commands
+}
+
 /// The monitor commands that record each PG's members as its last active
 /// set, for the interval each one's machine peered: (PG key, interval,
 /// members). One per [`duplex_map::MAX_PGS_PER_COMMAND`] PGs: the monitor
 /// refuses a longer one whole, and the PGs would wait for good.
-pub fn record_commands(pgs: Vec<(u32, u64, Vec<OsdId>)>) -> Vec<duplex_map::Command> {
+fn record_commands(pgs: Vec<(u32, u64, Vec<OsdId>)>) -> Vec<duplex_map::Command> {
     pgs.chunks(duplex_map::MAX_PGS_PER_COMMAND)
         .map(|chunk| {
             let pgs = chunk
@@ -743,7 +751,7 @@ pub fn record_commands(pgs: Vec<(u32, u64, Vec<OsdId>)>) -> Vec<duplex_map::Comm
 /// The monitor commands that hand PGs over to the acting sets their
 /// primaries ask for ([`Action::HandOver`]): (PG key, interval, acting).
 /// One per interval and per [`duplex_map::MAX_PGS_PER_COMMAND`] PGs.
-pub fn hand_over_commands(pgs: Vec<(u32, u64, Vec<OsdId>)>) -> Vec<duplex_map::Command> {
+fn hand_over_commands(pgs: Vec<(u32, u64, Vec<OsdId>)>) -> Vec<duplex_map::Command> {
     let mut by_interval: BTreeMap<u64, Vec<(duplex_map::PoolId, u32, Vec<OsdId>)>> = BTreeMap::new();
     for (key, interval, acting) in pgs {
         by_interval.entry(interval).or_default().push((pool_of(key), pg_number(key), acting));

@@ -12,8 +12,8 @@ use duplex_osd::backfill::{Backfill, Step, Throttle};
 use duplex_osd::cluster::MapView;
 use duplex_osd::peering::{Action, Peering};
 use duplex_osd::peering_driver::{
-    hand_over_commands, primary_intervals, record_commands, restart_due, start_peering, Identity, MachineState,
-    ScrubAsk, Wanted, LOCK_RETRY, TARGET_RETRY,
+    map_commands, primary_intervals, restart_due, start_peering, Identity, MachineState, ScrubAsk, Wanted, LOCK_RETRY,
+    TARGET_RETRY,
 };
 use duplex_osd::pg::{pg_number, pool_of};
 use duplex_proto::peering::PeerReply;
@@ -266,22 +266,14 @@ impl Driver {
     /// record the members, hand the PG over (as the real driver's
     /// `ask_records`), drop the pin (its `ask_clears`).
     pub fn map_commands_due(&mut self, now: u64) -> Vec<Command> {
-        let (mut records, mut hand_overs) = (Vec::new(), Vec::new());
+        let mut due = Vec::new();
         for (key, machine) in &mut self.machines {
-            let peering = &machine.peering;
-            if !(peering.is_recording() || peering.handing_over().is_some())
-                || machine.record_due.is_none_or(|at| now < at)
-            {
-                continue;
-            }
-            machine.record_due = Some(now + RETRY_AFTER_US);
-            match peering.handing_over() {
-                Some(acting) => hand_overs.push((*key, peering.interval, acting.to_vec())),
-                None => records.push((*key, peering.interval, peering.members().to_vec())),
+            if machine.peering.waits_for_map() && machine.record_due.is_some_and(|at| now >= at) {
+                machine.record_due = Some(now + RETRY_AFTER_US);
+                due.push(*key);
             }
         }
-        let mut commands = record_commands(records);
-        commands.extend(hand_over_commands(hand_overs));
+        let mut commands = map_commands(due.iter().map(|key| (*key, &self.machines[key].peering)));
         for (key, machine) in &mut self.machines {
             if machine.clear_due.is_none_or(|at| now < at) {
                 continue;
