@@ -89,6 +89,9 @@ pub struct PgSets {
     pub up: Vec<OsdId>,
     pub acting: Vec<OsdId>,
     pub backfill: Vec<OsdId>,
+    /// The map pins the PG (even to OSDs in its up set's order): its
+    /// primary asks for the pin to go once nothing is left to fill.
+    pub pinned: bool,
 }
 
 /// One change inside a delta.
@@ -300,13 +303,13 @@ impl ClusterMap {
     pub fn pg_sets(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> PgSets {
         let up = self.up_set(hierarchy, pool, pg);
         if !self.pg_temp.contains_key(&(pool.id, pg)) {
-            return PgSets { acting: up.clone(), up, backfill: Vec::new() };
+            return PgSets { acting: up.clone(), up, backfill: Vec::new(), pinned: false };
         }
         let acting = self.acting(hierarchy, pool, pg);
         // A pin with no OSD up leaves the PG without a primary to fill anyone.
         let backfill =
             if acting.is_empty() { Vec::new() } else { up.iter().copied().filter(|id| !acting.contains(id)).collect() };
-        PgSets { up, acting, backfill }
+        PgSets { up, acting, backfill, pinned: true }
     }
 
     pub fn is_up(&self, id: OsdId) -> bool {

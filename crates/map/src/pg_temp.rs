@@ -39,11 +39,43 @@ fn placement_inputs(map: &ClusterMap) -> PlacementInputs<'_> {
 
 /// The pin changes that follow from going from `old` to `new` (which is
 /// `old` with a command's other changes applied).
+///
+/// A pin that names exactly the PG's own placement, in its order, changes
+/// nothing (the acting set is the up set either way) and is dropped: a
+/// primary asks for a pin to go only when it differs from its up set, so
+/// such a pin would stay for good. A hand-over back to the placement's
+/// own primary made one (simulator seed 10222).
 pub(crate) fn settle(old: &ClusterMap, new: &ClusterMap) -> Vec<Change> {
+    let new_hierarchy = new.hierarchy();
+    let mut changes = moved_pins(old, new, &new_hierarchy);
+    let pinned_after: Vec<((PoolId, u32), Vec<OsdId>)> = new
+        .pg_temp
+        .iter()
+        .map(|(key, osds)| (*key, osds.clone()))
+        .filter(|(key, _)| {
+            !changes.iter().any(|c| matches!(c, Change::SetPgTemp { pool, pg, .. } if (*pool, *pg) == *key))
+        })
+        .chain(changes.iter().filter_map(|c| match c {
+            Change::SetPgTemp { pool, pg, osds } if !osds.is_empty() => Some(((*pool, *pg), osds.clone())),
+            _ => None,
+        }))
+        .collect();
+    for ((pool, pg), osds) in pinned_after {
+        let Some(info) = new.pools.get(&pool) else { continue };
+        if pg < info.pg_num && new.pg_osds(&new_hierarchy, info, pg) == osds {
+            changes.retain(|c| !matches!(c, Change::SetPgTemp { pool: p, pg: g, .. } if (*p, *g) == (pool, pg)));
+            changes.push(Change::SetPgTemp { pool, pg, osds: Vec::new() });
+        }
+    }
+    changes
+}
+
+/// Pins set or dropped because placement moved PGs between `old` and `new`.
+fn moved_pins(old: &ClusterMap, new: &ClusterMap, new_hierarchy: &duplex_placement::Hierarchy) -> Vec<Change> {
     let mut changes = Vec::new();
     let moved = placement_inputs(old) != placement_inputs(new);
     if moved {
-        let (old_hierarchy, new_hierarchy) = (old.hierarchy(), new.hierarchy());
+        let old_hierarchy = old.hierarchy();
         for pool in new.pools.values() {
             let Some(old_pool) = old.pools.get(&pool.id) else { continue };
             // PGs a split just made have no acting set to keep.
@@ -53,7 +85,7 @@ pub(crate) fn settle(old: &ClusterMap, new: &ClusterMap) -> Vec<Change> {
                 // OSDs that served it.
                 let holders =
                     if current.is_empty() { old.acting(&old_hierarchy, old_pool, pg) } else { current.clone() };
-                let new_up = new.up_set(&new_hierarchy, pool, pg);
+                let new_up = new.up_set(new_hierarchy, pool, pg);
                 let needs_data = new_up.iter().any(|osd| !holders.contains(osd));
                 let wanted = if needs_data && !holders.is_empty() { holders } else { Vec::new() };
                 if wanted != current {

@@ -210,6 +210,32 @@ fn a_primary_hands_its_pg_over_to_another_member() {
     assert_eq!(map.run(&hand_over(reordered, interval)), Ok(None), "a member restarted since");
 }
 
+#[test]
+fn a_hand_over_back_to_the_placements_own_order_leaves_no_pin() {
+    // Simulator seed 10222: a PG was handed to its second OSD (a pin), that
+    // one lost its copy and handed it back to the first, in the up set's
+    // own order. A pin equal to the up set changes nothing, and its primary
+    // never asks for it to go (it is not pinned away from its up set): the
+    // PG stayed pinned for good. The monitor keeps no such pin.
+    let mut map = small_cluster();
+    let pool = map.pool_by_name("rbd").unwrap().clone();
+    let pg = 5;
+    let placed = map.acting(&map.hierarchy(), &pool, pg);
+    let mut reordered = placed.clone();
+    reordered.rotate_left(1);
+    let hand_over = |osds: Vec<u32>, interval| Command::HandOver { interval, pgs: vec![(pool.id, pg, osds)] };
+    map.run(&hand_over(reordered.clone(), map.epoch)).unwrap().unwrap();
+    assert_eq!(map.pg_temp.get(&(pool.id, pg)), Some(&reordered));
+    let sets = map.pg_sets(&map.hierarchy(), &pool, pg);
+    assert!(sets.pinned && sets.acting == reordered);
+    map.run(&hand_over(placed.clone(), map.epoch)).unwrap().unwrap();
+    assert_eq!(map.pg_temp.get(&(pool.id, pg)), None, "no pin equal to the placement");
+    let sets = map.pg_sets(&map.hierarchy(), &pool, pg);
+    assert!(!sets.pinned);
+    assert_eq!(sets.acting, placed);
+    assert_eq!(sets.up, placed);
+}
+
 /// The pins of `map`'s pool "rbd", as (pg, osds).
 fn pins(map: &ClusterMap) -> Vec<(u32, Vec<u32>)> {
     map.pg_temp.iter().map(|((_, pg), osds)| (*pg, osds.clone())).collect()

@@ -7,13 +7,13 @@ use std::collections::BTreeSet;
 
 use duplex_proto::osd::{RepReply, Status};
 use duplex_proto::peering::{
-    ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, PeerRequest, CHUNK_BYTES, DIGEST_PAGE,
+    LoggedRequest, ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, PeerRequest, CHUNK_BYTES, DIGEST_PAGE,
 };
 use duplex_store::{Batch, Key, StoreError};
 
 use crate::flusher::Flusher;
 use crate::mailbox::Completion;
-use crate::pg::{Ack, Activation, SharedPg};
+use crate::pg::{Ack, Activation, SharedPg, StagedCopy};
 use crate::stored_interval;
 use crate::stored_requests;
 
@@ -105,6 +105,13 @@ impl Flusher {
                 batch.delete(key);
                 self.apply_recovery(&batch)
             }
+            PeerOp::Stage { object, offset, data } => stage(pg, interval, object, offset, data),
+            PeerOp::ObjectRequests { object } => {
+                Ok(PeerReply::Requests(pg.lock().expect("PG lock").requests_touching(&object)))
+            }
+            PeerOp::Install { object, meta, staged_bytes, requests } => {
+                self.install(pg, key, interval, object, meta, staged_bytes, requests)
+            }
             PeerOp::Scrub { .. } => Err("a scrub is asked of the PG's primary, not of a member's store".into()),
             PeerOp::Activate { last_seq, last_epoch, members, rebuilt, requests, backfill } => {
                 // Members may be among them (filled in the background, see
@@ -136,6 +143,8 @@ impl Flusher {
                     let mut batch = Batch::new();
                     batch.push(stored_interval::record(index, key, interval));
                     batch.push(stored_interval::mark_backfilling(index, key, false));
+                    // Its position and ids are the authority's now.
+                    batch.push(stored_interval::mark_recovered(index, key, false));
                     if replaced {
                         // Its own history's ids are not the PG's any more.
                         batch.push(stored_requests::rewrite(index, key, &requests));
@@ -160,6 +169,7 @@ impl Flusher {
                 let mut batch = Batch::new();
                 batch.push(stored_interval::record(index, key, interval));
                 batch.push(stored_interval::mark_backfilling(index, key, false));
+                batch.push(stored_interval::mark_recovered(index, key, false));
                 batch.push(stored_requests::rewrite(index, key, &requests));
                 self.apply(&batch).map_err(|e| e.to_string())?;
                 tracing::info!(pg = key, interval, "backfill into this OSD complete");
@@ -288,10 +298,30 @@ impl Flusher {
             info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: stored, history_from: 1, backfilling: false };
             end = u64::MAX;
         }
+        let recovered = stored_interval::recovered(&mut self.partition, key).map_err(|e| e.to_string())?;
+        if recovered {
+            // Ids of installed objects lie past the log's end.
+            end = u64::MAX;
+        }
         // A PG this OSD had no log of at start (an `shm` log lost with the
         // power) learns here what its store's record kept.
         guard.load_stored_ids(&mut self.partition, end).map_err(|e| e.to_string())?;
-        Ok(PeerReply::Info { info, requests: guard.requests.logged() })
+        let requests = guard.requests.logged();
+        if recovered {
+            // A recovery that no activation ended changed this copy: its
+            // store holds its own history plus objects copied from the
+            // authority of that peering, with the ids of what they show. Its
+            // position is unknown (epoch 0: never level with anyone, so it
+            // is compared when it is not the authority), but it is past
+            // every seq it holds an id of: as the authority, its interval
+            // continues after them and never reuses one (a reused seq would
+            // displace the id of a write its store shows). No history can
+            // be recovered from it.
+            let last_seq = requests.iter().map(|r| r.seq).max().unwrap_or(0).max(info.last_seq);
+            tracing::info!(pg = key, last_seq, "a recovery that no activation ended changed this copy");
+            info = PeerInfo { last_seq, last_epoch: 0, history_from: last_seq.saturating_add(1), ..info };
+        }
+        Ok(PeerReply::Info { info, requests })
     }
 
     fn digests(&mut self, key: u32, cursor: &[u8]) -> Result<PeerReply, String> {
@@ -343,9 +373,94 @@ impl Flusher {
         Ok(PeerReply::Meta(Some(ObjectMeta { size: info.size, preallocated: info.preallocated, attrs })))
     }
 
+    /// Peering's recovery: replaces `object` whole, in one store batch,
+    /// with what was staged for it (`meta` None: removes it), takes the ids
+    /// of the mutations the copy carries, and marks the copy as changed by
+    /// a recovery no activation ended (stored_interval.rs, `recovered`). A
+    /// peering cut short between two objects so leaves each object either
+    /// as it was or as the authority's, with the ids of what it shows.
+    #[allow(clippy::too_many_arguments)]
+    fn install(
+        &mut self,
+        pg: &SharedPg,
+        key: u32,
+        interval: u64,
+        object: Vec<u8>,
+        meta: Option<ObjectMeta>,
+        staged_bytes: u64,
+        requests: Vec<LoggedRequest>,
+    ) -> Result<PeerReply, String> {
+        if requests.len() > crate::requests::TRACKED_REQUESTS {
+            return Err(format!("{} request ids for one object", requests.len()));
+        }
+        self.flush_pg(key)?;
+        let (staged, mut ids) = {
+            let mut guard = pg.lock().expect("PG lock");
+            let staged = guard.staged.take_if(|s| s.interval == interval && s.object == object).unwrap_or_default();
+            (staged, guard.requests.logged())
+        };
+        if staged.bytes != staged_bytes {
+            return Err(format!(
+                "{} bytes of the object were staged here, {staged_bytes} sent: a chunk was lost",
+                staged.bytes
+            ));
+        }
+        let store_key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
+        let mut batch = Batch::new();
+        batch.delete(store_key.clone());
+        match &meta {
+            Some(meta) => {
+                if meta.preallocated {
+                    batch.create_preallocated(store_key.clone(), meta.size);
+                } else {
+                    batch.truncate(store_key.clone(), meta.size);
+                }
+                for (name, value) in &meta.attrs {
+                    batch.set_attr(store_key.clone(), name.clone(), value.clone());
+                }
+                for (offset, data) in staged.chunks {
+                    if offset.saturating_add(data.len() as u64) > meta.size {
+                        return Err(format!("a staged chunk at {offset} lies past the object's end ({})", meta.size));
+                    }
+                    batch.write(store_key.clone(), offset, data);
+                }
+            }
+            None if staged.bytes > 0 => return Err("bytes were staged for an object to remove".into()),
+            None => {}
+        }
+        let index = self.partition.index();
+        ids.extend(requests.iter().copied());
+        batch.push(stored_requests::rewrite(index, key, &ids));
+        batch.push(stored_interval::mark_recovered(index, key, true));
+        let reply = self.apply_recovery(&batch)?;
+        pg.lock().expect("PG lock").take_installed_ids(&requests);
+        Ok(reply)
+    }
+
     fn apply_recovery(&mut self, batch: &Batch) -> Result<PeerReply, String> {
         self.apply(batch).map_err(|e| e.to_string())?;
         self.metrics.recovery_ops.add(1);
         Ok(PeerReply::Done)
     }
+}
+
+/// Peering's recovery: keeps one chunk of the object being copied to this
+/// member in memory, for [`PeerOp::Install`]. A chunk of another object
+/// (or interval) starts the staging over: one copy at a time per PG.
+fn stage(pg: &SharedPg, interval: u64, object: Vec<u8>, offset: u64, data: Vec<u8>) -> Result<PeerReply, String> {
+    if data.len() > CHUNK_BYTES as usize || offset.saturating_add(data.len() as u64) > duplex_store::MAX_OBJECT_SIZE {
+        return Err(format!("a {}-byte chunk at {offset} is larger than a chunk or past any object's end", data.len()));
+    }
+    let mut guard = pg.lock().expect("PG lock");
+    let staged = guard.staged.get_or_insert_with(StagedCopy::default);
+    if staged.interval != interval || staged.object != object {
+        *staged = StagedCopy { interval, object, chunks: Vec::new(), bytes: 0 };
+    }
+    staged.bytes += data.len() as u64;
+    if staged.bytes > duplex_store::MAX_OBJECT_SIZE {
+        guard.staged = None;
+        return Err("more bytes staged than any object holds".into());
+    }
+    staged.chunks.push((offset, data));
+    Ok(PeerReply::Done)
 }

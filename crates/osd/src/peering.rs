@@ -194,17 +194,29 @@ struct Copy {
     stage: CopyStage,
 }
 
+/// An object's copy goes whole or not at all: its chunks are staged on the
+/// target, which installs them in one store batch with the ids of the
+/// mutations the copy carries. A peering cut short between two objects
+/// leaves every object on the target either as it was or as the source's,
+/// and the target knows the ids of what it shows (stored_interval.rs,
+/// `recovered`, says why that matters).
 enum CopyStage {
+    /// Asked the source for the object's size and attributes.
     Stat,
-    Start { meta: ObjectMeta },
-    Pull { size: u64, offset: u64 },
-    Push { size: u64, offset: u64 },
-    Removing,
+    /// Asked the source for the bytes at `offset`; `staged` bytes are staged.
+    Pull { meta: ObjectMeta, offset: u64, staged: u64 },
+    /// Asked the target to stage a chunk; the next pull is at `offset`.
+    Stage { meta: ObjectMeta, offset: u64, staged: u64 },
+    /// Asked the source for the ids of the object's mutations.
+    Ids { meta: Option<ObjectMeta>, staged: u64 },
+    /// Asked the target to install the object (or remove it).
+    Install,
 }
 
 /// The member whose history wins: newest `last_active`, then highest
-/// `last_seq`; on a tie the primary (no data needs to move through it),
-/// then the lowest id. An unfinished backfill lacks objects and never wins:
+/// `last_seq`, then a known position over an unknown one (epoch 0: a lost
+/// log, or a copy an unfinished recovery changed); on a tie the primary
+/// (no data needs to move through it), then the lowest id. An unfinished backfill lacks objects and never wins:
 /// with only such members there is no authority (the PG waits for an OSD
 /// that holds it whole), unless `lost` (every whole copy was marked lost:
 /// the best unfinished one is all there is).
@@ -213,7 +225,9 @@ pub fn choose_authority(primary: OsdId, infos: &BTreeMap<OsdId, PeerInfo>, lost:
         infos
             .iter()
             .filter(|(_, info)| info.backfilling == unfinished)
-            .max_by_key(|(osd, info)| (info.last_active, info.last_seq, **osd == primary, std::cmp::Reverse(**osd)))
+            .max_by_key(|(osd, info)| {
+                (info.last_active, info.last_seq, info.last_epoch > 0, **osd == primary, std::cmp::Reverse(**osd))
+            })
             .map(|(osd, info)| (*osd, *info))
     };
     best(false).or_else(|| if lost { best(true) } else { None })
@@ -669,9 +683,11 @@ impl Peering {
                     }
                     Work::Remove { object, on } => {
                         recovery.changed.insert(on);
-                        self.progress.objects_removed += 1;
-                        let op = PeerOp::Remove { object: object.clone() };
-                        (Copy { object, from: on, to: on, stage: CopyStage::Removing }, on, op)
+                        // The authority's ids of the object's mutations (its
+                        // delete, say) go with the removal.
+                        let from = recovery.authority;
+                        let op = PeerOp::ObjectRequests { object: object.clone() };
+                        (Copy { object, from, to: on, stage: CopyStage::Ids { meta: None, staged: 0 } }, from, op)
                     }
                 };
                 recovery.copy = Some(copy);
@@ -804,49 +820,42 @@ impl Peering {
         reply: Option<PeerReply>,
     ) -> Result<Option<(OsdId, PeerOp)>, String> {
         let object = copy.object.clone();
-        let (next, to, op) = match (copy.stage, reply) {
+        let (next, to, op) = match (std::mem::replace(&mut copy.stage, CopyStage::Install), reply) {
             (CopyStage::Stat, Some(PeerReply::Meta(None))) => {
                 // Gone on the source since it was listed or logged.
-                self.progress.objects_removed += 1;
-                (CopyStage::Removing, copy.to, PeerOp::Remove { object })
+                (CopyStage::Ids { meta: None, staged: 0 }, copy.from, PeerOp::ObjectRequests { object })
             }
-            (CopyStage::Stat, Some(PeerReply::Meta(Some(meta)))) => {
-                let op = PeerOp::PushStart {
-                    object,
-                    size: meta.size,
-                    preallocated: meta.preallocated,
-                    attrs: meta.attrs.clone(),
-                };
-                (CopyStage::Start { meta }, copy.to, op)
-            }
-            (CopyStage::Start { meta }, Some(PeerReply::Done)) => {
-                self.progress.objects_copied += 1;
-                match next_pull(object, 0, meta.size) {
-                    Some((stage, op)) => (stage, copy.from, op),
-                    None => return Ok(None),
-                }
-            }
-            (CopyStage::Pull { size, offset }, Some(PeerReply::Data(data))) => {
+            (CopyStage::Stat, Some(PeerReply::Meta(Some(meta)))) => next_chunk(copy.from, object, meta, 0, 0),
+            (CopyStage::Pull { meta, offset, staged }, Some(PeerReply::Data(data))) => {
                 let end = offset + data.len() as u64;
-                if data.is_empty() || end > size {
-                    return Err(format!("a pull at {offset} of a {size}-byte object returned {} bytes", data.len()));
+                if data.is_empty() || end > meta.size {
+                    return Err(format!(
+                        "a pull at {offset} of a {}-byte object returned {} bytes",
+                        meta.size,
+                        data.len()
+                    ));
                 }
                 if data.iter().all(|b| *b == 0) {
-                    // Holes stay holes: the pushed object starts empty.
-                    match next_pull(object, end, size) {
-                        Some((stage, op)) => (stage, copy.from, op),
-                        None => return Ok(None),
-                    }
+                    // Holes stay holes: the installed object starts empty.
+                    next_chunk(copy.from, object, meta, end, staged)
                 } else {
                     self.progress.bytes_copied += data.len() as u64;
-                    (CopyStage::Push { size, offset: end }, copy.to, PeerOp::PushData { object, offset, data })
+                    let staged = staged + data.len() as u64;
+                    (CopyStage::Stage { meta, offset: end, staged }, copy.to, PeerOp::Stage { object, offset, data })
                 }
             }
-            (CopyStage::Push { size, offset }, Some(PeerReply::Done)) => match next_pull(object, offset, size) {
-                Some((stage, op)) => (stage, copy.from, op),
-                None => return Ok(None),
-            },
-            (CopyStage::Removing, Some(PeerReply::Done)) => return Ok(None),
+            (CopyStage::Stage { meta, offset, staged }, Some(PeerReply::Done)) => {
+                next_chunk(copy.from, object, meta, offset, staged)
+            }
+            (CopyStage::Ids { meta, staged }, Some(PeerReply::Requests(requests))) => {
+                if meta.is_some() {
+                    self.progress.objects_copied += 1;
+                } else {
+                    self.progress.objects_removed += 1;
+                }
+                (CopyStage::Install, copy.to, PeerOp::Install { object, meta, staged_bytes: staged, requests })
+            }
+            (CopyStage::Install, Some(PeerReply::Done)) => return Ok(None),
             (_, other) => return Err(format!("unexpected answer {other:?} while copying an object")),
         };
         copy.stage = next;
@@ -959,11 +968,15 @@ fn next_cursor(cursor: &[u8], page: &[ObjectDigest], more: bool) -> Option<Vec<u
     }
 }
 
-fn next_pull(object: Vec<u8>, offset: u64, size: u64) -> Option<(CopyStage, PeerOp)> {
-    (offset < size).then(|| {
-        let len = CHUNK_BYTES.min((size - offset).min(u32::MAX as u64) as u32);
-        (CopyStage::Pull { size, offset }, PeerOp::Pull { object, offset, len })
-    })
+/// After `offset` bytes of `meta`'s object: the next chunk to pull from
+/// `from`, or, past the end, the source's ids of the object's mutations.
+fn next_chunk(from: OsdId, object: Vec<u8>, meta: ObjectMeta, offset: u64, staged: u64) -> (CopyStage, OsdId, PeerOp) {
+    if offset < meta.size {
+        let len = CHUNK_BYTES.min((meta.size - offset).min(u32::MAX as u64) as u32);
+        (CopyStage::Pull { meta, offset, staged }, from, PeerOp::Pull { object, offset, len })
+    } else {
+        (CopyStage::Ids { meta: Some(meta), staged }, from, PeerOp::ObjectRequests { object })
+    }
 }
 
 /// What makes `target`'s object set equal the authority's: copies of
@@ -1052,6 +1065,11 @@ mod tests {
         answered: u32,
         /// An unfinished backfill target's copy.
         backfilling: bool,
+        /// What peering's recovery staged here: the object and its chunks.
+        staged: Option<(Vec<u8>, Vec<(u64, Vec<u8>)>)>,
+        /// Peering's recovery installed an object here and no activation
+        /// followed (as `stored_interval::recovered`).
+        recovered: bool,
     }
 
     /// The request id of the entry at `seq` of `epoch` (a divergent entry,
@@ -1072,16 +1090,21 @@ mod tests {
         fn answer(&mut self, op: PeerOp, interval: u64) -> PeerReply {
             self.answered += 1;
             match op {
-                PeerOp::Query => PeerReply::Info {
-                    info: PeerInfo {
+                PeerOp::Query => {
+                    let mut info = PeerInfo {
                         last_seq: self.last_seq,
                         last_epoch: self.last_epoch,
                         last_active: self.last_active,
                         history_from: self.history.first().map_or(self.last_seq + 1, |(seq, ..)| *seq),
                         backfilling: self.backfilling,
-                    },
-                    requests: self.logged.clone(),
-                },
+                    };
+                    if self.recovered {
+                        // As the real member: unknown, past every id it holds.
+                        let last_seq = self.logged.iter().map(|r| r.seq).max().unwrap_or(0).max(self.last_seq);
+                        info = PeerInfo { last_seq, last_epoch: 0, history_from: last_seq + 1, ..info };
+                    }
+                    PeerReply::Info { info, requests: self.logged.clone() }
+                }
                 PeerOp::Touched { after, after_epoch, through } => {
                     if !self.history.iter().any(|(seq, epoch, _)| (*seq, *epoch) == (after, after_epoch)) {
                         return PeerReply::Touched(None);
@@ -1122,19 +1145,44 @@ mod tests {
                     let end = (offset + len as u64).min(data.len() as u64);
                     PeerReply::Data(data[offset as usize..end as usize].to_vec())
                 }
-                PeerOp::PushStart { object, size, attrs, .. } => {
-                    self.damaged.remove(&object);
-                    self.objects.insert(object, (vec![0; size as usize], attrs));
+                PeerOp::Stage { object, offset, data } => {
+                    let staged = self.staged.get_or_insert_with(|| (object.clone(), Vec::new()));
+                    if staged.0 != object {
+                        *staged = (object, Vec::new());
+                    }
+                    staged.1.push((offset, data));
                     PeerReply::Done
                 }
-                PeerOp::PushData { object, offset, data } => {
-                    let held = &mut self.objects.get_mut(&object).expect("started").0;
-                    held[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
-                    PeerReply::Done
-                }
-                PeerOp::Remove { object } => {
+                PeerOp::ObjectRequests { object } => PeerReply::Requests(
+                    self.logged
+                        .iter()
+                        .filter(|r| self.history.iter().any(|(seq, _, touched)| *seq == r.seq && *touched == object))
+                        .copied()
+                        .collect(),
+                ),
+                PeerOp::Install { object, meta, staged_bytes, requests } => {
+                    let chunks = self.staged.take().filter(|(o, _)| *o == object).map(|(_, c)| c).unwrap_or_default();
+                    if chunks.iter().map(|(_, d)| d.len() as u64).sum::<u64>() != staged_bytes {
+                        return PeerReply::Refused("a staged chunk was lost".into());
+                    }
                     self.damaged.remove(&object);
-                    self.objects.remove(&object);
+                    match meta {
+                        Some(meta) => {
+                            let mut data = vec![0; meta.size as usize];
+                            for (offset, chunk) in chunks {
+                                data[offset as usize..offset as usize + chunk.len()].copy_from_slice(&chunk);
+                            }
+                            self.objects.insert(object, (data, meta.attrs));
+                        }
+                        None => {
+                            self.objects.remove(&object);
+                        }
+                    }
+                    for request in requests {
+                        self.logged.retain(|r| r.seq != request.seq);
+                        self.logged.push(request);
+                    }
+                    self.recovered = true;
                     PeerReply::Done
                 }
                 PeerOp::Activate { last_seq, last_epoch, rebuilt, requests, .. } => {
@@ -1146,9 +1194,13 @@ mod tests {
                     self.last_active = interval;
                     self.rebuilt = rebuilt;
                     self.logged = requests;
+                    self.recovered = false;
                     PeerReply::Done
                 }
                 PeerOp::Scrub { .. } => PeerReply::Refused("not a member's request".into()),
+                PeerOp::PushStart { .. } | PeerOp::PushData { .. } | PeerOp::Remove { .. } => {
+                    PeerReply::Refused("peering installs objects whole; pushes are background backfill's".into())
+                }
                 PeerOp::List { .. }
                 | PeerOp::BackfillLock { .. }
                 | PeerOp::BackfillDone
@@ -1719,6 +1771,70 @@ mod tests {
         let (mut machine, actions) = start(Some(vec![]));
         let outcome = drive(&mut members, 9, &mut machine, actions);
         assert!(matches!(outcome, Action::Active { authority: 0, .. }), "{outcome:?}");
+    }
+
+    #[test]
+    fn a_recovery_cut_short_leaves_whole_objects_with_their_ids_and_no_seq_is_reused() {
+        // osd.0 logged two writes osd.1 never got (seqs 3 and 4, to x and
+        // y), so neither was acknowledged; osd.0 begins to recover osd.1 by
+        // history and loses its power right after the first install.
+        let behind = active_member(&[("x", b"x1"), ("y", b"y1")]);
+        let mut ahead = behind.clone();
+        ahead.write("x", b"x2");
+        ahead.write("y", b"y2");
+        let mut members = vec![ahead, behind];
+        let (mut machine, actions) = Peering::start(7, 9, vec![0, 1]);
+        let mut queue: VecDeque<Action> = actions.into();
+        while let Some(action) = queue.pop_front() {
+            let Action::Send { to, tag, op } = action else { panic!("{action:?} before the cut") };
+            let install = matches!(op, PeerOp::Install { .. });
+            let reply = members[to as usize].answer(op, 9);
+            if install {
+                break;
+            }
+            queue.extend(machine.on_reply(tag, reply));
+        }
+        let cut = members.pop().unwrap();
+        assert!(cut.recovered, "the install marked the copy");
+        assert_eq!(cut.objects[&b"x".to_vec()].0, b"x2", "the first object went whole, with its write");
+        assert_eq!(cut.objects[&b"y".to_vec()].0, b"y1", "the second not at all");
+        assert!(cut.logged.contains(&request_of(3, 5)), "the id of the write the copy shows came with it");
+        assert!(!cut.logged.contains(&request_of(4, 5)), "not the id of a write it does not show");
+
+        // osd.0 stays down. osd.1 (its last active set's) peers with an OSD
+        // of an older interval: it leads, at an unknown position past seq
+        // 3, so the new interval never reuses seq 3 (which would displace
+        // the id of a write a client may have read), and every member gets
+        // seq 3's id: a resend of that write is answered, not run again.
+        let older = Member { last_active: 3, ..Member::default() };
+        let mut members = vec![cut, older];
+        let (mut machine, actions) = Peering::start_with_targets(7, 11, vec![0, 1], vec![], None, Some(vec![0, 5]));
+        let outcome = drive(&mut members, 11, &mut machine, actions);
+        assert!(matches!(outcome, Action::Active { authority: 0, last_seq: 3, .. }), "{outcome:?}");
+        for member in &members {
+            assert!(!member.recovered, "activation settles the copy");
+            assert_eq!(member.last_seq, 3);
+            assert!(member.logged.contains(&request_of(3, 5)));
+            assert!(!member.logged.contains(&request_of(4, 5)), "a write no member shows runs when resent");
+            assert_eq!(member.objects[&b"x".to_vec()].0, b"x2");
+            assert_eq!(member.objects[&b"y".to_vec()].0, b"y1");
+        }
+
+        // A changed copy and a member that kept its log, at the same seq of
+        // the same interval: the known position wins, even over the
+        // primary, and the changed copy is compared, not trusted (here it
+        // kept a stale y of its own history).
+        let mut whole = active_member(&[("x", b"x1"), ("y", b"y1")]);
+        whole.write("x", b"x2");
+        let mut changed = active_member(&[("x", b"x1"), ("y", b"y0")]);
+        changed.objects.insert(b"x".to_vec(), (b"x2".to_vec(), Vec::new()));
+        changed.logged.push(request_of(3, 5));
+        changed.recovered = true;
+        let mut members = vec![changed, whole];
+        let (mut machine, actions) = Peering::start(7, 13, vec![0, 1]);
+        let outcome = drive(&mut members, 13, &mut machine, actions);
+        assert!(matches!(outcome, Action::Active { authority: 1, last_seq: 3, .. }), "{outcome:?}");
+        assert_eq!(members[0].objects[&b"y".to_vec()].0, b"y1", "the changed copy was brought level");
     }
 
     #[test]

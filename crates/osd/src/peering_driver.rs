@@ -73,12 +73,16 @@ pub struct Wanted {
     /// The pool's min_size: members that need a backfill are filled in
     /// the background if this many others are whole.
     pub min_size: usize,
+    /// The map pins the PG (`duplex_map::ClusterMap::pg_temp`).
+    pub pinned: bool,
 }
 
 impl Wanted {
-    /// The map pins the PG to an acting set other than its up set.
+    /// The map pins the PG. Not `acting != up`: a pin that names the up
+    /// set's OSDs in its order would then never be asked to go (the map
+    /// no longer makes one, but an older map may hold one).
     pub fn is_pinned(&self) -> bool {
-        self.acting != self.up
+        self.pinned
     }
 
     /// A PG that went active with nothing to fill in the background
@@ -700,7 +704,8 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
     let mut wanted = BTreeMap::new();
     for pool in view.map.pools.values() {
         for number in 0..pool.pg_num {
-            let duplex_map::PgSets { up, acting, backfill: targets } = view.map.pg_sets(&view.hierarchy, pool, number);
+            let duplex_map::PgSets { up, acting, backfill: targets, pinned } =
+                view.map.pg_sets(&view.hierarchy, pool, number);
             if acting.first() != Some(&me) {
                 continue;
             }
@@ -708,7 +713,7 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
             let identity = (incarnations(view, &acting), incarnations(view, &targets));
             let active_set = view.map.active_sets.get(&(pool.id, number)).map(|set| set.osds.clone());
             let min_size = usize::from(pool.min_size);
-            wanted.insert(key, Wanted { identity, acting, targets, up, active_set, min_size });
+            wanted.insert(key, Wanted { identity, acting, targets, up, active_set, min_size, pinned });
         }
     }
     wanted

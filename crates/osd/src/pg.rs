@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use duplex_oplog::{Entry, EntryRef, FileRegion, IndexCache, LogError, MmapRegion, PgLog, Region};
+use duplex_oplog::{Entry, EntryRef, FileRegion, IndexCache, LogError, MmapRegion, PgLog, Region, RequestId};
 use duplex_proto::peering::LoggedRequest;
 use duplex_store::{Op, Partition, StoreError};
 
@@ -126,6 +126,19 @@ pub struct Pg {
     /// between would reach a target and then be overwritten there by the
     /// older copy.
     pub backfill_lock: Option<(Bytes, u64, u64)>,
+    /// Member side, peering's recovery: the object being copied here, its
+    /// bytes kept in memory until it is installed whole in one store batch
+    /// (at most `duplex_store::MAX_OBJECT_SIZE`). A fence drops it.
+    pub staged: Option<StagedCopy>,
+}
+
+/// An object copy peering's recovery is staging on this member.
+#[derive(Debug, Default)]
+pub struct StagedCopy {
+    pub interval: u64,
+    pub object: Vec<u8>,
+    pub chunks: Vec<(u64, Vec<u8>)>,
+    pub bytes: u64,
 }
 
 /// A primary's writes in flight to its replicas, by write id, with the
@@ -230,6 +243,7 @@ impl Pg {
             asked_interval: 0,
             history: VecDeque::new(),
             backfill_lock: None,
+            staged: None,
         }
     }
 
@@ -255,6 +269,7 @@ impl Pg {
         self.asked_interval = interval;
         self.active = None;
         self.backfill_lock = None;
+        self.staged = None;
         self.gap_since = None;
         self.gap_reported = false;
         std::mem::take(&mut self.early).into_iter().map(|(seq, (_, to))| Ack { seq, to }).collect()
@@ -298,6 +313,33 @@ impl Pg {
         names.sort_unstable();
         names.dedup();
         Some(names)
+    }
+
+    /// The ids of the recent mutations of `object` this PG's history names
+    /// and its table tracks: an object copied from here carries their
+    /// effects, so the copy's receiver must know them (a resend of one
+    /// would otherwise run a second time).
+    pub fn requests_touching(&self, object: &[u8]) -> Vec<LoggedRequest> {
+        self.history
+            .iter()
+            .filter(|(_, _, touched)| touched.as_ref() == object)
+            .filter_map(|(seq, ..)| {
+                self.requests.at_seq(*seq).map(|id| LoggedRequest { client: id.client, tid: id.tid, seq: *seq })
+            })
+            .collect()
+    }
+
+    /// Adds ids that came with an object installed by peering's recovery
+    /// (their effects are in the store now), and returns every id the table
+    /// holds, for a rewrite of the store's record.
+    pub fn take_installed_ids(&mut self, installed: &[LoggedRequest]) -> Vec<LoggedRequest> {
+        for request in installed {
+            let id = RequestId { client: request.client, tid: request.tid };
+            self.requests.set(id, RequestState::Committed, request.seq);
+        }
+        // The rewrite replaces what the last flush wrote.
+        self.ids_block.forget();
+        self.requests.logged()
     }
 
     /// Peering's end: the log (empty) continues after `last_seq` (an entry

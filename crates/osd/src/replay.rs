@@ -86,7 +86,13 @@ pub fn replay_recovered(recovered: &[(SharedPg, Vec<Entry>)], store: &mut Store)
         // The ids of entries flushed before the stop join the log's
         // (stored_requests.rs): the table is what later flushes record.
         let last = guard.last_seq();
-        guard.load_stored_ids(partition, last).with_context(|| format!("reading the request ids of PG {key:#x}"))?;
+        // A copy a recovery changed holds ids past its log's end (stored_interval.rs).
+        let recovered = crate::stored_interval::recovered(partition, key)
+            .with_context(|| format!("reading the recovery mark of PG {key:#x}"))?;
+        let ids_through = if recovered { u64::MAX } else { last };
+        guard
+            .load_stored_ids(partition, ids_through)
+            .with_context(|| format!("reading the request ids of PG {key:#x}"))?;
         replayed += replay(entries, partition).with_context(|| format!("replaying the log of PG {key:#x}"))?;
         if let (Some(first), Some(newest)) = (entries.first(), entries.last()) {
             // Their ids outlive the trim too.

@@ -34,6 +34,13 @@ const ATTR: &[u8] = b"last_active";
 /// incomplete, 0 after.
 const BACKFILLING: &[u8] = b"backfilling";
 
+/// A copy that peering's recovery changed (an object installed or
+/// removed) and no activation has ended since: 1 while so, 0 after. Such a
+/// copy holds its own history plus objects of the authority's, whose ids
+/// came with them; it reports an unknown position past every id it holds
+/// (see [`recovered`]).
+const RECOVERED: &[u8] = b"recovered";
+
 /// The object that holds PG `pg`'s record, on partition `partition`.
 fn key(partition: u32, pg: u32) -> Key {
     Key::in_group(partition, &pg.to_be_bytes()).expect("a 4-byte name in a group is a valid key")
@@ -48,6 +55,34 @@ pub fn record(partition: u32, pg: u32, interval: u64) -> Op {
 /// (`true`: a backfill into it began) or complete again.
 pub fn mark_backfilling(partition: u32, pg: u32, incomplete: bool) -> Op {
     Op::SetAttr { key: key(partition, pg), name: BACKFILLING.to_vec(), value: vec![u8::from(incomplete)] }
+}
+
+/// The store operation that marks this OSD's copy of `pg` as changed by a
+/// recovery of peering (`true`, in the same batch as the change) or
+/// settled again by an activation (`false`).
+pub fn mark_recovered(partition: u32, pg: u32, changed: bool) -> Op {
+    Op::SetAttr { key: key(partition, pg), name: RECOVERED.to_vec(), value: vec![u8::from(changed)] }
+}
+
+/// Whether peering's recovery changed this OSD's copy of `pg` and no
+/// activation followed: the peering that began it was cut short (its
+/// primary died, or a new interval began), and the copy's log position no
+/// longer says which writes its store holds.
+///
+/// Why it matters (simulator seed 20869): an authority began to copy two
+/// objects into a member behind it by four entries, none acknowledged yet,
+/// and lost its power before activating anyone. The member still reported
+/// its old position, so a later peering made it the authority and reused
+/// those four seqs, while its store showed one of the four writes and its
+/// id table did not know it: the client's resend of that write ran again,
+/// after a newer write, and a read saw the old value come back.
+pub fn recovered(partition: &mut Partition, pg: u32) -> Result<bool, StoreError> {
+    let key = key(partition.index(), pg);
+    match partition.get_attr(key.as_bytes(), RECOVERED) {
+        Ok(bytes) => Ok(bytes != [0]),
+        Err(StoreError::NotFound | StoreError::AttrNotFound) => Ok(false),
+        Err(err) => Err(err),
+    }
 }
 
 /// Whether a backfill into this OSD's copy of `pg` began and did not end:
@@ -113,5 +148,14 @@ mod tests {
         partition.apply(&done).unwrap();
         assert!(!backfilling(partition, pg).unwrap());
         assert_eq!(read(partition, pg).unwrap(), 0, "the mark leaves the interval alone");
+
+        assert!(!recovered(partition, pg).unwrap(), "no mark: no recovery changed it");
+        for changed in [true, false] {
+            let mut mark = duplex_store::Batch::new();
+            mark.push(mark_recovered(partition.index(), pg, changed));
+            partition.apply(&mark).unwrap();
+            assert_eq!(recovered(partition, pg).unwrap(), changed);
+        }
+        assert!(!backfilling(partition, pg).unwrap(), "the marks are independent");
     }
 }

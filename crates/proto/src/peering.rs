@@ -126,6 +126,33 @@ pub enum PeerOp {
     /// Background backfill, to a target: it now holds every object of the
     /// PG, so it is a complete copy of this interval from now on.
     BackfillDone,
+    /// Peering's recovery, to the member an object is copied to: keep
+    /// these object bytes (at most [`CHUNK_BYTES`]) in memory for
+    /// [`PeerOp::Install`]; the store is not touched yet.
+    Stage {
+        object: Vec<u8>,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    /// The ids of this member's recent mutations of `object` (its history
+    /// names the object, its id table the request) ([`PeerReply::Requests`]):
+    /// they go with the object's copy.
+    ObjectRequests {
+        object: Vec<u8>,
+    },
+    /// Peering's recovery: replace the object, in one store batch, with
+    /// one of `meta`'s size and attributes holding the bytes staged for it
+    /// (`None`: remove it), and take `requests`, the ids of the mutations
+    /// whose effects the copy carries. `staged_bytes`: what was staged,
+    /// checked, so a lost chunk is never installed as a hole. The member
+    /// marks its copy as changed by a recovery that its activation has not
+    /// ended (docs/RELIABILITY.md, "Unfinished recoveries").
+    Install {
+        object: Vec<u8>,
+        meta: Option<ObjectMeta>,
+        staged_bytes: u64,
+        requests: Vec<LoggedRequest>,
+    },
     /// Operator → the PG's primary (interval ignored): peer the PG again
     /// with a deep scrub, comparing every object's digest on every member;
     /// with `repair`, bad copies are replaced by good ones. Answered
@@ -215,6 +242,8 @@ pub enum PeerReply {
     },
     /// Not yet: ask again shortly.
     Busy,
+    /// The ids of an object's recent mutations ([`PeerOp::ObjectRequests`]).
+    Requests(Vec<LoggedRequest>),
     /// The member could not (or would not) do it; the primary starts over later.
     Refused(String),
 }
@@ -311,6 +340,20 @@ mod tests {
             (proptest::option::of(name()), any::<u64>(), any::<u64>())
                 .prop_map(|(object, start, end)| PeerOp::BackfillLock { object, start, end }),
             Just(PeerOp::BackfillDone),
+            (name(), any::<u64>(), name()).prop_map(|(object, offset, data)| PeerOp::Stage { object, offset, data }),
+            name().prop_map(|object| PeerOp::ObjectRequests { object }),
+            (
+                name(),
+                proptest::option::of((any::<u64>(), any::<bool>(), proptest::collection::vec((name(), name()), 0..3))),
+                any::<u64>(),
+                requests()
+            )
+                .prop_map(|(object, meta, staged_bytes, requests)| PeerOp::Install {
+                    object,
+                    meta: meta.map(|(size, preallocated, attrs)| ObjectMeta { size, preallocated, attrs }),
+                    staged_bytes,
+                    requests,
+                }),
         ]
     }
 
@@ -355,6 +398,7 @@ mod tests {
                     repaired,
                 })),
             ".{0,20}".prop_map(PeerReply::Refused),
+            requests().prop_map(PeerReply::Requests),
         ]
     }
 

@@ -171,7 +171,7 @@ impl SimClient {
         });
         match target {
             Some((primary, request)) => {
-                tracing::trace!(at = ctx.now, client = self.id, tid, block = op.block, write = ?op.write.map(|s| s.seq), attempt, primary, epoch = request.map_epoch, "issue");
+                tracing::trace!(at = ctx.now, client = self.id, tid, pg = request.pg, block = op.block, write = ?op.write.map(|s| s.seq), attempt, primary, epoch = request.map_epoch, "issue");
                 ctx.send(Node::Osd(primary), Msg::Frame(request.to_frame(tid)));
                 ctx.timer(ctx.now + RESEND_US, Timer::ClientResend { tid, attempt });
             }
@@ -228,6 +228,7 @@ impl SimClient {
                 let mut block = data.to_vec();
                 block.resize(BLOCK, 0);
                 let result = Stamp::decode(&block, op.block);
+                tracing::trace!(at = ctx.now, client = self.id, tid, block = op.block, ?result, "read");
                 self.history.push(BlockOp::Read {
                     block: op.block,
                     result,

@@ -226,6 +226,7 @@ impl Driver {
                     last_seq,
                     recovered_objects,
                     ?backfill,
+                    wanted = ?self.wanted.get(&pg),
                     "simulated peering active"
                 );
                 self.activations += 1;
@@ -315,7 +316,7 @@ impl Driver {
                 self.backfilled_pgs += 1;
                 let pinned = self.wanted.get(&pg).is_some_and(Wanted::is_pinned);
                 if let Some(machine) = self.machines.get_mut(&pg) {
-                    tracing::debug!(at = now, pg, interval = machine.peering.interval, "simulated backfill complete");
+                    tracing::debug!(at = now, pg, interval = machine.peering.interval, pinned, wanted = ?self.wanted.get(&pg), "simulated backfill complete");
                     if pinned {
                         machine.clear_due = Some(now);
                     }

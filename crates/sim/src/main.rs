@@ -1,9 +1,15 @@
-//! `duplex-sim`: runs seeds of the deterministic simulator. A failing seed
-//! is replayed exactly with `duplex-sim --seed N`.
+//! `duplex-sim`: runs seeds of the deterministic simulator, in parallel
+//! across cores, and sums them up. A failing seed is replayed exactly with
+//! the reproduce line it prints (`duplex-sim --seed N ...`).
 
-use anyhow::Result;
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::Instant;
+
 use clap::Parser;
-use duplex_sim::{run, FaultKind, SimConfig};
+use duplex_sim::{run, FaultKind, RunReport, SimConfig, SimFailure};
 
 #[derive(Parser)]
 #[command(version, about = "Duplex's deterministic cluster simulator")]
@@ -14,10 +20,20 @@ struct Cli {
     /// How many seeds, from --seed on.
     #[arg(long, default_value_t = 1)]
     seeds: u64,
+    /// Seeds run at once, one thread each (default: one per core). Each
+    /// seed is still one deterministic thread: the results do not depend
+    /// on it.
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Print a line for every seed that passes too (the default when
+    /// running at most 20 seeds); otherwise progress every 5%.
+    #[arg(long)]
+    verbose: bool,
     /// Virtual seconds of load (faults are injected during it).
     #[arg(long, default_value_t = 30)]
     load_seconds: u64,
     /// Log what the simulated daemons log (RUST_LOG filter, e.g. "info").
+    /// Lines of seeds run at once interleave: use it with --jobs 1.
     #[arg(long)]
     log: Option<String>,
     /// Only these faults, comma-separated (crash, power-loss,
@@ -44,76 +60,187 @@ fn parse_fault(name: &str) -> Result<FaultKind, String> {
     })
 }
 
-/// The flags (after `--load-seconds`) that replay a run of `config`.
-fn replay_flags(cli: &Cli, config: &SimConfig) -> String {
-    let mut flags = String::new();
-    if !cli.faults.is_empty() {
-        let names: Vec<&str> = cli.faults.iter().map(|k| k.name()).collect();
-        flags += &format!(" --faults {}", names.join(","));
+impl Cli {
+    fn config(&self, seed: u64) -> SimConfig {
+        let mut config = SimConfig::new(seed);
+        config.load_us = self.load_seconds * 1_000_000;
+        if !self.faults.is_empty() {
+            config.faults = self.faults.clone();
+        }
+        config.concurrent_faults = self.concurrent_faults;
+        config.pool_size = self.pool_size.unwrap_or(config.pool_size);
+        config.min_size = self.min_size.unwrap_or(config.min_size);
+        config
     }
-    if cli.pool_size.is_some() || cli.min_size.is_some() {
-        flags += &format!(" --pool-size {} --min-size {}", config.pool_size, config.min_size);
+
+    /// The command line that replays `seed` alone.
+    fn reproduce(&self, seed: u64) -> String {
+        let config = self.config(seed);
+        let mut line = format!("duplex-sim --seed {seed} --load-seconds {}", self.load_seconds);
+        if !self.faults.is_empty() {
+            let names: Vec<&str> = self.faults.iter().map(|k| k.name()).collect();
+            line += &format!(" --faults {}", names.join(","));
+        }
+        if self.pool_size.is_some() || self.min_size.is_some() {
+            line += &format!(" --pool-size {} --min-size {}", config.pool_size, config.min_size);
+        }
+        if self.concurrent_faults != 1 {
+            line += &format!(" --concurrent-faults {}", self.concurrent_faults);
+        }
+        line
     }
-    if cli.concurrent_faults != 1 {
-        flags += &format!(" --concurrent-faults {}", cli.concurrent_faults);
-    }
-    flags
 }
 
-fn main() -> Result<()> {
+/// How one seed ended.
+enum Outcome {
+    Passed(Box<RunReport>),
+    Failed(SimFailure),
+    /// The product's code (or the simulator's) panicked: a broken invariant.
+    Panicked(String),
+}
+
+impl Outcome {
+    /// The failure's kind, for the summary.
+    fn kind(&self) -> Option<String> {
+        match self {
+            Outcome::Passed(_) => None,
+            Outcome::Failed(SimFailure::Violations { first, .. }) => {
+                // "Violation { kind: StaleRead, ..." names the first one's kind.
+                let kind = first.split("kind: ").nth(1).and_then(|rest| rest.split([',', ' ']).next());
+                Some(format!("violations ({})", kind.unwrap_or("?")))
+            }
+            Outcome::Failed(SimFailure::Stuck { .. }) => Some("did not settle".into()),
+            Outcome::Failed(SimFailure::Broken { .. }) => Some("broken run".into()),
+            Outcome::Panicked(_) => Some("panicked".into()),
+        }
+    }
+}
+
+fn run_seed(config: &SimConfig) -> Outcome {
+    match std::panic::catch_unwind(|| run(config)) {
+        Ok(Ok(report)) => Outcome::Passed(Box::new(report)),
+        Ok(Err(failure)) => Outcome::Failed(failure),
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic without a message".into());
+            Outcome::Panicked(message)
+        }
+    }
+}
+
+fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {
+    format!(
+        "seed {seed}: ok in {real_s:.1}s real, {:.1}s virtual: {} writes acknowledged, {} unknown, {} reads; \
+         {} faults ({} power cuts in a commit, {} damaged copies found), {} marked down, {} peerings, {} objects recovered; \
+         {} PGs backfilled ({} objects), {} pins dropped, {} handed over, {} filled in the background, {} active-set records; {} messages ({} lost); digest {:016x}",
+        report.virtual_us as f64 / 1e6,
+        report.acknowledged_writes,
+        report.unknown_writes,
+        report.reads,
+        report.faults.len(),
+        report.power_cuts_in_commit,
+        report.damaged_objects,
+        report.marked_down,
+        report.peerings,
+        report.recovered_objects,
+        report.backfilled_pgs,
+        report.backfill_objects,
+        report.pins_cleared,
+        report.hand_overs,
+        report.background_fills,
+        report.sets_recorded,
+        report.messages,
+        report.messages_lost,
+        report.digest,
+    )
+}
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(filter) = &cli.log {
         tracing_subscriber::fmt().with_env_filter(filter.as_str()).with_writer(std::io::stderr).init();
     }
-    let mut failed = Vec::new();
-    for seed in cli.seed..cli.seed + cli.seeds {
-        let mut config = SimConfig::new(seed);
-        config.load_us = cli.load_seconds * 1_000_000;
-        if !cli.faults.is_empty() {
-            config.faults = cli.faults.clone();
+    let jobs = cli
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, cli.seeds.max(1) as usize);
+    let verbose = cli.verbose || cli.seeds <= 20;
+    let started = Instant::now();
+    let next = AtomicU64::new(cli.seed);
+    let end = cli.seed.saturating_add(cli.seeds);
+    let (done, results) = mpsc::channel::<(u64, f64, Outcome)>();
+    let mut passed = 0u64;
+    let mut failures: BTreeMap<u64, (String, String)> = BTreeMap::new();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            let (cli, next, done) = (&cli, &next, done.clone());
+            scope.spawn(move || loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= end {
+                    break;
+                }
+                let began = Instant::now();
+                let outcome = run_seed(&cli.config(seed));
+                if done.send((seed, began.elapsed().as_secs_f64(), outcome)).is_err() {
+                    break;
+                }
+            });
         }
-        config.concurrent_faults = cli.concurrent_faults;
-        config.pool_size = cli.pool_size.unwrap_or(config.pool_size);
-        config.min_size = cli.min_size.unwrap_or(config.min_size);
-        let started = std::time::Instant::now();
-        match run(&config) {
-            Ok(report) => println!(
-                "seed {seed}: ok in {:.1}s real, {:.1}s virtual: {} writes acknowledged, {} unknown, {} reads; \
-                 {} faults ({} power cuts in a commit, {} damaged copies found), {} marked down, {} peerings, {} objects recovered; \
-                 {} PGs backfilled ({} objects), {} pins dropped, {} handed over, {} filled in the background, {} active-set records; {} messages ({} lost); digest {:016x}",
-                started.elapsed().as_secs_f64(),
-                report.virtual_us as f64 / 1e6,
-                report.acknowledged_writes,
-                report.unknown_writes,
-                report.reads,
-                report.faults.len(),
-                report.power_cuts_in_commit,
-                report.damaged_objects,
-                report.marked_down,
-                report.peerings,
-                report.recovered_objects,
-                report.backfilled_pgs,
-                report.backfill_objects,
-                report.pins_cleared,
-                report.hand_overs,
-                report.background_fills,
-                report.sets_recorded,
-                report.messages,
-                report.messages_lost,
-                report.digest,
-            ),
-            Err(failure) => {
+        drop(done);
+        let step = (cli.seeds / 20).max(1);
+        for (finished, (seed, real_s, outcome)) in results.into_iter().enumerate() {
+            let kind = outcome.kind();
+            match outcome {
+                Outcome::Passed(report) => {
+                    passed += 1;
+                    if verbose {
+                        println!("{}", ok_line(seed, real_s, &report));
+                    }
+                }
+                Outcome::Failed(failure) => {
+                    println!("seed {seed}: FAILED: {failure}\n  reproduce: {}", cli.reproduce(seed));
+                    failures.insert(seed, (kind.unwrap_or_default(), failure.to_string()));
+                }
+                Outcome::Panicked(message) => {
+                    println!("seed {seed}: PANICKED: {message}\n  reproduce: {}", cli.reproduce(seed));
+                    failures.insert(seed, (kind.unwrap_or_default(), message));
+                }
+            }
+            let finished = finished as u64 + 1;
+            if !verbose && (finished % step == 0 || finished == cli.seeds) {
                 println!(
-                    "seed {seed}: FAILED: {failure}\n  reproduce: duplex-sim --seed {seed} --load-seconds {}{}",
-                    cli.load_seconds,
-                    replay_flags(&cli, &config)
+                    "progress: {finished}/{} seeds, {} failed, {:.0}s",
+                    cli.seeds,
+                    failures.len(),
+                    started.elapsed().as_secs_f64()
                 );
-                failed.push(seed);
             }
         }
+    });
+    let mut by_kind: BTreeMap<&str, u64> = BTreeMap::new();
+    for (kind, _) in failures.values() {
+        *by_kind.entry(kind.as_str()).or_default() += 1;
     }
-    if !failed.is_empty() {
-        anyhow::bail!("{} of {} seeds failed: {failed:?}", failed.len(), cli.seeds);
+    println!(
+        "summary: {} seeds from {} ({} jobs, {:.0}s): {passed} passed, {} failed",
+        cli.seeds,
+        cli.seed,
+        jobs,
+        started.elapsed().as_secs_f64(),
+        failures.len()
+    );
+    for (kind, count) in &by_kind {
+        println!("  {count} {kind}");
     }
-    Ok(())
+    for seed in failures.keys() {
+        println!("  failing: {}", cli.reproduce(*seed));
+    }
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

@@ -638,7 +638,10 @@ impl World {
     /// was sent.
     fn osd_call(&mut self, id: u32, ctx: &mut Ctx, call: impl FnOnce(&mut SimOsd, &mut Ctx)) -> Result<(), SimFailure> {
         let osd = &mut self.osds[id as usize];
+        // Every log line the OSD's code writes names the simulated OSD.
+        let span = tracing::info_span!("osd", id).entered();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(osd, ctx)));
+        drop(span);
         let Err(payload) = outcome else { return Ok(()) };
         if !payload.is::<PowerCut>() {
             std::panic::resume_unwind(payload);
