@@ -826,6 +826,73 @@ fn partition_scenario(b: &str, ip_a: std::net::IpAddr, ip_b: std::net::IpAddr, l
     assert!(report.is_ok(), "{report}");
 }
 
+/// Two faults at once on real processes (issue 32): a pool of size 3,
+/// min_size 2. osd.1's host is cut off (network namespaces, as in the
+/// partition scenario) and marked down; while it is still cut off, osd.2
+/// is killed with -9, so osd.0 alone holds the PGs and they take no
+/// writes; osd.2 restarts and catches up, and the PGs serve again from
+/// osd.0 and osd.2; then the link comes back and osd.1 rejoins. Every
+/// acknowledged write reads back and no read goes back in time.
+#[test]
+fn an_osd_killed_while_another_is_cut_off_loses_nothing() {
+    let hosts = common::netns::Hosts::create();
+    let (a, b, ip_a, ip_b, link) = (hosts.a.clone(), hosts.b.clone(), hosts.ip_a, hosts.ip_b, hosts.link());
+    let body = std::thread::spawn(move || {
+        common::netns::Hosts::enter(&a);
+        two_fault_scenario(&b, ip_a, ip_b, &link);
+    });
+    let outcome = body.join();
+    drop(hosts);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+fn two_fault_scenario(b: &str, ip_a: std::net::IpAddr, ip_b: std::net::IpAddr, link: &common::netns::Link) {
+    let cluster = DevCluster::with_args(&["--bind", &ip_a.to_string(), "--replicas", "3", "--min-size", "2"]);
+    run_ok(
+        common::netns::Hosts::duplex_in(b)
+            .args(["dev", "restart", "--osd", "1", "--osd-set", &format!("listen={ip_b}:0"), "--dir"])
+            .arg(cluster.path()),
+    );
+    let client = cluster.client();
+    let pool = client.pool_id("rbd").unwrap();
+    assert_eq!(client.map().pools[&pool].size, 3);
+    let run = Verifying::start(&client);
+    run.wait_for_progress("before the faults");
+
+    let cut = Instant::now();
+    link.cut();
+    let down_1 = wait_for_osd(&client, 1, false, "osd.1 (cut off) to be marked down");
+    let resumed_2 = run.wait_for_progress("with osd.1 cut off");
+    let acknowledged_before_kill = run.acknowledged();
+    kill_9(&cluster, "osd.2");
+    let down_2 = wait_for_osd(&client, 2, false, "osd.2 (killed) to be marked down");
+    // osd.0 alone: below min_size, nothing is acknowledged meanwhile.
+    let stalled_at = run.acknowledged();
+    std::thread::sleep(Duration::from_secs(2));
+    let while_alone = run.acknowledged() - stalled_at;
+    restart_osd(&cluster, 2);
+    let restarted = Instant::now();
+    let resumed_after_restart = run.wait_for_progress("after osd.2 restarted, osd.1 still cut off");
+    link.heal();
+    let rejoin = wait_for_osd(&client, 1, true, "osd.1 to rejoin");
+    let resumed_after_heal = run.wait_for_progress("after osd.1 rejoined");
+    std::thread::sleep(Duration::from_secs(2));
+    let report = run.finish();
+    eprintln!(
+        "size 3, min_size 2: osd.1 cut off, marked down after {down_1:?}, I/O went on {resumed_2:?} later; \
+         kill -9 osd.2 ({acknowledged_before_kill} writes acknowledged by then), marked down after {down_2:?}; \
+         {while_alone} writes acknowledged in 2 s with osd.0 alone; osd.2 restarted, I/O went on \
+         {resumed_after_restart:?} later ({:?} after the cut); link healed, osd.1 up after {rejoin:?}, I/O went on \
+         {resumed_after_heal:?} later; {report}",
+        restarted.duration_since(cut) + resumed_after_restart,
+    );
+    assert_eq!(while_alone, 0, "one copy of three is below min_size: nothing may be acknowledged");
+    assert!(report.is_ok(), "{report}");
+    assert!(report.writes_acknowledged > 600, "{report}");
+}
+
 /// Size 2, min_size 1: osd.A alone takes a write while osd.B is down; then
 /// osd.A dies and osd.B comes back. osd.B must not serve its older copy:
 /// the PG is down (as `duplex status` says) until osd.A returns, and then

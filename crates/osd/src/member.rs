@@ -286,6 +286,9 @@ impl Flusher {
         };
         // Where this member's history ends, as far as it knows.
         let mut end = info.last_seq;
+        // Its store holds writes its log cannot place: a lost log, or a
+        // recovery no activation ended.
+        let mut unknown = false;
         if stored > info.last_active {
             // The log was lost (a power loss took the `shm` log): this copy
             // is of the store's interval, at a position no one knows
@@ -297,28 +300,31 @@ impl Flusher {
             );
             info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: stored, history_from: 1, backfilling: false };
             end = u64::MAX;
+            unknown = true;
         }
-        let recovered = stored_interval::recovered(&mut self.partition, key).map_err(|e| e.to_string())?;
-        if recovered {
-            // Ids of installed objects lie past the log's end.
+        if stored_interval::recovered(&mut self.partition, key).map_err(|e| e.to_string())? {
+            // A recovery that no activation ended changed this copy: its
+            // store holds its own history plus objects copied from the
+            // authority of that peering, with the ids of what they show
+            // (their seqs lie past the log's end).
+            tracing::info!(pg = key, "a recovery that no activation ended changed this copy");
             end = u64::MAX;
+            unknown = true;
         }
         // A PG this OSD had no log of at start (an `shm` log lost with the
         // power) learns here what its store's record kept.
         guard.load_stored_ids(&mut self.partition, end).map_err(|e| e.to_string())?;
         let requests = guard.requests.logged();
-        if recovered {
-            // A recovery that no activation ended changed this copy: its
-            // store holds its own history plus objects copied from the
-            // authority of that peering, with the ids of what they show. Its
-            // position is unknown (epoch 0: never level with anyone, so it
-            // is compared when it is not the authority), but it is past
+        if unknown {
+            // Its position is unknown (epoch 0: never level with anyone, so
+            // it is compared when it is not the authority, and a member of
+            // its interval that kept its log wins over it), but it is past
             // every seq it holds an id of: as the authority, its interval
-            // continues after them and never reuses one (a reused seq would
-            // displace the id of a write its store shows). No history can
-            // be recovered from it.
+            // continues after them and never reuses one. A reused seq would
+            // displace the id of a write its store shows, and the client's
+            // resend of that write would run again (simulator seeds 20420
+            // and 20869). No history can be recovered from it.
             let last_seq = requests.iter().map(|r| r.seq).max().unwrap_or(0).max(info.last_seq);
-            tracing::info!(pg = key, last_seq, "a recovery that no activation ended changed this copy");
             info = PeerInfo { last_seq, last_epoch: 0, history_from: last_seq.saturating_add(1), ..info };
         }
         Ok(PeerReply::Info { info, requests })
@@ -433,6 +439,13 @@ impl Flusher {
         batch.push(stored_requests::rewrite(index, key, &ids));
         batch.push(stored_interval::mark_recovered(index, key, true));
         let reply = self.apply_recovery(&batch)?;
+        tracing::debug!(
+            pg = key,
+            object = %String::from_utf8_lossy(&object),
+            removed = meta.is_none(),
+            ids = requests.len(),
+            "installed an object peering's recovery copied"
+        );
         pg.lock().expect("PG lock").take_installed_ids(&requests);
         Ok(reply)
     }

@@ -213,10 +213,11 @@ enum CopyStage {
     Install,
 }
 
-/// The member whose history wins: newest `last_active`, then highest
-/// `last_seq`, then a known position over an unknown one (epoch 0: a lost
-/// log, or a copy an unfinished recovery changed); on a tie the primary
-/// (no data needs to move through it), then the lowest id. An unfinished backfill lacks objects and never wins:
+/// The member whose history wins: newest `last_active`, then a known
+/// position over an unknown one (epoch 0: a lost log, or a copy an
+/// unfinished recovery changed, which reports a seq past every id it holds
+/// but may lack what its lost log held), then highest `last_seq`; on a tie
+/// the primary (no data needs to move through it), then the lowest id. An unfinished backfill lacks objects and never wins:
 /// with only such members there is no authority (the PG waits for an OSD
 /// that holds it whole), unless `lost` (every whole copy was marked lost:
 /// the best unfinished one is all there is).
@@ -226,7 +227,7 @@ pub fn choose_authority(primary: OsdId, infos: &BTreeMap<OsdId, PeerInfo>, lost:
             .iter()
             .filter(|(_, info)| info.backfilling == unfinished)
             .max_by_key(|(osd, info)| {
-                (info.last_active, info.last_seq, info.last_epoch > 0, **osd == primary, std::cmp::Reverse(**osd))
+                (info.last_active, info.last_epoch > 0, info.last_seq, **osd == primary, std::cmp::Reverse(**osd))
             })
             .map(|(osd, info)| (*osd, *info))
     };

@@ -245,3 +245,76 @@ fn regression_seed_73_a_lost_request_to_drop_a_pin_is_sent_again() {
     let report = run_seed(73);
     assert!(report.pins_cleared > 0, "no pin was dropped: the seed tests nothing");
 }
+
+/// Every fault kind (mark-out too), up to two OSDs under a fault at once,
+/// the default size 3, min_size 2 pool: the mode of the 5,000-seed sweep
+/// in docs/RELIABILITY.md.
+fn run_every_fault_two_at_once(seed: u64) -> RunReport {
+    let mut config = SimConfig::new(seed);
+    config.faults = duplex_sim::FaultKind::ALL.to_vec();
+    config.concurrent_faults = 2;
+    let names: Vec<&str> = config.faults.iter().map(|k| k.name()).collect();
+    match run(&config) {
+        Ok(report) => report,
+        Err(failure) => panic!(
+            "{failure}\n  reproduce: duplex-sim --seed {seed} --faults {} --concurrent-faults 2",
+            names.join(",")
+        ),
+    }
+}
+
+/// A fixed window of that mode (the release-build sweep in scripts/test-all
+/// runs a wider one).
+#[test]
+fn every_fault_two_at_once() {
+    let mut faults = 0;
+    for seed in 0..ci_seeds().min(6) {
+        faults += run_every_fault_two_at_once(seed).faults.len();
+    }
+    assert!(faults > 0);
+}
+
+/// An authority began to recover a member behind it by history, copying
+/// whole objects that held writes no one had acknowledged, and lost its
+/// power before it activated anyone. The member kept reporting its old
+/// position with none of those writes' ids, became the authority of the
+/// next interval, which reused their seqs, and the client's resend of one
+/// of them ran again after a newer write: a stale read. Peering now
+/// installs each object whole with the ids of the writes it carries, and a
+/// copy so changed reports an unknown position past every id it holds.
+/// (Seed 20869, every fault, two at once, failed at 8f135f5; seed 22606
+/// fails with just the changed copy's report reverted. The unit test
+/// `a_recovery_cut_short_leaves_whole_objects_with_their_ids_and_no_seq_is_reused`
+/// pins the rule itself.)
+#[test]
+fn regression_seeds_20869_and_22606_a_recovery_cut_short_leaves_no_write_without_its_id() {
+    run_every_fault_two_at_once(20869);
+    run_every_fault_two_at_once(22606);
+}
+
+/// A member lost its `shm` log with a write flushed to its store and its id
+/// in the store's record, and became the authority at an unknown position,
+/// reported as seq 0: the new interval reused seq 1 onwards, a new entry
+/// displaced that write's id, and the client's 986th resend of it ran
+/// again after four newer writes (a stale read). A copy at an unknown
+/// position now reports a seq past every id it holds, and a member of its
+/// interval that kept its log still wins over it. (Seed 20420, every
+/// fault, two at once; fails with that rule reverted.)
+#[test]
+fn regression_seed_20420_an_authority_that_lost_its_log_never_reuses_a_seq_it_holds_an_id_of() {
+    run_every_fault_two_at_once(20420);
+}
+
+/// A primary whose copy needed a backfill handed its PG back to the first
+/// OSD of its placement, pinning it to its up set in the up set's own
+/// order. Its primary asked for a pin to go only when the pin differed
+/// from the up set, so the PG stayed pinned for good (the cluster never
+/// settled). The monitor keeps no pin equal to a PG's placement, and a
+/// primary asks for any pin to go. (Seed 10222, default faults; the map
+/// test `a_hand_over_back_to_the_placements_own_order_leaves_no_pin` pins
+/// the rule.)
+#[test]
+fn regression_seed_10222_a_hand_over_back_to_the_up_sets_order_leaves_no_pin() {
+    let report = run_seed(10222);
+    assert!(report.hand_overs > 0, "no PG was handed over: the seed tests nothing");
+}
