@@ -1051,6 +1051,9 @@ mod tests {
 
     /// A member as the machine sees it: a store of whole objects, a log
     /// position and a history of which seq touched which object.
+    /// Staged object bytes, by offset.
+    type Chunks = Vec<(u64, Vec<u8>)>;
+
     #[derive(Clone, Default)]
     struct Member {
         objects: BTreeMap<Vec<u8>, (Vec<u8>, Attrs)>,
@@ -1067,7 +1070,7 @@ mod tests {
         /// An unfinished backfill target's copy.
         backfilling: bool,
         /// What peering's recovery staged here: the object and its chunks.
-        staged: Option<(Vec<u8>, Vec<(u64, Vec<u8>)>)>,
+        staged: Option<(Vec<u8>, Chunks)>,
         /// Peering's recovery installed an object here and no activation
         /// followed (as `stored_interval::recovered`).
         recovered: bool,

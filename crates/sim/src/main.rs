@@ -210,7 +210,7 @@ fn main() -> ExitCode {
                 }
             }
             let finished = finished as u64 + 1;
-            if !verbose && (finished % step == 0 || finished == cli.seeds) {
+            if !verbose && (finished.is_multiple_of(step) || finished == cli.seeds) {
                 println!(
                     "progress: {finished}/{} seeds, {} failed, {:.0}s",
                     cli.seeds,
