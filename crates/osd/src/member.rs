@@ -400,10 +400,11 @@ impl Flusher {
             return Err(format!("{} request ids for one object", requests.len()));
         }
         self.flush_pg(key)?;
-        let (staged, mut ids) = {
+        let index = self.partition.index();
+        let (staged, id_ops) = {
             let mut guard = pg.lock().expect("PG lock");
             let staged = guard.staged.take_if(|s| s.interval == interval && s.object == object).unwrap_or_default();
-            (staged, guard.requests.logged())
+            (staged, guard.installed_ids_ops(index, &requests))
         };
         if staged.bytes != staged_bytes {
             return Err(format!(
@@ -434,9 +435,9 @@ impl Flusher {
             None if staged.bytes > 0 => return Err("bytes were staged for an object to remove".into()),
             None => {}
         }
-        let index = self.partition.index();
-        ids.extend(requests.iter().copied());
-        batch.push(stored_requests::rewrite(index, key, &ids));
+        for op in id_ops {
+            batch.push(op);
+        }
         batch.push(stored_interval::mark_recovered(index, key, true));
         let reply = self.apply_recovery(&batch)?;
         tracing::debug!(
@@ -476,4 +477,117 @@ fn stage(pg: &SharedPg, interval: u64, object: Vec<u8>, offset: u64, data: Vec<u
     }
     staged.chunks.push((offset, data));
     Ok(PeerReply::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use duplex_proto::peering::{LoggedRequest, ObjectMeta, PeerOp, PeerReply, PeerRequest};
+
+    use super::*;
+    use crate::config::OplogMode;
+    use crate::mailbox::Mailbox;
+    use crate::metrics::Metrics;
+    use crate::pg::{pg_key, PgTable};
+
+    /// A flusher over a fresh one-partition store and a file-backed log
+    /// directory (the poll keeps the mailbox's waker valid).
+    fn flusher(store: &crate::TestStore, logs: &std::path::Path) -> (Flusher, mio::Poll) {
+        let poll = mio::Poll::new().unwrap();
+        let (mailbox, _inbox) = Mailbox::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let (_sender, jobs) = crossbeam_channel::unbounded();
+        let flusher = Flusher {
+            id: 1,
+            partition: store.open().into_partitions().pop().unwrap(),
+            jobs,
+            pgs: Arc::new(PgTable::open(OplogMode::File, logs, 1 << 20).unwrap()),
+            mailboxes: vec![mailbox],
+            metrics: Arc::new(Metrics::default()),
+            timeout: std::time::Duration::from_millis(10),
+            scrub_requests: Default::default(),
+            repairs_asked: HashMap::new(),
+        };
+        (flusher, poll)
+    }
+
+    fn ask(flusher: &mut Flusher, pg: u32, interval: u64, op: PeerOp) -> PeerReply {
+        flusher.peer_request(PeerRequest { pg, interval, op })
+    }
+
+    fn info(reply: PeerReply) -> (PeerInfo, Vec<LoggedRequest>) {
+        match reply {
+            PeerReply::Info { info, requests } => (info, requests),
+            other => panic!("a query answered {other:?}"),
+        }
+    }
+
+    fn id(seq: u64) -> LoggedRequest {
+        LoggedRequest { client: 9, tid: 100 + seq, seq }
+    }
+
+    #[test]
+    fn an_install_lands_whole_with_its_ids_and_the_changed_copy_reports_past_them() {
+        let store = crate::TestStore::new(1);
+        let logs = tempfile::tempdir().unwrap();
+        let (mut member, _poll) = flusher(&store, logs.path());
+        let pg = pg_key(1, 3).unwrap();
+        let (fresh, _) = info(ask(&mut member, pg, 5, PeerOp::Query));
+        assert_eq!((fresh.last_seq, fresh.last_epoch), (0, 0));
+
+        // Two chunks staged, then one install: the object and its ids.
+        let object = b"obj".to_vec();
+        let size = CHUNK_BYTES as u64 + 4096;
+        let first = vec![7u8; CHUNK_BYTES as usize];
+        let second = vec![8u8; 4096];
+        let stage = |offset, data| PeerOp::Stage { object: object.clone(), offset, data };
+        assert_eq!(ask(&mut member, pg, 5, stage(0, first.clone())), PeerReply::Done);
+        assert_eq!(ask(&mut member, pg, 5, stage(CHUNK_BYTES as u64, second.clone())), PeerReply::Done);
+        let meta = ObjectMeta { size, preallocated: false, attrs: vec![(b"a".to_vec(), b"1".to_vec())] };
+        let install = |staged_bytes, requests| PeerOp::Install {
+            object: object.clone(),
+            meta: Some(meta.clone()),
+            staged_bytes,
+            requests,
+        };
+        assert!(
+            matches!(ask(&mut member, pg, 5, install(4096, vec![id(7)])), PeerReply::Refused(_)),
+            "a byte count that does not match what was staged is refused"
+        );
+        // The refused install dropped what was staged: stage it again.
+        assert_eq!(ask(&mut member, pg, 5, stage(0, first.clone())), PeerReply::Done);
+        assert_eq!(ask(&mut member, pg, 5, stage(CHUNK_BYTES as u64, second.clone())), PeerReply::Done);
+        let staged = first.len() as u64 + second.len() as u64;
+        assert_eq!(ask(&mut member, pg, 5, install(staged, vec![id(7), id(9)])), PeerReply::Done);
+        let key = Key::in_group(pg, &object).unwrap();
+        let data = member.partition.read(key.as_bytes(), 0, size).unwrap();
+        assert_eq!(&data[..first.len()], &first[..]);
+        assert_eq!(&data[first.len()..], &second[..]);
+
+        // The changed copy: an unknown position past every id it holds.
+        let (changed, requests) = info(ask(&mut member, pg, 6, PeerOp::Query));
+        assert_eq!((changed.last_seq, changed.last_epoch, changed.history_from), (9, 0, 10));
+        assert!(requests.contains(&id(7)) && requests.contains(&id(9)), "{requests:?}");
+
+        // A restart: the mark and the ids are in the store.
+        drop(member);
+        let (mut member, _poll) = flusher(&store, logs.path());
+        let (restarted, requests) = info(ask(&mut member, pg, 7, PeerOp::Query));
+        assert_eq!((restarted.last_seq, restarted.last_epoch), (9, 0));
+        assert!(requests.contains(&id(7)) && requests.contains(&id(9)), "{requests:?}");
+
+        // Activation at the authority's position ends it.
+        let activate = PeerOp::Activate {
+            last_seq: 12,
+            last_epoch: 4,
+            members: vec![0, 1],
+            rebuilt: true,
+            requests: vec![id(7), id(9), id(12)],
+            backfill: Vec::new(),
+        };
+        assert_eq!(ask(&mut member, pg, 7, activate), PeerReply::Done);
+        let (activated, _) = info(ask(&mut member, pg, 8, PeerOp::Query));
+        assert_eq!((activated.last_seq, activated.last_epoch, activated.last_active), (12, 4, 7));
+    }
 }

@@ -329,17 +329,30 @@ impl Pg {
             .collect()
     }
 
-    /// Adds ids that came with an object installed by peering's recovery
-    /// (their effects are in the store now), and returns every id the table
-    /// holds, for a rewrite of the store's record.
-    pub fn take_installed_ids(&mut self, installed: &[LoggedRequest]) -> Vec<LoggedRequest> {
-        for request in installed {
-            let id = RequestId { client: request.client, tid: request.tid };
-            self.requests.set(id, RequestState::Committed, request.seq);
-        }
-        // The rewrite replaces what the last flush wrote.
+    /// The store operations that record ids which came with an object
+    /// peering's recovery installs, in the same batch as the object: the
+    /// whole blocks of the store's record their seqs fall in (usually
+    /// one), the rest of each block from this table. The table itself
+    /// changes only once that batch applied ([`Pg::take_installed_ids`]).
+    pub fn installed_ids_ops(&self, partition: u32, installed: &[LoggedRequest]) -> Vec<Op> {
+        let (Some(first), Some(newest)) =
+            (installed.iter().map(|r| r.seq).min(), installed.iter().map(|r| r.seq).max())
+        else {
+            return Vec::new();
+        };
+        debug_assert!(self.stored_ids_loaded, "the record's other slots come from the table");
+        let mut table = self.requests.clone();
+        set_committed(&mut table, installed);
+        // A fresh block cache: the flushes' own cache stays theirs.
+        stored_requests::record(partition, self.key, &table, first..=newest, &mut LastBlock::default())
+    }
+
+    /// Adds ids that came with an object peering's recovery installed
+    /// (their effects are in the store now, and so is their record).
+    pub fn take_installed_ids(&mut self, installed: &[LoggedRequest]) {
+        set_committed(&mut self.requests, installed);
+        // The install rewrote blocks the next flush's cached one may share.
         self.ids_block.forget();
-        self.requests.logged()
     }
 
     /// Peering's end: the log (empty) continues after `last_seq` (an entry
@@ -643,6 +656,13 @@ impl PgTable {
     /// Every open PG.
     pub fn all(&self) -> Vec<SharedPg> {
         self.pgs.read().expect("PG table lock").values().cloned().collect()
+    }
+}
+
+/// Sets each of `requests` in `table` as committed at its seq.
+fn set_committed(table: &mut RequestTable, requests: &[LoggedRequest]) {
+    for request in requests {
+        table.set(RequestId { client: request.client, tid: request.tid }, RequestState::Committed, request.seq);
     }
 }
 

@@ -32,7 +32,7 @@ pub enum RequestState {
     Failed,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct RequestTable {
     /// Each id's state and the seq of its entry.
     states: HashMap<RequestId, (RequestState, u64)>,
