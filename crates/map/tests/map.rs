@@ -325,7 +325,7 @@ fn pins_follow_failures_and_further_moves() {
 }
 
 #[test]
-fn a_pg_records_only_its_current_acting_set_and_records_only_move_forward() {
+fn a_pg_records_only_members_of_its_current_acting_set_and_records_only_move_forward() {
     let mut map = small_cluster();
     let pool = map.pool_by_name("rbd").unwrap().clone();
     let pg = 5;
@@ -338,6 +338,12 @@ fn a_pg_records_only_its_current_acting_set_and_records_only_move_forward() {
     let strangers: Vec<u32> = (0..6).filter(|o| !acting.contains(o)).take(2).collect();
     assert_eq!(map.run(&record(interval, &strangers)), Ok(None), "not the PG's acting set");
     assert_eq!(map.run(&record(interval + 1, &acting)), Ok(None), "an interval from the future");
+    assert_eq!(map.run(&record(interval, &acting[1..])), Ok(None), "the acting primary first");
+    let reversed: Vec<u32> = acting.iter().rev().copied().collect();
+    assert_eq!(map.run(&record(interval, &reversed)), Ok(None), "the acting primary first");
+    // A member filled in the background is recorded once its fill ends (the
+    // PG peers again in the same interval): the whole members first.
+    map.run(&record(interval, &acting[..1])).unwrap().expect("the whole members recorded");
     map.run(&record(interval, &acting)).unwrap().expect("recorded");
     assert_eq!(map.active_sets[&(pool.id, pg)], ActiveSet { since: interval, osds: acting.clone() });
     assert_eq!(map.run(&record(interval, &acting)), Ok(None), "already recorded: no new epoch");

@@ -274,7 +274,14 @@ impl Flusher {
             // Filled only in part: it lacks objects, so it is never level
             // with a member, nor the authority over one.
             tracing::info!(pg = key, "this OSD's copy of the PG is an unfinished backfill");
-            let info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: 0, history_from: 1, backfilling: true };
+            let info = PeerInfo {
+                last_seq: 0,
+                last_epoch: 0,
+                last_active: 0,
+                history_from: 1,
+                backfilling: true,
+                position_lost: false,
+            };
             return Ok(PeerReply::Info { info, requests: Vec::new() });
         }
         let mut info = PeerInfo {
@@ -283,6 +290,7 @@ impl Flusher {
             last_active: guard.log.last_active(),
             history_from: guard.history_from(),
             backfilling: false,
+            position_lost: false,
         };
         // Where this member's history ends, as far as it knows.
         let mut end = info.last_seq;
@@ -298,7 +306,7 @@ impl Flusher {
                 interval = stored,
                 "the PG log was lost; reporting the interval the store recorded"
             );
-            info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: stored, history_from: 1, backfilling: false };
+            info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: stored, ..info };
             end = u64::MAX;
             unknown = true;
         }
@@ -325,8 +333,10 @@ impl Flusher {
             // resend of that write would run again (simulator seeds 20420
             // and 20869). No history can be recovered from it.
             let last_seq = requests.iter().map(|r| r.seq).max().unwrap_or(0).max(info.last_seq);
-            info = PeerInfo { last_seq, last_epoch: 0, history_from: last_seq.saturating_add(1), ..info };
+            let history_from = last_seq.saturating_add(1);
+            info = PeerInfo { last_seq, last_epoch: 0, history_from, position_lost: true, ..info };
         }
+        tracing::debug!(pg = key, ?info, ids = requests.len(), newest_ids = ?&requests[requests.len().saturating_sub(3)..], "queried");
         Ok(PeerReply::Info { info, requests })
     }
 

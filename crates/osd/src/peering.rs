@@ -213,11 +213,14 @@ enum CopyStage {
     Install,
 }
 
-/// The member whose history wins: newest `last_active`, then a known
-/// position over an unknown one (epoch 0: a lost log, or a copy an
-/// unfinished recovery changed, which reports a seq past every id it holds
-/// but may lack what its lost log held), then highest `last_seq`; on a tie
-/// the primary (no data needs to move through it), then the lowest id. An unfinished backfill lacks objects and never wins:
+/// The member whose history wins: newest `last_active`, then a position
+/// its log knows over a lost one ([`PeerInfo::position_lost`]: a lost log,
+/// or a copy an unfinished recovery changed, which reports a seq past
+/// every id it holds but whose store's record may name a write whose data
+/// never landed), then highest `last_seq`; on a tie the primary (no data
+/// needs to move through it), then the lowest id. A member with no entry
+/// at all knows its position: it wins over a lost one of its interval
+/// (simulator seed 8840, where "epoch 0" told the two apart no more). An unfinished backfill lacks objects and never wins:
 /// with only such members there is no authority (the PG waits for an OSD
 /// that holds it whole), unless `lost` (every whole copy was marked lost:
 /// the best unfinished one is all there is).
@@ -227,7 +230,7 @@ pub fn choose_authority(primary: OsdId, infos: &BTreeMap<OsdId, PeerInfo>, lost:
             .iter()
             .filter(|(_, info)| info.backfilling == unfinished)
             .max_by_key(|(osd, info)| {
-                (info.last_active, info.last_epoch > 0, info.last_seq, **osd == primary, std::cmp::Reverse(**osd))
+                (info.last_active, !info.position_lost, info.last_seq, **osd == primary, std::cmp::Reverse(**osd))
             })
             .map(|(osd, info)| (*osd, *info))
     };
@@ -315,6 +318,17 @@ impl Peering {
 
     pub fn members(&self) -> &[OsdId] {
         &self.members
+    }
+
+    /// What the map records as the PG's last active set for this interval:
+    /// the members that hold every acknowledged write when it begins, the
+    /// primary first. Not a member filled in the background: its copy is
+    /// incomplete until its backfill ends (and the PG then peers again and
+    /// records it). Recording one let an empty copy lead once the whole
+    /// members died before its activation marked it (simulator seed 1280:
+    /// ten acknowledged writes lost).
+    pub fn record_members(&self) -> Vec<OsdId> {
+        self.members.iter().copied().filter(|m| !self.filled_in_background.contains(m)).collect()
     }
 
     /// Members whose copy needs a backfill (restarted too far behind, lost
@@ -505,13 +519,13 @@ impl Peering {
     /// The map records `active_set` as the PG's last active set: if it
     /// names the members the machine waits to record, activation goes on.
     pub fn on_recorded(&mut self, active_set: Option<&[OsdId]>) -> Vec<Action> {
-        if !self.is_recording() || active_set != Some(&self.members[..]) {
+        if !self.is_recording() || active_set != Some(&self.record_members()[..]) {
             return Vec::new();
         }
         let Phase::Recording(recovery) = std::mem::replace(&mut self.phase, Phase::Stuck) else {
             unreachable!("checked above")
         };
-        self.active_set = Some(self.members.clone());
+        self.active_set = Some(self.record_members());
         self.activate(&recovery)
     }
 
@@ -733,9 +747,10 @@ impl Peering {
                 }
                 self.scrub_report = scrub.report.take();
             }
-            if self.active_set.as_deref() != Some(&self.members[..]) {
+            let record = self.record_members();
+            if self.active_set.as_deref() != Some(&record[..]) {
                 self.phase = Phase::Recording(recovery);
-                return vec![Action::Record { members: self.members.clone() }];
+                return vec![Action::Record { members: record }];
             }
             return self.activate(&recovery);
         }
@@ -917,8 +932,8 @@ impl Peering {
     fn activate(&mut self, recovery: &Recovery) -> Vec<Action> {
         debug_assert_eq!(
             self.active_set.as_deref(),
-            Some(&self.members[..]),
-            "no member is activated before the map records the members"
+            Some(&self.record_members()[..]),
+            "no member is activated before the map records the whole members"
         );
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
@@ -1101,11 +1116,18 @@ mod tests {
                         last_active: self.last_active,
                         history_from: self.history.first().map_or(self.last_seq + 1, |(seq, ..)| *seq),
                         backfilling: self.backfilling,
+                        position_lost: false,
                     };
                     if self.recovered {
-                        // As the real member: unknown, past every id it holds.
+                        // As the real member: lost, past every id it holds.
                         let last_seq = self.logged.iter().map(|r| r.seq).max().unwrap_or(0).max(self.last_seq);
-                        info = PeerInfo { last_seq, last_epoch: 0, history_from: last_seq + 1, ..info };
+                        info = PeerInfo {
+                            last_seq,
+                            last_epoch: 0,
+                            history_from: last_seq + 1,
+                            position_lost: true,
+                            ..info
+                        };
                     }
                     PeerReply::Info { info, requests: self.logged.clone() }
                 }
@@ -1373,18 +1395,22 @@ mod tests {
     #[test]
     fn members_to_backfill_are_filled_in_the_background_while_the_whole_ones_keep_min_size_and_a_primary_hands_over() {
         let writes: &[(&str, &[u8])] = &[("a", b"new"), ("b", b"same")];
-        let peer = |members: &mut [Member], min_size: usize| {
+        let peer_recording = |members: &mut [Member], min_size: usize| {
             let (mut machine, actions) = Peering::start(7, 9, vec![0, 1, 2]);
             machine.fill_in_background(min_size);
-            drive(members, 9, &mut machine, actions)
+            (drive(members, 9, &mut machine, actions), machine.record_members())
         };
+        let peer = |members: &mut [Member], min_size: usize| peer_recording(members, min_size).0;
         // osd.2 lost its log; osd.0 and osd.1 are whole, which min_size 2 allows.
         let mut members = [active_member(writes), active_member(writes), Member::default()];
-        let outcome = peer(&mut members, 2);
+        let (outcome, recorded) = peer_recording(&mut members, 2);
         assert!(
             matches!(&outcome, Action::Active { backfill, recovered_objects: 0, .. } if backfill == &[2]),
             "{outcome:?}"
         );
+        // The map records the whole members only: osd.2 holds every write
+        // only once its fill ends (seed 1280 lost writes when it led before).
+        assert_eq!(recorded, vec![0, 1]);
         assert!(members[2].objects.is_empty(), "nothing copied inside peering");
         assert!(members[2].rebuilt && members[2].last_active == 9, "activated, as a target, with the others");
         // With min_size 3 the PG needs it whole before it serves: inside peering.
@@ -1438,7 +1464,14 @@ mod tests {
         let stuck = machine.on_reply(tags[0], PeerReply::Refused("older interval".into()));
         assert!(matches!(&stuck[..], [Action::Stuck(_)]));
         assert!(machine.is_stuck());
-        let info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: 0, history_from: 1, backfilling: false };
+        let info = PeerInfo {
+            last_seq: 0,
+            last_epoch: 0,
+            last_active: 0,
+            history_from: 1,
+            backfilling: false,
+            position_lost: false,
+        };
         assert!(machine.on_reply(tags[1], PeerReply::Info { info, requests: vec![] }).is_empty(), "late answer");
 
         let (mut machine, actions) = Peering::start(7, 9, vec![0, 1]);
@@ -1455,12 +1488,24 @@ mod tests {
             last_active,
             history_from: 1,
             backfilling: false,
+            position_lost: false,
         };
         let infos: BTreeMap<OsdId, PeerInfo> = [(0, info(4, 100)), (1, info(5, 10)), (2, info(5, 12))].into();
         assert_eq!(choose_authority(0, &infos, false).map(|(osd, _)| osd), Some(2));
         let tie: BTreeMap<OsdId, PeerInfo> = [(3, info(5, 12)), (1, info(5, 12)), (2, info(5, 12))].into();
         assert_eq!(choose_authority(2, &tie, false).map(|(osd, _)| osd), Some(2));
         assert_eq!(choose_authority(9, &tie, false).map(|(osd, _)| osd), Some(1));
+        // A member whose log was lost (or whose copy an unfinished recovery
+        // changed) reports a seq past every id its store's record names, but
+        // a member of its interval whose log knows its position wins, even
+        // with no entry at all: the record may name a write whose data never
+        // landed (simulator seed 8840). It still leads older intervals.
+        let lost = PeerInfo { last_epoch: 0, position_lost: true, ..info(5, 1) };
+        let empty = PeerInfo { last_epoch: 0, ..info(5, 0) };
+        let infos: BTreeMap<OsdId, PeerInfo> = [(0, lost), (1, empty), (2, info(4, 50))].into();
+        assert_eq!(choose_authority(0, &infos, false).map(|(osd, _)| osd), Some(1));
+        let infos: BTreeMap<OsdId, PeerInfo> = [(0, lost), (2, info(4, 50))].into();
+        assert_eq!(choose_authority(2, &infos, false).map(|(osd, _)| osd), Some(0));
         // A member whose history reaches back far enough recovers by it; else backfill.
         let history = Some(Plan::History { after: 10, after_epoch: 5 });
         assert_eq!(plan_for(&info(5, 10), &PeerInfo { history_from: 10, ..info(5, 12) }, 9), history);

@@ -729,7 +729,7 @@ pub fn map_commands<'a>(machines: impl IntoIterator<Item = (u32, &'a Peering)>) 
         if let Some(acting) = peering.handing_over() {
             hand_overs.push((key, peering.interval, acting.to_vec()));
         } else if peering.is_recording() {
-            records.push((key, peering.interval, peering.members().to_vec()));
+            records.push((key, peering.interval, peering.record_members()));
         }
     }
     let mut commands = record_commands(records);

@@ -178,6 +178,12 @@ pub struct PeerInfo {
     /// Its copy is an unfinished backfill: it lacks objects, so it is never
     /// the authority (and never level with one).
     pub backfilling: bool,
+    /// Its log cannot place what its store holds: the log was lost with
+    /// the power, or a recovery no activation ended changed the copy. Its
+    /// `last_seq` is then the newest seq it holds a request id of, and its
+    /// epoch 0: it is never level with anyone, and a member of its interval
+    /// whose log knows its position, even one with no entry, wins over it.
+    pub position_lost: bool,
 }
 
 /// A client request id a member logged, and the seq of its entry.
@@ -359,12 +365,22 @@ mod tests {
 
     fn reply() -> impl Strategy<Value = PeerReply> {
         prop_oneof![
-            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>(), any::<bool>(), requests()).prop_map(
-                |(last_seq, last_epoch, last_active, history_from, backfilling, requests)| {
-                    let info = PeerInfo { last_seq, last_epoch, last_active, history_from, backfilling };
-                    PeerReply::Info { info, requests }
-                }
-            ),
+            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>(), (any::<bool>(), any::<bool>()), requests())
+                .prop_map(
+                    |(last_seq, last_epoch, last_active, history_from, flags, requests): (
+                        _,
+                        _,
+                        _,
+                        _,
+                        (bool, bool),
+                        _
+                    )| {
+                        let (backfilling, position_lost) = flags;
+                        let info =
+                            PeerInfo { last_seq, last_epoch, last_active, history_from, backfilling, position_lost };
+                        PeerReply::Info { info, requests }
+                    }
+                ),
             proptest::option::of(proptest::collection::vec(name(), 0..4)).prop_map(PeerReply::Touched),
             (proptest::collection::vec((name(), proptest::option::of(any::<u32>())), 0..4), any::<bool>()).prop_map(
                 |(objects, more)| {
