@@ -712,11 +712,18 @@ fn a_restart_changes_settings_and_keeps_data() {
 /// up. Nothing acknowledged is lost.
 #[test]
 fn an_isolated_host_is_marked_down_and_rejoins_and_a_reader_cut_off_with_it_reads_nothing_stale() {
+    on_two_hosts(partition_scenario);
+}
+
+/// Runs `scenario` on host A of two network namespaces joined by a link it
+/// can cut (host B's name, both addresses, the link); the namespaces go
+/// whatever the scenario's outcome.
+fn on_two_hosts(scenario: fn(&str, std::net::IpAddr, std::net::IpAddr, &common::netns::Link)) {
     let hosts = common::netns::Hosts::create();
     let (a, b, ip_a, ip_b, link) = (hosts.a.clone(), hosts.b.clone(), hosts.ip_a, hosts.ip_b, hosts.link());
     let body = std::thread::spawn(move || {
         common::netns::Hosts::enter(&a);
-        partition_scenario(&b, ip_a, ip_b, &link);
+        scenario(&b, ip_a, ip_b, &link);
     });
     let outcome = body.join();
     drop(hosts);
@@ -835,17 +842,7 @@ fn partition_scenario(b: &str, ip_a: std::net::IpAddr, ip_b: std::net::IpAddr, l
 /// acknowledged write reads back and no read goes back in time.
 #[test]
 fn an_osd_killed_while_another_is_cut_off_loses_nothing() {
-    let hosts = common::netns::Hosts::create();
-    let (a, b, ip_a, ip_b, link) = (hosts.a.clone(), hosts.b.clone(), hosts.ip_a, hosts.ip_b, hosts.link());
-    let body = std::thread::spawn(move || {
-        common::netns::Hosts::enter(&a);
-        two_fault_scenario(&b, ip_a, ip_b, &link);
-    });
-    let outcome = body.join();
-    drop(hosts);
-    if let Err(panic) = outcome {
-        std::panic::resume_unwind(panic);
-    }
+    on_two_hosts(two_fault_scenario);
 }
 
 fn two_fault_scenario(b: &str, ip_a: std::net::IpAddr, ip_b: std::net::IpAddr, link: &common::netns::Link) {

@@ -12,7 +12,8 @@
 //!
 //! The rules, applied after every command that moves PGs ([`settle`]):
 //! - the new up set has an OSD the OSDs holding the PG lack (its pin, or
-//!   else its old acting set): pin the PG to those;
+//!   else its old acting set and the OSDs of its last active set, down
+//!   ones too): pin the PG to those;
 //! - the new up set needs nothing new: no pin.
 //!
 //! A pin stays while none of its OSDs is up, and the PG has no acting set
@@ -48,19 +49,18 @@ fn placement_inputs(map: &ClusterMap) -> PlacementInputs<'_> {
 pub(crate) fn settle(old: &ClusterMap, new: &ClusterMap) -> Vec<Change> {
     let new_hierarchy = new.hierarchy();
     let mut changes = moved_pins(old, new, &new_hierarchy);
-    let pinned_after: Vec<((PoolId, u32), Vec<OsdId>)> = new
-        .pg_temp
-        .iter()
-        .map(|(key, osds)| (*key, osds.clone()))
-        .filter(|(key, _)| {
-            !changes.iter().any(|c| matches!(c, Change::SetPgTemp { pool, pg, .. } if (*pool, *pg) == *key))
-        })
-        .chain(changes.iter().filter_map(|c| match c {
-            Change::SetPgTemp { pool, pg, osds } if !osds.is_empty() => Some(((*pool, *pg), osds.clone())),
-            _ => None,
-        }))
-        .collect();
-    for ((pool, pg), osds) in pinned_after {
+    // The pins once these changes apply too.
+    let mut pins = new.pg_temp.clone();
+    for change in &changes {
+        if let Change::SetPgTemp { pool, pg, osds } = change {
+            if osds.is_empty() {
+                pins.remove(&(*pool, *pg));
+            } else {
+                pins.insert((*pool, *pg), osds.clone());
+            }
+        }
+    }
+    for ((pool, pg), osds) in pins {
         let Some(info) = new.pools.get(&pool) else { continue };
         if pg < info.pg_num && new.pg_osds(&new_hierarchy, info, pg) == osds {
             changes.retain(|c| !matches!(c, Change::SetPgTemp { pool: p, pg: g, .. } if (*p, *g) == (pool, pg)));
@@ -82,9 +82,24 @@ fn moved_pins(old: &ClusterMap, new: &ClusterMap, new_hierarchy: &duplex_placeme
             for pg in 0..pool.pg_num.min(old_pool.pg_num) {
                 let current = new.pg_temp.get(&(pool.id, pg)).cloned().unwrap_or_default();
                 // Who holds the PG: its pin (down OSDs included), or the
-                // OSDs that served it.
-                let holders =
-                    if current.is_empty() { old.acting(&old_hierarchy, old_pool, pg) } else { current.clone() };
+                // OSDs that served it and those of its last active set,
+                // which hold every write it acknowledged even while down.
+                // Without them, a PG whose one whole OSD was down when
+                // placement moved was pinned to others, that OSD became a
+                // backfill target (fenced, never heard), and the PG waited
+                // for it for good (simulator seed 30680).
+                let holders = if current.is_empty() {
+                    let mut holders = old.acting(&old_hierarchy, old_pool, pg);
+                    let recorded = old.active_sets.get(&(pool.id, pg)).map(|set| set.osds.as_slice()).unwrap_or(&[]);
+                    for osd in recorded {
+                        if !holders.contains(osd) {
+                            holders.push(*osd);
+                        }
+                    }
+                    holders
+                } else {
+                    current.clone()
+                };
                 let new_up = new.up_set(new_hierarchy, pool, pg);
                 let needs_data = new_up.iter().any(|osd| !holders.contains(osd));
                 let wanted = if needs_data && !holders.is_empty() { holders } else { Vec::new() };

@@ -236,6 +236,36 @@ fn a_hand_over_back_to_the_placements_own_order_leaves_no_pin() {
     assert_eq!(sets.up, placed);
 }
 
+#[test]
+fn a_pin_keeps_the_osds_of_the_last_active_set_even_while_they_are_down() {
+    // Simulator seed 30680: a PG served by osd.A alone (its record) while
+    // its other OSD was down; osd.A went down too, and an operator's mark
+    // out moved the PG. The pin named only the acting set of that moment,
+    // so osd.A, back up, was a backfill target: fenced, never heard, and
+    // the PG waited for it for good.
+    let mut map = small_cluster();
+    let pool = map.pool_by_name("rbd").unwrap().clone();
+    let mut checked = 0;
+    for pg in 0..64 {
+        let mut map = map.clone();
+        let acting = map.acting(&map.hierarchy(), &pool, pg);
+        let (a, b) = (acting[0], acting[1]);
+        map.run(&Command::MarkDown { id: b }).unwrap();
+        map.run(&Command::RecordActive { pgs: vec![(pool.id, pg, map.epoch, vec![a])] }).unwrap().unwrap();
+        map.run(&boot(b, &format!("host-{}", b / 2))).unwrap();
+        map.run(&Command::MarkDown { id: a }).unwrap();
+        map.run(&Command::MarkOut { id: b }).unwrap();
+        let Some(pin) = map.pg_temp.get(&(pool.id, pg)).cloned() else { continue };
+        checked += 1;
+        assert!(pin.contains(&a), "PG {pg}: the pin {pin:?} names the OSD that holds it, {a}");
+        map.run(&boot(a, &format!("host-{}", a / 2))).unwrap();
+        let sets = map.pg_sets(&map.hierarchy(), &pool, pg);
+        assert!(sets.acting.contains(&a) && !sets.backfill.contains(&a), "PG {pg}: {sets:?}");
+    }
+    assert!(checked > 0, "no PG was pinned: the test tests nothing");
+    map.validate().unwrap();
+}
+
 /// The pins of `map`'s pool "rbd", as (pg, osds).
 fn pins(map: &ClusterMap) -> Vec<(u32, Vec<u32>)> {
     map.pg_temp.iter().map(|((_, pg), osds)| (*pg, osds.clone())).collect()

@@ -328,7 +328,10 @@ impl Peering {
     /// members died before its activation marked it (simulator seed 1280:
     /// ten acknowledged writes lost).
     pub fn record_members(&self) -> Vec<OsdId> {
-        self.members.iter().copied().filter(|m| !self.filled_in_background.contains(m)).collect()
+        let record: Vec<OsdId> =
+            self.members.iter().copied().filter(|m| !self.filled_in_background.contains(m)).collect();
+        debug_assert_eq!(record.first(), self.members.first(), "the primary is whole: it is never filled");
+        record
     }
 
     /// Members whose copy needs a backfill (restarted too far behind, lost

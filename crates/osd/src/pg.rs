@@ -341,8 +341,7 @@ impl Pg {
             return Vec::new();
         };
         debug_assert!(self.stored_ids_loaded, "the record's other slots come from the table");
-        let mut table = self.requests.clone();
-        set_committed(&mut table, installed);
+        let table = stored_requests::Overlay { table: &self.requests, over: installed };
         // A fresh block cache: the flushes' own cache stays theirs.
         stored_requests::record(partition, self.key, &table, first..=newest, &mut LastBlock::default())
     }

@@ -32,7 +32,7 @@ pub enum RequestState {
     Failed,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct RequestTable {
     /// Each id's state and the seq of its entry.
     states: HashMap<RequestId, (RequestState, u64)>,

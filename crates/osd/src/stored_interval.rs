@@ -54,14 +54,14 @@ pub fn record(partition: u32, pg: u32, interval: u64) -> Op {
 /// The store operation that marks this OSD's copy of `pg` as incomplete
 /// (`true`: a backfill into it began) or complete again.
 pub fn mark_backfilling(partition: u32, pg: u32, incomplete: bool) -> Op {
-    Op::SetAttr { key: key(partition, pg), name: BACKFILLING.to_vec(), value: vec![u8::from(incomplete)] }
+    set_flag(partition, pg, BACKFILLING, incomplete)
 }
 
 /// The store operation that marks this OSD's copy of `pg` as changed by a
 /// recovery of peering (`true`, in the same batch as the change) or
 /// settled again by an activation (`false`).
 pub fn mark_recovered(partition: u32, pg: u32, changed: bool) -> Op {
-    Op::SetAttr { key: key(partition, pg), name: RECOVERED.to_vec(), value: vec![u8::from(changed)] }
+    set_flag(partition, pg, RECOVERED, changed)
 }
 
 /// Whether peering's recovery changed this OSD's copy of `pg` and no
@@ -77,19 +77,24 @@ pub fn mark_recovered(partition: u32, pg: u32, changed: bool) -> Op {
 /// id table did not know it: the client's resend of that write ran again,
 /// after a newer write, and a read saw the old value come back.
 pub fn recovered(partition: &mut Partition, pg: u32) -> Result<bool, StoreError> {
-    let key = key(partition.index(), pg);
-    match partition.get_attr(key.as_bytes(), RECOVERED) {
-        Ok(bytes) => Ok(bytes != [0]),
-        Err(StoreError::NotFound | StoreError::AttrNotFound) => Ok(false),
-        Err(err) => Err(err),
-    }
+    flag(partition, pg, RECOVERED)
 }
 
 /// Whether a backfill into this OSD's copy of `pg` began and did not end:
 /// such a copy lacks objects, and is never level with a complete one.
 pub fn backfilling(partition: &mut Partition, pg: u32) -> Result<bool, StoreError> {
+    flag(partition, pg, BACKFILLING)
+}
+
+/// The operation that sets one of the record's flags (1 or 0).
+fn set_flag(partition: u32, pg: u32, name: &[u8], set: bool) -> Op {
+    Op::SetAttr { key: key(partition, pg), name: name.to_vec(), value: vec![u8::from(set)] }
+}
+
+/// One of the record's flags: set unless absent or 0.
+fn flag(partition: &mut Partition, pg: u32, name: &[u8]) -> Result<bool, StoreError> {
     let key = key(partition.index(), pg);
-    match partition.get_attr(key.as_bytes(), BACKFILLING) {
+    match partition.get_attr(key.as_bytes(), name) {
         Ok(bytes) => Ok(bytes != [0]),
         Err(StoreError::NotFound | StoreError::AttrNotFound) => Ok(false),
         Err(err) => Err(err),

@@ -110,6 +110,34 @@ impl LastBlock {
     }
 }
 
+/// Where [`record`] finds the id of the entry at a seq.
+pub trait IdsBySeq {
+    fn at_seq(&self, seq: u64) -> Option<RequestId>;
+}
+
+impl IdsBySeq for RequestTable {
+    fn at_seq(&self, seq: u64) -> Option<RequestId> {
+        RequestTable::at_seq(self, seq)
+    }
+}
+
+/// A table with ids laid over it (peering's recovery installs them with an
+/// object, and the table takes them only once that batch applied): an id
+/// at a seq of `over` wins, as `RequestTable::set` would make it.
+pub struct Overlay<'a> {
+    pub table: &'a RequestTable,
+    pub over: &'a [LoggedRequest],
+}
+
+impl IdsBySeq for Overlay<'_> {
+    fn at_seq(&self, seq: u64) -> Option<RequestId> {
+        match self.over.iter().rev().find(|request| request.seq == seq) {
+            Some(request) => Some(RequestId { client: request.client, tid: request.tid }),
+            None => self.table.at_seq(seq),
+        }
+    }
+}
+
 /// The store operations that record the ids of the entries `flushed`
 /// (seqs, in log order, all of them now in the store) whole 4 KiB blocks
 /// at a time, one write per run of adjacent blocks. A block's other slots
@@ -125,7 +153,7 @@ impl LastBlock {
 pub fn record(
     partition: u32,
     pg: u32,
-    table: &RequestTable,
+    table: &impl IdsBySeq,
     flushed: RangeInclusive<u64>,
     last: &mut LastBlock,
 ) -> Vec<Op> {

@@ -104,11 +104,7 @@ impl Outcome {
     fn kind(&self) -> Option<String> {
         match self {
             Outcome::Passed(_) => None,
-            Outcome::Failed(SimFailure::Violations { first, .. }) => {
-                // "Violation { kind: StaleRead, ..." names the first one's kind.
-                let kind = first.split("kind: ").nth(1).and_then(|rest| rest.split([',', ' ']).next());
-                Some(format!("violations ({})", kind.unwrap_or("?")))
-            }
+            Outcome::Failed(SimFailure::Violations { kind, .. }) => Some(format!("violations ({kind})")),
             Outcome::Failed(SimFailure::Stuck { .. }) => Some("did not settle".into()),
             Outcome::Failed(SimFailure::Broken { .. }) => Some("broken run".into()),
             Outcome::Panicked(_) => Some("panicked".into()),

@@ -188,7 +188,13 @@ pub struct RunReport {
 #[derive(Debug, thiserror::Error)]
 pub enum SimFailure {
     #[error("seed {seed}: the checker found {count} violations; first: {first}")]
-    Violations { seed: u64, count: usize, first: String },
+    Violations {
+        seed: u64,
+        count: usize,
+        /// The first violation's kind (`StaleRead`, `LostWrite`, ...).
+        kind: String,
+        first: String,
+    },
     #[error("seed {seed}: the cluster did not settle by {at_us} µs ({why})")]
     Stuck { seed: u64, at_us: u64, why: String },
     #[error("seed {seed}: {message}")]
@@ -715,6 +721,7 @@ impl World {
             return Err(SimFailure::Violations {
                 seed,
                 count: report.violations.len(),
+                kind: format!("{:?}", report.violations[0].kind),
                 first: format!("{:?}", report.violations[0]),
             });
         }

@@ -355,3 +355,16 @@ fn regression_seeds_10222_and_10007_a_hand_over_back_to_the_up_sets_order_leaves
     let hand_overs = run_seed(10222).hand_overs + run_seed(10007).hand_overs;
     assert!(hand_overs > 0, "no PG was handed over: the seeds test nothing");
 }
+
+/// A PG served by one OSD alone (its last active set) had that OSD go
+/// down, and an operator's mark-out moved the PG meanwhile: the monitor
+/// pinned it to the acting set of that moment, without the one OSD that
+/// held it, which came back as a backfill target (fenced, never heard),
+/// and the PG waited for it for good. A pin now keeps the OSDs of the last
+/// active set. (Seed 30680, every fault, two at once, of a sweep after the
+/// review; the map test `a_pin_keeps_the_osds_of_the_last_active_set_even_while_they_are_down`
+/// fails without the rule.)
+#[test]
+fn regression_seed_30680_a_pin_keeps_the_osd_that_holds_the_pg() {
+    run_every_fault_two_at_once(30680);
+}

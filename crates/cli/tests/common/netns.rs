@@ -18,13 +18,18 @@ pub struct Hosts {
 }
 
 impl Hosts {
-    /// Creates namespaces `dxa<pid>` and `dxb<pid>` with addresses
-    /// 10.213.N.1 and 10.213.N.2 on the two ends of a veth pair.
+    /// Creates namespaces `dxa<pid><n>` and `dxb<pid><n>` (n counts the
+    /// hosts this process made: two tests of one binary run at once) with
+    /// addresses 10.213.N.1 and 10.213.N.2 on the two ends of a veth pair.
     pub fn create() -> Hosts {
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         // SAFETY: geteuid has no preconditions.
         assert_eq!(unsafe { libc::geteuid() }, 0, "the partition tests need root for network namespaces");
-        let tag = std::process::id() % 100_000;
-        let subnet = tag % 250;
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
+        let pid = std::process::id() % 100_000;
+        // Interface names hold 15 bytes: "dxva" and at most 6 digits.
+        let tag = format!("{pid}{made}");
+        let subnet = (pid * 10 + made) % 250;
         let hosts = Hosts {
             a: format!("dxa{tag}"),
             b: format!("dxb{tag}"),
