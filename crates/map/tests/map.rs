@@ -243,7 +243,7 @@ fn a_pin_keeps_the_osds_of_the_last_active_set_even_while_they_are_down() {
     // out moved the PG. The pin named only the acting set of that moment,
     // so osd.A, back up, was a backfill target: fenced, never heard, and
     // the PG waited for it for good.
-    let mut map = small_cluster();
+    let map = small_cluster();
     let pool = map.pool_by_name("rbd").unwrap().clone();
     let mut checked = 0;
     for pg in 0..64 {
