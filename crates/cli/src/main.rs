@@ -13,6 +13,10 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use duplex_client::{Client, ClientConfig, ClientError, CreateOptions};
 
+/// Counts allocations for the OSD's metrics (the per-write budget test reads them).
+#[global_allocator]
+static ALLOCATOR: duplex_osd::alloc_count::CountingAllocator = duplex_osd::alloc_count::CountingAllocator;
+
 const DEFAULT_DIR: &str = "duplex-dev";
 
 #[derive(Parser)]

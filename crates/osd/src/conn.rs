@@ -80,6 +80,7 @@ impl Conn {
         self.staged.extend_from_slice(&frame.encode_header());
         if frame.payload.len() <= COPY_LIMIT {
             self.staged.extend_from_slice(&frame.payload);
+            crate::copies::count(crate::copies::Site::Send, frame.payload.len());
         } else {
             if !self.staged.is_empty() {
                 self.out.push_back(self.staged.split().freeze());
@@ -158,7 +159,10 @@ impl Conn {
                     self.closing = true;
                     return Ok(messages);
                 }
-                Ok(n) => self.inbuf.extend_from_slice(&chunk[..n]),
+                Ok(n) => {
+                    self.inbuf.extend_from_slice(&chunk[..n]);
+                    crate::copies::count(crate::copies::Site::Receive, n);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(messages),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(ConnError::Io(e)),

@@ -112,7 +112,8 @@ pub struct Pending {
     dirty: BTreeSet<u32>,
     deadline: Option<Instant>,
     flush_now: bool,
-    written: u64,
+    /// The store's counters when the metrics last took them.
+    counted: duplex_store::PartitionStats,
     used: u64,
 }
 
@@ -135,7 +136,7 @@ impl Pending {
 impl Flusher {
     /// Starts the partition's gauges; the work list for `take` and `step`.
     pub fn start(&self) -> Pending {
-        let written = device_bytes(&self.partition);
+        let counted = self.partition.stats();
         let total = self.partition.data_blocks() * duplex_store::BLOCK_SIZE as u64;
         self.metrics.store_capacity_bytes.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
         let used = (self.partition.data_blocks() - self.partition.free_blocks()) * duplex_store::BLOCK_SIZE as u64;
@@ -147,7 +148,7 @@ impl Flusher {
             dirty: BTreeSet::new(),
             deadline: None,
             flush_now: false,
-            written,
+            counted,
             used,
         }
     }
@@ -226,9 +227,16 @@ impl Flusher {
                 }
             }
         }
-        let now_written = device_bytes(&self.partition);
-        self.metrics.device_bytes_written.add(now_written.saturating_sub(pending.written));
-        pending.written = now_written;
+        let now = self.partition.stats();
+        let (was, metrics) = (&pending.counted, &self.metrics);
+        metrics.device_bytes_written.add(now.io.bytes_written.saturating_sub(was.io.bytes_written));
+        metrics.store_writes.add(now.io.writes.saturating_sub(was.io.writes));
+        metrics.store_reads.add(now.io.reads.saturating_sub(was.io.reads));
+        metrics.store_flushes.add(now.io.flushes.saturating_sub(was.io.flushes));
+        metrics.store_submissions.add(now.io.submissions.saturating_sub(was.io.submissions));
+        metrics.store_payload_bytes.add(now.user_bytes_written.saturating_sub(was.user_bytes_written));
+        metrics.store_journal_bytes.add(now.journal_bytes_written.saturating_sub(was.journal_bytes_written));
+        pending.counted = now;
         // This partition's share of the OSD's used bytes, as a delta.
         let now_used = (self.partition.data_blocks() - self.partition.free_blocks()) * duplex_store::BLOCK_SIZE as u64;
         let gauge = &self.metrics.store_used_bytes;
@@ -283,6 +291,7 @@ impl Flusher {
                             "a log's live entries have consecutive seqs"
                         );
                         last = entry.seq;
+                        crate::copies::count(crate::copies::Site::Flush, entry.data.len());
                         // The primary and replica paths checked every entry before logging it.
                         ops.push(store_op(entry).expect("a logged entry is a valid store operation"));
                     }
@@ -570,11 +579,4 @@ fn reply_of(epoch: u64, result: Result<Bytes, StoreError>) -> OpReply {
         Err(err @ StoreError::InvalidArgument(_)) => OpReply::error(Status::Invalid, epoch, err),
         Err(err) => OpReply::error(Status::Io, epoch, err),
     }
-}
-
-fn device_bytes(partition: &Partition) -> u64 {
-    let stats = partition.stats();
-    stats.data_blocks_written * duplex_store::BLOCK_SIZE as u64
-        + stats.journal_bytes_written
-        + stats.metadata_bytes_written
 }

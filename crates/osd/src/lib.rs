@@ -21,11 +21,13 @@
 //!   the [`peering_driver`] thread of the PG's primary; [`member`] is what
 //!   each member's flusher does when asked.
 
+pub mod alloc_count;
 pub mod backfill;
 pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod conn;
+pub mod copies;
 pub mod daemon;
 pub mod flusher;
 pub mod local;

@@ -76,6 +76,16 @@ pub struct Metrics {
     pub flushes: Counter,
     pub flushed_entries: Counter,
     pub device_bytes_written: Counter,
+    /// The store's device requests (io_uring SQEs or syscalls), by kind.
+    pub store_writes: Counter,
+    pub store_reads: Counter,
+    pub store_flushes: Counter,
+    /// Waits for the device: io_uring submissions, or syscalls.
+    pub store_submissions: Counter,
+    /// Bytes the store was asked to write (each copied once into its buffers).
+    pub store_payload_bytes: Counter,
+    /// Of the device bytes: journal records.
+    pub store_journal_bytes: Counter,
     pub connections_refused: Counter,
     /// Logged operations the store refused at flush time (dropped).
     pub dropped_entries: Counter,
@@ -308,6 +318,43 @@ impl Metrics {
             "Bytes the store wrote to its device (data, journal, metadata).",
             &[("", self.device_bytes_written.get())],
         );
+        counter(
+            &mut out,
+            "duplex_osd_store_requests_total",
+            "Device requests of the store by kind (io_uring entries or syscalls), and the submissions that carried them.",
+            &[
+                ("{kind=\"write\"}", self.store_writes.get()),
+                ("{kind=\"read\"}", self.store_reads.get()),
+                ("{kind=\"flush\"}", self.store_flushes.get()),
+                ("{kind=\"submission\"}", self.store_submissions.get()),
+            ],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_store_journal_bytes_total",
+            "Of the device bytes written: the store's journal records.",
+            &[("", self.store_journal_bytes.get())],
+        );
+        let mut copies: Vec<(String, u64)> = crate::copies::SITES
+            .iter()
+            .map(|(name, site)| (format!("{{site=\"{name}\"}}"), crate::copies::bytes(*site)))
+            .collect();
+        copies.push(("{site=\"store\"}".into(), self.store_payload_bytes.get()));
+        let copies: Vec<(&str, u64)> = copies.iter().map(|(label, value)| (label.as_str(), *value)).collect();
+        counter(
+            &mut out,
+            "duplex_osd_payload_bytes_copied_total",
+            "Bytes of operation payload copied in memory, by where (the store's copy into its block buffers is `store`).",
+            &copies,
+        );
+        if let Some(allocations) = crate::alloc_count::allocations() {
+            counter(
+                &mut out,
+                "duplex_process_allocations_total",
+                "Heap allocations by this process (reallocations included).",
+                &[("", allocations)],
+            );
+        }
         counter(
             &mut out,
             "duplex_osd_connections_refused_total",

@@ -20,7 +20,7 @@ use duplex_store::{Op, Partition, StoreError};
 
 use crate::config::OplogMode;
 use crate::requests::{RequestState, RequestTable};
-use crate::stored_requests::{self, LastBlock};
+use crate::stored_requests;
 
 /// Pools whose id fits the 12 bits left to it in a PG key.
 pub const MAX_POOL_ID: u32 = (1 << 12) - 1;
@@ -91,11 +91,12 @@ pub struct Pg {
     pub dirty: bool,
     /// Request ids of recent mutations, to answer resends.
     pub requests: RequestTable,
-    /// The block of the store's id record the last flush wrote (stored_requests.rs).
-    ids_block: LastBlock,
+    /// This PG's flushes asked the store to create its id record whole
+    /// (stored_requests.rs), so that their slots go through its journal.
+    ids_record_created: bool,
     /// The table holds the ids the store's record kept (loaded at start or
-    /// at the first peering query, or replaced by activation): it is what
-    /// flushes write back, so it must hold them before the first flush.
+    /// at the first peering query, or replaced by activation), so that
+    /// resends of flushed writes are answered.
     stored_ids_loaded: bool,
     /// Primary side: the writes it logged that not every replica has
     /// acknowledged yet. Their objects are not readable meanwhile.
@@ -233,7 +234,7 @@ impl Pg {
             waiters: false,
             dirty: false,
             requests: RequestTable::default(),
-            ids_block: LastBlock::default(),
+            ids_record_created: false,
             stored_ids_loaded: false,
             uncommitted: Uncommitted::default(),
             gap_since: None,
@@ -331,8 +332,8 @@ impl Pg {
 
     /// The store operations that record ids which came with an object
     /// peering's recovery installs, in the same batch as the object: the
-    /// whole blocks of the store's record their seqs fall in (usually
-    /// one), the rest of each block from this table. The table itself
+    /// slots of the seqs from the first to the newest, each from
+    /// `installed` or else from this table. The table itself
     /// changes only once that batch applied ([`Pg::take_installed_ids`]).
     pub fn installed_ids_ops(&self, partition: u32, installed: &[LoggedRequest]) -> Vec<Op> {
         let (Some(first), Some(newest)) =
@@ -340,18 +341,14 @@ impl Pg {
         else {
             return Vec::new();
         };
-        debug_assert!(self.stored_ids_loaded, "the record's other slots come from the table");
         let table = stored_requests::Overlay { table: &self.requests, over: installed };
-        // A fresh block cache: the flushes' own cache stays theirs.
-        stored_requests::record(partition, self.key, &table, first..=newest, &mut LastBlock::default())
+        stored_requests::record(partition, self.key, &table, first..=newest)
     }
 
     /// Adds ids that came with an object peering's recovery installed
     /// (their effects are in the store now, and so is their record).
     pub fn take_installed_ids(&mut self, installed: &[LoggedRequest]) {
         set_committed(&mut self.requests, installed);
-        // The install rewrote blocks the next flush's cached one may share.
-        self.ids_block.forget();
     }
 
     /// Peering's end: the log (empty) continues after `last_seq` (an entry
@@ -378,7 +375,6 @@ impl Pg {
         self.sync_seq = last_seq;
         self.newest_epoch = None;
         self.requests.replace(requests);
-        self.ids_block.forget();
         self.stored_ids_loaded = true;
         self.backfill_lock = None;
         self.active = Some(activation);
@@ -397,6 +393,7 @@ impl Pg {
     ) -> Result<(), LogError> {
         debug_assert_eq!(entry.pg, self.key, "entry for another PG");
         let at = self.log.append_encoded(entry.seq, encoded)?;
+        crate::copies::count(crate::copies::Site::LogAppend, entry.data.len());
         self.remember(entry.seq, entry.epoch, entry.object);
         self.index.insert_ref(entry, at);
         self.requests.set(entry.request, state, entry.seq);
@@ -515,15 +512,17 @@ impl Pg {
     /// The store operations that keep the ids of the entries `flushed`
     /// (now in the store, in log order) past the log's trim.
     pub fn record_flushed_ids(&mut self, partition: u32, flushed: RangeInclusive<u64>) -> Vec<Op> {
-        debug_assert!(self.stored_ids_loaded, "a flush would clear the ids the store kept and the table lacks");
-        stored_requests::record(partition, self.key, &self.requests, flushed, &mut self.ids_block)
+        let mut ops = Vec::new();
+        if !std::mem::replace(&mut self.ids_record_created, true) {
+            ops.push(stored_requests::create(partition, self.key));
+        }
+        ops.extend(stored_requests::record(partition, self.key, &self.requests, flushed));
+        ops
     }
 
     /// The ids of entries in the store, for a rewrite of the whole record
     /// (those still in the log are not: a power cut could take their writes).
     pub fn flushed_ids(&mut self) -> Vec<LoggedRequest> {
-        // The rewrite replaces what the last flush wrote.
-        self.ids_block.forget();
         let flushed = self.flushed_through();
         self.requests.logged().into_iter().filter(|request| request.seq <= flushed).collect()
     }

@@ -9,6 +9,14 @@ pub enum Op {
     /// Write `data` at `offset`, creating the object if needed and extending
     /// its size; gaps read as zeros.
     Write { key: Key, offset: u64, data: Vec<u8> },
+    /// A `Write` whose bytes, where they fall in blocks the object already
+    /// holds, travel in the batch's journal record: those blocks are written
+    /// in place only at the next checkpoint (a deferred write, as BlueStore
+    /// does for small ones). Many small updates of the same blocks (the
+    /// OSD's request-id ring) then cost tens of journal bytes each instead
+    /// of a 4 KiB block each. Elsewhere (new blocks, holes) it is a `Write`.
+    /// The result is exactly that of a `Write`; only the cost differs.
+    WriteJournaled { key: Key, offset: u64, data: Vec<u8> },
     /// Set the size, creating the object if needed; bytes past a new,
     /// smaller size are discarded and read as zeros if the object grows again.
     Truncate { key: Key, size: u64 },
@@ -30,6 +38,7 @@ impl Op {
     pub fn key(&self) -> &Key {
         match self {
             Op::Write { key, .. }
+            | Op::WriteJournaled { key, .. }
             | Op::Truncate { key, .. }
             | Op::Delete { key }
             | Op::CreatePreallocated { key, .. }
@@ -58,6 +67,10 @@ impl Batch {
 
     pub fn write(&mut self, key: Key, offset: u64, data: impl Into<Vec<u8>>) -> &mut Self {
         self.push(Op::Write { key, offset, data: data.into() })
+    }
+
+    pub fn write_journaled(&mut self, key: Key, offset: u64, data: impl Into<Vec<u8>>) -> &mut Self {
+        self.push(Op::WriteJournaled { key, offset, data: data.into() })
     }
 
     pub fn truncate(&mut self, key: Key, size: u64) -> &mut Self {

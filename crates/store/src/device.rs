@@ -138,6 +138,9 @@ pub struct IoStats {
     pub reads: u64,
     pub writes: u64,
     pub flushes: u64,
+    /// Times the store handed requests to the kernel and waited for them
+    /// (an `io_uring_enter`, or each `pread`/`pwrite`): a wake-up each.
+    pub submissions: u64,
 }
 
 impl IoStats {
@@ -147,6 +150,7 @@ impl IoStats {
         self.reads += other.reads;
         self.writes += other.writes;
         self.flushes += other.flushes;
+        self.submissions += other.submissions;
     }
 }
 
@@ -347,6 +351,7 @@ impl BlockIo for PreadIo {
             check_aligned(*offset, buf.len(), buf.as_ptr());
             self.file.read_exact_at(buf, *offset)?;
             self.stats.reads += 1;
+            self.stats.submissions += 1;
             self.stats.bytes_read += buf.len() as u64;
         }
         Ok(())
@@ -357,6 +362,7 @@ impl BlockIo for PreadIo {
             check_aligned(*offset, buf.len(), buf.as_ptr());
             self.file.write_all_at(buf, *offset)?;
             self.stats.writes += 1;
+            self.stats.submissions += 1;
             self.stats.bytes_written += buf.len() as u64;
         }
         Ok(())
@@ -404,6 +410,7 @@ impl UringIo {
             }
             let mut remaining = chunk.len();
             while remaining > 0 {
+                self.stats.submissions += 1;
                 match self.ring.submit_and_wait(remaining.min(chunk.len())) {
                     Ok(_) => {}
                     Err(err) if err.raw_os_error() == Some(libc::EINTR) => continue,

@@ -265,6 +265,7 @@ impl BlockIo for FaultyIo {
                 buf[at..at + SECTOR as usize].copy_from_slice(bytes);
             }
             self.stats.reads += 1;
+            self.stats.submissions += 1;
             self.stats.bytes_read += buf.len() as u64;
         }
         Ok(())
@@ -285,6 +286,7 @@ impl BlockIo for FaultyIo {
                 self.cache.insert(offset / SECTOR + index as u64, chunk.into());
             }
             self.stats.writes += 1;
+            self.stats.submissions += 1;
             self.stats.bytes_written += buf.len() as u64;
         }
         self.faults.unflushed.fetch_add(self.cached_bytes() - before, Ordering::Relaxed);

@@ -232,7 +232,9 @@ impl Partition {
                     return;
                 }
             }
-            for (block, buf) in chunk.iter().zip(bufs) {
+            for (block, disk) in chunk.iter().zip(bufs) {
+                // A block changed through the journal is what replay rebuilt
+                // (mount already dropped one that failed its crc).
                 let stored = match self.crc_get(*block) {
                     Ok(crc) => crc,
                     Err(err) => {
@@ -240,7 +242,7 @@ impl Partition {
                         return;
                     }
                 };
-                let computed = crate::crc32c(&buf);
+                let computed = crate::crc32c(self.deferred.get(block).map_or(&disk[..], |image| &image[..]));
                 if computed != stored {
                     report.issue(
                         "data_checksum",

@@ -21,6 +21,7 @@
 //!    1 SetBits   map u8 (0 slots, 1 alloc, 2 written), start u64, count u64, value u8
 //!    2 DataWrite block u32, was written u8, old crc u32, new crc u32, zero from u16
 //!    3 WriteSlot slot u32, image [512]
+//!    4 Patch     block u32, at u16, len u16, base zero u8, new crc u32, bytes [len]
 //! ```
 //! `DataWrite` sets the block's written bit and crc. It carries the old state
 //! so that mount can tell, for the last record, whether each block's data
@@ -28,7 +29,15 @@
 //! set when the batch grew the object past its old size inside this block:
 //! bytes from there on were never visible, and if the new data did not land,
 //! recovery zeroes them in the old contents so that they never become visible.
-
+//!
+//! `Patch` is a deferred write ([`crate::Op::WriteJournaled`]): `len` bytes
+//! at `at` of data block `block`, carried whole by the record. The block is
+//! written in place only by the next checkpoint, so every change to it since
+//! the last checkpoint is in the journal, and replay rebuilds it from the
+//! block on disk (or zeros, when `base zero`: the block held no data before)
+//! whatever part of an interrupted checkpoint's write of it landed. `new crc`
+//! is the block's crc32c once the record applied (every patch of the block in
+//! one record carries the same).
 use crate::codec::{seal, verify_seal, Reader, Writer};
 use crate::device::AlignedBuf;
 use crate::error::Result;
@@ -50,6 +59,7 @@ pub enum Entry {
     SetBits { map: BitmapKind, start: u64, count: u64, value: bool },
     DataWrite { block: u32, was_written: bool, old_crc: u32, new_crc: u32, zero_from: u16 },
     WriteSlot { slot: u32, image: Box<[u8; SLOT_SIZE]> },
+    Patch { block: u32, at: u16, base_zero: bool, new_crc: u32, bytes: Vec<u8> },
 }
 
 impl Entry {
@@ -58,6 +68,7 @@ impl Entry {
             Entry::SetBits { .. } => 1 + 1 + 8 + 8 + 1,
             Entry::DataWrite { .. } => 1 + 4 + 1 + 4 + 4 + 2,
             Entry::WriteSlot { .. } => 1 + 4 + SLOT_SIZE,
+            Entry::Patch { bytes, .. } => 1 + 4 + 2 + 2 + 1 + 4 + bytes.len(),
         }
     }
 }
@@ -110,6 +121,16 @@ impl Record {
                         w.u8(3);
                         w.u32(*slot);
                         w.bytes(&image[..]);
+                    }
+                    Entry::Patch { block, at, base_zero, new_crc, bytes } => {
+                        debug_assert!(*at as usize + bytes.len() <= crate::BLOCK_SIZE, "a patch stays in its block");
+                        w.u8(4);
+                        w.u32(*block);
+                        w.u16(*at);
+                        w.u16(bytes.len() as u16);
+                        w.u8(*base_zero as u8);
+                        w.u32(*new_crc);
+                        w.bytes(bytes);
                     }
                 }
             }
@@ -174,6 +195,19 @@ impl Record {
                     let slot = r.u32()?;
                     Entry::WriteSlot { slot, image: Box::new(r.array()?) }
                 }
+                4 => {
+                    let block = r.u32()?;
+                    let at = r.u16()?;
+                    let len = r.u16()? as usize;
+                    let base_zero = r.u8()? != 0;
+                    let new_crc = r.u32()?;
+                    if at as usize + len > crate::BLOCK_SIZE {
+                        return Err(crate::StoreError::corrupt(format!(
+                            "journal: a patch of {len} bytes at {at} passes its block"
+                        )));
+                    }
+                    Entry::Patch { block, at, base_zero, new_crc, bytes: r.bytes(len)?.to_vec() }
+                }
                 other => return Err(crate::StoreError::corrupt(format!("journal: entry tag {other}"))),
             };
             entries.push(entry);
@@ -206,6 +240,11 @@ mod tests {
             ),
             (any::<u32>(), any::<u8>())
                 .prop_map(|(slot, fill)| Entry::WriteSlot { slot, image: Box::new([fill; SLOT_SIZE]) }),
+            (any::<u32>(), 0u16..4096, any::<bool>(), any::<u32>(), proptest::collection::vec(any::<u8>(), 0..64))
+                .prop_map(|(block, at, base_zero, new_crc, mut bytes)| {
+                    bytes.truncate(crate::BLOCK_SIZE - at as usize);
+                    Entry::Patch { block, at, base_zero, new_crc, bytes }
+                }),
         ]
     }
 

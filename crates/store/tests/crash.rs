@@ -142,9 +142,9 @@ fn check_crash_state(actual: &Snapshot, before: &Model, after: &Model, in_flight
     let meta_matches = |model: &Model| meta_matches(actual, model);
     for (key, index) in torn {
         let written = in_flight.ops.iter().any(|op| match op {
-            duplex_store::Op::Write { key: k, .. } | duplex_store::Op::Truncate { key: k, .. } => {
-                k.as_bytes() == &key[..]
-            }
+            duplex_store::Op::Write { key: k, .. }
+            | duplex_store::Op::WriteJournaled { key: k, .. }
+            | duplex_store::Op::Truncate { key: k, .. } => k.as_bytes() == &key[..],
             _ => false,
         });
         assert!(
@@ -195,6 +195,9 @@ fn summarize(batch: &Batch) -> Vec<String> {
         .iter()
         .map(|op| match op {
             duplex_store::Op::Write { key, offset, data } => format!("write {key:?} @{offset} +{}", data.len()),
+            duplex_store::Op::WriteJournaled { key, offset, data } => {
+                format!("journaled write {key:?} @{offset} +{}", data.len())
+            }
             other => format!("{other:?}").chars().take(90).collect(),
         })
         .collect()

@@ -78,6 +78,7 @@ fn set_key(op: &mut duplex_store::Op, new: duplex_store::Key) {
     use duplex_store::Op::*;
     match op {
         Write { key, .. }
+        | WriteJournaled { key, .. }
         | Truncate { key, .. }
         | Delete { key }
         | CreatePreallocated { key, .. }

@@ -125,6 +125,13 @@ pub struct NbdServer {
     pub uri: String,
 }
 
+impl NbdServer {
+    /// The gateway's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for NbdServer {
     fn drop(&mut self) {
         let _ = self.child.kill();

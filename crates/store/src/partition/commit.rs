@@ -13,7 +13,7 @@
 //! pass every check). Such a batch flushes its record before writing its
 //! data: a second flush, for that batch only.
 
-use super::plan::Prepared;
+use super::plan::{Planned, Prepared};
 use super::{CommitInfo, Partition};
 use crate::batch::Batch;
 use crate::device::AlignedBuf;
@@ -37,22 +37,45 @@ impl Partition {
             return Err(StoreError::ReadOnly);
         }
         let planning = std::time::Instant::now();
-        let mut prepared = self.prepare(batch)?;
-        self.stats.plan_ns += planning.elapsed().as_nanos() as u64;
         let mut checkpointed = false;
+        let mut prepared = match self.prepare(batch, true) {
+            Planned::Ready(prepared) => prepared,
+            Planned::Failed(err) => return Err(err),
+            Planned::TooManyPatches => {
+                // Written back, the deferred blocks take writes in place.
+                self.checkpoint()?;
+                checkpointed = true;
+                self.prepare_in_place(batch)?
+            }
+        };
+        self.stats.plan_ns += planning.elapsed().as_nanos() as u64;
         if self.needs_room(&prepared) {
             // Checkpoint outside any plan: its bitmap pages must not carry the
             // plan's quiet reservations, so undo them and plan again after.
             self.rollback(&prepared.reserved_blocks, &prepared.reserved_slots);
             self.checkpoint()?;
             checkpointed = true;
-            prepared = self.prepare(batch)?;
+            prepared = match self.prepare(batch, true) {
+                Planned::Ready(prepared) => prepared,
+                Planned::Failed(err) => return Err(err),
+                Planned::TooManyPatches => self.prepare_in_place(batch)?,
+            };
         }
         let result = self.commit(prepared).map(|info| CommitInfo { checkpointed, ..info });
         self.stats.batches += 1;
         self.stats.ops += batch.len() as u64;
         self.pages.trim();
         result
+    }
+
+    /// Plans `batch` with every block written in place (right after a
+    /// checkpoint: no block is deferred).
+    fn prepare_in_place(&mut self, batch: &Batch) -> Result<Prepared> {
+        match self.prepare(batch, false) {
+            Planned::Ready(prepared) => Ok(prepared),
+            Planned::Failed(err) => Err(err),
+            Planned::TooManyPatches => unreachable!("a plan in place has no patches"),
+        }
     }
 
     /// Convenience: a batch of one write.
@@ -64,7 +87,7 @@ impl Partition {
 
     fn commit(&mut self, prepared: Prepared) -> Result<CommitInfo> {
         if prepared.record.entries.is_empty() {
-            debug_assert!(prepared.staged.is_empty());
+            debug_assert!(prepared.staged.is_empty() && prepared.patched.is_empty());
             return Ok(CommitInfo::default());
         }
         let record_len = prepared.record.padded_len(self.sector) as u64;
@@ -89,21 +112,33 @@ impl Partition {
         let ordered = !self.last_record_fresh.is_empty()
             && prepared.staged.keys().any(|block| self.last_record_fresh.contains(block));
         let stage = std::time::Instant::now();
-        let io_result = self.io.write_many(&[(record_offset, &record_buf[..])]).and_then(|()| {
-            if ordered {
+        let io_result = if ordered {
+            self.io.write_many(&[(record_offset, &record_buf[..])]).and_then(|()| {
                 self.io.flush()?;
-            }
-            let record_done = std::time::Instant::now();
-            self.stats.record_write_ns += (record_done - stage).as_nanos() as u64;
-            if !data.is_empty() {
+                let record_done = std::time::Instant::now();
+                self.stats.record_write_ns += (record_done - stage).as_nanos() as u64;
                 self.io.write_many(&data)?;
-            }
-            let data_done = std::time::Instant::now();
-            self.stats.data_write_ns += (data_done - record_done).as_nanos() as u64;
-            self.io.flush()?;
-            self.stats.flush_ns += data_done.elapsed().as_nanos() as u64;
-            Ok(())
-        });
+                let data_done = std::time::Instant::now();
+                self.stats.data_write_ns += (data_done - record_done).as_nanos() as u64;
+                self.io.flush()?;
+                self.stats.flush_ns += data_done.elapsed().as_nanos() as u64;
+                Ok(())
+            })
+        } else {
+            // The record and the data in one submission: no order between
+            // them is needed, since mount tells by each block's crc32c
+            // whether the last record's data landed (recover_last_record).
+            let mut writes = Vec::with_capacity(1 + data.len());
+            writes.push((record_offset, &record_buf[..]));
+            writes.extend_from_slice(&data);
+            self.io.write_many(&writes).and_then(|()| {
+                let written = std::time::Instant::now();
+                self.stats.data_write_ns += (written - stage).as_nanos() as u64;
+                self.io.flush()?;
+                self.stats.flush_ns += written.elapsed().as_nanos() as u64;
+                Ok(())
+            })
+        };
 
         if let Err(err) = io_result {
             self.failed = true;
@@ -115,6 +150,13 @@ impl Partition {
         self.stats.ordered_commits += u64::from(ordered);
         self.last_record_fresh.clear();
         self.last_record_fresh.extend(prepared.staged.iter().filter(|(_, s)| !s.was_written).map(|(block, _)| *block));
+        let patched_blocks = prepared.patched.len() as u64;
+        for (block, patched) in prepared.patched {
+            // The record's patches then apply to the image that already holds them.
+            if let Some(old) = self.deferred.insert(block, patched.image) {
+                self.give_blocks([old]);
+            }
+        }
         self.apply_record(&prepared.record)?;
         for (key, entry) in prepared.index_updates {
             match entry {
@@ -127,6 +169,7 @@ impl Partition {
         self.stats.user_bytes_written += prepared.user_bytes;
         self.stats.data_blocks_written += prepared.staged.len() as u64;
         self.stats.journal_bytes_written += record_len;
+        self.stats.deferred_blocks_changed += patched_blocks;
         let data_blocks = prepared.staged.len();
         self.give_blocks(prepared.staged.into_values().map(|staged| staged.buf));
         Ok(CommitInfo { seq, data_blocks, journal_bytes: record_len as usize, checkpointed: false })
@@ -141,7 +184,8 @@ impl Partition {
     }
 
     pub(crate) fn dirty_pages(&self) -> usize {
-        self.pages.dirty_count()
+        self.deferred.len()
+            + self.pages.dirty_count()
             + self.slots.dirty_page_count()
             + self.alloc.dirty_page_count()
             + self.written.dirty_page_count()
@@ -152,7 +196,7 @@ impl Partition {
             .entries
             .iter()
             .filter_map(|entry| match entry {
-                Entry::DataWrite { block, .. } => Some(self.crc_location(*block).0),
+                Entry::DataWrite { block, .. } | Entry::Patch { block, .. } => Some(self.crc_location(*block).0),
                 Entry::WriteSlot { slot, .. } => Some(self.slot_location(*slot).0),
                 Entry::SetBits { .. } => None,
             })
@@ -179,6 +223,19 @@ impl Partition {
                         )));
                     }
                     bitmap.set_range(*start, *count, *value);
+                    if *map == BitmapKind::Alloc && !*value && !self.deferred.is_empty() {
+                        // A freed block's deferred image must never be written
+                        // back over whatever the block holds next.
+                        let freed: Vec<u32> = self
+                            .deferred
+                            .range(*start as u32..=(*start + *count - 1) as u32)
+                            .map(|(b, _)| *b)
+                            .collect();
+                        for block in freed {
+                            let image = self.deferred.remove(&block).expect("listed");
+                            self.give_blocks([image]);
+                        }
+                    }
                 }
                 Entry::DataWrite { block, new_crc, .. } => {
                     if *block as u64 >= self.written.len() {
@@ -187,6 +244,41 @@ impl Partition {
                             self.index
                         )));
                     }
+                    self.written.set_range(*block as u64, 1, true);
+                    self.crc_set(*block, *new_crc)?;
+                    // Written in place: the disk holds it (and it had no
+                    // deferred image: such a block changes only by patches).
+                    debug_assert!(
+                        !self.deferred.contains_key(block),
+                        "block {block} was written in place while deferred"
+                    );
+                }
+                Entry::Patch { block, at, base_zero, new_crc, bytes } => {
+                    if *block as u64 >= self.written.len() || *at as usize + bytes.len() > BLOCK_SIZE {
+                        return Err(StoreError::corrupt(format!(
+                            "partition {}: journal patches {} bytes at {at} of data block {block}",
+                            self.index,
+                            bytes.len()
+                        )));
+                    }
+                    if *base_zero {
+                        let zeros = self.take_block(true);
+                        if let Some(old) = self.deferred.insert(*block, zeros) {
+                            self.give_blocks([old]);
+                        }
+                    } else if !self.deferred.contains_key(block) {
+                        // Replay: the block as the last checkpoint left it.
+                        // Had a checkpoint that wrote it back been cut
+                        // short, every byte it changed is in a later patch.
+                        let mut base = self.take_block(false);
+                        let offset = self.data_offset(*block);
+                        self.io
+                            .read_many(&mut [(offset, &mut base[..])])
+                            .map_err(|e| StoreError::io("reading a deferred block's base", e))?;
+                        self.deferred.insert(*block, base);
+                    }
+                    let image = self.deferred.get_mut(block).expect("present");
+                    image[*at as usize..*at as usize + bytes.len()].copy_from_slice(bytes);
                     self.written.set_range(*block as u64, 1, true);
                     self.crc_set(*block, *new_crc)?;
                 }
@@ -223,12 +315,14 @@ impl Partition {
                 ));
             }
         }
+        let deferred_bytes = (self.deferred.len() * BLOCK_SIZE) as u64;
         let requests: Vec<(u64, &[u8])> = writes
             .iter()
             .map(|(offset, buf)| (*offset, &buf[..]))
             .chain(self.pages.dirty_pages().into_iter().map(|(block, bytes)| (block * BLOCK_SIZE as u64, bytes)))
+            .chain(self.deferred.iter().map(|(block, image)| (self.data_offset(*block), &image[..])))
             .collect();
-        let metadata_bytes: u64 = requests.iter().map(|(_, b)| b.len() as u64).sum();
+        let metadata_bytes: u64 = requests.iter().map(|(_, b)| b.len() as u64).sum::<u64>() - deferred_bytes;
         let header = PartitionHeader {
             fsid: self.fsid,
             partition: self.index,
@@ -256,6 +350,9 @@ impl Partition {
         self.written.mark_clean();
         self.pages.mark_clean();
         self.pages.trim();
+        let written_back = std::mem::take(&mut self.deferred);
+        self.give_blocks(written_back.into_values());
+        self.stats.deferred_bytes_written += deferred_bytes;
         self.stats.checkpoints += 1;
         self.stats.checkpoint_ns += started.elapsed().as_nanos() as u64;
         self.stats.metadata_bytes_written += metadata_bytes + BLOCK_SIZE as u64;

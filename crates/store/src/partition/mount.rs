@@ -87,6 +87,7 @@ impl Partition {
             mount_issues: Vec::new(),
             spare_blocks: Vec::new(),
             last_record_fresh: std::collections::HashSet::new(),
+            deferred: BTreeMap::new(),
         };
         let replayed = partition.replay_journal()?;
         partition.rebuild_index()?;
@@ -119,7 +120,29 @@ impl Partition {
         if let Some(record) = last {
             self.recover_last_record(&record)?;
         }
+        self.check_deferred()?;
         Ok(count)
+    }
+
+    /// Every block rebuilt from journal patches must match its crc32c. One
+    /// that does not had its base damaged on disk: it is dropped, so that it
+    /// reads from the disk and fails its checksum, as any damaged block does.
+    fn check_deferred(&mut self) -> Result<()> {
+        let blocks: Vec<u32> = self.deferred.keys().copied().collect();
+        for block in blocks {
+            let expected = self.crc_get(block)?;
+            let computed = crate::crc32c(&self.deferred[&block]);
+            if computed != expected {
+                tracing::warn!(
+                    partition = self.index,
+                    block,
+                    "a block rebuilt from the journal fails its checksum (its base on disk is damaged); it reads as a checksum error until rewritten"
+                );
+                let image = self.deferred.remove(&block).expect("listed");
+                self.give_blocks([image]);
+            }
+        }
+        Ok(())
     }
 
     /// The last record's flush may not have completed before the crash, so

@@ -31,6 +31,24 @@ pub(crate) struct StagedBlock {
     pub zero_from: u16,
 }
 
+/// A block changed by deferred writes ([`Op::WriteJournaled`]): its new
+/// image, and the byte ranges the journal record carries.
+pub(crate) struct PatchedBlock {
+    pub image: AlignedBuf,
+    /// The block held no data before this batch: replay starts from zeros.
+    pub base_zero: bool,
+    pub pieces: Vec<(u16, Vec<u8>)>,
+}
+
+/// Whether a piece of a write, within one block, asks for the journal.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum JournalPiece {
+    /// A journaled write's part of a block.
+    Partial,
+    /// A plain write's, or a journaled write's whole block.
+    No,
+}
+
 /// One object as the batch sees it.
 struct Working {
     /// The object now (`None`: absent at this point of the batch).
@@ -56,6 +74,15 @@ struct Working {
 pub(crate) struct Plan {
     objects: BTreeMap<Key, Working>,
     pub staged: BTreeMap<u32, StagedBlock>,
+    /// Blocks written through the journal; never also in `staged`.
+    patched: BTreeMap<u32, PatchedBlock>,
+    /// Journaled writes may be deferred (false: every block is written in
+    /// place, for a batch whose patches would not fit the journal, planned
+    /// again after a checkpoint emptied the deferred blocks).
+    defer: bool,
+    /// The record was too large because of its patches: worth planning
+    /// again without them.
+    patches_overflowed: bool,
     /// Blocks and slots reserved quietly, to undo on failure.
     reserved_blocks: Vec<u32>,
     reserved_slots: Vec<u32>,
@@ -66,9 +93,20 @@ pub(crate) struct Plan {
 }
 
 /// What a commit applies once its record is durable.
+/// What planning a batch gave.
+pub(crate) enum Planned {
+    Ready(Prepared),
+    /// Its journal record would be too large because of the patches of
+    /// deferred writes: after a checkpoint, planned in place it may fit
+    /// (a journaled write means the same as a plain one, at another cost).
+    TooManyPatches,
+    Failed(StoreError),
+}
+
 pub(crate) struct Prepared {
     pub record: Record,
     pub staged: BTreeMap<u32, StagedBlock>,
+    pub patched: BTreeMap<u32, PatchedBlock>,
     pub index_updates: Vec<(Key, Option<IndexEntry>)>,
     pub new_reclaims: Vec<Reclaim>,
     pub user_bytes: u64,
@@ -80,14 +118,21 @@ pub(crate) struct Prepared {
 
 impl Partition {
     /// Plans `batch`; on error nothing is reserved and nothing changed.
-    pub(crate) fn prepare(&mut self, batch: &Batch) -> Result<Prepared> {
-        let mut plan = Plan::default();
+    /// With `defer` false every block is written in place, which needs no
+    /// deferred block (a checkpoint empties them): see [`Planned`].
+    pub(crate) fn prepare(&mut self, batch: &Batch, defer: bool) -> Planned {
+        debug_assert!(defer || self.deferred.is_empty(), "a deferred block changes only by patches");
+        let mut plan = Plan { defer, ..Plan::default() };
         let result = self.plan_ops(&mut plan, batch).and_then(|()| self.finish(&mut plan));
         match result {
-            Ok(prepared) => Ok(prepared),
+            Ok(prepared) => Planned::Ready(prepared),
             Err(err) => {
                 self.rollback(&plan.reserved_blocks, &plan.reserved_slots);
-                Err(err)
+                if plan.patches_overflowed {
+                    Planned::TooManyPatches
+                } else {
+                    Planned::Failed(err)
+                }
             }
         }
     }
@@ -108,7 +153,11 @@ impl Partition {
             match op {
                 Op::Write { key, offset, data } => {
                     plan.user_bytes += data.len() as u64;
-                    self.plan_write(plan, key, *offset, data)?
+                    self.plan_write(plan, key, *offset, data, false)?
+                }
+                Op::WriteJournaled { key, offset, data } => {
+                    plan.user_bytes += data.len() as u64;
+                    self.plan_write(plan, key, *offset, data, true)?
                 }
                 Op::Truncate { key, size } => self.plan_truncate(plan, key, *size)?,
                 Op::Delete { key } => self.plan_delete(plan, key),
@@ -212,6 +261,46 @@ impl Partition {
         plan.staged.remove(&block);
     }
 
+    /// Whether bytes written to `block` go through the journal: always when
+    /// it already has a deferred image (it must change only by patches until
+    /// a checkpoint writes it back, or replay would rebuild it from a base
+    /// that moved), and for a journaled write when the block held its place
+    /// before this batch and no in-place write of this batch staged it.
+    /// A whole-block piece of a journaled write goes in place unless the
+    /// block is deferred already: through the journal it would cost its
+    /// 4 KiB twice (the record, then the checkpoint's write-back).
+    fn goes_to_journal(&self, plan: &Plan, block: u32, newly_reserved: bool, piece: JournalPiece) -> bool {
+        if newly_reserved || !plan.defer {
+            return false;
+        }
+        plan.patched.contains_key(&block)
+            || (!self.deferred.is_empty() && self.deferred.contains_key(&block))
+            || (piece == JournalPiece::Partial && !plan.staged.contains_key(&block))
+    }
+
+    /// Writes `bytes` at `at` of `block` through the journal.
+    fn patch(&mut self, plan: &mut Plan, block: u32, at: usize, bytes: &[u8]) -> Result<()> {
+        debug_assert!(!plan.staged.contains_key(&block), "a block is staged or patched, never both");
+        debug_assert!(at + bytes.len() <= BLOCK_SIZE);
+        let patched = match plan.patched.entry(block) {
+            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                let (image, base_zero) = match self.deferred.get(&block) {
+                    Some(image) => (image.clone(), false),
+                    None if self.written.get(block as u64) => {
+                        let crc = self.crc_get(block)?;
+                        (self.read_block_verified(block, crc)?, false)
+                    }
+                    None => (self.take_block(true), true),
+                };
+                entry.insert(PatchedBlock { image, base_zero, pieces: Vec::new() })
+            }
+        };
+        patched.image[at..at + bytes.len()].copy_from_slice(bytes);
+        patched.pieces.push((at as u16, bytes.to_vec()));
+        Ok(())
+    }
+
     /// The staged buffer for `block`, created from its current contents.
     fn stage(&mut self, plan: &mut Plan, block: u32, fully_overwritten: bool, newly_reserved: bool) -> Result<()> {
         if plan.staged.contains_key(&block) {
@@ -229,7 +318,7 @@ impl Partition {
         Ok(())
     }
 
-    fn plan_write(&mut self, plan: &mut Plan, key: &Key, offset: u64, data: &[u8]) -> Result<()> {
+    fn plan_write(&mut self, plan: &mut Plan, key: &Key, offset: u64, data: &[u8], journaled: bool) -> Result<()> {
         let end = offset.checked_add(data.len() as u64).filter(|end| *end <= MAX_OBJECT_SIZE).ok_or_else(|| {
             StoreError::invalid(format!("write past the maximum object size ({MAX_OBJECT_SIZE} bytes)"))
         })?;
@@ -267,10 +356,18 @@ impl Partition {
                     (block, true)
                 }
             };
-            self.stage(plan, block, from == 0 && to == BLOCK_SIZE, newly_reserved)?;
-            let staged = plan.staged.get_mut(&block).expect("staged");
             let source = (block_start + from as u64 - offset) as usize;
-            staged.buf[from..to].copy_from_slice(&data[source..source + (to - from)]);
+            let bytes = &data[source..source + (to - from)];
+            let piece = match journaled && (from, to) != (0, BLOCK_SIZE) {
+                true => JournalPiece::Partial,
+                false => JournalPiece::No,
+            };
+            if self.goes_to_journal(plan, block, newly_reserved, piece) {
+                self.patch(plan, block, from, bytes)?;
+            } else {
+                self.stage(plan, block, from == 0 && to == BLOCK_SIZE, newly_reserved)?;
+                plan.staged.get_mut(&block).expect("staged").buf[from..to].copy_from_slice(bytes);
+            }
             position = block_start + to as u64;
         }
         let w = plan.objects.get_mut(key).expect("loaded");
@@ -323,6 +420,7 @@ impl Partition {
         }
         for block in to_free {
             plan.staged.remove(&block);
+            plan.patched.remove(&block);
             plan.freed_blocks.push(block);
         }
         Ok(())
@@ -342,6 +440,9 @@ impl Partition {
             return Ok(());
         };
         let newly_reserved = w.new_blocks.contains(&block);
+        if self.goes_to_journal(plan, block, newly_reserved, JournalPiece::No) {
+            return self.patch(plan, block, tail, &[0u8; BLOCK_SIZE][tail..]);
+        }
         if !plan.staged.contains_key(&block) && (newly_reserved || !self.written.get(block as u64)) {
             return Ok(()); // reads as zeros already
         }
@@ -367,6 +468,7 @@ impl Partition {
                     self.release_reserved(plan, block);
                 } else {
                     plan.staged.remove(&block);
+                    plan.patched.remove(&block);
                     tombstone.map_block(extent.logical + offset as u32, block);
                 }
             }
@@ -542,9 +644,17 @@ impl Partition {
                 zero_from: staged.zero_from,
             });
         }
+        for (&block, patched) in &mut plan.patched {
+            debug_assert!(self.alloc.get(block as u64), "patched block {block} is not allocated");
+            let new_crc = crate::crc32c(&patched.image);
+            for (index, (at, bytes)) in patched.pieces.drain(..).enumerate() {
+                entries.push(Entry::Patch { block, at, base_zero: patched.base_zero && index == 0, new_crc, bytes });
+            }
+        }
         let record = crate::journal::Record { entries };
         let capacity = self.geometry.journal.blocks * BLOCK_SIZE as u64;
         if record.padded_len(self.sector) as u64 > capacity / 2 {
+            plan.patches_overflowed = record.entries.iter().any(|e| matches!(e, Entry::Patch { .. }));
             return Err(StoreError::invalid(format!(
                 "batch too large: its journal record needs {} bytes, more than half the {capacity}-byte journal",
                 record.padded_len(self.sector)
@@ -557,6 +667,7 @@ impl Partition {
         Ok(Prepared {
             record,
             staged: std::mem::take(&mut plan.staged),
+            patched: std::mem::take(&mut plan.patched),
             index_updates,
             new_reclaims,
             user_bytes: plan.user_bytes,

@@ -105,15 +105,27 @@ impl Partition {
     fn read_blocks(&mut self, list: &[u32]) -> Result<Vec<Result<AlignedBuf>>> {
         let crc_pages: Vec<u64> = list.iter().map(|b| self.crc_location(*b).0).collect();
         self.pages.load(self.io.as_mut(), &crc_pages)?;
-        // Every byte is read from the device: the buffers need no zeroing.
+        // Every byte is read from the device or copied from a deferred
+        // image: the buffers need no zeroing.
         let mut bufs: Vec<AlignedBuf> = list.iter().map(|_| self.take_block(false)).collect();
+        let deferred = |block: &u32| !self.deferred.is_empty() && self.deferred.contains_key(block);
         {
-            let mut requests: Vec<(u64, &mut [u8])> =
-                list.iter().zip(bufs.iter_mut()).map(|(b, buf)| (self.data_offset(*b), &mut buf[..])).collect();
+            let mut requests: Vec<(u64, &mut [u8])> = list
+                .iter()
+                .zip(bufs.iter_mut())
+                .filter(|(b, _)| !deferred(b))
+                .map(|(b, buf)| (self.data_offset(*b), &mut buf[..]))
+                .collect();
             self.io.read_many(&mut requests).map_err(|e| StoreError::io("reading data blocks", e))?;
         }
         let mut out = Vec::with_capacity(list.len());
-        for (block, buf) in list.iter().zip(bufs) {
+        for (block, mut buf) in list.iter().zip(bufs) {
+            if let Some(image) = self.deferred.get(block) {
+                // Newer than the disk, and checked when it was built.
+                buf.copy_from_slice(image);
+                out.push(Ok(buf));
+                continue;
+            }
             let stored = self.crc_get(*block)?;
             out.push(self.verify(*block, stored, buf));
         }

@@ -39,7 +39,7 @@ impl Model {
     fn apply_op(&mut self, op: &Op) -> Result<(), &'static str> {
         let key = op.key().as_bytes().to_vec();
         match op {
-            Op::Write { offset, data, .. } => {
+            Op::Write { offset, data, .. } | Op::WriteJournaled { offset, data, .. } => {
                 let object = self.objects.entry(key).or_default();
                 let end = *offset as usize + data.len();
                 if object.data.len() < end {
@@ -95,13 +95,25 @@ pub fn random_batch(rng: &mut StdRng, groups: u32, names: u8, max_ops: usize) ->
                 let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add((i / 7) as u8)).collect();
                 Op::Write { key: k, offset, data }
             }
+            90..=97 => {
+                // Small writes through the journal, often into pre-allocated blocks.
+                let offset = rng.gen_range(0..32 * BLOCK as u64);
+                let data = vec![rng.gen(); rng.gen_range(1..300)];
+                Op::WriteJournaled { key: k, offset, data }
+            }
             45..=54 => Op::Truncate { key: k, size: rng.gen_range(0..110_000) },
             55..=62 => Op::Delete { key: k },
             63..=74 => Op::CreatePreallocated { key: k, size: rng.gen_range(1..=32u64) * BLOCK as u64 },
-            75..=89 => {
+            75..=86 => {
                 let name = format!("attr-{}", rng.gen_range(0..4)).into_bytes();
                 let value = vec![rng.gen(); rng.gen_range(0..600)];
                 Op::SetAttr { key: k, name, value }
+            }
+            98 if rng.gen_bool(0.5) => {
+                // Now and then a large one: whole blocks through the journal.
+                let offset = rng.gen_range(0..24u64) * BLOCK as u64 + rng.gen_range(0..2) * 100;
+                let data = vec![rng.gen(); BLOCK * rng.gen_range(1..=2)];
+                Op::WriteJournaled { key: k, offset, data }
             }
             _ => Op::RemoveAttr { key: k, name: format!("attr-{}", rng.gen_range(0..4)).into_bytes() },
         };
