@@ -178,7 +178,8 @@ pub fn rewrite(partition: u32, pg: u32, requests: &[LoggedRequest]) -> Op {
         let id = RequestId { client: request.client, tid: request.tid };
         data[at..at + SLOT_BYTES].copy_from_slice(&encode_slot(id, request.seq));
     }
-    Op::Write { key: key(partition, pg), offset: 0, data }
+    // Journaled like the flushes' slots: never overwritten in place.
+    Op::WriteJournaled { key: key(partition, pg), offset: 0, data }
 }
 
 /// The ids a record's bytes hold, by seq. Any bytes decode: a slot that is
@@ -217,7 +218,7 @@ pub fn read(partition: &mut Partition, pg: u32) -> Result<Vec<LoggedRequest>, St
             Err(StoreError::NotFound) => return Ok(Vec::new()),
             Err(err @ StoreError::ChecksumMismatch { .. }) => {
                 tracing::warn!(pg, block, %err, "a block of the PG's stored request ids is damaged; its ids are lost (resends of those writes run again)");
-                repair.write(key.clone(), (block * BLOCK_BYTES) as u64, vec![0u8; BLOCK_BYTES]);
+                repair.write_journaled(key.clone(), (block * BLOCK_BYTES) as u64, vec![0u8; BLOCK_BYTES]);
             }
             Err(err) => return Err(err),
         }

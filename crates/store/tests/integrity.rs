@@ -408,3 +408,42 @@ fn interrupted_shrink_and_grow_keeps_bytes_that_were_visible() {
     store.close().unwrap();
     assert!(fsck(&path, &config, true).clean);
 }
+
+/// A journaled write never overwrites a block in place, whole blocks
+/// included (an interrupted in-place overwrite leaves a block failing its
+/// checksum, and journaled data has no other copy); a whole block replaced
+/// that way is not read first, so it also repairs a damaged one; and a
+/// crash before any checkpoint loses none of it (replay rebuilds it).
+#[test]
+fn a_journaled_whole_block_goes_through_the_journal_and_repairs_a_damaged_block() {
+    let (_dir, path, config) = setup();
+    let key = key(0, 3);
+    let mut store = Store::open(&path, &config).unwrap();
+    store.partition_mut(0).write(&key, 0, &[1; 8192]).unwrap();
+    let offset = store.partition_mut(0).locate_data(key.as_bytes(), 0).unwrap();
+    store.close().unwrap();
+    patch(&path, offset + 7, &[0xFF]);
+
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    assert!(matches!(p.read(key.as_bytes(), 0, 4096), Err(StoreError::ChecksumMismatch { .. })));
+    let mut batch = Batch::new();
+    batch.write_journaled(key.clone(), 0, vec![2; 4096]).write_journaled(key.clone(), 4096 + 10, vec![3; 20]);
+    let info = p.apply(&batch).unwrap();
+    assert_eq!(info.data_blocks, 0, "nothing written in place");
+    assert!(info.journal_bytes > 4096, "the whole block travels in the journal");
+    assert_eq!(peek(&path, offset, 8)[7], 0xFF, "the damaged block on disk is untouched until a checkpoint");
+    let mut expected = vec![1u8; 4096];
+    expected[10..30].fill(3);
+    assert_eq!(p.read(key.as_bytes(), 0, 4096).unwrap(), vec![2; 4096]);
+    assert_eq!(p.read(key.as_bytes(), 4096, 4096).unwrap(), expected);
+    // A crash: only the journal holds both blocks.
+    drop(store);
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    assert_eq!(p.read(key.as_bytes(), 0, 4096).unwrap(), vec![2; 4096]);
+    assert_eq!(p.read(key.as_bytes(), 4096, 4096).unwrap(), expected);
+    store.close().unwrap();
+    assert_eq!(peek(&path, offset, 4096), vec![2; 4096], "the checkpoint of close wrote it back");
+    assert!(fsck(&path, &config, true).clean);
+}

@@ -40,15 +40,6 @@ pub(crate) struct PatchedBlock {
     pub pieces: Vec<(u16, Vec<u8>)>,
 }
 
-/// Whether a piece of a write, within one block, asks for the journal.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum JournalPiece {
-    /// A journaled write's part of a block.
-    Partial,
-    /// A plain write's, or a journaled write's whole block.
-    No,
-}
-
 /// One object as the batch sees it.
 struct Working {
     /// The object now (`None`: absent at this point of the batch).
@@ -266,16 +257,22 @@ impl Partition {
     /// a checkpoint writes it back, or replay would rebuild it from a base
     /// that moved), and for a journaled write when the block held its place
     /// before this batch and no in-place write of this batch staged it.
-    /// A whole-block piece of a journaled write goes in place unless the
-    /// block is deferred already: through the journal it would cost its
-    /// 4 KiB twice (the record, then the checkpoint's write-back).
-    fn goes_to_journal(&self, plan: &Plan, block: u32, newly_reserved: bool, piece: JournalPiece) -> bool {
+    /// Whether bytes written to `block` go through the journal: always when
+    /// it has a deferred image (it must change only by patches until a
+    /// checkpoint writes it back, or replay would rebuild it from a base
+    /// that moved), and for a journaled write when the block held its place
+    /// before this batch and no in-place write of this batch staged it.
+    /// Whole blocks too: an in-place overwrite that a power cut interrupts
+    /// before its record lands leaves the block failing its checksum, and
+    /// a journaled write is for data nothing else can rebuild (the OSD's
+    /// request ids), so it is never overwritten in place.
+    fn goes_to_journal(&self, plan: &Plan, block: u32, newly_reserved: bool, journaled: bool) -> bool {
         if newly_reserved || !plan.defer {
             return false;
         }
         plan.patched.contains_key(&block)
             || (!self.deferred.is_empty() && self.deferred.contains_key(&block))
-            || (piece == JournalPiece::Partial && !plan.staged.contains_key(&block))
+            || (journaled && !plan.staged.contains_key(&block))
     }
 
     /// Writes `bytes` at `at` of `block` through the journal.
@@ -285,7 +282,12 @@ impl Partition {
         let patched = match plan.patched.entry(block) {
             std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::btree_map::Entry::Vacant(entry) => {
+                let whole = at == 0 && bytes.len() == BLOCK_SIZE;
                 let (image, base_zero) = match self.deferred.get(&block) {
+                    // Replaced whole: neither the old image nor the disk is
+                    // read (the block may fail its checksum), and replay
+                    // starts from zeros.
+                    _ if whole => (self.take_block(false), true),
                     Some(image) => (image.clone(), false),
                     None if self.written.get(block as u64) => {
                         let crc = self.crc_get(block)?;
@@ -358,11 +360,7 @@ impl Partition {
             };
             let source = (block_start + from as u64 - offset) as usize;
             let bytes = &data[source..source + (to - from)];
-            let piece = match journaled && (from, to) != (0, BLOCK_SIZE) {
-                true => JournalPiece::Partial,
-                false => JournalPiece::No,
-            };
-            if self.goes_to_journal(plan, block, newly_reserved, piece) {
+            if self.goes_to_journal(plan, block, newly_reserved, journaled) {
                 self.patch(plan, block, from, bytes)?;
             } else {
                 self.stage(plan, block, from == 0 && to == BLOCK_SIZE, newly_reserved)?;
@@ -440,7 +438,7 @@ impl Partition {
             return Ok(());
         };
         let newly_reserved = w.new_blocks.contains(&block);
-        if self.goes_to_journal(plan, block, newly_reserved, JournalPiece::No) {
+        if self.goes_to_journal(plan, block, newly_reserved, false) {
             return self.patch(plan, block, tail, &[0u8; BLOCK_SIZE][tail..]);
         }
         if !plan.staged.contains_key(&block) && (newly_reserved || !self.written.get(block as u64)) {
