@@ -100,9 +100,8 @@ const MAX_ALLOCATIONS_PER_READ: f64 = 14.0;
 /// Copies of a write's 4 KiB payload made in OSD memory, both OSDs: on
 /// each, the socket's bytes into the connection's input buffer
 /// (`receive`), the flush's store op (`flush`) and the store's block
-/// buffer (`store`); into the log, two on the primary (the entry is
-/// encoded, then copied into the log's ring) and one on the replica
-/// (`log_append`); the primary's frame to its replica goes out without a
+/// buffer (`store`); into the log's ring (`log_append`); and on the
+/// primary the payload encoded into its entry (`encode`); the primary's frame to its replica goes out without a
 /// copy (large payloads are sent from the encoded entry). 9 in all, and a
 /// little more: `receive` counts frame headers too (measured 9.09).
 const MAX_PAYLOAD_COPIES_PER_WRITE: f64 = 9.2;
@@ -260,7 +259,7 @@ impl Delta {
         let served = self.metric("duplex_osd_ops_total{op=\"write\"}");
         let n = budget.writes as f64;
         assert!(served >= n, "{depth}: the primaries served {served} writes, fio made {n}");
-        let copies: Vec<(&str, f64)> = ["receive", "log_append", "send", "flush", "store"]
+        let copies: Vec<(&str, f64)> = ["receive", "encode", "log_append", "send", "flush", "store"]
             .into_iter()
             .map(|site| {
                 (

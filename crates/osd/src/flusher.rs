@@ -236,6 +236,7 @@ impl Flusher {
         metrics.store_submissions.add(now.io.submissions.saturating_sub(was.io.submissions));
         metrics.store_payload_bytes.add(now.user_bytes_written.saturating_sub(was.user_bytes_written));
         metrics.store_journal_bytes.add(now.journal_bytes_written.saturating_sub(was.journal_bytes_written));
+        metrics.store_deferred_bytes.add(now.deferred_bytes_written.saturating_sub(was.deferred_bytes_written));
         pending.counted = now;
         // This partition's share of the OSD's used bytes, as a delta.
         let now_used = (self.partition.data_blocks() - self.partition.free_blocks()) * duplex_store::BLOCK_SIZE as u64;

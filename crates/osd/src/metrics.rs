@@ -86,6 +86,8 @@ pub struct Metrics {
     pub store_payload_bytes: Counter,
     /// Of the device bytes: journal records.
     pub store_journal_bytes: Counter,
+    /// Of the device bytes: deferred blocks written back by checkpoints.
+    pub store_deferred_bytes: Counter,
     pub connections_refused: Counter,
     /// Logged operations the store refused at flush time (dropped).
     pub dropped_entries: Counter,
@@ -334,6 +336,12 @@ impl Metrics {
             "duplex_osd_store_journal_bytes_total",
             "Of the device bytes written: the store's journal records.",
             &[("", self.store_journal_bytes.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_store_deferred_writeback_bytes_total",
+            "Of the device bytes written: blocks changed through the journal, written back by checkpoints.",
+            &[("", self.store_deferred_bytes.get())],
         );
         let mut copies: Vec<(String, u64)> = crate::copies::SITES
             .iter()

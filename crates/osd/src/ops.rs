@@ -412,7 +412,7 @@ fn mutate(
             };
             let encoded = entry.encode();
             // Encoded once: the log and every replica's frame take these bytes.
-            crate::copies::count(crate::copies::Site::LogAppend, data.len());
+            crate::copies::count(crate::copies::Site::Encode, data.len());
             let state = if replicas.is_empty() { RequestState::Committed } else { RequestState::InFlight };
             match guard.append_encoded(&entry, &encoded, state) {
                 Ok(()) => {}

@@ -150,7 +150,8 @@ fn measure(
     if memory.objects as u64 != objects {
         bail!("mounted {} objects, created {objects}", memory.objects);
     }
-    let index_bytes = heap_growth.saturating_sub(memory.bitmap_bytes as u64 + memory.page_cache_bytes as u64);
+    let index_bytes =
+        heap_growth.saturating_sub((memory.bitmap_bytes + memory.page_cache_bytes + memory.deferred_bytes) as u64);
     let result = MemoryResult {
         shape: shape.into(),
         objects,

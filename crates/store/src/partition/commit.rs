@@ -37,17 +37,7 @@ impl Partition {
             return Err(StoreError::ReadOnly);
         }
         let planning = std::time::Instant::now();
-        let mut checkpointed = false;
-        let mut prepared = match self.prepare(batch, true) {
-            Planned::Ready(prepared) => prepared,
-            Planned::Failed(err) => return Err(err),
-            Planned::TooManyPatches => {
-                // Written back, the deferred blocks take writes in place.
-                self.checkpoint()?;
-                checkpointed = true;
-                self.prepare_in_place(batch)?
-            }
-        };
+        let (mut prepared, mut checkpointed) = self.plan(batch)?;
         self.stats.plan_ns += planning.elapsed().as_nanos() as u64;
         if self.needs_room(&prepared) {
             // Checkpoint outside any plan: its bitmap pages must not carry the
@@ -55,11 +45,7 @@ impl Partition {
             self.rollback(&prepared.reserved_blocks, &prepared.reserved_slots);
             self.checkpoint()?;
             checkpointed = true;
-            prepared = match self.prepare(batch, true) {
-                Planned::Ready(prepared) => prepared,
-                Planned::Failed(err) => return Err(err),
-                Planned::TooManyPatches => self.prepare_in_place(batch)?,
-            };
+            prepared = self.plan(batch)?.0;
         }
         let result = self.commit(prepared).map(|info| CommitInfo { checkpointed, ..info });
         self.stats.batches += 1;
@@ -68,13 +54,22 @@ impl Partition {
         result
     }
 
-    /// Plans `batch` with every block written in place (right after a
-    /// checkpoint: no block is deferred).
-    fn prepare_in_place(&mut self, batch: &Batch) -> Result<Prepared> {
-        match self.prepare(batch, false) {
-            Planned::Ready(prepared) => Ok(prepared),
+    /// Plans `batch`, deferring journaled writes where they fit; whether it
+    /// took a checkpoint for that. Patches too many for the journal: a
+    /// checkpoint writes the deferred blocks back, and the batch is planned
+    /// again with every block in place.
+    fn plan(&mut self, batch: &Batch) -> Result<(Prepared, bool)> {
+        match self.prepare(batch, true) {
+            Planned::Ready(prepared) => Ok((prepared, false)),
             Planned::Failed(err) => Err(err),
-            Planned::TooManyPatches => unreachable!("a plan in place has no patches"),
+            Planned::TooManyPatches => {
+                self.checkpoint()?;
+                match self.prepare(batch, false) {
+                    Planned::Ready(prepared) => Ok((prepared, true)),
+                    Planned::Failed(err) => Err(err),
+                    Planned::TooManyPatches => unreachable!("a plan in place has no patches"),
+                }
+            }
         }
     }
 
@@ -150,7 +145,6 @@ impl Partition {
         self.stats.ordered_commits += u64::from(ordered);
         self.last_record_fresh.clear();
         self.last_record_fresh.extend(prepared.staged.iter().filter(|(_, s)| !s.was_written).map(|(block, _)| *block));
-        let patched_blocks = prepared.patched.len() as u64;
         for (block, patched) in prepared.patched {
             // The record's patches then apply to the image that already holds them.
             if let Some(old) = self.deferred.insert(block, patched.image) {
@@ -169,7 +163,6 @@ impl Partition {
         self.stats.user_bytes_written += prepared.user_bytes;
         self.stats.data_blocks_written += prepared.staged.len() as u64;
         self.stats.journal_bytes_written += record_len;
-        self.stats.deferred_blocks_changed += patched_blocks;
         let data_blocks = prepared.staged.len();
         self.give_blocks(prepared.staged.into_values().map(|staged| staged.buf));
         Ok(CommitInfo { seq, data_blocks, journal_bytes: record_len as usize, checkpointed: false })

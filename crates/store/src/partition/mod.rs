@@ -95,8 +95,6 @@ pub struct PartitionStats {
     pub journal_bytes_written: u64,
     pub metadata_bytes_written: u64,
     pub checkpoints: u64,
-    /// Data blocks changed through the journal (once per batch that changed one).
-    pub deferred_blocks_changed: u64,
     /// Deferred blocks written in place by checkpoints.
     pub deferred_bytes_written: u64,
     /// Batches whose record was flushed before their data was written (they

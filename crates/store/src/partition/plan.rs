@@ -288,7 +288,12 @@ impl Partition {
                     // read (the block may fail its checksum), and replay
                     // starts from zeros.
                     _ if whole => (self.take_block(false), true),
-                    Some(image) => (image.clone(), false),
+                    Some(_) => {
+                        // From the spare buffers: no allocation per flush.
+                        let mut copy = self.take_block(false);
+                        copy.copy_from_slice(&self.deferred[&block]);
+                        (copy, false)
+                    }
                     None if self.written.get(block as u64) => {
                         let crc = self.crc_get(block)?;
                         (self.read_block_verified(block, crc)?, false)
