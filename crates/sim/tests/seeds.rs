@@ -235,14 +235,16 @@ fn regression_seed_7634_a_journaled_block_is_never_overwritten_in_place() {
 /// a store commit, the acknowledged writes of that commit are in the
 /// targets alone, which never lead, and a block the cut tore has no good
 /// copy: a write is lost (969, 417), a read fails (385), or the backfill
-/// from the torn copy restarts forever (59). Seed 969 failed at 8f135f5
-/// already; the others since issue 22 changed the store's I/O (the runs
-/// move). Closing the gap needs the targets' log entries merged into the
+/// from the torn copy restarts forever (59, 824). Seeds 969, 417 and 385
+/// fail at a4953ac already; 59 and 824 since issue 22 changed the store's
+/// I/O, which moved their runs (59 fails with either of its two changes
+/// alone; why these runs now tear a block the one whole copy holds is
+/// not worked out). Closing the gap needs the targets' log entries merged into the
 /// authority's history. Run with `-- --ignored` to see where it stands.
 #[test]
 #[ignore = "known gap: the one whole copy of a PG being filled (docs/RELIABILITY.md)"]
 fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
-    for seed in [59, 385, 417, 969] {
+    for seed in [59, 385, 417, 824, 969] {
         run_two_faults_at_once(seed);
     }
 }
