@@ -237,10 +237,10 @@ fn regression_seed_7634_a_journaled_block_is_never_overwritten_in_place() {
 /// copy: a write is lost (969, 417), a read fails (385), or the backfill
 /// from the torn copy restarts forever (59, 824). Seeds 969, 417 and 385
 /// fail at a4953ac already; 59 and 824 since issue 22 changed the store's
-/// I/O, which moved their runs (59 fails with either of its two changes
-/// alone; why these runs now tear a block the one whole copy holds is
-/// not worked out). Closing the gap needs the targets' log entries merged into the
-/// authority's history. Run with `-- --ignored` to see where it stands.
+/// I/O, which moved their runs (59 fails with the journaled ids alone,
+/// the record and data submitted apart; why these runs now tear a block
+/// the one whole copy holds is not worked out). Closing the gap needs the
+/// targets' log entries merged into the authority's history. Run with `-- --ignored` to see where it stands.
 #[test]
 #[ignore = "known gap: the one whole copy of a PG being filled (docs/RELIABILITY.md)"]
 fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
