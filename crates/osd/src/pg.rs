@@ -332,17 +332,10 @@ impl Pg {
 
     /// The store operations that record ids which came with an object
     /// peering's recovery installs, in the same batch as the object: the
-    /// slots of the seqs from the first to the newest, each from
-    /// `installed` or else from this table. The table itself
-    /// changes only once that batch applied ([`Pg::take_installed_ids`]).
+    /// slots of their seqs. The table itself changes only once that batch
+    /// applied ([`Pg::take_installed_ids`]).
     pub fn installed_ids_ops(&self, partition: u32, installed: &[LoggedRequest]) -> Vec<Op> {
-        let (Some(first), Some(newest)) =
-            (installed.iter().map(|r| r.seq).min(), installed.iter().map(|r| r.seq).max())
-        else {
-            return Vec::new();
-        };
-        let table = stored_requests::Overlay { table: &self.requests, over: installed };
-        stored_requests::record(partition, self.key, &table, first..=newest)
+        stored_requests::record_ids(partition, self.key, installed)
     }
 
     /// Adds ids that came with an object peering's recovery installed

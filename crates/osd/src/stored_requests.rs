@@ -100,21 +100,27 @@ impl IdsBySeq for RequestTable {
     }
 }
 
-/// A table with ids laid over it (peering's recovery installs them with an
-/// object, and the table takes them only once that batch applied): an id
-/// at a seq of `over` wins, as `RequestTable::set` would make it.
-pub struct Overlay<'a> {
-    pub table: &'a RequestTable,
-    pub over: &'a [LoggedRequest],
+/// Ids given with their seqs (peering's recovery installs them with an
+/// object): the last one given for a seq wins, as `RequestTable::set`
+/// would make it.
+impl IdsBySeq for [LoggedRequest] {
+    fn at_seq(&self, seq: u64) -> Option<RequestId> {
+        self.iter().rev().find(|request| request.seq == seq).map(|r| RequestId { client: r.client, tid: r.tid })
+    }
 }
 
-impl IdsBySeq for Overlay<'_> {
-    fn at_seq(&self, seq: u64) -> Option<RequestId> {
-        match self.over.iter().rev().find(|request| request.seq == seq) {
-            Some(request) => Some(RequestId { client: request.client, tid: request.tid }),
-            None => self.table.at_seq(seq),
-        }
-    }
+/// The store operations that record `ids` (peering's recovery installs
+/// them with an object, in the same batch): the slots of their own seqs,
+/// one op per run of consecutive seqs. Other slots keep what they hold, so
+/// this needs nothing from the table (whose stored ids may not be loaded
+/// yet).
+pub fn record_ids(partition: u32, pg: u32, ids: &[LoggedRequest]) -> Vec<Op> {
+    let mut seqs: Vec<u64> = ids.iter().map(|request| request.seq).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    seqs.chunk_by(|a, b| a.checked_add(1) == Some(*b))
+        .flat_map(|run| record(partition, pg, ids, run[0]..=run[run.len() - 1]))
+        .collect()
 }
 
 /// The store operations that record the ids of the entries `flushed`
@@ -128,7 +134,7 @@ impl IdsBySeq for Overlay<'_> {
 ///
 /// Only these slots change: a seq without an id clears its slot, and of
 /// more than a ring of seqs only the last ring's are written.
-pub fn record(partition: u32, pg: u32, table: &impl IdsBySeq, flushed: RangeInclusive<u64>) -> Vec<Op> {
+pub fn record(partition: u32, pg: u32, table: &(impl IdsBySeq + ?Sized), flushed: RangeInclusive<u64>) -> Vec<Op> {
     let (first, newest) = (*flushed.start(), *flushed.end());
     if first > newest {
         return Vec::new();
@@ -297,6 +303,24 @@ mod tests {
         apply(&mut bytes, &record(0, 9, &table_of([next]), next..=next));
         let expected: Vec<u64> = (2..=12).filter(|seq| *seq != 11).chain([next]).collect();
         assert_eq!(decode(&bytes), logged(expected));
+    }
+
+    #[test]
+    fn an_install_writes_only_the_slots_of_its_ids() {
+        let mut bytes = Vec::new();
+        apply(&mut bytes, &record(0, 9, &table_of(1..=10), 1..=10));
+        let installed = [
+            LoggedRequest { client: 7, tid: 70, seq: 4 },
+            LoggedRequest { client: 7, tid: 71, seq: 5 },
+            LoggedRequest { client: 8, tid: 1, seq: 9 },
+        ];
+        let ops = record_ids(0, 9, &installed);
+        assert_eq!(ops.len(), 2, "one op per run of seqs: 4-5, then 9");
+        apply(&mut bytes, &ops);
+        let mut expected = logged((1..=10).filter(|seq| ![4, 5, 9].contains(seq)));
+        expected.extend(installed);
+        expected.sort_by_key(|request| request.seq);
+        assert_eq!(decode(&bytes), expected, "the other slots keep what they held");
     }
 
     #[test]
