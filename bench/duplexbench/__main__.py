@@ -137,6 +137,12 @@ def run_suite(args, plan, out_dir):
                 fio_iops = [r["iops"] for r in runner.records if r["system"] == system.name
                             and r["workload"] == "randwrite-4k" and r["phase"] == "compare"]
                 runner.native(system, "randwrite", round_, statistics.median(fio_iops))
+            if plan.ideal:
+                # The limit, in the same round and with Ceph up (idle), as the compared runs.
+                duplex.reconfigure({"write_path": "ideal"})
+                for workload in plan.ideal:
+                    runner.fio(duplex, workload, "ideal", round_)
+                duplex.reconfigure({"write_path": "oplog"})
         if ceph:
             ceph.down()  # the sweeps are Duplex-only: give them the whole machine
         if not args.no_sweeps:
@@ -172,12 +178,13 @@ def run_suite(args, plan, out_dir):
 def check_smoke(result):
     """The smoke run's bar: every phase ran and measured something."""
     phases = {r["phase"] for r in result["records"]}
-    for phase in ["prefill", "compare", "native", "ablation", "flush", "partitions"]:
+    for phase in ["prefill", "compare", "native", "ideal", "ablation", "flush", "partitions"]:
         assert phase in phases, f"smoke: no {phase} runs"
     for r in result["records"]:
         assert r["ios"] > 0, f"smoke: {r['phase']} {r['workload']} did no I/O"
         assert r["server_cpu_us_per_io"] > 0, f"smoke: {r['phase']} {r['workload']}: no server CPU sampled"
-        if "write" in r["io"] and r["phase"] != "native":
+        ideal = r["phase"] == "ideal" or r["settings"].get("write_path") == "ideal"
+        if "write" in r["io"] and r["phase"] != "native" and not ideal:
             assert r["written_bytes"]["server"] > 0 or r["workload"] == "mix-80-20", \
                 f"smoke: {r['phase']} {r['workload']}: the OSDs wrote nothing to storage"
     assert result["plots"], "smoke: no plots"

@@ -6,12 +6,19 @@ from dataclasses import dataclass, field
 # Workloads run on both systems, interleaved (bench/fio/<name>.fio).
 COMPARED = ["randwrite-4k", "randread-4k", "randwrite-4k-qd1", "seqwrite-128k", "seqread-128k", "mix-80-20"]
 
-# Duplex's ablation (paper Table II): every write path x threading pair.
+# Write workloads also run with `write_path=ideal` in every round (the
+# OSDs acknowledge once each replica received a write, storing nothing):
+# the limit each write figure is reported against (issue 22).
+IDEAL = ["randwrite-4k", "randwrite-4k-qd1", "seqwrite-128k"]
+
+# Duplex's ablation (paper Table II): every write path x threading pair,
+# and the ideal path.
 ABLATION = [
     {"write_path": "oplog", "threading": "prioritized"},
     {"write_path": "oplog", "threading": "pool"},
     {"write_path": "sync", "threading": "prioritized"},
     {"write_path": "sync", "threading": "pool"},
+    {"write_path": "ideal", "threading": "prioritized"},
 ]
 
 
@@ -32,6 +39,7 @@ class Plan:
     flush_thresholds: list = field(default_factory=lambda: [1, 4, 16, 64])
     partitions: list = field(default_factory=lambda: [1, 2, 4])
     ablation: list = field(default_factory=lambda: list(ABLATION))
+    ideal: list = field(default_factory=lambda: list(IDEAL))
     with_ceph: bool = True
 
     @staticmethod

@@ -24,6 +24,12 @@ pub enum WritePath {
     Oplog,
     /// Once every replica has applied it to its store and flushed, as a conventional OSD does.
     Sync,
+    /// Benchmark only: once every replica has *received* it, storing nothing
+    /// anywhere (no log, no store, no request ids). The limit a write path
+    /// could reach on this network and these threads: the paper's "Ideal"
+    /// (RTC-v3, Fig. 1). Data written this way is lost; reads return what
+    /// was there before.
+    Ideal,
 }
 
 /// Who runs an operation (the other ablation switch).

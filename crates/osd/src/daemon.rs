@@ -49,6 +49,9 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     if config.monitors.is_empty() {
         bail!("at least one monitor address is needed");
     }
+    if config.write_path == crate::config::WritePath::Ideal {
+        tracing::warn!("write_path=ideal: writes are acknowledged and thrown away, never stored; benchmark only");
+    }
     let mut store = Store::open(&config.data, &store_config)
         .with_context(|| format!("opening the object store at {}", config.data.display()))?;
     let pgs = Arc::new(

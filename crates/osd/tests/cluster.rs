@@ -296,6 +296,29 @@ fn every_ablation_mode_serves_the_same_results() {
 }
 
 #[test]
+fn the_ideal_write_path_acknowledges_after_every_replica_received_and_stores_nothing() {
+    let cluster = TestCluster::new(3, 8, &["--write-path", "ideal"]);
+    cluster.wait_all_up();
+    let mut client = cluster.client();
+    let pool = cluster.pool(&client);
+    let objects: Vec<Vec<u8>> = (0..16).map(|i| format!("ideal.{i}").into_bytes()).collect();
+    for object in &objects {
+        client.write(pool, object, 0, &[7u8; 4096]).unwrap();
+    }
+    // Every write reached a replica (replication 2) and was thrown away there and here.
+    assert!(cluster.metric_sum("duplex_osd_replica_entries_total") >= objects.len() as f64);
+    std::thread::sleep(Duration::from_millis(300));
+    for object in &objects {
+        assert!(
+            matches!(client.read(pool, object, 0, 4096), Err(ClientError::NotFound)),
+            "{:?} was stored",
+            String::from_utf8_lossy(object)
+        );
+    }
+    assert_eq!(cluster.metric_sum("duplex_osd_flushes_total"), 0.0, "the ideal path logged something");
+}
+
+#[test]
 fn a_full_log_makes_writes_wait_not_fail() {
     // 16 KiB of log per PG holds three 4 KiB entries; nothing flushes until the log is full.
     let cluster = TestCluster::new(
