@@ -4,7 +4,7 @@
 //! generator should cost the machine as little as the cluster allows.
 
 use std::collections::HashMap;
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -151,10 +151,9 @@ pub fn run(client: &ObjectClient, spec: &LoadSpec) -> std::io::Result<LoadResult
             let Some(osd) = tokens.get(&event.token().0) else { continue };
             let peer = peers.get_mut(osd).expect("token of a peer");
             loop {
-                let mut chunk = [0u8; 64 << 10];
-                match peer.stream.read(&mut chunk) {
+                match duplex_proto::readbuf::read_into(&peer.stream, &mut peer.inbuf, 64 << 10) {
                     Ok(0) => return Err(std::io::Error::new(ErrorKind::UnexpectedEof, format!("OSD {osd} closed"))),
-                    Ok(n) => peer.inbuf.extend_from_slice(&chunk[..n]),
+                    Ok(_) => {}
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) => return Err(e),

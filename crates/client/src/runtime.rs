@@ -13,7 +13,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
@@ -311,13 +311,12 @@ impl Runtime {
             let Some(link) = self.links.get_mut(&osd) else { return };
             let mut broken = None;
             loop {
-                let mut chunk = [0u8; 64 << 10];
-                match link.stream.read(&mut chunk) {
+                match duplex_proto::readbuf::read_into(&link.stream, &mut link.inbuf, 64 << 10) {
                     Ok(0) => {
                         broken = Some("the OSD closed the connection".to_string());
                         break;
                     }
-                    Ok(n) => link.inbuf.extend_from_slice(&chunk[..n]),
+                    Ok(_) => {}
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) => {

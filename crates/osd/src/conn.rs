@@ -4,7 +4,7 @@
 //! request order.
 
 use std::collections::VecDeque;
-use std::io::{self, Read};
+use std::io;
 
 use bytes::{Bytes, BytesMut};
 use duplex_map::OsdId;
@@ -152,17 +152,13 @@ impl Conn {
             if self.paused {
                 return Ok(messages);
             }
-            let mut chunk = [0u8; READ_CHUNK];
-            match self.stream.read(&mut chunk) {
+            match duplex_proto::readbuf::read_into(&self.stream, &mut self.inbuf, READ_CHUNK) {
                 Ok(0) if messages.is_empty() => return Err(ConnError::Closed),
                 Ok(0) => {
                     self.closing = true;
                     return Ok(messages);
                 }
-                Ok(n) => {
-                    self.inbuf.extend_from_slice(&chunk[..n]);
-                    crate::copies::count(crate::copies::Site::Receive, n);
-                }
+                Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(messages),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(ConnError::Io(e)),

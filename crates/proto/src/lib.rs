@@ -21,6 +21,7 @@ pub mod frame;
 pub mod handshake;
 pub mod osd;
 pub mod peering;
+pub mod readbuf;
 pub mod session;
 pub mod writev;
 
