@@ -412,20 +412,20 @@ impl PriorityThread {
             Outcome::Replicate { write, token, slot, entry, replicas, local, arrived, map_epoch, pg, request } => {
                 let txid = write;
                 let frame = Frame::new(MessageType::RepOp, txid, entry);
-                let mut waiting = Vec::with_capacity(replicas.len());
-                let mut unreachable = false;
-                for osd in replicas {
-                    match self.peer(osd) {
-                        Some(peer) => {
-                            if let Some(conn) = self.conns.get_mut(&peer) {
-                                conn.push(&frame);
-                                self.touched.push(peer);
-                            }
-                            waiting.push(osd);
+                // The replicas' list becomes the list of those the write waits for.
+                let mut waiting = replicas;
+                let before = waiting.len();
+                waiting.retain(|&osd| match self.peer(osd) {
+                    Some(peer) => {
+                        if let Some(conn) = self.conns.get_mut(&peer) {
+                            conn.push(&frame);
+                            self.touched.push(peer);
                         }
-                        None => unreachable = true,
+                        true
                     }
-                }
+                    None => false,
+                });
+                let unreachable = waiting.len() < before;
                 let pending = PendingWrite {
                     token,
                     slot,
