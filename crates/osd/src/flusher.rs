@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, RecvTimeoutError, SendError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use duplex_oplog::Entry;
 use duplex_proto::osd::{encode_attrs, encode_names, ObjectStat, OpKind, OpReply, RepReply, Status, LIST_LIMIT};
 use duplex_proto::peering::{PeerReply, PeerRequest};
@@ -99,6 +99,10 @@ impl DirtyBoard {
     }
 }
 
+/// A job sent after its flusher stopped.
+#[derive(Debug)]
+pub struct FlusherStopped;
+
 /// The sending end of one flusher: its job channel and its dirty board.
 #[derive(Clone, Debug)]
 pub struct FlusherQueue {
@@ -117,8 +121,9 @@ impl FlusherQueue {
         self.board.clone()
     }
 
-    pub fn send(&self, job: Job) -> Result<(), SendError<Job>> {
-        self.jobs.send(job)
+    /// `Err`: the flusher has stopped (the OSD is shutting down); the job is dropped.
+    pub fn send(&self, job: Job) -> Result<(), FlusherStopped> {
+        self.jobs.send(job).map_err(|_| FlusherStopped)
     }
 
     /// `pg`'s log went from empty to not: it is flushed within the timeout.
