@@ -14,7 +14,7 @@ use duplex_store::{Store, StoreConfig};
 
 use crate::cluster::{boot, follow, heartbeat, heartbeat_client, MapCell, MonLink};
 use crate::config::{OsdConfig, Threading};
-use crate::flusher::{Flusher, FlusherQueue};
+use crate::flusher::Flusher;
 use crate::mailbox::Mailbox;
 use crate::metrics::{serve, Metrics};
 use crate::ops::Shared;
@@ -107,12 +107,10 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         // a connection has in flight (at most MAX_IN_FLIGHT each, at most
         // MAX_CONNECTIONS of them), or a wake-up coalesced per PG.
         let (sender, jobs) = crossbeam_channel::unbounded();
-        let queue = FlusherQueue::new(sender);
         let flusher = Flusher {
             id: config.id,
             partition,
             jobs,
-            dirty: queue.board(),
             pgs: pgs.clone(),
             mailboxes: mailboxes.clone(),
             metrics: metrics.clone(),
@@ -128,7 +126,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
                 tracing::error!(%err, "closing a partition");
             }
         })?;
-        flusher_senders.push(queue);
+        flusher_senders.push(sender);
     }
     let shared =
         Arc::new(Shared::new(config.clone(), pgs.clone(), cell, metrics.clone(), flusher_senders, scrub_requests));

@@ -7,12 +7,11 @@
 //! caches, and posts completions to the priority threads.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use duplex_oplog::Entry;
 use duplex_proto::osd::{encode_attrs, encode_names, ObjectStat, OpKind, OpReply, RepReply, Status, LIST_LIMIT};
 use duplex_proto::peering::{PeerReply, PeerRequest};
@@ -68,73 +67,6 @@ pub enum Job {
     Peer { request: PeerRequest, reply: PeerReplyTo },
 }
 
-/// Where the PGs whose logs went from empty to not wait for their
-/// flusher. Only the first PG posted since the flusher's last flush sends
-/// it a job (which arms its timer); the others ride on that timer. Before
-/// this board (issue 22), every such PG sent a job, and each job woke the
-/// flusher only for it to go back to sleep until its timer: about one
-/// futex wake-up and two context switches per write on a busy OSD.
-#[derive(Debug, Default)]
-pub struct DirtyBoard {
-    /// A `Job::Dirty` was sent since the last flush took the board.
-    armed: AtomicBool,
-    pgs: Mutex<Vec<u32>>,
-}
-
-impl DirtyBoard {
-    /// Posts `pg`; true when the flusher must be told (its timer is not armed).
-    fn post(&self, pg: u32) -> bool {
-        self.pgs.lock().expect("dirty board lock").push(pg);
-        // After the push: a flush that disarms the board after this swap
-        // takes the board after disarming, so it finds `pg` there.
-        !self.armed.swap(true, SeqCst)
-    }
-
-    /// The flusher's side, before each flush: disarm, then take every PG
-    /// posted. (Disarming first: a PG posted meanwhile is either taken now
-    /// or finds the board disarmed and sends a job of its own.)
-    fn take_into(&self, dirty: &mut BTreeSet<u32>) {
-        self.armed.store(false, SeqCst);
-        dirty.extend(self.pgs.lock().expect("dirty board lock").drain(..));
-    }
-}
-
-/// A job sent after its flusher stopped.
-#[derive(Debug)]
-pub struct FlusherStopped;
-
-/// The sending end of one flusher: its job channel and its dirty board.
-#[derive(Clone, Debug)]
-pub struct FlusherQueue {
-    jobs: Sender<Job>,
-    board: Arc<DirtyBoard>,
-}
-
-impl FlusherQueue {
-    /// The queue of a flusher that takes `jobs`' other end and [`FlusherQueue::board`].
-    pub fn new(jobs: Sender<Job>) -> FlusherQueue {
-        FlusherQueue { jobs, board: Arc::default() }
-    }
-
-    /// The board the flusher takes dirty PGs from.
-    pub fn board(&self) -> Arc<DirtyBoard> {
-        self.board.clone()
-    }
-
-    /// `Err`: the flusher has stopped (the OSD is shutting down); the job is dropped.
-    pub fn send(&self, job: Job) -> Result<(), FlusherStopped> {
-        self.jobs.send(job).map_err(|_| FlusherStopped)
-    }
-
-    /// `pg`'s log went from empty to not: it is flushed within the timeout.
-    pub fn dirty(&self, pg: u32) {
-        if self.board.post(pg) {
-            // Err only at shutdown: no flusher is left to do it.
-            let _ = self.jobs.send(Job::Dirty(pg));
-        }
-    }
-}
-
 /// Where a peering answer goes.
 pub enum PeerReplyTo {
     /// A remote primary, over the connection its request came on.
@@ -156,8 +88,6 @@ pub struct Flusher {
     pub id: u32,
     pub partition: Partition,
     pub jobs: Receiver<Job>,
-    /// PGs gone dirty without a job of their own (see [`DirtyBoard`]).
-    pub dirty: Arc<DirtyBoard>,
     pub pgs: Arc<PgTable>,
     pub mailboxes: Vec<Mailbox>,
     pub metrics: Arc<Metrics>,
@@ -251,7 +181,6 @@ impl Flusher {
     /// then sync applies, reads, and peering requests.
     pub fn step(&mut self, pending: &mut Pending, histograms: &crate::metrics::Histograms, now: Instant) {
         if pending.flush_due(now) {
-            self.dirty.take_into(&mut pending.dirty);
             let started = Instant::now();
             let flushed = self.flush(std::mem::take(&mut pending.dirty));
             record(histograms, Stage::Flush, started.elapsed().as_micros() as u64);
@@ -650,56 +579,5 @@ fn reply_of(epoch: u64, result: Result<Bytes, StoreError>) -> OpReply {
         Err(StoreError::AttrNotFound) => OpReply::error(Status::NotFound, epoch, "no such attribute"),
         Err(err @ StoreError::InvalidArgument(_)) => OpReply::error(Status::Invalid, epoch, err),
         Err(err) => OpReply::error(Status::Io, epoch, err),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_first_dirty_pg_since_a_flush_wakes_the_flusher() {
-        let (sender, jobs) = crossbeam_channel::unbounded();
-        let queue = FlusherQueue::new(sender);
-        let board = queue.board();
-        for pg in [3, 5, 3, 9] {
-            queue.dirty(pg);
-        }
-        let woken: Vec<u32> = jobs.try_iter().map(|job| if let Job::Dirty(pg) = job { pg } else { 0 }).collect();
-        assert_eq!(woken, [3], "one job arms the timer; the others wait on the board");
-        let mut dirty = BTreeSet::new();
-        board.take_into(&mut dirty);
-        assert_eq!(dirty.into_iter().collect::<Vec<_>>(), [3, 5, 9], "the flush takes every PG posted");
-        queue.dirty(5);
-        assert_eq!(jobs.try_iter().count(), 1, "after a flush, the next dirty PG arms the timer again");
-    }
-
-    #[test]
-    fn a_pg_posted_while_a_flush_takes_the_board_is_never_left_behind() {
-        // Posters race a flusher that takes the board in a loop: every PG
-        // posted is either taken or sent as a job of its own.
-        let (sender, jobs) = crossbeam_channel::unbounded();
-        let queue = FlusherQueue::new(sender);
-        let board = queue.board();
-        let posters: Vec<_> = (0..2u32)
-            .map(|t| {
-                let queue = queue.clone();
-                std::thread::spawn(move || (0..20_000u32).for_each(|i| queue.dirty(t * 100_000 + i)))
-            })
-            .collect();
-        let mut seen = BTreeSet::new();
-        let mut armed_by_job = false;
-        while posters.iter().any(|p| !p.is_finished()) {
-            armed_by_job |= jobs.try_iter().count() > 0;
-            board.take_into(&mut seen);
-        }
-        posters.into_iter().for_each(|p| p.join().unwrap());
-        let mut last = BTreeSet::new();
-        let pending_job = jobs.try_iter().count() > 0;
-        board.take_into(&mut last);
-        assert!(last.is_empty() || pending_job, "PGs were left on the board with no job to wake the flusher");
-        seen.extend(last);
-        assert_eq!(seen.len(), 40_000, "every posted PG was taken");
-        assert!(armed_by_job || pending_job);
     }
 }

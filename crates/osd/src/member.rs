@@ -512,7 +512,6 @@ mod tests {
             id: 1,
             partition: store.open().into_partitions().pop().unwrap(),
             jobs,
-            dirty: Default::default(),
             pgs: Arc::new(PgTable::open(OplogMode::File, logs, 1 << 20).unwrap()),
             mailboxes: vec![mailbox],
             metrics: Arc::new(Metrics::default()),

@@ -8,13 +8,14 @@ use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
 use bytes::Bytes;
+use crossbeam_channel::Sender;
 use duplex_map::OsdId;
 use duplex_oplog::{Entry, EntryRef, LogError, OpKind as LogOp, RequestId};
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status, MAX_OBJECT_NAME};
 
 use crate::cluster::{ActingCache, Lease, MapCell, MapView};
 use crate::config::{OsdConfig, WritePath};
-use crate::flusher::{ClientSlot, FlusherQueue, Job, ReadJob, SyncDone};
+use crate::flusher::{ClientSlot, Job, ReadJob, SyncDone};
 use crate::metrics::{record, Histograms, Metrics, Stage};
 use crate::peering_driver::ScrubRequests;
 use crate::pg::{pg_key, pg_number, pool_of, Ack, OfferError, Pg, PgTable, ReplyTo, SharedPg};
@@ -27,7 +28,7 @@ pub struct Shared {
     pub map: Arc<MapCell>,
     pub metrics: Arc<Metrics>,
     /// One job queue per store partition (its flusher).
-    pub flushers: Vec<FlusherQueue>,
+    pub flushers: Vec<Sender<Job>>,
     /// Set once the logs are replayed: until then, requests are answered Retry.
     pub serving: AtomicBool,
     /// Accepted connections open, over all priority threads.
@@ -46,7 +47,7 @@ impl Shared {
         pgs: Arc<PgTable>,
         map: Arc<MapCell>,
         metrics: Arc<Metrics>,
-        flushers: Vec<FlusherQueue>,
+        flushers: Vec<Sender<Job>>,
         scrub_requests: ScrubRequests,
     ) -> Shared {
         Shared {
@@ -70,7 +71,7 @@ impl Shared {
 
     /// The flusher of the store partition holding `pg`'s objects: the
     /// store's rule (`Store::partition_of`: key group modulo partitions).
-    pub fn flusher_of(&self, pg: u32) -> &FlusherQueue {
+    pub fn flusher_of(&self, pg: u32) -> &Sender<Job> {
         &self.flushers[pg as usize % self.flushers.len()]
     }
 
@@ -566,7 +567,7 @@ fn notify_flusher(shared: &Shared, key: u32, depth: usize, was_dirty: bool) {
     if depth >= threshold && depth.is_multiple_of(threshold) {
         shared.send_job(key, Job::Flush(key));
     } else if !was_dirty {
-        shared.flusher_of(key).dirty(key);
+        shared.send_job(key, Job::Dirty(key));
     }
 }
 

@@ -18,7 +18,7 @@ use duplex_oplog::RequestId;
 use duplex_osd::backfill::Step;
 use duplex_osd::cluster::{ActingCache, Lease, MapCell};
 use duplex_osd::config::OsdConfig;
-use duplex_osd::flusher::{Flusher, FlusherQueue, Job, PeerReplyTo, Pending};
+use duplex_osd::flusher::{Flusher, Job, PeerReplyTo, Pending};
 use duplex_osd::mailbox::{Completion, Mailbox};
 use duplex_osd::metrics::{Histograms, Metrics};
 use duplex_osd::ops::{client_op, finish_write, replica_op, write_outlived, ClientOp, Outcome, Shared};
@@ -142,14 +142,12 @@ impl SimOsd {
         let (mailbox, inbox) = Mailbox::new(mio::Waker::new(poll.registry(), mio::Token(0))?);
         let metrics = Arc::new(Metrics::default());
         let (sender, jobs) = crossbeam_channel::unbounded();
-        let queue = FlusherQueue::new(sender);
         let scrub_requests = ScrubRequests::default();
         let partition = store.into_partitions().pop().context("a store with one partition")?;
         let flusher = Flusher {
             id: config.id,
             partition,
             jobs,
-            dirty: queue.board(),
             pgs: pgs.clone(),
             mailboxes: vec![mailbox],
             metrics: metrics.clone(),
@@ -159,7 +157,7 @@ impl SimOsd {
         };
         let pending = flusher.start();
         let cell = Arc::new(MapCell::new(ClusterMap::new([0; 16])));
-        let shared = Shared::new(config, pgs, cell.clone(), metrics.clone(), vec![queue], scrub_requests);
+        let shared = Shared::new(config, pgs, cell.clone(), metrics.clone(), vec![sender], scrub_requests);
         shared.serving.store(true, std::sync::atomic::Ordering::Release);
         let held_lease = Arc::new(Lease::default());
         held_lease.renew(std::time::Instant::now(), std::time::Duration::from_secs(365 * 24 * 3600));
