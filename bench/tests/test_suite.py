@@ -90,15 +90,24 @@ class Figures(unittest.TestCase):
     def test_targets_are_judged_as_ratios(self):
         rs = [
             record("ceph", "randwrite-4k", 1000.0, server_cpu_s=10.0, written=1),
-            record("duplex", "randwrite-4k", 12000.0, server_cpu_s=8.0, written=12000 * 10 * 4096 * 2),
+            record("duplex", "randwrite-4k", 21000.0, server_cpu_s=8.0, written=21000 * 10 * 4096 * 2),
             record("ceph", "randwrite-4k-qd1", 300.0, 1.0, 1, lat_mean_us=3000.0),
-            record("duplex", "randwrite-4k-qd1", 3000.0, 1.0, 1, lat_mean_us=400.0),
+            record("duplex", "randwrite-4k-qd1", 3000.0, 1.0, 3000 * 10 * 4096 * 2 * 11 // 10, lat_mean_us=250.0),
         ]
         t = {row["target"]: row for row in report.targets(report.summarize(rs))}
-        self.assertTrue(t["4 KiB random write IOPS"]["met"])  # 12x
-        self.assertFalse(t["4 KiB random write: server CPU µs per write"]["met"])  # 66.7 vs 1000 µs: 1/15
-        self.assertFalse(t["4 KiB random write at QD1: mean latency"]["met"])  # 400/3000 = 0.13
-        self.assertTrue(t["WAF during 4 KiB random write"]["met"])  # exactly 1.0
+        self.assertTrue(t["4 KiB random write IOPS"]["met"])  # 21x against a bar of 20x
+        self.assertTrue(t["4 KiB random write: server CPU µs per write"]["met"])  # 38.1 vs 1000 µs: 1/26
+        self.assertTrue(t["4 KiB random write at QD1: mean latency"]["met"])  # 250/3000 = 0.083
+        self.assertFalse(t["4 KiB random write at QD1: mean latency, µs"]["met"])  # 250 > 120 µs
+        self.assertTrue(t["WAF during randwrite-4k"]["met"])  # exactly 1.0
+        self.assertFalse(t["WAF during randwrite-4k-qd1"]["met"])  # 1.1 > 1.05
+
+    def test_each_write_is_reported_against_the_ideal_path(self):
+        rs = [record("duplex", "randwrite-4k", 20000.0, 1.0, 1),
+              record("duplex", "randwrite-4k", 40000.0, 1.0, 1, phase="ideal")]
+        rows = report.against_ideal(report.summarize(rs))
+        self.assertEqual(len(rows), 1)
+        self.assertEqual((rows[0]["duplex"]["iops"], rows[0]["ideal"]["iops"]), (20000.0, 40000.0))
 
     def test_the_report_renders(self):
         rs = [record("ceph", "randwrite-4k", 1000.0, 10.0, 1), record("duplex", "randwrite-4k", 9000.0, 1.0, 1)]
