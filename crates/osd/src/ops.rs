@@ -396,20 +396,21 @@ fn mutate(
         guard.active.as_ref().is_some_and(|a| a.members == interval.acting),
         "lock_served checked the interval"
     );
+    // The write as a log entry at `seq` (the oplog and ideal paths send it as it is).
+    let entry_at = |seq: u64| EntryRef {
+        pg: key,
+        epoch: epoch as u32,
+        version: seq,
+        seq,
+        op: log_op,
+        object: &request.object,
+        offset,
+        data,
+        request: request_id,
+    };
     let (encoded, local) = match shared.config.write_path {
         WritePath::Oplog => {
-            let seq = guard.log.next_seq();
-            let entry = EntryRef {
-                pg: key,
-                epoch: epoch as u32,
-                version: seq,
-                seq,
-                op: log_op,
-                object: &request.object,
-                offset,
-                data,
-                request: request_id,
-            };
+            let entry = entry_at(guard.log.next_seq());
             let encoded = entry.encode();
             // Encoded once: the log and every replica's frame take these bytes.
             crate::copies::count(crate::copies::Site::Encode, data.len());
@@ -446,18 +447,7 @@ fn mutate(
             // Nothing is logged, tracked or stored: only the network and
             // the threads remain (the limit `bench/run` compares against).
             drop(guard);
-            let entry = EntryRef {
-                pg: key,
-                epoch: epoch as u32,
-                version: 0,
-                seq: 0,
-                op: log_op,
-                object: &request.object,
-                offset,
-                data,
-                request: request_id,
-            };
-            let encoded = if replicas.is_empty() { Vec::new() } else { entry.encode() };
+            let encoded = if replicas.is_empty() { Vec::new() } else { entry_at(0).encode() };
             crate::copies::count(crate::copies::Site::Encode, data.len());
             (encoded, None)
         }
@@ -467,17 +457,7 @@ fn mutate(
             guard.requests.set(request_id, RequestState::InFlight, seq);
             guard.uncommitted.begin(write, request.object.clone(), start, end);
             drop(guard);
-            let entry = Entry {
-                pg: key,
-                epoch: epoch as u32,
-                version: seq,
-                seq,
-                op: log_op,
-                object: request.object.to_vec(),
-                offset,
-                data: data.to_vec(),
-                request: request_id,
-            };
+            let entry = entry_at(seq).to_owned();
             // Encoded only to send: with no replicas, nothing reads it.
             let encoded = if replicas.is_empty() { Vec::new() } else { entry.encode() };
             (encoded, Some(entry))

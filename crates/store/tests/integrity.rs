@@ -21,6 +21,16 @@ fn peek(path: &std::path::Path, offset: u64, len: usize) -> Vec<u8> {
     buf
 }
 
+/// Writes `data` at the start of `key` in a fresh mount and closes it;
+/// returns the device offset of the object's block holding byte `at`.
+fn write_and_locate(path: &std::path::Path, config: &StoreConfig, key: &Key, data: &[u8], at: u64) -> u64 {
+    let mut store = Store::open(path, config).unwrap();
+    store.partition_mut(0).write(key, 0, data).unwrap();
+    let offset = store.partition_mut(0).locate_data(key.as_bytes(), at).unwrap();
+    store.close().unwrap();
+    offset
+}
+
 fn setup() -> (tempfile::TempDir, std::path::PathBuf, StoreConfig) {
     let dir = tempfile::tempdir().unwrap();
     let config = test_config(IoBackend::Auto);
@@ -32,10 +42,7 @@ fn setup() -> (tempfile::TempDir, std::path::PathBuf, StoreConfig) {
 fn flipped_data_byte_fails_the_read_with_a_checksum_error() {
     let (_dir, path, config) = setup();
     let key = key(0, 1);
-    let mut store = Store::open(&path, &config).unwrap();
-    store.partition_mut(0).write(&key, 0, &[0xAB; 8192]).unwrap();
-    let offset = store.partition_mut(0).locate_data(key.as_bytes(), 4096).unwrap();
-    store.close().unwrap();
+    let offset = write_and_locate(&path, &config, &key, &[0xAB; 8192], 4096);
     let mut byte = peek(&path, offset + 100, 1);
     byte[0] ^= 0x01;
     patch(&path, offset + 100, &byte);
@@ -63,10 +70,7 @@ fn flipped_data_byte_fails_the_read_with_a_checksum_error() {
 fn fsck_reports_a_flipped_data_byte() {
     let (_dir, path, config) = setup();
     let key = key(0, 2);
-    let mut store = Store::open(&path, &config).unwrap();
-    store.partition_mut(0).write(&key, 0, &[7; 4096]).unwrap();
-    let offset = store.partition_mut(0).locate_data(key.as_bytes(), 0).unwrap();
-    store.close().unwrap();
+    let offset = write_and_locate(&path, &config, &key, &[7; 4096], 0);
     assert!(fsck(&path, &config, true).clean);
     patch(&path, offset + 4095, &[0]);
     let report = fsck(&path, &config, true);
@@ -393,10 +397,7 @@ fn interrupted_growth_never_exposes_bytes_past_the_old_size() {
 fn interrupted_shrink_and_grow_keeps_bytes_that_were_visible() {
     let (_dir, path, config) = setup();
     let k = key(0, 10);
-    let mut store = Store::open(&path, &config).unwrap();
-    store.partition_mut(0).write(&k, 0, &[3; 8192]).unwrap();
-    let offset = store.partition_mut(0).locate_data(k.as_bytes(), 4096).unwrap();
-    store.close().unwrap();
+    let offset = write_and_locate(&path, &config, &k, &[3; 8192], 4096);
     let mut store = Store::open(&path, &config).unwrap();
     let mut batch = Batch::new();
     batch.truncate(k.clone(), 5000).truncate(k.clone(), 8192);
@@ -418,10 +419,7 @@ fn interrupted_shrink_and_grow_keeps_bytes_that_were_visible() {
 fn a_journaled_whole_block_goes_through_the_journal_and_repairs_a_damaged_block() {
     let (_dir, path, config) = setup();
     let key = key(0, 3);
-    let mut store = Store::open(&path, &config).unwrap();
-    store.partition_mut(0).write(&key, 0, &[1; 8192]).unwrap();
-    let offset = store.partition_mut(0).locate_data(key.as_bytes(), 0).unwrap();
-    store.close().unwrap();
+    let offset = write_and_locate(&path, &config, &key, &[1; 8192], 0);
     patch(&path, offset + 7, &[0xFF]);
 
     let mut store = Store::open(&path, &config).unwrap();
