@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use duplex_client::{Client, CreateOptions};
 use duplex_map::{ClusterMap, Command as MapCommand};
-use duplex_mon::client::MonClient;
-use duplex_mon::wire::WireOutcome;
+use duplex_mon_client::MonClient;
+use duplex_mon_client::WireOutcome;
 use duplex_proto::osd::OsdStats;
 use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
 use duplex_proto::{Frame, MessageType};
@@ -112,7 +112,7 @@ pub fn pg(client: &Client, pool_name: &str, command: PgCommand) -> Result<()> {
         let addr = map.osds[&primary].addr.parse().with_context(|| format!("osd.{primary}'s address"))?;
         let key = duplex_osd::pg::pg_key(pool, *pg).context("pool id too large")?;
         let mut conn =
-            duplex_client::conn::OsdConnection::connect(addr, &client.config().credentials, Duration::from_secs(2))
+            duplex_mon_client::Connection::connect(addr, &client.config().credentials, Duration::from_secs(2))
                 .with_context(|| format!("connecting to osd.{primary}"))?;
         conn.set_read_timeout(Some(SCRUB_TIMEOUT))?;
         conn.send(&PeerRequest { pg: key, interval: 0, op: PeerOp::Scrub { repair } }.to_frame(1))?;
@@ -317,7 +317,7 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
 fn osd_stats(client: &Client, addr: &str) -> Result<OsdStats> {
     let addr = addr.parse().with_context(|| format!("bad OSD address {addr}"))?;
     let mut conn =
-        duplex_client::conn::OsdConnection::connect(addr, &client.config().credentials, Duration::from_secs(2))?;
+        duplex_mon_client::Connection::connect(addr, &client.config().credentials, Duration::from_secs(2))?;
     conn.set_read_timeout(Some(Duration::from_secs(2)))?;
     conn.send(&Frame::new(MessageType::OsdStats, 1, bytes::Bytes::new()))?;
     let frame = conn.recv()?;

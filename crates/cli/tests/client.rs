@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{run_ok, workload, DevCluster};
-use duplex_client::conn::OsdConnection;
+use duplex_mon_client::Connection as OsdConnection;
 use duplex_client::{ClientError, CreateOptions};
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
 

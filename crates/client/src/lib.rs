@@ -13,7 +13,6 @@
 //! - [`image`]: block images striped over objects ([`Image`]).
 //! - [`object`]: [`ObjectClient`], a minimal one-at-a-time client for tests.
 //! - [`load`]: a pipelined object load generator for the OSD benchmark.
-//! - [`conn`]: an authenticated blocking connection to an OSD.
 //!
 //! ```no_run
 //! use duplex_client::{Client, ClientConfig, CreateOptions};
@@ -28,7 +27,6 @@
 //! ```
 
 pub mod client;
-pub mod conn;
 pub mod error;
 pub mod image;
 pub mod load;

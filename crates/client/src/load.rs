@@ -16,7 +16,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use rand::{Rng, SeedableRng};
 
-use crate::conn::OsdConnection;
+use duplex_mon_client::Connection as OsdConnection;
 use crate::ObjectClient;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,13 +11,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use duplex_map::{ClusterMap, OsdId};
-use duplex_mon::client::MonClient;
-use duplex_mon::wire::Credentials;
+use duplex_mon_client::MonClient;
+use duplex_mon_client::Credentials;
 use duplex_placement::Hierarchy;
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
 use duplex_proto::MessageType;
 
-use crate::conn::OsdConnection;
+use duplex_mon_client::Connection as OsdConnection;
 
 use crate::error::ClientError;
 

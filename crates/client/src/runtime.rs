@@ -22,15 +22,15 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use crossbeam_channel::Receiver;
 use duplex_map::{ClusterMap, OsdId};
-use duplex_mon::client::MonClient;
-use duplex_mon::wire::Credentials;
+use duplex_mon_client::MonClient;
+use duplex_mon_client::Credentials;
 use duplex_placement::Hierarchy;
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
 use duplex_proto::{FrameDecoder, MessageType};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::conn::OsdConnection;
+use duplex_mon_client::Connection as OsdConnection;
 use crate::error::ClientError;
 
 pub(crate) const WAKER: Token = Token(0);

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 
 use crate::daemon::{run as run_daemon, MonConfig};
-use crate::wire::Credentials;
+use duplex_mon_client::Credentials;
 
 #[derive(Parser)]
 #[command(name = "duplex-mon", version, about = "One monitor of a Duplex cluster (Raft-replicated cluster map)")]

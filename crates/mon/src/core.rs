@@ -266,3 +266,14 @@ pub fn append_to_log(log: &mut Vec<Entry>, batch: &[Entry]) {
     debug_assert!(log.last().is_none_or(|e| e.index + 1 == first.index), "a gap in the monitor log");
     log.extend_from_slice(batch);
 }
+
+/// The outcome as the monitor answers it on the wire.
+impl From<CommandOutcome> for duplex_mon_client::WireOutcome {
+    fn from(outcome: CommandOutcome) -> Self {
+        match outcome {
+            CommandOutcome::Applied { epoch } => Self::Applied { epoch },
+            CommandOutcome::Unchanged { epoch } => Self::Unchanged { epoch },
+            CommandOutcome::Refused(err) => Self::Refused(err.to_string()),
+        }
+    }
+}

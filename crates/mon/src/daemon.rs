@@ -25,7 +25,7 @@ use duplex_map::{Command, FailureConfig, FailureDetector};
 
 use crate::core::{MonCore, ProposeError};
 use crate::datadir::DataDir;
-use crate::wire::{from_frame, to_frame, Connection, Credentials, MonMessage};
+use duplex_mon_client::{from_frame, to_frame, Connection, Credentials, MonMessage};
 
 pub const TICK: Duration = Duration::from_millis(100);
 /// Requests and raft messages waiting for the core thread.

@@ -13,10 +13,8 @@
 //! epoch, identically everywhere.
 
 pub mod cli;
-pub mod client;
 pub mod core;
 pub mod daemon;
 pub mod datadir;
-pub mod wire;
 
 pub use crate::core::{append_to_log, CommandOutcome, MonCore, MonOutput, ProposeError};

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{leader, wait_for, Cluster};
 use duplex_map::Command;
-use duplex_mon::wire::WireOutcome;
+use duplex_mon_client::WireOutcome;
 
 #[test]
 fn killing_the_leader_loses_no_acknowledged_command() {

@@ -9,8 +9,8 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use duplex_map::{ClusterMap, Command, OsdId, Pool};
-use duplex_mon::client::MonClient;
-use duplex_mon::wire::{Credentials, WireOutcome};
+use duplex_mon_client::MonClient;
+use duplex_mon_client::{Credentials, WireOutcome};
 use duplex_placement::Hierarchy;
 
 pub struct MapView {

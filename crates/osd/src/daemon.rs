@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use duplex_mon::wire::Credentials;
+use duplex_mon_client::Credentials;
 use duplex_store::{Store, StoreConfig};
 
 use crate::cluster::{boot, follow, heartbeat, heartbeat_client, MapCell, MonLink};

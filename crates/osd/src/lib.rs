@@ -30,7 +30,6 @@ pub mod conn;
 pub mod copies;
 pub mod daemon;
 pub mod flusher;
-pub mod local;
 pub mod mailbox;
 pub mod member;
 pub mod metrics;

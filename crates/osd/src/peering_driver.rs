@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use duplex_client::conn::OsdConnection;
+use duplex_mon_client::Connection as OsdConnection;
 use duplex_map::OsdId;
-use duplex_mon::wire::Credentials;
+use duplex_mon_client::Credentials;
 use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
 use duplex_proto::MessageType;
 
@@ -301,9 +301,9 @@ impl PeeringDriver {
 
     /// A client of the monitors for this thread's commands (connecting
     /// briefly: a monitor that is down must not hold up peering for long).
-    fn monitor(&self) -> duplex_mon::client::MonClient {
+    fn monitor(&self) -> duplex_mon_client::MonClient {
         let config = &self.shared.config;
-        let mut client = duplex_mon::client::MonClient::new(config.monitors.clone(), self.credentials.clone());
+        let mut client = duplex_mon_client::MonClient::new(config.monitors.clone(), self.credentials.clone());
         client.timeout = CONNECT_TIMEOUT;
         client
     }

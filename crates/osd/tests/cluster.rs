@@ -229,12 +229,12 @@ fn hostile_connections_are_dropped_and_others_are_served() {
     let reply = closed(early);
     assert!(reply.is_empty(), "an unauthenticated request got an answer");
     // The wrong secret: refused during the handshake.
-    let wrong = duplex_mon::wire::Credentials {
+    let wrong = duplex_mon_client::Credentials {
         fsid: common::fsid(),
         secret: b"not the cluster secret at all!!".to_vec(),
         name: "intruder".into(),
     };
-    assert!(duplex_client::conn::OsdConnection::connect(addr, &wrong, Duration::from_secs(5)).is_err());
+    assert!(duplex_mon_client::Connection::connect(addr, &wrong, Duration::from_secs(5)).is_err());
     // Everyone else is still served.
     client.write(pool, b"steady", 0, b"after!").unwrap();
     assert_eq!(client.read(pool, b"steady", 0, 6).unwrap().as_ref(), b"after!");
@@ -394,9 +394,9 @@ fn a_connection_may_pipeline_far_past_its_in_flight_limit() {
     // Through the client (which retries while the new PG peers) first: the raw
     // requests below expect an active PG.
     client.write(pool, &object, 0, b"warm").unwrap();
-    let mut conn = duplex_client::conn::OsdConnection::connect(
+    let mut conn = duplex_mon_client::Connection::connect(
         addr,
-        &duplex_osd::local::credentials("client.pipe"),
+        &duplex_testkit::credentials("client.pipe"),
         Duration::from_secs(10),
     )
     .unwrap();
@@ -439,9 +439,9 @@ fn a_frame_larger_than_any_request_closes_the_connection() {
     cluster.wait_all_up();
     let client = cluster.client();
     let addr = client.addr_of(0).unwrap();
-    let (mut stream, _) = duplex_client::conn::OsdConnection::connect(
+    let (mut stream, _) = duplex_mon_client::Connection::connect(
         addr,
-        &duplex_osd::local::credentials("client.big"),
+        &duplex_testkit::credentials("client.big"),
         Duration::from_secs(10),
     )
     .unwrap()
@@ -478,9 +478,9 @@ fn hostile_peering_requests_are_refused_and_the_pg_recovers() {
     let pg = duplex_placement::pg_of(object, info.pg_num);
     let primary = map.acting(&map.hierarchy(), &info, pg)[0];
     let key = duplex_osd::pg::pg_key(pool, pg).unwrap();
-    let mut conn = duplex_client::conn::OsdConnection::connect(
+    let mut conn = duplex_mon_client::Connection::connect(
         client.addr_of(primary).unwrap(),
-        &duplex_osd::local::credentials("client.rogue"),
+        &duplex_testkit::credentials("client.rogue"),
         Duration::from_secs(10),
     )
     .unwrap();
@@ -525,7 +525,7 @@ fn a_resend_after_every_member_restarted_with_a_trimmed_log_is_not_applied_again
     let pool = cluster.pool(&client);
     let object = b"dedup-after-restart".to_vec();
     client.write(pool, &object, 0, b"warm!").unwrap();
-    let credentials = duplex_osd::local::credentials("client.dedup");
+    let credentials = duplex_testkit::credentials("client.dedup");
     let write = |client: &mut duplex_client::ObjectClient, data: &'static [u8], txid: u64| -> Status {
         let map = client.map().clone();
         let info = map.pools[&pool].clone();
@@ -533,7 +533,7 @@ fn a_resend_after_every_member_restarted_with_a_trimmed_log_is_not_applied_again
         let primary = map.acting(&map.hierarchy(), &info, pg)[0];
         let addr = client.addr_of(primary).unwrap();
         let mut conn =
-            duplex_client::conn::OsdConnection::connect(addr, &credentials, Duration::from_secs(10)).unwrap();
+            duplex_mon_client::Connection::connect(addr, &credentials, Duration::from_secs(10)).unwrap();
         let request = OpRequest {
             kind: OpKind::Write,
             pool,

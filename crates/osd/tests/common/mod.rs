@@ -1,4 +1,4 @@
-//! The test cluster: [`duplex_osd::local::LocalCluster`] with this
+//! The test cluster: [`duplex_testkit::LocalCluster`] with this
 //! package's `duplex-osd` binary and a pool "test" (size 2, min_size 1).
 
 #![allow(dead_code)]
@@ -7,9 +7,9 @@ use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use duplex_client::ObjectClient;
-use duplex_osd::local::{credentials, LocalCluster, LocalOptions};
+use duplex_testkit::{credentials, LocalCluster, LocalOptions};
 
-pub use duplex_osd::local::fsid;
+pub use duplex_testkit::fsid;
 
 pub struct TestCluster(LocalCluster);
 

@@ -11,8 +11,6 @@ use duplex_proto::session::Event;
 use duplex_proto::{Frame, FrameDecoder, Handshake, MessageType, Session};
 use serde::{Deserialize, Serialize};
 
-use crate::core::CommandOutcome;
-
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum MonMessage {
     /// Follow the map from `from_epoch`: the connection then carries only
@@ -58,22 +56,12 @@ pub enum MonMessage {
     },
 }
 
-/// [`CommandOutcome`] on the wire.
+/// A monitor command's outcome on the wire (the monitor's `CommandOutcome`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WireOutcome {
     Applied { epoch: u64 },
     Unchanged { epoch: u64 },
     Refused(String),
-}
-
-impl From<CommandOutcome> for WireOutcome {
-    fn from(outcome: CommandOutcome) -> Self {
-        match outcome {
-            CommandOutcome::Applied { epoch } => WireOutcome::Applied { epoch },
-            CommandOutcome::Unchanged { epoch } => WireOutcome::Unchanged { epoch },
-            CommandOutcome::Refused(err) => WireOutcome::Refused(err.to_string()),
-        }
-    }
 }
 
 pub fn to_frame(message: &MonMessage) -> Frame {

@@ -1,7 +1,12 @@
+//! # duplex-testkit: a local cluster for tests and benchmarks
+//!
 //! A local cluster on loopback: one monitor inside this process, OSDs as
 //! real `duplex-osd` processes (so they can be SIGKILLed). For tests, the
-//! benchmark, and development. Every child is killed when the cluster is
-//! dropped, whatever happened.
+//! benchmark (`duplex-osd-bench`, this crate's binary), and development.
+//! Every child is killed when the cluster is dropped, whatever happened.
+//!
+//! It is its own crate so that the OSD library does not link the monitor
+//! daemon (and Raft) just to test itself.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -12,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use duplex_map::Command;
-use duplex_mon::client::MonClient;
-use duplex_mon::wire::Credentials;
+use duplex_mon_client::MonClient;
+use duplex_mon_client::Credentials;
 
 pub const FSID_HEX: &str = "00112233445566778899aabbccddeeff";
 pub const SECRET: &[u8] = b"a shared cluster secret for local clusters";

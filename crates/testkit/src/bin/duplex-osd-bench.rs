@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use duplex_client::load::{self, LoadSpec, Pattern};
 use duplex_client::ObjectClient;
-use duplex_osd::local::{credentials, metric_in, LocalCluster, LocalOptions};
+use duplex_testkit::{credentials, metric_in, LocalCluster, LocalOptions};
 
 #[derive(Parser)]
 #[command(name = "duplex-osd-bench", about = "Object-level benchmark of a local Duplex cluster")]
