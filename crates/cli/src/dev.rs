@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use duplex_map::Command as MapCommand;
-use duplex_mon_client::MonClient;
 use duplex_mon_client::Credentials;
+use duplex_mon_client::MonClient;
 
 use duplex_store::units::format_size;
 

@@ -15,7 +15,8 @@ use duplex_client::{Client, ClientConfig, ClientError, CreateOptions};
 
 /// Counts allocations for the OSD's metrics (the per-write budget test reads them).
 #[global_allocator]
-static ALLOCATOR: duplex_osd::alloc_count::CountingAllocator = duplex_osd::alloc_count::CountingAllocator;
+static ALLOCATOR: duplex_osd::metrics::alloc_count::CountingAllocator =
+    duplex_osd::metrics::alloc_count::CountingAllocator;
 
 const DEFAULT_DIR: &str = "duplex-dev";
 

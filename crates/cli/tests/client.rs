@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{run_ok, workload, DevCluster};
-use duplex_mon_client::Connection as OsdConnection;
 use duplex_client::{ClientError, CreateOptions};
+use duplex_mon_client::Connection as OsdConnection;
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
 
 const MIB: u64 = 1 << 20;

@@ -15,13 +15,14 @@ use duplex_store::{Store, StoreConfig};
 use crate::cluster::{boot, follow, heartbeat, heartbeat_client, MapCell, MonLink};
 use crate::config::{OsdConfig, Threading};
 use crate::flusher::Flusher;
-use crate::mailbox::Mailbox;
+use crate::io::event_loop::{PriorityThread, WAKER};
+use crate::io::pool::pool_worker;
+use crate::messages::{Mailbox, ScrubRequests};
 use crate::metrics::{serve, Metrics};
-use crate::ops::Shared;
-use crate::peering_driver::{PeeringDriver, ScrubRequests};
+use crate::peering::driver::PeeringDriver;
+use crate::pg::replay::replay_recovered;
 use crate::pg::PgTable;
-use crate::priority::{pool_worker, PriorityThread, WAKER};
-use crate::replay::replay_recovered;
+use crate::shared::Shared;
 
 /// A running OSD's addresses.
 pub struct Running {

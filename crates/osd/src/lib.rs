@@ -1,47 +1,42 @@
 //! # duplex-osd: the decoupled write path
 //!
-//! An OSD serves the PGs the map gives it (DESIGN.md §4–6):
+//! An OSD serves the PGs the map gives it (DESIGN.md §4–6). Its folders
+//! are its concerns:
 //!
-//! - **Top half** ([`priority`]): priority threads, each an event loop over
+//! - **[`io`]: the top half.** Priority threads, each an event loop over
 //!   the connections it owns. A write is appended to its PG's operation log
-//!   and index cache ([`pg`]), sent to the replicas on the thread's own peer
-//!   connections, and acknowledged once every replica has logged it. No disk
-//!   I/O happens on the way. Reads are served from the log when it covers
-//!   them (R1), else handed to the bottom half (R2, or R3 after a flush).
-//! - **Bottom half** ([`flusher`]): one non-priority thread per store
+//!   and index cache ([`pg`]), sent to the replicas on the thread's own
+//!   peer connections, and acknowledged once every replica has logged it.
+//!   No disk I/O happens on the way. Reads are served from the log when it
+//!   covers them (R1), else handed to the bottom half (R2, or R3 after a
+//!   flush). [`io::ops`] is what an operation does, whichever thread runs
+//!   it, so the ablation switches ([`config::WritePath`],
+//!   [`config::Threading`]) change who does the work, not what is done.
+//! - **[`flusher`]: the bottom half.** One non-priority thread per store
 //!   partition applies logged entries to the store in batches (one device
-//!   flush each) and trims the logs.
-//! - [`ops`] is what an operation does, whichever thread runs it, so the
-//!   ablation switches ([`config::WritePath`], [`config::Threading`]) change
-//!   who does the work, not what is done.
-//! - On start, [`replay`] applies every live log entry to the store before
-//!   the OSD serves ([`daemon`]).
-//! - [`peering`] brings a PG's members to one history whenever its
-//!   interval changes, before the PG serves I/O: a sans-I/O machine, run by
-//!   the [`peering_driver`] thread of the PG's primary; [`member`] is what
-//!   each member's flusher does when asked.
+//!   flush each) and trims the logs; it also answers peering requests for
+//!   its PGs ([`flusher::member`]).
+//! - **[`pg`]:** a PG's log, index cache, request-id table and interval
+//!   records, and the replay of the logs at start ([`pg::replay`]).
+//! - **[`peering`]:** brings a PG's members to one history whenever its
+//!   interval changes, before the PG serves I/O: sans-I/O machines
+//!   (peering, recovery, scrub, backfill) run by the peering thread of the
+//!   PG's primary ([`peering::driver`]).
+//! - [`messages`]: every message between those threads; [`shared`]: the
+//!   state they share; [`cluster`]: the map, the lease and the monitors;
+//!   [`metrics`]; [`daemon`]: starts it all.
 
-pub mod alloc_count;
-pub mod backfill;
 pub mod cli;
 pub mod cluster;
 pub mod config;
-pub mod conn;
-pub mod copies;
 pub mod daemon;
 pub mod flusher;
-pub mod mailbox;
-pub mod member;
+pub mod io;
+pub mod messages;
 pub mod metrics;
-pub mod ops;
 pub mod peering;
-pub mod peering_driver;
 pub mod pg;
-pub mod priority;
-pub mod replay;
-pub mod requests;
-pub mod stored_interval;
-pub mod stored_requests;
+pub mod shared;
 
 /// A small store in a temporary directory, for unit tests of what the OSD
 /// keeps in its store.

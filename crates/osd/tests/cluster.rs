@@ -402,7 +402,7 @@ fn a_connection_may_pipeline_far_past_its_in_flight_limit() {
     .unwrap();
     // Far more than MAX_IN_FLIGHT requests before reading any reply: the
     // OSD stops reading at its limit and resumes as replies leave.
-    let count = 4 * duplex_osd::conn::MAX_IN_FLIGHT as u64;
+    let count = 4 * duplex_osd::io::conn::MAX_IN_FLIGHT as u64;
     for txid in 1..=count {
         let request = duplex_proto::osd::OpRequest {
             kind: duplex_proto::osd::OpKind::Write,
@@ -532,8 +532,7 @@ fn a_resend_after_every_member_restarted_with_a_trimmed_log_is_not_applied_again
         let pg = duplex_placement::pg_of(&object, info.pg_num);
         let primary = map.acting(&map.hierarchy(), &info, pg)[0];
         let addr = client.addr_of(primary).unwrap();
-        let mut conn =
-            duplex_mon_client::Connection::connect(addr, &credentials, Duration::from_secs(10)).unwrap();
+        let mut conn = duplex_mon_client::Connection::connect(addr, &credentials, Duration::from_secs(10)).unwrap();
         let request = OpRequest {
             kind: OpKind::Write,
             pool,

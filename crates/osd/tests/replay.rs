@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use duplex_oplog::{Entry, OpKind};
-use duplex_osd::replay::{replay, store_op};
+use duplex_osd::pg::replay::{replay, store_op};
 use duplex_store::{mkfs, Batch, MkfsOptions, Store, StoreConfig};
 use proptest::prelude::*;
 

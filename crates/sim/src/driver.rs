@@ -1,20 +1,21 @@
 //! The peering thread's schedule, on the simulated clock: which PGs this
 //! OSD (their primary) peers, when a stuck one tries again, one request at
 //! a time, and the background backfill after. It mirrors
-//! `duplex_osd::peering_driver` (the same rules, over the same [`Peering`]
+//! `duplex_osd::peering::driver` (the same rules, over the same [`Peering`]
 //! and [`Backfill`] machines and [`primary_intervals`]); only the blocking
 //! calls become messages and a timeout.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use duplex_map::{Command, OsdId};
-use duplex_osd::backfill::{Backfill, Step, Throttle};
 use duplex_osd::cluster::MapView;
-use duplex_osd::peering::{Action, Peering};
-use duplex_osd::peering_driver::{
-    map_commands, primary_intervals, restart_due, start_peering, Identity, MachineState, ScrubAsk, Wanted, LOCK_RETRY,
+use duplex_osd::messages::ScrubAsk;
+use duplex_osd::peering::backfill::{Backfill, Step, Throttle};
+use duplex_osd::peering::driver::{
+    map_commands, primary_intervals, restart_due, start_peering, Identity, MachineState, Wanted, LOCK_RETRY,
     TARGET_RETRY,
 };
+use duplex_osd::peering::{Action, Peering};
 use duplex_osd::pg::{pg_number, pool_of};
 use duplex_proto::peering::PeerReply;
 

@@ -10,8 +10,8 @@
 //! failing seed replays exactly: `duplex-sim --seed N`.
 //!
 //! What runs is the product's own logic, not a model of it:
-//! - the OSD's operations ([`duplex_osd::ops::client_op`],
-//!   [`duplex_osd::ops::replica_op`], [`duplex_osd::ops::finish_write`]),
+//! - the OSD's operations ([`duplex_osd::io::ops::client_op`],
+//!   [`duplex_osd::io::ops::replica_op`], [`duplex_osd::io::ops::finish_write`]),
 //!   its PG logs and request tables ([`duplex_osd::pg`]), its flusher and
 //!   member side of peering ([`duplex_osd::flusher::Flusher`]), its peering
 //!   machines ([`duplex_osd::peering`]) and its log replay at start;

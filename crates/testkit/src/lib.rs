@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use duplex_map::Command;
-use duplex_mon_client::MonClient;
 use duplex_mon_client::Credentials;
+use duplex_mon_client::MonClient;
 
 pub const FSID_HEX: &str = "00112233445566778899aabbccddeeff";
 pub const SECRET: &[u8] = b"a shared cluster secret for local clusters";

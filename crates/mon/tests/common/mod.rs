@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command as Process, Stdio};
 use std::time::{Duration, Instant};
 
-use duplex_mon_client::MonClient;
 use duplex_mon_client::Credentials;
+use duplex_mon_client::MonClient;
 
 const FSID_HEX: &str = "00112233445566778899aabbccddeeff";
 

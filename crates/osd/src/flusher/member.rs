@@ -12,10 +12,9 @@ use duplex_proto::peering::{
 use duplex_store::{Batch, Key, StoreError};
 
 use crate::flusher::Flusher;
-use crate::mailbox::Completion;
+use crate::messages::Completion;
+use crate::pg::{stored_interval, stored_requests};
 use crate::pg::{Ack, Activation, SharedPg, StagedCopy};
-use crate::stored_interval;
-use crate::stored_requests;
 
 impl Flusher {
     /// Does one peering step for the PG's primary and says how it went.
@@ -406,7 +405,7 @@ impl Flusher {
         staged_bytes: u64,
         requests: Vec<LoggedRequest>,
     ) -> Result<PeerReply, String> {
-        if requests.len() > crate::requests::TRACKED_REQUESTS {
+        if requests.len() > crate::pg::requests::TRACKED_REQUESTS {
             return Err(format!("{} request ids for one object", requests.len()));
         }
         self.flush_pg(key)?;
@@ -498,7 +497,7 @@ mod tests {
 
     use super::*;
     use crate::config::OplogMode;
-    use crate::mailbox::Mailbox;
+    use crate::messages::Mailbox;
     use crate::metrics::Metrics;
     use crate::pg::{pg_key, PgTable};
 

@@ -6,6 +6,11 @@
 //! sits behind its own mutex: the "PG log lock" of DESIGN.md §4, held for an
 //! append or a trim, never across I/O other than the log region's own.
 
+pub mod replay;
+pub mod requests;
+pub mod stored_interval;
+pub mod stored_requests;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::ops::RangeInclusive;
@@ -19,8 +24,7 @@ use duplex_proto::peering::LoggedRequest;
 use duplex_store::{Op, Partition, StoreError};
 
 use crate::config::OplogMode;
-use crate::requests::{RequestState, RequestTable};
-use crate::stored_requests;
+use crate::pg::requests::{RequestState, RequestTable};
 
 /// Pools whose id fits the 12 bits left to it in a PG key.
 pub const MAX_POOL_ID: u32 = (1 << 12) - 1;
@@ -386,7 +390,7 @@ impl Pg {
     ) -> Result<(), LogError> {
         debug_assert_eq!(entry.pg, self.key, "entry for another PG");
         let at = self.log.append_encoded(entry.seq, encoded)?;
-        crate::copies::count(crate::copies::Site::LogAppend, entry.data.len());
+        crate::metrics::copies::count(crate::metrics::copies::Site::LogAppend, entry.data.len());
         self.remember(entry.seq, entry.epoch, entry.object);
         self.index.insert_ref(entry, at);
         self.requests.set(entry.request, state, entry.seq);

@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 use duplex_map::OsdId;
 use duplex_oplog::RequestId;
@@ -20,13 +19,14 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::cluster::ActingCache;
-use crate::conn::{Conn, ConnError, Role, MAX_IN_FLIGHT};
-use crate::flusher::{Job, PeerReplyTo, SyncDone};
-use crate::mailbox::{Completion, Mailbox};
+use crate::io::conn::{Conn, ConnError, Role, MAX_IN_FLIGHT};
+use crate::io::ops::{self, finish_write};
+use crate::messages::{
+    ClientOp, Completion, Job, Mailbox, Outcome, PeerReplyTo, PoolTask, ScrubAsk, SyncDone, MAX_SCRUB_ASKS,
+};
 use crate::metrics::{record, Histograms, Stage};
-use crate::ops::{self, finish_write, ClientOp, Outcome, Shared};
-use crate::peering_driver::{ScrubAsk, MAX_SCRUB_ASKS};
 use crate::pg::{pg_key, pg_number, pool_of, Ack, ReplyTo};
+use crate::shared::Shared;
 
 pub const LISTENER: Token = Token(0);
 pub const WAKER: Token = Token(1);
@@ -40,12 +40,6 @@ pub const MAX_CONNECTIONS: usize = 4096;
 const REPLICATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often pending writes are checked against that timeout.
 const PENDING_CHECK: Duration = Duration::from_millis(500);
-
-/// Work for a pool worker (`threading = pool`).
-pub enum PoolTask {
-    Client(ClientOp),
-    Replica { payload: Bytes, to: ReplyTo },
-}
 
 /// A replicated write waiting for acknowledgements.
 struct PendingWrite {
@@ -576,41 +570,6 @@ impl PriorityThread {
             for txid in affected {
                 self.on_ack(txid, osd, false);
             }
-        }
-    }
-}
-
-/// A pool worker (`threading = pool`): runs operations handed over by the
-/// messenger threads and posts the outcome back to the connection's thread.
-/// Unlike a priority thread it may block: a write to a full log waits here.
-pub fn pool_worker(shared: Arc<Shared>, tasks: Receiver<PoolTask>, mailboxes: Vec<Mailbox>) {
-    let mut cache = ActingCache::new(&shared.map);
-    let histograms = shared.metrics.histograms();
-    for task in tasks {
-        let (thread, outcome) = match task {
-            PoolTask::Client(mut op) => {
-                let thread = op.thread;
-                let outcome = loop {
-                    match ops::client_op(&shared, &mut cache, &histograms, op) {
-                        Outcome::Full(back) => {
-                            op = back;
-                            std::thread::sleep(Duration::from_micros(50));
-                        }
-                        outcome => break outcome,
-                    }
-                };
-                (thread, outcome)
-            }
-            PoolTask::Replica { payload, to } => match ops::replica_op(&shared, &histograms, &payload, to) {
-                Ok(outcome) => (to.thread, outcome),
-                Err(why) => {
-                    tracing::warn!(%why, "dropping a malformed replication message");
-                    continue;
-                }
-            },
-        };
-        if !matches!(outcome, Outcome::Queued) {
-            mailboxes[thread].post_and_wake(Completion::Worked(Box::new(outcome)));
         }
     }
 }

@@ -6,6 +6,8 @@
 //! store in batches (one device flush each), trims the logs and index
 //! caches, and posts completions to the priority threads.
 
+pub mod member;
+
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,14 +16,13 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use duplex_oplog::Entry;
 use duplex_proto::osd::{encode_attrs, encode_names, ObjectStat, OpKind, OpReply, RepReply, Status, LIST_LIMIT};
-use duplex_proto::peering::{PeerReply, PeerRequest};
+use duplex_proto::peering::PeerRequest;
 use duplex_store::{Batch, Key, Op, Partition, ReadRequest, StoreError};
 
-use crate::mailbox::{Completion, Mailbox};
+use crate::messages::{ClientSlot, Completion, Job, Mailbox, PeerReplyTo, ReadJob, ScrubAsk, ScrubRequests, SyncDone};
 use crate::metrics::{record, Metrics, Stage};
-use crate::peering_driver::{ScrubAsk, ScrubRequests};
-use crate::pg::{Ack, PgTable, ReplyTo};
-use crate::replay::store_op;
+use crate::pg::replay::store_op;
+use crate::pg::{Ack, PgTable};
 
 /// Entries per store batch; a flush of more takes several batches.
 pub const FLUSH_BATCH: usize = 128;
@@ -30,58 +31,6 @@ pub const FLUSH_BATCH: usize = 128;
 const FLUSH_RETRY: Duration = Duration::from_secs(1);
 /// The exit status of an OSD whose data device failed (sysexits' EX_IOERR).
 pub const DEVICE_FAILED_EXIT: i32 = 74;
-
-/// Where a client reply goes.
-#[derive(Clone, Copy, Debug)]
-pub struct ClientSlot {
-    pub thread: usize,
-    pub token: usize,
-    pub slot: u64,
-}
-
-/// A read from the store: object data, or (by `kind`) a stat, attributes,
-/// or a listing of the PG's objects.
-pub struct ReadJob {
-    pub kind: OpKind,
-    pub pg: u32,
-    pub object: Bytes,
-    /// An attribute's name, or a listing's prefix.
-    pub arg: Bytes,
-    pub offset: u64,
-    pub len: u32,
-    pub flush_first: bool,
-    pub reply: ClientSlot,
-    pub map_epoch: u64,
-}
-
-pub enum Job {
-    /// A PG's log went from empty to not: flush it within the timeout.
-    Dirty(u32),
-    /// A PG's log reached the threshold, or is full: flush now.
-    Flush(u32),
-    /// Read from the store: R2, or R3 when `flush_first`.
-    Read(ReadJob),
-    /// The sync write path: apply, make durable, then complete.
-    SyncApply { entry: Entry, done: SyncDone },
-    /// A peering or recovery step a PG's primary asked for.
-    Peer { request: PeerRequest, reply: PeerReplyTo },
-}
-
-/// Where a peering answer goes.
-pub enum PeerReplyTo {
-    /// A remote primary, over the connection its request came on.
-    Remote(ReplyTo),
-    /// This OSD's own peering thread.
-    Local(crossbeam_channel::Sender<PeerReply>),
-}
-
-#[derive(Clone, Copy, Debug)]
-pub enum SyncDone {
-    /// The primary's own copy: tell its thread.
-    Primary { thread: usize, txid: u64 },
-    /// A replica's copy: acknowledge to the primary.
-    Replica(ReplyTo),
-}
 
 pub struct Flusher {
     /// This OSD's id (peering tells a backfill target by it).
@@ -292,7 +241,7 @@ impl Flusher {
                             "a log's live entries have consecutive seqs"
                         );
                         last = entry.seq;
-                        crate::copies::count(crate::copies::Site::Flush, entry.data.len());
+                        crate::metrics::copies::count(crate::metrics::copies::Site::Flush, entry.data.len());
                         // The primary and replica paths checked every entry before logging it.
                         ops.push(store_op(entry).expect("a logged entry is a valid store operation"));
                     }

@@ -13,7 +13,7 @@ use duplex_proto::session::Event;
 use duplex_proto::{Frame, FrameDecoder, Session, SessionError};
 use mio::net::TcpStream;
 
-use crate::ops::ClientOp;
+use crate::messages::ClientOp;
 
 /// Payloads up to this size are copied into the staging buffer (one
 /// syscall for many small frames); larger ones are queued by reference.
@@ -80,7 +80,7 @@ impl Conn {
         self.staged.extend_from_slice(&frame.encode_header());
         if frame.payload.len() <= COPY_LIMIT {
             self.staged.extend_from_slice(&frame.payload);
-            crate::copies::count(crate::copies::Site::Send, frame.payload.len());
+            crate::metrics::copies::count(crate::metrics::copies::Site::Send, frame.payload.len());
         } else {
             if !self.staged.is_empty() {
                 self.out.push_back(self.staged.split().freeze());

@@ -2,7 +2,7 @@
 //! persisted "dup" entries).
 //!
 //! An id lives in the PG log with its entry, and in the in-memory
-//! [`crate::requests::RequestTable`]. A flush trims the entry from the log;
+//! [`crate::pg::requests::RequestTable`]. A flush trims the entry from the log;
 //! a restart then rebuilt the table from the log alone, so the id was gone.
 //! The simulator found what that costs (seeds 4 and 65, size 2, two faults
 //! at once): a write logged by the one member left was answered `Retry`;
@@ -37,7 +37,7 @@ use duplex_oplog::RequestId;
 use duplex_proto::peering::LoggedRequest;
 use duplex_store::{Batch, Key, Op, Partition, ReadRequest, StoreError};
 
-use crate::requests::{RequestTable, TRACKED_REQUESTS};
+use crate::pg::requests::{RequestTable, TRACKED_REQUESTS};
 
 const SLOT_BYTES: usize = 32;
 /// The whole record: one slot per tracked id.
@@ -262,7 +262,7 @@ mod tests {
     fn table_of(seqs: impl IntoIterator<Item = u64>) -> RequestTable {
         let mut table = RequestTable::default();
         for seq in seqs {
-            table.set(id(seq % 3 + 1, seq * 2), crate::requests::RequestState::Committed, seq);
+            table.set(id(seq % 3 + 1, seq * 2), crate::pg::requests::RequestState::Committed, seq);
         }
         table
     }

@@ -4,6 +4,9 @@
 //! set per recording thread behind an uncontended mutex (only a scrape
 //! takes it from outside), merged when scraped.
 
+pub mod alloc_count;
+pub mod copies;
+
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -343,9 +346,9 @@ impl Metrics {
             "Of the device bytes written: blocks changed through the journal, written back by checkpoints.",
             &[("", self.store_deferred_bytes.get())],
         );
-        let mut copies: Vec<(String, u64)> = crate::copies::SITES
+        let mut copies: Vec<(String, u64)> = crate::metrics::copies::SITES
             .iter()
-            .map(|(name, site)| (format!("{{site=\"{name}\"}}"), crate::copies::bytes(*site)))
+            .map(|(name, site)| (format!("{{site=\"{name}\"}}"), crate::metrics::copies::bytes(*site)))
             .collect();
         copies.push(("{site=\"store\"}".into(), self.store_payload_bytes.get()));
         let copies: Vec<(&str, u64)> = copies.iter().map(|(label, value)| (label.as_str(), *value)).collect();
@@ -355,7 +358,7 @@ impl Metrics {
             "Bytes of operation payload copied in memory, by where (the store's copy into its block buffers is `store`).",
             &copies,
         );
-        if let Some(allocations) = crate::alloc_count::allocations() {
+        if let Some(allocations) = crate::metrics::alloc_count::allocations() {
             counter(
                 &mut out,
                 "duplex_process_allocations_total",

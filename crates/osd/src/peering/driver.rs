@@ -10,22 +10,21 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use duplex_mon_client::Connection as OsdConnection;
 use duplex_map::OsdId;
+use duplex_mon_client::Connection as OsdConnection;
 use duplex_mon_client::Credentials;
 use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
 use duplex_proto::MessageType;
 
-use crate::backfill::{Backfill, Step, Throttle};
 use crate::cluster::MapView;
-use crate::flusher::{Job, PeerReplyTo};
-use crate::mailbox::{Completion, Mailbox};
-use crate::ops::Shared;
+use crate::messages::{Completion, Job, Mailbox, PeerReplyTo, ScrubAsk};
+use crate::peering::backfill::{Backfill, Step, Throttle};
 use crate::peering::{Action, Peering};
 use crate::pg::{pg_key, pg_number, pool_of, ReplyTo};
+use crate::shared::Shared;
 
 /// How long a member has to answer one request. Long enough for a query
 /// that flushes a full log, or a digest page over big objects.
@@ -36,24 +35,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How often the thread looks at the map and the PGs when idle.
 const TICK: Duration = Duration::from_millis(50);
-
-/// Scrubs asked for (by an operator, or by a read that met a damaged
-/// block), for the peering thread to run; drained every pass.
-pub type ScrubRequests = Arc<Mutex<Vec<ScrubAsk>>>;
-
-/// The most scrub asks waiting at once: more are refused (an operator's
-/// flood must not grow the queue without bound; read repairs are asked at
-/// most once per PG per 10 s).
-pub const MAX_SCRUB_ASKS: usize = 4096;
-
-/// A deep scrub of one PG this OSD is primary of.
-#[derive(Clone, Copy, Debug)]
-pub struct ScrubAsk {
-    pub pg: u32,
-    pub repair: bool,
-    /// Where the report goes (None: no one waits for it).
-    pub reply: Option<ReplyTo>,
-}
 
 /// A PG's interval: its acting set and its backfill targets, with each
 /// one's incarnation.
@@ -693,7 +674,7 @@ pub fn restart_due(machine: Option<MachineState<'_>>, want: &Wanted, locally_act
         }
         let expected: Vec<OsdId> = targets.iter().chain(filled).copied().collect();
         return !locally_active()
-            || (crate::backfill::unfinished(machine.backfill, &expected) && machine.retry_due == Some(true));
+            || (crate::peering::backfill::unfinished(machine.backfill, &expected) && machine.retry_due == Some(true));
     }
     false
 }

@@ -3,124 +3,22 @@
 //! (`threading = pool`). The result is an [`Outcome`]: the network I/O the
 //! connection's owning thread still has to do.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
 use std::time::Instant;
 
 use bytes::Bytes;
-use crossbeam_channel::Sender;
 use duplex_map::OsdId;
-use duplex_oplog::{Entry, EntryRef, LogError, OpKind as LogOp, RequestId};
+use duplex_oplog::{EntryRef, LogError, OpKind as LogOp, RequestId};
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status, MAX_OBJECT_NAME};
 
-use crate::cluster::{ActingCache, Lease, MapCell, MapView};
-use crate::config::{OsdConfig, WritePath};
-use crate::flusher::{ClientSlot, Job, ReadJob, SyncDone};
-use crate::metrics::{record, Histograms, Metrics, Stage};
-use crate::peering_driver::ScrubRequests;
-use crate::pg::{pg_key, pg_number, pool_of, Ack, OfferError, Pg, PgTable, ReplyTo, SharedPg};
-use crate::requests::RequestState;
-
-/// State every thread of the OSD shares.
-pub struct Shared {
-    pub config: OsdConfig,
-    pub pgs: Arc<PgTable>,
-    pub map: Arc<MapCell>,
-    pub metrics: Arc<Metrics>,
-    /// One job queue per store partition (its flusher).
-    pub flushers: Vec<Sender<Job>>,
-    /// Set once the logs are replayed: until then, requests are answered Retry.
-    pub serving: AtomicBool,
-    /// Accepted connections open, over all priority threads.
-    pub connections: AtomicUsize,
-    /// Scrubs asked for (by an operator, or by a read that found a damaged
-    /// block), for the peering thread to run.
-    pub scrub_requests: ScrubRequests,
-    /// Clients are served only under a lease from the monitors.
-    pub lease: Arc<Lease>,
-    next_txid: AtomicU64,
-}
-
-impl Shared {
-    pub fn new(
-        config: OsdConfig,
-        pgs: Arc<PgTable>,
-        map: Arc<MapCell>,
-        metrics: Arc<Metrics>,
-        flushers: Vec<Sender<Job>>,
-        scrub_requests: ScrubRequests,
-    ) -> Shared {
-        Shared {
-            config,
-            pgs,
-            map,
-            metrics,
-            flushers,
-            serving: AtomicBool::new(false),
-            connections: AtomicUsize::new(0),
-            scrub_requests,
-            lease: Arc::new(Lease::default()),
-            next_txid: AtomicU64::new(1),
-        }
-    }
-
-    /// A transaction id unique in this process (replication and local sync applies).
-    pub fn txid(&self) -> u64 {
-        self.next_txid.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// The flusher of the store partition holding `pg`'s objects: the
-    /// store's rule (`Store::partition_of`: key group modulo partitions).
-    pub fn flusher_of(&self, pg: u32) -> &Sender<Job> {
-        &self.flushers[pg as usize % self.flushers.len()]
-    }
-
-    fn send_job(&self, pg: u32, job: Job) {
-        // A flusher ends only at shutdown; a job then has no one left to do it.
-        let _ = self.flusher_of(pg).send(job);
-    }
-}
-
-/// A client request, with where its reply goes.
-pub struct ClientOp {
-    pub thread: usize,
-    pub token: usize,
-    pub slot: u64,
-    pub txid: u64,
-    pub request: OpRequest,
-    pub arrived: Instant,
-}
-
-/// What the owning priority thread does next for an operation.
-pub enum Outcome {
-    /// Reply now.
-    Reply { token: usize, slot: u64, reply: OpReply, arrived: Instant, kind: OpKind },
-    /// Send `entry` to each replica; reply to the client when all have
-    /// acknowledged and, with `local` (the sync write path), the local
-    /// store has applied it. The owning thread hands `local` to the flusher
-    /// after it has registered the write, so the completion cannot beat it.
-    Replicate {
-        /// The write's id: its replication transaction id, and its key
-        /// among the PG's uncommitted writes.
-        write: u64,
-        token: usize,
-        slot: u64,
-        entry: Bytes,
-        replicas: Vec<OsdId>,
-        local: Option<Entry>,
-        arrived: Instant,
-        map_epoch: u64,
-        /// The PG and request id, to mark the request finished in the PG's table.
-        pg: u32,
-        request: RequestId,
-    },
-    /// The flusher has it; the reply comes back as a completion.
-    Queued,
-    /// The PG's log is full: hold the operation until a flush makes room.
-    Full(ClientOp),
-    /// Replica side: send these acknowledgements, all with `status`.
-    Acks { pg: u32, acks: Vec<Ack>, status: Status },
-}
+use crate::cluster::{ActingCache, MapView};
+use crate::config::WritePath;
+use crate::messages::{ClientOp, ClientSlot, Job, Outcome, ReadJob, SyncDone};
+use crate::metrics::{record, Histograms, Stage};
+use crate::pg::requests::RequestState;
+use crate::pg::{pg_key, pg_number, pool_of, Ack, OfferError, Pg, ReplyTo, SharedPg};
+use crate::shared::Shared;
 
 fn reply(op: &ClientOp, status: Status, epoch: u64, message: impl std::fmt::Display) -> Outcome {
     Outcome::Reply {
@@ -413,7 +311,7 @@ fn mutate(
             let entry = entry_at(guard.log.next_seq());
             let encoded = entry.encode();
             // Encoded once: the log and every replica's frame take these bytes.
-            crate::copies::count(crate::copies::Site::Encode, data.len());
+            crate::metrics::copies::count(crate::metrics::copies::Site::Encode, data.len());
             let state = if replicas.is_empty() { RequestState::Committed } else { RequestState::InFlight };
             match guard.append_encoded(&entry, &encoded, state) {
                 Ok(()) => {}
@@ -448,7 +346,7 @@ fn mutate(
             // the threads remain (the limit `bench/run` compares against).
             drop(guard);
             let encoded = if replicas.is_empty() { Vec::new() } else { entry_at(0).encode() };
-            crate::copies::count(crate::copies::Site::Encode, data.len());
+            crate::metrics::copies::count(crate::metrics::copies::Site::Encode, data.len());
             (encoded, None)
         }
         WritePath::Sync => {

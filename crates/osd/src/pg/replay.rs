@@ -87,7 +87,7 @@ pub fn replay_recovered(recovered: &[(SharedPg, Vec<Entry>)], store: &mut Store)
         // (stored_requests.rs): the table is what later flushes record.
         let last = guard.last_seq();
         // A copy a recovery changed holds ids past its log's end (stored_interval.rs).
-        let recovered = crate::stored_interval::recovered(partition, key)
+        let recovered = crate::pg::stored_interval::recovered(partition, key)
             .with_context(|| format!("reading the recovery mark of PG {key:#x}"))?;
         let ids_through = if recovered { u64::MAX } else { last };
         guard

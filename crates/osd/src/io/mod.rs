@@ -1,0 +1,16 @@
+//! The top half (DESIGN.md §6): the priority threads' event loops, their
+//! connections, and what a client or replicated operation does on the way
+//! to the log, without disk I/O.
+//!
+//! - [`event_loop`]: a priority thread, one `epoll` loop over the
+//!   connections it owns.
+//! - [`conn`]: one connection's buffers, in-flight slots and ordering.
+//! - [`ops`]: the write and read paths, whichever thread runs them.
+//! - [`pending`]: replicated writes waiting for their replicas (sans I/O:
+//!   the simulator drives the same table).
+//! - [`pool`]: the `threading = pool` ablation's workers.
+
+pub mod conn;
+pub mod event_loop;
+pub mod ops;
+pub mod pool;

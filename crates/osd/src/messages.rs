@@ -1,0 +1,187 @@
+//! The messages between the OSD's threads, in one place, so no thread's
+//! module has to import another's to talk to it (DESIGN.md §6):
+//!
+//! - to a **flusher** (one per store partition): a [`Job`];
+//! - to a **priority thread**: a [`Completion`], through its [`Mailbox`] (a
+//!   channel plus a mio waker, so the event loop sleeps in one
+//!   `epoll_wait` for both sockets and posted work);
+//! - from an operation to the thread that owns its connection: an
+//!   [`Outcome`] (what network I/O is left to do), for a [`ClientOp`];
+//! - to a **pool worker** (`threading = pool`): a [`PoolTask`];
+//! - to the **peering thread**: a [`ScrubAsk`], in [`ScrubRequests`].
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender};
+use duplex_map::OsdId;
+use duplex_oplog::{Entry, RequestId};
+use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
+use duplex_proto::peering::{PeerReply, PeerRequest};
+use duplex_proto::Frame;
+
+use crate::pg::{Ack, ReplyTo};
+
+/// Where a client reply goes.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientSlot {
+    pub thread: usize,
+    pub token: usize,
+    pub slot: u64,
+}
+
+/// A read from the store: object data, or (by `kind`) a stat, attributes,
+/// or a listing of the PG's objects.
+pub struct ReadJob {
+    pub kind: OpKind,
+    pub pg: u32,
+    pub object: Bytes,
+    /// An attribute's name, or a listing's prefix.
+    pub arg: Bytes,
+    pub offset: u64,
+    pub len: u32,
+    pub flush_first: bool,
+    pub reply: ClientSlot,
+    pub map_epoch: u64,
+}
+
+/// Work for a flusher.
+pub enum Job {
+    /// A PG's log went from empty to not: flush it within the timeout.
+    Dirty(u32),
+    /// A PG's log reached the threshold, or is full: flush now.
+    Flush(u32),
+    /// Read from the store: R2, or R3 when `flush_first`.
+    Read(ReadJob),
+    /// The sync write path: apply, make durable, then complete.
+    SyncApply { entry: Entry, done: SyncDone },
+    /// A peering or recovery step a PG's primary asked for.
+    Peer { request: PeerRequest, reply: PeerReplyTo },
+}
+
+/// Where a peering answer goes.
+pub enum PeerReplyTo {
+    /// A remote primary, over the connection its request came on.
+    Remote(ReplyTo),
+    /// This OSD's own peering thread.
+    Local(crossbeam_channel::Sender<PeerReply>),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum SyncDone {
+    /// The primary's own copy: tell its thread.
+    Primary { thread: usize, txid: u64 },
+    /// A replica's copy: acknowledge to the primary.
+    Replica(ReplyTo),
+}
+
+/// A client request, with where its reply goes.
+pub struct ClientOp {
+    pub thread: usize,
+    pub token: usize,
+    pub slot: u64,
+    pub txid: u64,
+    pub request: OpRequest,
+    pub arrived: Instant,
+}
+
+/// What the owning priority thread does next for an operation.
+pub enum Outcome {
+    /// Reply now.
+    Reply { token: usize, slot: u64, reply: OpReply, arrived: Instant, kind: OpKind },
+    /// Send `entry` to each replica; reply to the client when all have
+    /// acknowledged and, with `local` (the sync write path), the local
+    /// store has applied it. The owning thread hands `local` to the flusher
+    /// after it has registered the write, so the completion cannot beat it.
+    Replicate {
+        /// The write's id: its replication transaction id, and its key
+        /// among the PG's uncommitted writes.
+        write: u64,
+        token: usize,
+        slot: u64,
+        entry: Bytes,
+        replicas: Vec<OsdId>,
+        local: Option<Entry>,
+        arrived: Instant,
+        map_epoch: u64,
+        /// The PG and request id, to mark the request finished in the PG's table.
+        pg: u32,
+        request: RequestId,
+    },
+    /// The flusher has it; the reply comes back as a completion.
+    Queued,
+    /// The PG's log is full: hold the operation until a flush makes room.
+    Full(ClientOp),
+    /// Replica side: send these acknowledgements, all with `status`.
+    Acks { pg: u32, acks: Vec<Ack>, status: Status },
+}
+
+/// Scrubs asked for (by an operator, or by a read that met a damaged
+/// block), for the peering thread to run; drained every pass.
+pub type ScrubRequests = Arc<Mutex<Vec<ScrubAsk>>>;
+
+/// The most scrub asks waiting at once: more are refused (an operator's
+/// flood must not grow the queue without bound; read repairs are asked at
+/// most once per PG per 10 s).
+pub const MAX_SCRUB_ASKS: usize = 4096;
+
+/// A deep scrub of one PG this OSD is primary of.
+#[derive(Clone, Copy, Debug)]
+pub struct ScrubAsk {
+    pub pg: u32,
+    pub repair: bool,
+    /// Where the report goes (None: no one waits for it).
+    pub reply: Option<ReplyTo>,
+}
+
+/// Work for a pool worker (`threading = pool`).
+pub enum PoolTask {
+    Client(ClientOp),
+    Replica { payload: Bytes, to: ReplyTo },
+}
+
+/// Work posted to a priority thread.
+
+pub enum Completion {
+    /// A client request's reply is ready (reads, sync writes; pool mode: anything).
+    Reply { token: usize, slot: u64, reply: OpReply },
+    /// The sync write path applied a write locally (primary), or failed to.
+    LocalApplied { txid: u64, ok: bool },
+    /// Send this frame on connection `token` (replica acks).
+    Send { token: usize, frame: Frame },
+    /// Logs were trimmed: writes waiting for room may go on.
+    Flushed,
+    /// A new connection for this thread to own.
+    Accepted(mio::net::TcpStream),
+    /// Pool mode: a worker ran a request; the thread does the I/O it asks for.
+    Worked(Box<Outcome>),
+}
+
+#[derive(Clone)]
+pub struct Mailbox {
+    pub sender: Sender<Completion>,
+    pub waker: Arc<mio::Waker>,
+}
+
+impl Mailbox {
+    pub fn new(waker: mio::Waker) -> (Mailbox, Receiver<Completion>) {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        (Mailbox { sender, waker: Arc::new(waker) }, receiver)
+    }
+
+    /// Posts without waking (call [`Mailbox::wake`] once after a burst).
+    pub fn post(&self, completion: Completion) {
+        // The receiver lives as long as the thread; a send after it ended has no one to tell.
+        let _ = self.sender.send(completion);
+    }
+
+    pub fn wake(&self) {
+        let _ = self.waker.wake();
+    }
+
+    pub fn post_and_wake(&self, completion: Completion) {
+        self.post(completion);
+        self.wake();
+    }
+}

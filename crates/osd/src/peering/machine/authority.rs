@@ -1,0 +1,53 @@
+//! Whose history wins, and how each other member catches up with it.
+
+use std::collections::BTreeMap;
+
+use duplex_map::OsdId;
+use duplex_proto::peering::PeerInfo;
+
+use super::Plan;
+
+/// The member whose history wins: newest `last_active`, then a position
+/// its log knows over a lost one ([`PeerInfo::position_lost`]: a lost log,
+/// or a copy an unfinished recovery changed, which reports a seq past
+/// every id it holds but whose store's record may name a write whose data
+/// never landed), then highest `last_seq`; on a tie the primary (no data
+/// needs to move through it), then the lowest id. A member with no entry
+/// at all knows its position: it wins over a lost one of its interval
+/// (simulator seed 8840, where "epoch 0" told the two apart no more). An unfinished backfill lacks objects and never wins:
+/// with only such members there is no authority (the PG waits for an OSD
+/// that holds it whole), unless `lost` (every whole copy was marked lost:
+/// the best unfinished one is all there is).
+pub fn choose_authority(primary: OsdId, infos: &BTreeMap<OsdId, PeerInfo>, lost: bool) -> Option<(OsdId, PeerInfo)> {
+    let best = |unfinished: bool| {
+        infos
+            .iter()
+            .filter(|(_, info)| info.backfilling == unfinished)
+            .max_by_key(|(osd, info)| {
+                (info.last_active, !info.position_lost, info.last_seq, **osd == primary, std::cmp::Reverse(**osd))
+            })
+            .map(|(osd, info)| (*osd, *info))
+    };
+    best(false).or_else(|| if lost { best(true) } else { None })
+}
+
+/// How `member` catches up with the authority in the interval that began
+/// at epoch `interval` (`None`: it already has).
+pub(super) fn plan_for(member: &PeerInfo, authority: &PeerInfo, interval: u64) -> Option<Plan> {
+    // Logs that end at the same entry hold the same history; an epoch of 0
+    // proves nothing (no entry, or the log was lost), unless the member
+    // was active in this very interval: peering (or a backfill in the
+    // background) made it level then, and a lost log would have begun
+    // another interval (a restart). Without that, a PG with no write yet
+    // would fill such a member again at every peering.
+    let end = |info: &PeerInfo| (info.last_seq, info.last_epoch);
+    if (member.last_epoch > 0 || member.last_active == interval) && end(member) == end(authority) {
+        return None;
+    }
+    // Behind, and the authority's history reaches back to the member's
+    // last entry (whose epoch it checks): copy what the gap touched.
+    if member.last_epoch > 0 && member.last_seq < authority.last_seq && authority.history_from <= member.last_seq {
+        return Some(Plan::History { after: member.last_seq, after_epoch: member.last_epoch });
+    }
+    Some(Plan::Backfill)
+}

@@ -1,0 +1,74 @@
+//! What every thread of the OSD shares: its configuration, the PG table
+//! (logs and index caches), the map, the metrics, the flushers' queues and
+//! the monitors' lease.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_channel::Sender;
+
+use crate::cluster::{Lease, MapCell};
+use crate::config::OsdConfig;
+use crate::messages::{Job, ScrubRequests};
+use crate::metrics::Metrics;
+use crate::pg::PgTable;
+
+/// State every thread of the OSD shares.
+pub struct Shared {
+    pub config: OsdConfig,
+    pub pgs: Arc<PgTable>,
+    pub map: Arc<MapCell>,
+    pub metrics: Arc<Metrics>,
+    /// One job queue per store partition (its flusher).
+    pub flushers: Vec<Sender<Job>>,
+    /// Set once the logs are replayed: until then, requests are answered Retry.
+    pub serving: AtomicBool,
+    /// Accepted connections open, over all priority threads.
+    pub connections: AtomicUsize,
+    /// Scrubs asked for (by an operator, or by a read that found a damaged
+    /// block), for the peering thread to run.
+    pub scrub_requests: ScrubRequests,
+    /// Clients are served only under a lease from the monitors.
+    pub lease: Arc<Lease>,
+    next_txid: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(
+        config: OsdConfig,
+        pgs: Arc<PgTable>,
+        map: Arc<MapCell>,
+        metrics: Arc<Metrics>,
+        flushers: Vec<Sender<Job>>,
+        scrub_requests: ScrubRequests,
+    ) -> Shared {
+        Shared {
+            config,
+            pgs,
+            map,
+            metrics,
+            flushers,
+            serving: AtomicBool::new(false),
+            connections: AtomicUsize::new(0),
+            scrub_requests,
+            lease: Arc::new(Lease::default()),
+            next_txid: AtomicU64::new(1),
+        }
+    }
+
+    /// A transaction id unique in this process (replication and local sync applies).
+    pub fn txid(&self) -> u64 {
+        self.next_txid.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The flusher of the store partition holding `pg`'s objects: the
+    /// store's rule (`Store::partition_of`: key group modulo partitions).
+    pub fn flusher_of(&self, pg: u32) -> &Sender<Job> {
+        &self.flushers[pg as usize % self.flushers.len()]
+    }
+
+    pub(crate) fn send_job(&self, pg: u32, job: Job) {
+        // A flusher ends only at shutdown; a job then has no one left to do it.
+        let _ = self.flusher_of(pg).send(job);
+    }
+}
