@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use tracing::{debug, warn};
 
+use crate::config::ServerConfig;
 use crate::gate::InFlightGate;
 use crate::handshake::{self, HandshakeError, Outcome};
-use crate::server::ServerConfig;
 use crate::stream::{DeadlineStream, Stream};
 use crate::transmission::{self, TransmissionError};
 use crate::writer::{self, Outgoing};

@@ -84,6 +84,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use thiserror::Error;
 
+mod config;
 mod connection;
 mod exports;
 mod gate;
@@ -95,8 +96,9 @@ mod stream;
 mod transmission;
 mod writer;
 
+pub use config::ServerConfig;
 pub use exports::ExportMap;
-pub use server::{Listener, Server, ServerConfig, ShutdownHandle};
+pub use server::{Listener, Server, ShutdownHandle};
 
 /// An error a command ends with; each maps to an NBD error number on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Error)]

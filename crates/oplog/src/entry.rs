@@ -23,12 +23,14 @@
 //! | remove attribute | 0 | the name |
 //! | create pre-allocated | the size | none |
 
+use num_enum::TryFromPrimitive;
+
 pub const HEADER_LEN: usize = 64;
 const MAGIC: u32 = u32::from_le_bytes(*b"DPXL");
 /// Longest object name in an entry.
 pub const MAX_OBJECT_LEN: usize = 256;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, TryFromPrimitive)]
 #[repr(u8)]
 pub enum OpKind {
     Write = 1,
@@ -41,16 +43,9 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// The variant whose value is `value` (`None` for any other byte).
     pub fn from_u8(value: u8) -> Option<OpKind> {
-        Some(match value {
-            1 => OpKind::Write,
-            2 => OpKind::Truncate,
-            3 => OpKind::Delete,
-            4 => OpKind::SetAttr,
-            5 => OpKind::RemoveAttr,
-            6 => OpKind::CreatePreallocated,
-            _ => return None,
-        })
+        OpKind::try_from(value).ok()
     }
 }
 
@@ -104,6 +99,7 @@ impl EntryRef<'_> {
 
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.object.len() <= MAX_OBJECT_LEN, "object name too long for the log");
+        debug_assert!(u32::try_from(self.data.len()).is_ok(), "entry data of {} bytes", self.data.len());
         let mut out = vec![0u8; self.encoded_len()];
         out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         out[8..16].copy_from_slice(&self.seq.to_le_bytes());
@@ -121,6 +117,10 @@ impl EntryRef<'_> {
         out[object_end..object_end + self.data.len()].copy_from_slice(self.data);
         let crc = checksum(&out, HEADER_LEN + self.object.len() + self.data.len());
         out[4..8].copy_from_slice(&crc.to_le_bytes());
+        debug_assert!(
+            EntryRef::decode(&out).is_some_and(|e| e.seq == self.seq && e.encoded_len() == out.len()),
+            "an encoded entry does not decode to itself"
+        );
         out
     }
 }
@@ -210,6 +210,7 @@ pub fn peek_pg(bytes: &[u8]) -> Option<u32> {
 }
 
 fn checksum(bytes: &[u8], used: usize) -> u32 {
+    debug_assert!((HEADER_LEN..=bytes.len()).contains(&used), "checksum over {used} of {} bytes", bytes.len());
     crc32c::crc32c_append(crc32c::crc32c(&bytes[..4]), &bytes[8..used])
 }
 
@@ -241,6 +242,17 @@ mod tests {
                 data,
                 request: RequestId { client, tid },
             })
+    }
+
+    #[test]
+    fn op_kind_from_u8_inverts_the_discriminants() {
+        for byte in 0..=u8::MAX {
+            match OpKind::from_u8(byte) {
+                Some(op) => assert_eq!(op as u8, byte),
+                None => assert!(!(1..=6).contains(&byte), "{byte}"),
+            }
+            assert_eq!(OpKind::try_from(byte).ok(), OpKind::from_u8(byte));
+        }
     }
 
     proptest! {

@@ -92,6 +92,7 @@ impl IndexCache {
                             rest.push((from, to));
                             continue;
                         }
+                        debug_assert!(offset <= a && b <= end, "filled {a}..{b} outside the read {offset}..{end}");
                         out[(a - offset) as usize..(b - offset) as usize]
                             .copy_from_slice(&entry.data[(a - start) as usize..(b - start) as usize]);
                         if from < a {

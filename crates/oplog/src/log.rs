@@ -155,6 +155,8 @@ impl<R: Region> PgLog<R> {
             log.next_seq += 1;
             entries.push(entry);
         }
+        assert!(log.head >= RING_START && log.head.is_multiple_of(8), "recovered head {}", log.head);
+        assert_eq!(log.live.len() as u64, log.next_seq - log.tail_seq, "recovered seqs are not consecutive");
         Ok((log, entries))
     }
 
@@ -228,6 +230,8 @@ impl<R: Region> PgLog<R> {
         if wraps && self.head + WRAP_MARKER.len() as u64 <= self.region.len() {
             self.region.write(self.head, &WRAP_MARKER)?;
         }
+        debug_assert!(at >= RING_START && at.is_multiple_of(8), "entry at {at}");
+        debug_assert!(self.live.back().is_none_or(|(last, ..)| last + 1 == seq), "live seqs are consecutive");
         self.region.write(at, encoded)?;
         if self.live.is_empty() {
             self.tail = at;
@@ -238,6 +242,7 @@ impl<R: Region> PgLog<R> {
         self.head = at + len;
         self.next_seq += 1;
         debug_assert!(self.head <= self.region.len(), "head past the region");
+        debug_assert_eq!(self.live.len() as u64, self.next_seq - self.tail_seq, "live entries are tail_seq..next_seq");
         Ok(at)
     }
 
@@ -252,10 +257,14 @@ impl<R: Region> PgLog<R> {
         if (tail, tail_seq) == (self.tail, self.tail_seq) {
             return Ok(());
         }
-        self.write_header(Header { tail, tail_seq, last_active: self.last_active, before_tail_epoch })
+        self.write_header(Header { tail, tail_seq, last_active: self.last_active, before_tail_epoch })?;
+        debug_assert_eq!(self.live.len() as u64, self.next_seq - self.tail_seq, "live entries are tail_seq..next_seq");
+        Ok(())
     }
 
     fn write_header(&mut self, header: Header) -> Result<(), LogError> {
+        // Recovery ignores a header whose tail decode_header refuses.
+        debug_assert!(header.tail >= RING_START && header.tail.is_multiple_of(8), "header tail {}", header.tail);
         self.generation += 1;
         let encoded = encode_header(self.generation, self.pg, header);
         self.region.write(slot_of(self.generation), &encoded)?;

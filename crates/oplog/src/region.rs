@@ -104,6 +104,12 @@ impl Region for FileRegion {
     }
 
     fn write(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        // Checked before the file is written: past the end, it would grow.
+        debug_assert!(
+            offset + bytes.len() as u64 <= self.len(),
+            "write of {} at {offset} past the region",
+            bytes.len()
+        );
         self.file.write_all_at(bytes, offset)?;
         self.mirror[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
         Ok(())

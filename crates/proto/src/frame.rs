@@ -11,6 +11,7 @@
 //! are refused before anything is buffered for them.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use num_enum::TryFromPrimitive;
 
 pub const HEADER_LEN: usize = 24;
 pub const MAGIC: [u8; 4] = *b"DPXW";
@@ -18,7 +19,7 @@ pub const MAGIC: [u8; 4] = *b"DPXW";
 pub const DEFAULT_MAX_PAYLOAD: u32 = 64 << 20;
 
 /// Message types. Values are part of the protocol: never reuse one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, TryFromPrimitive)]
 #[repr(u8)]
 pub enum MessageType {
     Hello = 1,
@@ -28,7 +29,7 @@ pub enum MessageType {
     Refused = 5,
     Ping = 16,
     Pong = 17,
-    /// Monitor traffic: a postcard-encoded `duplex_mon::wire::MonMessage`.
+    /// Monitor traffic: a postcard-encoded `duplex_mon_client::MonMessage`.
     Monitor = 32,
     /// Client → primary: an object operation ([`crate::osd::OpRequest`]).
     OsdOp = 48,
@@ -49,28 +50,13 @@ pub enum MessageType {
 }
 
 impl MessageType {
+    /// The variant whose value is `value` (`None` for any other byte).
     pub fn from_u8(value: u8) -> Option<MessageType> {
-        Some(match value {
-            1 => MessageType::Hello,
-            2 => MessageType::Challenge,
-            3 => MessageType::Response,
-            4 => MessageType::Accepted,
-            5 => MessageType::Refused,
-            16 => MessageType::Ping,
-            17 => MessageType::Pong,
-            32 => MessageType::Monitor,
-            48 => MessageType::OsdOp,
-            49 => MessageType::OsdOpReply,
-            50 => MessageType::RepOp,
-            51 => MessageType::RepOpReply,
-            52 => MessageType::OsdStats,
-            53 => MessageType::OsdStatsReply,
-            54 => MessageType::PeerRequest,
-            55 => MessageType::PeerReply,
-            _ => return None,
-        })
+        MessageType::try_from(value).ok()
     }
+}
 
+impl MessageType {
     pub fn is_handshake(self) -> bool {
         matches!(
             self,

@@ -60,3 +60,32 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod wire_enum_tests {
+    use crate::frame::MessageType;
+    use crate::osd::{OpKind, Status};
+
+    /// Every byte converts to the variant with that value or to nothing,
+    /// and exactly `variants` bytes convert.
+    fn check<T: Copy>(from_u8: fn(u8) -> Option<T>, as_u8: fn(T) -> u8, variants: usize) {
+        let mut found = 0;
+        for byte in 0..=u8::MAX {
+            match from_u8(byte) {
+                Some(value) => {
+                    assert_eq!(as_u8(value), byte);
+                    found += 1;
+                }
+                None => {}
+            }
+        }
+        assert_eq!(found, variants);
+    }
+
+    #[test]
+    fn from_u8_inverts_the_discriminants() {
+        check(MessageType::from_u8, |v| v as u8, 16);
+        check(OpKind::from_u8, |v| v as u8, 11);
+        check(Status::from_u8, |v| v as u8, 6);
+    }
+}

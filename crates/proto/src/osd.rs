@@ -38,6 +38,7 @@
 //! | list objects | 0 | a name prefix | [`encode_names`]; the object field is the cursor (may be empty) |
 
 use bytes::{BufMut, Bytes, BytesMut};
+use num_enum::TryFromPrimitive;
 
 use crate::frame::{Frame, MessageType};
 
@@ -53,7 +54,7 @@ const REQUEST_HEADER: usize = 40;
 const REPLY_HEADER: usize = 16;
 const REP_REPLY_LEN: usize = 16;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, TryFromPrimitive)]
 #[repr(u8)]
 pub enum OpKind {
     Read = 1,
@@ -74,23 +75,13 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// The variant whose value is `value` (`None` for any other byte).
     pub fn from_u8(value: u8) -> Option<OpKind> {
-        Some(match value {
-            1 => OpKind::Read,
-            2 => OpKind::Write,
-            3 => OpKind::Truncate,
-            4 => OpKind::Delete,
-            5 => OpKind::Stat,
-            6 => OpKind::GetAttr,
-            7 => OpKind::SetAttr,
-            8 => OpKind::RemoveAttr,
-            9 => OpKind::ListAttrs,
-            10 => OpKind::CreatePreallocated,
-            11 => OpKind::List,
-            _ => return None,
-        })
+        OpKind::try_from(value).ok()
     }
+}
 
+impl OpKind {
     /// Changes the object (goes through the log and the replicas).
     pub fn is_mutation(self) -> bool {
         matches!(
@@ -110,7 +101,7 @@ impl OpKind {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, TryFromPrimitive)]
 #[repr(u8)]
 pub enum Status {
     Ok = 0,
@@ -128,16 +119,9 @@ pub enum Status {
 }
 
 impl Status {
+    /// The variant whose value is `value` (`None` for any other byte).
     pub fn from_u8(value: u8) -> Option<Status> {
-        Some(match value {
-            0 => Status::Ok,
-            1 => Status::NotFound,
-            2 => Status::WrongOsd,
-            3 => Status::Retry,
-            4 => Status::Invalid,
-            5 => Status::Io,
-            _ => return None,
-        })
+        Status::try_from(value).ok()
     }
 }
 

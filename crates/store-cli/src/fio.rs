@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::bench::RunResult;
+use crate::result::RunResult;
 
 /// A file region and the load to put on it, matching a store run.
 pub struct FioJob<'a> {

@@ -4,6 +4,7 @@ mod bench;
 mod counting_alloc;
 mod fio;
 mod memory;
+mod result;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -41,7 +41,8 @@ impl Bitmap {
                 *last &= (1u64 << (len % 64)) - 1;
             }
         }
-        let ones = words.iter().map(|w| w.count_ones() as u64).sum();
+        let ones: u64 = words.iter().map(|w| w.count_ones() as u64).sum();
+        assert!(ones <= len, "bits past {len} were not masked off");
         Bitmap { words, len, ones, area, dirty_pages: BTreeSet::new() }
     }
 
@@ -67,6 +68,7 @@ impl Bitmap {
         self.set_range_quiet(start, count, value);
         if count > 0 {
             for page in start / BITS_PER_PAGE..=(start + count - 1) / BITS_PER_PAGE {
+                debug_assert!(page < self.area.blocks, "dirty page {page} outside the bitmap's area");
                 self.dirty_pages.insert(page);
             }
         }
@@ -93,6 +95,8 @@ impl Bitmap {
             self.words[word] = after;
             bit += span;
         }
+        debug_assert!(self.ones <= self.len, "{} ones in {} bits", self.ones, self.len);
+        debug_assert!(count == 0 || (self.get(start) == value && self.get(end - 1) == value), "range not set");
     }
 
     /// First clear bit at or after `from`, wrapping around once.
@@ -107,11 +111,18 @@ impl Bitmap {
             return None;
         }
         let from = if from >= self.len { 0 } else { from };
-        self.scan_clear_run(from, self.len, count)
-            .or_else(|| self.scan_clear_run(0, (from + count).min(self.len), count))
+        let found = self
+            .scan_clear_run(from, self.len, count)
+            .or_else(|| self.scan_clear_run(0, (from + count).min(self.len), count));
+        debug_assert!(
+            found.is_none_or(|start| start + count <= self.len && (start..start + count).all(|bit| !self.get(bit))),
+            "found run {found:?} of {count} is not clear"
+        );
+        found
     }
 
     fn scan_clear_run(&self, start: u64, end: u64, count: u64) -> Option<u64> {
+        debug_assert!(start <= end && end <= self.len, "scan {start}..{end} outside {} bits", self.len);
         let mut run_start = start;
         let mut bit = start;
         while bit < end {
@@ -144,6 +155,7 @@ impl Bitmap {
 
     /// The on-disk image of page `page` (4096 bytes).
     pub fn page_bytes(&self, page: u64) -> Vec<u8> {
+        debug_assert!(page < self.area.blocks, "page {page} outside the bitmap's {} pages", self.area.blocks);
         let mut out = vec![0u8; BLOCK_SIZE];
         let first = page as usize * WORDS_PER_PAGE;
         for (i, word) in self.words.iter().skip(first).take(WORDS_PER_PAGE).enumerate() {

@@ -13,6 +13,13 @@ impl<'a> Writer<'a> {
         Writer { buf, pos: 0 }
     }
     pub(crate) fn bytes(&mut self, bytes: &[u8]) {
+        debug_assert!(
+            self.pos + bytes.len() <= self.buf.len(),
+            "encoder overruns its {}-byte buffer at {} (+{})",
+            self.buf.len(),
+            self.pos,
+            bytes.len()
+        );
         self.buf[self.pos..self.pos + bytes.len()].copy_from_slice(bytes);
         self.pos += bytes.len();
     }
@@ -78,10 +85,12 @@ impl<'a> Reader<'a> {
 pub(crate) fn seal(buf: &mut [u8], crc_at: usize) {
     let crc = checksum_excluding(buf, crc_at);
     buf[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+    debug_assert!(verify_seal(buf, crc_at), "a sealed buffer fails its own seal");
 }
 
 /// Whether the crc stored at `crc_at` matches (see [`seal`]).
 pub(crate) fn verify_seal(buf: &[u8], crc_at: usize) -> bool {
+    debug_assert!(crc_at + 4 <= buf.len(), "crc field at {crc_at} outside a {}-byte buffer", buf.len());
     let stored = u32::from_le_bytes(buf[crc_at..crc_at + 4].try_into().expect("4 bytes"));
     stored == checksum_excluding(buf, crc_at)
 }

@@ -9,79 +9,17 @@
 //! Every buffer handed to a [`BlockIo`] must be aligned to the device's direct
 //! I/O alignment ([`Device::sector_size`]); [`AlignedBuf`] provides that.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::ops::{Deref, DerefMut};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 use std::sync::Arc;
 
+pub use crate::blockio::{AlignedBuf, BlockIo, IoStats, BUFFER_ALIGN};
 use crate::error::{Result, StoreError};
 use crate::faults::{DeviceFaults, FaultyIo};
 use crate::BLOCK_SIZE;
-
-/// Alignment of every [`AlignedBuf`]: enough for any device's direct I/O.
-pub const BUFFER_ALIGN: usize = 4096;
-
-/// A zero-initialised heap buffer aligned to [`BUFFER_ALIGN`].
-pub struct AlignedBuf {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: AlignedBuf uniquely owns its allocation, like a Box<[u8]>.
-unsafe impl Send for AlignedBuf {}
-unsafe impl Sync for AlignedBuf {}
-
-impl AlignedBuf {
-    /// A zeroed buffer of `len` bytes (`len` > 0, a multiple of 512).
-    pub fn zeroed(len: usize) -> AlignedBuf {
-        assert!(len > 0 && len.is_multiple_of(512), "aligned buffer length {len} must be a positive multiple of 512");
-        let layout = Layout::from_size_align(len, BUFFER_ALIGN).expect("valid layout");
-        // SAFETY: layout has non-zero size.
-        let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, len }
-    }
-
-    pub fn from_slice(bytes: &[u8]) -> AlignedBuf {
-        let mut buf = AlignedBuf::zeroed(bytes.len().div_ceil(512) * 512);
-        buf[..bytes.len()].copy_from_slice(bytes);
-        buf
-    }
-}
-
-impl Deref for AlignedBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len initialised bytes for the lifetime of self.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl DerefMut for AlignedBuf {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and &mut self guarantees uniqueness.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Clone for AlignedBuf {
-    fn clone(&self) -> Self {
-        AlignedBuf::from_slice(self)
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.len, BUFFER_ALIGN).expect("valid layout");
-        // SAFETY: allocated in `zeroed` with this exact layout.
-        unsafe { dealloc(self.ptr.as_ptr(), layout) }
-    }
-}
 
 /// Which I/O engine a partition uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -128,41 +66,6 @@ impl Default for DeviceConfig {
             faults: None,
         }
     }
-}
-
-/// Byte and request counters of one [`BlockIo`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct IoStats {
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    pub reads: u64,
-    pub writes: u64,
-    pub flushes: u64,
-    /// Times the store handed requests to the kernel and waited for them
-    /// (an `io_uring_enter`, or each `pread`/`pwrite`): a wake-up each.
-    pub submissions: u64,
-}
-
-impl IoStats {
-    pub fn add(&mut self, other: &IoStats) {
-        self.bytes_read += other.bytes_read;
-        self.bytes_written += other.bytes_written;
-        self.reads += other.reads;
-        self.writes += other.writes;
-        self.flushes += other.flushes;
-        self.submissions += other.submissions;
-    }
-}
-
-/// One partition's queue to the device. Requests of one call may complete in
-/// any order; the call returns when all have completed (or the first failed).
-pub trait BlockIo: Send {
-    fn read_many(&mut self, requests: &mut [(u64, &mut [u8])]) -> io::Result<()>;
-    fn write_many(&mut self, requests: &[(u64, &[u8])]) -> io::Result<()>;
-    /// Make every completed write durable (`fdatasync`).
-    fn flush(&mut self) -> io::Result<()>;
-    fn stats(&self) -> IoStats;
-    fn engine(&self) -> &'static str;
 }
 
 /// An open device: a regular file or a block device.
@@ -399,6 +302,7 @@ impl UringIo {
     /// or writes past the end of its device.
     fn run(&mut self, entries: &[(io_uring::squeue::Entry, usize)]) -> io::Result<()> {
         let window = self.ring.params().sq_entries() as usize;
+        debug_assert!(window >= 8, "the ring was made with at least 8 entries");
         let mut first_error: Option<io::Error> = None;
         for chunk in entries.chunks(window) {
             for (index, (entry, _)) in chunk.iter().enumerate() {
@@ -417,6 +321,8 @@ impl UringIo {
                     Err(err) => return Err(err),
                 }
                 for cqe in self.ring.completion() {
+                    debug_assert!(remaining > 0, "more completions than submissions");
+                    debug_assert!((cqe.user_data() as usize) < chunk.len(), "user_data is the entry's index");
                     remaining -= 1;
                     let expected = chunk[cqe.user_data() as usize].1;
                     let result = cqe.result();
@@ -442,6 +348,7 @@ impl BlockIo for UringIo {
             .iter_mut()
             .map(|(offset, buf)| {
                 check_aligned(*offset, buf.len(), buf.as_ptr());
+                debug_assert!(u32::try_from(buf.len()).is_ok(), "read of {} bytes", buf.len());
                 let entry = io_uring::opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32).offset(*offset).build();
                 (entry, buf.len())
             })
@@ -458,6 +365,7 @@ impl BlockIo for UringIo {
             .iter()
             .map(|(offset, buf)| {
                 check_aligned(*offset, buf.len(), buf.as_ptr());
+                debug_assert!(u32::try_from(buf.len()).is_ok(), "write of {} bytes", buf.len());
                 let entry = io_uring::opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32).offset(*offset).build();
                 (entry, buf.len())
             })

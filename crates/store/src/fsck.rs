@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::device::AlignedBuf;
+use crate::blockio::AlignedBuf;
 use crate::onode::{decode_slot, KIND_HEAD};
 use crate::partition::Partition;
 use crate::store::{Store, StoreConfig};
@@ -197,6 +197,13 @@ impl Partition {
         if verify_data {
             self.verify_all_data(&mut report);
         }
+        assert!(report.issues.len() <= MAX_ISSUES_PER_PARTITION);
+        assert!(
+            report.slots_in_use <= self.geometry.slot_count()
+                && report.blocks_allocated <= self.geometry.data_blocks()
+                && report.blocks_written <= self.geometry.data_blocks(),
+            "bitmap counts exceed their bitmaps"
+        );
         report
     }
 
@@ -256,5 +263,6 @@ impl Partition {
             }
             self.pages.trim();
         }
+        assert_eq!(report.blocks_verified, written.len() as u64, "every written block was verified");
     }
 }

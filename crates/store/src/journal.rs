@@ -38,8 +38,8 @@
 //! whatever part of an interrupted checkpoint's write of it landed. `new crc`
 //! is the block's crc32c once the record applied (every patch of the block in
 //! one record carries the same).
+use crate::blockio::AlignedBuf;
 use crate::codec::{seal, verify_seal, Reader, Writer};
-use crate::device::AlignedBuf;
 use crate::error::Result;
 use crate::SLOT_SIZE;
 
@@ -89,7 +89,9 @@ impl Record {
     }
 
     pub fn encode(&self, seq: u64, fsid: &[u8; 16], partition: u32, sector: u32) -> AlignedBuf {
+        debug_assert!(sector.is_power_of_two() && sector >= 512, "sector size {sector}");
         let payload_len = self.payload_len();
+        debug_assert!(u32::try_from(payload_len).is_ok(), "payload of {payload_len} bytes");
         let mut buf = AlignedBuf::zeroed(self.padded_len(sector));
         let used = HEADER_LEN + payload_len;
         {
@@ -103,6 +105,8 @@ impl Record {
             for entry in &self.entries {
                 match entry {
                     Entry::SetBits { map, start, count, value } => {
+                        // Replay clears deferred images over start..=start+count-1.
+                        debug_assert!(*count > 0, "an empty SetBits at {start}");
                         w.u8(1);
                         w.u8(*map as u8);
                         w.u64(*start);
@@ -110,6 +114,10 @@ impl Record {
                         w.u8(*value as u8);
                     }
                     Entry::DataWrite { block, was_written, old_crc, new_crc, zero_from } => {
+                        debug_assert!(
+                            (*zero_from as usize) < crate::BLOCK_SIZE,
+                            "zero_from {zero_from} past its block"
+                        );
                         w.u8(2);
                         w.u32(*block);
                         w.u8(*was_written as u8);
@@ -137,6 +145,12 @@ impl Record {
             debug_assert_eq!(w.pos(), used);
         }
         seal(&mut buf[..used], CRC_AT);
+        debug_assert!(buf.len().is_multiple_of(sector as usize) && buf.len() >= used);
+        debug_assert!(
+            Record::decode(&buf, fsid, partition, seq, sector)
+                .is_some_and(|(record, len)| len == buf.len() && record.entries.len() == self.entries.len()),
+            "an encoded journal record does not decode to itself"
+        );
         buf
     }
 
@@ -212,7 +226,10 @@ impl Record {
             };
             entries.push(entry);
         }
-        Ok(Record { entries })
+        let record = Record { entries };
+        // Each entry consumed exactly its encoded length, whatever the input.
+        debug_assert_eq!(record.payload_len(), payload.len());
+        Ok(record)
     }
 }
 
@@ -223,13 +240,13 @@ mod tests {
 
     fn entry_strategy() -> impl Strategy<Value = Entry> {
         prop_oneof![
-            (0u8..3, any::<u64>(), any::<u64>(), any::<bool>()).prop_map(|(m, start, count, value)| Entry::SetBits {
+            (0u8..3, any::<u64>(), 1..=u64::MAX, any::<bool>()).prop_map(|(m, start, count, value)| Entry::SetBits {
                 map: [BitmapKind::Slots, BitmapKind::Alloc, BitmapKind::Written][m as usize],
                 start,
                 count,
                 value
             }),
-            (any::<u32>(), any::<bool>(), any::<u32>(), any::<u32>(), any::<u16>()).prop_map(
+            (any::<u32>(), any::<bool>(), any::<u32>(), any::<u32>(), 0u16..crate::BLOCK_SIZE as u16).prop_map(
                 |(block, was_written, old_crc, new_crc, zero_from)| Entry::DataWrite {
                     block,
                     was_written,

@@ -45,7 +45,9 @@ impl Key {
         let mut bytes = Vec::with_capacity(4 + name.len());
         bytes.extend_from_slice(&group.to_be_bytes());
         bytes.extend_from_slice(name);
-        Key::new(&bytes)
+        let key = Key::new(&bytes);
+        debug_assert!(key.as_ref().ok().is_none_or(|k| k.group() == group), "the key lost its group");
+        key
     }
 
     pub fn as_bytes(&self) -> &[u8] {

@@ -111,6 +111,12 @@ impl PartitionGeometry {
             }
         }
         let data_blocks = low;
+        // The largest count that fits: overhead grows with the data it describes.
+        assert!(data_blocks == 0 || data_blocks + overhead(data_blocks) <= blocks, "planned data does not fit");
+        assert!(
+            data_blocks == blocks || data_blocks + 1 + overhead(data_blocks + 1) > blocks,
+            "planned data not maximal"
+        );
         if data_blocks < 16 {
             return Err(StoreError::invalid(format!(
                 "partition of {blocks} blocks is too small for its metadata ({journal_blocks}-block journal)"
@@ -140,6 +146,7 @@ impl PartitionGeometry {
             onodes: take(slots.div_ceil(SLOTS_PER_PAGE as u64)),
             data: take(data_blocks),
         };
+        assert!(geometry.data.end() <= start + blocks, "areas overrun the partition: {geometry:?}");
         geometry.validate(u64::MAX)?;
         Ok(geometry)
     }
@@ -226,6 +233,11 @@ impl Superblock {
                 PartitionGeometry::plan(1 + p * per_partition, per_partition, journal_blocks, options.bytes_per_onode)
             })
             .collect::<Result<Vec<_>>>()?;
+        assert!(partitions.windows(2).all(|w| w[0].start + w[0].blocks <= w[1].start), "planned partitions overlap");
+        assert!(
+            partitions.last().is_some_and(|last| last.start + last.blocks <= device_blocks),
+            "planned partitions pass the device's end"
+        );
         let created_unix =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         Ok(Superblock { version: FORMAT_VERSION, fsid, device_blocks, sector_size, created_unix, partitions })
@@ -251,6 +263,10 @@ impl Superblock {
             }
         }
         seal(&mut buf, SUPERBLOCK_CRC_AT);
+        assert!(
+            Superblock::decode(&buf).is_ok_and(|sb| sb == *self),
+            "an encoded superblock does not decode to itself"
+        );
         buf
     }
 
@@ -341,6 +357,7 @@ impl PartitionHeader {
         w.u64(self.header_seq);
         w.u64(self.journal_start_seq);
         seal(&mut buf, HEADER_CRC_AT);
+        debug_assert_eq!(PartitionHeader::decode(&buf, &self.fsid, self.partition), Some(*self));
         buf
     }
 
@@ -366,6 +383,14 @@ impl PartitionHeader {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_most_partitions_the_superblock_holds_encode_and_one_more_is_refused() {
+        let options = |partitions| MkfsOptions { partitions, ..MkfsOptions::default() };
+        let most = Superblock::plan(64 << 30, 512, &options(MAX_PARTITIONS), [7; 16]).unwrap();
+        assert_eq!(Superblock::decode(&most.encode()).unwrap(), most);
+        assert!(Superblock::plan(64 << 30, 512, &options(MAX_PARTITIONS + 1), [7; 16]).is_err());
+    }
 
     #[test]
     fn superblock_round_trips_and_detects_corruption() {

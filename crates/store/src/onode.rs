@@ -68,10 +68,23 @@ impl ObjectMeta {
         ObjectMeta { key, size: 0, flags: 0, extents: Vec::new(), attrs: Vec::new() }
     }
 
-    pub fn encode(&self) -> Vec<u8> {
-        let key = self.key.as_bytes();
+    /// Bytes of [`ObjectMeta::encode`]'s blob.
+    pub fn encoded_len(&self) -> usize {
         let attr_bytes: usize = self.attrs.iter().map(|(n, v)| 3 + n.len() + v.len()).sum();
-        let mut blob = vec![0u8; 1 + key.len() + 8 + 1 + 4 + 12 * self.extents.len() + 2 + attr_bytes];
+        1 + self.key.as_bytes().len() + 8 + 1 + 4 + 12 * self.extents.len() + 2 + attr_bytes
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        debug_assert!(self.size <= MAX_OBJECT_SIZE, "object of {} bytes", self.size);
+        debug_assert!(
+            self.extents.windows(2).all(|w| w[0].logical_end() <= w[1].logical)
+                && self.extents.iter().all(|e| e.len > 0),
+            "extents unsorted, overlapping or empty: {:?}",
+            self.extents
+        );
+        debug_assert!(self.attrs.windows(2).all(|w| w[0].0 < w[1].0), "attributes unsorted or duplicated");
+        let key = self.key.as_bytes();
+        let mut blob = vec![0u8; self.encoded_len()];
         let mut w = Writer::new(&mut blob);
         w.u8(key.len() as u8);
         w.bytes(key);
@@ -91,6 +104,10 @@ impl ObjectMeta {
             w.bytes(value);
         }
         debug_assert_eq!(w.pos(), blob.len());
+        debug_assert!(
+            ObjectMeta::decode(&blob, u64::MAX).is_ok_and(|decoded| decoded == *self),
+            "an encoded onode does not decode to itself: {self:?}"
+        );
         blob
     }
 
@@ -137,7 +154,10 @@ impl ObjectMeta {
         if r.remaining() != 0 {
             return Err(StoreError::corrupt("onode: trailing bytes"));
         }
-        Ok(ObjectMeta { key, size, flags, extents, attrs })
+        let meta = ObjectMeta { key, size, flags, extents, attrs };
+        // Every field read back is one the encoder writes: the sizes agree.
+        debug_assert_eq!(meta.encoded_len(), blob.len());
+        Ok(meta)
     }
 
     pub fn is_preallocated(&self) -> bool {
@@ -177,6 +197,7 @@ impl ObjectMeta {
             }
         }
         self.extents.insert(index, Extent { logical, physical, len: 1 });
+        debug_assert_eq!(self.physical_for(logical), Some(physical));
     }
 
     /// Unmaps every block at or past logical block `first`; returns the freed
@@ -196,6 +217,11 @@ impl ObjectMeta {
                 true
             }
         });
+        debug_assert!(
+            self.extents.last().is_none_or(|e| e.logical_end() <= first),
+            "a block past {first} stays mapped"
+        );
+        debug_assert!(freed.iter().all(|(_, count)| *count > 0), "an empty freed run");
         freed
     }
 
@@ -237,6 +263,8 @@ impl ObjectMeta {
             Some(i) => self.attrs[i].1 = value.to_vec(),
             None => self.attrs.insert(index, (name.to_vec(), value.to_vec())),
         }
+        debug_assert!(self.attr_bytes() <= MAX_ATTR_BYTES);
+        debug_assert!(self.attrs.windows(2).all(|w| w[0].0 < w[1].0), "attributes unsorted or duplicated");
         Ok(())
     }
 
@@ -269,6 +297,9 @@ pub fn slots_needed(blob_len: usize) -> usize {
 /// The slot images of `blob` stored in `slots` (head first).
 pub fn encode_chain(blob: &[u8], slots: &[u32], deleted: bool) -> Vec<[u8; SLOT_SIZE]> {
     assert_eq!(slots.len(), slots_needed(blob.len()), "chain length must fit the blob");
+    // decode_slot refuses longer chains, and NO_SLOT ends one.
+    debug_assert!(slots.len() <= MAX_CHAIN_SLOTS, "a chain of {} slots", slots.len());
+    debug_assert!(!slots.contains(&NO_SLOT), "slot {NO_SLOT} in a chain");
     let mut chunks = blob.chunks(FRAGMENT_CAPACITY);
     (0..slots.len())
         .map(|i| {
@@ -289,6 +320,7 @@ pub fn encode_chain(blob: &[u8], slots: &[u32], deleted: bool) -> Vec<[u8; SLOT_
 
 pub fn encode_slot(header: &SlotHeader, fragment: &[u8]) -> [u8; SLOT_SIZE] {
     assert!(fragment.len() <= FRAGMENT_CAPACITY);
+    debug_assert_eq!(header.fragment_len as usize, fragment.len());
     let mut slot = [0u8; SLOT_SIZE];
     let mut w = Writer::new(&mut slot);
     w.u16(SLOT_MAGIC);
@@ -302,6 +334,10 @@ pub fn encode_slot(header: &SlotHeader, fragment: &[u8]) -> [u8; SLOT_SIZE] {
     w.u32(header.blob_len);
     w.bytes(fragment);
     seal(&mut slot, SLOT_CRC_AT);
+    debug_assert!(
+        decode_slot(&slot).is_ok_and(|(decoded, bytes)| decoded == *header && bytes == fragment),
+        "an encoded onode slot does not decode to itself"
+    );
     slot
 }
 

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::device::{AlignedBuf, BlockIo};
+use crate::blockio::{AlignedBuf, BlockIo};
 use crate::error::{Result, StoreError};
 use crate::BLOCK_SIZE;
 
@@ -43,8 +43,10 @@ impl PageCache {
         }
         self.misses += missing.len() as u64;
         for (block, buf) in missing.into_iter().zip(bufs) {
-            self.pages.insert(block, Page { buf, dirty: false });
+            let previous = self.pages.insert(block, Page { buf, dirty: false });
+            debug_assert!(previous.is_none(), "metadata page {block} loaded over a cached one");
         }
+        debug_assert!(blocks.iter().all(|b| self.pages.contains_key(b)), "a listed page was not loaded");
         Ok(())
     }
 
@@ -54,6 +56,7 @@ impl PageCache {
     }
 
     pub fn get_mut(&mut self, block: u64) -> &mut [u8] {
+        debug_assert!(self.dirty_count <= self.pages.len(), "more dirty pages than pages");
         let page =
             self.pages.get_mut(&block).unwrap_or_else(|| panic!("metadata page {block} used before it was loaded"));
         if !page.dirty {
@@ -84,6 +87,7 @@ impl PageCache {
         let mut dirty: Vec<(u64, &[u8])> =
             self.pages.iter().filter(|(_, p)| p.dirty).map(|(b, p)| (*b, &p.buf[..])).collect();
         dirty.sort_unstable_by_key(|(b, _)| *b);
+        debug_assert_eq!(dirty.len(), self.dirty_count, "the dirty counter lost track");
         dirty
     }
 
@@ -106,5 +110,10 @@ impl PageCache {
         for block in victims {
             self.pages.remove(&block);
         }
+        debug_assert_eq!(
+            self.pages.values().filter(|p| p.dirty).count(),
+            self.dirty_count,
+            "trim evicted a dirty page"
+        );
     }
 }

@@ -41,8 +41,11 @@ pub fn mkfs(path: &Path, options: &MkfsOptions, config: &StoreConfig) -> Result<
     let mut fsid = [0u8; 16];
     fill_random(&mut fsid)?;
     let superblock = Superblock::plan(device.size_bytes(), device.sector_size(), options, fsid)?;
+    assert!(superblock.device_blocks * BLOCK_SIZE as u64 <= device.size_bytes(), "the plan outgrows the device");
     let mut io = device.queue()?;
+    let device_blocks = superblock.device_blocks;
     let zero_area = |io: &mut dyn crate::device::BlockIo, start: u64, blocks: u64| -> Result<()> {
+        assert!(start + blocks <= device_blocks, "zeroing blocks {start}+{blocks} past the device's {device_blocks}");
         let chunk_blocks = 256u64;
         let zeros = AlignedBuf::zeroed(chunk_blocks as usize * BLOCK_SIZE);
         let mut block = start;
@@ -144,6 +147,8 @@ impl Store {
                 Partition::mount(device.queue()?, params)
             })
             .collect::<Result<Vec<_>>>()?;
+        // Superblock::decode refuses a store without partitions; partition_of divides by their count.
+        assert!(!partitions.is_empty());
         Ok(Store { device, superblock, partitions })
     }
 

@@ -16,7 +16,7 @@
 use super::plan::{Planned, Prepared};
 use super::{CommitInfo, Partition};
 use crate::batch::Batch;
-use crate::device::AlignedBuf;
+use crate::blockio::AlignedBuf;
 use crate::error::{Result, StoreError};
 use crate::journal::{BitmapKind, Entry, Record};
 use crate::layout::PartitionHeader;
@@ -95,6 +95,12 @@ impl Partition {
         let seq = self.next_seq;
         let record_buf = prepared.record.encode(seq, &self.fsid, self.index, self.sector);
         let record_offset = self.geometry.journal.byte_offset() + self.journal_used_bytes;
+        debug_assert_eq!(record_buf.len() as u64, record_len, "the record's length is what was planned");
+        debug_assert!(record_offset.is_multiple_of(self.sector as u64), "journal record at {record_offset}");
+        debug_assert!(
+            record_offset + record_len <= self.geometry.journal.end() * BLOCK_SIZE as u64,
+            "the record passes the journal's end (needs_room was not asked)"
+        );
         let data: Vec<(u64, &[u8])> =
             prepared.staged.iter().map(|(block, staged)| (self.data_offset(*block), &staged.buf[..])).collect();
         // A block this batch writes for the first time was free until it
@@ -142,6 +148,7 @@ impl Partition {
         }
         self.next_seq += 1;
         self.journal_used_bytes += record_len;
+        debug_assert!(self.journal_used_bytes <= self.geometry.journal.blocks * BLOCK_SIZE as u64);
         self.stats.ordered_commits += u64::from(ordered);
         self.last_record_fresh.clear();
         self.last_record_fresh.extend(prepared.staged.iter().filter(|(_, s)| !s.was_written).map(|(block, _)| *block));
@@ -152,12 +159,17 @@ impl Partition {
             }
         }
         self.apply_record(&prepared.record)?;
+        debug_assert!(
+            prepared.staged.keys().all(|b| self.alloc.get(*b as u64) && self.written.get(*b as u64)),
+            "a block written by the batch is not allocated and written"
+        );
         for (key, entry) in prepared.index_updates {
             match entry {
                 Some(entry) => self.objects.insert(key, entry),
                 None => self.objects.remove(key.as_bytes()),
             };
         }
+        debug_assert!(prepared.reclaimed <= self.reclaim.len(), "the reclaim queue shrank since planning");
         self.reclaim.drain(..prepared.reclaimed);
         self.reclaim.extend(prepared.new_reclaims);
         self.stats.user_bytes_written += prepared.user_bytes;
@@ -349,6 +361,7 @@ impl Partition {
         self.stats.checkpoints += 1;
         self.stats.checkpoint_ns += started.elapsed().as_nanos() as u64;
         self.stats.metadata_bytes_written += metadata_bytes + BLOCK_SIZE as u64;
+        assert_eq!(self.dirty_pages(), 0, "a checkpoint leaves no dirty metadata");
         Ok(())
     }
 

@@ -17,7 +17,7 @@ mod read;
 use std::collections::{BTreeMap, HashSet};
 
 use crate::bitmap::Bitmap;
-use crate::device::{AlignedBuf, BlockIo, IoStats};
+use crate::blockio::{AlignedBuf, BlockIo, IoStats};
 use crate::error::{Result, StoreError};
 use crate::key::Key;
 use crate::layout::PartitionGeometry;
@@ -65,6 +65,12 @@ impl Extents {
 
 impl IndexEntry {
     pub fn from_meta(head_slot: u32, meta: &ObjectMeta) -> IndexEntry {
+        debug_assert!(
+            meta.extents.last().is_none_or(|e| e.logical_end() as u64 <= meta.size.div_ceil(BLOCK_SIZE as u64)),
+            "{:?} maps blocks past its size {}",
+            meta.key,
+            meta.size
+        );
         IndexEntry { head_slot, size: meta.size, flags: meta.flags, extents: Extents::from_vec(&meta.extents) }
     }
 
@@ -229,6 +235,7 @@ impl Partition {
     }
 
     pub fn free_blocks(&self) -> u64 {
+        debug_assert!(self.alloc.count_ones() <= self.alloc.len(), "more blocks allocated than exist");
         self.alloc.len() - self.alloc.count_ones()
     }
 
@@ -271,17 +278,22 @@ impl Partition {
 
     /// Device byte offset of a data block.
     pub(crate) fn data_offset(&self, block: u32) -> u64 {
+        debug_assert!((block as u64) < self.geometry.data.blocks, "data block {block} outside the data area");
         (self.geometry.data.start + block as u64) * BLOCK_SIZE as u64
     }
 
     /// Device block of the crc page covering data block `block`, and the byte offset in it.
     pub(crate) fn crc_location(&self, block: u32) -> (u64, usize) {
+        debug_assert!((block as u64) < self.geometry.data_blocks(), "data block {block} has no crc");
         let per_page = (BLOCK_SIZE / 4) as u64;
-        (self.geometry.crc_table.start + block as u64 / per_page, (block as u64 % per_page) as usize * 4)
+        let page = self.geometry.crc_table.start + block as u64 / per_page;
+        debug_assert!(page < self.geometry.crc_table.end(), "crc page {page} outside the crc table");
+        (page, (block as u64 % per_page) as usize * 4)
     }
 
     /// Device block of the onode page holding `slot`, and the byte offset in it.
     pub(crate) fn slot_location(&self, slot: u32) -> (u64, usize) {
+        debug_assert!((slot as u64) < self.geometry.slot_count(), "onode slot {slot} outside the onode area");
         (self.geometry.onodes.start + slot as u64 / SLOTS_PER_PAGE as u64, (slot as usize % SLOTS_PER_PAGE) * SLOT_SIZE)
     }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::{IndexEntry, Partition, PartitionConfig, PartitionStats, Reclaim};
 use crate::bitmap::Bitmap;
-use crate::device::{AlignedBuf, BlockIo};
+use crate::blockio::{AlignedBuf, BlockIo};
 use crate::error::{Result, StoreError};
 use crate::journal::{Entry, Record};
 use crate::key::Key;
@@ -116,6 +116,8 @@ impl Partition {
             count += 1;
             last = Some(record);
         }
+        // Decoded records end inside the journal and are padded to sectors.
+        assert!(position <= journal.len() && position.is_multiple_of(self.sector as usize), "journal end {position}");
         self.journal_used_bytes = position as u64;
         if let Some(record) = last {
             self.recover_last_record(&record)?;
@@ -221,6 +223,7 @@ impl Partition {
         let mut cursor = 0usize;
         while cursor < used.len() {
             let window_start = used[cursor] / SLOTS_PER_PAGE as u64 / pages_per_window * pages_per_window;
+            assert!(window_start < self.geometry.onodes.blocks, "in-use slot {} past the onode area", used[cursor]);
             let window_pages = pages_per_window.min(self.geometry.onodes.blocks - window_start);
             let area = Area { start: self.geometry.onodes.start + window_start, blocks: window_pages };
             let bytes = read_area(self.io.as_mut(), area, "onode area")?;
@@ -229,6 +232,7 @@ impl Partition {
                 let slot = used[cursor] as u32;
                 cursor += 1;
                 let (page, at) = self.slot_location(slot);
+                assert!(page >= area.start && page < area.end(), "slot {slot} outside the window read");
                 // Pages changed by replay are newer in the cache than on disk.
                 let image = if self.pages.is_cached(page) {
                     self.pages.get(page)[at..at + crate::SLOT_SIZE].to_vec()
@@ -283,6 +287,8 @@ impl Partition {
         entries.dedup_by(|later, earlier| later.0 == earlier.0);
         // Built from sorted input, the map's nodes are packed full.
         self.objects = entries.into_iter().collect();
+        // Decoded extents are never empty: every reclaim frees real runs.
+        assert!(self.reclaim.iter().all(|r| r.runs.iter().all(|(_, count)| *count > 0)));
         for issue in &self.mount_issues {
             tracing::warn!(partition = self.index, issue, "onode problem found at mount; run fsck");
         }

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::{IndexEntry, Partition, Reclaim};
 use crate::batch::{Batch, Op};
-use crate::device::AlignedBuf;
+use crate::blockio::AlignedBuf;
 use crate::error::{Result, StoreError};
 use crate::journal::{BitmapKind, Entry, Record};
 use crate::key::Key;
@@ -116,7 +116,14 @@ impl Partition {
         let mut plan = Plan { defer, ..Plan::default() };
         let result = self.plan_ops(&mut plan, batch).and_then(|()| self.finish(&mut plan));
         match result {
-            Ok(prepared) => Planned::Ready(prepared),
+            Ok(prepared) => {
+                debug_assert!(
+                    prepared.reserved_blocks.iter().all(|b| self.alloc.get(*b as u64))
+                        && prepared.reserved_slots.iter().all(|s| self.slots.get(*s as u64)),
+                    "a reservation of the plan is not set in its bitmap"
+                );
+                Planned::Ready(prepared)
+            }
             Err(err) => {
                 self.rollback(&plan.reserved_blocks, &plan.reserved_slots);
                 if plan.patches_overflowed {
@@ -130,9 +137,11 @@ impl Partition {
 
     pub(crate) fn rollback(&mut self, blocks: &[u32], slots: &[u32]) {
         for &block in blocks {
+            debug_assert!(self.alloc.get(block as u64), "rolling back block {block}, which is not reserved");
             self.alloc.set_range_quiet(block as u64, 1, false);
         }
         for &slot in slots {
+            debug_assert!(self.slots.get(slot as u64), "rolling back slot {slot}, which is not reserved");
             self.slots.set_range_quiet(slot as u64, 1, false);
         }
     }
@@ -247,6 +256,8 @@ impl Partition {
 
     /// Releases a block reserved by this batch (it never reached the disk).
     fn release_reserved(&mut self, plan: &mut Plan, block: u32) {
+        debug_assert!(plan.reserved_blocks.contains(&block), "block {block} is not this batch's to release");
+        debug_assert!(self.alloc.get(block as u64), "block {block} released twice");
         self.alloc.set_range_quiet(block as u64, 1, false);
         plan.reserved_blocks.retain(|b| *b != block);
         plan.staged.remove(&block);
@@ -321,6 +332,7 @@ impl Partition {
             // A fully overwritten block needs no zeroing: the write covers it.
             self.take_block(!fully_overwritten)
         };
+        debug_assert!(!plan.patched.contains_key(&block), "a block is staged or patched, never both");
         plan.staged.insert(block, StagedBlock { buf, was_written, old_crc, zero_from: 0 });
         Ok(())
     }
@@ -347,6 +359,7 @@ impl Partition {
             let block_start = logical as u64 * block_size;
             let from = (position - block_start) as usize;
             let to = (end.min(block_start + block_size) - block_start) as usize;
+            debug_assert!(from < to && to <= BLOCK_SIZE, "piece {from}..{to} of block {logical}");
             let (mapped, hint) = {
                 let meta = plan.objects[key].current.as_ref().expect("present");
                 let hint = logical.checked_sub(1).and_then(|l| meta.physical_for(l)).map(|p| p + 1);
@@ -373,6 +386,7 @@ impl Partition {
             }
             position = block_start + to as u64;
         }
+        debug_assert_eq!(position, end, "the pieces cover the write exactly");
         let w = plan.objects.get_mut(key).expect("loaded");
         let meta = w.current.as_mut().expect("present");
         if end > meta.size {
@@ -556,6 +570,7 @@ impl Partition {
             }
             chain.extend(extra);
         }
+        debug_assert!(chain.iter().all(|s| self.slots.get(*s as u64)), "a chain slot is not in use");
         for (slot, image) in chain.iter().zip(encode_chain(blob, &chain, deleted)) {
             entries.push(Entry::WriteSlot { slot: *slot, image: Box::new(image) });
         }
@@ -626,10 +641,19 @@ impl Partition {
         }
 
         new_block_runs.sort_unstable();
+        plan.freed_blocks.sort_unstable();
+        // A block is reserved by one object at most, and a block freed by
+        // this batch was held before it (a reserved one is released instead).
+        debug_assert!(new_block_runs.windows(2).all(|w| w[0] < w[1]), "a block reserved twice");
+        debug_assert!(plan.freed_blocks.windows(2).all(|w| w[0] < w[1]), "a block freed twice");
+        debug_assert!(
+            plan.freed_blocks.iter().all(|b| new_block_runs.binary_search(b).is_err()),
+            "a block both reserved and freed"
+        );
+        debug_assert!(plan.staged.keys().all(|b| !plan.patched.contains_key(b)), "a block both staged and patched");
         for (start, count) in runs_of(&new_block_runs) {
             entries.push(Entry::SetBits { map: BitmapKind::Alloc, start, count, value: true });
         }
-        plan.freed_blocks.sort_unstable();
         for (start, count) in runs_of(&plan.freed_blocks) {
             entries.push(Entry::SetBits { map: BitmapKind::Alloc, start, count, value: false });
             entries.push(Entry::SetBits { map: BitmapKind::Written, start, count, value: false });
@@ -683,6 +707,7 @@ impl Partition {
 
 /// Sorted, distinct values as `(start, count)` runs.
 fn runs_of(sorted: &[u32]) -> Vec<(u64, u64)> {
+    debug_assert!(sorted.windows(2).all(|w| w[0] < w[1]), "runs of unsorted or repeated values");
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for &value in sorted {
         match runs.last_mut() {
@@ -690,5 +715,6 @@ fn runs_of(sorted: &[u32]) -> Vec<(u64, u64)> {
             _ => runs.push((value as u64, 1)),
         }
     }
+    debug_assert_eq!(runs.iter().map(|(_, count)| count).sum::<u64>(), sorted.len() as u64);
     runs
 }

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::ops::Bound;
 
 use super::{ObjectInfo, Partition};
-use crate::device::AlignedBuf;
+use crate::blockio::AlignedBuf;
 use crate::error::{Result, StoreError};
 use crate::key::Key;
 use crate::onode::OBJECT_FLAG_PREALLOCATED;
@@ -61,7 +61,7 @@ impl Partition {
             }
         }
         self.pages.trim();
-        let results = plans
+        let results: Vec<Result<Vec<u8>>> = plans
             .into_iter()
             .map(|plan| {
                 let (start, end, pieces) = plan?;
@@ -73,6 +73,7 @@ impl Partition {
                     let block_start = logical * BLOCK_SIZE as u64;
                     let from = start.max(block_start);
                     let to = end.min(block_start + BLOCK_SIZE as u64);
+                    debug_assert!(from < to, "block {logical} is outside the read {start}..{end}");
                     out[(from - start) as usize..(to - start) as usize]
                         .copy_from_slice(&buf[(from - block_start) as usize..(to - block_start) as usize]);
                 }
@@ -80,6 +81,7 @@ impl Partition {
             })
             .collect();
         self.give_blocks(data.into_iter().filter_map(Result::ok));
+        debug_assert_eq!(results.len(), requests.len(), "one result per request");
         results
     }
 
@@ -88,6 +90,7 @@ impl Partition {
         let entry = self.objects.get(request.key).ok_or(StoreError::NotFound)?;
         let start = request.offset.min(entry.size);
         let end = request.offset.saturating_add(request.len).min(entry.size);
+        debug_assert!(start <= end);
         let mut pieces = Vec::new();
         if start < end {
             for logical in start / BLOCK_SIZE as u64..end.div_ceil(BLOCK_SIZE as u64) {
@@ -103,6 +106,8 @@ impl Partition {
 
     /// Reads and verifies `list` (sorted); results are indexed like the list.
     fn read_blocks(&mut self, list: &[u32]) -> Result<Vec<Result<AlignedBuf>>> {
+        // read_many finds each block's result by binary search.
+        debug_assert!(list.windows(2).all(|w| w[0] < w[1]), "block list unsorted or repeated");
         let crc_pages: Vec<u64> = list.iter().map(|b| self.crc_location(*b).0).collect();
         self.pages.load(self.io.as_mut(), &crc_pages)?;
         // Every byte is read from the device or copied from a deferred
@@ -129,6 +134,7 @@ impl Partition {
             let stored = self.crc_get(*block)?;
             out.push(self.verify(*block, stored, buf));
         }
+        debug_assert_eq!(out.len(), list.len());
         Ok(out)
     }
 
