@@ -28,8 +28,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use crossbeam_channel::Sender;
 use duplex_map::ClusterMap;
-use duplex_mon_client::MonClient;
 use duplex_mon_client::Credentials;
+use duplex_mon_client::MonClient;
 use duplex_proto::osd::{decode_attrs, decode_names, Attrs, ObjectStat, OpKind};
 
 use crate::error::ClientError;

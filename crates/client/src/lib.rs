@@ -31,6 +31,7 @@ pub mod error;
 pub mod image;
 pub mod load;
 pub mod object;
+mod placement;
 mod runtime;
 
 pub use client::{parse_monitor, Client, ClientConfig};

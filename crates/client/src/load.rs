@@ -9,15 +9,16 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use duplex_map::OsdId;
-use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
+use duplex_proto::osd::{OpKind, OpReply};
 use duplex_proto::FrameDecoder;
 use hdrhistogram::Histogram;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use rand::{Rng, SeedableRng};
 
+use crate::placement::{self, Next, Target};
+use crate::{ClientError, ObjectClient};
 use duplex_mon_client::Connection as OsdConnection;
-use crate::ObjectClient;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pattern {
@@ -69,18 +70,18 @@ impl Peer {
 /// Runs `spec` against the cluster `client` knows; errors are counted, not fatal.
 pub fn run(client: &ObjectClient, spec: &LoadSpec) -> std::io::Result<LoadResult> {
     let map = client.map();
-    let pool = map.pools.get(&spec.pool).ok_or_else(|| std::io::Error::other("no such pool"))?.clone();
+    if !map.pools.contains_key(&spec.pool) {
+        return Err(std::io::Error::other("no such pool"));
+    }
     let hierarchy = map.hierarchy();
-    // Each object's PG and primary, computed once.
-    let mut targets: Vec<(Bytes, u32, OsdId)> = Vec::with_capacity(spec.objects as usize);
+    // Each object's PG and primary, computed once: this generator does not
+    // follow the map or retry.
+    let mut targets: Vec<(Bytes, Target, OsdId)> = Vec::with_capacity(spec.objects as usize);
     for n in 0..spec.objects {
         let name = format!("{}.{n}", spec.prefix).into_bytes();
-        let pg = duplex_placement::pg_of(&name, pool.pg_num);
-        let primary = *map
-            .acting(&hierarchy, &pool, pg)
-            .first()
-            .ok_or_else(|| std::io::Error::other(format!("PG {pg} has no OSD up")))?;
-        targets.push((Bytes::from(name), pg, primary));
+        let target = placement::locate(map, &hierarchy, spec.pool, &name).map_err(std::io::Error::other)?;
+        let primary = target.primary.ok_or_else(|| std::io::Error::other(format!("PG {} has no OSD up", target.pg)))?;
+        targets.push((Bytes::from(name), target, primary));
     }
     let mut poll = Poll::new()?;
     let mut peers: HashMap<OsdId, Peer> = HashMap::new();
@@ -113,23 +114,13 @@ pub fn run(client: &ObjectClient, spec: &LoadSpec) -> std::io::Result<LoadResult
     loop {
         let sending = Instant::now() < deadline;
         while sending && in_flight.len() < spec.queue_depth {
-            let (name, pg, osd) = &targets[rng.gen_range(0..targets.len())];
+            let (name, target, osd) = &targets[rng.gen_range(0..targets.len())];
             let offset = rng.gen_range(0..blocks_per_object) * spec.block as u64;
             let (kind, length, data) = match spec.pattern {
                 Pattern::RandomWrite => (OpKind::Write, spec.block, payload.clone()),
                 Pattern::RandomRead => (OpKind::Read, spec.block, Bytes::new()),
             };
-            let request = OpRequest {
-                kind,
-                pool: spec.pool,
-                pg: *pg,
-                map_epoch: map.epoch,
-                object: name.clone(),
-                offset,
-                length,
-                data,
-                client: client_id,
-            };
+            let request = target.request(kind, name.clone(), offset, length, data, client_id);
             let frame = request.to_frame(next_txid);
             let peer = peers.get_mut(osd).expect("connected above");
             peer.out.push_back(Bytes::copy_from_slice(&frame.encode_header()));
@@ -162,8 +153,10 @@ pub fn run(client: &ObjectClient, spec: &LoadSpec) -> std::io::Result<LoadResult
             while let Some(frame) = decoder.decode(&mut peer.inbuf).map_err(std::io::Error::other)? {
                 let Some(sent) = in_flight.remove(&frame.header.transaction_id) else { continue };
                 let _ = latency.record(sent.elapsed().as_micros().max(1) as u64);
-                match OpReply::decode(&frame.payload) {
-                    Ok(reply) if reply.status == Status::Ok || reply.status == Status::NotFound => ops += 1,
+                // What a client would end with success or "no such object"
+                // counts; what it would fail or retry is an error here.
+                match OpReply::decode(&frame.payload).map(|reply| placement::judge(*osd, reply, map.epoch)) {
+                    Ok(Next::Done(Ok(_) | Err(ClientError::NotFound))) => ops += 1,
                     _ => errors += 1,
                 }
             }

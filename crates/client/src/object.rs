@@ -11,15 +11,19 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use duplex_map::{ClusterMap, OsdId};
-use duplex_mon_client::MonClient;
 use duplex_mon_client::Credentials;
+use duplex_mon_client::MonClient;
 use duplex_placement::Hierarchy;
-use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
+use duplex_proto::osd::{OpKind, OpReply, OpRequest};
 use duplex_proto::MessageType;
 
 use duplex_mon_client::Connection as OsdConnection;
 
 use crate::error::ClientError;
+use crate::placement::{self, Deadline, Next, RetryPolicy};
+
+/// The pause before each retry (a map fetch follows it).
+const RETRY: RetryPolicy = RetryPolicy::ONE_AT_A_TIME;
 
 pub struct ObjectClient {
     monitors: Vec<(u64, SocketAddr)>,
@@ -77,9 +81,8 @@ impl ObjectClient {
 
     /// The PG of `object` in `pool` and its primary (if any OSD of it is up).
     pub fn locate(&self, pool: u32, object: &[u8]) -> Option<(u32, Option<OsdId>)> {
-        let info = self.map.pools.get(&pool)?;
-        let pg = duplex_placement::pg_of(object, info.pg_num);
-        Some((pg, self.map.acting(&self.hierarchy, info, pg).first().copied()))
+        let target = placement::locate(&self.map, &self.hierarchy, pool, object).ok()?;
+        Some((target.pg, target.primary))
     }
 
     pub fn addr_of(&self, osd: OsdId) -> Option<SocketAddr> {
@@ -112,61 +115,53 @@ impl ObjectClient {
         length: u32,
         data: Bytes,
     ) -> Result<Bytes, ClientError> {
-        let started = Instant::now();
+        let deadline = Deadline::after(self.timeout);
         let mut last = String::from("no attempt");
+        let mut attempts = 0;
         // One request id for every attempt: the OSD answers a resend of a
         // mutation it already applied without applying it again.
         let txid = self.next_txid;
         self.next_txid += 1;
-        while started.elapsed() < self.timeout {
-            let Some((pg, primary)) = self.locate(pool, object) else {
+        while !deadline.passed(Instant::now()) {
+            let Ok(target) = placement::locate(&self.map, &self.hierarchy, pool, object) else {
                 if !self.refresh_map() {
                     return Err(ClientError::NoSuchPool(pool.to_string()));
                 }
                 continue;
             };
-            let Some(primary) = primary else {
-                last = format!("PG {pool}.{pg} has no OSD up");
-                self.pause_and_refresh();
-                continue;
-            };
-            let request = OpRequest {
-                kind,
-                pool,
-                pg,
-                map_epoch: self.map.epoch,
-                object: Bytes::copy_from_slice(object),
-                offset,
-                length,
-                data: data.clone(),
-                client: self.client_id,
-            };
-            let reply = match self.call(primary, &request, txid) {
-                Ok(reply) => reply,
-                Err(err) => {
-                    last = format!("OSD {primary}: {err}");
-                    self.conns.remove(&primary);
-                    self.pause_and_refresh();
-                    continue;
+            let next = match target.primary_or_wait() {
+                Err(next) => next,
+                Ok(primary) => {
+                    let request = target.request(
+                        kind,
+                        Bytes::copy_from_slice(object),
+                        offset,
+                        length,
+                        data.clone(),
+                        self.client_id,
+                    );
+                    attempts += 1;
+                    match self.call(primary, &request, txid) {
+                        Ok(reply) => placement::judge(primary, reply, self.map.epoch),
+                        Err(err) => {
+                            self.conns.remove(&primary);
+                            Next::Retry(placement::at_osd(primary, err))
+                        }
+                    }
                 }
             };
-            match reply.status {
-                Status::Ok => return Ok(reply.data),
-                Status::NotFound => return Err(ClientError::NotFound),
-                Status::Invalid => return Err(ClientError::Invalid(reply.message())),
-                Status::Io => return Err(ClientError::Io(reply.message())),
-                Status::WrongOsd | Status::Retry => {
-                    last = format!("OSD {primary}: {}", reply.message());
-                    self.pause_and_refresh();
+            // Whether to retry or to wait for a newer map, this client
+            // pauses and then asks the monitors for the newest map.
+            match next {
+                Next::Done(result) => return result,
+                Next::Retry(problem) | Next::AwaitMap { problem, .. } => {
+                    last = problem;
+                    std::thread::sleep(RETRY.backoff(attempts));
+                    self.refresh_map();
                 }
             }
         }
-        Err(ClientError::TimedOut(self.timeout, last))
-    }
-
-    fn pause_and_refresh(&mut self) {
-        std::thread::sleep(Duration::from_millis(50));
-        self.refresh_map();
+        Err(deadline.timed_out(last))
     }
 
     fn call(&mut self, osd: OsdId, request: &OpRequest, txid: u64) -> std::io::Result<OpReply> {

@@ -22,22 +22,23 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use crossbeam_channel::Receiver;
 use duplex_map::{ClusterMap, OsdId};
-use duplex_mon_client::MonClient;
 use duplex_mon_client::Credentials;
+use duplex_mon_client::MonClient;
 use duplex_placement::Hierarchy;
-use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
+use duplex_proto::osd::{OpKind, OpReply};
 use duplex_proto::{FrameDecoder, MessageType};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use duplex_mon_client::Connection as OsdConnection;
 use crate::error::ClientError;
+use crate::placement::{self, Deadline, Next, RetryPolicy, Target};
+use duplex_mon_client::Connection as OsdConnection;
 
 pub(crate) const WAKER: Token = Token(0);
 /// Deadlines are checked this often (an operation may overrun its timeout by this much).
 const DEADLINE_TICK: Duration = Duration::from_millis(50);
-/// The longest pause between two attempts of one operation.
-const MAX_BACKOFF: Duration = Duration::from_millis(250);
+/// The pauses between two attempts of one operation.
+const RETRY: RetryPolicy = RetryPolicy::PIPELINED;
 /// How long a failed connect keeps an OSD from being tried again.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 /// Replies over this size are refused (a read's 4 MiB plus headers).
@@ -65,6 +66,14 @@ impl ObjectOp {
     pub fn new(pool: u32, kind: OpKind, object: Bytes) -> ObjectOp {
         ObjectOp { pool, kind, object, offset: 0, length: 0, data: Bytes::new(), pg: None }
     }
+
+    /// Where this operation goes under `map`: its PG's primary.
+    fn target(&self, map: &ClusterMap, hierarchy: &Hierarchy) -> Result<Target, ClientError> {
+        match self.pg {
+            Some(pg) => placement::locate_pg(map, hierarchy, self.pool, pg),
+            None => placement::locate(map, hierarchy, self.pool, &self.object),
+        }
+    }
 }
 
 pub(crate) enum Command {
@@ -76,7 +85,7 @@ pub(crate) enum Command {
 struct InFlight {
     op: ObjectOp,
     done: Callback,
-    deadline: Instant,
+    deadline: Deadline,
     /// The OSD it was last sent to (and has not answered yet).
     sent_to: Option<OsdId>,
     attempts: u32,
@@ -211,7 +220,7 @@ impl Runtime {
     fn submit(&mut self, op: ObjectOp, done: Callback) {
         let txid = self.next_txid;
         self.next_txid += 1;
-        let deadline = Instant::now() + self.op_timeout;
+        let deadline = Deadline::after(self.op_timeout);
         self.in_flight.insert(
             txid,
             InFlight { op, done, deadline, sent_to: None, attempts: 0, last_problem: String::new(), wait_epoch: 0 },
@@ -226,31 +235,17 @@ impl Runtime {
             return; // already out (a timer fired after a resend)
         }
         let op = &entry.op;
-        let Some(pool) = self.map.pools.get(&op.pool) else {
-            let pool = op.pool;
-            return self.finish(txid, Err(ClientError::NoSuchPool(format!("id {pool}"))));
+        let target = match op.target(&self.map, &self.hierarchy) {
+            Ok(target) => target,
+            Err(err) => return self.finish(txid, Err(err)),
         };
-        let pg = op.pg.unwrap_or_else(|| duplex_placement::pg_of(&op.object, pool.pg_num));
-        if pg >= pool.pg_num {
-            return self.finish(txid, Err(ClientError::Invalid(format!("pool {} has {} PGs", op.pool, pool.pg_num))));
-        }
-        let Some(primary) = self.map.acting(&self.hierarchy, pool, pg).first().copied() else {
-            let problem = format!("PG {}.{pg} has no OSD up", op.pool);
-            return self.park(txid, problem, self.map.epoch + 1);
+        let primary = match target.primary_or_wait() {
+            Ok(primary) => primary,
+            Err(next) => return self.then(txid, next),
         };
-        let request = OpRequest {
-            kind: op.kind,
-            pool: op.pool,
-            pg,
-            map_epoch: self.map.epoch,
-            object: op.object.clone(),
-            offset: op.offset,
-            length: op.length,
-            data: op.data.clone(),
-            client: self.client_id,
-        };
+        let request = target.request(op.kind, op.object.clone(), op.offset, op.length, op.data.clone(), self.client_id);
         if let Err(problem) = self.link(primary) {
-            return self.retry_later(txid, format!("OSD {primary}: {problem}"));
+            return self.retry_later(txid, placement::at_osd(primary, problem));
         }
         let frame = request.to_frame(txid);
         let link = self.links.get_mut(&primary).expect("linked above");
@@ -366,23 +361,23 @@ impl Runtime {
             return; // an answer from an OSD it was since taken away from
         }
         entry.sent_to = None;
-        match reply.status {
-            Status::Ok => self.finish(txid, Ok(reply.data)),
-            Status::NotFound => self.finish(txid, Err(ClientError::NotFound)),
-            Status::Invalid => self.finish(txid, Err(ClientError::Invalid(reply.message()))),
-            Status::Io => self.finish(txid, Err(ClientError::Io(reply.message()))),
-            Status::WrongOsd if reply.map_epoch > self.map.epoch => {
-                // The OSD knows a newer map: wait for it to reach us.
-                self.park(txid, format!("OSD {osd}: {}", reply.message()), reply.map_epoch)
-            }
-            Status::WrongOsd | Status::Retry => self.retry_later(txid, format!("OSD {osd}: {}", reply.message())),
+        let next = placement::judge(osd, reply, self.map.epoch);
+        self.then(txid, next);
+    }
+
+    /// Ends operation `txid`, or schedules its next attempt.
+    fn then(&mut self, txid: u64, next: Next) {
+        match next {
+            Next::Done(result) => self.finish(txid, result),
+            Next::Retry(problem) => self.retry_later(txid, problem),
+            Next::AwaitMap { epoch, problem } => self.park(txid, problem, epoch),
         }
     }
 
     fn retry_later(&mut self, txid: u64, problem: String) {
         let Some(entry) = self.in_flight.get_mut(&txid) else { return };
         entry.last_problem = problem;
-        let backoff = Duration::from_millis(2u64 << entry.attempts.min(7)).min(MAX_BACKOFF);
+        let backoff = RETRY.backoff(entry.attempts);
         self.timers.push(Reverse((Instant::now() + backoff, txid)));
     }
 
@@ -394,7 +389,7 @@ impl Runtime {
         entry.wait_epoch = epoch;
         // One timer per parking: a re-park from that timer pushes the next.
         if self.parked.insert(txid) {
-            self.timers.push(Reverse((Instant::now() + MAX_BACKOFF, txid)));
+            self.timers.push(Reverse((Instant::now() + RETRY.max_backoff, txid)));
         }
     }
 
@@ -409,10 +404,7 @@ impl Runtime {
         let mut moved = Vec::new();
         for (txid, entry) in &self.in_flight {
             let Some(sent_to) = entry.sent_to else { continue };
-            let primary = self.map.pools.get(&entry.op.pool).and_then(|pool| {
-                let pg = entry.op.pg.unwrap_or_else(|| duplex_placement::pg_of(&entry.op.object, pool.pg_num));
-                self.map.acting(&self.hierarchy, pool, pg).first().copied()
-            });
+            let primary = entry.op.target(&self.map, &self.hierarchy).ok().and_then(|target| target.primary);
             if primary != Some(sent_to) {
                 moved.push((*txid, sent_to));
             }
@@ -455,7 +447,7 @@ impl Runtime {
             if let Some(entry) = self.in_flight.get_mut(&txid) {
                 if entry.sent_to == Some(osd) {
                     entry.sent_to = None;
-                    self.retry_later(txid, format!("OSD {osd}: {why}"));
+                    self.retry_later(txid, placement::at_osd(osd, why));
                 }
             }
         }
@@ -475,11 +467,11 @@ impl Runtime {
 
     fn expire(&mut self, now: Instant) {
         let expired: Vec<u64> =
-            self.in_flight.iter().filter(|(_, entry)| entry.deadline <= now).map(|(txid, _)| *txid).collect();
+            self.in_flight.iter().filter(|(_, entry)| entry.deadline.passed(now)).map(|(txid, _)| *txid).collect();
         for txid in expired {
-            let problem = self.in_flight.get(&txid).map(|e| e.last_problem.clone()).unwrap_or_default();
-            let problem = if problem.is_empty() { "no reply from the primary".to_string() } else { problem };
-            self.finish(txid, Err(ClientError::TimedOut(self.op_timeout, problem)));
+            let Some(entry) = self.in_flight.get(&txid) else { continue };
+            let error = entry.deadline.timed_out(entry.last_problem.clone());
+            self.finish(txid, Err(error));
         }
     }
 
