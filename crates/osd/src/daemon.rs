@@ -17,7 +17,7 @@ use crate::config::{OsdConfig, Threading};
 use crate::flusher::Flusher;
 use crate::io::event_loop::{PriorityThread, WAKER};
 use crate::io::pool::pool_worker;
-use crate::messages::{Mailbox, ScrubRequests};
+use crate::messages::{Mailbox, ScrubRequests, FLUSHER_QUEUE, POOL_QUEUE};
 use crate::metrics::{serve, Metrics};
 use crate::peering::driver::PeeringDriver;
 use crate::pg::replay::replay_recovered;
@@ -104,10 +104,11 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         let index = partition.index();
         // Shared::flusher_of finds a PG's flusher by position: keep them in partition order.
         assert_eq!(index as usize, flusher_senders.len(), "partitions handed out out of order");
-        // Unbounded, yet bounded in practice: every job stands for a request
-        // a connection has in flight (at most MAX_IN_FLIGHT each, at most
-        // MAX_CONNECTIONS of them), or a wake-up coalesced per PG.
-        let (sender, jobs) = crossbeam_channel::unbounded();
+        // Bounded: a full queue blocks its producer (a priority thread, a
+        // pool worker, the peering thread), which stops reading its
+        // sockets meanwhile. The flusher waits on none of them, so this
+        // cannot deadlock (messages.rs says why).
+        let (sender, jobs) = crossbeam_channel::bounded(FLUSHER_QUEUE);
         let flusher = Flusher {
             id: config.id,
             partition,
@@ -135,7 +136,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     let pool = if config.threading == Threading::Pool {
         let mut senders = Vec::new();
         for worker in 0..config.pool_threads.max(1) {
-            let (sender, tasks) = crossbeam_channel::unbounded();
+            let (sender, tasks) = crossbeam_channel::bounded(POOL_QUEUE);
             let (shared, mailboxes, cores) = (shared.clone(), mailboxes.clone(), shared_cores.clone());
             std::thread::Builder::new().name(format!("osd-pool-{worker}")).spawn(move || {
                 pin_to_cores(&cores);

@@ -9,7 +9,24 @@
 //!   [`Outcome`] (what network I/O is left to do), for a [`ClientOp`];
 //! - to a **pool worker** (`threading = pool`): a [`PoolTask`];
 //! - to the **peering thread**: a [`ScrubAsk`], in [`ScrubRequests`].
+//!
+//! **Bounds, and why they cannot deadlock.** A flusher's and a pool
+//! worker's queues are bounded ([`FLUSHER_QUEUE`], [`POOL_QUEUE`]): a full
+//! one blocks its producer, a priority thread (which then stops reading its
+//! sockets, so the back-pressure reaches the clients), a pool worker or the
+//! peering thread. Neither consumer ever waits on a producer: a flusher
+//! waits only on the store and on PG locks, which no producer holds while it
+//! sends. A priority thread's mailbox is the other way round: flushers,
+//! other priority threads and the peering thread post to it, and the
+//! priority thread may be blocked on a flusher's queue, so a post must
+//! never block. It is bounded by what its thread admitted instead: every
+//! completion answers a request one of its connections has in flight (at
+//! most `MAX_IN_FLIGHT` each, `MAX_CONNECTIONS` connections) or an entry a
+//! peer has in flight (bounded the same way at the primary), and the one
+//! broadcast, [`Completion::Flushed`], is coalesced: at most one waits in a
+//! mailbox at a time.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -22,6 +39,11 @@ use duplex_proto::peering::{PeerReply, PeerRequest};
 use duplex_proto::Frame;
 
 use crate::pg::{Ack, ReplyTo};
+
+/// Jobs a flusher's queue holds; a producer waits when it is full.
+pub const FLUSHER_QUEUE: usize = 4096;
+/// Tasks a pool worker's queue holds (`threading = pool`).
+pub const POOL_QUEUE: usize = 1024;
 
 /// Where a client reply goes.
 #[derive(Clone, Copy, Debug)]
@@ -142,7 +164,6 @@ pub enum PoolTask {
 }
 
 /// Work posted to a priority thread.
-
 pub enum Completion {
     /// A client request's reply is ready (reads, sync writes; pool mode: anything).
     Reply { token: usize, slot: u64, reply: OpReply },
@@ -158,22 +179,41 @@ pub enum Completion {
     Worked(Box<Outcome>),
 }
 
+impl Completion {
+    /// A replica's acknowledgement, for the priority thread that owns the
+    /// primary's connection ([`Ack::frame`]).
+    pub fn ack(ack: Ack, pg: u32, status: Status) -> Completion {
+        Completion::Send { token: ack.to.token, frame: ack.frame(pg, status) }
+    }
+}
+
 #[derive(Clone)]
 pub struct Mailbox {
     pub sender: Sender<Completion>,
     pub waker: Arc<mio::Waker>,
+    /// A `Flushed` waits in this mailbox: another would say nothing more.
+    flushed: Arc<AtomicBool>,
 }
 
 impl Mailbox {
     pub fn new(waker: mio::Waker) -> (Mailbox, Receiver<Completion>) {
         let (sender, receiver) = crossbeam_channel::unbounded();
-        (Mailbox { sender, waker: Arc::new(waker) }, receiver)
+        (Mailbox { sender, waker: Arc::new(waker), flushed: Arc::new(AtomicBool::new(false)) }, receiver)
     }
 
     /// Posts without waking (call [`Mailbox::wake`] once after a burst).
     pub fn post(&self, completion: Completion) {
+        if matches!(completion, Completion::Flushed) && self.flushed.swap(true, Ordering::AcqRel) {
+            return;
+        }
         // The receiver lives as long as the thread; a send after it ended has no one to tell.
         let _ = self.sender.send(completion);
+    }
+
+    /// The owner took a `Flushed`: the next flush posts one again. Call it
+    /// before acting on the one taken, so that a flush in between is not missed.
+    pub fn took_flushed(&self) {
+        self.flushed.store(false, Ordering::Release);
     }
 
     pub fn wake(&self) {
@@ -183,5 +223,25 @@ impl Mailbox {
     pub fn post_and_wake(&self, completion: Completion) {
         self.post(completion);
         self.wake();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flushed_broadcast_waits_at_most_once_in_a_mailbox() {
+        let poll = mio::Poll::new().unwrap();
+        let (mailbox, inbox) = Mailbox::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        for _ in 0..3 {
+            mailbox.post(Completion::Flushed);
+        }
+        mailbox.post(Completion::LocalApplied { txid: 1, ok: true });
+        assert_eq!(inbox.len(), 2, "one Flushed and the other completion");
+        assert!(matches!(inbox.try_recv(), Ok(Completion::Flushed)));
+        mailbox.took_flushed();
+        mailbox.post(Completion::Flushed);
+        assert_eq!(inbox.len(), 2, "taken, so the next flush posts one again");
     }
 }

@@ -67,8 +67,15 @@ impl Shared {
         &self.flushers[pg as usize % self.flushers.len()]
     }
 
+    /// Queues `job` for `pg`'s flusher, waiting while its queue is full
+    /// (the back-pressure; no PG lock may be held here: the flusher takes
+    /// them). A flusher ends only at shutdown; a job then has no one left
+    /// to do it.
     pub(crate) fn send_job(&self, pg: u32, job: Job) {
-        // A flusher ends only at shutdown; a job then has no one left to do it.
-        let _ = self.flusher_of(pg).send(job);
+        let queue = self.flusher_of(pg);
+        if let Err(crossbeam_channel::TrySendError::Full(job)) = queue.try_send(job) {
+            self.metrics.flusher_queue_full.add(1);
+            let _ = queue.send(job);
+        }
     }
 }

@@ -71,12 +71,9 @@ mod wire_enum_tests {
     fn check<T: Copy>(from_u8: fn(u8) -> Option<T>, as_u8: fn(T) -> u8, variants: usize) {
         let mut found = 0;
         for byte in 0..=u8::MAX {
-            match from_u8(byte) {
-                Some(value) => {
-                    assert_eq!(as_u8(value), byte);
-                    found += 1;
-                }
-                None => {}
+            if let Some(value) = from_u8(byte) {
+                assert_eq!(as_u8(value), byte);
+                found += 1;
             }
         }
         assert_eq!(found, variants);

@@ -29,7 +29,6 @@
 //! read, no torn or phantom block.
 
 pub mod client;
-pub mod driver;
 pub mod monitor;
 pub mod network;
 pub mod osd;

@@ -6,7 +6,7 @@
 //! ([`client_op`], [`replica_op`], [`finish_write`]); the flusher's jobs and
 //! mailbox are then drained on the spot, with the simulated clock.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -14,28 +14,26 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
 use duplex_map::{ClusterMap, OsdId};
-use duplex_oplog::RequestId;
 use duplex_osd::cluster::{ActingCache, Lease, MapCell};
 use duplex_osd::config::OsdConfig;
 use duplex_osd::flusher::{Flusher, Pending};
-use duplex_osd::io::ops::{client_op, finish_write, replica_op, write_outlived};
+use duplex_osd::io::ops::{client_op, replica_op, write_outlived};
+use duplex_osd::io::pending::{Finished, PendingWrites, WriteInfo, REPLICATION_TIMEOUT};
 use duplex_osd::messages::{ClientOp, Completion, Job, Mailbox, Outcome, PeerReplyTo, ScrubRequests};
 use duplex_osd::metrics::{Histograms, Metrics};
 use duplex_osd::peering::backfill::Step;
+use duplex_osd::peering::schedule::{Next, Schedule, TICK_US};
 use duplex_osd::peering::Action;
 use duplex_osd::pg::replay::replay_recovered;
-use duplex_osd::pg::{Ack, PgTable, ReplyTo};
+use duplex_osd::pg::{PgTable, ReplyTo};
 use duplex_osd::shared::Shared;
 use duplex_proto::osd::{OpReply, OpRequest, RepReply, Status};
 use duplex_proto::peering::{PeerReply, PeerRequest};
 use duplex_proto::{Frame, MessageType};
 use duplex_store::{DeviceConfig, DeviceFaults, DirectIo, IoBackend, Store, StoreConfig};
 
-use crate::driver::{Driver, Next};
 use crate::{Ctx, Msg, Node, Output, Timer};
 
-/// The real priority thread's replication timeout.
-const REPLICATION_TIMEOUT_US: u64 = 10_000_000;
 const HEARTBEAT_US: u64 = 1_000_000;
 
 pub struct SimOsd {
@@ -50,16 +48,8 @@ pub struct SimOsd {
     damaged_before: u64,
 }
 
-struct PendingWrite {
-    client: u32,
-    tid: u64,
-    waiting: Vec<OsdId>,
-    failed: bool,
-    expires: u64,
-    map_epoch: u64,
-    pg: u32,
-    request: RequestId,
-}
+/// Where a simulated client's reply goes: its node and transaction id.
+type SimReplyTo = (u32, u64);
 
 pub struct Live {
     shared: Shared,
@@ -70,13 +60,15 @@ pub struct Live {
     pub faults: Arc<DeviceFaults>,
     cache: ActingCache,
     histograms: Histograms,
-    writes: BTreeMap<u64, PendingWrite>,
+    /// Replicated writes waiting for their replicas: the OSD's own table.
+    writes: PendingWrites<SimReplyTo>,
     parked: VecDeque<ClientOp>,
     lease_until: u64,
     revoked_at: u64,
     held_lease: Arc<Lease>,
     no_lease: Arc<Lease>,
-    driver: Driver,
+    /// The OSD's own peering schedule, on the simulated clock.
+    schedule: Schedule,
     /// Sent Boot, not yet told it was applied.
     booting: bool,
     /// When the next flush timer is set for (None: none).
@@ -141,7 +133,7 @@ impl SimOsd {
         let poll = mio::Poll::new()?;
         let (mailbox, inbox) = Mailbox::new(mio::Waker::new(poll.registry(), mio::Token(0))?);
         let metrics = Arc::new(Metrics::default());
-        let (sender, jobs) = crossbeam_channel::unbounded();
+        let (sender, jobs) = crossbeam_channel::bounded(duplex_osd::messages::FLUSHER_QUEUE);
         let scrub_requests = ScrubRequests::default();
         let partition = store.into_partitions().pop().context("a store with one partition")?;
         let flusher = Flusher {
@@ -157,6 +149,7 @@ impl SimOsd {
         };
         let pending = flusher.start();
         let cell = Arc::new(MapCell::new(ClusterMap::new([0; 16])));
+        let schedule = Schedule::new(self.id, config.scrub_interval.as_micros() as u64, config.recovery_bytes_per_sec);
         let shared = Shared::new(config, pgs, cell.clone(), metrics.clone(), vec![sender], scrub_requests);
         shared.serving.store(true, std::sync::atomic::Ordering::Release);
         let held_lease = Arc::new(Lease::default());
@@ -170,20 +163,20 @@ impl SimOsd {
             inbox,
             _poll: poll,
             faults,
-            writes: BTreeMap::new(),
+            writes: PendingWrites::default(),
             parked: VecDeque::new(),
             lease_until: 0,
             revoked_at: 0,
             held_lease,
             no_lease: Arc::new(Lease::default()),
-            driver: Driver::default(),
+            schedule,
             booting: true,
             flush_timer: None,
             backfill_timer: None,
         });
         ctx.send(Node::Monitor, Msg::Boot);
         ctx.timer(ctx.now + HEARTBEAT_US, Timer::OsdHeartbeat);
-        ctx.timer(ctx.now + crate::driver::TICK_US, Timer::OsdTick);
+        ctx.timer(ctx.now + TICK_US, Timer::OsdTick);
         self.heartbeat(ctx);
         Ok(())
     }
@@ -227,7 +220,7 @@ impl SimOsd {
     /// primary of active, with nothing in flight.
     pub fn is_settled(&self, now: u64) -> bool {
         self.live.as_ref().is_some_and(|live| {
-            !live.booting && now < live.lease_until && live.driver.all_active() && live.writes.is_empty()
+            !live.booting && now < live.lease_until && live.schedule.all_active() && live.writes.is_empty()
         })
     }
 
@@ -238,15 +231,19 @@ impl SimOsd {
 
     /// PGs this incarnation backfilled to the end, and objects it copied.
     pub fn backfills(&self) -> (u64, u64) {
-        self.live.as_ref().map_or((0, 0), |l| (l.driver.backfilled_pgs, l.driver.backfill_objects))
+        self.live
+            .as_ref()
+            .map_or((0, 0), |l| (l.shared.metrics.backfilled_pgs.get(), l.shared.metrics.backfill_objects.get()))
     }
 
     pub fn background_fills(&self) -> u64 {
-        self.live.as_ref().map_or(0, |l| l.driver.background_fills)
+        self.live.as_ref().map_or(0, |l| l.schedule.background_fills)
     }
 
     pub fn activations(&self) -> (u64, u64) {
-        self.live.as_ref().map_or((0, 0), |l| (l.driver.activations, l.driver.recovered_objects))
+        self.live
+            .as_ref()
+            .map_or((0, 0), |l| (l.shared.metrics.peerings_active.get(), l.shared.metrics.recovered_objects.get()))
     }
 
     fn heartbeat(&mut self, ctx: &mut Ctx) {
@@ -266,7 +263,7 @@ impl SimOsd {
             Timer::OsdTick => {
                 self.expire_writes(ctx);
                 self.pump_peering(ctx);
-                ctx.timer(ctx.now + crate::driver::TICK_US, Timer::OsdTick);
+                ctx.timer(ctx.now + TICK_US, Timer::OsdTick);
             }
             Timer::OsdFlush => {
                 if let Some(live) = self.live.as_mut() {
@@ -345,10 +342,10 @@ impl SimOsd {
             },
             (Some(MessageType::PeerReply), Node::Osd(member)) => {
                 let live = self.live.as_mut().expect("checked by on_message");
-                let Some(out) = live.driver.outstanding.filter(|o| o.txid == txid && o.to == member) else { return };
-                live.driver.outstanding = None;
                 let outcome = PeerReply::decode(&frame.payload).map_err(|e| e.to_string());
-                live.driver.on_outcome(out.pg, out.tag, out.backfill, outcome);
+                if !live.schedule.on_answer(txid, member, outcome, &live.shared.metrics) {
+                    return;
+                }
                 self.pump_peering(ctx);
             }
             _ => ctx.out.push(Output::Disconnect { peer: from }),
@@ -376,32 +373,28 @@ impl SimOsd {
             Outcome::Reply { token, slot, reply, .. } => {
                 ctx.send(Node::Client(token as u32), Msg::Frame(reply.to_frame(slot)));
             }
-            Outcome::Replicate { write, token, slot, entry, replicas, local, map_epoch, pg, request, .. } => {
+            Outcome::Replicate { write, token, slot, entry, replicas, local, arrived, map_epoch, pg, request } => {
                 assert!(local.is_none(), "the simulator runs the oplog write path");
                 let txid = write;
                 let frame = Frame::new(MessageType::RepOp, txid, entry);
-                for osd in &replicas {
-                    ctx.send(Node::Osd(*osd), Msg::Frame(frame.clone()));
+                let info = WriteInfo { reply_to: (token as u32, slot), arrived, map_epoch, pg, request };
+                // The simulated network takes every message (it may lose
+                // it later): no replica is unreachable at send time.
+                let finished = live.writes.register(txid, info, replicas, false, ctx.instant(), |osd| {
+                    ctx.send(Node::Osd(osd), Msg::Frame(frame.clone()));
+                    true
+                });
+                if let Some(write) = finished {
+                    self.finish(ctx, write);
                 }
-                live.writes.insert(
-                    txid,
-                    PendingWrite {
-                        client: token as u32,
-                        tid: slot,
-                        waiting: replicas,
-                        failed: false,
-                        expires: ctx.now + REPLICATION_TIMEOUT_US,
-                        map_epoch,
-                        pg,
-                        request,
-                    },
-                );
             }
             Outcome::Queued => {}
             Outcome::Full(op) => live.parked.push_back(op),
             Outcome::Acks { pg, acks, status } => {
                 tracing::trace!(osd = self.id, pg, acks = acks.len(), ?status, "replica acks");
-                send_acks(ctx, pg, &acks, status)
+                for ack in acks {
+                    ctx.send(Node::Osd(ack.to.token as u32), Msg::Frame(ack.frame(pg, status)));
+                }
             }
         }
     }
@@ -422,36 +415,25 @@ impl SimOsd {
     fn on_ack(&mut self, ctx: &mut Ctx, txid: u64, replica: OsdId, ok: bool) {
         let live = self.live.as_mut().expect("checked by on_message");
         tracing::trace!(osd = self.id, txid, replica, ok, "ack");
-        let Some(write) = live.writes.get_mut(&txid) else { return };
-        write.waiting.retain(|osd| *osd != replica);
-        write.failed |= !ok;
-        if write.waiting.is_empty() {
-            self.finish(ctx, txid);
+        if let Some(write) = live.writes.on_ack(txid, replica, ok) {
+            self.finish(ctx, write);
         }
     }
 
-    fn finish(&mut self, ctx: &mut Ctx, txid: u64) {
+    fn finish(&mut self, ctx: &mut Ctx, write: Finished<SimReplyTo>) {
         let live = self.live.as_mut().expect("running");
-        let Some(write) = live.writes.remove(&txid) else { return };
-        let reply: OpReply = finish_write(&live.shared, write.pg, txid, write.request, write.map_epoch, write.failed);
-        ctx.send(Node::Client(write.client), Msg::Frame(reply.to_frame(write.tid)));
+        let reply: OpReply = write.reply(&live.shared);
+        let (client, tid) = write.info.reply_to;
+        ctx.send(Node::Client(client), Msg::Frame(reply.to_frame(tid)));
     }
 
     fn expire_writes(&mut self, ctx: &mut Ctx) {
         let Some(live) = self.live.as_mut() else { return };
         let shared = &live.shared;
-        let expired: Vec<u64> = live
-            .writes
-            .iter()
-            .filter(|(_, w)| ctx.now > w.expires || write_outlived(shared, w.pg, w.map_epoch))
-            .map(|(t, _)| *t)
-            .collect();
-        for txid in expired {
-            if let Some(write) = self.live.as_mut().and_then(|l| l.writes.get_mut(&txid)) {
-                write.waiting.clear();
-                write.failed = true;
-            }
-            self.finish(ctx, txid);
+        let expired =
+            live.writes.expire(ctx.instant(), REPLICATION_TIMEOUT, |pg, epoch| write_outlived(shared, pg, epoch));
+        for write in expired {
+            self.finish(ctx, write);
         }
     }
 
@@ -478,7 +460,10 @@ impl SimOsd {
                     ctx.send(Node::Client(token as u32), Msg::Frame(reply.to_frame(slot)));
                 }
                 Completion::Send { token, frame } => ctx.send(Node::Osd(token as u32), Msg::Frame(frame)),
-                Completion::Flushed => retry_parked = true,
+                Completion::Flushed => {
+                    live.flusher.mailboxes[0].took_flushed();
+                    retry_parked = true;
+                }
                 Completion::LocalApplied { .. } | Completion::Accepted(_) | Completion::Worked(_) => {
                     unreachable!("the simulator runs neither the sync path nor the pool")
                 }
@@ -504,29 +489,29 @@ impl SimOsd {
     fn pump_peering(&mut self, ctx: &mut Ctx) {
         let me = self.id;
         let Some(live) = self.live.as_mut() else { return };
-        if let Some(out) = live.driver.outstanding.filter(|o| ctx.now >= o.deadline) {
-            live.driver.outstanding = None;
-            live.driver.on_outcome(out.pg, out.tag, out.backfill, Err(format!("osd.{}: no answer in time", out.to)));
-        }
+        live.schedule.timed_out(ctx.now, &live.shared.metrics);
         loop {
             let live = self.live.as_mut().expect("running");
             let view = live.shared.map.load();
             let scrubs = std::mem::take(&mut *live.shared.scrub_requests.lock().expect("scrub lock"));
             let pgs = live.shared.pgs.clone();
-            live.driver.reconcile(&view, me, ctx.now, scrubs, |key| {
+            let metrics = live.shared.metrics.clone();
+            live.schedule.reconcile(&view, ctx.now, scrubs, &metrics, |key| {
                 pgs.get(key).is_some_and(|pg| pg.lock().expect("PG lock").active.is_some())
             });
-            let Some(next) = live.driver.next(ctx.now) else { break };
+            // Reads that find damage ask for scrubs that no one waits on.
+            let answers = live.schedule.take_answers();
+            assert!(answers.is_empty(), "the simulator asks no scrub that waits for an answer: {answers:?}");
+            let Some(next) = live.schedule.next(ctx.now) else { break };
             let (pg, to, tag, op, backfill) = match next {
                 Next::Peering(pg, Action::Send { to, tag, op }) => (pg, to, tag, op, false),
                 Next::Peering(pg, end) => {
-                    live.driver.on_end(pg, me, end, ctx.now);
+                    live.schedule.on_end(pg, end, ctx.now, &metrics);
                     continue;
                 }
                 Next::Backfill(pg, step @ Step::Send { .. }) => {
                     // The recovery throttle, on the simulated clock.
-                    let rate = live.shared.config.recovery_bytes_per_sec;
-                    if !live.driver.throttle(pg, &step, ctx.now, rate) {
+                    if !live.schedule.throttle(pg, &step, ctx.now, &metrics) {
                         continue;
                     }
                     let Step::Send { to, tag, op } = step else { unreachable!("matched above") };
@@ -534,11 +519,11 @@ impl SimOsd {
                     (pg, to, tag, op, true)
                 }
                 Next::Backfill(pg, end) => {
-                    live.driver.on_backfill_end(pg, end, ctx.now);
+                    live.schedule.on_backfill_end(pg, end, ctx.now, &metrics);
                     continue;
                 }
             };
-            let Some(interval) = live.driver.interval_of(pg) else { continue };
+            let Some(interval) = live.schedule.interval_of(pg) else { continue };
             let request = PeerRequest { pg, interval, op };
             if to == me {
                 let (sender, receiver) = crossbeam_channel::bounded(1);
@@ -547,29 +532,22 @@ impl SimOsd {
                 self.drain(ctx);
                 let live = self.live.as_mut().expect("running");
                 let outcome = receiver.try_recv().map_err(|_| "the local store did not answer".to_string());
-                live.driver.on_outcome(pg, tag, backfill, outcome);
+                live.schedule.on_local_answer(pg, tag, backfill, outcome, &metrics);
             } else {
-                let txid = live.driver.send(pg, tag, to, ctx.now, backfill);
+                let txid = live.schedule.send(pg, tag, to, ctx.now, backfill);
                 ctx.send(Node::Osd(to), Msg::Frame(request.to_frame(txid)));
             }
         }
         let Some(live) = self.live.as_mut() else { return };
-        for command in live.driver.map_commands_due(ctx.now) {
+        for command in live.schedule.map_commands_due(ctx.now) {
             ctx.send(Node::Monitor, Msg::Command(command));
         }
         // Backfill held back by the throttle (or a lock retry) wakes the OSD then.
-        if let Some(at) = live.driver.backfill_waits_until().filter(|at| *at > ctx.now) {
+        if let Some(at) = live.schedule.backfill_waits_until().filter(|at| *at > ctx.now) {
             if live.backfill_timer.is_none_or(|t| t <= ctx.now || at < t) {
                 live.backfill_timer = Some(at);
                 ctx.timer(at, Timer::OsdBackfill);
             }
         }
-    }
-}
-
-fn send_acks(ctx: &mut Ctx, pg: u32, acks: &[Ack], status: Status) {
-    for Ack { seq, to } in acks {
-        let frame = RepReply { status, pg, seq: *seq }.to_frame(to.txid);
-        ctx.send(Node::Osd(to.token as u32), Msg::Frame(frame));
     }
 }

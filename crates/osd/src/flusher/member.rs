@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use duplex_proto::osd::{RepReply, Status};
+use duplex_proto::osd::Status;
 use duplex_proto::peering::{
     LoggedRequest, ObjectDigest, ObjectMeta, PeerInfo, PeerOp, PeerReply, PeerRequest, CHUNK_BYTES, DIGEST_PAGE,
 };
@@ -254,9 +254,8 @@ impl Flusher {
 
     /// Answers `Retry` to replicated entries a fence dropped.
     fn refuse_entries(&self, pg: u32, dropped: Vec<Ack>) {
-        for Ack { seq, to } in dropped {
-            let frame = RepReply { status: Status::Retry, pg, seq }.to_frame(to.txid);
-            self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
+        for ack in dropped {
+            self.mailboxes[ack.to.thread].post_and_wake(Completion::ack(ack, pg, Status::Retry));
         }
     }
 
@@ -598,5 +597,47 @@ mod tests {
         assert_eq!(ask(&mut member, pg, 7, activate), PeerReply::Done);
         let (activated, _) = info(ask(&mut member, pg, 8, PeerOp::Query));
         assert_eq!((activated.last_seq, activated.last_epoch, activated.last_active), (12, 4, 7));
+    }
+
+    #[test]
+    fn an_entry_the_store_cannot_take_fences_its_pg_instead_of_killing_the_flusher() {
+        let store = crate::TestStore::new(1);
+        let logs = tempfile::tempdir().unwrap();
+        let (mut flusher, _poll) = flusher(&store, logs.path());
+        let key = pg_key(1, 0).unwrap();
+        let entry = |seq: u64, object: Vec<u8>| duplex_oplog::Entry {
+            pg: key,
+            epoch: 1,
+            version: seq,
+            seq,
+            op: duplex_oplog::OpKind::Write,
+            object,
+            offset: 0,
+            data: vec![seq as u8; 512],
+            request: Default::default(),
+        };
+        let pg = flusher.pgs.get_or_open(key).unwrap();
+        {
+            let mut guard = pg.lock().unwrap();
+            guard.active = Some(crate::pg::Activation { interval: 1, members: vec![1], backfill: Vec::new() });
+            // A name the log takes but the store cannot make a key of: no
+            // path the OSD runs logs one, so only a bug would.
+            for (seq, object) in
+                [(1, b"fine".to_vec()), (2, vec![b'x'; duplex_store::MAX_KEY_LEN]), (3, b"after".to_vec())]
+            {
+                let encoded = entry(seq, object).encode();
+                let decoded = duplex_oplog::EntryRef::decode(&encoded).unwrap();
+                guard.append_encoded(&decoded, &encoded, crate::pg::requests::RequestState::Committed).unwrap();
+            }
+        }
+        flusher.flush(BTreeSet::from([key])).expect("the flush itself goes on");
+        let guard = pg.lock().unwrap();
+        assert!(guard.active.is_none(), "the PG is fenced: it serves nothing more");
+        assert_eq!(guard.flushed_through(), 1, "what precedes the bad entry is flushed");
+        assert_eq!(guard.log.entries().count(), 2, "the bad entry and what follows stay in the log");
+        assert_eq!(flusher.metrics.unflushable_entries.get(), 1);
+        drop(guard);
+        // Its peering query then fails, so the PG shows inactive, loudly.
+        assert!(matches!(ask(&mut flusher, key, 2, PeerOp::Query), PeerReply::Refused(_)));
     }
 }

@@ -15,11 +15,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use duplex_oplog::Entry;
-use duplex_proto::osd::{encode_attrs, encode_names, ObjectStat, OpKind, OpReply, RepReply, Status, LIST_LIMIT};
+use duplex_proto::osd::{encode_attrs, encode_names, ObjectStat, OpKind, OpReply, Status, LIST_LIMIT};
 use duplex_proto::peering::PeerRequest;
 use duplex_store::{Batch, Key, Op, Partition, ReadRequest, StoreError};
 
-use crate::messages::{ClientSlot, Completion, Job, Mailbox, PeerReplyTo, ReadJob, ScrubAsk, ScrubRequests, SyncDone};
+use crate::messages::{
+    ClientSlot, Completion, Job, Mailbox, PeerReplyTo, ReadJob, ScrubAsk, ScrubRequests, SyncDone, FLUSHER_QUEUE,
+};
 use crate::metrics::{record, Metrics, Stage};
 use crate::pg::replay::store_op;
 use crate::pg::{Ack, PgTable};
@@ -119,7 +121,10 @@ impl Flusher {
                 },
             };
             let now = Instant::now();
-            for job in first.into_iter().chain(self.jobs.try_iter()) {
+            // At most a queue's worth at a time: the work in hand stays
+            // bounded, and what waits stays in the bounded queue, where it
+            // holds back its producers.
+            for job in first.into_iter().chain(self.jobs.try_iter().take(FLUSHER_QUEUE)) {
                 self.take(job, &mut pending, now);
             }
             self.step(&mut pending, &histograms, now);
@@ -232,26 +237,42 @@ impl Flusher {
             let before = ops.len();
             // The log holds the entries after the store's newest.
             let (first, mut last) = (guard.flushed_through() + 1, 0);
+            let mut fence = false;
             for entry in guard.log.entries() {
-                match entry {
-                    Ok(entry) => {
-                        debug_assert_eq!(
-                            entry.seq,
-                            last.max(first - 1) + 1,
-                            "a log's live entries have consecutive seqs"
-                        );
-                        last = entry.seq;
-                        crate::metrics::copies::count(crate::metrics::copies::Site::Flush, entry.data.len());
-                        // The primary and replica paths checked every entry before logging it.
-                        ops.push(store_op(entry).expect("a logged entry is a valid store operation"));
-                    }
+                let seq = last.max(first - 1) + 1;
+                let entry = match entry {
+                    Ok(entry) => entry,
                     Err(err) => {
                         // Flush what precedes it; it and what follows stay, so
                         // the PG stops here loudly instead of losing the write.
                         tracing::error!(pg = key, %err, "a live log entry is damaged; the PG cannot flush past it");
                         break;
                     }
+                };
+                debug_assert_eq!(entry.seq, seq, "a log's live entries have consecutive seqs");
+                crate::metrics::copies::count(crate::metrics::copies::Site::Flush, entry.data.len());
+                // The primary and replica paths checked every entry before
+                // logging it: only a bug makes one the store cannot take.
+                match store_op(entry) {
+                    Ok(op) => {
+                        last = seq;
+                        ops.push(op);
+                    }
+                    Err(err) => {
+                        // It and what follows stay, and the PG is fenced: it
+                        // stops serving here, and its peering fails (the
+                        // query finds the log not flushed), so `duplex
+                        // status` shows it inactive, instead of the flusher
+                        // dying and wedging every PG of its partition.
+                        tracing::error!(pg = key, seq, %err, "a live log entry cannot be applied; the PG stops serving until an operator acts (mark this OSD out)");
+                        self.metrics.unflushable_entries.add(1);
+                        fence = true;
+                        break;
+                    }
                 }
+            }
+            if fence {
+                guard.active = None;
             }
             if last >= first {
                 // The ids outlive the trim (stored_requests.rs); the log is
@@ -310,10 +331,9 @@ impl Flusher {
                             guard.dirty = true;
                             refilled.push((guard.key, guard.has_early()));
                         }
-                        for Ack { seq, to } in acks {
-                            let frame = RepReply { status: Status::Ok, pg: guard.key, seq }.to_frame(to.txid);
-                            self.mailboxes[to.thread].post(Completion::Send { token: to.token, frame });
-                            wake[to.thread] = true;
+                        for ack in acks {
+                            self.mailboxes[ack.to.thread].post(Completion::ack(ack, guard.key, Status::Ok));
+                            wake[ack.to.thread] = true;
                         }
                     }
                     Err(err) => tracing::error!(pg = guard.key, %err, "logging early replica entries failed"),
@@ -383,10 +403,26 @@ impl Flusher {
         while syncs.peek().is_some() {
             let mut batch = Batch::new();
             let mut dones = Vec::new();
+            let mut refused = Vec::new();
             for (entry, done) in syncs.by_ref().take(FLUSH_BATCH) {
-                dones.push((entry.pg, entry.seq, done));
-                // Checked before it was queued, as a logged entry would be.
-                batch.push(store_op(entry).expect("a checked entry is a valid store operation"));
+                let (pg, seq) = (entry.pg, entry.seq);
+                // Checked before it was queued, as a logged entry would be:
+                // only a bug makes one the store cannot take.
+                match store_op(entry) {
+                    Ok(op) => {
+                        batch.push(op);
+                        dones.push((pg, seq, done));
+                    }
+                    Err(err) => {
+                        tracing::error!(pg, seq, %err, "a sync write the store cannot take; failing it");
+                        self.metrics.unflushable_entries.add(1);
+                        refused.push((pg, seq, done));
+                    }
+                }
+            }
+            self.complete_syncs(refused, Status::Invalid, &mut wake);
+            if batch.is_empty() {
+                continue;
             }
             let status = match self.apply(&batch) {
                 Ok(_) => Status::Ok,
@@ -397,24 +433,28 @@ impl Flusher {
             };
             self.metrics.flushes.add(1);
             self.metrics.flushed_entries.add(batch.len() as u64);
-            for (pg, seq, done) in dones {
-                match done {
-                    SyncDone::Primary { thread, txid } => {
-                        // A failed local apply fails the op: it is answered Retry.
-                        self.mailboxes[thread].post(Completion::LocalApplied { txid, ok: status == Status::Ok });
-                        wake[thread] = true;
-                    }
-                    SyncDone::Replica(to) => {
-                        let frame = RepReply { status, pg, seq }.to_frame(to.txid);
-                        self.mailboxes[to.thread].post(Completion::Send { token: to.token, frame });
-                        wake[to.thread] = true;
-                    }
-                }
-            }
+            self.complete_syncs(dones, status, &mut wake);
         }
         for (thread, mailbox) in self.mailboxes.iter().enumerate() {
             if wake[thread] {
                 mailbox.wake();
+            }
+        }
+    }
+
+    /// Tells each sync write's waiter how its apply went.
+    fn complete_syncs(&self, dones: Vec<(u32, u64, SyncDone)>, status: Status, wake: &mut [bool]) {
+        for (pg, seq, done) in dones {
+            match done {
+                SyncDone::Primary { thread, txid } => {
+                    // A failed local apply fails the op: it is answered Retry.
+                    self.mailboxes[thread].post(Completion::LocalApplied { txid, ok: status == Status::Ok });
+                    wake[thread] = true;
+                }
+                SyncDone::Replica(to) => {
+                    self.mailboxes[to.thread].post(Completion::ack(Ack { seq, to }, pg, status));
+                    wake[to.thread] = true;
+                }
             }
         }
     }

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use duplex_map::OsdId;
-use duplex_oplog::RequestId;
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, OsdStats, RepReply, Status};
 use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
 use duplex_proto::{Frame, Handshake, MessageType, Session};
@@ -20,12 +19,13 @@ use mio::{Events, Interest, Poll, Token};
 
 use crate::cluster::ActingCache;
 use crate::io::conn::{Conn, ConnError, Role, MAX_IN_FLIGHT};
-use crate::io::ops::{self, finish_write};
+use crate::io::ops;
+use crate::io::pending::{Finished, PendingWrites, WriteInfo, REPLICATION_TIMEOUT};
 use crate::messages::{
-    ClientOp, Completion, Job, Mailbox, Outcome, PeerReplyTo, PoolTask, ScrubAsk, SyncDone, MAX_SCRUB_ASKS,
+    ClientOp, ClientSlot, Completion, Job, Mailbox, Outcome, PeerReplyTo, PoolTask, ScrubAsk, SyncDone, MAX_SCRUB_ASKS,
 };
 use crate::metrics::{record, Histograms, Stage};
-use crate::pg::{pg_key, pg_number, pool_of, Ack, ReplyTo};
+use crate::pg::{pg_key, pg_number, pool_of, ReplyTo};
 use crate::shared::Shared;
 
 pub const LISTENER: Token = Token(0);
@@ -33,27 +33,8 @@ pub const WAKER: Token = Token(1);
 const FIRST_CONN: usize = 2;
 /// Accepted connections an OSD holds at once (clients and peers); more are refused.
 pub const MAX_CONNECTIONS: usize = 4096;
-/// A replicated write whose replicas have not all answered by then is
-/// failed with `Retry`. A replica that keeps its connection open but never
-/// acknowledges (it waits on entries it missed) must not hold the client's
-/// connection, whose replies leave in order, for ever.
-const REPLICATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often pending writes are checked against that timeout.
 const PENDING_CHECK: Duration = Duration::from_millis(500);
-
-/// A replicated write waiting for acknowledgements.
-struct PendingWrite {
-    token: usize,
-    slot: u64,
-    waiting: Vec<OsdId>,
-    local: bool,
-    failed: bool,
-    arrived: Instant,
-    sent: Instant,
-    map_epoch: u64,
-    pg: u32,
-    request: RequestId,
-}
 
 pub struct PriorityThread {
     pub index: usize,
@@ -66,7 +47,7 @@ pub struct PriorityThread {
     conns: HashMap<usize, Conn>,
     next_token: usize,
     peers: HashMap<OsdId, usize>,
-    pending: HashMap<u64, PendingWrite>,
+    pending: PendingWrites<ClientSlot>,
     cache: ActingCache,
     histograms: Histograms,
     next_accept: usize,
@@ -97,7 +78,7 @@ impl PriorityThread {
             conns: HashMap::new(),
             next_token: FIRST_CONN,
             peers: HashMap::new(),
-            pending: HashMap::new(),
+            pending: PendingWrites::default(),
             cache,
             histograms,
             next_accept: 0,
@@ -158,26 +139,10 @@ impl PriorityThread {
     /// `REPLICATION_TIMEOUT`, or whose PG peering has moved to a newer
     /// interval; late acknowledgements find nothing and are ignored.
     fn expire_pending(&mut self, now: Instant) {
-        let mut outlived: HashMap<(u32, u64), bool> = HashMap::new();
         let shared = &self.shared;
-        let expired: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| {
-                !p.waiting.is_empty()
-                    && (now.duration_since(p.sent) > REPLICATION_TIMEOUT
-                        || *outlived
-                            .entry((p.pg, p.map_epoch))
-                            .or_insert_with(|| ops::write_outlived(shared, p.pg, p.map_epoch)))
-            })
-            .map(|(txid, _)| *txid)
-            .collect();
-        for txid in expired {
-            let Some(pending) = self.pending.get_mut(&txid) else { continue };
-            tracing::warn!(pg = pending.pg, waiting = ?pending.waiting, "replicas did not acknowledge a write in time; failing it");
-            pending.waiting.clear();
-            pending.failed = true;
-            self.maybe_finish(txid);
+        let expired = self.pending.expire(now, REPLICATION_TIMEOUT, |pg, epoch| ops::write_outlived(shared, pg, epoch));
+        for write in expired {
+            self.finish(write);
         }
     }
 
@@ -343,7 +308,7 @@ impl PriorityThread {
                     }
                 } else {
                     let reply = PeerReplyTo::Remote(ReplyTo { thread: self.index, token, txid });
-                    let _ = self.shared.flusher_of(request.pg).send(Job::Peer { request, reply });
+                    self.shared.send_job(request.pg, Job::Peer { request, reply });
                 }
             }
             (Some(MessageType::OsdStats), Role::Accepted) => {
@@ -406,39 +371,31 @@ impl PriorityThread {
             Outcome::Replicate { write, token, slot, entry, replicas, local, arrived, map_epoch, pg, request } => {
                 let txid = write;
                 let frame = Frame::new(MessageType::RepOp, txid, entry);
-                // The replicas' list becomes the list of those the write waits for.
-                let mut waiting = replicas;
-                let before = waiting.len();
-                waiting.retain(|&osd| match self.peer(osd) {
-                    Some(peer) => {
-                        if let Some(conn) = self.conns.get_mut(&peer) {
-                            conn.push(&frame);
-                            self.touched.push(peer);
-                        }
-                        true
-                    }
-                    None => false,
-                });
-                let unreachable = waiting.len() < before;
-                let pending = PendingWrite {
-                    token,
-                    slot,
-                    waiting,
-                    local: local.is_some(),
-                    failed: unreachable,
+                let info = WriteInfo {
+                    reply_to: ClientSlot { thread: self.index, token, slot },
                     arrived,
-                    sent: Instant::now(),
                     map_epoch,
                     pg,
                     request,
                 };
-                self.pending.insert(txid, pending);
+                let mut pending = std::mem::take(&mut self.pending);
+                let finished = pending.register(txid, info, replicas, local.is_some(), Instant::now(), |osd| {
+                    let Some(peer) = self.peer(osd) else { return false };
+                    if let Some(conn) = self.conns.get_mut(&peer) {
+                        conn.push(&frame);
+                        self.touched.push(peer);
+                    }
+                    true
+                });
+                self.pending = pending;
                 // Only now, with the write registered, may its local apply complete.
                 if let Some(entry) = local {
                     let done = SyncDone::Primary { thread: self.index, txid };
-                    let _ = self.shared.flusher_of(entry.pg).send(Job::SyncApply { entry, done });
+                    self.shared.send_job(entry.pg, Job::SyncApply { entry, done });
                 }
-                self.maybe_finish(txid);
+                if let Some(write) = finished {
+                    self.finish(write);
+                }
             }
             Outcome::Queued => {}
             Outcome::Full(op) => {
@@ -450,12 +407,11 @@ impl PriorityThread {
                 }
             }
             Outcome::Acks { pg, acks, status } => {
-                for Ack { seq, to } in acks {
-                    let frame = RepReply { status, pg, seq }.to_frame(to.txid);
-                    if to.thread == self.index {
-                        self.send(to.token, &frame);
+                for ack in acks {
+                    if ack.to.thread == self.index {
+                        self.send(ack.to.token, &ack.frame(pg, status));
                     } else {
-                        self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
+                        self.mailboxes[ack.to.thread].post_and_wake(Completion::ack(ack, pg, status));
                     }
                 }
             }
@@ -483,22 +439,19 @@ impl PriorityThread {
     }
 
     fn on_ack(&mut self, txid: u64, osd: OsdId, ok: bool) {
-        let Some(pending) = self.pending.get_mut(&txid) else { return };
-        pending.waiting.retain(|o| *o != osd);
-        pending.failed |= !ok;
-        self.maybe_finish(txid);
+        if let Some(write) = self.pending.on_ack(txid, osd, ok) {
+            self.finish(write);
+        }
     }
 
-    fn maybe_finish(&mut self, txid: u64) {
-        let Some(pending) = self.pending.get(&txid) else { return };
-        if !pending.waiting.is_empty() || pending.local {
-            return;
-        }
-        let pending = self.pending.remove(&txid).expect("just seen");
-        record(&self.histograms, Stage::Replication, pending.sent.elapsed().as_micros() as u64);
-        record(&self.histograms, Stage::Write, pending.arrived.elapsed().as_micros() as u64);
-        let reply = finish_write(&self.shared, pending.pg, txid, pending.request, pending.map_epoch, pending.failed);
-        self.reply(pending.token, pending.slot, &reply);
+    /// Replies to a replicated write whose answers are all in.
+    fn finish(&mut self, write: Finished<ClientSlot>) {
+        debug_assert_eq!(write.info.reply_to.thread, self.index, "a write finishes on the thread that owns its client");
+        record(&self.histograms, Stage::Replication, write.sent.elapsed().as_micros() as u64);
+        record(&self.histograms, Stage::Write, write.info.arrived.elapsed().as_micros() as u64);
+        let reply = write.reply(&self.shared);
+        let to = write.info.reply_to;
+        self.reply(to.token, to.slot, &reply);
     }
 
     fn on_completion(&mut self, completion: Completion) {
@@ -506,19 +459,18 @@ impl PriorityThread {
             Completion::Reply { token, slot, reply } => self.reply(token, slot, &reply),
             Completion::LocalApplied { txid, ok } => self.on_local(txid, ok),
             Completion::Send { token, frame } => self.send(token, &frame),
-            Completion::Flushed => self.retry_parked(),
+            Completion::Flushed => {
+                self.mailboxes[self.index].took_flushed();
+                self.retry_parked();
+            }
             Completion::Accepted(stream) => self.adopt(stream),
             Completion::Worked(outcome) => self.execute(*outcome),
         }
     }
 
     fn on_local(&mut self, txid: u64, ok: bool) {
-        let pending = self.pending.get_mut(&txid);
-        debug_assert!(pending.is_some(), "a local apply completed for a write never registered");
-        if let Some(p) = pending {
-            p.local = false;
-            p.failed |= !ok;
-            self.maybe_finish(txid);
+        if let Some(write) = self.pending.on_local(txid, ok) {
+            self.finish(write);
         }
     }
 
@@ -565,10 +517,8 @@ impl PriorityThread {
         }
         if let Role::Peer(osd) = conn.role {
             self.peers.remove(&osd);
-            let affected: Vec<u64> =
-                self.pending.iter().filter(|(_, p)| p.waiting.contains(&osd)).map(|(t, _)| *t).collect();
-            for txid in affected {
-                self.on_ack(txid, osd, false);
+            for write in self.pending.peer_lost(osd) {
+                self.finish(write);
             }
         }
     }

@@ -13,4 +13,5 @@
 pub mod conn;
 pub mod event_loop;
 pub mod ops;
+pub mod pending;
 pub mod pool;

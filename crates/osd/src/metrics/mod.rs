@@ -76,6 +76,8 @@ pub struct Metrics {
     pub replica_entries: Counter,
     pub errors: Counter,
     pub backpressure_waits: Counter,
+    /// Jobs that found their flusher's queue full (their producer waited).
+    pub flusher_queue_full: Counter,
     pub flushes: Counter,
     pub flushed_entries: Counter,
     pub device_bytes_written: Counter,
@@ -94,6 +96,8 @@ pub struct Metrics {
     pub connections_refused: Counter,
     /// Logged operations the store refused at flush time (dropped).
     pub dropped_entries: Counter,
+    /// Live log entries a flush could not turn into a store operation (their PG stops at them).
+    pub unflushable_entries: Counter,
     /// Resent mutations answered from the request table, not applied again.
     pub duplicate_requests: Counter,
     /// Replicated entries refused: they reuse a logged seq from a newer
@@ -202,6 +206,12 @@ impl Metrics {
         );
         counter(
             &mut out,
+            "duplex_osd_flusher_queue_full_total",
+            "Jobs that found their flusher's queue full: their producer (a priority thread) waited, and stopped reading its sockets meanwhile.",
+            &[("", self.flusher_queue_full.get())],
+        );
+        counter(
+            &mut out,
             "duplex_osd_flushes_total",
             "Store batches applied by flushers.",
             &[("", self.flushes.get())],
@@ -217,6 +227,12 @@ impl Metrics {
             "duplex_osd_dropped_entries_total",
             "Logged operations the store refused when flushing them (an attribute over its object's budget).",
             &[("", self.dropped_entries.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_unflushable_entries_total",
+            "Log entries a flush could not make a store operation of: their PG stops serving (a bug; mark the OSD out).",
+            &[("", self.unflushable_entries.get())],
         );
         counter(
             &mut out,

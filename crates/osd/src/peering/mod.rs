@@ -5,8 +5,11 @@
 //!   the authority, recover, record, activate; a deep scrub after).
 //! - [`backfill`]: the sans-I/O background copy of a PG to members that
 //!   joined whole-less, throttled.
-//! - [`driver`]: the peering thread of the primary, which carries the
-//!   machines' requests to the members over the network.
+//! - [`schedule`]: which PGs peer when, one request at a time, and the
+//!   background backfill after: sans I/O, driven by the OSD's thread and
+//!   by the simulator alike.
+//! - [`driver`]: the peering thread of the primary, which runs the
+//!   schedule and carries its requests to the members over the network.
 //!
 //! The member side (what a member's store does when asked) is the
 //! flusher's: [`crate::flusher::member`].
@@ -14,5 +17,6 @@
 pub mod backfill;
 pub mod driver;
 pub mod machine;
+pub mod schedule;
 
 pub use machine::{choose_authority, Action, Peering, Progress};

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use duplex_oplog::{Entry, EntryRef, FileRegion, IndexCache, LogError, MmapRegion, PgLog, Region, RequestId};
+use duplex_proto::osd::{RepReply, Status};
 use duplex_proto::peering::LoggedRequest;
+use duplex_proto::Frame;
 use duplex_store::{Op, Partition, StoreError};
 
 use crate::config::OplogMode;
@@ -66,6 +68,15 @@ pub const MAX_EARLY_ENTRIES: usize = 1024;
 pub struct Ack {
     pub seq: u64,
     pub to: ReplyTo,
+}
+
+impl Ack {
+    /// The acknowledgement on the wire, for an entry of PG `pg`: the one
+    /// place a replica's answer to a replicated entry is built (logged,
+    /// applied on the sync path, or refused by a fence).
+    pub fn frame(&self, pg: u32, status: Status) -> Frame {
+        RepReply { status, pg, seq: self.seq }.to_frame(self.to.txid)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,812 @@
+//! The peering thread's schedule, sans I/O: which PGs this OSD (their
+//! primary) peers and when, one request at a time, a stuck machine's next
+//! attempt, scrubs asked for and scheduled, the background backfill after
+//! (throttled), and the monitor commands the machines wait on.
+//!
+//! Time is microseconds on the runtime's clock. The OSD's peering thread
+//! ([`crate::peering::driver`]) drives it with the wall clock and blocking
+//! requests; the simulator drives the same schedule with its virtual clock
+//! and messages, so the rules it checks are the ones the OSD runs.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use duplex_map::{Command, OsdId};
+use duplex_proto::peering::{PeerOp, PeerReply};
+
+use crate::cluster::MapView;
+use crate::messages::ScrubAsk;
+use crate::metrics::Metrics;
+use crate::peering::backfill::{Backfill, Step, Throttle};
+use crate::peering::{Action, Peering};
+use crate::pg::{pg_key, pg_number, pool_of, ReplyTo};
+
+/// How long a member has to answer one request. Long enough for a query
+/// that flushes a full log, or a digest page over big objects.
+pub const REQUEST_TIMEOUT_US: u64 = 10_000_000;
+/// After a machine got stuck (or a monitor command may have been lost), the next attempt.
+pub const RETRY_AFTER_US: u64 = 1_000_000;
+/// How often the whole schedule is looked at between map changes.
+pub const TICK_US: u64 = 50_000;
+
+/// A PG's interval: its acting set and its backfill targets, with each
+/// one's incarnation.
+pub type Identity = (Vec<(OsdId, u64)>, Vec<(OsdId, u64)>);
+
+/// A PG this OSD is primary of, as the map has it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    pub identity: Identity,
+    pub acting: Vec<OsdId>,
+    /// Up-set OSDs that do not hold the PG yet (the map pins it to `acting`).
+    pub targets: Vec<OsdId>,
+    /// The up set, named when asking the monitor to drop the pin.
+    pub up: Vec<OsdId>,
+    /// The PG's last active set in the map (`duplex_map::active_set`).
+    pub active_set: Option<Vec<OsdId>>,
+    /// The pool's min_size: members that need a backfill are filled in
+    /// the background if this many others are whole.
+    pub min_size: usize,
+    /// The map pins the PG (`duplex_map::ClusterMap::pg_temp`).
+    pub pinned: bool,
+}
+
+impl Wanted {
+    /// The map pins the PG. Not `acting != up`: a pin that names the up
+    /// set's OSDs in its order would then never be asked to go (the map
+    /// no longer makes one, but an older map may hold one).
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
+    }
+
+    /// A PG that went active with nothing to fill in the background
+    /// (`backfill`) while pinned to its up set's own OSDs (a hand-over,
+    /// [`Action::HandOver`]) holds every copy whole: its pin may go. This
+    /// asks again after a first request was refused (a member restarted
+    /// between the backfill and the request), or never made.
+    pub fn pin_may_go_once_active(&self, backfill: &[OsdId]) -> bool {
+        backfill.is_empty() && self.targets.is_empty() && self.is_pinned()
+    }
+}
+
+/// A peering machine for `want`'s interval, which began at map epoch
+/// `interval`, followed by a deep scrub if `scrub` is `Some(repair)`.
+pub fn start_peering(key: u32, interval: u64, want: Wanted, scrub: Option<bool>) -> (Peering, Vec<Action>) {
+    let Wanted { acting, targets, active_set, min_size, .. } = want;
+    let (mut peering, actions) = Peering::start_with_targets(key, interval, acting, targets, scrub, active_set);
+    peering.fill_in_background(min_size);
+    (peering, actions)
+}
+
+/// A peering machine that went active without some backfill targets (they
+/// could not be reached) starts again this much later to take them in.
+pub const TARGET_RETRY_US: u64 = 10_000_000;
+
+/// Backfill: a lock on an object that writes still hold is asked again after this.
+pub const LOCK_RETRY_US: u64 = 2_000;
+
+/// What [`restart_due`] looks at of a PG's machine.
+struct MachineState<'a> {
+    pub peering: &'a Peering,
+    /// Its interval is the PG's current one.
+    pub same_interval: bool,
+    /// Whether its retry time has come (`None`: none is set).
+    pub retry_due: Option<bool>,
+    pub backfill: Option<&'a Backfill>,
+}
+
+/// Whether a PG's peering starts (again): it has no machine, its interval
+/// changed, a stuck machine's retry is due, a failed write deactivated the
+/// PG, backfill targets the active machine is not filling are due to be
+/// taken in, or members it filled in the background are level now (and no
+/// pin is to go first).
+fn restart_due(machine: Option<MachineState<'_>>, want: &Wanted, locally_active: impl FnOnce() -> bool) -> bool {
+    let targets = &want.targets[..];
+    let Some(machine) = machine else { return true };
+    if !machine.same_interval {
+        return true;
+    }
+    if machine.peering.is_stuck() {
+        return machine.retry_due.unwrap_or(true);
+    }
+    if machine.peering.is_active() {
+        let filled = machine.peering.filled_in_background();
+        // Members filled in the background become members like the others
+        // (when the PG is pinned, with the next interval: the pin goes).
+        if !filled.is_empty() && machine.backfill.is_some_and(Backfill::is_complete) && !want.is_pinned() {
+            return true;
+        }
+        let expected: Vec<OsdId> = targets.iter().chain(filled).copied().collect();
+        return !locally_active()
+            || (crate::peering::backfill::unfinished(machine.backfill, &expected) && machine.retry_due == Some(true));
+    }
+    false
+}
+
+/// The PGs `me` is primary of in `view`: each one's interval, acting set
+/// and backfill targets.
+pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
+    let mut wanted = BTreeMap::new();
+    for pool in view.map.pools.values() {
+        for number in 0..pool.pg_num {
+            let duplex_map::PgSets { up, acting, backfill: targets, pinned } =
+                view.map.pg_sets(&view.hierarchy, pool, number);
+            if acting.first() != Some(&me) {
+                continue;
+            }
+            let Some(key) = pg_key(pool.id, number) else { continue };
+            let identity = (incarnations(view, &acting), incarnations(view, &targets));
+            let active_set = view.map.active_sets.get(&(pool.id, number)).map(|set| set.osds.clone());
+            let min_size = usize::from(pool.min_size);
+            wanted.insert(key, Wanted { identity, acting, targets, up, active_set, min_size, pinned });
+        }
+    }
+    wanted
+}
+
+/// The monitor commands the machines wait for the map to carry out: record
+/// their members ([`Action::Record`]) or hand their PG over
+/// ([`Action::HandOver`]); others are skipped.
+pub fn map_commands<'a>(machines: impl IntoIterator<Item = (u32, &'a Peering)>) -> Vec<duplex_map::Command> {
+    let (mut records, mut hand_overs) = (Vec::new(), Vec::new());
+    for (key, peering) in machines {
+        if let Some(acting) = peering.handing_over() {
+            hand_overs.push((key, peering.interval, acting.to_vec()));
+        } else if peering.is_recording() {
+            records.push((key, peering.interval, peering.record_members()));
+        }
+    }
+    let mut commands = record_commands(records);
+    commands.extend(hand_over_commands(hand_overs));
+    commands
+}
+
+/// The monitor commands that record each PG's members as its last active
+/// set, for the interval each one's machine peered: (PG key, interval,
+/// members). One per [`duplex_map::MAX_PGS_PER_COMMAND`] PGs: the monitor
+/// refuses a longer one whole, and the PGs would wait for good.
+fn record_commands(pgs: Vec<(u32, u64, Vec<OsdId>)>) -> Vec<duplex_map::Command> {
+    pgs.chunks(duplex_map::MAX_PGS_PER_COMMAND)
+        .map(|chunk| {
+            let pgs = chunk
+                .iter()
+                .map(|(key, interval, members)| (pool_of(*key), pg_number(*key), *interval, members.clone()))
+                .collect();
+            duplex_map::Command::RecordActive { pgs }
+        })
+        .collect()
+}
+
+/// The monitor commands that hand PGs over to the acting sets their
+/// primaries ask for ([`Action::HandOver`]): (PG key, interval, acting).
+/// One per interval and per [`duplex_map::MAX_PGS_PER_COMMAND`] PGs.
+fn hand_over_commands(pgs: Vec<(u32, u64, Vec<OsdId>)>) -> Vec<duplex_map::Command> {
+    let mut by_interval: BTreeMap<u64, Vec<(duplex_map::PoolId, u32, Vec<OsdId>)>> = BTreeMap::new();
+    for (key, interval, acting) in pgs {
+        by_interval.entry(interval).or_default().push((pool_of(key), pg_number(key), acting));
+    }
+    by_interval
+        .into_iter()
+        .flat_map(|(interval, pgs)| {
+            pgs.chunks(duplex_map::MAX_PGS_PER_COMMAND)
+                .map(|chunk| duplex_map::Command::HandOver { interval, pgs: chunk.to_vec() })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn incarnations(view: &MapView, osds: &[OsdId]) -> Vec<(OsdId, u64)> {
+    osds.iter().map(|osd| (*osd, view.map.osds.get(osd).map_or(0, |o| o.state_epoch))).collect()
+}
+
+struct Machine {
+    peering: Peering,
+    identity: Identity,
+    /// When a stuck machine may start again.
+    retry_at: Option<u64>,
+    started: u64,
+    /// A scrub's requester, answered when the machine ends.
+    scrub_reply: Option<ReplyTo>,
+    /// When the PG's next scheduled deep scrub is due.
+    scrub_due: u64,
+    /// Background backfill of the targets the machine activated.
+    backfill: Option<Backfill>,
+    /// While the machine waits for the map to record its members, or to
+    /// hand the PG over: when to ask the monitor (again: the ask or the
+    /// answer may be lost).
+    record_due: Option<u64>,
+    /// While the map pins the PG and its copies are whole: when to ask the
+    /// monitor to drop the pin (again, until the map shows it gone or the
+    /// interval ends).
+    clear_due: Option<u64>,
+}
+
+/// A request to another OSD waiting for its answer.
+#[derive(Clone, Copy, Debug)]
+pub struct Outstanding {
+    pub txid: u64,
+    pub pg: u32,
+    pub tag: u64,
+    pub to: OsdId,
+    pub deadline: u64,
+    /// A backfill machine's request (else a peering machine's).
+    pub backfill: bool,
+}
+
+/// What to carry out next.
+#[derive(Debug)]
+pub enum Next {
+    /// A peering machine's action; its end ([`Action::Active`],
+    /// [`Action::Stuck`], ...) goes back through [`Schedule::on_end`].
+    Peering(u32, Action),
+    /// A backfill step; one that is not a request goes back through
+    /// [`Schedule::on_backfill_end`].
+    Backfill(u32, Step),
+}
+
+/// The peering schedule of one OSD.
+pub struct Schedule {
+    me: OsdId,
+    /// Deep scrubs every this often (0: never).
+    scrub_interval_us: u64,
+    /// The recovery throttle's rate.
+    recovery_bytes_per_sec: u64,
+    machines: BTreeMap<u32, Machine>,
+    /// Actions to carry out, oldest first, with the PG they belong to.
+    queue: VecDeque<(u32, Action)>,
+    seen_epoch: u64,
+    /// The PGs this OSD is primary of at `seen_epoch`, with their intervals.
+    wanted: BTreeMap<u32, Wanted>,
+    next_pass: u64,
+    /// The request out, if any: one at a time.
+    outstanding: Option<Outstanding>,
+    next_txid: u64,
+    /// Backfill steps to carry out (one PG's at a time, to its end), and
+    /// when the next may go: the recovery throttle spaces them.
+    backfill_queue: VecDeque<(u32, Step)>,
+    backfill_due: u64,
+    throttle: Throttle,
+    /// Scrub requesters to answer (the runtime sends them).
+    answers: Vec<(ReplyTo, PeerReply)>,
+    /// Members activated to be filled in the background, over all machines.
+    pub background_fills: u64,
+}
+
+impl Schedule {
+    pub fn new(me: OsdId, scrub_interval_us: u64, recovery_bytes_per_sec: u64) -> Schedule {
+        Schedule {
+            me,
+            scrub_interval_us,
+            recovery_bytes_per_sec,
+            machines: BTreeMap::new(),
+            queue: VecDeque::new(),
+            seen_epoch: 0,
+            wanted: BTreeMap::new(),
+            next_pass: 0,
+            outstanding: None,
+            next_txid: 0,
+            backfill_queue: VecDeque::new(),
+            backfill_due: 0,
+            throttle: Throttle::default(),
+            answers: Vec::new(),
+            background_fills: 0,
+        }
+    }
+
+    /// Starts machines for PGs whose interval changed (or that a failed
+    /// write deactivated), restarts stuck ones when due, starts scrubs
+    /// asked for or due, drops the others. Between map changes a full pass
+    /// is needed only now and then (stuck machines, PGs a failed write
+    /// deactivated, scheduled scrubs): not after every request of a long
+    /// recovery.
+    pub fn reconcile(
+        &mut self,
+        view: &MapView,
+        now: u64,
+        asked: Vec<ScrubAsk>,
+        metrics: &Metrics,
+        locally_active: impl Fn(u32) -> bool,
+    ) {
+        let epoch_moved = view.epoch() != self.seen_epoch;
+        if !epoch_moved && asked.is_empty() && now < self.next_pass {
+            return;
+        }
+        self.next_pass = now + TICK_US;
+        self.seen_epoch = view.epoch();
+        if epoch_moved {
+            self.wanted = primary_intervals(view, self.me);
+            let gone: Vec<u32> = self.machines.keys().copied().filter(|key| !self.wanted.contains_key(key)).collect();
+            for key in gone {
+                self.end(key, Some("this OSD is no longer the PG's primary".into()));
+                self.machines.remove(&key);
+            }
+            let wanted = &self.wanted;
+            self.queue.retain(|(key, _)| wanted.contains_key(key));
+            self.backfill_queue.retain(|(key, _)| wanted.contains_key(key));
+            if self.outstanding.is_some_and(|o| !wanted.contains_key(&o.pg)) {
+                self.outstanding = None;
+            }
+        }
+        let mut scrubs = self.merge_scrubs(asked);
+        let (mut inactive, mut backfilling) = (0u64, 0u64);
+        for (key, want) in self.wanted.clone() {
+            let scheduled = self
+                .machines
+                .get(&key)
+                .is_some_and(|m| m.peering.is_active() && self.scrub_interval_us > 0 && now >= m.scrub_due);
+            let scrub =
+                scrubs.remove(&key).or_else(|| scheduled.then_some(ScrubAsk { pg: key, repair: false, reply: None }));
+            let machine = self.machines.get(&key).map(|m| MachineState {
+                peering: &m.peering,
+                same_interval: m.identity == want.identity,
+                retry_due: m.retry_at.map(|at| now >= at),
+                backfill: m.backfill.as_ref(),
+            });
+            let restart = scrub.is_some() || restart_due(machine, &want, || locally_active(key));
+            // Targets to fill (a pin's, or members'), and no backfill of them complete yet.
+            let machine = self.machines.get(&key);
+            let filling = (!want.targets.is_empty()
+                || machine.is_some_and(|m| !m.peering.filled_in_background().is_empty()))
+                && !machine.and_then(|m| m.backfill.as_ref()).is_some_and(Backfill::is_complete);
+            if restart {
+                self.start(key, view.epoch(), want, scrub, now);
+            } else if let Some(machine) = self.machines.get_mut(&key) {
+                // The monitor recorded the members a machine waits on.
+                let next = machine.peering.on_recorded(want.active_set.as_deref());
+                for action in next.into_iter().rev() {
+                    self.queue.push_front((key, action));
+                }
+            }
+            if self.machines.get(&key).is_none_or(|m| !m.peering.is_active()) {
+                inactive += 1;
+            }
+            if filling {
+                backfilling += 1;
+            }
+        }
+        debug_assert!(inactive <= self.wanted.len() as u64 && backfilling <= self.wanted.len() as u64);
+        metrics.inactive_pgs.store(inactive, std::sync::atomic::Ordering::Relaxed);
+        metrics.backfilling_pgs.store(backfilling, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The scrubs asked for, one per PG this OSD is primary of: two asks
+    /// for one PG make one scrub (repairing if either asked); an ask for a
+    /// PG it is not primary of is refused.
+    fn merge_scrubs(&mut self, asked: Vec<ScrubAsk>) -> HashMap<u32, ScrubAsk> {
+        let mut scrubs: HashMap<u32, ScrubAsk> = HashMap::new();
+        for ask in asked {
+            if !self.wanted.contains_key(&ask.pg) {
+                let why = format!("osd.{} is not the primary of PG {:#x}", self.me, ask.pg);
+                self.answer(ask.reply, PeerReply::Refused(why));
+                continue;
+            }
+            if let Some(earlier) = scrubs.insert(ask.pg, ask) {
+                let merged = scrubs.get_mut(&ask.pg).expect("just inserted");
+                merged.repair |= earlier.repair;
+                if merged.reply.is_none() {
+                    merged.reply = earlier.reply;
+                } else {
+                    self.answer(earlier.reply, PeerReply::Refused("a newer scrub of this PG replaced it".into()));
+                }
+            }
+        }
+        scrubs
+    }
+
+    fn start(&mut self, key: u32, epoch: u64, want: Wanted, scrub: Option<ScrubAsk>, now: u64) {
+        let identity = want.identity.clone();
+        // The interval is named by the epoch peering starts at: members
+        // refuse older ones, so a replaced primary cannot drive them.
+        let interval = epoch;
+        self.queue.retain(|(pg, _)| *pg != key);
+        self.backfill_queue.retain(|(pg, _)| *pg != key);
+        if self.outstanding.is_some_and(|o| o.pg == key) {
+            self.outstanding = None;
+        }
+        // A PG first seen here counts as scrubbed a part of the interval
+        // ago that depends on the PG, so scheduled scrubs spread out
+        // instead of all blocking their PGs at once (and the simulator's
+        // runs stay deterministic).
+        let spread = (u64::from(key).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as f64 / (1u64 << 24) as f64;
+        let mut scrub_due = now + (self.scrub_interval_us as f64 * (1.0 - spread)) as u64;
+        let mut scrub_reply = None;
+        if let Some(old) = self.machines.get(&key) {
+            scrub_due = old.scrub_due;
+            scrub_reply = old.scrub_reply;
+        }
+        let repair = match scrub {
+            Some(ask) => {
+                if scrub_reply.is_some() && ask.reply.is_some() {
+                    self.answer(scrub_reply.take(), PeerReply::Refused("a newer scrub of this PG replaced it".into()));
+                }
+                scrub_reply = ask.reply.or(scrub_reply);
+                scrub_due = now + self.scrub_interval_us;
+                tracing::info!(pg = key, repair = ask.repair, "deep scrub");
+                Some(ask.repair)
+            }
+            None => None,
+        };
+        let (peering, actions) = start_peering(key, interval, want, repair);
+        tracing::debug!(pg = key, interval, members = ?peering.members(), "peering");
+        self.queue.extend(actions.into_iter().map(|a| (key, a)));
+        let machine = Machine {
+            peering,
+            identity,
+            retry_at: None,
+            started: now,
+            scrub_reply,
+            scrub_due,
+            backfill: None,
+            record_due: None,
+            clear_due: None,
+        };
+        self.machines.insert(key, machine);
+    }
+
+    /// The next action to carry out, unless a request is still out:
+    /// peering first (its PGs wait for it), then backfill when the
+    /// throttle lets it go.
+    pub fn next(&mut self, now: u64) -> Option<Next> {
+        if self.outstanding.is_some() {
+            return None;
+        }
+        if let Some((pg, action)) = self.queue.pop_front() {
+            return Some(Next::Peering(pg, action));
+        }
+        if now < self.backfill_due {
+            return None;
+        }
+        self.backfill_queue.pop_front().map(|(pg, step)| Next::Backfill(pg, step))
+    }
+
+    /// The recovery throttle, before a backfill request goes out: `false`
+    /// when it must wait (the step is queued again, due after the pause).
+    pub fn throttle(&mut self, pg: u32, step: &Step, now: u64, metrics: &Metrics) -> bool {
+        let Step::Send { op, .. } = step else { return true };
+        if let Some(pause) = self.throttle.pause_before(op, self.recovery_bytes_per_sec) {
+            self.backfill_due = now + pause;
+            self.backfill_queue.push_front((pg, step.clone()));
+            return false;
+        }
+        self.throttle.charge(op);
+        if let PeerOp::PushData { data, .. } = op {
+            metrics.backfill_bytes.add(data.len() as u64);
+        }
+        true
+    }
+
+    /// When the next step is due without a new event: the throttle's or a
+    /// lock retry's pause, the next pass, or a request's deadline.
+    pub fn wakes_at(&self) -> u64 {
+        let mut at = self.next_pass;
+        if !self.backfill_queue.is_empty() {
+            at = at.min(self.backfill_due);
+        }
+        if let Some(out) = self.outstanding {
+            at = at.min(out.deadline);
+        }
+        at
+    }
+
+    /// When backfill work waits on the throttle or a lock retry.
+    pub fn backfill_waits_until(&self) -> Option<u64> {
+        (!self.backfill_queue.is_empty()).then_some(self.backfill_due)
+    }
+
+    /// The interval `pg`'s machine peers (None: no machine).
+    pub fn interval_of(&self, pg: u32) -> Option<u64> {
+        self.machines.get(&pg).map(|m| m.peering.interval)
+    }
+
+    /// A request is about to go out: its transaction id. Nothing else
+    /// runs until its answer comes ([`Schedule::on_outcome`]) or its
+    /// deadline passes ([`Schedule::timed_out`]).
+    pub fn send(&mut self, pg: u32, tag: u64, to: OsdId, now: u64, backfill: bool) -> u64 {
+        debug_assert!(self.outstanding.is_none(), "one request at a time");
+        self.next_txid += 1;
+        let txid = self.next_txid;
+        self.outstanding = Some(Outstanding { txid, pg, tag, to, deadline: now + REQUEST_TIMEOUT_US, backfill });
+        txid
+    }
+
+    /// The request out, if any.
+    pub fn outstanding(&self) -> Option<Outstanding> {
+        self.outstanding
+    }
+
+    /// The answer to request `txid` from `from` (`Err`: it failed); `false`
+    /// when no such request is out (a late or stray answer).
+    pub fn on_answer(&mut self, txid: u64, from: OsdId, outcome: Result<PeerReply, String>, metrics: &Metrics) -> bool {
+        let Some(out) = self.outstanding.filter(|o| o.txid == txid && o.to == from) else { return false };
+        self.outstanding = None;
+        self.on_outcome(out.pg, out.tag, out.backfill, outcome.map_err(|why| format!("osd.{from}: {why}")), metrics);
+        true
+    }
+
+    /// Fails the request out if its deadline has passed.
+    pub fn timed_out(&mut self, now: u64, metrics: &Metrics) {
+        if let Some(out) = self.outstanding.filter(|o| now >= o.deadline) {
+            self.on_answer(out.txid, out.to, Err("no answer in time".into()), metrics);
+        }
+    }
+
+    /// A local request's answer (to this OSD's own store), which never goes out.
+    pub fn on_local_answer(
+        &mut self,
+        pg: u32,
+        tag: u64,
+        backfill: bool,
+        outcome: Result<PeerReply, String>,
+        metrics: &Metrics,
+    ) {
+        debug_assert!(self.outstanding.is_none(), "a local request while one is out");
+        self.on_outcome(pg, tag, backfill, outcome, metrics);
+    }
+
+    /// A request's answer: its machine's next actions go to the front, so
+    /// one PG's recovery runs to its end before the next one's starts, and
+    /// PGs come back one by one instead of all together at the end.
+    fn on_outcome(&mut self, pg: u32, tag: u64, backfill: bool, outcome: Result<PeerReply, String>, metrics: &Metrics) {
+        let Some(machine) = self.machines.get_mut(&pg) else { return };
+        if backfill {
+            let Some(backfill) = machine.backfill.as_mut() else { return };
+            let copied = backfill.progress.objects_copied;
+            let next = match outcome {
+                Ok(reply) => backfill.on_reply(tag, reply),
+                Err(why) => backfill.on_failure(tag, &why),
+            };
+            debug_assert!(backfill.progress.objects_copied >= copied, "a backfill's progress never goes back");
+            metrics.backfill_objects.add(backfill.progress.objects_copied - copied);
+            for step in next.into_iter().rev() {
+                self.backfill_queue.push_front((pg, step));
+            }
+            return;
+        }
+        let next = match outcome {
+            Ok(reply) => machine.peering.on_reply(tag, reply),
+            Err(why) => machine.peering.on_failure(tag, &why),
+        };
+        for action in next.into_iter().rev() {
+            self.queue.push_front((pg, action));
+        }
+    }
+
+    /// A machine's action that is not a request: it finished
+    /// ([`Action::Active`]), stopped ([`Action::Stuck`]) or waits for the
+    /// map ([`Action::Record`], [`Action::HandOver`]).
+    pub fn on_end(&mut self, key: u32, action: Action, now: u64, metrics: &Metrics) {
+        match action {
+            Action::Active { recovered_objects, authority, last_seq, backfill } => {
+                metrics.peerings_active.add(1);
+                metrics.recovered_objects.add(recovered_objects);
+                if let Some(machine) = self.machines.get_mut(&key) {
+                    self.background_fills += machine.peering.filled_in_background().len() as u64;
+                    // A hand-over's pin may go once active.
+                    if self.wanted.get(&key).is_some_and(|w| w.pin_may_go_once_active(&backfill)) {
+                        machine.clear_due = Some(now);
+                    }
+                    log_active(key, machine, authority, last_seq, recovered_objects, now, metrics);
+                }
+                self.start_backfill(key, backfill, now);
+                self.end(key, None);
+            }
+            Action::Stuck(why) => {
+                metrics.peerings_stuck.add(1);
+                tracing::warn!(pg = key, %why, "peering stopped; trying again shortly");
+                if let Some(machine) = self.machines.get_mut(&key) {
+                    machine.retry_at = Some(now + RETRY_AFTER_US);
+                }
+                self.queue.retain(|(pg, _)| *pg != key);
+            }
+            Action::Record { members } => {
+                tracing::debug!(pg = key, ?members, "recovered; the map must record the members before they serve");
+                if let Some(machine) = self.machines.get_mut(&key) {
+                    machine.record_due = Some(now);
+                }
+            }
+            Action::HandOver { acting } => {
+                tracing::info!(
+                    pg = key,
+                    ?acting,
+                    "this OSD's copy needs a backfill: handing the PG to a whole member, which fills it in the background"
+                );
+                if let Some(machine) = self.machines.get_mut(&key) {
+                    machine.record_due = Some(now);
+                }
+            }
+            Action::Send { .. } => unreachable!("requests are sent, not ended"),
+        }
+    }
+
+    /// After peering: copies the PG to the targets it activated, in the
+    /// background. Targets it could not reach are taken in by a later
+    /// peering, so the pin stays until they are filled too.
+    fn start_backfill(&mut self, key: u32, targets: Vec<OsdId>, now: u64) {
+        let Some(machine) = self.machines.get_mut(&key) else { return };
+        let wanted = self.wanted.get(&key).map_or(&[][..], |w| &w.targets[..]);
+        if targets.len() < wanted.len() {
+            tracing::warn!(pg = key, ?wanted, reached = ?targets, "some backfill targets could not be reached");
+            machine.retry_at = Some(now + TARGET_RETRY_US);
+        }
+        if targets.is_empty() {
+            return;
+        }
+        let only = machine.peering.fill_only();
+        let objects = only.as_ref().map(Vec::len);
+        let (backfill, steps) = Backfill::start_with(key, machine.peering.interval, self.me, targets, only);
+        tracing::info!(pg = key, targets = ?backfill.targets(), ?objects, "backfill starts");
+        machine.backfill = Some(backfill);
+        self.backfill_queue.extend(steps.into_iter().map(|s| (key, s)));
+    }
+
+    /// A backfill step that is not a request. When it completed, the pin
+    /// goes (asked by [`Schedule::map_commands_due`]); with no pin, the PG
+    /// peers again (members filled in the background, `restart_due`).
+    pub fn on_backfill_end(&mut self, key: u32, step: Step, now: u64, metrics: &Metrics) {
+        match step {
+            Step::Complete => {
+                metrics.backfilled_pgs.add(1);
+                let pinned = self.wanted.get(&key).is_some_and(Wanted::is_pinned);
+                let Some(machine) = self.machines.get_mut(&key) else { return };
+                let progress = machine.backfill.as_ref().map(|b| b.progress).unwrap_or_default();
+                let (objects, bytes) = (progress.objects_copied, progress.bytes_copied);
+                let took_ms = now.saturating_sub(machine.started) / 1000;
+                if pinned {
+                    tracing::info!(
+                        pg = key,
+                        objects,
+                        bytes,
+                        took_ms,
+                        "backfill complete; asking the monitor to serve the PG from its up set"
+                    );
+                    machine.clear_due = Some(now);
+                } else {
+                    tracing::info!(pg = key, objects, bytes, took_ms, "backfill complete; peering the PG again");
+                }
+            }
+            Step::Stuck(why) => {
+                tracing::warn!(pg = key, %why, "backfill stopped; it starts over with the PG's next peering");
+                if let Some(machine) = self.machines.get_mut(&key) {
+                    machine.retry_at = Some(now + TARGET_RETRY_US);
+                }
+                self.backfill_queue.retain(|(pg, _)| *pg != key);
+            }
+            Step::SendLater { to, tag, op } => {
+                // Writes to the object are still in flight: let them land.
+                self.backfill_due = now + LOCK_RETRY_US;
+                self.backfill_queue.push_front((key, Step::Send { to, tag, op }));
+            }
+            Step::Send { .. } => unreachable!("requests are sent, not ended"),
+        }
+    }
+
+    /// The commands the machines wait for the map to carry out, due now:
+    /// record the members or hand the PG over, and drop a pin whose PG is
+    /// whole. Each is asked again every [`RETRY_AFTER_US`] until the map
+    /// shows it (the ask or its answer may be lost).
+    pub fn map_commands_due(&mut self, now: u64) -> Vec<Command> {
+        let mut due = Vec::new();
+        for (key, machine) in &mut self.machines {
+            if machine.peering.waits_for_map() && machine.record_due.is_some_and(|at| now >= at) {
+                machine.record_due = Some(now + RETRY_AFTER_US);
+                due.push(*key);
+            }
+        }
+        let mut commands = map_commands(due.iter().map(|key| (*key, &self.machines[key].peering)));
+        let mut clears: BTreeMap<u64, Vec<(duplex_map::PoolId, u32, Vec<OsdId>)>> = BTreeMap::new();
+        for (key, machine) in &mut self.machines {
+            if machine.clear_due.is_none_or(|at| now < at) {
+                continue;
+            }
+            match self.wanted.get(key).filter(|w| w.is_pinned()) {
+                Some(want) => {
+                    machine.clear_due = Some(now + RETRY_AFTER_US);
+                    let pg = (pool_of(*key), pg_number(*key), want.up.clone());
+                    clears.entry(machine.peering.interval).or_default().push(pg);
+                }
+                None => machine.clear_due = None,
+            }
+        }
+        for (interval, pgs) in clears {
+            // A command names a bounded number of PGs.
+            for chunk in pgs.chunks(duplex_map::MAX_PGS_PER_COMMAND) {
+                commands.push(Command::ClearPgTemp { interval, pgs: chunk.to_vec() });
+            }
+        }
+        commands
+    }
+
+    /// Scrub requesters' answers, for the runtime to send.
+    pub fn take_answers(&mut self) -> Vec<(ReplyTo, PeerReply)> {
+        std::mem::take(&mut self.answers)
+    }
+
+    /// Whether every PG this OSD is primary of is active.
+    pub fn all_active(&self) -> bool {
+        self.wanted.keys().all(|key| self.machines.get(key).is_some_and(|m| m.peering.is_active()))
+    }
+
+    fn answer(&mut self, to: Option<ReplyTo>, reply: PeerReply) {
+        if let Some(to) = to {
+            self.answers.push((to, reply));
+        }
+    }
+
+    /// Answers a scrub's requester, if one waits on this PG's machine.
+    fn end(&mut self, key: u32, refused: Option<String>) {
+        let Some(machine) = self.machines.get_mut(&key) else { return };
+        let Some(reply) = machine.scrub_reply.take() else { return };
+        let answer = match (refused, machine.peering.scrub_report()) {
+            (Some(why), _) => PeerReply::Refused(why),
+            (None, Some(report)) => PeerReply::Scrubbed(report.clone()),
+            (None, None) => {
+                // Re-peered without a scrub (the interval changed): keep waiting.
+                machine.scrub_reply = Some(reply);
+                return;
+            }
+        };
+        self.answer(Some(reply), answer);
+    }
+}
+
+/// The logs and scrub counters of a machine that went active.
+fn log_active(
+    key: u32,
+    machine: &Machine,
+    authority: OsdId,
+    last_seq: u64,
+    recovered: u64,
+    now: u64,
+    metrics: &Metrics,
+) {
+    let took_ms = now.saturating_sub(machine.started) / 1000;
+    if let Some(report) = machine.peering.scrub_report() {
+        metrics.scrub_inconsistent.add(report.inconsistent.len() as u64);
+        metrics.scrub_repaired.add(report.repaired);
+        if report.inconsistent.is_empty() {
+            tracing::info!(pg = key, objects = report.objects, took_ms, "deep scrub: consistent");
+        } else {
+            for bad in &report.inconsistent {
+                tracing::error!(pg = key, object = %String::from_utf8_lossy(&bad.object), bad = ?bad.bad, unrepairable = bad.unrepairable, "deep scrub: inconsistent copies");
+            }
+            tracing::warn!(
+                pg = key,
+                objects = report.objects,
+                inconsistent = report.inconsistent.len(),
+                repaired = report.repaired,
+                took_ms,
+                "deep scrub done"
+            );
+        }
+    }
+    if recovered > 0 {
+        let bytes = machine.peering.progress.bytes_copied;
+        tracing::info!(pg = key, authority, last_seq, objects = recovered, bytes, took_ms, "PG recovered and active");
+    } else {
+        tracing::debug!(pg = key, authority, last_seq, took_ms, "PG active");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pg::pg_key;
+
+    #[test]
+    fn record_commands_stay_within_what_the_monitor_takes() {
+        let limit = duplex_map::MAX_PGS_PER_COMMAND;
+        let pgs: Vec<(u32, u64, Vec<OsdId>)> =
+            (0..limit as u32 + 1).map(|n| (pg_key(1, n).expect("a valid PG"), 9, vec![0, 1])).collect();
+        let commands = record_commands(pgs);
+        let sizes: Vec<usize> = commands
+            .iter()
+            .map(|c| match c {
+                duplex_map::Command::RecordActive { pgs } => pgs.len(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(sizes, vec![limit, 1]);
+        let duplex_map::Command::RecordActive { pgs } = &commands[1] else { unreachable!() };
+        assert_eq!(pgs[0], (1, limit as u32, 9, vec![0, 1]), "PG keys become (pool, pg)");
+        assert!(record_commands(Vec::new()).is_empty());
+    }
+}
