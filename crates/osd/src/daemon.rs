@@ -165,7 +165,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     // The first lease, so that the first clients are not turned away.
     heartbeat(&mut heartbeat_client(&link), config.id, &shared.lease);
     shared.serving.store(true, Ordering::Release);
-    let driver = PeeringDriver::new(shared.clone(), mailboxes.clone());
+    let driver = PeeringDriver::new(shared.clone(), mailboxes.clone(), crate::backend::peering_for);
     std::thread::Builder::new()
         .name("osd-peering".into())
         .spawn(move || driver.run(Arc::new(AtomicBool::new(false))))?;

@@ -26,6 +26,7 @@
 //!   state they share; [`cluster`]: the map, the lease and the monitors;
 //!   [`metrics`]; [`daemon`]: starts it all.
 
+pub mod backend;
 pub mod cli;
 pub mod cluster;
 pub mod config;

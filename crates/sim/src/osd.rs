@@ -149,7 +149,12 @@ impl SimOsd {
         };
         let pending = flusher.start();
         let cell = Arc::new(MapCell::new(ClusterMap::new([0; 16])));
-        let schedule = Schedule::new(self.id, config.scrub_interval.as_micros() as u64, config.recovery_bytes_per_sec);
+        let schedule = Schedule::new(
+            self.id,
+            config.scrub_interval.as_micros() as u64,
+            config.recovery_bytes_per_sec,
+            duplex_osd::backend::peering_for,
+        );
         let shared = Shared::new(config, pgs, cell.clone(), metrics.clone(), vec![sender], scrub_requests);
         shared.serving.store(true, std::sync::atomic::Ordering::Release);
         let held_lease = Arc::new(Lease::default());

@@ -24,7 +24,7 @@ use duplex_proto::MessageType;
 
 use crate::messages::{Completion, Job, Mailbox, PeerReplyTo};
 use crate::peering::backfill::Step;
-use crate::peering::schedule::{Next, Schedule, REQUEST_TIMEOUT_US, RETRY_AFTER_US, TICK_US};
+use crate::peering::schedule::{Next, PeeringBackendOf, Schedule, REQUEST_TIMEOUT_US, RETRY_AFTER_US, TICK_US};
 use crate::peering::Action;
 use crate::shared::Shared;
 
@@ -50,12 +50,13 @@ pub struct PeeringDriver {
 }
 
 impl PeeringDriver {
-    pub fn new(shared: Arc<Shared>, mailboxes: Vec<Mailbox>) -> PeeringDriver {
+    /// `backend_of`: which peering backend peers a pool's PGs (`crate::backend::peering_for`).
+    pub fn new(shared: Arc<Shared>, mailboxes: Vec<Mailbox>, backend_of: PeeringBackendOf) -> PeeringDriver {
         let config = &shared.config;
         let credentials =
             Credentials { fsid: config.fsid, secret: config.secret.clone(), name: format!("osd.{}", config.id) };
         let scrub_interval_us = config.scrub_interval.as_micros().min(u64::MAX as u128) as u64;
-        let schedule = Schedule::new(config.id, scrub_interval_us, config.recovery_bytes_per_sec);
+        let schedule = Schedule::new(config.id, scrub_interval_us, config.recovery_bytes_per_sec, backend_of);
         PeeringDriver {
             shared,
             mailboxes,

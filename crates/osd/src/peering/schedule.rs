@@ -68,7 +68,18 @@ impl Wanted {
     }
 }
 
-/// A peering machine for `want`'s interval, which began at map epoch
+/// What differs by pool kind in peering: the machine that brings a PG's
+/// members to one history (`crate::backend` implements it per kind).
+pub trait PeeringBackend: Send + Sync {
+    /// A machine for `want`'s interval, which began at map epoch
+    /// `interval`, followed by a deep scrub if `scrub` is `Some(repair)`.
+    fn start_peering(&self, key: u32, interval: u64, want: Wanted, scrub: Option<bool>) -> (Peering, Vec<Action>);
+}
+
+/// Which [`PeeringBackend`] peers a pool's PGs.
+pub type PeeringBackendOf = fn(duplex_map::PoolId) -> &'static dyn PeeringBackend;
+
+/// A replicated PG's peering machine for `want`'s interval, which began at map epoch
 /// `interval`, followed by a deep scrub if `scrub` is `Some(repair)`.
 pub fn start_peering(key: u32, interval: u64, want: Wanted, scrub: Option<bool>) -> (Peering, Vec<Action>) {
     let Wanted { acting, targets, active_set, min_size, .. } = want;
@@ -246,6 +257,7 @@ pub enum Next {
 /// The peering schedule of one OSD.
 pub struct Schedule {
     me: OsdId,
+    backend_of: PeeringBackendOf,
     /// Deep scrubs every this often (0: never).
     scrub_interval_us: u64,
     /// The recovery throttle's rate.
@@ -272,9 +284,15 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    pub fn new(me: OsdId, scrub_interval_us: u64, recovery_bytes_per_sec: u64) -> Schedule {
+    pub fn new(
+        me: OsdId,
+        scrub_interval_us: u64,
+        recovery_bytes_per_sec: u64,
+        backend_of: PeeringBackendOf,
+    ) -> Schedule {
         Schedule {
             me,
+            backend_of,
             scrub_interval_us,
             recovery_bytes_per_sec,
             machines: BTreeMap::new(),
@@ -348,7 +366,8 @@ impl Schedule {
                 || machine.is_some_and(|m| !m.peering.filled_in_background().is_empty()))
                 && !machine.and_then(|m| m.backfill.as_ref()).is_some_and(Backfill::is_complete);
             if restart {
-                self.start(key, view.epoch(), want, scrub, now);
+                let backend = (self.backend_of)(pool_of(key));
+                self.start(backend, key, view.epoch(), want, scrub, now);
             } else if let Some(machine) = self.machines.get_mut(&key) {
                 // The monitor recorded the members a machine waits on.
                 let next = machine.peering.on_recorded(want.active_set.as_deref());
@@ -392,7 +411,15 @@ impl Schedule {
         scrubs
     }
 
-    fn start(&mut self, key: u32, epoch: u64, want: Wanted, scrub: Option<ScrubAsk>, now: u64) {
+    fn start(
+        &mut self,
+        backend: &dyn PeeringBackend,
+        key: u32,
+        epoch: u64,
+        want: Wanted,
+        scrub: Option<ScrubAsk>,
+        now: u64,
+    ) {
         let identity = want.identity.clone();
         // The interval is named by the epoch peering starts at: members
         // refuse older ones, so a replaced primary cannot drive them.
@@ -425,7 +452,7 @@ impl Schedule {
             }
             None => None,
         };
-        let (peering, actions) = start_peering(key, interval, want, repair);
+        let (peering, actions) = backend.start_peering(key, interval, want, repair);
         tracing::debug!(pg = key, interval, members = ?peering.members(), "peering");
         self.queue.extend(actions.into_iter().map(|a| (key, a)));
         let machine = Machine {

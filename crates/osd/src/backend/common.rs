@@ -1,0 +1,128 @@
+//! What every backend's operations share: the replies that end an
+//! operation early, the PG's interval as the map has it, and the checks an
+//! entry passes before any OSD logs it.
+
+use std::sync::MutexGuard;
+
+use duplex_map::OsdId;
+use duplex_oplog::OpKind as LogOp;
+use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
+
+use crate::cluster::MapView;
+use crate::messages::{ClientOp, Job, Outcome};
+use crate::pg::{Pg, SharedPg};
+use crate::shared::Shared;
+
+pub(crate) fn reply(op: &ClientOp, status: Status, epoch: u64, message: impl std::fmt::Display) -> Outcome {
+    Outcome::Reply {
+        token: op.token,
+        slot: op.slot,
+        reply: OpReply::error(status, epoch, message),
+        arrived: op.arrived,
+        kind: op.request.kind,
+    }
+}
+
+/// The PG's interval in the current map: its acting set, and the map that
+/// says which of its members restarted since the PG went active.
+pub(crate) struct Interval<'a> {
+    pub acting: &'a [OsdId],
+    pub view: &'a MapView,
+}
+
+impl Interval<'_> {
+    /// Whether the PG went active (peered) for this interval; until then its
+    /// operations are answered `Retry` (they never see a half-recovered PG).
+    pub(crate) fn served_by(&self, pg: &Pg) -> bool {
+        pg.serves(self.acting, |osd| self.view.map.osds.get(&osd).map_or(u64::MAX, |o| o.state_epoch))
+    }
+}
+
+/// Locks the PG if it serves this interval (`None`: it is peering, answer
+/// [`peering_reply`]). Under this one lock a write's append cannot slip
+/// past a fence.
+pub(crate) fn lock_served<'a>(pg: &'a SharedPg, interval: &Interval<'_>) -> Option<MutexGuard<'a, Pg>> {
+    let guard = pg.lock().expect("PG lock");
+    interval.served_by(&guard).then_some(guard)
+}
+
+pub(crate) fn peering_reply(shared: &Shared, op: &ClientOp, epoch: u64) -> Outcome {
+    shared.metrics.peering_retries.add(1);
+    reply(op, Status::Retry, epoch, "the PG is peering (its replicas are being brought up to date)")
+}
+
+/// The bytes a mutation changes, for [`crate::pg::Uncommitted`]: a write
+/// its range; anything else (size, existence, attributes) the whole object.
+pub(crate) fn changed_range(op: LogOp, offset: u64, data: &[u8]) -> (u64, u64) {
+    match op {
+        LogOp::Write => (offset, offset.saturating_add(data.len() as u64)),
+        _ => (0, u64::MAX),
+    }
+}
+
+pub(crate) fn uncommitted_reply(shared: &Shared, op: &ClientOp, epoch: u64) -> Outcome {
+    shared.metrics.uncommitted_retries.add(1);
+    reply(op, Status::Retry, epoch, "a write to this object is not yet on every replica")
+}
+
+/// The log op a mutation becomes (`None`: not a mutation).
+pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
+    Some(match kind {
+        OpKind::Write => LogOp::Write,
+        OpKind::Truncate => LogOp::Truncate,
+        OpKind::Delete => LogOp::Delete,
+        OpKind::SetAttr => LogOp::SetAttr,
+        OpKind::RemoveAttr => LogOp::RemoveAttr,
+        OpKind::CreatePreallocated => LogOp::CreatePreallocated,
+        OpKind::Read | OpKind::Stat | OpKind::GetAttr | OpKind::ListAttrs | OpKind::List => return None,
+    })
+}
+
+/// A mutation's log entry `offset` and `data` (the table in the oplog's entry docs).
+pub(crate) fn log_fields(request: &OpRequest) -> (u64, &[u8]) {
+    match request.kind {
+        OpKind::Write | OpKind::SetAttr => (request.offset, &request.data),
+        OpKind::Truncate | OpKind::CreatePreallocated => (request.offset, &[]),
+        OpKind::RemoveAttr => (0, &request.data),
+        _ => (0, &[]),
+    }
+}
+
+/// Wakes the PG's flusher: arm its timer on the first entry, flush at
+/// once at each multiple of the threshold.
+pub(crate) fn notify_flusher(shared: &Shared, key: u32, depth: usize, was_dirty: bool) {
+    let threshold = shared.config.flush_threshold.max(1);
+    if depth >= threshold && depth.is_multiple_of(threshold) {
+        shared.send_job(key, Job::Flush(key));
+    } else if !was_dirty {
+        shared.send_job(key, Job::Dirty(key));
+    }
+}
+
+/// Refuses what the store could never apply: an entry that passed here is
+/// logged and acknowledged, so a flush must not fail on it later. (One
+/// thing cannot be checked without the store: that a new attribute keeps
+/// its object's attributes within their total; see the flusher.)
+pub(crate) fn check_limits(op: LogOp, offset: u64, data: &[u8]) -> Result<(), String> {
+    let limit = duplex_store::MAX_OBJECT_SIZE;
+    let end = match op {
+        LogOp::Write => offset.saturating_add(data.len() as u64),
+        LogOp::Truncate | LogOp::CreatePreallocated => offset,
+        LogOp::Delete => 0,
+        LogOp::SetAttr | LogOp::RemoveAttr => {
+            let name_len = if op == LogOp::SetAttr { offset as usize } else { data.len() };
+            let value_len = data.len().saturating_sub(name_len);
+            if name_len == 0 || name_len > duplex_store::MAX_ATTR_NAME_LEN || name_len > data.len() {
+                return Err(format!("attribute names are 1 to {} bytes", duplex_store::MAX_ATTR_NAME_LEN));
+            }
+            if value_len > duplex_store::MAX_ATTR_VALUE_LEN {
+                return Err(format!("attribute values are at most {} bytes", duplex_store::MAX_ATTR_VALUE_LEN));
+            }
+            0
+        }
+    };
+    if end > limit {
+        return Err(format!("the operation reaches byte {end}; objects end at {limit}"));
+    }
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! The PG backend seam, as Ceph has it (`PGBackend`: `ReplicatedBackend`,
+//! `ECBackend`): the steps of a PG's I/O, peering and recovery that differ
+//! by pool kind sit behind one trait, [`PgBackend`], so that an
+//! erasure-coded or an eventually consistent pool is a new implementation,
+//! not branches through the I/O path.
+//!
+//! - [`replicated`]: every member holds the whole object (today's only
+//!   kind).
+//! - [`write_path`]: inside the replicated backend, the write-path ablation
+//!   (`oplog`, `sync`, `ideal`) as a seam of its own.
+//! - [`common`]: what every backend's operations share.
+//!
+//! [`for_pool`] is the one place that picks a backend. Admission (lease,
+//! map, primary, limits) stays in [`crate::io::ops`], before the backend
+//! is asked; the peering schedule asks the backend for the machine that
+//! peers a PG ([`PeeringBackend`]).
+
+use bytes::Bytes;
+use duplex_map::PoolId;
+use duplex_oplog::RequestId;
+use duplex_proto::osd::OpReply;
+
+use crate::backend::common::Interval;
+use crate::backend::replicated::Replicated;
+use crate::backend::write_path::{Ideal, Logged, SyncApply};
+use crate::config::WritePath;
+use crate::messages::{ClientOp, Outcome};
+use crate::metrics::Histograms;
+use crate::peering::schedule::PeeringBackend;
+use crate::pg::{ReplyTo, SharedPg};
+use crate::shared::Shared;
+
+pub mod common;
+pub mod replicated;
+pub mod write_path;
+
+/// A client operation admitted at a PG's primary: where it runs.
+pub struct Primary<'a> {
+    pub shared: &'a Shared,
+    pub histograms: &'a Histograms,
+    pub pg: &'a SharedPg,
+    pub(crate) interval: Interval<'a>,
+    pub key: u32,
+    /// The map epoch the operation is answered under.
+    pub epoch: u64,
+}
+
+/// What a pool kind does with a PG's operations.
+pub trait PgBackend: PeeringBackend {
+    /// Primary: a read (data, a stat, attributes, a listing).
+    fn read(&self, at: &Primary<'_>, op: ClientOp) -> Outcome;
+
+    /// Primary: a mutation, admitted (its limits checked, enough members up).
+    fn mutate(&self, at: &Primary<'_>, op: ClientOp) -> Outcome;
+
+    /// Primary: a replicated write's end once every replica answered (or
+    /// it was given up on): settles it in its PG and returns the client's reply.
+    fn finish_write(
+        &self,
+        shared: &Shared,
+        pg: u32,
+        write: u64,
+        request: RequestId,
+        map_epoch: u64,
+        failed: bool,
+    ) -> OpReply;
+
+    /// Replica: one entry from the primary. `Err`: the payload is not one
+    /// this OSD could ever apply (the connection that sent it is dropped).
+    fn replica_op(
+        &self,
+        shared: &Shared,
+        histograms: &Histograms,
+        payload: &Bytes,
+        to: ReplyTo,
+    ) -> Result<Outcome, String>;
+}
+
+static REPLICATED_OPLOG: Replicated<Logged> = Replicated(Logged);
+static REPLICATED_SYNC: Replicated<SyncApply> = Replicated(SyncApply);
+static REPLICATED_IDEAL: Replicated<Ideal> = Replicated(Ideal);
+
+/// The backend of pool `pool`'s PGs, on an OSD running `write_path`.
+/// Replicated is the only pool kind so far; an erasure-coded pool picks its
+/// own here (by the pool's kind, which the map will then carry). It is on
+/// every operation's path, so it looks nothing up that costs.
+pub fn for_pool(write_path: WritePath, _pool: PoolId) -> &'static dyn PgBackend {
+    match write_path {
+        WritePath::Oplog => &REPLICATED_OPLOG,
+        WritePath::Sync => &REPLICATED_SYNC,
+        WritePath::Ideal => &REPLICATED_IDEAL,
+    }
+}
+
+/// The peering backend of a pool's PGs (the peering schedule's view of [`for_pool`]).
+pub fn peering_for(_pool: PoolId) -> &'static dyn PeeringBackend {
+    // Peering does not depend on the write path.
+    &REPLICATED_OPLOG
+}

@@ -1,0 +1,231 @@
+//! The write-path ablation (`write_path = oplog | sync | ideal`, DESIGN.md
+//! §6) as one seam: what a replicated backend does with a mutation at the
+//! primary and with an entry at a replica, and whether a write's end has
+//! anything to settle. The operation log is the product; `sync` (apply to
+//! the store before acknowledging) is the baseline it is measured against;
+//! `ideal` (acknowledge what was received, store nothing) is the limit.
+
+use std::sync::MutexGuard;
+
+use bytes::Bytes;
+use duplex_oplog::{Entry, EntryRef, LogError, RequestId};
+use duplex_proto::osd::Status;
+
+use crate::backend::common::notify_flusher;
+use crate::messages::{Job, Outcome, SyncDone};
+use crate::metrics::copies::{self, Site};
+use crate::pg::requests::RequestState;
+use crate::pg::{Ack, OfferError, Pg, ReplyTo};
+use crate::shared::Shared;
+
+/// A mutation the primary takes into its PG.
+pub(crate) struct Mutation<'a> {
+    pub key: u32,
+    /// The write's id among the PG's uncommitted writes.
+    pub write: u64,
+    pub request: RequestId,
+    pub object: &'a Bytes,
+    /// The bytes it changes (`crate::pg::Uncommitted`).
+    pub range: (u64, u64),
+    /// It goes to replicas (else this OSD is the PG's only member).
+    pub replicated: bool,
+    /// The write as a log entry at a seq.
+    pub entry_at: &'a dyn Fn(u64) -> EntryRef<'a>,
+}
+
+/// Why a mutation was not taken.
+pub(crate) enum Refusal {
+    /// The PG's log is full: hold the operation until a flush makes room.
+    Full,
+    /// End the operation with this answer.
+    Reply(Status, String),
+}
+
+/// What the primary sends and waits for: the encoded entry for the
+/// replicas, and on the sync path the local apply to wait for too.
+pub(crate) type Taken = (Vec<u8>, Option<Entry>);
+
+pub(crate) trait WritePath: Send + Sync {
+    /// Primary: takes `mutation` into the PG (`guard` is released here).
+    fn take(&self, shared: &Shared, guard: MutexGuard<'_, Pg>, mutation: &Mutation<'_>) -> Result<Taken, Refusal>;
+
+    /// Whether a write's end has a request and an uncommitted range to
+    /// settle in its PG (`false`: nothing was tracked).
+    fn tracks_writes(&self) -> bool {
+        true
+    }
+
+    /// Replica: the answer before the entry is even looked at in a PG, if
+    /// this path gives one.
+    fn acknowledge_on_receipt(&self) -> bool {
+        false
+    }
+
+    /// Replica: takes an entry its PG accepts (`guard` is released here).
+    fn take_replica(
+        &self,
+        shared: &Shared,
+        guard: MutexGuard<'_, Pg>,
+        entry: &EntryRef<'_>,
+        payload: &Bytes,
+        to: ReplyTo,
+    ) -> Outcome;
+}
+
+/// `write_path = oplog`: the entry goes to the PG's operation log (and its
+/// index cache); the flusher applies it to the store later.
+pub(crate) struct Logged;
+
+/// `write_path = sync`: no log; the store applies the entry before it is
+/// acknowledged, at the primary and at each replica.
+pub(crate) struct SyncApply;
+
+/// `write_path = ideal`: acknowledged once every replica received it;
+/// nothing is logged, tracked or stored. A benchmark's limit only.
+pub(crate) struct Ideal;
+
+impl WritePath for Logged {
+    fn take(&self, shared: &Shared, mut guard: MutexGuard<'_, Pg>, m: &Mutation<'_>) -> Result<Taken, Refusal> {
+        let entry = (m.entry_at)(guard.log.next_seq());
+        let encoded = entry.encode();
+        // Encoded once: the log and every replica's frame take these bytes.
+        copies::count(Site::Encode, entry.data.len());
+        let state = if m.replicated { RequestState::InFlight } else { RequestState::Committed };
+        let before = guard.log.len();
+        match guard.append_encoded(&entry, &encoded, state) {
+            Ok(()) => {}
+            Err(LogError::Full) => {
+                guard.waiters = true;
+                drop(guard);
+                shared.metrics.backpressure_waits.add(1);
+                shared.send_job(m.key, Job::Flush(m.key));
+                return Err(Refusal::Full);
+            }
+            Err(LogError::TooLarge(len)) => {
+                let why = format!("a {len}-byte entry does not fit this OSD's PG log; split the write");
+                return Err(Refusal::Reply(Status::Invalid, why));
+            }
+            Err(err) => return Err(Refusal::Reply(Status::Io, err.to_string())),
+        }
+        debug_assert_eq!(guard.log.len(), before + 1, "one entry appended");
+        debug_assert_eq!(guard.last_seq(), entry.seq, "the entry is the log's newest");
+        if m.replicated {
+            guard.uncommitted.begin(m.write, m.object.clone(), m.range.0, m.range.1);
+        }
+        let depth = guard.log.len();
+        let was_dirty = std::mem::replace(&mut guard.dirty, true);
+        drop(guard);
+        notify_flusher(shared, m.key, depth, was_dirty);
+        Ok((encoded, None))
+    }
+
+    fn take_replica(
+        &self,
+        shared: &Shared,
+        mut guard: MutexGuard<'_, Pg>,
+        entry: &EntryRef<'_>,
+        payload: &Bytes,
+        to: ReplyTo,
+    ) -> Outcome {
+        let key = entry.pg;
+        let before = guard.log.len();
+        let (acks, status) = match guard.offer(entry, payload, to) {
+            Ok(acks) => (acks, Status::Ok),
+            Err(err @ OfferError::TooFarAhead { .. }) => {
+                tracing::warn!(pg = key, %err, "refusing a replicated entry");
+                (vec![Ack { seq: entry.seq, to }], Status::Retry)
+            }
+            Err(err @ OfferError::Diverged { .. }) => {
+                shared.metrics.diverged_entries.add(1);
+                tracing::error!(pg = key, %err, "refusing a replicated entry");
+                (vec![Ack { seq: entry.seq, to }], Status::Retry)
+            }
+            Err(OfferError::Log(err)) => {
+                tracing::error!(pg = key, %err, "replica log append failed");
+                (vec![Ack { seq: entry.seq, to }], Status::Io)
+            }
+        };
+        debug_assert!(guard.log.len() >= before, "offering an entry never shrinks the log");
+        if let Some((next, first)) = guard.take_stalled_gap(crate::pg::STALLED_GAP) {
+            shared.metrics.stalled_replica_pgs.add(1);
+            tracing::error!(
+                pg = key,
+                waiting_for = next,
+                first_held = first,
+                "replica PG has waited over 5 s for entries it missed; writes to this PG fail until its \
+                 primary peers it again"
+            );
+        }
+        let depth = guard.log.len();
+        let blocked = guard.waiting_for_room();
+        let was_dirty = if depth > before { std::mem::replace(&mut guard.dirty, true) } else { true };
+        drop(guard);
+        if blocked {
+            // The next entry is waiting for room: make some.
+            shared.send_job(key, Job::Flush(key));
+        } else if depth > before {
+            notify_flusher(shared, key, depth, was_dirty);
+        }
+        Outcome::Acks { pg: key, acks, status }
+    }
+}
+
+impl WritePath for SyncApply {
+    fn take(&self, _shared: &Shared, mut guard: MutexGuard<'_, Pg>, m: &Mutation<'_>) -> Result<Taken, Refusal> {
+        guard.sync_seq += 1;
+        let seq = guard.sync_seq;
+        guard.requests.set(m.request, RequestState::InFlight, seq);
+        guard.uncommitted.begin(m.write, m.object.clone(), m.range.0, m.range.1);
+        drop(guard);
+        let entry = (m.entry_at)(seq).to_owned();
+        debug_assert_eq!(entry.seq, seq);
+        // Encoded only to send: with no replicas, nothing reads it.
+        let encoded = if m.replicated { entry.encode() } else { Vec::new() };
+        Ok((encoded, Some(entry)))
+    }
+
+    fn take_replica(
+        &self,
+        shared: &Shared,
+        guard: MutexGuard<'_, Pg>,
+        entry: &EntryRef<'_>,
+        _payload: &Bytes,
+        to: ReplyTo,
+    ) -> Outcome {
+        drop(guard);
+        shared.send_job(entry.pg, Job::SyncApply { entry: entry.to_owned(), done: SyncDone::Replica(to) });
+        Outcome::Queued
+    }
+}
+
+impl WritePath for Ideal {
+    fn take(&self, _shared: &Shared, guard: MutexGuard<'_, Pg>, m: &Mutation<'_>) -> Result<Taken, Refusal> {
+        // Nothing is logged, tracked or stored: only the network and the
+        // threads remain (the limit `bench/run` compares against).
+        drop(guard);
+        let entry = (m.entry_at)(0);
+        copies::count(Site::Encode, entry.data.len());
+        let encoded = if m.replicated { entry.encode() } else { Vec::new() };
+        Ok((encoded, None))
+    }
+
+    fn tracks_writes(&self) -> bool {
+        false
+    }
+
+    fn acknowledge_on_receipt(&self) -> bool {
+        true
+    }
+
+    fn take_replica(
+        &self,
+        _shared: &Shared,
+        guard: MutexGuard<'_, Pg>,
+        entry: &EntryRef<'_>,
+        _payload: &Bytes,
+        to: ReplyTo,
+    ) -> Outcome {
+        drop(guard);
+        Outcome::Acks { pg: entry.pg, acks: vec![Ack { seq: entry.seq, to }], status: Status::Ok }
+    }
+}
