@@ -14,6 +14,7 @@ use crate::pg::{Pg, SharedPg};
 use crate::shared::Shared;
 
 pub(crate) fn reply(op: &ClientOp, status: Status, epoch: u64, message: impl std::fmt::Display) -> Outcome {
+    debug_assert_ne!(status, Status::Ok, "an early end is an error reply");
     Outcome::Reply {
         token: op.token,
         slot: op.slot,
@@ -91,6 +92,7 @@ pub(crate) fn log_fields(request: &OpRequest) -> (u64, &[u8]) {
 /// Wakes the PG's flusher: arm its timer on the first entry, flush at
 /// once at each multiple of the threshold.
 pub(crate) fn notify_flusher(shared: &Shared, key: u32, depth: usize, was_dirty: bool) {
+    debug_assert!(depth > 0, "the flusher is told of an append to an empty log");
     let threshold = shared.config.flush_threshold.max(1);
     if depth >= threshold && depth.is_multiple_of(threshold) {
         shared.send_job(key, Job::Flush(key));

@@ -81,6 +81,7 @@ fn read(shared: &Shared, pg: &SharedPg, interval: &Interval<'_>, key: u32, op: C
         if pg.index.contains(&request.object) {
             if let Some(data) = pg.index.read(&pg.log, &request.object, request.offset, request.length as u64) {
                 drop(pg);
+                debug_assert_eq!(data.len(), request.length as usize, "a read from the log returned another length");
                 metrics.reads_r1.add(1);
                 metrics.reads.add(1);
                 metrics.read_bytes.add(data.len() as u64);
@@ -107,6 +108,7 @@ fn read(shared: &Shared, pg: &SharedPg, interval: &Interval<'_>, key: u32, op: C
 /// Hands a read (data or metadata) to the PG's flusher, which answers it.
 fn queue_read(shared: &Shared, key: u32, op: &ClientOp, epoch: u64, flush_first: bool) -> Outcome {
     let request = &op.request;
+    debug_assert!(!request.kind.is_mutation(), "a mutation queued as a read");
     let data = request.kind == OpKind::Read;
     shared.send_job(
         key,
@@ -138,6 +140,7 @@ fn metadata_read(
     epoch: u64,
 ) -> Outcome {
     let request = &op.request;
+    debug_assert_ne!(request.kind, OpKind::Read, "a data read is no metadata read");
     let flush_first = {
         let Some(pg) = lock_served(pg, interval) else { return peering_reply(shared, &op, epoch) };
         if request.kind == OpKind::List {
@@ -159,6 +162,11 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
     let metrics = &shared.metrics;
     let request = &op.request;
     let log_op = log_op_of(request.kind).expect("only mutations come here");
+    debug_assert_eq!(
+        interval.acting.first(),
+        Some(&shared.config.id),
+        "a mutation admitted at another OSD than the primary"
+    );
     let (offset, data) = log_fields(request);
     let request_id = RequestId { client: request.client, tid: op.txid };
     let started = Instant::now();
@@ -195,6 +203,7 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
         guard.active.as_ref().is_some_and(|a| a.members == interval.acting),
         "lock_served checked the interval"
     );
+    debug_assert!(!replicas.contains(&shared.config.id), "the primary replicates to itself: {replicas:?}");
     // The write as a log entry at `seq` (the oplog and ideal paths send it as it is).
     let entry_at = |seq: u64| EntryRef {
         pg: key,
@@ -222,6 +231,7 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
         Err(Refusal::Reply(status, why)) => return reply(&op, status, epoch, why),
     };
     record(histograms, Stage::LogAppend, started.elapsed().as_micros() as u64);
+    debug_assert!(replicas.is_empty() || !encoded.is_empty(), "an entry for the replicas was not encoded");
     match request.kind {
         OpKind::Write => {
             metrics.writes.add(1);

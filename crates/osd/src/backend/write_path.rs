@@ -86,7 +86,12 @@ pub(crate) struct Ideal;
 
 impl WritePath for Logged {
     fn take(&self, shared: &Shared, mut guard: MutexGuard<'_, Pg>, m: &Mutation<'_>) -> Result<Taken, Refusal> {
+        debug_assert!(
+            matches!(guard.requests.get(m.request), None | Some(RequestState::Failed)),
+            "a request in flight or committed is taken again"
+        );
         let entry = (m.entry_at)(guard.log.next_seq());
+        debug_assert_eq!(entry.pg, m.key, "a mutation's entry for another PG");
         let encoded = entry.encode();
         // Encoded once: the log and every replica's frame take these bytes.
         copies::count(Site::Encode, entry.data.len());
@@ -95,6 +100,7 @@ impl WritePath for Logged {
         match guard.append_encoded(&entry, &encoded, state) {
             Ok(()) => {}
             Err(LogError::Full) => {
+                debug_assert!(!guard.log.is_empty(), "an empty log is never full");
                 guard.waiters = true;
                 drop(guard);
                 shared.metrics.backpressure_waits.add(1);
@@ -146,6 +152,10 @@ impl WritePath for Logged {
             }
         };
         debug_assert!(guard.log.len() >= before, "offering an entry never shrinks the log");
+        debug_assert!(
+            status != Status::Ok || acks.iter().all(|ack| ack.seq <= guard.last_seq()),
+            "an entry acknowledged before it was logged"
+        );
         if let Some((next, first)) = guard.take_stalled_gap(crate::pg::STALLED_GAP) {
             shared.metrics.stalled_replica_pgs.add(1);
             tracing::error!(
@@ -172,8 +182,13 @@ impl WritePath for Logged {
 
 impl WritePath for SyncApply {
     fn take(&self, _shared: &Shared, mut guard: MutexGuard<'_, Pg>, m: &Mutation<'_>) -> Result<Taken, Refusal> {
+        debug_assert!(
+            matches!(guard.requests.get(m.request), None | Some(RequestState::Failed)),
+            "a request in flight or committed is taken again"
+        );
         guard.sync_seq += 1;
         let seq = guard.sync_seq;
+        debug_assert!(seq > guard.last_seq(), "the sync path reused seq {seq} of the log");
         guard.requests.set(m.request, RequestState::InFlight, seq);
         guard.uncommitted.begin(m.write, m.object.clone(), m.range.0, m.range.1);
         drop(guard);

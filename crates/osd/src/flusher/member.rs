@@ -241,6 +241,7 @@ impl Flusher {
         }
         let end = key.checked_add(1).map(u32::to_be_bytes);
         let mut keys = self.partition.list(&start, end.as_ref().map(|e| &e[..]), DIGEST_PAGE + 1);
+        debug_assert!(keys.iter().all(|k| k.as_bytes().starts_with(&group)), "a page strayed out of its PG");
         let more = keys.len() > DIGEST_PAGE;
         keys.truncate(DIGEST_PAGE);
         (keys, more)
@@ -255,6 +256,7 @@ impl Flusher {
     /// Answers `Retry` to replicated entries a fence dropped.
     fn refuse_entries(&self, pg: u32, dropped: Vec<Ack>) {
         for ack in dropped {
+            debug_assert!(ack.to.thread < self.mailboxes.len(), "an ack for thread {}", ack.to.thread);
             self.mailboxes[ack.to.thread].post_and_wake(Completion::ack(ack, pg, Status::Retry));
         }
     }
@@ -290,6 +292,7 @@ impl Flusher {
             backfilling: false,
             position_lost: false,
         };
+        debug_assert!(info.history_from <= info.last_seq + 1, "the history starts past the log's end");
         // Where this member's history ends, as far as it knows.
         let mut end = info.last_seq;
         // Its store holds writes its log cannot place: a lost log, or a
@@ -414,6 +417,11 @@ impl Flusher {
             let staged = guard.staged.take_if(|s| s.interval == interval && s.object == object).unwrap_or_default();
             (staged, guard.installed_ids_ops(index, &requests))
         };
+        debug_assert_eq!(
+            staged.chunks.iter().map(|(_, data)| data.len() as u64).sum::<u64>(),
+            staged.bytes,
+            "the staged byte count is not what the chunks hold"
+        );
         if staged.bytes != staged_bytes {
             return Err(format!(
                 "{} bytes of the object were staged here, {staged_bytes} sent: a chunk was lost",

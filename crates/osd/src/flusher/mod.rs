@@ -78,6 +78,11 @@ impl Pending {
         self.flush_now || self.deadline.is_some_and(|d| now >= d)
     }
 
+    /// Every dirty PG has a flush coming: now, or at the deadline.
+    fn dirty_is_due(&self) -> bool {
+        self.dirty.is_empty() || self.flush_now || self.deadline.is_some()
+    }
+
     /// Whether `step` has work to do at once.
     pub fn is_ready(&self, now: Instant) -> bool {
         self.flush_due(now) || !self.syncs.is_empty() || !self.reads.is_empty() || !self.peering.is_empty()
@@ -87,6 +92,7 @@ impl Pending {
 impl Flusher {
     /// Starts the partition's gauges; the work list for `take` and `step`.
     pub fn start(&self) -> Pending {
+        assert!(!self.mailboxes.is_empty(), "a flusher with no priority thread to answer");
         let counted = self.partition.stats();
         let total = self.partition.data_blocks() * duplex_store::BLOCK_SIZE as u64;
         self.metrics.store_capacity_bytes.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
@@ -176,6 +182,7 @@ impl Flusher {
                     let _ = sender.send(reply);
                 }
                 PeerReplyTo::Remote(to) => {
+                    debug_assert!(to.thread < self.mailboxes.len(), "a peering answer for thread {}", to.thread);
                     let frame = reply.to_frame(to.txid);
                     self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
                 }
@@ -197,6 +204,7 @@ impl Flusher {
         let gauge = &self.metrics.store_used_bytes;
         gauge.fetch_add(now_used.wrapping_sub(pending.used), std::sync::atomic::Ordering::Relaxed);
         pending.used = now_used;
+        debug_assert!(pending.dirty_is_due(), "a dirty PG with no flush due: its entries would wait for ever");
     }
 
     /// Takes one job into `pending`, as of `now`.
@@ -220,6 +228,7 @@ impl Flusher {
             Job::SyncApply { entry, done } => pending.syncs.push((entry, done)),
             Job::Peer { request, reply } => pending.peering.push((request, reply)),
         }
+        debug_assert!(pending.dirty_is_due(), "a dirty PG with no flush due: its entries would wait for ever");
     }
 
     /// Applies the live entries of `dirty` PGs, then trims them.
@@ -274,12 +283,18 @@ impl Flusher {
             if fence {
                 guard.active = None;
             }
+            debug_assert!(last <= guard.last_seq(), "flushed through {last}, past the log's end");
             if last >= first {
                 // The ids outlive the trim (stored_requests.rs); the log is
                 // trimmed only after every batch of this flush is durable.
                 ops.extend(guard.record_flushed_ids(self.partition.index(), first..=last));
             }
             drop(guard);
+            debug_assert_eq!(
+                ops.len() > before,
+                last >= first,
+                "store operations without entries taken, or the reverse"
+            );
             if ops.len() > before {
                 taken.push((pg, last));
             }
@@ -290,6 +305,7 @@ impl Flusher {
             for op in ops.by_ref().take(FLUSH_BATCH) {
                 batch.push(op);
             }
+            debug_assert!(!batch.is_empty() && batch.len() <= FLUSH_BATCH, "a flush batch of {} ops", batch.len());
             let applied = match self.apply(&batch) {
                 Ok(_) => {
                     self.metrics.flushed_entries.add(batch.len() as u64);
@@ -318,8 +334,10 @@ impl Flusher {
         let mut refilled = Vec::new();
         for (pg, last) in taken {
             let mut guard = pg.lock().expect("PG lock");
-            if let Err(err) = guard.trim(last) {
-                tracing::error!(pg = guard.key, %err, "trimming the log failed");
+            match guard.trim(last) {
+                // Only the flusher trims, and it holds what it took: the log now starts after it.
+                Ok(()) => debug_assert_eq!(guard.flushed_through(), last, "a flush trimmed other than what it applied"),
+                Err(err) => tracing::error!(pg = guard.key, %err, "trimming the log failed"),
             }
             if std::mem::take(&mut guard.waiters) {
                 broadcast = true;
@@ -332,6 +350,7 @@ impl Flusher {
                             refilled.push((guard.key, guard.has_early()));
                         }
                         for ack in acks {
+                            debug_assert!(ack.to.thread < self.mailboxes.len(), "an ack for thread {}", ack.to.thread);
                             self.mailboxes[ack.to.thread].post(Completion::ack(ack, guard.key, Status::Ok));
                             wake[ack.to.thread] = true;
                         }
@@ -382,6 +401,7 @@ impl Flusher {
     /// must not wedge the PG forever. Applies the ops one at a time and
     /// drops those the store refuses, loudly.
     fn apply_one_by_one(&mut self, ops: Vec<Op>) -> Result<(), StoreError> {
+        debug_assert!(!ops.is_empty() && ops.len() <= FLUSH_BATCH, "one flush batch is split, not {} ops", ops.len());
         for op in ops {
             let mut single = Batch::new();
             single.push(op);
@@ -420,6 +440,8 @@ impl Flusher {
                     }
                 }
             }
+            debug_assert_eq!(dones.len(), batch.len(), "one completion per sync write applied");
+            debug_assert!(dones.len() + refused.len() <= FLUSH_BATCH, "a sync batch larger than a flush batch");
             self.complete_syncs(refused, Status::Invalid, &mut wake);
             if batch.is_empty() {
                 continue;
@@ -445,6 +467,11 @@ impl Flusher {
     /// Tells each sync write's waiter how its apply went.
     fn complete_syncs(&self, dones: Vec<(u32, u64, SyncDone)>, status: Status, wake: &mut [bool]) {
         for (pg, seq, done) in dones {
+            let thread = match done {
+                SyncDone::Primary { thread, .. } => thread,
+                SyncDone::Replica(to) => to.thread,
+            };
+            debug_assert!(thread < self.mailboxes.len(), "a sync write's completion for thread {thread}");
             match done {
                 SyncDone::Primary { thread, txid } => {
                     // A failed local apply fails the op: it is answered Retry.
@@ -460,6 +487,7 @@ impl Flusher {
     }
 
     fn read(&mut self, reads: Vec<ReadJob>) {
+        debug_assert!(reads.iter().all(|r| !r.kind.is_mutation()), "a mutation queued as a read");
         let (data, other): (Vec<ReadJob>, Vec<ReadJob>) = reads.into_iter().partition(|r| r.kind == OpKind::Read);
         let keys: Vec<Result<Key, StoreError>> = data.iter().map(|r| Key::in_group(r.pg, &r.object)).collect();
         let requests: Vec<ReadRequest<'_>> = data
@@ -483,6 +511,7 @@ impl Flusher {
             };
             self.post_reply(read.reply, reply, &mut wake);
         }
+        debug_assert!(results.next().is_none(), "the store answered more reads than it was asked");
         for read in other {
             let result = self.metadata(&read);
             self.post_reply(read.reply, reply_of(read.map_epoch, result), &mut wake);
@@ -514,12 +543,14 @@ impl Flusher {
     }
 
     fn post_reply(&self, to: ClientSlot, reply: OpReply, wake: &mut [bool]) {
+        debug_assert!(to.thread < self.mailboxes.len(), "a reply for priority thread {}", to.thread);
         self.mailboxes[to.thread].post(Completion::Reply { token: to.token, slot: to.slot, reply });
         wake[to.thread] = true;
     }
 
     /// A stat, an attribute read, or a listing, from the store.
     fn metadata(&mut self, read: &ReadJob) -> Result<Bytes, StoreError> {
+        debug_assert_ne!(read.kind, OpKind::Read, "a data read is no metadata read");
         if read.kind == OpKind::List {
             return Ok(self.list(read));
         }
@@ -553,10 +584,12 @@ impl Flusher {
         }
         let end = read.pg.checked_add(1).map(u32::to_be_bytes);
         let keys = self.partition.list(&start, end.as_ref().map(|e| &e[..]), LIST_LIMIT + 1);
+        debug_assert!(keys.iter().all(|k| k.as_bytes().starts_with(&group)), "a listing strayed out of its PG");
         let mut names: Vec<Vec<u8>> =
             keys.iter().map(|k| k.as_bytes()[4..].to_vec()).take_while(|name| name.starts_with(&read.arg)).collect();
         let more = names.len() > LIST_LIMIT;
         names.truncate(LIST_LIMIT);
+        debug_assert!(names.windows(2).all(|w| w[0] < w[1]), "a listing's names out of order");
         encode_names(&names, more)
     }
 }

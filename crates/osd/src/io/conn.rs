@@ -92,11 +92,18 @@ impl Conn {
     /// Takes a reply slot for a request with `txid`.
     pub fn take_slot(&mut self, txid: u64) -> u64 {
         self.slots.push_back((txid, None));
+        // `read` stops taking frames at the limit, so the requests it
+        // returned never take more slots than that.
+        debug_assert!(self.slots.len() <= MAX_IN_FLIGHT, "more than {MAX_IN_FLIGHT} reply slots on one connection");
         self.first_slot + self.slots.len() as u64 - 1
     }
 
     /// Fills a slot; sends every reply that is now in order.
     pub fn complete(&mut self, slot: u64, reply: &OpReply) {
+        debug_assert!(
+            slot >= self.first_slot && slot - self.first_slot < self.slots.len() as u64,
+            "a reply for slot {slot}, which this connection never gave out or already answered"
+        );
         let Some(index) = slot.checked_sub(self.first_slot) else { return };
         let Some((txid, place)) = self.slots.get_mut(index as usize) else { return };
         debug_assert!(place.is_none(), "a reply slot filled twice");
@@ -120,6 +127,7 @@ impl Conn {
     /// most one read chunk and one frame of buffer. Call again once replies
     /// have gone out. `Err`: close the connection (after sending what is queued).
     pub fn read(&mut self) -> Result<Vec<Frame>, ConnError> {
+        debug_assert!(!self.closing, "a connection the peer closed is dropped, not read again");
         let mut messages = Vec::new();
         loop {
             while self.in_flight() + messages.len() < MAX_IN_FLIGHT {

@@ -65,6 +65,8 @@ impl PriorityThread {
         listener: Option<TcpListener>,
         pool: Option<Vec<Sender<PoolTask>>>,
     ) -> PriorityThread {
+        assert!(index < mailboxes.len(), "priority thread {index} has no mailbox of its own");
+        assert!(pool.as_ref().is_none_or(|workers| !workers.is_empty()), "a pool without workers");
         let cache = ActingCache::new(&shared.map);
         let histograms = shared.metrics.histograms();
         PriorityThread {
@@ -183,7 +185,8 @@ impl PriorityThread {
             tracing::warn!(%err, "cannot watch a connection");
             return None;
         }
-        self.conns.insert(token, conn);
+        let reused = self.conns.insert(token, conn);
+        debug_assert!(reused.is_none(), "connection token {token} given out twice");
         Some(token)
     }
 
@@ -198,6 +201,10 @@ impl PriorityThread {
     /// This thread's connection to peer `osd`, opened on first use.
     fn peer(&mut self, osd: OsdId) -> Option<usize> {
         if let Some(token) = self.peers.get(&osd) {
+            debug_assert!(
+                self.conns.get(token).is_some_and(|c| c.role == Role::Peer(osd)),
+                "the peer table names a connection that is not ours to osd.{osd}"
+            );
             return Some(*token);
         }
         let addr = self.cache.view(&self.shared.map).addr_of(osd)?;
@@ -338,6 +345,7 @@ impl PriorityThread {
     /// Runs (or queues to the pool) a client operation. `retry`: it came
     /// from the front of the parked queue and goes back there if still blocked.
     fn run_client(&mut self, op: ClientOp, retry: bool) -> bool {
+        debug_assert_eq!(op.thread, self.index, "a client operation runs on the thread that owns its connection");
         if let Some(pool) = &self.pool {
             let key = pg_key(op.request.pool, op.request.pg).unwrap_or(0);
             let _ = pool[key as usize % pool.len()].send(PoolTask::Client(op));
@@ -370,6 +378,10 @@ impl PriorityThread {
             }
             Outcome::Replicate { write, token, slot, entry, replicas, local, arrived, map_epoch, pg, request } => {
                 let txid = write;
+                debug_assert!(
+                    !replicas.is_empty() || local.is_some(),
+                    "a write with nothing to wait for was not answered"
+                );
                 let frame = Frame::new(MessageType::RepOp, txid, entry);
                 let info = WriteInfo {
                     reply_to: ClientSlot { thread: self.index, token, slot },
@@ -408,6 +420,7 @@ impl PriorityThread {
             }
             Outcome::Acks { pg, acks, status } => {
                 for ack in acks {
+                    debug_assert!(ack.to.thread < self.mailboxes.len(), "an ack for priority thread {}", ack.to.thread);
                     if ack.to.thread == self.index {
                         self.send(ack.to.token, &ack.frame(pg, status));
                     } else {
@@ -479,6 +492,7 @@ impl PriorityThread {
         let tokens: Vec<usize> = self.conns.iter().filter(|(_, c)| !c.parked.is_empty()).map(|(t, _)| *t).collect();
         for token in tokens {
             while let Some(op) = self.conns.get_mut(&token).and_then(|c| c.parked.pop_front()) {
+                debug_assert_eq!(op.token, token, "an operation parked on another connection than its own");
                 if !self.run_client(op, true) {
                     break;
                 }
@@ -486,15 +500,23 @@ impl PriorityThread {
         }
     }
 
+    /// Writes out every connection touched this turn. Dropping one whose
+    /// write failed can touch others (a lost peer fails the writes waiting
+    /// on it, and their clients' replies are staged), so this goes on until
+    /// no touch is left.
     fn write_touched(&mut self) {
         let mut touched = std::mem::take(&mut self.touched);
-        touched.sort_unstable();
-        touched.dedup();
-        for token in touched.drain(..) {
-            let Some(conn) = self.conns.get_mut(&token) else { continue };
-            if let Err(err) = conn.write_out() {
-                self.drop_conn(token, ConnError::Io(err));
+        while !touched.is_empty() {
+            touched.sort_unstable();
+            touched.dedup();
+            for token in touched.drain(..) {
+                let Some(conn) = self.conns.get_mut(&token) else { continue };
+                if let Err(err) = conn.write_out() {
+                    self.drop_conn(token, ConnError::Io(err));
+                }
             }
+            // What the drops touched; the buffer is reused either way.
+            std::mem::swap(&mut touched, &mut self.touched);
         }
         self.touched = touched;
     }
@@ -513,10 +535,12 @@ impl PriorityThread {
         let _ = conn.write_out();
         let _ = self.poll.registry().deregister(&mut conn.stream);
         if conn.role == Role::Accepted {
-            self.shared.connections.fetch_sub(1, Ordering::Relaxed);
+            let open = self.shared.connections.fetch_sub(1, Ordering::Relaxed);
+            debug_assert!(open > 0, "more accepted connections closed than opened");
         }
         if let Role::Peer(osd) = conn.role {
-            self.peers.remove(&osd);
+            let removed = self.peers.remove(&osd);
+            debug_assert_eq!(removed, Some(token), "a peer connection missing from the peer table");
             for write in self.pending.peer_lost(osd) {
                 self.finish(write);
             }

@@ -74,7 +74,8 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     let backend = backend::for_pool(shared.config.write_path, pool.id);
     let interval = Interval { acting: &acting, view: &view };
     let at = Primary { shared, histograms, pg: &pg, interval, key, epoch };
-    match request.kind {
+    let (token, slot) = (op.token, op.slot);
+    let outcome = match request.kind {
         kind if !kind.is_mutation() => backend.read(&at, op),
         _ if acting.len() < min_size => reply(
             &op,
@@ -83,7 +84,18 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
             format!("only {} of the PG's replicas are up; writes need {min_size}", acting.len()),
         ),
         _ => backend.mutate(&at, op),
-    }
+    };
+    debug_assert!(
+        match &outcome {
+            Outcome::Reply { token: t, slot: s, .. } | Outcome::Replicate { token: t, slot: s, .. } =>
+                (*t, *s) == (token, slot),
+            Outcome::Full(back) => (back.token, back.slot) == (token, slot),
+            Outcome::Queued => true,
+            Outcome::Acks { .. } => false,
+        },
+        "a client operation's outcome answers another request, or is a replica's"
+    );
+    outcome
 }
 
 /// A replicated write's end at its primary, once every replica answered

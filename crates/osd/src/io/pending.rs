@@ -114,7 +114,9 @@ impl<R: Copy> PendingWrites<R> {
         waiting.retain(|osd| send(*osd));
         let failed = waiting.len() < before;
         self.writes.insert(txid, PendingWrite { info, waiting, local, failed, sent: now });
-        self.finish_if_done(txid)
+        let finished = self.finish_if_done(txid);
+        debug_assert!(finished.is_some() != self.writes.contains_key(&txid), "write {txid} both finished and pending");
+        finished
     }
 
     /// Replica `osd` answered write `txid` (`ok`: it logged the entry).
@@ -140,7 +142,13 @@ impl<R: Copy> PendingWrites<R> {
     pub fn peer_lost(&mut self, osd: OsdId) -> Vec<Finished<R>> {
         let affected: Vec<u64> =
             self.writes.iter().filter(|(_, w)| w.waiting.contains(&osd)).map(|(txid, _)| *txid).collect();
-        affected.into_iter().filter_map(|txid| self.on_ack(txid, osd, false)).collect()
+        let lost: Vec<Finished<R>> = affected.into_iter().filter_map(|txid| self.on_ack(txid, osd, false)).collect();
+        debug_assert!(
+            self.writes.values().all(|w| !w.waiting.contains(&osd)),
+            "a write still waits for lost osd.{osd}"
+        );
+        debug_assert!(lost.iter().all(|f| f.failed), "a write that lost a replica finished as a success");
+        lost
     }
 
     /// Fails writes still waiting for replicas `timeout` after they were
@@ -176,6 +184,12 @@ impl<R: Copy> PendingWrites<R> {
             write.failed = true;
             finished.extend(self.finish_if_done(txid));
         }
+        debug_assert!(finished.windows(2).all(|w| w[0].txid < w[1].txid), "expired writes leave in transaction order");
+        debug_assert!(finished.iter().all(|f| f.failed), "an expired write finished as a success");
+        debug_assert!(
+            self.writes.values().all(|w| !w.waiting.is_empty() || w.local),
+            "the pending table holds a write with nothing left to wait for"
+        );
         finished
     }
 

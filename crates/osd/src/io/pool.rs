@@ -41,6 +41,7 @@ pub fn pool_worker(shared: Arc<Shared>, tasks: Receiver<PoolTask>, mailboxes: Ve
                 }
             },
         };
+        debug_assert!(thread < mailboxes.len(), "an outcome for priority thread {thread}, of {}", mailboxes.len());
         if !matches!(outcome, Outcome::Queued) {
             mailboxes[thread].post_and_wake(Completion::Worked(Box::new(outcome)));
         }

@@ -197,6 +197,11 @@ impl Backfill {
             next_tag: 1,
             progress: Progress::default(),
         };
+        debug_assert_eq!(
+            backfill.listings.len(),
+            backfill.targets.len() + 1,
+            "a listing per target, after the primary's"
+        );
         let step = backfill.next_object();
         (backfill, vec![step])
     }
@@ -214,6 +219,8 @@ impl Backfill {
     }
 
     fn send(&mut self, to: OsdId, op: PeerOp) -> Step {
+        debug_assert!(self.waiting.is_none(), "a second request while one is out");
+        debug_assert!(to == self.primary || self.targets.contains(&to), "a backfill request to osd.{to}");
         let tag = self.next_tag;
         self.next_tag += 1;
         self.waiting = Some(tag);
@@ -272,6 +279,7 @@ impl Backfill {
                 self.stat_on(object, meta, 0)
             }
             (Stage::Statting { object, meta, next }, PeerReply::Meta(held)) => {
+                debug_assert_eq!(self.kept.len(), next, "targets statted out of turn");
                 if held.as_ref() == Some(&meta) {
                     self.kept.push(true);
                     self.stat_on(object, meta, next + 1)
@@ -317,6 +325,7 @@ impl Backfill {
                 self.chunk_to(Chunk { object, offset, data, crc, zeros, sent: false, next: 0 })
             }
             (Stage::Checking(chunk), PeerReply::ChunkDigest(digest)) => {
+                debug_assert!(self.kept[chunk.next], "a digest asked of a target that started empty");
                 if digest == Some(chunk.crc) {
                     self.chunk_to(Chunk { next: chunk.next + 1, ..chunk })
                 } else {
@@ -382,6 +391,10 @@ impl Backfill {
                 listing.names.pop_front();
             }
         }
+        debug_assert!(
+            self.listings.iter().all(|l| l.names.front().is_none_or(|next| *next > object)),
+            "a listing still queues a name at or before the one walked"
+        );
         self.stage = Stage::Locking { object: object.clone() };
         self.send(self.primary, PeerOp::BackfillLock { object: Some(object), start: 0, end: u64::MAX })
     }
@@ -408,6 +421,7 @@ impl Backfill {
     /// for its digest, a reset one gets it unless it is all zeros. After
     /// the last target, the next chunk (its lock releases this one).
     fn chunk_to(&mut self, mut chunk: Chunk) -> Step {
+        debug_assert_eq!(self.kept.len(), self.targets.len(), "a chunk copied before every target was statted");
         while chunk.next < self.targets.len() {
             let to = self.targets[chunk.next];
             if self.kept[chunk.next] {

@@ -383,6 +383,16 @@ impl Schedule {
             }
         }
         debug_assert!(inactive <= self.wanted.len() as u64 && backfilling <= self.wanted.len() as u64);
+        debug_assert!(self.machines.keys().all(|key| self.wanted.contains_key(key)), "a machine for a PG not ours");
+        debug_assert!(self.queue.iter().all(|(key, _)| self.machines.contains_key(key)), "an action of no machine");
+        debug_assert!(
+            self.backfill_queue.iter().all(|(key, _)| self.machines.contains_key(key)),
+            "a backfill step of no machine"
+        );
+        debug_assert!(
+            self.outstanding.is_none_or(|out| self.machines.contains_key(&out.pg)),
+            "the request out belongs to no machine"
+        );
         metrics.inactive_pgs.store(inactive, std::sync::atomic::Ordering::Relaxed);
         metrics.backfilling_pgs.store(backfilling, std::sync::atomic::Ordering::Relaxed);
     }
@@ -453,6 +463,8 @@ impl Schedule {
             None => None,
         };
         let (peering, actions) = backend.start_peering(key, interval, want, repair);
+        debug_assert_eq!((peering.pg, peering.interval), (key, interval), "a machine for another PG or interval");
+        debug_assert_eq!(peering.members().first(), Some(&self.me), "a machine whose members do not start with us");
         tracing::debug!(pg = key, interval, members = ?peering.members(), "peering");
         self.queue.extend(actions.into_iter().map(|a| (key, a)));
         let machine = Machine {
@@ -529,6 +541,8 @@ impl Schedule {
     /// deadline passes ([`Schedule::timed_out`]).
     pub fn send(&mut self, pg: u32, tag: u64, to: OsdId, now: u64, backfill: bool) -> u64 {
         debug_assert!(self.outstanding.is_none(), "one request at a time");
+        debug_assert_ne!(to, self.me, "a request to this OSD's own store goes out on the network");
+        debug_assert!(self.machines.contains_key(&pg), "a request of no machine");
         self.next_txid += 1;
         let txid = self.next_txid;
         self.outstanding = Some(Outstanding { txid, pg, tag, to, deadline: now + REQUEST_TIMEOUT_US, backfill });
@@ -576,12 +590,13 @@ impl Schedule {
         let Some(machine) = self.machines.get_mut(&pg) else { return };
         if backfill {
             let Some(backfill) = machine.backfill.as_mut() else { return };
-            let copied = backfill.progress.objects_copied;
+            let (copied, bytes) = (backfill.progress.objects_copied, backfill.progress.bytes_copied);
             let next = match outcome {
                 Ok(reply) => backfill.on_reply(tag, reply),
                 Err(why) => backfill.on_failure(tag, &why),
             };
             debug_assert!(backfill.progress.objects_copied >= copied, "a backfill's progress never goes back");
+            debug_assert!(backfill.progress.bytes_copied >= bytes, "a backfill's progress never goes back");
             metrics.backfill_objects.add(backfill.progress.objects_copied - copied);
             for step in next.into_iter().rev() {
                 self.backfill_queue.push_front((pg, step));
@@ -603,6 +618,10 @@ impl Schedule {
     pub fn on_end(&mut self, key: u32, action: Action, now: u64, metrics: &Metrics) {
         match action {
             Action::Active { recovered_objects, authority, last_seq, backfill } => {
+                debug_assert!(
+                    self.machines.get(&key).is_none_or(|m| m.peering.is_active()),
+                    "Active from a machine that is not"
+                );
                 metrics.peerings_active.add(1);
                 metrics.recovered_objects.add(recovered_objects);
                 if let Some(machine) = self.machines.get_mut(&key) {
@@ -617,6 +636,10 @@ impl Schedule {
                 self.end(key, None);
             }
             Action::Stuck(why) => {
+                debug_assert!(
+                    self.machines.get(&key).is_none_or(|m| m.peering.is_stuck()),
+                    "Stuck from a machine that is not"
+                );
                 metrics.peerings_stuck.add(1);
                 tracing::warn!(pg = key, %why, "peering stopped; trying again shortly");
                 if let Some(machine) = self.machines.get_mut(&key) {
@@ -674,6 +697,10 @@ impl Schedule {
                 metrics.backfilled_pgs.add(1);
                 let pinned = self.wanted.get(&key).is_some_and(Wanted::is_pinned);
                 let Some(machine) = self.machines.get_mut(&key) else { return };
+                debug_assert!(
+                    machine.backfill.as_ref().is_some_and(Backfill::is_complete),
+                    "Complete from a backfill that is not"
+                );
                 let progress = machine.backfill.as_ref().map(|b| b.progress).unwrap_or_default();
                 let (objects, bytes) = (progress.objects_copied, progress.bytes_copied);
                 let took_ms = now.saturating_sub(machine.started) / 1000;
@@ -691,6 +718,10 @@ impl Schedule {
                 }
             }
             Step::Stuck(why) => {
+                debug_assert!(
+                    self.machines.get(&key).is_none_or(|m| m.backfill.as_ref().is_some_and(Backfill::is_stuck)),
+                    "Stuck from a backfill that is not"
+                );
                 tracing::warn!(pg = key, %why, "backfill stopped; it starts over with the PG's next peering");
                 if let Some(machine) = self.machines.get_mut(&key) {
                     machine.retry_at = Some(now + TARGET_RETRY_US);

@@ -229,7 +229,9 @@ impl Activation {
     pub fn replicas(&self) -> Vec<u32> {
         // A member filled in the background is a member and a target.
         let targets = self.backfill.iter().filter(|t| !self.members.contains(t));
-        self.members[1..].iter().chain(targets).copied().collect()
+        let replicas: Vec<u32> = self.members[1..].iter().chain(targets).copied().collect();
+        debug_assert!(!replicas.contains(&self.members[0]), "the primary is among its own replicas: {self:?}");
+        replicas
     }
 }
 
@@ -300,10 +302,15 @@ impl Pg {
             self.history.pop_front();
         }
         self.history.push_back((seq, epoch, Bytes::copy_from_slice(object)));
+        debug_assert!(self.history.len() <= HISTORY_LEN, "the recent history outgrew its bound");
     }
 
     /// The oldest seq whose object the history names (`last_seq + 1`: none).
     pub fn history_from(&self) -> u64 {
+        debug_assert!(
+            self.history.back().is_none_or(|(last, ..)| *last == self.last_seq()),
+            "the recent history does not end at the log's last entry"
+        );
         self.history.front().map_or(self.last_seq() + 1, |(seq, ..)| *seq)
     }
 
@@ -375,11 +382,17 @@ impl Pg {
         requests: &[LoggedRequest],
     ) -> Result<bool, LogError> {
         assert!(self.log.is_empty(), "activation follows a flush");
+        assert_eq!(activation.interval, self.asked_interval, "activation in another interval than the one queried");
+        assert!(
+            activation.members.first().is_some_and(|primary| !activation.backfill.contains(primary)),
+            "an activation without a primary, or backfilling it: {activation:?}"
+        );
         let replaced = rebuilt || (last_seq, last_epoch) != (self.last_seq(), self.log.last_epoch());
         if replaced {
             self.history.clear();
         }
         self.log.set_position(last_seq + 1, last_epoch, activation.interval)?;
+        debug_assert_eq!(self.last_seq(), last_seq, "the log continues after the authority's last entry");
         self.sync_seq = last_seq;
         self.newest_epoch = None;
         self.requests.replace(requests);
@@ -400,11 +413,13 @@ impl Pg {
         state: RequestState,
     ) -> Result<(), LogError> {
         debug_assert_eq!(entry.pg, self.key, "entry for another PG");
+        debug_assert_eq!(entry.seq, self.log.next_seq(), "entries are appended in seq order");
         let at = self.log.append_encoded(entry.seq, encoded)?;
         crate::metrics::copies::count(crate::metrics::copies::Site::LogAppend, entry.data.len());
         self.remember(entry.seq, entry.epoch, entry.object);
         self.index.insert_ref(entry, at);
         self.requests.set(entry.request, state, entry.seq);
+        debug_assert_eq!(self.last_seq(), entry.seq, "the appended entry is the log's newest");
         Ok(())
     }
 
@@ -439,6 +454,7 @@ impl Pg {
         self.early.insert(entry.seq, (encoded.clone(), to));
         let acks = self.drain_early()?;
         self.track_gap();
+        debug_assert!(acks.iter().all(|ack| ack.seq <= self.last_seq()), "an ack for an entry not logged");
         Ok(acks)
     }
 
@@ -487,6 +503,7 @@ impl Pg {
             }
         }
         self.track_gap();
+        debug_assert!(acks.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "early entries logged out of turn");
         Ok(acks)
     }
 
@@ -520,6 +537,8 @@ impl Pg {
     /// The store operations that keep the ids of the entries `flushed`
     /// (now in the store, in log order) past the log's trim.
     pub fn record_flushed_ids(&mut self, partition: u32, flushed: RangeInclusive<u64>) -> Vec<Op> {
+        debug_assert_eq!(*flushed.start(), self.flushed_through() + 1, "ids recorded from the first unflushed entry");
+        debug_assert!(*flushed.end() <= self.last_seq(), "ids recorded for entries never logged");
         let mut ops = Vec::new();
         if !std::mem::replace(&mut self.ids_record_created, true) {
             ops.push(stored_requests::create(partition, self.key));
@@ -543,8 +562,11 @@ impl Pg {
 
     /// After the store holds every entry through `seq`: drop them from the log and index.
     pub fn trim(&mut self, seq: u64) -> Result<(), LogError> {
+        debug_assert!(seq <= self.last_seq(), "a trim through {seq}, past the last entry {}", self.last_seq());
         self.log.trim(seq)?;
         self.index.trim(seq);
+        debug_assert!(self.flushed_through() >= seq, "entries through {seq} are still in the log after a trim");
+        debug_assert!(self.index.len() <= self.log.len(), "the index names an object with no live entry");
         Ok(())
     }
 }
@@ -632,6 +654,7 @@ impl PgTable {
         // Index the recovered entries so reads see them until they are flushed.
         let offsets: Vec<u64> = pg.log.offsets().collect();
         debug_assert_eq!(offsets.len(), entries.len(), "one offset per live entry");
+        assert!(entries.last().is_none_or(|e| e.seq == pg.last_seq()), "the recovered entries end at the log's end");
         for (entry, at) in entries.iter().zip(offsets) {
             pg.index.insert(entry, at);
             pg.requests.set(entry.request, RequestState::Committed, entry.seq);

@@ -100,6 +100,7 @@ pub fn replay_recovered(recovered: &[(SharedPg, Vec<Entry>)], store: &mut Store)
             partition.apply(&batch).with_context(|| format!("recording the request ids of PG {key:#x}"))?;
         }
         guard.trim(last).with_context(|| format!("trimming the log of PG {key:#x}"))?;
+        assert!(guard.log.is_empty(), "PG {key:#x} serves with entries its replay left in the log");
     }
     Ok(replayed)
 }

@@ -66,6 +66,7 @@ impl RequestTable {
             self.states.remove(&oldest);
         }
         debug_assert_eq!(self.states.len(), self.by_seq.len(), "every tracked id is at one seq");
+        debug_assert!(self.by_seq.len() <= TRACKED_REQUESTS, "the table outgrew its bound");
     }
 
     /// Ends an in-flight request (a later state, set meanwhile, wins).
@@ -95,6 +96,10 @@ impl RequestTable {
         for request in committed {
             self.set(RequestId { client: request.client, tid: request.tid }, RequestState::Committed, request.seq);
         }
+        debug_assert!(
+            self.states.values().all(|(state, _)| *state == RequestState::Committed),
+            "an id of the authoritative history that is not committed"
+        );
     }
 
     /// The id of the entry at `seq`, if this table tracks it.
@@ -133,7 +138,10 @@ pub fn merge_logged<'a>(tables: impl IntoIterator<Item = &'a [LoggedRequest]>) -
         }
     }
     let skip = by_seq.len().saturating_sub(TRACKED_REQUESTS);
-    by_seq.into_values().skip(skip).collect()
+    let merged: Vec<LoggedRequest> = by_seq.into_values().skip(skip).collect();
+    debug_assert!(merged.len() <= TRACKED_REQUESTS, "more merged ids than a table tracks");
+    debug_assert!(merged.windows(2).all(|w| w[0].seq < w[1].seq), "merged ids are one per seq, in seq order");
+    merged
 }
 
 #[cfg(test)]

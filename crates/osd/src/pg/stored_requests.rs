@@ -76,6 +76,7 @@ fn encode_slot(id: RequestId, seq: u64) -> [u8; SLOT_BYTES] {
 }
 
 fn decode_slot(slot: &[u8], index: usize) -> Option<LoggedRequest> {
+    debug_assert!(slot.len() == SLOT_BYTES && index < TRACKED_REQUESTS, "slot {index} is not one of the ring's");
     let word = |at: usize| u64::from_le_bytes(slot[at..at + 8].try_into().expect("8 bytes"));
     let client = word(0);
     if client == 0 {
@@ -158,10 +159,12 @@ pub fn record(partition: u32, pg: u32, table: &(impl IdsBySeq + ?Sized), flushed
     if let Some((start, data)) = run {
         ops.push(slots_op(partition, pg, start, data));
     }
+    debug_assert!(ops.len() <= 2, "at most one lap of the ring: its end, then its start");
     ops
 }
 
 fn slots_op(partition: u32, pg: u32, first_slot: usize, data: Vec<u8>) -> Op {
+    debug_assert!(first_slot * SLOT_BYTES + data.len() <= RECORD_BYTES, "slots written past the record's end");
     Op::WriteJournaled { key: key(partition, pg), offset: (first_slot * SLOT_BYTES) as u64, data }
 }
 

@@ -310,6 +310,10 @@ impl Peering {
     /// backfill ends the PG peers again and they are members like the
     /// others. Call before the first reply.
     pub fn fill_in_background(&mut self, min_size: usize) {
+        assert!(
+            matches!(&self.phase, Phase::Querying { infos, .. } if infos.is_empty()),
+            "fill_in_background is set before the first answer"
+        );
         self.background_min = Some(min_size.max(1));
     }
 
@@ -351,6 +355,7 @@ impl Peering {
     /// A target failed or refused: the PG goes on without it (its primary
     /// tries again at the next interval, or when it retries the machine).
     fn drop_target(&mut self, tag: u64, target: OsdId) -> Vec<Action> {
+        debug_assert!(!self.members.contains(&target), "a member dropped as a backfill target");
         self.targets.retain(|t| *t != target);
         match std::mem::replace(&mut self.phase, Phase::Stuck) {
             Phase::Querying { mut waiting, infos } => {
@@ -419,6 +424,7 @@ impl Peering {
         if !self.expects(tag) {
             return Vec::new();
         }
+        debug_assert!(tag < self.next_tag, "the machine waits on tag {tag}, which it never issued");
         if let Some(target) = self.target_of(tag) {
             let fine = matches!(
                 (&self.phase, &reply),
@@ -438,6 +444,7 @@ impl Peering {
                     return self.stuck(format!("osd.{osd} answered a query with {reply:?}"));
                 };
                 if !self.targets.contains(&osd) {
+                    debug_assert!(self.members.contains(&osd), "a query went to osd.{osd}, no member nor target");
                     infos.insert(osd, (info, requests));
                 }
                 if !waiting.is_empty() {

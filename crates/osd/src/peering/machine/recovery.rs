@@ -6,6 +6,7 @@ use super::*;
 
 impl Peering {
     pub(super) fn recover(&mut self, answers: BTreeMap<OsdId, (PeerInfo, Vec<LoggedRequest>)>) -> Vec<Action> {
+        assert!(self.members.iter().all(|m| answers.contains_key(m)), "recovery began before every member answered");
         let primary = self.members[0];
         let mut infos = BTreeMap::new();
         let mut logged = BTreeMap::new();
@@ -34,6 +35,13 @@ impl Peering {
                 self.pg
             ));
         };
+        debug_assert!(self.members.contains(&authority), "the authority osd.{authority} is no member");
+        // The authority's key is the greatest among the copies it was chosen from.
+        let rank = |i: &PeerInfo| (i.last_active, !i.position_lost, i.last_seq);
+        debug_assert!(
+            infos.values().filter(|i| i.backfilling == info.backfilling).all(|i| rank(i) <= rank(&info)),
+            "an authority behind another member it was chosen over"
+        );
         let mut on_history = BTreeSet::from([authority]);
         let mut targets = VecDeque::new();
         for (osd, member) in infos.iter().filter(|(osd, _)| **osd != authority) {
@@ -97,12 +105,14 @@ impl Peering {
         let primary = self.members[0];
         let to_fill: Vec<OsdId> =
             targets.iter().filter(|(_, plan)| *plan == Plan::Backfill).map(|(osd, _)| *osd).collect();
+        debug_assert!(to_fill.len() < answered, "every member to fill, the authority too");
         if !to_fill.is_empty() && answered - to_fill.len() >= min_size {
             if to_fill.contains(&primary) {
                 // The primary serves reads: it hands the PG to the
                 // authority, whose peering fills it in the background.
                 let mut acting = vec![authority];
                 acting.extend(self.members.iter().copied().filter(|osd| *osd != authority));
+                debug_assert_eq!(acting.len(), self.members.len(), "a hand-over keeps every member");
                 return Err(acting);
             }
             targets.retain(|(osd, _)| !to_fill.contains(osd));
@@ -118,6 +128,7 @@ impl Peering {
             .filter(|(osd, plan)| matches!(plan, Plan::History { .. }) && *osd != primary)
             .map(|(osd, _)| *osd)
             .collect();
+        debug_assert!(self.filled_in_background.len() + behind.len() < answered, "the authority is behind itself");
         if behind.is_empty() || answered - self.filled_in_background.len() - behind.len() < min_size {
             return Ok(BTreeSet::new());
         }
@@ -129,6 +140,7 @@ impl Peering {
     /// Only one stage has a request outstanding at a time, and the order
     /// below finds it first: a copy, a target's listing, a scrub listing.
     pub(super) fn step(&mut self, mut recovery: Box<Recovery>, mut reply: Option<PeerReply>) -> Vec<Action> {
+        debug_assert!(recovery.waiting.is_none(), "recovery steps on while a request is out");
         loop {
             if let Some(copy) = recovery.copy.take() {
                 match self.copy_step(&mut recovery, copy, reply.take()) {
@@ -195,6 +207,7 @@ impl Peering {
                 }
                 self.scrub_report = scrub.report.take();
             }
+            debug_assert!(reply.is_none(), "an answer no recovery stage waited for");
             let record = self.record_members();
             if self.active_set.as_deref() != Some(&record[..]) {
                 self.phase = Phase::Recording(recovery);
@@ -213,6 +226,7 @@ impl Peering {
         reply: Option<PeerReply>,
     ) -> Result<Option<(OsdId, PeerOp)>, String> {
         let authority = recovery.authority;
+        debug_assert_ne!(target, authority, "the authority is recovered from itself");
         let unexpected = |reply: &Option<PeerReply>| format!("unexpected answer {reply:?} during recovery");
         match (step, reply) {
             (Step::AskTouched, Some(PeerReply::Touched(Some(objects)))) => {
@@ -283,6 +297,7 @@ impl Peering {
         mut copy: Copy,
         reply: Option<PeerReply>,
     ) -> Result<Option<(OsdId, PeerOp)>, String> {
+        debug_assert_ne!(copy.from, copy.to, "an object copied onto its own source");
         let object = copy.object.clone();
         let (next, to, op) = match (std::mem::replace(&mut copy.stage, CopyStage::Install), reply) {
             (CopyStage::Stat, Some(PeerReply::Meta(None))) => {
@@ -344,6 +359,8 @@ impl Peering {
     }
 
     pub(super) fn activate(&mut self, recovery: &Recovery) -> Vec<Action> {
+        assert!(recovery.copy.is_none() && recovery.work.is_empty(), "activation before recovery's work is done");
+        debug_assert!(recovery.on_history.contains(&recovery.authority), "the authority's own ids left out");
         debug_assert_eq!(
             self.active_set.as_deref(),
             Some(&self.record_members()[..]),
@@ -354,6 +371,10 @@ impl Peering {
         let members: Vec<u32> = self.members.clone();
         let targets = self.backfill_targets();
         assert!(!targets.contains(&members[0]), "the primary serves: it is never filled in the background");
+        debug_assert!(
+            members.iter().all(|m| !targets.contains(m) || self.filled_in_background.contains(m)),
+            "a member is a backfill target only when it is filled in the background"
+        );
         let requests =
             merge_logged(recovery.on_history.iter().filter_map(|osd| recovery.logged.get(osd)).map(Vec::as_slice));
         let activate = |osd: OsdId| PeerOp::Activate {
@@ -401,6 +422,7 @@ pub(super) fn next_cursor(cursor: &[u8], page: &[ObjectDigest], more: bool) -> O
 /// After `offset` bytes of `meta`'s object: the next chunk to pull from
 /// `from`, or, past the end, the source's ids of the object's mutations.
 fn next_chunk(from: OsdId, object: Vec<u8>, meta: ObjectMeta, offset: u64, staged: u64) -> (CopyStage, OsdId, PeerOp) {
+    debug_assert!(staged <= offset, "{staged} bytes staged of the first {offset} pulled");
     if offset < meta.size {
         let len = CHUNK_BYTES.min((meta.size - offset).min(u32::MAX as u64) as u32);
         (CopyStage::Pull { meta, offset, staged }, from, PeerOp::Pull { object, offset, len })

@@ -48,6 +48,7 @@ fn compare(
     members: &[OsdId],
     digests: &BTreeMap<OsdId, Vec<ObjectDigest>>,
 ) -> (ScrubReport, Vec<Work>) {
+    debug_assert!(members.contains(&authority), "the scrub's authority osd.{authority} is no member");
     let mut copies: BTreeMap<&[u8], BTreeMap<OsdId, Option<u32>>> = BTreeMap::new();
     for (member, listed) in digests {
         for d in listed {
@@ -74,6 +75,7 @@ fn compare(
         if bad.is_empty() {
             continue;
         }
+        debug_assert!(good.is_none_or(|(from, _)| !bad.contains(&from)), "the good copy is judged bad");
         if let Some((from, _)) = good {
             work.extend(bad.iter().map(|to| Work::Copy { object: object.to_vec(), from, to: *to }));
         }
