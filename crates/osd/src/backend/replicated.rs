@@ -45,7 +45,34 @@ impl<P: WritePath> PgBackend for Replicated<P> {
         map_epoch: u64,
         failed: bool,
     ) -> OpReply {
-        finish_write(&self.0, shared, pg, write, request, map_epoch, failed)
+        if !self.0.tracks_writes() {
+            // Nothing was tracked, so there is nothing to end.
+            let status = if failed { Status::Retry } else { Status::Ok };
+            return OpReply { status, map_epoch, data: Bytes::new() };
+        }
+        // Every replicated write takes the PG lock once more here, to leave
+        // the uncommitted set: the price of reads that never see it early.
+        if let Some(pg_lock) = shared.pgs.get(pg) {
+            let mut guard = pg_lock.lock().expect("PG lock");
+            guard.uncommitted.end(write);
+            if !request.is_none() {
+                guard.requests.finish(request, !failed);
+            }
+            // Only a write of the interval the PG is active in says a member
+            // of it missed an entry; a late failure from before does not.
+            let current = guard.active.as_ref().is_some_and(|a| map_epoch >= a.interval);
+            if failed && current && guard.active.take().is_some() {
+                // A member missed an entry of this interval (it restarted,
+                // lost the connection, or fell behind): its log now has a
+                // gap only peering can fill. Writes wait until it has.
+                tracing::warn!(pg, "a replicated write failed; the PG peers again");
+            }
+        }
+        if failed {
+            OpReply::error(Status::Retry, map_epoch, "a replica did not acknowledge; resend")
+        } else {
+            OpReply { status: Status::Ok, map_epoch, data: Bytes::new() }
+        }
     }
 
     fn replica_op(
@@ -55,7 +82,58 @@ impl<P: WritePath> PgBackend for Replicated<P> {
         payload: &Bytes,
         to: ReplyTo,
     ) -> Result<Outcome, String> {
-        replica_op(&self.0, shared, histograms, payload, to)
+        let entry = EntryRef::decode(payload).ok_or("replication payload is not a valid log entry")?;
+        if entry.encoded_len() != payload.len() {
+            return Err("replication payload has trailing bytes".into());
+        }
+        let key = entry.pg;
+        if duplex_store::Key::in_group(key, entry.object).is_err() || entry.object.len() > MAX_OBJECT_NAME {
+            return Err("replicated entry names an object the store cannot hold".into());
+        }
+        check_limits(entry.op, entry.offset, entry.data)?;
+        shared.metrics.replica_entries.add(1);
+        if self.0.acknowledge_on_receipt() {
+            // Received is all the ideal path asks of a replica.
+            return Ok(Outcome::Acks { pg: key, acks: vec![Ack { seq: entry.seq, to }], status: Status::Ok });
+        }
+        let pg = match shared.pgs.get(key) {
+            Some(pg) => pg,
+            None => {
+                // A new log only for a PG the map has: a peer must not make this
+                // OSD create logs (files, memory) for any key it names.
+                let view = shared.map.load();
+                if view.pool(pool_of(key)).is_none_or(|pool| pg_number(key) >= pool.pg_num) {
+                    // Perhaps this OSD's map is behind the primary's: refuse this
+                    // entry (the primary fails the write, the client resends).
+                    tracing::warn!(pg = key, epoch = view.epoch(), "refusing an entry for a PG this map lacks");
+                    return Ok(Outcome::Acks {
+                        pg: key,
+                        acks: vec![Ack { seq: entry.seq, to }],
+                        status: Status::Retry,
+                    });
+                }
+                shared.pgs.get_or_open(key).map_err(|e| e.to_string())?
+            }
+        };
+        let started = Instant::now();
+        let guard = pg.lock().expect("PG lock");
+        if !guard.accepts(entry.epoch) {
+            // Peering has not activated this PG here for the sender's interval:
+            // the entry is from a replaced primary, or comes before activation.
+            let active = guard.active.as_ref().map(|a| a.interval);
+            drop(guard);
+            tracing::debug!(
+                pg = key,
+                seq = entry.seq,
+                epoch = entry.epoch,
+                ?active,
+                "refusing an entry of another interval"
+            );
+            return Ok(Outcome::Acks { pg: key, acks: vec![Ack { seq: entry.seq, to }], status: Status::Retry });
+        }
+        let outcome = self.0.take_replica(shared, guard, &entry, payload, to);
+        record(histograms, Stage::LogAppend, started.elapsed().as_micros() as u64);
+        Ok(outcome)
     }
 }
 
@@ -262,107 +340,4 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
         pg: key,
         request: request_id,
     }
-}
-
-/// A replicated write's end at its primary, once every replica answered
-/// (or the wait timed out): notes the request's fate in the PG's table,
-/// deactivates the PG when a member of its current interval missed the
-/// entry, and returns the client's reply.
-fn finish_write(
-    path: &dyn WritePath,
-    shared: &Shared,
-    pg: u32,
-    write: u64,
-    request: RequestId,
-    map_epoch: u64,
-    failed: bool,
-) -> OpReply {
-    if !path.tracks_writes() {
-        // Nothing was tracked, so there is nothing to end.
-        let status = if failed { Status::Retry } else { Status::Ok };
-        return OpReply { status, map_epoch, data: Bytes::new() };
-    }
-    // Every replicated write takes the PG lock once more here, to leave
-    // the uncommitted set: the price of reads that never see it early.
-    if let Some(pg_lock) = shared.pgs.get(pg) {
-        let mut guard = pg_lock.lock().expect("PG lock");
-        guard.uncommitted.end(write);
-        if !request.is_none() {
-            guard.requests.finish(request, !failed);
-        }
-        // Only a write of the interval the PG is active in says a member
-        // of it missed an entry; a late failure from before does not.
-        let current = guard.active.as_ref().is_some_and(|a| map_epoch >= a.interval);
-        if failed && current && guard.active.take().is_some() {
-            // A member missed an entry of this interval (it restarted,
-            // lost the connection, or fell behind): its log now has a
-            // gap only peering can fill. Writes wait until it has.
-            tracing::warn!(pg, "a replicated write failed; the PG peers again");
-        }
-    }
-    if failed {
-        OpReply::error(Status::Retry, map_epoch, "a replica did not acknowledge; resend")
-    } else {
-        OpReply { status: Status::Ok, map_epoch, data: Bytes::new() }
-    }
-}
-
-/// Replica side: logs (or, sync, applies) one replicated entry, whose
-/// bytes are logged as they came. `Err`: the payload is not an entry this
-/// OSD could ever apply, and the connection that sent it is dropped.
-fn replica_op(
-    path: &dyn WritePath,
-    shared: &Shared,
-    histograms: &Histograms,
-    payload: &Bytes,
-    to: ReplyTo,
-) -> Result<Outcome, String> {
-    let entry = EntryRef::decode(payload).ok_or("replication payload is not a valid log entry")?;
-    if entry.encoded_len() != payload.len() {
-        return Err("replication payload has trailing bytes".into());
-    }
-    let key = entry.pg;
-    if duplex_store::Key::in_group(key, entry.object).is_err() || entry.object.len() > MAX_OBJECT_NAME {
-        return Err("replicated entry names an object the store cannot hold".into());
-    }
-    check_limits(entry.op, entry.offset, entry.data)?;
-    shared.metrics.replica_entries.add(1);
-    if path.acknowledge_on_receipt() {
-        // Received is all the ideal path asks of a replica.
-        return Ok(Outcome::Acks { pg: key, acks: vec![Ack { seq: entry.seq, to }], status: Status::Ok });
-    }
-    let pg = match shared.pgs.get(key) {
-        Some(pg) => pg,
-        None => {
-            // A new log only for a PG the map has: a peer must not make this
-            // OSD create logs (files, memory) for any key it names.
-            let view = shared.map.load();
-            if view.pool(pool_of(key)).is_none_or(|pool| pg_number(key) >= pool.pg_num) {
-                // Perhaps this OSD's map is behind the primary's: refuse this
-                // entry (the primary fails the write, the client resends).
-                tracing::warn!(pg = key, epoch = view.epoch(), "refusing an entry for a PG this map lacks");
-                return Ok(Outcome::Acks { pg: key, acks: vec![Ack { seq: entry.seq, to }], status: Status::Retry });
-            }
-            shared.pgs.get_or_open(key).map_err(|e| e.to_string())?
-        }
-    };
-    let started = Instant::now();
-    let guard = pg.lock().expect("PG lock");
-    if !guard.accepts(entry.epoch) {
-        // Peering has not activated this PG here for the sender's interval:
-        // the entry is from a replaced primary, or comes before activation.
-        let active = guard.active.as_ref().map(|a| a.interval);
-        drop(guard);
-        tracing::debug!(
-            pg = key,
-            seq = entry.seq,
-            epoch = entry.epoch,
-            ?active,
-            "refusing an entry of another interval"
-        );
-        return Ok(Outcome::Acks { pg: key, acks: vec![Ack { seq: entry.seq, to }], status: Status::Retry });
-    }
-    let outcome = path.take_replica(shared, guard, &entry, payload, to);
-    record(histograms, Stage::LogAppend, started.elapsed().as_micros() as u64);
-    Ok(outcome)
 }
