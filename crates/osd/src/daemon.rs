@@ -16,8 +16,8 @@ use crate::cluster::{boot, follow, heartbeat, heartbeat_client, MapCell, MonLink
 use crate::config::{OsdConfig, Threading};
 use crate::flusher::Flusher;
 use crate::io::event_loop::{PriorityThread, WAKER};
-use crate::io::pool::pool_worker;
-use crate::messages::{Mailbox, ScrubRequests, FLUSHER_QUEUE, POOL_QUEUE};
+use crate::io::pool::{pool_worker, Pool};
+use crate::messages::{Mailbox, ScrubRequests, FLUSHER_QUEUE};
 use crate::metrics::{serve, Metrics};
 use crate::peering::driver::PeeringDriver;
 use crate::pg::replay::replay_recovered;
@@ -134,17 +134,15 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         Arc::new(Shared::new(config.clone(), pgs.clone(), cell, metrics.clone(), flusher_senders, scrub_requests));
 
     let pool = if config.threading == Threading::Pool {
-        let mut senders = Vec::new();
-        for worker in 0..config.pool_threads.max(1) {
-            let (sender, tasks) = crossbeam_channel::bounded(POOL_QUEUE);
+        let pool = Pool::start(config.pool_threads, |worker, tasks| {
             let (shared, mailboxes, cores) = (shared.clone(), mailboxes.clone(), shared_cores.clone());
             std::thread::Builder::new().name(format!("osd-pool-{worker}")).spawn(move || {
                 pin_to_cores(&cores);
                 pool_worker(shared, tasks, mailboxes)
             })?;
-            senders.push(sender);
-        }
-        Some(senders)
+            Ok(())
+        })?;
+        Some(pool)
     } else {
         None
     };

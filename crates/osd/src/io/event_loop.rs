@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use duplex_map::OsdId;
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, OsdStats, RepReply, Status};
 use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
@@ -21,11 +21,12 @@ use crate::cluster::ActingCache;
 use crate::io::conn::{Conn, ConnError, Role, MAX_IN_FLIGHT};
 use crate::io::ops;
 use crate::io::pending::{Finished, PendingWrites, WriteInfo, REPLICATION_TIMEOUT};
+use crate::io::pool::Pool;
 use crate::messages::{
-    ClientOp, ClientSlot, Completion, Job, Mailbox, Outcome, PeerReplyTo, PoolTask, ScrubAsk, SyncDone, MAX_SCRUB_ASKS,
+    ClientOp, ClientSlot, Completion, Job, Mailbox, Outcome, PeerReplyTo, ScrubAsk, SyncDone, MAX_SCRUB_ASKS,
 };
 use crate::metrics::{record, Histograms, Stage};
-use crate::pg::{pg_key, pg_number, pool_of, ReplyTo};
+use crate::pg::{pg_number, pool_of, ReplyTo};
 use crate::shared::Shared;
 
 pub const LISTENER: Token = Token(0);
@@ -43,7 +44,8 @@ pub struct PriorityThread {
     pub inbox: Receiver<Completion>,
     pub mailboxes: Vec<Mailbox>,
     pub listener: Option<TcpListener>,
-    pub pool: Option<Vec<Sender<PoolTask>>>,
+    /// `threading = pool`: where operations run instead of inline.
+    pub pool: Option<Pool>,
     conns: HashMap<usize, Conn>,
     next_token: usize,
     peers: HashMap<OsdId, usize>,
@@ -63,10 +65,9 @@ impl PriorityThread {
         inbox: Receiver<Completion>,
         mailboxes: Vec<Mailbox>,
         listener: Option<TcpListener>,
-        pool: Option<Vec<Sender<PoolTask>>>,
+        pool: Option<Pool>,
     ) -> PriorityThread {
         assert!(index < mailboxes.len(), "priority thread {index} has no mailbox of its own");
-        assert!(pool.as_ref().is_none_or(|workers| !workers.is_empty()), "a pool without workers");
         let cache = ActingCache::new(&shared.map);
         let histograms = shared.metrics.histograms();
         PriorityThread {
@@ -273,8 +274,7 @@ impl PriorityThread {
             (Some(MessageType::RepOp), Role::Accepted) => {
                 let to = ReplyTo { thread: self.index, token, txid };
                 if let Some(pool) = &self.pool {
-                    let pg = duplex_oplog::entry::peek_pg(&frame.payload).unwrap_or(0);
-                    let _ = pool[pg as usize % pool.len()].send(PoolTask::Replica { payload: frame.payload, to });
+                    pool.replica(frame.payload, to);
                 } else {
                     let outcome = ops::replica_op(&self.shared, &self.histograms, &frame.payload, to)?;
                     self.execute(outcome);
@@ -347,8 +347,7 @@ impl PriorityThread {
     fn run_client(&mut self, op: ClientOp, retry: bool) -> bool {
         debug_assert_eq!(op.thread, self.index, "a client operation runs on the thread that owns its connection");
         if let Some(pool) = &self.pool {
-            let key = pg_key(op.request.pool, op.request.pg).unwrap_or(0);
-            let _ = pool[key as usize % pool.len()].send(PoolTask::Client(op));
+            pool.client(op);
             return true;
         }
         match ops::client_op(&self.shared, &mut self.cache, &self.histograms, op) {
