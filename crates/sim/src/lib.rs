@@ -11,18 +11,24 @@
 //!
 //! What runs is the product's own logic, not a model of it:
 //! - the OSD's operations ([`duplex_osd::io::ops::client_op`],
-//!   [`duplex_osd::io::ops::replica_op`], [`duplex_osd::io::ops::finish_write`]),
-//!   its PG logs and request tables ([`duplex_osd::pg`]), its flusher and
-//!   member side of peering ([`duplex_osd::flusher::Flusher`]), its peering
-//!   machines ([`duplex_osd::peering`]) and its log replay at start;
+//!   [`duplex_osd::io::ops::replica_op`], [`duplex_osd::io::ops::finish_write`])
+//!   and its PG backend ([`duplex_osd::backend`]), its PG logs and request
+//!   tables ([`duplex_osd::pg`]), its table of writes waiting for replicas
+//!   ([`duplex_osd::io::pending`]), its flusher and member side of peering
+//!   ([`duplex_osd::flusher::Flusher`]), its peering machines and the
+//!   schedule that runs them ([`duplex_osd::peering`]) and its log replay
+//!   at start;
 //! - the store, over a real (tmpfs) file;
 //! - the monitor's map commands and failure detector with leases
 //!   ([`duplex_map`]).
 //!
 //! What the simulator supplies instead of the product: the threads and
 //! sockets (a client op goes straight to `client_op`; a reply frame from
-//! a flusher's mailbox goes on the modelled network), Raft (one monitor),
-//! and the client (retries with the same request id, like the real one).
+//! a flusher's mailbox goes on the modelled network), the clock under the
+//! schedulers (the peering thread's blocking requests become messages and
+//! a deadline), Raft (one monitor), and the client (retries with the same
+//! request id, like the real one). It keeps no copy of an OSD scheduler:
+//! a seed fails when the OSD's own is wrong.
 //!
 //! Each run is judged by [`duplex_verify::check`], the checker of the real
 //! fault tests: every acknowledged write readable at the end, no stale

@@ -1,10 +1,12 @@
 //! One OSD, driven by the simulator instead of by threads and sockets.
 //!
 //! Its state is the real OSD's: a [`Shared`] (PG logs, map, lease), a
-//! [`Flusher`] owning the store partition, and the peering [`Driver`]. An
-//! event calls the same functions the priority thread calls
-//! ([`client_op`], [`replica_op`], [`finish_write`]); the flusher's jobs and
-//! mailbox are then drained on the spot, with the simulated clock.
+//! [`Flusher`] owning the store partition, the table of writes waiting for
+//! their replicas ([`PendingWrites`]) and the peering [`Schedule`]. An
+//! event calls the same functions the priority thread and the peering
+//! thread call ([`client_op`], [`replica_op`], `PendingWrites::on_ack`,
+//! `Schedule::next`, ...); the flusher's jobs and mailbox are then drained
+//! on the spot, with the simulated clock.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;

@@ -537,7 +537,7 @@ impl Schedule {
     }
 
     /// A request is about to go out: its transaction id. Nothing else
-    /// runs until its answer comes ([`Schedule::on_outcome`]) or its
+    /// runs until its answer comes ([`Schedule::on_answer`]) or its
     /// deadline passes ([`Schedule::timed_out`]).
     pub fn send(&mut self, pg: u32, tag: u64, to: OsdId, now: u64, backfill: bool) -> u64 {
         debug_assert!(self.outstanding.is_none(), "one request at a time");
