@@ -768,18 +768,29 @@ fn partition_scenario(b: &str, ip_a: std::net::IpAddr, ip_b: std::net::IpAddr, l
             let pool = client.pool_id("rbd").unwrap();
             let info = client.image_info(pool, "vm1").unwrap();
             let image = client.open_image(pool, "vm1").unwrap();
-            let map = client.map();
-            let pool_info = &map.pools[&pool];
             let blocks_per_object = info.object_size as u64 / workload::BLOCK;
-            let pinned: Vec<u64> = (0..info.object_count())
-                .filter(|object| {
-                    let name = format!("{}.{:016x}", info.id, object);
-                    let pg = duplex_placement::pg_of(name.as_bytes(), pool_info.pg_num);
-                    map.acting(&map.hierarchy(), pool_info, pg).first() == Some(&1)
-                })
-                .flat_map(|object| object * blocks_per_object..(object + 1) * blocks_per_object)
-                .collect();
-            assert!(!pinned.is_empty(), "osd.1 is primary of some of the image's objects");
+            // osd.1 restarted on host B under the workload: until its PGs
+            // are filled and handed back, whole members may be their
+            // primaries (pins). Wait for the map to make it primary again.
+            let pinned_to_osd_1 = || -> Vec<u64> {
+                let map = client.map();
+                let pool_info = &map.pools[&pool];
+                (0..info.object_count())
+                    .filter(|object| {
+                        let name = format!("{}.{:016x}", info.id, object);
+                        let pg = duplex_placement::pg_of(name.as_bytes(), pool_info.pg_num);
+                        map.acting(&map.hierarchy(), pool_info, pg).first() == Some(&1)
+                    })
+                    .flat_map(|object| object * blocks_per_object..(object + 1) * blocks_per_object)
+                    .collect()
+            };
+            let waiting_since = Instant::now();
+            let mut pinned = pinned_to_osd_1();
+            while pinned.is_empty() && waiting_since.elapsed() < Duration::from_secs(45) {
+                std::thread::sleep(Duration::from_millis(200));
+                pinned = pinned_to_osd_1();
+            }
+            assert!(!pinned.is_empty(), "osd.1 is primary of some of the image's objects within 45 s");
             ready_tx.send(pinned.len()).unwrap();
             let mut next = 0usize;
             while !stop.load(Ordering::Relaxed) {
