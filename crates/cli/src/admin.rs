@@ -364,6 +364,37 @@ fn pg_states(map: &ClusterMap) -> (BTreeMap<&'static str, u32>, Vec<String>) {
 /// Down PGs `duplex status` names one by one.
 const MAX_DOWN_LISTED: usize = 10;
 
+/// The cluster's health as Ceph words it: `HEALTH_ERR` when some PGs
+/// cannot serve I/O, `HEALTH_WARN` when some are degraded or OSDs are down,
+/// else `HEALTH_OK`; with the reasons, for the text and the JSON alike.
+fn health(map: &ClusterMap, up: usize, states: &BTreeMap<&'static str, u32>) -> (&'static str, Vec<String>) {
+    let mut reasons = Vec::new();
+    let mut error = false;
+    for state in ["inactive", "down"] {
+        if let Some(n) = states.get(state) {
+            reasons.push(format!("{n} PGs {state}: they cannot serve I/O"));
+            error = true;
+        }
+    }
+    let degraded: u32 = states.iter().filter(|(state, _)| state.contains("degraded")).map(|(_, n)| n).sum();
+    if degraded > 0 {
+        reasons.push(format!("{degraded} PGs degraded: fewer copies than the pool's size"));
+    }
+    let down = map.osds.len() - up;
+    if down > 0 {
+        let names: Vec<String> = map.osds.values().filter(|o| !o.up).map(|o| format!("osd.{}", o.id)).collect();
+        reasons.push(format!("{down} of {} OSDs down ({})", map.osds.len(), names.join(", ")));
+    }
+    let status = if error {
+        "HEALTH_ERR"
+    } else if reasons.is_empty() {
+        "HEALTH_OK"
+    } else {
+        "HEALTH_WARN"
+    };
+    (status, reasons)
+}
+
 pub fn status(client: &Client, json: bool) -> Result<()> {
     let map = client.map();
     let up = map.osds.values().filter(|o| o.up).count();
@@ -390,8 +421,10 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
     let write_iops = after.2.saturating_sub(before.2) as f64 / seconds;
     let read_iops = after.3.saturating_sub(before.3) as f64 / seconds;
     let (states, down) = pg_states(&map);
+    let (health, reasons) = health(&map, up, &states);
     if json {
         let value = serde_json::json!({
+            "health": {"status": health, "reasons": reasons},
             "epoch": map.epoch,
             "osds": {"total": map.osds.len(), "up": up, "in": is_in, "reporting": after.4},
             "pools": map.pools.len(),
@@ -404,15 +437,11 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
-    let health = if up == map.osds.len() && !states.contains_key("inactive") && !states.contains_key("active+degraded")
-    {
-        "HEALTH_OK"
-    } else if states.contains_key("inactive") || states.contains_key("down") {
-        "HEALTH_ERR (some PGs cannot serve I/O)"
+    if reasons.is_empty() {
+        println!("cluster:  {health}, map epoch {}", map.epoch);
     } else {
-        "HEALTH_WARN"
-    };
-    println!("cluster:  {health}, map epoch {}", map.epoch);
+        println!("cluster:  {health} ({}), map epoch {}", reasons.join("; "), map.epoch);
+    }
     println!("osds:     {} total, {up} up, {is_in} in", map.osds.len());
     for osd in map.osds.values() {
         println!(

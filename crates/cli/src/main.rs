@@ -1,5 +1,17 @@
 //! `duplex`: the command line for Duplex clusters.
 
+/// `println!` for this binary: when standard output is closed (`duplex
+/// status | head -3`), the command ends quietly, as Unix tools do, instead
+/// of panicking. Defined before the modules so that it is the one they use.
+macro_rules! println {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(err) = writeln!(std::io::stdout(), $($arg)*) {
+            $crate::stdout_failed(err);
+        }
+    }};
+}
+
 mod admin;
 mod bench;
 mod daemons;
@@ -162,6 +174,16 @@ fn main() {
         }
         std::process::exit(1);
     }
+}
+
+/// Standard output could not be written: a closed pipe ends the command
+/// quietly (its reader has what it wanted); anything else is an error.
+fn stdout_failed(err: std::io::Error) -> ! {
+    if err.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("error: writing to standard output: {err}");
+    std::process::exit(1)
 }
 
 /// What to do about the errors people meet most.

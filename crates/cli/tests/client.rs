@@ -670,6 +670,25 @@ fn a_restart_changes_settings_and_keeps_data() {
             client.write(pool, format!("kept.{n}").as_bytes(), 0, Bytes::from(vec![n; 4096])).unwrap();
         }
     }
+    // `status --json` says the health as the text does, with the reasons.
+    let status = run_ok(cluster.cli().args(["status", "--json"]));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status --json is JSON");
+    assert_eq!(status["health"]["status"], "HEALTH_OK", "{status}");
+    assert_eq!(status["health"]["reasons"], serde_json::json!([]), "{status}");
+    // A reader that stops reading (`duplex status | head -1`) ends the
+    // command quietly, as with Unix tools: no panic, no error.
+    let mut piped = cluster
+        .cli()
+        .arg("status")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(piped.stdout.take());
+    let output = piped.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success() && !stderr.contains("panicked"), "{}: {stderr}", output.status);
+
     let refused = cluster
         .cli()
         .args(["dev", "restart", "--osd-set", "no_such_flag=1", "--dir"])

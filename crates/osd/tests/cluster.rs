@@ -241,6 +241,56 @@ fn hostile_connections_are_dropped_and_others_are_served() {
     assert!(cluster.metric_sum("duplex_osd_connections_refused_total") >= 2.0);
 }
 
+/// Garbage on every daemon port, as a scanner or a misconfigured client
+/// sends it: 1,600 connections of random bytes, oversized frame headers
+/// and HTTP, to each OSD and to the monitor. Every one is refused, no
+/// daemon falls over or is marked down, and clients are served throughout.
+#[test]
+fn a_flood_of_garbage_on_every_port_is_refused_and_the_cluster_stays_healthy() {
+    use rand::{Rng, SeedableRng};
+    let cluster = TestCluster::new(3, 8, &[]);
+    cluster.wait_all_up();
+    let mut client = cluster.client();
+    let pool = cluster.pool(&client);
+    client.write(pool, b"steady", 0, b"before").unwrap();
+    let mut ports: Vec<std::net::SocketAddr> = cluster.osds.values().map(|osd| osd.addr).collect();
+    ports.extend(cluster.monitors().iter().map(|(_, addr)| *addr));
+    let senders: Vec<_> = (0..4u64)
+        .map(|thread| {
+            let ports = ports.clone();
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(thread);
+                for n in 0..400usize {
+                    let Ok(mut stream) = TcpStream::connect(ports[n % ports.len()]) else { continue };
+                    let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
+                    let bytes: Vec<u8> = match n % 3 {
+                        0 => (0..rng.gen_range(1..4096)).map(|_| rng.gen()).collect(),
+                        // A frame header that claims a 1 GiB payload.
+                        1 => {
+                            let mut header = duplex_proto::frame::MAGIC.to_vec();
+                            header.extend_from_slice(&[duplex_proto::PROTOCOL_VERSION, 1, 0, 0]);
+                            header.extend_from_slice(&rng.gen::<u64>().to_le_bytes());
+                            header.extend_from_slice(&(1u32 << 30).to_le_bytes());
+                            header.extend_from_slice(&rng.gen::<u32>().to_le_bytes());
+                            header
+                        }
+                        _ => b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+                    };
+                    let _ = stream.write_all(&bytes);
+                }
+            })
+        })
+        .collect();
+    for sender in senders {
+        sender.join().unwrap();
+    }
+    client.write(pool, b"steady", 0, b"after!").unwrap();
+    assert_eq!(client.read(pool, b"steady", 0, 6).unwrap().as_ref(), b"after!");
+    let map = cluster.mon_client().map(cluster.monitors()[0].0).unwrap();
+    assert!(map.osds.values().all(|osd| osd.up), "no OSD went down under the flood: {:?}", map.osds);
+    assert!(cluster.metric_sum("duplex_osd_connections_refused_total") >= 1000.0, "the OSDs refused the garbage");
+}
+
 /// A short random workload against the model: writes (aligned and not),
 /// truncates, deletes and reads.
 fn random_workload(cluster: &TestCluster, seed: u64, rounds: usize) {

@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use duplex_map::OsdId;
@@ -205,5 +206,56 @@ impl std::fmt::Display for ConnError {
             ConnError::Protocol(e) => write!(f, "protocol error: {e}"),
             ConnError::Refused(e) => write!(f, "handshake refused: {e}"),
         }
+    }
+}
+
+/// At most one warning a second about refused connections: a flood of
+/// garbage connections must not flood the log (each one still counts in
+/// `duplex_osd_connections_refused_total`).
+#[derive(Debug)]
+pub struct WarnLimit {
+    next: Option<Instant>,
+    suppressed: u64,
+}
+
+impl WarnLimit {
+    pub const EVERY: Duration = Duration::from_secs(1);
+
+    pub fn new() -> WarnLimit {
+        WarnLimit { next: None, suppressed: 0 }
+    }
+
+    /// `Some(n)`: warn now, saying that `n` more were not logged since the
+    /// last warning; `None`: stay quiet (counted for the next one).
+    pub fn admit(&mut self, now: Instant) -> Option<u64> {
+        if self.next.is_some_and(|next| now < next) {
+            self.suppressed += 1;
+            return None;
+        }
+        self.next = Some(now + Self::EVERY);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+impl Default for WarnLimit {
+    fn default() -> Self {
+        WarnLimit::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_connections_are_warned_about_once_a_second_with_a_count_of_the_rest() {
+        let mut limit = WarnLimit::new();
+        let start = Instant::now();
+        assert_eq!(limit.admit(start), Some(0), "the first one is logged");
+        for n in 1..1600u64 {
+            assert_eq!(limit.admit(start + Duration::from_micros(n)), None);
+        }
+        assert_eq!(limit.admit(start + WarnLimit::EVERY), Some(1599), "then one line says how many were not");
+        assert_eq!(limit.admit(start + WarnLimit::EVERY), None);
     }
 }

@@ -18,7 +18,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::cluster::ActingCache;
-use crate::io::conn::{Conn, ConnError, Role, MAX_IN_FLIGHT};
+use crate::io::conn::{Conn, ConnError, Role, WarnLimit, MAX_IN_FLIGHT};
 use crate::io::ops;
 use crate::io::pending::{Finished, PendingWrites, WriteInfo, REPLICATION_TIMEOUT};
 use crate::io::pool::Pool;
@@ -55,6 +55,8 @@ pub struct PriorityThread {
     next_accept: usize,
     touched: Vec<usize>,
     resume: Vec<usize>,
+    /// Warnings about refused connections, at most one a second.
+    refusals: WarnLimit,
 }
 
 impl PriorityThread {
@@ -87,6 +89,7 @@ impl PriorityThread {
             next_accept: 0,
             touched: Vec::new(),
             resume: Vec::new(),
+            refusals: WarnLimit::new(),
         }
     }
 
@@ -156,7 +159,9 @@ impl PriorityThread {
                 Ok((stream, addr)) => {
                     if self.shared.connections.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
                         self.shared.metrics.connections_refused.add(1);
-                        tracing::warn!(%addr, "refusing a connection: {MAX_CONNECTIONS} are open");
+                        if let Some(also) = self.refusals.admit(Instant::now()) {
+                            tracing::warn!(%addr, also, "refusing a connection: {MAX_CONNECTIONS} are open");
+                        }
                         continue;
                     }
                     let _ = stream.set_nodelay(true);
@@ -526,7 +531,11 @@ impl PriorityThread {
             ConnError::Closed => tracing::debug!(token, "connection closed"),
             ConnError::Refused(_) | ConnError::Protocol(_) => {
                 self.shared.metrics.connections_refused.add(1);
-                tracing::warn!(token, %why, "dropping connection");
+                if let Some(also) = self.refusals.admit(Instant::now()) {
+                    tracing::warn!(token, %why, also, "dropping connection (also: refused since the last warning)");
+                } else {
+                    tracing::debug!(token, %why, "dropping connection");
+                }
             }
             ConnError::Io(_) => tracing::debug!(token, %why, "connection failed"),
         }
