@@ -194,6 +194,20 @@ impl Verifying {
         started.elapsed()
     }
 
+    /// The longest a write has waited so far for its acknowledgement (or
+    /// for its failure, a timeout). A write to a PG whose primary died waits
+    /// for the failover, while the other writers go on.
+    fn longest_write_wait(&self) -> Duration {
+        let longest = (self.recorder.history().ops.iter())
+            .filter_map(|op| match op {
+                duplex_verify::BlockOp::Write { invoked, completed: Some(at), .. } => Some(at - invoked),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        Duration::from_nanos(longest)
+    }
+
     /// Stops the workload, reads every block, and judges the whole history.
     fn finish(mut self) -> duplex_verify::Report {
         self.stop.store(true, Ordering::Relaxed);
@@ -227,13 +241,20 @@ fn acknowledged_writes_survive_an_osd_kill() {
     let client = cluster.client();
     let run = Verifying::start(&client);
     run.wait_for_progress("before the fault");
+    let before = run.longest_write_wait();
     kill_9(&cluster, "osd.1");
     let resumed = run.wait_for_progress("after kill -9 of osd.1");
     std::thread::sleep(Duration::from_secs(2));
+    let pause = run.longest_write_wait();
     let report = run.finish();
-    eprintln!("kill -9 osd.1: I/O resumed after {resumed:?}; {report}");
+    eprintln!(
+        "kill -9 osd.1: I/O resumed after {resumed:?}; longest write {pause:?} (before the kill {before:?}); {report}"
+    );
     assert!(report.is_ok(), "{report}");
     assert!(report.writes_acknowledged > 400, "{report}");
+    // Its peers find its address refusing connections and the monitor
+    // marks it down at once, well inside the 6 s heartbeat grace.
+    assert!(pause <= Duration::from_millis(1500), "a write waited {pause:?} across a kill -9");
 }
 
 /// Issue 7, scenario 2: kill -9 an OSD, let the others go on without it,

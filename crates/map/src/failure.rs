@@ -21,6 +21,13 @@
 //! map (issue 7's stale-read scenario). The third of the grace in between
 //! absorbs scheduling delays and clock-rate differences; no clocks need to
 //! agree.
+//! - **A process that is gone** is marked down at once: a peer whose
+//!   connection to it broke found its address refusing connections
+//!   ([`FailureDetector::report_refused`]; Ceph's
+//!   `osd_fast_fail_on_connection_refused`). Nothing listens there, so no
+//!   process of that incarnation can serve a read any more, and its lease
+//!   need not run out first. A hung OSD (stopped, a stuck disk) still
+//!   accepts connections, and is found by the grace as before.
 //! - A down OSD that stays down (and in) for `down_out_interval` is marked
 //!   out, so its data is re-replicated elsewhere.
 //! - A down OSD returns through `OsdBoot`, not through a heartbeat: it must
@@ -71,6 +78,9 @@ pub struct FailureDetector {
     condemned: BTreeSet<OsdId>,
     /// The incarnation (`state_epoch`) each up OSD had at the last tick.
     incarnation: BTreeMap<OsdId, u64>,
+    /// OSDs whose address refused a peer's connection, with the
+    /// incarnation the peer meant: marked down at the next tick.
+    refused: BTreeMap<OsdId, u64>,
 }
 
 impl FailureDetector {
@@ -107,6 +117,16 @@ impl FailureDetector {
         }
     }
 
+    /// `reporter`'s connection to `target` broke, and `target`'s address
+    /// (of its incarnation `incarnation`, as the reporter's map had it)
+    /// refuses connections: the process is gone. A report about an older
+    /// incarnation than the map's is ignored at the tick (it restarted).
+    pub fn report_refused(&mut self, target: OsdId, incarnation: u64, reporter: OsdId) {
+        if target != reporter {
+            self.refused.insert(target, incarnation);
+        }
+    }
+
     /// The commands to propose now, in OSD order.
     pub fn tick(&mut self, map: &ClusterMap, now_ms: u64) -> Vec<Command> {
         let mut commands = Vec::new();
@@ -121,6 +141,16 @@ impl FailureDetector {
                     self.last_heard.insert(id, now_ms);
                     self.reports.remove(&id);
                     self.condemned.remove(&id);
+                }
+                if self.refused.get(&id).is_some_and(|incarnation| *incarnation != osd.state_epoch) {
+                    // About a process before this one.
+                    self.refused.remove(&id);
+                }
+                if self.refused.contains_key(&id) {
+                    // Gone: no process of this incarnation serves any more.
+                    self.condemned.insert(id);
+                    commands.push(Command::MarkDown { id });
+                    continue;
                 }
                 let last = *self.last_heard.entry(id).or_insert(now_ms);
                 let reporters: BTreeSet<OsdId> = self
@@ -144,6 +174,7 @@ impl FailureDetector {
                 self.reports.remove(&id);
                 self.last_granted.remove(&id);
                 self.condemned.remove(&id);
+                self.refused.remove(&id);
                 let since = *self.down_since.entry(id).or_insert(now_ms);
                 if osd.is_in && now_ms.saturating_sub(since) >= self.config.down_out_interval_ms {
                     commands.push(Command::MarkOut { id });
@@ -157,6 +188,7 @@ impl FailureDetector {
         self.last_granted.retain(|id, _| map.osds.contains_key(id));
         self.condemned.retain(|id| map.osds.contains_key(id));
         self.incarnation.retain(|id, _| map.osds.contains_key(id));
+        self.refused.retain(|id, _| map.osds.contains_key(id));
         commands
     }
 }
@@ -231,6 +263,28 @@ mod tests {
         assert_eq!(detector.heartbeat(3, 2000, &map), 0, "condemned: no new lease");
         assert!(detector.tick(&map, 5000).is_empty(), "the lease runs until 5 s");
         assert_eq!(detector.tick(&map, 5001), vec![Command::MarkDown { id: 3 }]);
+    }
+
+    #[test]
+    fn a_gone_process_is_marked_down_at_once_but_not_a_newer_incarnation() {
+        let mut map = map_with(3);
+        let mut detector = FailureDetector::new(FailureConfig::default());
+        for id in 0..3 {
+            detector.heartbeat(id, 0, &map);
+        }
+        assert!(detector.tick(&map, 0).is_empty());
+        let gone = map.osds[&2].state_epoch;
+        detector.report_refused(2, 2, 0); // an OSD cannot report itself
+        assert!(detector.tick(&map, 10).is_empty());
+        detector.report_refused(2, gone, 0);
+        assert_eq!(detector.tick(&map, 20), vec![Command::MarkDown { id: 2 }], "without waiting for its lease");
+        assert_eq!(detector.heartbeat(2, 30, &map), 0, "and no lease any more");
+        map.run(&Command::MarkDown { id: 2 }).unwrap();
+        // A report about a process before the one the map has now is stale.
+        boot(&mut map, 1);
+        detector.tick(&map, 40);
+        detector.report_refused(1, map.osds[&1].state_epoch - 1, 0);
+        assert!(detector.tick(&map, 50).is_empty(), "osd.1 restarted since");
     }
 
     #[test]

@@ -54,6 +54,15 @@ pub enum MonMessage {
     HeartbeatReply {
         lease_ms: u64,
     },
+    /// `reporter`'s connection to `target` broke and `target`'s address
+    /// refuses connections: that process (of incarnation `incarnation`,
+    /// its `state_epoch`) is gone, and is marked down at once. (Last, so
+    /// that the variants before keep their encoding.)
+    PeerRefused {
+        target: u32,
+        incarnation: u64,
+        reporter: u32,
+    },
 }
 
 /// A monitor command's outcome on the wire (the monitor's `CommandOutcome`).

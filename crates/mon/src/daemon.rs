@@ -171,6 +171,22 @@ fn core_loop(
                     };
                     let _ = reply_to.send(reply);
                 }
+                MonMessage::PeerRefused { target, incarnation, reporter } => {
+                    let reply = match detection.detector(core.is_leader()) {
+                        Some(detector) => {
+                            tracing::info!(
+                                target,
+                                incarnation,
+                                reporter,
+                                "a peer found the OSD's address refusing connections"
+                            );
+                            detector.report_refused(target, incarnation, reporter);
+                            MonMessage::Ack
+                        }
+                        None => MonMessage::NotLeader { leader: core.leader() },
+                    };
+                    let _ = reply_to.send(reply);
+                }
                 MonMessage::Status => {
                     let _ = reply_to.send(MonMessage::StatusReply {
                         id: core.id(),

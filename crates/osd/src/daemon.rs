@@ -160,6 +160,8 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             thread.run();
         })?;
     }
+    let suspects = crate::cluster::watch_suspects(link.clone(), shared.map.clone())?;
+    let _ = shared.suspects.set(suspects);
     // The first lease, so that the first clients are not turned away.
     heartbeat(&mut heartbeat_client(&link), config.id, &shared.lease);
     shared.serving.store(true, Ordering::Release);

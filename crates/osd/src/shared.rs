@@ -3,9 +3,10 @@
 //! the monitors' lease.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crossbeam_channel::Sender;
+use duplex_map::OsdId;
 
 use crate::cluster::{Lease, MapCell};
 use crate::config::OsdConfig;
@@ -30,6 +31,9 @@ pub struct Shared {
     pub scrub_requests: ScrubRequests,
     /// Clients are served only under a lease from the monitors.
     pub lease: Arc<Lease>,
+    /// Where a broken peer connection names its peer, for the suspects
+    /// thread to probe (`cluster::watch_suspects`; unset: nobody probes).
+    pub suspects: OnceLock<crossbeam_channel::Sender<OsdId>>,
     next_txid: AtomicU64,
 }
 
@@ -52,6 +56,7 @@ impl Shared {
             connections: AtomicUsize::new(0),
             scrub_requests,
             lease: Arc::new(Lease::default()),
+            suspects: OnceLock::new(),
             next_txid: AtomicU64::new(1),
         }
     }
@@ -65,6 +70,14 @@ impl Shared {
     /// store's rule (`Store::partition_of`: key group modulo partitions).
     pub fn flusher_of(&self, pg: u32) -> &Sender<Job> {
         &self.flushers[pg as usize % self.flushers.len()]
+    }
+
+    /// A connection to peer `osd` broke: have its address probed (it may
+    /// be gone). Never blocks: a full queue already has suspects to probe.
+    pub fn suspect(&self, osd: OsdId) {
+        if let Some(suspects) = self.suspects.get() {
+            let _ = suspects.try_send(osd);
+        }
     }
 
     /// Queues `job` for `pg`'s flusher, waiting while its queue is full

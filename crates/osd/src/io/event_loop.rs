@@ -549,6 +549,10 @@ impl PriorityThread {
         if let Role::Peer(osd) = conn.role {
             let removed = self.peers.remove(&osd);
             debug_assert_eq!(removed, Some(token), "a peer connection missing from the peer table");
+            if matches!(why, ConnError::Io(_) | ConnError::Closed) {
+                // The peer may be gone: a probe of its address tells.
+                self.shared.suspect(osd);
+            }
             for write in self.pending.peer_lost(osd) {
                 self.finish(write);
             }

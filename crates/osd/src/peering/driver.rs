@@ -166,6 +166,7 @@ impl PeeringDriver {
         }
         let result = self.call_remote(to, txid, &request);
         if result.is_err() {
+            self.shared.suspect(to);
             self.conns.remove(&to);
             self.unreachable.insert(to, Instant::now() + RETRY_AFTER);
         }
