@@ -257,6 +257,32 @@ fn acknowledged_writes_survive_an_osd_kill() {
     assert!(pause <= Duration::from_millis(1500), "a write waited {pause:?} across a kill -9");
 }
 
+/// Issue 24: a hung OSD (SIGSTOP: its sockets stay open, its port still
+/// accepts) is not mistaken for a gone one. The probe finds it there, so
+/// the heartbeat grace finds it, and its lease keeps it from serving:
+/// no write waits longer than the grace plus a second, nothing is lost,
+/// and once it runs again it boots anew and rejoins.
+#[test]
+fn a_hung_osd_is_found_by_the_grace_and_rejoins() {
+    let cluster = DevCluster::start();
+    let client = cluster.client();
+    let run = Verifying::start(&client);
+    run.wait_for_progress("before the fault");
+    let pid = pid_of(&cluster, "osd.1");
+    // SAFETY: kill(2) on a process this test's cluster started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let resumed = run.wait_for_progress("after SIGSTOP of osd.1");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let rejoined = run.wait_for_progress("after SIGCONT of osd.1");
+    std::thread::sleep(Duration::from_secs(2));
+    let longest = run.longest_write_wait();
+    let report = run.finish();
+    eprintln!("SIGSTOP osd.1: I/O resumed after {resumed:?}, went on {rejoined:?} after SIGCONT; longest write {longest:?}; {report}");
+    assert!(report.is_ok(), "{report}");
+    assert!(longest <= Duration::from_secs(7), "a write waited {longest:?}: more than the 6 s grace plus 1 s");
+}
+
 /// Issue 7, scenario 2: kill -9 an OSD, let the others go on without it,
 /// then restart it; it must catch up before it serves or acknowledges
 /// anything, and nothing acknowledged may be lost.
