@@ -57,6 +57,47 @@ pub enum MarkCommand {
     },
 }
 
+/// Cluster settings kept in the map.
+#[derive(Debug, clap::Subcommand)]
+pub enum ConfigCommand {
+    /// Set one: `nearfull_ratio`, `backfillfull_ratio` or `full_ratio`
+    /// (0 to 1; Ceph's defaults 0.85, 0.90, 0.95). Past `full_ratio` of its
+    /// fullest store partition, an OSD refuses writes to its PGs (ENOSPC);
+    /// deletes and discards go on.
+    Set { key: String, value: f64 },
+    /// Show them.
+    Get,
+}
+
+pub fn config(client: &Client, command: ConfigCommand) -> Result<()> {
+    let map = client.map();
+    let ratios = map.full_ratios;
+    match command {
+        ConfigCommand::Get => {
+            let show = |permille: u16| f64::from(permille) / 1000.0;
+            println!("nearfull_ratio {:.3}", show(ratios.nearfull));
+            println!("backfillfull_ratio {:.3}", show(ratios.backfillfull));
+            println!("full_ratio {:.3}", show(ratios.full));
+        }
+        ConfigCommand::Set { key, value } => {
+            if !(0.0..=1.0).contains(&value) {
+                bail!("{key} is a ratio from 0 to 1, not {value}");
+            }
+            let permille = (value * 1000.0).round() as u16;
+            let (mut nearfull, mut backfillfull, mut full) = (ratios.nearfull, ratios.backfillfull, ratios.full);
+            match key.as_str() {
+                "nearfull_ratio" => nearfull = permille,
+                "backfillfull_ratio" => backfillfull = permille,
+                "full_ratio" => full = permille,
+                other => bail!("no setting '{other}' (nearfull_ratio, backfillfull_ratio, full_ratio)"),
+            }
+            let epoch = run_command(&mut client.monitor(), MapCommand::SetFullRatios { nearfull, backfillfull, full })?;
+            println!("{key} = {value} (map epoch {epoch})");
+        }
+    }
+    Ok(())
+}
+
 pub fn mark(client: &Client, command: MarkCommand) -> Result<()> {
     let mut mon = client.monitor();
     let (command, done) = match command {
@@ -379,6 +420,18 @@ fn health(map: &ClusterMap, up: usize, states: &BTreeMap<&'static str, u32>) -> 
     let degraded: u32 = states.iter().filter(|(state, _)| state.contains("degraded")).map(|(_, n)| n).sum();
     if degraded > 0 {
         reasons.push(format!("{degraded} PGs degraded: fewer copies than the pool's size"));
+    }
+    for (fullness, is_error, what) in [
+        (duplex_map::Fullness::Full, true, "full: writes to their PGs are refused"),
+        (duplex_map::Fullness::BackfillFull, false, "backfill full"),
+        (duplex_map::Fullness::NearFull, false, "near full"),
+    ] {
+        let names: Vec<String> =
+            map.osds.values().filter(|o| o.fullness == fullness).map(|o| format!("osd.{}", o.id)).collect();
+        if !names.is_empty() {
+            reasons.push(format!("{} {what}", names.join(", ")));
+            error |= is_error;
+        }
     }
     let down = map.osds.len() - up;
     if down > 0 {

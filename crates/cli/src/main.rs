@@ -70,6 +70,9 @@ enum Top {
     /// Mark OSDs out, in, or lost (operator decisions the monitor records).
     #[command(subcommand)]
     Mark(admin::MarkCommand),
+    /// Cluster settings the monitors keep in the map.
+    #[command(subcommand)]
+    Config(admin::ConfigCommand),
     /// OSDs up/in, PG states, capacity and client I/O.
     Status {
         #[arg(long)]
@@ -192,6 +195,10 @@ fn hint(err: &anyhow::Error) -> Option<&'static str> {
         Some(ClientError::NoSuchPool(_)) => {
             Some("list pools with `duplex pool list`; create one with `duplex pool create NAME`")
         }
+        Some(ClientError::NoSpace(_)) => Some(
+            "an OSD of the PG is full: delete images or objects (deletes, discards and `duplex image remove` still \
+             work), add OSDs, or raise the ratio with `duplex config set full_ratio`; `duplex status` names the OSDs",
+        ),
         Some(ClientError::Unavailable(_)) => {
             Some("is the cluster up? `duplex dev up` starts a local one; `duplex status` checks it")
         }
@@ -243,6 +250,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Top::Pg(command) => admin::pg(&connect(cli.conf.as_deref())?, &cli.pool, command)?,
         Top::Mark(command) => admin::mark(&connect(cli.conf.as_deref())?, command)?,
+        Top::Config(command) => admin::config(&connect(cli.conf.as_deref())?, command)?,
         Top::Status { json } => admin::status(&connect(cli.conf.as_deref())?, json)?,
         Top::Bench(args) => {
             let client = connect(cli.conf.as_deref())?;

@@ -48,6 +48,7 @@ fn errno(err: ClientError) -> Errno {
     tracing::warn!(%err, "NBD command failed");
     match err {
         ClientError::Invalid(_) => Errno::Inval,
+        ClientError::NoSpace(_) => Errno::NoSpc,
         ClientError::Shutdown => Errno::Shutdown,
         _ => Errno::Io,
     }

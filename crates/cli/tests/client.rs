@@ -283,6 +283,55 @@ fn a_hung_osd_is_found_by_the_grace_and_rejoins() {
     assert!(longest <= Duration::from_secs(7), "a write waited {longest:?}: more than the 6 s grace plus 1 s");
 }
 
+/// Issue 24: a full OSD refuses writes to its PGs at once with ENOSPC
+/// ("cluster full"), not a hang and an EIO; `duplex status` says which
+/// OSDs are full; deletes still work; and writes resume by themselves once
+/// the OSDs are under the ratio again. The ratios are lowered to 0 so
+/// that any use counts as full (a real fill takes minutes).
+#[test]
+fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
+    let cluster = DevCluster::with_pgs(8);
+    let client = cluster.client();
+    let pool = client.pool_id("rbd").unwrap();
+    client.write(pool, b"kept", 0, Bytes::from(vec![1u8; 4096])).unwrap();
+    for key in ["nearfull_ratio", "backfillfull_ratio", "full_ratio"] {
+        run_ok(cluster.cli().args(["config", "set", key, "0"]));
+    }
+    let started = Instant::now();
+    let refused = loop {
+        match client.write(pool, b"more", 0, Bytes::from(vec![2u8; 4096])) {
+            Err(ClientError::NoSpace(why)) => break why,
+            Ok(()) if started.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(50)),
+            other => panic!("a write to a full cluster: {other:?}"),
+        }
+    };
+    eprintln!("full: writes refused {:?} after the ratio fell ({refused})", started.elapsed());
+    let refusal = Instant::now();
+    assert!(matches!(client.write(pool, b"more", 0, Bytes::from(vec![2u8; 4096])), Err(ClientError::NoSpace(_))));
+    assert!(refusal.elapsed() < Duration::from_secs(1), "refused at once, not after a timeout");
+    let status = run_ok(cluster.cli().args(["status", "--json"]));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["health"]["status"], "HEALTH_ERR", "{status}");
+    assert!(status["health"]["reasons"].to_string().contains("full"), "{status}");
+    // What frees space goes on.
+    client.delete(pool, b"kept").unwrap();
+    for (key, value) in [("full_ratio", "0.95"), ("backfillfull_ratio", "0.9"), ("nearfull_ratio", "0.85")] {
+        run_ok(cluster.cli().args(["config", "set", key, value]));
+    }
+    let started = Instant::now();
+    loop {
+        match client.write(pool, b"more", 0, Bytes::from(vec![3u8; 4096])) {
+            Ok(()) => break,
+            Err(ClientError::NoSpace(_)) if started.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            other => panic!("writes did not resume: {other:?}"),
+        }
+    }
+    eprintln!("writes resumed {:?} after the ratio rose", started.elapsed());
+    assert_eq!(&client.read(pool, b"more", 0, 4096).unwrap()[..], &[3u8; 4096][..]);
+}
+
 /// Issue 7, scenario 2: kill -9 an OSD, let the others go on without it,
 /// then restart it; it must catch up before it serves or acknowledges
 /// anything, and nothing acknowledged may be lost.

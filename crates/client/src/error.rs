@@ -16,6 +16,8 @@ pub enum ClientError {
     Invalid(String),
     #[error("the OSD's store failed: {0}")]
     Io(String),
+    #[error("cluster full: {0}")]
+    NoSpace(String),
     #[error("no answer within {0:?}; last problem: {1}")]
     TimedOut(Duration, String),
     #[error("cannot reach the cluster: {0}")]

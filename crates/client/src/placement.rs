@@ -106,6 +106,7 @@ pub(crate) fn judge(osd: OsdId, reply: OpReply, map_epoch: u64) -> Next {
         Status::NotFound => Next::Done(Err(ClientError::NotFound)),
         Status::Invalid => Next::Done(Err(ClientError::Invalid(reply.message()))),
         Status::Io => Next::Done(Err(ClientError::Io(reply.message()))),
+        Status::NoSpace => Next::Done(Err(ClientError::NoSpace(reply.message()))),
         Status::WrongOsd if reply.map_epoch > map_epoch => {
             Next::AwaitMap { epoch: reply.map_epoch, problem: at_osd(osd, reply.message()) }
         }

@@ -15,7 +15,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use crate::{ClusterMap, MapDelta};
 
 /// 2: temporary acting sets (`pg_temp`); 3: last active sets (`active_sets`).
-pub const FORMAT_VERSION: u16 = 3;
+pub const FORMAT_VERSION: u16 = 4;
 const MAP_MAGIC: [u8; 4] = *b"DPXM";
 const DELTA_MAGIC: [u8; 4] = *b"DPXD";
 

@@ -2,7 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{active_set, pg_temp, ActiveSet, Change, ClusterMap, MapDelta, OsdId, OsdInfo, Pool, PoolId};
+use crate::{
+    active_set, pg_temp, ActiveSet, Change, ClusterMap, FullRatios, Fullness, MapDelta, OsdId, OsdInfo, Pool, PoolId,
+};
 
 /// Limits that keep one map sane.
 pub const MAX_PG_NUM: u32 = 1 << 20;
@@ -78,6 +80,19 @@ pub enum Command {
     MarkLost {
         id: OsdId,
     },
+    /// An OSD reports how full its store is (it sends this itself when
+    /// its state against the map's ratios changes).
+    SetOsdFullness {
+        id: OsdId,
+        fullness: Fullness,
+    },
+    /// The operator sets the ratios (per mille) at which OSDs are near
+    /// full, backfill full and full.
+    SetFullRatios {
+        nearfull: u16,
+        backfillfull: u16,
+        full: u16,
+    },
 }
 
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +150,8 @@ impl ClusterMap {
                     // grace): its PGs' intervals change, so their primaries
                     // peer again and recover what it missed.
                     state_epoch: epoch,
+                    // Its store is the one it had: it reports a change.
+                    fullness: previous.map_or(Fullness::Normal, |p| p.fullness),
                 };
                 changes.push(Change::SetOsd(info));
                 changes
@@ -148,6 +165,26 @@ impl ClusterMap {
                 info.up = up;
                 info.state_epoch = epoch;
                 vec![Change::SetOsd(info)]
+            }
+            Command::SetOsdFullness { id, fullness } => {
+                let mut info = osd(id)?;
+                if info.fullness == *fullness {
+                    return Ok(None);
+                }
+                info.fullness = *fullness;
+                vec![Change::SetOsd(info)]
+            }
+            Command::SetFullRatios { nearfull, backfillfull, full } => {
+                let ratios = FullRatios { nearfull: *nearfull, backfillfull: *backfillfull, full: *full };
+                if !ratios.is_valid() {
+                    return Err(CommandError::Invalid(format!(
+                        "ratios must be nearfull <= backfillfull <= full <= 1000 per mille, not {nearfull}, {backfillfull}, {full}"
+                    )));
+                }
+                if ratios == self.full_ratios {
+                    return Ok(None);
+                }
+                vec![Change::SetFullRatios(ratios)]
             }
             Command::MarkOut { id } | Command::MarkIn { id } => {
                 let mut info = osd(id)?;

@@ -54,6 +54,61 @@ pub struct OsdInfo {
     /// Epoch of the last up/down change or boot (the failure detector's
     /// clock, and the OSD's incarnation: peering keys intervals on it).
     pub state_epoch: u64,
+    /// How full its store is, against the map's [`FullRatios`], as the OSD
+    /// last reported it.
+    pub fullness: Fullness,
+}
+
+/// An OSD's store use against the map's [`FullRatios`], as Ceph's OSD
+/// states: writes to a PG with a `Full` member are refused (`NoSpace`,
+/// ENOSPC at the client); deletes, truncates and discards go on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Fullness {
+    #[default]
+    Normal,
+    /// Past `nearfull`: a warning.
+    NearFull,
+    /// Past `backfillfull`: backfill into it should wait.
+    BackfillFull,
+    /// Past `full`: client writes to its PGs are refused.
+    Full,
+}
+
+/// The use ratios (per mille of a store's fullest partition) at which an
+/// OSD becomes near full, backfill full and full (Ceph's defaults: 85%,
+/// 90%, 95%).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FullRatios {
+    pub nearfull: u16,
+    pub backfillfull: u16,
+    pub full: u16,
+}
+
+impl Default for FullRatios {
+    fn default() -> Self {
+        FullRatios { nearfull: 850, backfillfull: 900, full: 950 }
+    }
+}
+
+impl FullRatios {
+    /// Ordered and at most 100%.
+    pub fn is_valid(&self) -> bool {
+        self.nearfull <= self.backfillfull && self.backfillfull <= self.full && self.full <= 1000
+    }
+
+    /// An OSD's state at `used_permille` of its fullest partition.
+    pub fn classify(&self, used_permille: u64) -> Fullness {
+        debug_assert!(self.is_valid(), "{self:?}");
+        if used_permille >= u64::from(self.full) {
+            Fullness::Full
+        } else if used_permille >= u64::from(self.backfillfull) {
+            Fullness::BackfillFull
+        } else if used_permille >= u64::from(self.nearfull) {
+            Fullness::NearFull
+        } else {
+            Fullness::Normal
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,6 +136,8 @@ pub struct ClusterMap {
     pub pg_temp: BTreeMap<(PoolId, u32), Vec<OsdId>>,
     /// The OSDs each PG was last active on ([`active_set`]).
     pub active_sets: BTreeMap<(PoolId, u32), ActiveSet>,
+    /// When OSDs count as near full, backfill full and full.
+    pub full_ratios: FullRatios,
 }
 
 /// Where a PG lives ([`ClusterMap::pg_sets`]).
@@ -116,6 +173,7 @@ pub enum Change {
         pg: u32,
         set: Option<ActiveSet>,
     },
+    SetFullRatios(FullRatios),
 }
 
 /// The change from epoch `epoch - 1` to `epoch`.
@@ -145,6 +203,7 @@ impl ClusterMap {
             next_pool_id: 1,
             pg_temp: BTreeMap::new(),
             active_sets: BTreeMap::new(),
+            full_ratios: FullRatios::default(),
         }
     }
 
@@ -187,6 +246,7 @@ impl ClusterMap {
                         self.pg_temp.insert((*pool, *pg), osds.clone());
                     }
                 }
+                Change::SetFullRatios(ratios) => self.full_ratios = *ratios,
                 Change::SetActiveSet { pool, pg, set } => match set {
                     Some(set) => {
                         self.active_sets.insert((*pool, *pg), set.clone());
@@ -213,6 +273,9 @@ impl ClusterMap {
             if osd.weight == 0 || osd.state_epoch > self.epoch {
                 return Err(format!("OSD {id}: zero weight or state from the future"));
             }
+        }
+        if !self.full_ratios.is_valid() {
+            return Err(format!("full ratios out of order: {:?}", self.full_ratios));
         }
         let mut host_ids: Vec<u32> = self.hosts.values().copied().collect();
         host_ids.sort_unstable();

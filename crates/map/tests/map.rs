@@ -108,6 +108,20 @@ fn command_strategy() -> impl Strategy<Value = Command> {
             .prop_map(|(interval, pool, pg, up)| Command::ClearPgTemp { interval, pgs: vec![(pool, pg, up)] }),
         (0u64..40, 1u32..4, 0u32..300, proptest::collection::vec(0u32..9, 0..3))
             .prop_map(|(interval, pool, pg, osds)| Command::HandOver { interval, pgs: vec![(pool, pg, osds)] }),
+        (0u32..9, 0u8..4).prop_map(|(id, level)| Command::SetOsdFullness {
+            id,
+            fullness: [
+                duplex_map::Fullness::Normal,
+                duplex_map::Fullness::NearFull,
+                duplex_map::Fullness::BackfillFull,
+                duplex_map::Fullness::Full
+            ][usize::from(level)]
+        }),
+        (0u16..1100, 0u16..1100, 0u16..1100).prop_map(|(nearfull, backfillfull, full)| Command::SetFullRatios {
+            nearfull,
+            backfillfull,
+            full
+        }),
     ]
 }
 
@@ -430,4 +444,34 @@ fn a_dropped_pin_records_the_up_set_and_a_lost_osd_leaves_pins() {
     assert!(!map.pg_temp.contains_key(&(pool.id, pg)));
     assert_eq!(map.acting(&map.hierarchy(), &pool, pg), map.up_set(&map.hierarchy(), &pool, pg));
     map.validate().unwrap();
+}
+
+#[test]
+fn osds_report_their_fullness_against_ratios_the_operator_sets() {
+    use duplex_map::{FullRatios, Fullness};
+    let mut map = small_cluster();
+    let ratios = FullRatios::default();
+    assert_eq!(map.full_ratios, ratios);
+    assert_eq!(ratios.classify(849), Fullness::Normal);
+    assert_eq!(ratios.classify(850), Fullness::NearFull);
+    assert_eq!(ratios.classify(900), Fullness::BackfillFull);
+    assert_eq!(ratios.classify(1000), Fullness::Full);
+    let full = Command::SetOsdFullness { id: 1, fullness: Fullness::Full };
+    let delta = map.execute(&full).unwrap().expect("a change");
+    map.apply(&delta).unwrap();
+    assert_eq!(map.osds[&1].fullness, Fullness::Full);
+    assert!(map.execute(&full).unwrap().is_none(), "the same report again changes nothing");
+    // A restart keeps what the store reported until it reports again.
+    let delta = map.execute(&boot(1, "h1")).unwrap().unwrap();
+    map.apply(&delta).unwrap();
+    assert_eq!(map.osds[&1].fullness, Fullness::Full);
+    // Ratios must stay ordered, within 100%.
+    let refused = map.execute(&Command::SetFullRatios { nearfull: 950, backfillfull: 900, full: 960 });
+    assert!(matches!(refused, Err(CommandError::Invalid(_))), "{refused:?}");
+    assert!(map.execute(&Command::SetFullRatios { nearfull: 850, backfillfull: 900, full: 1001 }).is_err());
+    let delta = map.execute(&Command::SetFullRatios { nearfull: 500, backfillfull: 600, full: 700 }).unwrap().unwrap();
+    map.apply(&delta).unwrap();
+    assert_eq!(map.full_ratios, FullRatios { nearfull: 500, backfillfull: 600, full: 700 });
+    let decoded = decode_map(&encode_map(&map)).unwrap();
+    assert_eq!(decoded, map, "fullness and ratios round-trip");
 }

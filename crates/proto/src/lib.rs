@@ -83,6 +83,6 @@ mod wire_enum_tests {
     fn from_u8_inverts_the_discriminants() {
         check(MessageType::from_u8, |v| v as u8, 16);
         check(OpKind::from_u8, |v| v as u8, 11);
-        check(Status::from_u8, |v| v as u8, 6);
+        check(Status::from_u8, |v| v as u8, 7);
     }
 }

@@ -116,6 +116,9 @@ pub enum Status {
     Invalid = 4,
     /// The store failed; the text says how.
     Io = 5,
+    /// A member of the PG is full: the write is refused (ENOSPC); deletes,
+    /// truncates and discards still go on.
+    NoSpace = 6,
 }
 
 impl Status {

@@ -98,6 +98,7 @@ impl Flusher {
         self.metrics.store_capacity_bytes.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
         let used = (self.partition.data_blocks() - self.partition.free_blocks()) * duplex_store::BLOCK_SIZE as u64;
         self.metrics.store_used_bytes.fetch_add(used, std::sync::atomic::Ordering::Relaxed);
+        self.publish_use();
         Pending {
             reads: Vec::new(),
             peering: Vec::new(),
@@ -108,6 +109,15 @@ impl Flusher {
             counted,
             used,
         }
+    }
+
+    /// This partition's use, per mille, for the OSD's fullness.
+    fn publish_use(&self) {
+        let data_blocks = self.partition.data_blocks().max(1);
+        let used_permille = (data_blocks - self.partition.free_blocks().min(data_blocks)) * 1000 / data_blocks;
+        let index = self.partition.index() as usize;
+        debug_assert!(index < self.metrics.partition_used_permille.len(), "partition {index} past MAX_PARTITIONS");
+        self.metrics.partition_used_permille[index].store(used_permille, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Runs until every job sender is gone; returns the partition to close.
@@ -204,6 +214,7 @@ impl Flusher {
         let gauge = &self.metrics.store_used_bytes;
         gauge.fetch_add(now_used.wrapping_sub(pending.used), std::sync::atomic::Ordering::Relaxed);
         pending.used = now_used;
+        self.publish_use();
         debug_assert!(pending.dirty_is_due(), "a dirty PG with no flush due: its entries would wait for ever");
     }
 

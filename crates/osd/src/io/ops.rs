@@ -11,7 +11,8 @@
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use duplex_oplog::RequestId;
+use duplex_map::Fullness;
+use duplex_oplog::{OpKind as LogOp, RequestId};
 use duplex_proto::osd::{OpKind, OpReply, Status};
 
 use crate::backend::common::{check_limits, log_fields, log_op_of, reply, Interval};
@@ -63,6 +64,17 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
         let (offset, data) = log_fields(request);
         if let Err(why) = check_limits(log_op, offset, data) {
             return reply(&op, Status::Invalid, epoch, why);
+        }
+        // A write that adds data to a PG one of whose members is full is
+        // refused at once; what frees space (deletes, truncates, removing
+        // attributes, discards) always goes on.
+        if matches!(log_op, LogOp::Write | LogOp::SetAttr | LogOp::CreatePreallocated) {
+            if let Some(full) =
+                acting.iter().find(|osd| view.map.osds.get(osd).is_some_and(|o| o.fullness == Fullness::Full))
+            {
+                shared.metrics.full_refusals.add(1);
+                return reply(&op, Status::NoSpace, epoch, format!("osd.{full} is full"));
+            }
         }
     }
     let elapsed = op.arrived.elapsed().as_micros() as u64;

@@ -76,6 +76,8 @@ pub struct Metrics {
     pub replica_entries: Counter,
     pub errors: Counter,
     pub backpressure_waits: Counter,
+    /// Client writes refused because a member of their PG is full.
+    pub full_refusals: Counter,
     /// Jobs that found their flusher's queue full (their producer waited).
     pub flusher_queue_full: Counter,
     pub flushes: Counter,
@@ -140,10 +142,19 @@ pub struct Metrics {
     /// The store's data capacity and bytes in use (flushers keep it current).
     pub store_capacity_bytes: AtomicU64,
     pub store_used_bytes: AtomicU64,
+    /// Each store partition's use, per mille (its flusher keeps it): the
+    /// fullest one decides the OSD's fullness, since one full partition
+    /// stops its flushes.
+    pub partition_used_permille: [AtomicU64; duplex_store::MAX_PARTITIONS as usize],
     histograms: Mutex<Vec<Histograms>>,
 }
 
 impl Metrics {
+    /// The use of the store's fullest partition, per mille.
+    pub fn fullest_partition_permille(&self) -> u64 {
+        self.partition_used_permille.iter().map(|p| p.load(std::sync::atomic::Ordering::Relaxed)).max().unwrap_or(0)
+    }
+
     /// A histogram set for one thread to record into.
     pub fn histograms(&self) -> Histograms {
         let set = new_histograms();
@@ -203,6 +214,12 @@ impl Metrics {
             "duplex_osd_backpressure_waits_total",
             "Writes that waited for a flush because their PG's log was full.",
             &[("", self.backpressure_waits.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_full_refusals_total",
+            "Client writes refused (NoSpace, ENOSPC at the client) because a member of their PG is full.",
+            &[("", self.full_refusals.get())],
         );
         counter(
             &mut out,
@@ -412,6 +429,11 @@ impl Metrics {
             out,
             "# HELP duplex_osd_store_used_bytes Store data bytes in use.\n# TYPE duplex_osd_store_used_bytes gauge\nduplex_osd_store_used_bytes {}",
             self.store_used_bytes.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP duplex_osd_store_fullest_partition_permille Use of the store's fullest partition, per mille (the OSD's fullness).\n# TYPE duplex_osd_store_fullest_partition_permille gauge\nduplex_osd_store_fullest_partition_permille {}",
+            self.fullest_partition_permille()
         );
         let _ = writeln!(out, "# HELP duplex_osd_cpu_seconds_total CPU time by thread class.\n# TYPE duplex_osd_cpu_seconds_total counter");
         for (class, seconds) in cpu_seconds_by_class() {

@@ -47,6 +47,8 @@ pub struct PeeringDriver {
     conns: HashMap<OsdId, OsdConnection>,
     /// Peers that could not be reached, and until when not to try again.
     unreachable: HashMap<OsdId, Instant>,
+    /// What this OSD last reported of its fullness, and when.
+    fullness_asked: Option<(duplex_map::Fullness, u64)>,
 }
 
 impl PeeringDriver {
@@ -65,6 +67,7 @@ impl PeeringDriver {
             clock: Instant::now(),
             conns: HashMap::new(),
             unreachable: HashMap::new(),
+            fullness_asked: None,
         }
     }
 
@@ -134,7 +137,8 @@ impl PeeringDriver {
     /// hold up peering for long. The schedule asks again if the map does
     /// not show it in time.
     fn send_map_commands(&mut self, now: u64) {
-        let commands = self.schedule.map_commands_due(now);
+        let mut commands = self.schedule.map_commands_due(now);
+        commands.extend(self.fullness_report(now));
         if commands.is_empty() {
             return;
         }
@@ -147,6 +151,25 @@ impl PeeringDriver {
                 Err(err) => tracing::warn!(%err, ?command, "the monitor did not take a command; asking again shortly"),
             }
         }
+    }
+
+    /// This OSD's fullness, when it differs from what the map says: the
+    /// fullest store partition against the map's ratios. A change is
+    /// reported at once; the same report again at most every second, until
+    /// the map shows it.
+    fn fullness_report(&mut self, now: u64) -> Option<duplex_map::Command> {
+        let view = self.shared.map.load();
+        let id = self.shared.config.id;
+        let reported = view.map.osds.get(&id).filter(|o| o.up)?.fullness;
+        let fullness = view.map.full_ratios.classify(self.shared.metrics.fullest_partition_permille());
+        let asked_lately =
+            self.fullness_asked.is_some_and(|(asked, at)| asked == fullness && now < at + RETRY_AFTER_US);
+        if fullness == reported || asked_lately {
+            return None;
+        }
+        self.fullness_asked = Some((fullness, now));
+        tracing::warn!(?fullness, was = ?reported, permille = self.shared.metrics.fullest_partition_permille(), "the store's fullness changed");
+        Some(duplex_map::Command::SetOsdFullness { id, fullness })
     }
 
     /// A request to this OSD's own store, through its flusher.
