@@ -518,7 +518,7 @@ impl SimOsd {
                 }
                 Next::Backfill(pg, step @ Step::Send { .. }) => {
                     // The recovery throttle, on the simulated clock.
-                    if !live.schedule.throttle(pg, &step, ctx.now, &metrics) {
+                    if !live.schedule.throttle(pg, &step, ctx.now, &view, &metrics) {
                         continue;
                     }
                     let Step::Send { to, tag, op } = step else { unreachable!("matched above") };

@@ -104,7 +104,7 @@ impl PeeringDriver {
             Next::Peering(pg, Action::Send { to, tag, op }) => (pg, to, tag, op, false),
             Next::Peering(pg, end) => return self.schedule.on_end(pg, end, now, &metrics),
             Next::Backfill(pg, step @ Step::Send { .. }) => {
-                if !self.schedule.throttle(pg, &step, now, &metrics) {
+                if !self.schedule.throttle(pg, &step, now, &self.shared.map.load(), &metrics) {
                     return;
                 }
                 let Step::Send { to, tag, op } = step else { unreachable!("matched above") };

@@ -499,8 +499,20 @@ impl Schedule {
 
     /// The recovery throttle, before a backfill request goes out: `false`
     /// when it must wait (the step is queued again, due after the pause).
-    pub fn throttle(&mut self, pg: u32, step: &Step, now: u64, metrics: &Metrics) -> bool {
-        let Step::Send { op, .. } = step else { return true };
+    /// A target past `backfillfull` (in `view`'s map) waits too: backfill
+    /// into it goes on once it reports it has room again.
+    pub fn throttle(&mut self, pg: u32, step: &Step, now: u64, view: &MapView, metrics: &Metrics) -> bool {
+        let Step::Send { op, to, .. } = step else { return true };
+        let target_full = *to != self.me
+            && view.map.osds.get(to).is_some_and(|osd| osd.fullness >= duplex_map::Fullness::BackfillFull);
+        if target_full {
+            if now >= self.backfill_due {
+                tracing::warn!(pg, osd = to, "backfill waits: the target is backfill full");
+            }
+            self.backfill_due = now + RETRY_AFTER_US;
+            self.backfill_queue.push_front((pg, step.clone()));
+            return false;
+        }
         if let Some(pause) = self.throttle.pause_before(op, self.recovery_bytes_per_sec) {
             self.backfill_due = now + pause;
             self.backfill_queue.push_front((pg, step.clone()));
@@ -848,6 +860,29 @@ fn log_active(
 mod tests {
     use super::*;
     use crate::pg::pg_key;
+
+    #[test]
+    fn backfill_into_a_backfill_full_target_waits_until_it_has_room() {
+        let mut map = duplex_map::ClusterMap::new([0; 16]);
+        for id in 0..2 {
+            let boot = duplex_map::Command::OsdBoot {
+                id,
+                addr: format!("127.0.0.1:{}", 7000 + id),
+                host: format!("h{id}"),
+                weight: 1 << 16,
+            };
+            map.run(&boot).unwrap();
+        }
+        map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::BackfillFull }).unwrap();
+        let metrics = Metrics::default();
+        let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
+        let step = Step::Send { to: 1, tag: 1, op: PeerOp::Remove { object: b"x".to_vec() } };
+        let full = MapView::new(map.clone());
+        assert!(!schedule.throttle(7, &step, 100, &full, &metrics), "the target is backfill full");
+        assert_eq!(schedule.backfill_waits_until(), Some(100 + RETRY_AFTER_US), "held, to be tried again");
+        map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::NearFull }).unwrap();
+        assert!(schedule.throttle(7, &step, 200, &MapView::new(map), &metrics), "room again: it goes");
+    }
 
     #[test]
     fn record_commands_stay_within_what_the_monitor_takes() {
