@@ -237,6 +237,7 @@ fn kill_9(cluster: &DevCluster, name: &str) {
 /// no acknowledged write is lost and no read goes back in time.
 #[test]
 fn acknowledged_writes_survive_an_osd_kill() {
+    let _alone = common::alone();
     let cluster = DevCluster::start();
     let client = cluster.client();
     let run = Verifying::start(&client);
@@ -264,6 +265,7 @@ fn acknowledged_writes_survive_an_osd_kill() {
 /// and once it runs again it boots anew and rejoins.
 #[test]
 fn a_hung_osd_is_found_by_the_grace_and_rejoins() {
+    let _alone = common::alone();
     let cluster = DevCluster::start();
     let client = cluster.client();
     let run = Verifying::start(&client);
@@ -290,6 +292,7 @@ fn a_hung_osd_is_found_by_the_grace_and_rejoins() {
 /// that any use counts as full (a real fill takes minutes).
 #[test]
 fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
+    let _alone = common::alone();
     let cluster = DevCluster::with_pgs(8);
     let client = cluster.client();
     let pool = client.pool_id("rbd").unwrap();
@@ -556,6 +559,7 @@ fn a_damaged_block_is_read_repaired_and_scrub_finds_and_repairs_another() {
 /// lost, no read is stale, and client I/O never stops for a second.
 #[test]
 fn an_osd_added_under_load_is_backfilled() {
+    let _alone = common::alone();
     let cluster = DevCluster::start();
     let client = cluster.client();
     let run = Verifying::start(&client);

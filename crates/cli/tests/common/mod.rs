@@ -6,9 +6,11 @@
 pub mod netns;
 pub mod workload;
 
+use std::cell::Cell;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 pub fn duplex() -> Command {
@@ -36,8 +38,38 @@ pub fn require_tool(tool: &str) {
     assert!(found, "{tool} is not installed: run ./scripts/test-all, which installs fio, qemu-utils and libnbd-bin");
 }
 
+/// Tests whose figures are timings (a failover bound, a stall bound) run
+/// alone: on a 2-core machine a second cluster beside them measures the
+/// machine, not Duplex. Every other cluster of this test binary holds the
+/// lock shared; a timing test holds it whole ([`alone`]).
+static CLUSTERS: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    static ALONE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// This test runs with no other cluster of the binary beside it, until the
+/// guard goes (declare it before the cluster, so the cluster goes first).
+pub struct Alone {
+    _whole: RwLockWriteGuard<'static, ()>,
+}
+
+pub fn alone() -> Alone {
+    let whole = CLUSTERS.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    ALONE.with(|alone| alone.set(true));
+    Alone { _whole: whole }
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        ALONE.with(|alone| alone.set(false));
+    }
+}
+
 pub struct DevCluster {
     pub dir: tempfile::TempDir,
+    /// Shares the binary's clusters lock (none when this test runs alone).
+    _turn: Option<RwLockReadGuard<'static, ()>>,
 }
 
 impl DevCluster {
@@ -52,8 +84,9 @@ impl DevCluster {
 
     /// `dev up` with these extra arguments.
     pub fn with_args(args: &[&str]) -> DevCluster {
+        let turn = (!ALONE.with(Cell::get)).then(|| CLUSTERS.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
         let dir = tempfile::Builder::new().prefix("duplex-test-").tempdir().expect("temp dir");
-        let cluster = DevCluster { dir };
+        let cluster = DevCluster { dir, _turn: turn };
         run_ok(duplex().args(["dev", "up", "--osd-size", "768M"]).args(args).arg("--dir").arg(cluster.path()));
         cluster
     }
