@@ -16,12 +16,17 @@ use duplex_placement::Hierarchy;
 pub struct MapView {
     pub map: ClusterMap,
     pub hierarchy: Hierarchy,
+    /// The OSDs the map has full: computed once per map, so that a write's
+    /// admission looks at nothing when none is (the usual case).
+    pub full_osds: Vec<OsdId>,
 }
 
 impl MapView {
     pub fn new(map: ClusterMap) -> MapView {
         let hierarchy = map.hierarchy();
-        MapView { map, hierarchy }
+        let full_osds =
+            map.osds.values().filter(|osd| osd.fullness == duplex_map::Fullness::Full).map(|osd| osd.id).collect();
+        MapView { map, hierarchy, full_osds }
     }
 
     pub fn epoch(&self) -> u64 {

@@ -13,6 +13,17 @@ use crate::messages::{ClientOp, Job, Outcome};
 use crate::pg::{Pg, SharedPg};
 use crate::shared::Shared;
 
+/// The reply to a mutation that is done (or was done before: a resend).
+pub(crate) fn ok_reply(op: &ClientOp, epoch: u64) -> Outcome {
+    Outcome::Reply {
+        token: op.token,
+        slot: op.slot,
+        reply: OpReply { status: Status::Ok, map_epoch: epoch, data: bytes::Bytes::new() },
+        arrived: op.arrived,
+        kind: op.request.kind,
+    }
+}
+
 pub(crate) fn reply(op: &ClientOp, status: Status, epoch: u64, message: impl std::fmt::Display) -> Outcome {
     debug_assert_ne!(status, Status::Ok, "an early end is an error reply");
     Outcome::Reply {

@@ -12,9 +12,10 @@ use duplex_oplog::{EntryRef, RequestId};
 use duplex_proto::osd::{OpKind, OpReply, Status, MAX_OBJECT_NAME};
 
 use crate::backend::common::{
-    changed_range, check_limits, lock_served, log_fields, log_op_of, peering_reply, reply, uncommitted_reply, Interval,
+    changed_range, check_limits, lock_served, log_fields, log_op_of, ok_reply, peering_reply, reply, uncommitted_reply,
+    Interval,
 };
-use crate::backend::write_path::{Mutation, Refusal, WritePath};
+use crate::backend::write_path::{Mutation, Offered, Refusal, WritePath};
 use crate::backend::{PgBackend, Primary};
 use crate::messages::{ClientOp, ClientSlot, Job, Outcome, ReadJob};
 use crate::metrics::{record, Histograms, Stage};
@@ -131,7 +132,7 @@ impl<P: WritePath> PgBackend for Replicated<P> {
             );
             return Ok(Outcome::Acks { pg: key, acks: vec![Ack { seq: entry.seq, to }], status: Status::Retry });
         }
-        let outcome = self.0.take_replica(shared, guard, &entry, payload, to);
+        let outcome = self.0.take_replica(shared, guard, &Offered { entry: &entry, payload, to });
         record(histograms, Stage::LogAppend, started.elapsed().as_micros() as u64);
         Ok(outcome)
     }
@@ -254,13 +255,7 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
         Some(RequestState::Committed) => {
             drop(guard);
             metrics.duplicate_requests.add(1);
-            return Outcome::Reply {
-                token: op.token,
-                slot: op.slot,
-                reply: OpReply { status: Status::Ok, map_epoch: epoch, data: Bytes::new() },
-                arrived: op.arrived,
-                kind: request.kind,
-            };
+            return ok_reply(&op, epoch);
         }
         Some(RequestState::InFlight) => {
             drop(guard);
@@ -320,13 +315,7 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
         _ => metrics.metadata_ops.add(1),
     }
     if replicas.is_empty() && local.is_none() {
-        return Outcome::Reply {
-            token: op.token,
-            slot: op.slot,
-            reply: OpReply { status: Status::Ok, map_epoch: epoch, data: Bytes::new() },
-            arrived: op.arrived,
-            kind: request.kind,
-        };
+        return ok_reply(&op, epoch);
     }
     Outcome::Replicate {
         write,

@@ -33,6 +33,14 @@ pub(crate) struct Mutation<'a> {
     pub entry_at: &'a dyn Fn(u64) -> EntryRef<'a>,
 }
 
+/// A replicated entry a replica's PG accepts: decoded, its bytes as they
+/// came (the log takes them as they are), and where its ack goes.
+pub(crate) struct Offered<'a> {
+    pub entry: &'a EntryRef<'a>,
+    pub payload: &'a Bytes,
+    pub to: ReplyTo,
+}
+
 /// Why a mutation was not taken.
 pub(crate) enum Refusal {
     /// The PG's log is full: hold the operation until a flush makes room.
@@ -62,14 +70,7 @@ pub(crate) trait WritePath: Send + Sync {
     }
 
     /// Replica: takes an entry its PG accepts (`guard` is released here).
-    fn take_replica(
-        &self,
-        shared: &Shared,
-        guard: MutexGuard<'_, Pg>,
-        entry: &EntryRef<'_>,
-        payload: &Bytes,
-        to: ReplyTo,
-    ) -> Outcome;
+    fn take_replica(&self, shared: &Shared, guard: MutexGuard<'_, Pg>, offered: &Offered<'_>) -> Outcome;
 }
 
 /// `write_path = oplog`: the entry goes to the PG's operation log (and its
@@ -125,14 +126,8 @@ impl WritePath for Logged {
         Ok((encoded, None))
     }
 
-    fn take_replica(
-        &self,
-        shared: &Shared,
-        mut guard: MutexGuard<'_, Pg>,
-        entry: &EntryRef<'_>,
-        payload: &Bytes,
-        to: ReplyTo,
-    ) -> Outcome {
+    fn take_replica(&self, shared: &Shared, mut guard: MutexGuard<'_, Pg>, offered: &Offered<'_>) -> Outcome {
+        let Offered { entry, payload, to } = *offered;
         let key = entry.pg;
         let before = guard.log.len();
         let (acks, status) = match guard.offer(entry, payload, to) {
@@ -199,15 +194,9 @@ impl WritePath for SyncApply {
         Ok((encoded, Some(entry)))
     }
 
-    fn take_replica(
-        &self,
-        shared: &Shared,
-        guard: MutexGuard<'_, Pg>,
-        entry: &EntryRef<'_>,
-        _payload: &Bytes,
-        to: ReplyTo,
-    ) -> Outcome {
+    fn take_replica(&self, shared: &Shared, guard: MutexGuard<'_, Pg>, offered: &Offered<'_>) -> Outcome {
         drop(guard);
+        let Offered { entry, to, .. } = *offered;
         shared.send_job(entry.pg, Job::SyncApply { entry: entry.to_owned(), done: SyncDone::Replica(to) });
         Outcome::Queued
     }
@@ -232,15 +221,9 @@ impl WritePath for Ideal {
         true
     }
 
-    fn take_replica(
-        &self,
-        _shared: &Shared,
-        guard: MutexGuard<'_, Pg>,
-        entry: &EntryRef<'_>,
-        _payload: &Bytes,
-        to: ReplyTo,
-    ) -> Outcome {
+    fn take_replica(&self, _shared: &Shared, guard: MutexGuard<'_, Pg>, offered: &Offered<'_>) -> Outcome {
         drop(guard);
+        let Offered { entry, to, .. } = *offered;
         Outcome::Acks { pg: entry.pg, acks: vec![Ack { seq: entry.seq, to }], status: Status::Ok }
     }
 }

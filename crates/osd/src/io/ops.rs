@@ -11,7 +11,6 @@
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use duplex_map::Fullness;
 use duplex_oplog::{OpKind as LogOp, RequestId};
 use duplex_proto::osd::{OpKind, OpReply, Status};
 
@@ -69,9 +68,7 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
         // refused at once; what frees space (deletes, truncates, removing
         // attributes, discards) always goes on.
         if matches!(log_op, LogOp::Write | LogOp::SetAttr | LogOp::CreatePreallocated) {
-            if let Some(full) =
-                acting.iter().find(|osd| view.map.osds.get(osd).is_some_and(|o| o.fullness == Fullness::Full))
-            {
+            if let Some(full) = view.full_osds.iter().find(|osd| acting.contains(osd)) {
                 shared.metrics.full_refusals.add(1);
                 return reply(&op, Status::NoSpace, epoch, format!("osd.{full} is full"));
             }

@@ -85,10 +85,6 @@ impl<R: Copy> PendingWrites<R> {
         self.writes.is_empty()
     }
 
-    pub fn len(&self) -> usize {
-        self.writes.len()
-    }
-
     /// Registers write `txid` and sends its entry to each replica with
     /// `send`, which says whether it could: a replica it could not reach
     /// fails the write at once (it never waits for an answer that cannot

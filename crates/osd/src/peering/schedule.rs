@@ -233,7 +233,7 @@ struct Machine {
 
 /// A request to another OSD waiting for its answer.
 #[derive(Clone, Copy, Debug)]
-pub struct Outstanding {
+struct Outstanding {
     pub txid: u64,
     pub pg: u32,
     pub tag: u64,
@@ -559,11 +559,6 @@ impl Schedule {
         let txid = self.next_txid;
         self.outstanding = Some(Outstanding { txid, pg, tag, to, deadline: now + REQUEST_TIMEOUT_US, backfill });
         txid
-    }
-
-    /// The request out, if any.
-    pub fn outstanding(&self) -> Option<Outstanding> {
-        self.outstanding
     }
 
     /// The answer to request `txid` from `from` (`Err`: it failed); `false`
