@@ -249,6 +249,18 @@ fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
     }
 }
 
+/// Found by session 15's sweep of seeds 50000–51999 with every fault two
+/// at once (1,999 pass): a read returns block 41 older than a write
+/// acknowledged before the read began. The run fails the same way at
+/// 4dc4303, before that session's changes (the refactor kept it step for
+/// step), so it is an older bug, not yet worked out. Run with
+/// `-- --ignored` to see where it stands.
+#[test]
+#[ignore = "known gap: a stale read under two faults at once, seed 50631 (docs/RELIABILITY.md)"]
+fn known_gap_seed_50631_a_stale_read_under_two_faults_at_once() {
+    run_every_fault_two_at_once(50631);
+}
+
 /// A member that needs a backfill is filled in the background, and the PG
 /// peers again when that ends. The first version left a PG that had never
 /// been written to peering forever: its members were at no entry (seq and
