@@ -173,6 +173,10 @@ pub enum Completion {
     Send { token: usize, frame: Frame },
     /// Logs were trimmed: writes waiting for room may go on.
     Flushed,
+    /// Peering fenced a PG for a new interval: writes of an older one still
+    /// waiting for replicas fail now (`Retry`), not at the next periodic
+    /// check, so clients resend to the PG's new interval at once.
+    Fenced,
     /// A new connection for this thread to own.
     Accepted(mio::net::TcpStream),
     /// Pool mode: a worker ran a request; the thread does the I/O it asks for.

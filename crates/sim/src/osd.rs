@@ -471,6 +471,8 @@ impl SimOsd {
                     live.flusher.mailboxes[0].took_flushed();
                     retry_parked = true;
                 }
+                // Its tick fails outlived writes every TICK_US (50 ms) already.
+                Completion::Fenced => {}
                 Completion::LocalApplied { .. } | Completion::Accepted(_) | Completion::Worked(_) => {
                     unreachable!("the simulator runs neither the sync path nor the pool")
                 }

@@ -36,6 +36,10 @@ impl Flusher {
                 let dropped = guard.fence(interval);
                 drop(guard);
                 self.refuse_entries(key, dropped);
+                // Fences are rare (one per PG and interval): every thread looks.
+                for mailbox in &self.mailboxes {
+                    mailbox.post_and_wake(Completion::Fenced);
+                }
             } else if interval > guard.asked_interval {
                 return PeerReply::Refused(format!("interval {interval} was never queried here"));
             }

@@ -480,6 +480,7 @@ impl PriorityThread {
                 self.mailboxes[self.index].took_flushed();
                 self.retry_parked();
             }
+            Completion::Fenced => self.expire_pending(Instant::now()),
             Completion::Accepted(stream) => self.adopt(stream),
             Completion::Worked(outcome) => self.execute(*outcome),
         }

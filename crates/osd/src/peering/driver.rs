@@ -79,11 +79,7 @@ impl PeeringDriver {
         while !stop.load(Ordering::Relaxed) {
             let now = self.now();
             let asked = std::mem::take(&mut *self.shared.scrub_requests.lock().expect("scrub requests lock"));
-            let (shared, metrics) = (&self.shared, &self.shared.metrics);
-            let view = shared.map.load();
-            self.schedule.reconcile(&view, now, asked, metrics, |key| {
-                shared.pgs.get(key).is_some_and(|pg| pg.lock().expect("PG lock").active.is_some())
-            });
+            self.reconcile(now, asked);
             self.send_answers();
             self.send_map_commands(now);
             // One action, then look at the map again: a long recovery
@@ -96,6 +92,15 @@ impl PeeringDriver {
                 }
             }
         }
+    }
+
+    /// Brings the schedule up to the map (and the scrubs `asked`).
+    fn reconcile(&mut self, now: u64, asked: Vec<crate::messages::ScrubAsk>) {
+        let (shared, metrics) = (&self.shared, &self.shared.metrics);
+        let view = shared.map.load();
+        self.schedule.reconcile(&view, now, asked, metrics, |key| {
+            shared.pgs.get(key).is_some_and(|pg| pg.lock().expect("PG lock").active.is_some())
+        });
     }
 
     fn carry_out(&mut self, next: Next, now: u64) {
@@ -187,35 +192,149 @@ impl PeeringDriver {
         if self.unreachable.get(&to).is_some_and(|until| Instant::now() < *until) {
             return Err("unreachable (recently)".into());
         }
-        let result = self.call_remote(to, txid, &request);
-        if result.is_err() {
-            self.shared.suspect(to);
-            self.conns.remove(&to);
-            self.unreachable.insert(to, Instant::now() + RETRY_AFTER);
+        match self.call_remote(to, txid, &request) {
+            Ok(reply) => Ok(reply),
+            Err(Failed::Superseded) => {
+                // The schedule already moved on; the connection may still
+                // carry the late answer, which is dropped by its txid, but a
+                // target that went down is reconnected afresh.
+                self.conns.remove(&to);
+                Err("superseded by a newer map".into())
+            }
+            Err(Failed::Peer(why)) => {
+                self.shared.suspect(to);
+                self.conns.remove(&to);
+                self.unreachable.insert(to, Instant::now() + RETRY_AFTER);
+                Err(why)
+            }
         }
-        result
     }
 
-    fn call_remote(&mut self, to: OsdId, txid: u64, request: &PeerRequest) -> Result<PeerReply, String> {
+    /// Sends the request and waits for its answer in slices of [`TICK`],
+    /// bringing the schedule up to each new map in between: a map that
+    /// ends the request (its target went down, its PG's interval moved)
+    /// ends the wait, so a hung member holds no PG past the map that marks
+    /// it down.
+    fn call_remote(&mut self, to: OsdId, txid: u64, request: &PeerRequest) -> Result<PeerReply, Failed> {
         if !self.conns.contains_key(&to) {
-            let addr = self.shared.map.load().addr_of(to).ok_or("not in the map")?;
+            let addr = self.shared.map.load().addr_of(to).ok_or(Failed::Peer("not in the map".into()))?;
             let conn = OsdConnection::connect(addr, &self.credentials, CONNECT_TIMEOUT)
-                .map_err(|e| format!("connecting to {addr}: {e}"))?;
-            conn.set_read_timeout(Some(REQUEST_TIMEOUT)).map_err(|e| e.to_string())?;
+                .map_err(|e| Failed::Peer(format!("connecting to {addr}: {e}")))?;
+            conn.set_read_timeout(Some(TICK)).map_err(|e| Failed::Peer(e.to_string()))?;
             self.conns.insert(to, conn);
         }
         let conn = self.conns.get_mut(&to).expect("just connected");
-        conn.send(&request.to_frame(txid)).map_err(|e| e.to_string())?;
+        conn.send(&request.to_frame(txid)).map_err(|e| Failed::Peer(e.to_string()))?;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         loop {
             if Instant::now() >= deadline {
-                return Err(format!("no answer within {REQUEST_TIMEOUT:?}"));
+                return Err(Failed::Peer(format!("no answer within {REQUEST_TIMEOUT:?}")));
             }
-            let frame = conn.recv().map_err(|e| e.to_string())?;
+            let conn = self.conns.get_mut(&to).expect("connected above");
+            let frame = match conn.recv() {
+                Ok(frame) => frame,
+                // A slice passed: `recv` keeps what it read of a frame.
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    if self.shared.map.epoch() != self.schedule.seen_epoch() {
+                        self.reconcile(self.now(), Vec::new());
+                    }
+                    if !self.schedule.awaits(txid) {
+                        return Err(Failed::Superseded);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(Failed::Peer(e.to_string())),
+            };
             if frame.header.message_type != MessageType::PeerReply as u8 || frame.header.transaction_id != txid {
                 continue; // an answer to a request that timed out before
             }
-            return PeerReply::decode(&frame.payload).map_err(|e| e.to_string());
+            return PeerReply::decode(&frame.payload).map_err(|e| Failed::Peer(e.to_string()));
         }
+    }
+}
+
+/// Why a request to another OSD got no answer.
+enum Failed {
+    /// The member did not answer (or could not be reached).
+    Peer(String),
+    /// A newer map ended the request while it waited (the schedule has
+    /// already dealt with it).
+    Superseded,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use duplex_map::{ClusterMap, Command};
+    use duplex_proto::peering::PeerOp;
+
+    use super::*;
+    use crate::cluster::{MapCell, MapView};
+    use crate::config::{OplogMode, OsdConfig};
+    use crate::metrics::Metrics;
+    use crate::peering::schedule::primary_intervals;
+    use crate::pg::PgTable;
+
+    /// Issue 24: a peer that accepts and authenticates but then never
+    /// answers (SIGSTOP, a stuck disk) held the peering thread, and so every
+    /// PG this OSD peers, for the whole 10 s request timeout, even after
+    /// the map marked it down. The wait ends with the map now.
+    #[test]
+    fn a_request_to_a_hung_peer_ends_with_the_map_that_marks_it_down() {
+        let credentials = Credentials { fsid: [7; 16], secret: b"s".to_vec(), name: "osd.0".into() };
+        let hung = TcpListener::bind("127.0.0.1:0").unwrap();
+        let hung_addr = hung.local_addr().unwrap();
+        let server_credentials = Credentials { name: "osd.1".into(), ..credentials.clone() };
+        let (release, released) = crossbeam_channel::bounded::<()>(1);
+        let held = std::thread::spawn(move || {
+            let (stream, _) = hung.accept().unwrap();
+            // Authenticates, then reads and answers nothing until the test ends.
+            let conn = OsdConnection::accept(stream, &server_credentials, Duration::from_secs(5)).unwrap();
+            let _ = released.recv_timeout(Duration::from_secs(15));
+            drop(conn);
+        });
+
+        let mut map = ClusterMap::new(credentials.fsid);
+        for id in 0..3 {
+            let addr = if id == 1 { hung_addr.to_string() } else { format!("127.0.0.1:{}", 1 + id) };
+            map.run(&Command::OsdBoot { id, addr, host: format!("h{id}"), weight: 1 << 16 }).unwrap();
+        }
+        map.run(&Command::PoolCreate { name: "rbd".into(), size: 3, min_size: 1, pg_num: 4 }).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = OsdConfig::new(0, dir.path().join("store"), dir.path().join("logs"), Vec::new());
+        config.fsid = credentials.fsid;
+        config.secret = credentials.secret.clone();
+        let pgs = Arc::new(PgTable::open(OplogMode::File, dir.path(), 1 << 20).unwrap());
+        let cell = Arc::new(MapCell::new(map.clone()));
+        let shared = Arc::new(Shared::new(
+            config,
+            pgs,
+            cell.clone(),
+            Arc::new(Metrics::default()),
+            Vec::new(),
+            Default::default(),
+        ));
+        let mut driver = PeeringDriver::new(shared, Vec::new(), crate::backend::peering_for);
+        driver.reconcile(0, Vec::new());
+        let pg = *primary_intervals(&MapView::new(map.clone()), 0).keys().next().expect("osd.0 is a primary");
+        let interval = driver.schedule.interval_of(pg).expect("a machine for the PG");
+
+        let txid = driver.schedule.send(pg, 1, 1, 0, false);
+        let marks_down = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            map.run(&Command::MarkDown { id: 1 }).unwrap();
+            cell.store(map);
+        });
+        let started = Instant::now();
+        let outcome = driver.call(1, txid, PeerRequest { pg, interval, op: PeerOp::Query });
+        let waited = started.elapsed();
+        marks_down.join().unwrap();
+        assert!(outcome.as_ref().is_err_and(|why| why.contains("superseded")), "{outcome:?}");
+        assert!(waited < Duration::from_secs(3), "waited {waited:?} for a peer the map had down after 0.3 s");
+        assert!(!driver.schedule.awaits(txid), "the schedule moved on");
+        assert!(!driver.unreachable.contains_key(&1), "not taken for unreachable: the map said why");
+        release.send(()).unwrap();
+        held.join().unwrap();
     }
 }

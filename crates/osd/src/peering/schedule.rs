@@ -241,6 +241,9 @@ struct Outstanding {
     pub deadline: u64,
     /// A backfill machine's request (else a peering machine's).
     pub backfill: bool,
+    /// The map epoch it was sent under: a target whose incarnation is
+    /// newer, or that is down, will never answer it.
+    pub sent_epoch: u64,
 }
 
 /// What to carry out next.
@@ -343,6 +346,7 @@ impl Schedule {
             if self.outstanding.is_some_and(|o| !wanted.contains_key(&o.pg)) {
                 self.outstanding = None;
             }
+            self.fail_request_to_gone_target(view, metrics);
         }
         let mut scrubs = self.merge_scrubs(asked);
         let (mut inactive, mut backfilling) = (0u64, 0u64);
@@ -543,6 +547,11 @@ impl Schedule {
         (!self.backfill_queue.is_empty()).then_some(self.backfill_due)
     }
 
+    /// The map epoch the schedule was last brought up to.
+    pub fn seen_epoch(&self) -> u64 {
+        self.seen_epoch
+    }
+
     /// The interval `pg`'s machine peers (None: no machine).
     pub fn interval_of(&self, pg: u32) -> Option<u64> {
         self.machines.get(&pg).map(|m| m.peering.interval)
@@ -557,8 +566,30 @@ impl Schedule {
         debug_assert!(self.machines.contains_key(&pg), "a request of no machine");
         self.next_txid += 1;
         let txid = self.next_txid;
-        self.outstanding = Some(Outstanding { txid, pg, tag, to, deadline: now + REQUEST_TIMEOUT_US, backfill });
+        let deadline = now + REQUEST_TIMEOUT_US;
+        self.outstanding = Some(Outstanding { txid, pg, tag, to, deadline, backfill, sent_epoch: self.seen_epoch });
         txid
+    }
+
+    /// Whether request `txid` still waits for its answer: a map change can
+    /// end it early (its PG's interval moved, its target went down), and a
+    /// runtime blocked on it then stops waiting.
+    pub fn awaits(&self, txid: u64) -> bool {
+        self.outstanding.is_some_and(|o| o.txid == txid)
+    }
+
+    /// A map that has the request's target down, or in a newer
+    /// incarnation, fails the request now rather than at its deadline: that
+    /// process will not answer it. A hung member otherwise held every PG of
+    /// this OSD for the whole request timeout after the map marked it down
+    /// (10 s; issue 24's hung-OSD test caught it under load).
+    fn fail_request_to_gone_target(&mut self, view: &MapView, metrics: &Metrics) {
+        let Some(out) = self.outstanding else { return };
+        let same_process = view.map.osds.get(&out.to).is_some_and(|o| o.up && o.state_epoch <= out.sent_epoch);
+        if !same_process {
+            self.on_answer(out.txid, out.to, Err("went down (or restarted) before it answered".into()), metrics);
+            debug_assert!(!self.awaits(out.txid), "a request to a gone target still waits");
+        }
     }
 
     /// The answer to request `txid` from `from` (`Err`: it failed); `false`
@@ -877,6 +908,59 @@ mod tests {
         assert_eq!(schedule.backfill_waits_until(), Some(100 + RETRY_AFTER_US), "held, to be tried again");
         map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::NearFull }).unwrap();
         assert!(schedule.throttle(7, &step, 200, &MapView::new(map), &metrics), "room again: it goes");
+    }
+
+    fn four_osds_one_pool() -> duplex_map::ClusterMap {
+        let mut map = duplex_map::ClusterMap::new([0; 16]);
+        for id in 0..4 {
+            let addr = format!("127.0.0.1:{}", 7000 + id);
+            map.run(&duplex_map::Command::OsdBoot { id, addr, host: format!("h{id}"), weight: 1 << 16 }).unwrap();
+        }
+        let pool = duplex_map::Command::PoolCreate { name: "rbd".into(), size: 2, min_size: 1, pg_num: 16 };
+        map.run(&pool).unwrap();
+        map
+    }
+
+    /// Issue 24: a request out to a member is given up as soon as a map
+    /// ends it, not at its 10 s deadline: the peering thread, which waits
+    /// on it, stops waiting (`driver::call_remote`) and peers the PG anew.
+    #[test]
+    fn a_request_out_ends_when_the_map_moves_its_pg_on() {
+        let metrics = Metrics::default();
+        let mut map = four_osds_one_pool();
+        let wanted = primary_intervals(&MapView::new(map.clone()), 0);
+        let (&pg, want) = wanted.iter().next().expect("osd.0 is primary of some PG");
+        let member = want.acting[1];
+        let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
+        schedule.reconcile(&MapView::new(map.clone()), 0, Vec::new(), &metrics, |_| false);
+        let txid = schedule.send(pg, 1, member, 10, false);
+        let other = (1..4).find(|o| *o != member).expect("4 OSDs");
+        map.run(&duplex_map::Command::SetOsdFullness { id: other, fullness: duplex_map::Fullness::NearFull }).unwrap();
+        schedule.reconcile(&MapView::new(map.clone()), 20, Vec::new(), &metrics, |_| false);
+        assert!(schedule.awaits(txid), "a map that changes nothing of the request leaves it out");
+        map.run(&duplex_map::Command::MarkDown { id: member }).unwrap();
+        schedule.reconcile(&MapView::new(map.clone()), 30, Vec::new(), &metrics, |_| false);
+        assert!(!schedule.awaits(txid), "its PG's interval moved: the request is over");
+    }
+
+    /// A request to an OSD outside its PG's interval (as a query of an
+    /// earlier active set's member is) ends when the map has that OSD down,
+    /// though the PG's interval stays.
+    #[test]
+    fn a_request_out_ends_when_the_map_takes_its_target_down() {
+        let metrics = Metrics::default();
+        let mut map = four_osds_one_pool();
+        let wanted = primary_intervals(&MapView::new(map.clone()), 0);
+        let (&pg, want) = wanted.iter().next().expect("osd.0 is primary of some PG");
+        let outsider = (1..4).find(|o| !want.acting.contains(o)).expect("4 OSDs, size 2");
+        let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
+        schedule.reconcile(&MapView::new(map.clone()), 0, Vec::new(), &metrics, |_| false);
+        let txid = schedule.send(pg, 1, outsider, 10, false);
+        map.run(&duplex_map::Command::MarkDown { id: outsider }).unwrap();
+        let after = MapView::new(map.clone());
+        assert_eq!(primary_intervals(&after, 0).get(&pg).map(|w| &w.identity), Some(&want.identity), "same interval");
+        schedule.reconcile(&after, 20, Vec::new(), &metrics, |_| false);
+        assert!(!schedule.awaits(txid), "its target went down: it will not answer");
     }
 
     #[test]
