@@ -16,6 +16,7 @@ mod admin;
 mod bench;
 mod daemons;
 mod dev;
+mod df;
 mod nbd;
 
 use std::ffi::OsString;
@@ -75,6 +76,12 @@ enum Top {
     Config(admin::ConfigCommand),
     /// OSDs up/in, PG states, capacity and client I/O.
     Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Raw and per-pool space: used, stored, available after replication,
+    /// and what thin images promise (as `ceph df`).
+    Df {
         #[arg(long)]
         json: bool,
     },
@@ -252,6 +259,7 @@ fn run(cli: Cli) -> Result<()> {
         Top::Mark(command) => admin::mark(&connect(cli.conf.as_deref())?, command)?,
         Top::Config(command) => admin::config(&connect(cli.conf.as_deref())?, command)?,
         Top::Status { json } => admin::status(&connect(cli.conf.as_deref())?, json)?,
+        Top::Df { json } => df::df(&connect(cli.conf.as_deref())?, json)?,
         Top::Bench(args) => {
             let client = connect(cli.conf.as_deref())?;
             let result = bench::run(&client, &cli.pool, &args)?;

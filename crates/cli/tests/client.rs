@@ -297,9 +297,28 @@ fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
     let client = cluster.client();
     let pool = client.pool_id("rbd").unwrap();
     client.write(pool, b"kept", 0, Bytes::from(vec![1u8; 4096])).unwrap();
+    run_ok(cluster.cli().args(["image", "create", "thin", "--size", "64G"]));
+    // `duplex df`: one copy stored, every copy used, room, and what the thin image promises.
+    let df = |cluster: &DevCluster| -> serde_json::Value {
+        serde_json::from_slice(&run_ok(cluster.cli().args(["df", "--json"])).stdout).unwrap()
+    };
+    let before = df(&cluster);
+    let rbd = &before["pools"][0];
+    eprintln!("df: {before}");
+    let (stored, used, copies) =
+        (rbd["stored_bytes"].as_u64().unwrap(), rbd["used_bytes"].as_u64().unwrap(), rbd["size"].as_u64().unwrap());
+    assert!(stored >= 4096 && rbd["objects"].as_u64().unwrap() >= 2, "the object and the image's: {rbd}");
+    assert!(used >= stored * copies, "every copy's blocks: {rbd}");
+    assert_eq!(rbd["images"], 1);
+    assert_eq!(rbd["provisioned_bytes"].as_u64(), Some(64 << 30));
+    let available = rbd["available_bytes"].as_u64().unwrap();
+    assert!(available > 0 && available < ((3 * 768) << 20) / copies, "{rbd}");
+    assert!(rbd["overcommit"].as_f64().unwrap() > 1.0, "64 GiB promised on a 2.3 GiB cluster: {rbd}");
+    assert_eq!(before["raw"]["osds_reporting"], 3);
     for key in ["nearfull_ratio", "backfillfull_ratio", "full_ratio"] {
         run_ok(cluster.cli().args(["config", "set", key, "0"]));
     }
+    assert_eq!(df(&cluster)["pools"][0]["available_bytes"], 0, "nothing is available on a full cluster");
     let started = Instant::now();
     let refused = loop {
         match client.write(pool, b"more", 0, Bytes::from(vec![2u8; 4096])) {
@@ -318,6 +337,7 @@ fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
     assert!(status["health"]["reasons"].to_string().contains("full"), "{status}");
     // What frees space goes on.
     client.delete(pool, b"kept").unwrap();
+    run_ok(cluster.cli().args(["image", "remove", "thin"]));
     for (key, value) in [("full_ratio", "0.95"), ("backfillfull_ratio", "0.9"), ("nearfull_ratio", "0.85")] {
         run_ok(cluster.cli().args(["config", "set", key, value]));
     }

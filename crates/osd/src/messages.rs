@@ -80,6 +80,9 @@ pub enum Job {
     SyncApply { entry: Entry, done: SyncDone },
     /// A peering or recovery step a PG's primary asked for.
     Peer { request: PeerRequest, reply: PeerReplyTo },
+    /// What each PG holds in this partition (`duplex df`): answered at once
+    /// with an `OsdUsageReply` on the asker's connection.
+    Usage(ReplyTo),
 }
 
 /// Where a peering answer goes.

@@ -47,6 +47,10 @@ pub enum MessageType {
     PeerRequest = 54,
     /// Member → primary: its answer ([`crate::peering::PeerReply`]).
     PeerReply = 55,
+    /// Client → OSD: report what each PG holds in your store (empty payload; `duplex df`).
+    OsdUsage = 56,
+    /// OSD → client: one per store partition ([`crate::osd::UsageReply`]).
+    OsdUsageReply = 57,
 }
 
 impl MessageType {

@@ -271,6 +271,80 @@ impl OsdStats {
     }
 }
 
+/// One PG's share of one OSD's store, for `duplex df`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PgUsage {
+    /// The PG's key (pool and PG number, as the store groups it).
+    pub pg: u32,
+    pub objects: u64,
+    /// The objects' sizes: what clients stored.
+    pub logical_bytes: u64,
+    /// Store blocks mapped to them, in bytes.
+    pub allocated_bytes: u64,
+}
+
+/// What one store partition of an OSD holds, per PG. An OSD answers an
+/// `OsdUsage` with one of these per partition, all with the request's
+/// transaction id; `partitions` says how many to wait for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UsageReply {
+    pub partition: u32,
+    pub partitions: u32,
+    pub pgs: Vec<PgUsage>,
+}
+
+const PG_USAGE_LEN: usize = 28;
+/// The most PG rows one reply carries (a partition with more sends the
+/// first ones and says so): 1 MiB of rows, well inside a frame.
+pub const MAX_USAGE_ROWS: usize = (1 << 20) / PG_USAGE_LEN;
+
+impl UsageReply {
+    pub fn to_frame(&self, transaction_id: u64) -> Frame {
+        let rows = &self.pgs[..self.pgs.len().min(MAX_USAGE_ROWS)];
+        let mut out = BytesMut::with_capacity(12 + rows.len() * PG_USAGE_LEN);
+        out.put_u32_le(self.partition);
+        out.put_u32_le(self.partitions);
+        out.put_u32_le(rows.len() as u32);
+        for row in rows {
+            out.put_u32_le(row.pg);
+            out.put_u64_le(row.objects);
+            out.put_u64_le(row.logical_bytes);
+            out.put_u64_le(row.allocated_bytes);
+        }
+        Frame::new(MessageType::OsdUsageReply, transaction_id, out.freeze())
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<UsageReply, DecodeError> {
+        if payload.len() < 12 {
+            return Err(DecodeError::Short { need: 12, got: payload.len() });
+        }
+        let le_u32 = |at: usize| u32::from_le_bytes(payload[at..at + 4].try_into().expect("4 bytes"));
+        let (partition, partitions, count) = (le_u32(0), le_u32(4), le_u32(8) as usize);
+        if partition >= partitions {
+            return Err(DecodeError::Inconsistent("usage of a partition past the partition count"));
+        }
+        if count > MAX_USAGE_ROWS {
+            return Err(DecodeError::Inconsistent("more usage rows than a reply carries"));
+        }
+        let need = 12 + count * PG_USAGE_LEN;
+        if payload.len() != need {
+            return Err(DecodeError::Short { need, got: payload.len() });
+        }
+        let pgs = (0..count)
+            .map(|i| {
+                let at = 12 + i * PG_USAGE_LEN;
+                PgUsage {
+                    pg: le_u32(at),
+                    objects: le_u64(payload, at + 4),
+                    logical_bytes: le_u64(payload, at + 12),
+                    allocated_bytes: le_u64(payload, at + 20),
+                }
+            })
+            .collect();
+        Ok(UsageReply { partition, partitions, pgs })
+    }
+}
+
 /// What a stat returns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ObjectStat {
@@ -484,8 +558,22 @@ mod tests {
             let _ = RepReply::decode(&bytes);
             let _ = ObjectStat::decode(&bytes);
             let _ = OsdStats::decode(&bytes);
+            let _ = UsageReply::decode(&bytes);
             let _ = decode_attrs(&bytes);
             let _ = decode_names(&bytes);
+        }
+
+        #[test]
+        fn usage_replies_round_trip(
+            rows in proptest::collection::vec((any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>()), 0..50),
+            partition in 0u32..28,
+            txid in any::<u64>(),
+        ) {
+            let pgs = rows.into_iter().map(|(pg, objects, logical_bytes, allocated_bytes)| PgUsage { pg, objects, logical_bytes, allocated_bytes }).collect();
+            let reply = UsageReply { partition, partitions: partition + 1, pgs };
+            let frame = reply.to_frame(txid);
+            prop_assert_eq!(frame.header.message_type, MessageType::OsdUsageReply as u8);
+            prop_assert_eq!(UsageReply::decode(&frame.payload), Ok(reply));
         }
 
         #[test]
@@ -502,6 +590,27 @@ mod tests {
             let stats = OsdStats { capacity_bytes: size, used_bytes: size / 3, writes: 1, reads: 2, write_bytes: 3, read_bytes: 4, log_entries: 5 };
             prop_assert_eq!(OsdStats::decode(&stats.to_frame(1).payload), Ok(stats));
         }
+    }
+
+    #[test]
+    fn usage_replies_that_lie_are_refused() {
+        let reply = UsageReply {
+            partition: 1,
+            partitions: 2,
+            pgs: vec![PgUsage { pg: 7, objects: 1, logical_bytes: 2, allocated_bytes: 3 }],
+        };
+        let good = reply.to_frame(1).payload;
+        assert_eq!(UsageReply::decode(&good), Ok(reply));
+        let mut past = BytesMut::from(&good[..]);
+        past[0] = 2; // partition 2 of 2
+        assert!(matches!(UsageReply::decode(&past), Err(DecodeError::Inconsistent(_))));
+        let mut more = BytesMut::from(&good[..]);
+        more[8] = 2; // two rows claimed, one sent
+        assert!(matches!(UsageReply::decode(&more), Err(DecodeError::Short { .. })));
+        let mut huge = BytesMut::from(&good[..]);
+        huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(UsageReply::decode(&huge), Err(DecodeError::Inconsistent(_))));
+        assert!(matches!(UsageReply::decode(&good[..11]), Err(DecodeError::Short { .. })));
     }
 
     #[test]

@@ -86,7 +86,7 @@ pub use faults::{DeviceFaults, Fault, PowerCut};
 pub use fsck::{fsck, FsckIssue, FsckReport, PartitionFsck};
 pub use key::Key;
 pub use layout::MkfsOptions;
-pub use partition::{CommitInfo, ObjectInfo, Partition, PartitionMemory, PartitionStats, ReadRequest};
+pub use partition::{CommitInfo, GroupUsage, ObjectInfo, Partition, PartitionMemory, PartitionStats, ReadRequest};
 pub use store::{mkfs, Store, StoreConfig};
 
 /// Size of a data block, of a metadata page and of the store's I/O unit.

@@ -652,4 +652,63 @@ mod tests {
         // Its peering query then fails, so the PG shows inactive, loudly.
         assert!(matches!(ask(&mut flusher, key, 2, PeerOp::Query), PeerReply::Refused(_)));
     }
+
+    /// Issue 24: a flush the store refuses for want of space (devices lie;
+    /// the ratios should have stopped writes before) makes the OSD report
+    /// itself full, loudly, until a flush goes through again: not a retry
+    /// loop nobody sees.
+    #[test]
+    fn a_flush_out_of_space_reports_the_store_full_until_one_goes_through() {
+        let store = crate::TestStore::new(1);
+        let logs = tempfile::tempdir().unwrap();
+        let (mut flusher, _poll) = flusher(&store, logs.path());
+        let key = pg_key(1, 3).unwrap();
+        let pg = flusher.pgs.get_or_open(key).unwrap();
+        pg.lock().unwrap().active = Some(crate::pg::Activation { interval: 1, members: vec![1], backfill: Vec::new() });
+        let entry = |seq: u64| duplex_oplog::Entry {
+            pg: key,
+            epoch: 1,
+            version: seq,
+            seq,
+            op: duplex_oplog::OpKind::Write,
+            object: format!("object-{seq}").into_bytes(),
+            offset: 0,
+            data: vec![seq as u8; 128 << 10],
+            request: Default::default(),
+        };
+        let mut refused = false;
+        for seq in 1..=2000 {
+            let encoded = entry(seq).encode();
+            let decoded = duplex_oplog::EntryRef::decode(&encoded).unwrap();
+            let state = crate::pg::requests::RequestState::Committed;
+            if pg.lock().unwrap().append_encoded(&decoded, &encoded, state).is_ok() {
+                continue;
+            }
+            // The log is full: flush it, as the flusher would.
+            if flusher.flush(BTreeSet::from([key])).is_err() {
+                refused = true;
+                break;
+            }
+            pg.lock().unwrap().append_encoded(&decoded, &encoded, state).unwrap();
+        }
+        assert!(refused, "a 64 MiB store took 250 MiB of distinct objects");
+        let metrics = flusher.metrics.clone();
+        assert!(metrics.partition_out_of_space[0].load(std::sync::atomic::Ordering::Relaxed));
+        assert_eq!(metrics.fullest_partition_permille(), 1000, "reported wholly used: the OSD turns full");
+        assert_eq!(metrics.flush_no_space.get(), 1);
+        assert!(flusher.flush(BTreeSet::from([key])).is_err(), "still no room");
+        assert_eq!(metrics.fullest_partition_permille(), 1000);
+
+        // Room again (an operator's deletes elsewhere): the next flush goes through.
+        let doomed: Vec<_> = flusher.partition.list_group(key, 100).into_iter().take(100).collect();
+        let mut batch = duplex_store::Batch::new();
+        for key in doomed {
+            batch.push(duplex_store::Op::Delete { key });
+        }
+        flusher.partition.apply(&batch).unwrap();
+        flusher.flush(BTreeSet::from([key])).expect("room for the log again");
+        assert!(!metrics.partition_out_of_space[0].load(std::sync::atomic::Ordering::Relaxed));
+        assert!(metrics.fullest_partition_permille() < 1000, "its real use again");
+        assert_eq!(pg.lock().unwrap().log.entries().count(), 0, "the log is flushed whole");
+    }
 }

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use duplex_oplog::Entry;
-use duplex_proto::osd::{encode_attrs, encode_names, ObjectStat, OpKind, OpReply, Status, LIST_LIMIT};
+use duplex_proto::osd::{
+    encode_attrs, encode_names, ObjectStat, OpKind, OpReply, PgUsage, Status, UsageReply, LIST_LIMIT,
+};
 use duplex_proto::peering::PeerRequest;
 use duplex_store::{Batch, Key, Op, Partition, ReadRequest, StoreError};
 
@@ -24,7 +26,7 @@ use crate::messages::{
 };
 use crate::metrics::{record, Metrics, Stage};
 use crate::pg::replay::store_op;
-use crate::pg::{Ack, PgTable};
+use crate::pg::{Ack, PgTable, ReplyTo};
 
 /// Entries per store batch; a flush of more takes several batches.
 pub const FLUSH_BATCH: usize = 128;
@@ -111,11 +113,37 @@ impl Flusher {
         }
     }
 
-    /// This partition's use, per mille, for the OSD's fullness.
+    /// What each PG holds in this partition, to the connection that asked.
+    /// A walk of the partition's index (O(objects)): an operator's `df`.
+    fn report_usage(&self, to: ReplyTo) {
+        let pgs = self
+            .partition
+            .usage_by_group()
+            .into_iter()
+            .map(|g| PgUsage {
+                pg: g.group,
+                objects: g.objects,
+                logical_bytes: g.logical_bytes,
+                allocated_bytes: g.allocated_bytes,
+            })
+            .collect();
+        let reply = UsageReply { partition: self.partition.index(), partitions: self.partition.partition_count(), pgs };
+        debug_assert!(reply.partition < reply.partitions, "partition {} of {}", reply.partition, reply.partitions);
+        debug_assert!(to.thread < self.mailboxes.len(), "a usage answer for thread {}", to.thread);
+        self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame: reply.to_frame(to.txid) });
+    }
+
+    /// This partition's use, per mille, for the OSD's fullness: all of it
+    /// while a flush is refused for want of space.
     fn publish_use(&self) {
         let data_blocks = self.partition.data_blocks().max(1);
-        let used_permille = (data_blocks - self.partition.free_blocks().min(data_blocks)) * 1000 / data_blocks;
         let index = self.partition.index() as usize;
+        let out_of_space = self.metrics.partition_out_of_space[index].load(std::sync::atomic::Ordering::Relaxed);
+        let used_permille = if out_of_space {
+            1000
+        } else {
+            (data_blocks - self.partition.free_blocks().min(data_blocks)) * 1000 / data_blocks
+        };
         debug_assert!(index < self.metrics.partition_used_permille.len(), "partition {index} past MAX_PARTITIONS");
         self.metrics.partition_used_permille[index].store(used_permille, std::sync::atomic::Ordering::Relaxed);
     }
@@ -238,6 +266,7 @@ impl Flusher {
             }
             Job::SyncApply { entry, done } => pending.syncs.push((entry, done)),
             Job::Peer { request, reply } => pending.peering.push((request, reply)),
+            Job::Usage(to) => self.report_usage(to),
         }
         debug_assert!(pending.dirty_is_due(), "a dirty PG with no flush due: its entries would wait for ever");
     }
@@ -325,9 +354,27 @@ impl Flusher {
                 Err(StoreError::InvalidArgument(_)) => self.apply_one_by_one(batch.ops),
                 Err(err) => Err(err),
             };
+            let index = self.partition.index() as usize;
+            let no_space = matches!(applied, Err(StoreError::NoSpace { .. }));
+            if self.metrics.partition_out_of_space[index].swap(no_space, std::sync::atomic::Ordering::Relaxed)
+                != no_space
+            {
+                if no_space {
+                    tracing::error!(
+                        partition = index,
+                        "the store is out of space: this OSD reports itself full until a flush goes through"
+                    );
+                } else {
+                    tracing::warn!(partition = index, "the store took a flush again: no longer out of space");
+                }
+                self.publish_use();
+            }
             if let Err(err) = applied {
                 // Nothing is trimmed: the entries stay in the log and are
                 // retried on the next flush (and replayed on restart).
+                if no_space {
+                    self.metrics.flush_no_space.add(1);
+                }
                 tracing::error!(partition = self.partition.index(), %err, "flush failed; entries stay in the log");
                 return Err(taken
                     .iter()

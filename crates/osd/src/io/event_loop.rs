@@ -336,6 +336,14 @@ impl PriorityThread {
                 };
                 self.send(token, &stats.to_frame(txid));
             }
+            (Some(MessageType::OsdUsage), Role::Accepted) => {
+                // Every partition answers on this connection with this txid.
+                let to = ReplyTo { thread: self.index, token, txid };
+                for flusher in &self.shared.flushers {
+                    // A flusher ends only at shutdown: then no one answers.
+                    let _ = flusher.send(Job::Usage(to));
+                }
+            }
             (Some(MessageType::Ping), _) => {
                 let pong = Frame::new(MessageType::Pong, txid, frame.payload);
                 if let Some(conn) = self.conns.get_mut(&token) {

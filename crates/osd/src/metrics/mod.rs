@@ -146,6 +146,13 @@ pub struct Metrics {
     /// fullest one decides the OSD's fullness, since one full partition
     /// stops its flushes.
     pub partition_used_permille: [AtomicU64; duplex_store::MAX_PARTITIONS as usize],
+    /// A partition whose last flush met ENOSPC from the store: until a
+    /// flush goes through, it counts as wholly used, so the OSD reports
+    /// itself full (writes to its PGs are refused, `duplex status` says
+    /// HEALTH_ERR) instead of retrying in silence.
+    pub partition_out_of_space: [std::sync::atomic::AtomicBool; duplex_store::MAX_PARTITIONS as usize],
+    /// Flushes that met ENOSPC from the store.
+    pub flush_no_space: Counter,
     histograms: Mutex<Vec<Histograms>>,
 }
 
@@ -250,6 +257,12 @@ impl Metrics {
             "duplex_osd_unflushable_entries_total",
             "Log entries a flush could not make a store operation of: their PG stops serving (a bug; mark the OSD out).",
             &[("", self.unflushable_entries.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_flush_no_space_total",
+            "Flushes the store refused for want of space (the OSD then reports itself full until one goes through).",
+            &[("", self.flush_no_space.get())],
         );
         counter(
             &mut out,

@@ -37,7 +37,21 @@ impl Partition {
             return Err(StoreError::ReadOnly);
         }
         let planning = std::time::Instant::now();
-        let (mut prepared, mut checkpointed) = self.plan(batch)?;
+        let (mut prepared, mut checkpointed) = loop {
+            match self.plan(batch) {
+                // Blocks of deleted objects are freed by the record after
+                // their delete's, and planning allocates before it frees: on
+                // a full partition every batch that needs a block would be
+                // refused, so nothing would ever commit the frees. Commit
+                // them alone, then plan again.
+                Err(StoreError::NoSpace { .. }) if !self.reclaim.is_empty() => {
+                    let reclaims = self.reclaim.len();
+                    self.commit_reclaims()?;
+                    debug_assert!(self.reclaim.len() < reclaims, "a reclaim commit freed nothing");
+                }
+                planned => break planned?,
+            }
+        };
         self.stats.plan_ns += planning.elapsed().as_nanos() as u64;
         if self.needs_room(&prepared) {
             // Checkpoint outside any plan: its bitmap pages must not carry the
@@ -52,6 +66,20 @@ impl Partition {
         self.stats.ops += batch.len() as u64;
         self.pages.trim();
         result
+    }
+
+    /// Commits a record of nothing but the frees the reclaim queue owes
+    /// (up to the planner's per-record share).
+    fn commit_reclaims(&mut self) -> Result<CommitInfo> {
+        let (prepared, _) = self.plan(&Batch::new())?;
+        debug_assert!(prepared.reclaimed > 0, "a reclaim commit with nothing to free");
+        if self.needs_room(&prepared) {
+            self.rollback(&prepared.reserved_blocks, &prepared.reserved_slots);
+            self.checkpoint()?;
+            let (prepared, _) = self.plan(&Batch::new())?;
+            return self.commit(prepared);
+        }
+        self.commit(prepared)
     }
 
     /// Plans `batch`, deferring journaled writes where they fit; whether it

@@ -129,6 +129,17 @@ pub struct CommitInfo {
     pub checkpointed: bool,
 }
 
+/// One group's share of a partition ([`Partition::usage_by_group`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupUsage {
+    pub group: u32,
+    pub objects: u64,
+    /// The objects' sizes: what clients stored (holes included).
+    pub logical_bytes: u64,
+    /// Data blocks mapped to them, in bytes: what the store spends.
+    pub allocated_bytes: u64,
+}
+
 /// What [`Partition::stat`] reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ObjectInfo {
@@ -228,6 +239,11 @@ impl Partition {
 
     pub fn index(&self) -> u32 {
         self.index
+    }
+
+    /// How many partitions the store has (this one among them).
+    pub fn partition_count(&self) -> u32 {
+        self.partition_count
     }
 
     pub fn object_count(&self) -> usize {

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::ops::Bound;
 
-use super::{ObjectInfo, Partition};
+use super::{GroupUsage, ObjectInfo, Partition};
 use crate::blockio::AlignedBuf;
 use crate::error::{Result, StoreError};
 use crate::key::Key;
@@ -194,6 +194,26 @@ impl Partition {
     pub fn list(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Vec<Key> {
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
         self.objects.range::<[u8], _>((Bound::Included(start), upper)).take(limit).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// What each group (placement group) holds here: objects, their sizes
+    /// and the data blocks mapped to them, in group order. A walk of the
+    /// in-memory index, O(objects): for an operator's `df`, not the I/O path.
+    pub fn usage_by_group(&self) -> Vec<GroupUsage> {
+        let mut usage: Vec<GroupUsage> = Vec::new();
+        for (key, entry) in &self.objects {
+            let group = key.group();
+            if usage.last().is_none_or(|last| last.group != group) {
+                usage.push(GroupUsage { group, ..GroupUsage::default() });
+            }
+            let last = usage.last_mut().expect("pushed above");
+            last.objects += 1;
+            last.logical_bytes += entry.size;
+            last.allocated_bytes +=
+                entry.extents.as_slice().iter().map(|e| u64::from(e.len)).sum::<u64>() * BLOCK_SIZE as u64;
+        }
+        debug_assert!(usage.windows(2).all(|w| w[0].group < w[1].group), "keys are ordered by group first");
+        usage
     }
 
     /// Keys of one group (placement group), in order, at most `limit`.
