@@ -154,21 +154,26 @@ fn compute(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> Df {
 /// Raw bytes clients can still write before the first OSD reaches the
 /// `full` ratio, if new data lands on the up and in OSDs in proportion to
 /// their weights (Ceph's MAX AVAIL): the tightest OSD's room over its share.
+/// An OSD the map has full has none, whatever its total says: its fullest
+/// store partition decides (space is split between partitions).
 fn max_available_raw(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> u64 {
-    let placed: Vec<(&OsdReport, u32)> = map
+    let placed: Vec<(&OsdReport, u32, bool)> = map
         .osds
         .values()
         .filter(|o| o.up && o.is_in && o.weight > 0)
-        .filter_map(|o| reports.get(&o.id).map(|r| (r, o.weight)))
+        .filter_map(|o| reports.get(&o.id).map(|r| (r, o.weight, o.fullness == duplex_map::Fullness::Full)))
         .collect();
-    let total_weight: u64 = placed.iter().map(|(_, w)| u64::from(*w)).sum();
+    let total_weight: u64 = placed.iter().map(|(_, w, _)| u64::from(*w)).sum();
     if total_weight == 0 {
         return 0;
     }
     let full = u128::from(map.full_ratios.full);
     placed
         .iter()
-        .map(|(report, weight)| {
+        .map(|(report, weight, is_full)| {
+            if *is_full {
+                return 0;
+            }
             let room = (u128::from(report.capacity_bytes) * full / 1000).saturating_sub(u128::from(report.used_bytes));
             room * u128::from(total_weight) / u128::from(*weight)
         })
@@ -310,6 +315,10 @@ mod tests {
         assert_eq!(usage.pools[0].available_bytes, 3 * (50 << 20) / 2);
         let past_full = compute(&map, &reports(&map, capacity, [0, 990 << 20, 0]));
         assert_eq!(past_full.raw.available_bytes, 0, "an OSD past full leaves no room");
+        let mut one_full = map.clone();
+        one_full.run(&duplex_map::Command::SetOsdFullness { id: 2, fullness: duplex_map::Fullness::Full }).unwrap();
+        let partition_full = compute(&one_full, &reports(&one_full, capacity, [0; 3]));
+        assert_eq!(partition_full.raw.available_bytes, 0, "full in the map (a full partition): no room");
     }
 
     #[test]

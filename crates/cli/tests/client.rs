@@ -355,6 +355,64 @@ fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
     assert_eq!(&client.read(pool, b"more", 0, 4096).unwrap()[..], &[3u8; 4096][..]);
 }
 
+/// Issue 24's fill test, as a new user found the problem: small OSDs, a
+/// thin image written 1 MiB at a time until the cluster refuses. The
+/// refusal is ENOSPC (`NoSpace`), not a hang or EIO; `duplex status` says
+/// so; every acknowledged write reads back; `image remove` frees the space
+/// and writes go on; no OSD exits. It prints how full the cluster got.
+#[test]
+fn a_cluster_filled_to_the_brim_refuses_writes_and_recovers_when_emptied() {
+    let _alone = common::alone();
+    let cluster = DevCluster::with_args(&["--osd-size", "256M"]);
+    let client = cluster.client();
+    let pool = client.pool_id("rbd").unwrap();
+    const MIB: u64 = 1 << 20;
+    client.create_image(pool, "big", 2048 * MIB, CreateOptions::default()).unwrap();
+    let image = client.open_image(pool, "big").unwrap();
+    let chunk = |n: u64| Bytes::from((0..MIB).map(|i| (n as u8) ^ (i as u8) ^ ((i >> 8) as u8)).collect::<Vec<u8>>());
+    let started = Instant::now();
+    let mut acknowledged = 0;
+    let refusal = loop {
+        assert!(started.elapsed() < Duration::from_secs(300), "still writing after 5 minutes");
+        match image.write(acknowledged * MIB, chunk(acknowledged)) {
+            Ok(()) => acknowledged += 1,
+            Err(err) => break err,
+        }
+        assert!(acknowledged < 2048, "a 768 MiB cluster took 2 GiB");
+    };
+    let filled = started.elapsed();
+    assert!(matches!(refusal, ClientError::NoSpace(_)), "refused with {refusal:?}, not 'cluster full'");
+    let df: serde_json::Value = serde_json::from_slice(&run_ok(cluster.cli().args(["df", "--json"])).stdout).unwrap();
+    let (used, capacity) = (df["raw"]["used_bytes"].as_u64().unwrap(), df["raw"]["capacity_bytes"].as_u64().unwrap());
+    eprintln!(
+        "fill: {acknowledged} MiB acknowledged in {filled:?}, then {refusal}; raw use {:.1}% ({used} of {capacity} bytes); df: {df}",
+        used as f64 * 100.0 / capacity as f64
+    );
+    let status: serde_json::Value =
+        serde_json::from_slice(&run_ok(cluster.cli().args(["status", "--json"])).stdout).unwrap();
+    assert_eq!(status["health"]["status"], "HEALTH_ERR", "{status}");
+    assert_eq!(status["osds"]["up"], 3, "no OSD exits: {status}");
+    for n in 0..acknowledged {
+        assert_eq!(image.read(n * MIB, MIB as u32).unwrap(), chunk(n), "acknowledged MiB {n} reads back");
+    }
+    drop(image);
+    run_ok(cluster.cli().args(["image", "remove", "big"]));
+    let started = Instant::now();
+    loop {
+        match client.write(pool, b"after", 0, Bytes::from(vec![5u8; 4096])) {
+            Ok(()) => break,
+            Err(ClientError::NoSpace(_)) if started.elapsed() < Duration::from_secs(20) => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            other => panic!("writes did not resume after the image was removed: {other:?}"),
+        }
+    }
+    eprintln!("fill: writes resumed {:?} after the image was removed", started.elapsed());
+    let status: serde_json::Value =
+        serde_json::from_slice(&run_ok(cluster.cli().args(["status", "--json"])).stdout).unwrap();
+    assert_eq!(status["osds"]["up"], 3, "{status}");
+}
+
 /// Issue 7, scenario 2: kill -9 an OSD, let the others go on without it,
 /// then restart it; it must catch up before it serves or acknowledges
 /// anything, and nothing acknowledged may be lost.

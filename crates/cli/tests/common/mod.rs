@@ -87,7 +87,8 @@ impl DevCluster {
         let turn = (!ALONE.with(Cell::get)).then(|| CLUSTERS.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
         let dir = tempfile::Builder::new().prefix("duplex-test-").tempdir().expect("temp dir");
         let cluster = DevCluster { dir, _turn: turn };
-        run_ok(duplex().args(["dev", "up", "--osd-size", "768M"]).args(args).arg("--dir").arg(cluster.path()));
+        let size: &[&str] = if args.contains(&"--osd-size") { &[] } else { &["--osd-size", "768M"] };
+        run_ok(duplex().args(["dev", "up"]).args(size).args(args).arg("--dir").arg(cluster.path()));
         cluster
     }
 

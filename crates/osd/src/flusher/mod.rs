@@ -387,6 +387,15 @@ impl Flusher {
             }
             self.metrics.flushes.add(1);
         }
+        // Deleted objects' blocks are freed by the next record: commit it
+        // now, not with the next write, which a full cluster refuses until
+        // it sees the space free (a removed image kept its OSD full).
+        while self.partition.reclaims_owed() {
+            if let Err(err) = self.partition.commit_reclaims() {
+                tracing::error!(partition = self.partition.index(), %err, "freeing deleted objects' blocks failed");
+                break;
+            }
+        }
         let mut wake = vec![false; self.mailboxes.len()];
         let mut broadcast = false;
         let mut refilled = Vec::new();

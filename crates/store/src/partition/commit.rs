@@ -68,9 +68,21 @@ impl Partition {
         result
     }
 
+    /// Whether deleted objects' blocks wait for a later record to be freed
+    /// (delayed deallocation): until one commits, that space is not free.
+    pub fn reclaims_owed(&self) -> bool {
+        !self.reclaim.is_empty()
+    }
+
     /// Commits a record of nothing but the frees the reclaim queue owes
-    /// (up to the planner's per-record share).
-    fn commit_reclaims(&mut self) -> Result<CommitInfo> {
+    /// (up to the planner's per-record share). A caller that writes nothing
+    /// more for a while (a full cluster refusing writes after deletes)
+    /// calls it so the space shows free.
+    pub fn commit_reclaims(&mut self) -> Result<CommitInfo> {
+        self.check_usable()?;
+        if self.config.read_only {
+            return Err(StoreError::ReadOnly);
+        }
         let (prepared, _) = self.plan(&Batch::new())?;
         debug_assert!(prepared.reclaimed > 0, "a reclaim commit with nothing to free");
         if self.needs_room(&prepared) {
