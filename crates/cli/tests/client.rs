@@ -298,6 +298,9 @@ fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
     let pool = client.pool_id("rbd").unwrap();
     client.write(pool, b"kept", 0, Bytes::from(vec![1u8; 4096])).unwrap();
     run_ok(cluster.cli().args(["image", "create", "thin", "--size", "64G"]));
+    let thin = client.open_image(pool, "thin").unwrap();
+    thin.write(0, Bytes::from(vec![7u8; 16384])).unwrap();
+    drop(thin);
     // `duplex df`: one copy stored, every copy used, room, and what the thin image promises.
     let df = |cluster: &DevCluster| -> serde_json::Value {
         serde_json::from_slice(&run_ok(cluster.cli().args(["df", "--json"])).stdout).unwrap()
@@ -335,7 +338,16 @@ fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(status["health"]["status"], "HEALTH_ERR", "{status}");
     assert!(status["health"]["reasons"].to_string().contains("full"), "{status}");
-    // What frees space goes on.
+    // What frees space goes on: a discard of part of an object too (zeroed
+    // in place, no space taken), and of whole objects.
+    let thin = client.open_image(pool, "thin").unwrap();
+    thin.write_zeroes(4096, 8192).expect("a partial discard on a full cluster");
+    let mut expected = vec![7u8; 16384];
+    expected[4096..12288].fill(0);
+    assert_eq!(&thin.read(0, 16384).unwrap()[..], &expected[..], "zeroed in place, the rest kept");
+    thin.write_zeroes(0, 8 << 20).expect("a discard of whole objects on a full cluster");
+    assert!(matches!(thin.write(0, Bytes::from(vec![1u8; 4096])), Err(ClientError::NoSpace(_))));
+    drop(thin);
     client.delete(pool, b"kept").unwrap();
     run_ok(cluster.cli().args(["image", "remove", "thin"]));
     for (key, value) in [("full_ratio", "0.95"), ("backfillfull_ratio", "0.9"), ("nearfull_ratio", "0.85")] {

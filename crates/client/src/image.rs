@@ -43,8 +43,6 @@ const MANAGEMENT_DEPTH: usize = 64;
 /// Object operations one image operation keeps in flight: a discard of
 /// the whole disk must not queue thousands of requests at once.
 const RUN_WINDOW: usize = 64;
-/// Zeros for pre-allocated objects' write-zeroes, shared by every piece.
-static ZEROS: [u8; MAX_WRITE_PIECE as usize] = [0; MAX_WRITE_PIECE as usize];
 
 const HEADER_MAGIC: &[u8; 4] = b"DPXI";
 const HEADER_VERSION: u32 = 1;
@@ -340,19 +338,14 @@ fn zero_ops(pool: u32, info: &ImageInfo, object: Bytes, offset: u64, len: u64) -
             return vec![ObjectOp { offset, ..ObjectOp::new(pool, OpKind::Truncate, object) }];
         }
     }
-    // Pre-allocated objects keep their extents: zeros are written in place.
-    let mut ops = Vec::new();
-    let mut at = offset;
-    while at < offset + len {
-        let piece = (offset + len - at).min(MAX_WRITE_PIECE);
-        ops.push(ObjectOp {
-            offset: at,
-            data: Bytes::from_static(&ZEROS[..piece as usize]),
-            ..ObjectOp::new(pool, OpKind::Write, object.clone())
-        });
-        at += piece;
-    }
-    ops
+    // Inside an object: its held blocks are zeroed in place (pre-allocated
+    // objects keep their extents) and holes stay holes, taking no space, so
+    // a discard goes on when the cluster is full.
+    vec![ObjectOp {
+        offset,
+        data: Bytes::copy_from_slice(&len.to_le_bytes()),
+        ..ObjectOp::new(pool, OpKind::Zero, object)
+    }]
 }
 
 /// Submits the next of `queue`'s operations; its completion submits the one after.

@@ -22,6 +22,7 @@
 //! | set attribute | the name's length | name, then value |
 //! | remove attribute | 0 | the name |
 //! | create pre-allocated | the size | none |
+//! | zero | where | the length, u64 little-endian (8 bytes) |
 
 use num_enum::TryFromPrimitive;
 
@@ -40,6 +41,15 @@ pub enum OpKind {
     RemoveAttr = 5,
     /// Create the object pre-allocated, of `offset` bytes, if it is absent.
     CreatePreallocated = 6,
+    /// Make the object's bytes from `offset` read as zeros without taking
+    /// space (the length is the data: [`zero_length`]).
+    Zero = 7,
+}
+
+/// A zero entry's (or request's) length, from its 8 bytes of data; `None`
+/// for any other size.
+pub fn zero_length(data: &[u8]) -> Option<u64> {
+    data.try_into().ok().map(u64::from_le_bytes)
 }
 
 impl OpKind {
@@ -225,7 +235,7 @@ mod tests {
             any::<u32>(),
             any::<u64>(),
             any::<u64>(),
-            1u8..7,
+            1u8..8,
             proptest::collection::vec(any::<u8>(), 0..40),
             any::<u64>(),
             proptest::collection::vec(any::<u8>(), 0..600),
@@ -249,7 +259,7 @@ mod tests {
         for byte in 0..=u8::MAX {
             match OpKind::from_u8(byte) {
                 Some(op) => assert_eq!(op as u8, byte),
-                None => assert!(!(1..=6).contains(&byte), "{byte}"),
+                None => assert!(!(1..=7).contains(&byte), "{byte}"),
             }
             assert_eq!(OpKind::try_from(byte).ok(), OpKind::from_u8(byte));
         }

@@ -106,7 +106,9 @@ impl IndexCache {
                 }
                 // Older data may live in the store below these: only what
                 // newer writes cover is known without it.
-                OpKind::Truncate | OpKind::Delete | OpKind::CreatePreallocated => break,
+                // (A zero reads as zeros only where the object reaches,
+                // which the store knows.)
+                OpKind::Truncate | OpKind::Delete | OpKind::CreatePreallocated | OpKind::Zero => break,
                 // Attributes are not data.
                 OpKind::SetAttr | OpKind::RemoveAttr => {}
             }

@@ -23,7 +23,7 @@ pub mod index;
 pub mod log;
 pub mod region;
 
-pub use entry::{Entry, EntryRef, OpKind, RequestId};
+pub use entry::{zero_length, Entry, EntryRef, OpKind, RequestId};
 pub use index::IndexCache;
 pub use log::{LogError, PgLog, MIN_REGION_BYTES};
 pub use region::{FileRegion, MmapRegion, Region};

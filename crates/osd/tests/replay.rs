@@ -43,6 +43,15 @@ fn model_apply_attrs(model: &mut BTreeMap<Vec<u8>, Vec<u8>>, attrs: &mut BTreeMa
         OpKind::CreatePreallocated => {
             model.entry(entry.object.clone()).or_insert_with(|| vec![0; entry.offset as usize]);
         }
+        OpKind::Zero => {
+            if let Some(object) = model.get_mut(&entry.object) {
+                let len = duplex_oplog::zero_length(&entry.data).expect("8 bytes");
+                let end = entry.offset.saturating_add(len).min(object.len() as u64) as usize;
+                if (entry.offset as usize) < end {
+                    object[entry.offset as usize..end].fill(0);
+                }
+            }
+        }
     }
 }
 
@@ -61,6 +70,7 @@ fn entries() -> impl Strategy<Value = Vec<Entry>> {
                 let (op, data) = match kind {
                     0 => (OpKind::Delete, vec![]),
                     1 => (OpKind::Truncate, vec![]),
+                    2 => (OpKind::Zero, (len as u64).to_le_bytes().to_vec()),
                     _ => (OpKind::Write, vec![fill; len]),
                 };
                 entry(seq, name, op, offset, data)

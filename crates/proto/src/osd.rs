@@ -72,6 +72,11 @@ pub enum OpKind {
     /// Names in the PG after the cursor (the object field) that start with
     /// the prefix (the data), in order.
     List = 11,
+    /// Makes the object's bytes from `offset` read as zeros without taking
+    /// space (the length, u64 little-endian, is the 8 bytes of data): held
+    /// blocks zeroed in place, holes left, the size kept. Not refused on a
+    /// full cluster (a TRIM of part of an object).
+    Zero = 12,
 }
 
 impl OpKind {
@@ -92,12 +97,16 @@ impl OpKind {
                 | OpKind::SetAttr
                 | OpKind::RemoveAttr
                 | OpKind::CreatePreallocated
+                | OpKind::Zero
         )
     }
 
     /// Carries data after the object name (its length in `length`).
     pub fn carries_data(self) -> bool {
-        matches!(self, OpKind::Write | OpKind::GetAttr | OpKind::SetAttr | OpKind::RemoveAttr | OpKind::List)
+        matches!(
+            self,
+            OpKind::Write | OpKind::GetAttr | OpKind::SetAttr | OpKind::RemoveAttr | OpKind::List | OpKind::Zero
+        )
     }
 }
 
@@ -204,6 +213,9 @@ impl OpRequest {
         let offset = le_u64(payload, 24);
         if kind == OpKind::SetAttr && offset > data.len() as u64 {
             return Err(DecodeError::Inconsistent("attribute name longer than the data"));
+        }
+        if kind == OpKind::Zero && data.len() != 8 {
+            return Err(DecodeError::Inconsistent("a zero carries its length in 8 bytes"));
         }
         if offset.checked_add(length as u64).is_none() {
             return Err(DecodeError::Inconsistent("offset + length overflows"));
@@ -512,7 +524,7 @@ mod tests {
 
     fn request_strategy() -> impl Strategy<Value = OpRequest> {
         (
-            1u8..12,
+            1u8..13,
             any::<u32>(),
             any::<u32>(),
             any::<u64>(),
@@ -523,8 +535,9 @@ mod tests {
             any::<u64>(),
         )
             .prop_map(|(kind, pool, pg, map_epoch, object, offset, length, data, client)| {
-                let kind = OpKind::from_u8(kind).expect("1..12");
+                let kind = OpKind::from_u8(kind).expect("1..13");
                 let (length, data) = match kind {
+                    OpKind::Zero => (8, Bytes::copy_from_slice(&u64::from(length).to_le_bytes())),
                     _ if kind.carries_data() => (data.len() as u32, Bytes::from(data)),
                     OpKind::Read => (length, Bytes::new()),
                     _ => (0, Bytes::new()),
@@ -590,6 +603,25 @@ mod tests {
             let stats = OsdStats { capacity_bytes: size, used_bytes: size / 3, writes: 1, reads: 2, write_bytes: 3, read_bytes: 4, log_entries: 5 };
             prop_assert_eq!(OsdStats::decode(&stats.to_frame(1).payload), Ok(stats));
         }
+    }
+
+    #[test]
+    fn a_zero_carries_exactly_its_8_byte_length() {
+        let mut request = OpRequest {
+            kind: OpKind::Zero,
+            pool: 1,
+            pg: 2,
+            map_epoch: 3,
+            object: Bytes::from_static(b"obj"),
+            offset: 4096,
+            length: 8,
+            data: Bytes::copy_from_slice(&8192u64.to_le_bytes()),
+            client: 9,
+        };
+        assert_eq!(OpRequest::decode(&request.to_frame(1).payload), Ok(request.clone()));
+        request.data = Bytes::from_static(b"1234");
+        request.length = 4;
+        assert!(matches!(OpRequest::decode(&request.to_frame(1).payload), Err(DecodeError::Inconsistent(_))));
     }
 
     #[test]

@@ -20,6 +20,13 @@ pub enum Op {
     /// Set the size, creating the object if needed; bytes past a new,
     /// smaller size are discarded and read as zeros if the object grows again.
     Truncate { key: Key, size: u64 },
+    /// Make the object's bytes in `offset..offset + len` read as zeros
+    /// without taking space: blocks it holds there are zeroed in place,
+    /// holes stay holes, bytes past its size are left alone (they read as
+    /// zeros already), and an absent object stays absent. Never allocates
+    /// a block, so it goes on when the partition is full (an NBD TRIM of a
+    /// part of an object on a full cluster).
+    Zero { key: Key, offset: u64, len: u64 },
     /// Remove the object (no-op if absent). Its space is reclaimed by a later
     /// commit: delayed deallocation.
     Delete { key: Key },
@@ -40,6 +47,7 @@ impl Op {
             Op::Write { key, .. }
             | Op::WriteJournaled { key, .. }
             | Op::Truncate { key, .. }
+            | Op::Zero { key, .. }
             | Op::Delete { key }
             | Op::CreatePreallocated { key, .. }
             | Op::SetAttr { key, .. }
@@ -71,6 +79,10 @@ impl Batch {
 
     pub fn write_journaled(&mut self, key: Key, offset: u64, data: impl Into<Vec<u8>>) -> &mut Self {
         self.push(Op::WriteJournaled { key, offset, data: data.into() })
+    }
+
+    pub fn zero(&mut self, key: Key, offset: u64, len: u64) -> &mut Self {
+        self.push(Op::Zero { key, offset, len })
     }
 
     pub fn truncate(&mut self, key: Key, size: u64) -> &mut Self {

@@ -80,6 +80,7 @@ fn set_key(op: &mut duplex_store::Op, new: duplex_store::Key) {
         Write { key, .. }
         | WriteJournaled { key, .. }
         | Truncate { key, .. }
+        | Zero { key, .. }
         | Delete { key }
         | CreatePreallocated { key, .. }
         | SetAttr { key, .. }
@@ -144,4 +145,40 @@ fn a_full_partition_takes_writes_again_after_deletes() {
     store.close().unwrap();
     let report = fsck(&path, &config, true);
     assert!(report.clean, "{report:#?}");
+}
+
+/// `Op::Zero`: blocks the object holds in the range read as zeros, holes
+/// stay holes, nothing is allocated, the size stays, and it works on a full
+/// partition (a TRIM on a full cluster).
+#[test]
+fn zero_clears_held_blocks_and_takes_no_space_even_when_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(IoBackend::Auto);
+    let path = make_store(dir.path(), 32 << 20, 1, 64 << 10, &config);
+    let mut store = Store::open(&path, &config).unwrap();
+    let partition = store.partition_mut(0);
+    let object = key(1, 1);
+    // Blocks 0, 1 and 3 held; block 2 a hole; size 4 blocks.
+    partition.write(&object, 0, &[1u8; 8192]).unwrap();
+    partition.write(&object, 3 * 4096, &[3u8; 4096]).unwrap();
+    let held = partition.stat(object.as_bytes()).unwrap().allocated_bytes;
+    assert_eq!(held, 3 * 4096);
+    let mut fill = 0u8;
+    while partition.write(&key(2, fill), 0, &[9u8; 256 << 10]).is_ok() {
+        fill += 1;
+    }
+    let free_before = partition.free_blocks();
+    // From the middle of block 0 to past the end: block 2 stays a hole.
+    partition.apply(duplex_store::Batch::new().zero(object.clone(), 100, 1 << 20)).expect("zero on a full partition");
+    let info = partition.stat(object.as_bytes()).unwrap();
+    assert_eq!((info.size, info.allocated_bytes), (4 * 4096, held), "no block taken or given, size kept");
+    assert_eq!(partition.free_blocks(), free_before);
+    let data = partition.read(object.as_bytes(), 0, 4 * 4096).unwrap();
+    assert_eq!(&data[..100], &[1u8; 100][..]);
+    assert!(data[100..].iter().all(|b| *b == 0), "the rest reads as zeros");
+    // An absent object stays absent.
+    partition.apply(duplex_store::Batch::new().zero(key(1, 2), 0, 4096)).unwrap();
+    assert!(!partition.exists(key(1, 2).as_bytes()));
+    store.close().unwrap();
+    assert!(fsck(&path, &config, true).clean);
 }

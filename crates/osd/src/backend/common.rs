@@ -68,6 +68,7 @@ pub(crate) fn peering_reply(shared: &Shared, op: &ClientOp, epoch: u64) -> Outco
 pub(crate) fn changed_range(op: LogOp, offset: u64, data: &[u8]) -> (u64, u64) {
     match op {
         LogOp::Write => (offset, offset.saturating_add(data.len() as u64)),
+        LogOp::Zero => (offset, offset.saturating_add(duplex_oplog::zero_length(data).unwrap_or(u64::MAX))),
         _ => (0, u64::MAX),
     }
 }
@@ -86,6 +87,7 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
         OpKind::SetAttr => LogOp::SetAttr,
         OpKind::RemoveAttr => LogOp::RemoveAttr,
         OpKind::CreatePreallocated => LogOp::CreatePreallocated,
+        OpKind::Zero => LogOp::Zero,
         OpKind::Read | OpKind::Stat | OpKind::GetAttr | OpKind::ListAttrs | OpKind::List => return None,
     })
 }
@@ -93,7 +95,7 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
 /// A mutation's log entry `offset` and `data` (the table in the oplog's entry docs).
 pub(crate) fn log_fields(request: &OpRequest) -> (u64, &[u8]) {
     match request.kind {
-        OpKind::Write | OpKind::SetAttr => (request.offset, &request.data),
+        OpKind::Write | OpKind::SetAttr | OpKind::Zero => (request.offset, &request.data),
         OpKind::Truncate | OpKind::CreatePreallocated => (request.offset, &[]),
         OpKind::RemoveAttr => (0, &request.data),
         _ => (0, &[]),
@@ -122,6 +124,10 @@ pub(crate) fn check_limits(op: LogOp, offset: u64, data: &[u8]) -> Result<(), St
         LogOp::Write => offset.saturating_add(data.len() as u64),
         LogOp::Truncate | LogOp::CreatePreallocated => offset,
         LogOp::Delete => 0,
+        LogOp::Zero => match duplex_oplog::zero_length(data) {
+            Some(_) => offset,
+            None => return Err("a zero carries its length in 8 bytes".into()),
+        },
         LogOp::SetAttr | LogOp::RemoveAttr => {
             let name_len = if op == LogOp::SetAttr { offset as usize } else { data.len() };
             let value_len = data.len().saturating_sub(name_len);

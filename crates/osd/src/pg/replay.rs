@@ -31,6 +31,8 @@ pub const REPLAY_BATCH: usize = 64;
 pub enum ReplayError {
     #[error("log entry {seq}: object name is not a valid store key")]
     BadKey { seq: u64 },
+    #[error("log entry {seq}: a zero without its 8-byte length")]
+    BadZero { seq: u64 },
     #[error("applying log entries up to seq {seq}: {source}")]
     Store { seq: u64, source: StoreError },
 }
@@ -55,6 +57,10 @@ pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
         }
         OpKind::RemoveAttr => Op::RemoveAttr { key, name: entry.data },
         OpKind::CreatePreallocated => Op::CreatePreallocated { key, size: entry.offset },
+        OpKind::Zero => {
+            let len = duplex_oplog::zero_length(&entry.data).ok_or(ReplayError::BadZero { seq: entry.seq })?;
+            Op::Zero { key, offset: entry.offset, len }
+        }
     })
 }
 

@@ -160,6 +160,7 @@ impl Partition {
                     self.plan_write(plan, key, *offset, data, true)?
                 }
                 Op::Truncate { key, size } => self.plan_truncate(plan, key, *size)?,
+                Op::Zero { key, offset, len } => self.plan_zero(plan, key, *offset, *len)?,
                 Op::Delete { key } => self.plan_delete(plan, key),
                 Op::CreatePreallocated { key, size } => self.plan_preallocate(plan, key, *size)?,
                 Op::SetAttr { key, name, value } => {
@@ -393,6 +394,30 @@ impl Partition {
             meta.size = end;
             w.meta_dirty = true;
         }
+        Ok(())
+    }
+
+    /// Zeros the blocks the object maps in the range (clipped to its size)
+    /// as writes of zeros in place; holes stay holes. Nothing is allocated
+    /// and the size does not change.
+    fn plan_zero(&mut self, plan: &mut Plan, key: &Key, offset: u64, len: u64) -> Result<()> {
+        let Some(size) = plan.objects[key].current.as_ref().map(|meta| meta.size) else { return Ok(()) };
+        let end = offset.saturating_add(len).min(size);
+        let block_size = BLOCK_SIZE as u64;
+        let zeros = [0u8; BLOCK_SIZE];
+        let mut position = offset;
+        while position < end {
+            let logical = (position / block_size) as u32;
+            let piece_end = end.min((logical as u64 + 1) * block_size);
+            let mapped = plan.objects[key].current.as_ref().expect("present").physical_for(logical).is_some();
+            if mapped {
+                let reserved = plan.reserved_blocks.len();
+                self.plan_write(plan, key, position, &zeros[..(piece_end - position) as usize], false)?;
+                debug_assert_eq!(plan.reserved_blocks.len(), reserved, "zeroing a mapped block allocated one");
+            }
+            position = piece_end;
+        }
+        debug_assert!(plan.objects[key].current.as_ref().is_some_and(|meta| meta.size == size), "a zero resized");
         Ok(())
     }
 

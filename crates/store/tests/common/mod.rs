@@ -48,6 +48,14 @@ impl Model {
                 object.data[*offset as usize..end].copy_from_slice(data);
             }
             Op::Truncate { size, .. } => self.objects.entry(key).or_default().data.resize(*size as usize, 0),
+            Op::Zero { offset, len, .. } => {
+                if let Some(object) = self.objects.get_mut(&key) {
+                    let end = offset.saturating_add(*len).min(object.data.len() as u64) as usize;
+                    if (*offset as usize) < end {
+                        object.data[*offset as usize..end].fill(0);
+                    }
+                }
+            }
             Op::Delete { .. } => {
                 self.objects.remove(&key);
             }
@@ -114,6 +122,11 @@ pub fn random_batch(rng: &mut StdRng, groups: u32, names: u8, max_ops: usize) ->
                 let offset = rng.gen_range(0..24u64) * BLOCK as u64 + rng.gen_range(0..2) * 100;
                 let data = vec![rng.gen(); BLOCK * rng.gen_range(1..=2)];
                 Op::WriteJournaled { key: k, offset, data }
+            }
+            88..=89 => {
+                // Zeroing part of an object (a TRIM): within, across or past its end.
+                let (offset, len) = (rng.gen_range(0..110_000u64), rng.gen_range(1..20_000u64));
+                Op::Zero { key: k, offset, len }
             }
             _ => Op::RemoveAttr { key: k, name: format!("attr-{}", rng.gen_range(0..4)).into_bytes() },
         };
