@@ -249,15 +249,20 @@ fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
     }
 }
 
-/// Found by session 15's sweep of seeds 50000–51999 with every fault two
-/// at once (1,999 pass): a read returns block 41 older than a write
-/// acknowledged before the read began. The run fails the same way at
-/// 4dc4303, before that session's changes (the refactor kept it step for
-/// step), so it is an older bug, not yet worked out. Run with
-/// `-- --ignored` to see where it stands.
+/// A pin's backfill target that could not be reached was left out of its
+/// interval, but the background fill of a member (behind by history) stood
+/// in for it in the primary's count of targets reached: when that fill
+/// ended, the primary dropped the pin, the map recorded the up set (the
+/// unfilled target too) as holding every write, and made that OSD primary.
+/// Its PG still held its activation of an interval 14 epochs older, with
+/// the same acting set (it had been no member since, so no one fenced it),
+/// and it served a read from its copy 22 s old before it peered (a stale
+/// read of block 41). Now the pin stays until every target is filled, and
+/// a primary serves only if the map records no newer active interval than
+/// its own. Each fix alone passes this seed. (Seed 50631, every fault two
+/// at once; found by session 15's sweep of seeds 50000–51999.)
 #[test]
-#[ignore = "known gap: a stale read under two faults at once, seed 50631 (docs/RELIABILITY.md)"]
-fn known_gap_seed_50631_a_stale_read_under_two_faults_at_once() {
+fn regression_seed_50631_an_unfilled_target_is_not_handed_the_pg_nor_an_old_activation_served() {
     run_every_fault_two_at_once(50631);
 }
 

@@ -10,7 +10,7 @@ use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
 
 use crate::cluster::MapView;
 use crate::messages::{ClientOp, Job, Outcome};
-use crate::pg::{Pg, SharedPg};
+use crate::pg::{pg_number, pool_of, Pg, SharedPg};
 use crate::shared::Shared;
 
 /// The reply to a mutation that is done (or was done before: a resend).
@@ -46,7 +46,9 @@ impl Interval<'_> {
     /// Whether the PG went active (peered) for this interval; until then its
     /// operations are answered `Retry` (they never see a half-recovered PG).
     pub(crate) fn served_by(&self, pg: &Pg) -> bool {
-        pg.serves(self.acting, |osd| self.view.map.osds.get(&osd).map_or(u64::MAX, |o| o.state_epoch))
+        let map = &self.view.map;
+        let recorded_since = map.active_sets.get(&(pool_of(pg.key), pg_number(pg.key))).map(|set| set.since);
+        pg.serves(self.acting, |osd| map.osds.get(&osd).map_or(u64::MAX, |o| o.state_epoch), recorded_since)
     }
 }
 

@@ -43,6 +43,8 @@ pub struct Wanted {
     pub up: Vec<OsdId>,
     /// The PG's last active set in the map (`duplex_map::active_set`).
     pub active_set: Option<Vec<OsdId>>,
+    /// The interval since which the map records that set (`None`: none).
+    pub recorded_since: Option<u64>,
     /// The pool's min_size: members that need a backfill are filled in
     /// the background if this many others are whole.
     pub min_size: usize,
@@ -120,6 +122,12 @@ fn restart_due(machine: Option<MachineState<'_>>, want: &Wanted, locally_active:
         return machine.retry_due.unwrap_or(true);
     }
     if machine.peering.is_active() {
+        // The map records an interval newer than the one this machine
+        // peered: the PG does not serve here until it peers again
+        // (`Pg::serves`), so it must.
+        if want.recorded_since.is_some_and(|since| since > machine.peering.interval) {
+            return true;
+        }
         let filled = machine.peering.filled_in_background();
         // Members filled in the background become members like the others
         // (when the PG is pinned, with the next interval: the pin goes).
@@ -146,9 +154,11 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
             }
             let Some(key) = pg_key(pool.id, number) else { continue };
             let identity = (incarnations(view, &acting), incarnations(view, &targets));
-            let active_set = view.map.active_sets.get(&(pool.id, number)).map(|set| set.osds.clone());
+            let recorded = view.map.active_sets.get(&(pool.id, number));
+            let active_set = recorded.map(|set| set.osds.clone());
+            let recorded_since = recorded.map(|set| set.since);
             let min_size = usize::from(pool.min_size);
-            wanted.insert(key, Wanted { identity, acting, targets, up, active_set, min_size, pinned });
+            wanted.insert(key, Wanted { identity, acting, targets, up, active_set, recorded_since, min_size, pinned });
         }
     }
     wanted
@@ -711,7 +721,9 @@ impl Schedule {
     fn start_backfill(&mut self, key: u32, targets: Vec<OsdId>, now: u64) {
         let Some(machine) = self.machines.get_mut(&key) else { return };
         let wanted = self.wanted.get(&key).map_or(&[][..], |w| &w.targets[..]);
-        if targets.len() < wanted.len() {
+        // Not a count: `targets` also holds the members filled in the
+        // background, which may stand in for a pin's target left out.
+        if wanted.iter().any(|t| !targets.contains(t)) {
             tracing::warn!(pg = key, ?wanted, reached = ?targets, "some backfill targets could not be reached");
             machine.retry_at = Some(now + TARGET_RETRY_US);
         }
@@ -734,6 +746,7 @@ impl Schedule {
             Step::Complete => {
                 metrics.backfilled_pgs.add(1);
                 let pinned = self.wanted.get(&key).is_some_and(Wanted::is_pinned);
+                let wanted = self.wanted.get(&key).map_or(&[][..], |w| &w.targets[..]);
                 let Some(machine) = self.machines.get_mut(&key) else { return };
                 debug_assert!(
                     machine.backfill.as_ref().is_some_and(Backfill::is_complete),
@@ -742,7 +755,28 @@ impl Schedule {
                 let progress = machine.backfill.as_ref().map(|b| b.progress).unwrap_or_default();
                 let (objects, bytes) = (progress.objects_copied, progress.bytes_copied);
                 let took_ms = now.saturating_sub(machine.started) / 1000;
-                if pinned {
+                // A pin's target this backfill did not fill (it could not
+                // be reached when the interval peered) lacks the PG: the
+                // pin stays, and the PG peers again to take it in
+                // (`start_backfill` set the retry). Dropping the pin would
+                // record the up set, that target too, as holding every
+                // write, and make it serve (seed 50631: it became the
+                // primary with a copy 22 s old).
+                let unfilled: Vec<OsdId> = wanted
+                    .iter()
+                    .copied()
+                    .filter(|t| !machine.backfill.as_ref().is_some_and(|b| b.targets().contains(t)))
+                    .collect();
+                if pinned && !unfilled.is_empty() {
+                    tracing::info!(
+                        pg = key,
+                        objects,
+                        bytes,
+                        took_ms,
+                        ?unfilled,
+                        "backfill complete, but not of every target; the pin stays until they are filled"
+                    );
+                } else if pinned {
                     tracing::info!(
                         pg = key,
                         objects,
@@ -961,6 +995,43 @@ mod tests {
         assert_eq!(primary_intervals(&after, 0).get(&pg).map(|w| &w.identity), Some(&want.identity), "same interval");
         schedule.reconcile(&after, 20, Vec::new(), &metrics, |_| false);
         assert!(!schedule.awaits(txid), "its target went down: it will not answer");
+    }
+
+    /// Seed 50631: a pin's target that peering could not reach is not
+    /// stood in for by a member filled in the background: the PG peers
+    /// again to take it in, and the pin stays.
+    #[test]
+    fn an_unreached_pin_target_is_not_counted_as_filled() {
+        let metrics = Metrics::default();
+        let mut map = duplex_map::ClusterMap::new([0; 16]);
+        let boot = |id: u32| duplex_map::Command::OsdBoot {
+            id,
+            addr: format!("127.0.0.1:{}", 7000 + id),
+            host: format!("h{id}"),
+            weight: 1 << 16,
+        };
+        for id in 0..3 {
+            map.run(&boot(id)).unwrap();
+        }
+        map.run(&duplex_map::Command::PoolCreate { name: "rbd".into(), size: 2, min_size: 1, pg_num: 16 }).unwrap();
+        map.run(&boot(3)).unwrap();
+        // Some PG moves to the new osd.3, pinned to where it was.
+        let view = MapView::new(map.clone());
+        let (me, key, want) = (0..3)
+            .find_map(|me| {
+                primary_intervals(&view, me)
+                    .into_iter()
+                    .find(|(_, w)| w.is_pinned() && w.targets == [3])
+                    .map(|(k, w)| (me, k, w))
+            })
+            .expect("marking osd.3 in pins some PG with osd.3 to fill");
+        let member = *want.acting.iter().find(|osd| **osd != me).expect("a member besides the primary");
+        let mut schedule = Schedule::new(me, 0, u64::MAX, crate::backend::peering_for);
+        schedule.reconcile(&view, 0, Vec::new(), &metrics, |_| false);
+        // Peering reached a member to fill in the background, not osd.3.
+        schedule.start_backfill(key, vec![member], 100);
+        let machine = &schedule.machines[&key];
+        assert_eq!(machine.retry_at, Some(100 + TARGET_RETRY_US), "osd.3 was not reached: peer again to take it in");
     }
 
     #[test]

@@ -267,10 +267,24 @@ impl Pg {
 
     /// Primary side: whether this PG is active for the acting set `acting`
     /// of the current map, none of whose members restarted (a restart
-    /// moves an OSD's `state_epoch` past the interval).
-    pub fn serves(&self, acting: &[u32], state_epoch: impl Fn(u32) -> u64) -> bool {
+    /// moves an OSD's `state_epoch` past the interval), and no interval
+    /// went active after this one: `recorded_since` is the interval of the
+    /// PG's last active set in the map (`duplex_map::active_set`).
+    ///
+    /// The acting set alone does not tell intervals apart: a PG may move
+    /// away to OSDs that exclude this one (which is then never fenced, as
+    /// no one queries it), take writes there, and come back to the very
+    /// same acting set. This OSD's activation then looks current, but its
+    /// copy misses every write of the intervals between (simulator seed
+    /// 50631 read a value 22 s old that way). Every interval that goes
+    /// active without this OSD records its members, since its own epoch,
+    /// before it serves: a record newer than the activation means the PG
+    /// was active elsewhere meanwhile.
+    pub fn serves(&self, acting: &[u32], state_epoch: impl Fn(u32) -> u64, recorded_since: Option<u64>) -> bool {
         self.active.as_ref().is_some_and(|active| {
-            active.members == acting && acting.iter().all(|osd| state_epoch(*osd) <= active.interval)
+            active.members == acting
+                && acting.iter().all(|osd| state_epoch(*osd) <= active.interval)
+                && recorded_since.is_none_or(|since| since <= active.interval)
         })
     }
 
@@ -752,6 +766,27 @@ mod tests {
         let encoded = Bytes::from(newer.encode());
         let refused = pg.offer(&EntryRef::decode(&encoded).unwrap(), &encoded, to(10));
         assert!(matches!(refused, Err(OfferError::Diverged { seq: 2, .. })), "{refused:?}");
+    }
+
+    /// Seed 50631: a PG that moved away from this OSD and came back to the
+    /// same acting set is not served on the activation of before: the map
+    /// records a newer active interval.
+    #[test]
+    fn an_activation_older_than_the_maps_record_does_not_serve() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = table(dir.path(), 1 << 20);
+        let shared = table.get_or_open(7).unwrap();
+        let mut pg = shared.lock().unwrap();
+        let acting = [0, 2, 1];
+        let fresh = |_: u32| 40;
+        assert!(!pg.serves(&acting, fresh, None), "never activated");
+        pg.active = Some(Activation { interval: 48, members: acting.to_vec(), backfill: Vec::new() });
+        assert!(pg.serves(&acting, fresh, None), "no record (a new pool)");
+        assert!(pg.serves(&acting, fresh, Some(48)), "recorded by its own peering");
+        assert!(pg.serves(&acting, fresh, Some(30)), "an older record of the same members");
+        assert!(!pg.serves(&acting, fresh, Some(62)), "active elsewhere since: stale");
+        assert!(!pg.serves(&[2, 1, 3], fresh, Some(48)), "another acting set");
+        assert!(!pg.serves(&acting, |osd| if osd == 1 { 50 } else { 40 }, Some(48)), "a member restarted since");
     }
 
     #[test]
