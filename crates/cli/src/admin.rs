@@ -355,7 +355,7 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
 }
 
 /// One OSD's counters, fetched over its client port.
-pub(crate) fn osd_stats(client: &Client, addr: &str) -> Result<OsdStats> {
+fn osd_stats(client: &Client, addr: &str) -> Result<OsdStats> {
     let addr = addr.parse().with_context(|| format!("bad OSD address {addr}"))?;
     let mut conn = duplex_mon_client::Connection::connect(addr, &client.config().credentials, Duration::from_secs(2))?;
     conn.set_read_timeout(Some(Duration::from_secs(2)))?;

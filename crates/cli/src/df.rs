@@ -23,17 +23,58 @@ use serde::Serialize;
 
 use duplex_store::units::format_size;
 
-use crate::admin::osd_stats;
-
 /// How long one OSD has for all its partitions' answers.
 const OSD_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// One OSD's report: its capacity and use, and per PG key what it holds.
+/// One OSD's report: each store partition's capacity and use, and per PG
+/// key what it holds.
 struct OsdReport {
-    capacity_bytes: u64,
-    used_bytes: u64,
+    /// (capacity, used) bytes of each store partition, in partition order.
+    partitions: Vec<(u64, u64)>,
     /// PG key → (objects, logical bytes, allocated bytes).
     pgs: HashMap<u32, (u64, u64, u64)>,
+}
+
+impl OsdReport {
+    fn capacity_bytes(&self) -> u64 {
+        self.partitions.iter().map(|(capacity, _)| capacity).sum()
+    }
+
+    fn used_bytes(&self) -> u64 {
+        self.partitions.iter().map(|(_, used)| used).sum()
+    }
+
+    /// The use of its fullest partition, per mille: what the OSD's fullness is judged by.
+    fn fullest_permille(&self) -> u64 {
+        self.partitions.iter().map(|(capacity, used)| used * 1000 / capacity.max(&1)).max().unwrap_or(0)
+    }
+
+    /// Bytes it can still take before its fullest partition reaches
+    /// `full` (per mille), if new data spreads over its partitions evenly
+    /// (they split it by PG).
+    fn room_bytes(&self, full: u64) -> u64 {
+        let tightest = self
+            .partitions
+            .iter()
+            .map(|(capacity, used)| (u128::from(*capacity) * u128::from(full) / 1000).saturating_sub(u128::from(*used)))
+            .min()
+            .unwrap_or(0);
+        (tightest * self.partitions.len() as u128).min(u128::from(u64::MAX)) as u64
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct OsdUsage {
+    pub id: OsdId,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    /// The use of its fullest store partition, per mille (its fullness is judged by it).
+    pub fullest_partition_permille: u64,
+    pub partitions: usize,
+    /// PGs with objects in its store.
+    pub pgs: usize,
+    /// As the map has it: normal, near full, backfill full, full.
+    pub fullness: String,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -71,6 +112,7 @@ pub struct PoolUsage {
 #[derive(Debug, Default, Serialize)]
 pub struct Df {
     pub raw: RawUsage,
+    pub osds: Vec<OsdUsage>,
     pub pools: Vec<PoolUsage>,
 }
 
@@ -116,12 +158,24 @@ fn compute(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> Df {
     let hierarchy = map.hierarchy();
     let raw_available = max_available_raw(map, reports);
     let raw = RawUsage {
-        capacity_bytes: reports.values().map(|r| r.capacity_bytes).sum(),
-        used_bytes: reports.values().map(|r| r.used_bytes).sum(),
+        capacity_bytes: reports.values().map(OsdReport::capacity_bytes).sum(),
+        used_bytes: reports.values().map(OsdReport::used_bytes).sum(),
         available_bytes: raw_available,
         osds_reporting: reports.len(),
         osds_up: map.osds.values().filter(|o| o.up).count(),
     };
+    let osds = reports
+        .iter()
+        .map(|(id, report)| OsdUsage {
+            id: *id,
+            capacity_bytes: report.capacity_bytes(),
+            used_bytes: report.used_bytes(),
+            fullest_partition_permille: report.fullest_permille(),
+            partitions: report.partitions.len(),
+            pgs: report.pgs.keys().filter(|key| map.pools.contains_key(&duplex_osd::pg::pool_of(**key))).count(),
+            fullness: map.osds.get(id).map_or("unknown".into(), |o| format!("{:?}", o.fullness)),
+        })
+        .collect();
     let mut pools = Vec::new();
     for pool in map.pools.values() {
         let mut usage = PoolUsage {
@@ -148,14 +202,14 @@ fn compute(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> Df {
         }
         pools.push(usage);
     }
-    Df { raw, pools }
+    Df { raw, osds, pools }
 }
 
 /// Raw bytes clients can still write before the first OSD reaches the
 /// `full` ratio, if new data lands on the up and in OSDs in proportion to
 /// their weights (Ceph's MAX AVAIL): the tightest OSD's room over its share.
-/// An OSD the map has full has none, whatever its total says: its fullest
-/// store partition decides (space is split between partitions).
+/// An OSD's room is its tightest store partition's, times its partitions
+/// (they split its data by PG); one the map has full has none.
 fn max_available_raw(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> u64 {
     let placed: Vec<(&OsdReport, u32, bool)> = map
         .osds
@@ -167,23 +221,21 @@ fn max_available_raw(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> 
     if total_weight == 0 {
         return 0;
     }
-    let full = u128::from(map.full_ratios.full);
+    let full = u64::from(map.full_ratios.full);
     placed
         .iter()
         .map(|(report, weight, is_full)| {
             if *is_full {
                 return 0;
             }
-            let room = (u128::from(report.capacity_bytes) * full / 1000).saturating_sub(u128::from(report.used_bytes));
-            room * u128::from(total_weight) / u128::from(*weight)
+            u128::from(report.room_bytes(full)) * u128::from(total_weight) / u128::from(*weight)
         })
         .min()
         .map_or(0, |bytes| bytes.min(u128::from(u64::MAX)) as u64)
 }
 
-/// One OSD's counters and its partitions' usage replies.
+/// One OSD's partitions' usage replies.
 fn osd_report(client: &Client, addr: &str) -> Result<OsdReport> {
-    let stats = osd_stats(client, addr)?;
     let addr = addr.parse().with_context(|| format!("bad OSD address {addr}"))?;
     let mut conn = duplex_mon_client::Connection::connect(addr, &client.config().credentials, Duration::from_secs(2))?;
     conn.set_read_timeout(Some(OSD_TIMEOUT))?;
@@ -191,6 +243,7 @@ fn osd_report(client: &Client, addr: &str) -> Result<OsdReport> {
     let deadline = Instant::now() + OSD_TIMEOUT;
     let mut pgs: HashMap<u32, (u64, u64, u64)> = HashMap::new();
     let mut answered: Vec<u32> = Vec::new();
+    let mut partitions: Vec<(u32, u64, u64)> = Vec::new();
     let mut expected = None;
     while expected.is_none_or(|n| answered.len() < n as usize) {
         if Instant::now() > deadline {
@@ -206,6 +259,7 @@ fn osd_report(client: &Client, addr: &str) -> Result<OsdReport> {
         }
         expected = Some(reply.partitions);
         answered.push(reply.partition);
+        partitions.push((reply.partition, reply.capacity_bytes, reply.used_bytes));
         for row in reply.pgs {
             let entry = pgs.entry(row.pg).or_default();
             entry.0 += row.objects;
@@ -213,7 +267,8 @@ fn osd_report(client: &Client, addr: &str) -> Result<OsdReport> {
             entry.2 += row.allocated_bytes;
         }
     }
-    Ok(OsdReport { capacity_bytes: stats.capacity_bytes, used_bytes: stats.used_bytes, pgs })
+    partitions.sort_unstable();
+    Ok(OsdReport { partitions: partitions.into_iter().map(|(_, capacity, used)| (capacity, used)).collect(), pgs })
 }
 
 fn print_text(usage: &Df) {
@@ -227,6 +282,24 @@ fn print_text(usage: &Df) {
         pct(raw.used_bytes, raw.capacity_bytes),
         format_size(raw.available_bytes),
     );
+    println!();
+    println!("OSDS");
+    println!(
+        "  {:<6} {:>10} {:>10} {:>6} {:>17} {:>5} {:>13}",
+        "OSD", "SIZE", "USED", "%USE", "FULLEST PARTITION", "PGS", "STATE"
+    );
+    for osd in &usage.osds {
+        println!(
+            "  {:<6} {:>10} {:>10} {:>5.1}% {:>16.1}% {:>5} {:>13}",
+            format!("osd.{}", osd.id),
+            format_size(osd.capacity_bytes),
+            format_size(osd.used_bytes),
+            pct(osd.used_bytes, osd.capacity_bytes),
+            osd.fullest_partition_permille as f64 / 10.0,
+            osd.pgs,
+            osd.fullness,
+        );
+    }
     println!();
     println!("POOLS");
     println!(
@@ -278,11 +351,11 @@ mod tests {
         map.pools.values().next().unwrap()
     }
 
-    /// Each PG holds 1 object of 4 KiB on each of its two copies.
+    /// Each PG holds 1 object of 4 KiB on each of its two copies; one store partition each.
     fn reports(map: &ClusterMap, capacity: u64, used: [u64; 3]) -> BTreeMap<OsdId, OsdReport> {
         let hierarchy = map.hierarchy();
         let mut reports: BTreeMap<OsdId, OsdReport> = (0..3)
-            .map(|id| (id, OsdReport { capacity_bytes: capacity, used_bytes: used[id as usize], pgs: HashMap::new() }))
+            .map(|id| (id, OsdReport { partitions: vec![(capacity, used[id as usize])], pgs: HashMap::new() }))
             .collect();
         for pg in 0..pool(map).pg_num {
             let key = duplex_osd::pg::pg_key(pool(map).id, pg).unwrap();
@@ -319,6 +392,23 @@ mod tests {
         one_full.run(&duplex_map::Command::SetOsdFullness { id: 2, fullness: duplex_map::Fullness::Full }).unwrap();
         let partition_full = compute(&one_full, &reports(&one_full, capacity, [0; 3]));
         assert_eq!(partition_full.raw.available_bytes, 0, "full in the map (a full partition): no room");
+    }
+
+    /// Space is split between an OSD's partitions: the fullest one decides.
+    #[test]
+    fn the_fullest_partition_bounds_its_osds_room() {
+        let report =
+            OsdReport { partitions: vec![(1000 << 20, 100 << 20), (1000 << 20, 900 << 20)], pgs: HashMap::new() };
+        assert_eq!(report.fullest_permille(), 900);
+        assert_eq!(report.room_bytes(950), 2 * (50 << 20), "50 MiB left in the fuller one, data split in two");
+        assert_eq!(report.room_bytes(900), 0);
+        let map = map_of(3, 950);
+        let mut reports = reports(&map, 2000 << 20, [0; 3]);
+        reports.insert(1, report);
+        let usage = compute(&map, &reports);
+        assert_eq!(usage.raw.available_bytes, 3 * 2 * (50 << 20));
+        assert_eq!(usage.osds[1].fullest_partition_permille, 900);
+        assert_eq!(usage.osds[1].partitions, 2);
     }
 
     #[test]

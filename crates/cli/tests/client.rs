@@ -318,6 +318,9 @@ fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
     assert!(available > 0 && available < ((3 * 768) << 20) / copies, "{rbd}");
     assert!(rbd["overcommit"].as_f64().unwrap() > 1.0, "64 GiB promised on a 2.3 GiB cluster: {rbd}");
     assert_eq!(before["raw"]["osds_reporting"], 3);
+    let osds = before["osds"].as_array().unwrap();
+    assert_eq!(osds.len(), 3, "{before}");
+    assert!(osds.iter().all(|o| o["partitions"] == 2 && o["fullness"] == "Normal"), "{before}");
     for key in ["nearfull_ratio", "backfillfull_ratio", "full_ratio"] {
         run_ok(cluster.cli().args(["config", "set", key, "0"]));
     }

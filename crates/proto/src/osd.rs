@@ -295,27 +295,34 @@ pub struct PgUsage {
     pub allocated_bytes: u64,
 }
 
-/// What one store partition of an OSD holds, per PG. An OSD answers an
-/// `OsdUsage` with one of these per partition, all with the request's
-/// transaction id; `partitions` says how many to wait for.
+/// What one store partition of an OSD holds, per PG, and its space. An
+/// OSD answers an `OsdUsage` with one of these per partition, all with the
+/// request's transaction id; `partitions` says how many to wait for.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UsageReply {
     pub partition: u32,
     pub partitions: u32,
+    /// The partition's data space and what of it is used: space is split
+    /// between partitions, so the fullest one decides when the OSD is full.
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
     pub pgs: Vec<PgUsage>,
 }
 
+const USAGE_HEADER_LEN: usize = 28;
 const PG_USAGE_LEN: usize = 28;
 /// The most PG rows one reply carries (a partition with more sends the
-/// first ones and says so): 1 MiB of rows, well inside a frame.
+/// first ones): 1 MiB of rows, well inside a frame.
 pub const MAX_USAGE_ROWS: usize = (1 << 20) / PG_USAGE_LEN;
 
 impl UsageReply {
     pub fn to_frame(&self, transaction_id: u64) -> Frame {
         let rows = &self.pgs[..self.pgs.len().min(MAX_USAGE_ROWS)];
-        let mut out = BytesMut::with_capacity(12 + rows.len() * PG_USAGE_LEN);
+        let mut out = BytesMut::with_capacity(USAGE_HEADER_LEN + rows.len() * PG_USAGE_LEN);
         out.put_u32_le(self.partition);
         out.put_u32_le(self.partitions);
+        out.put_u64_le(self.capacity_bytes);
+        out.put_u64_le(self.used_bytes);
         out.put_u32_le(rows.len() as u32);
         for row in rows {
             out.put_u32_le(row.pg);
@@ -327,24 +334,28 @@ impl UsageReply {
     }
 
     pub fn decode(payload: &[u8]) -> Result<UsageReply, DecodeError> {
-        if payload.len() < 12 {
-            return Err(DecodeError::Short { need: 12, got: payload.len() });
+        if payload.len() < USAGE_HEADER_LEN {
+            return Err(DecodeError::Short { need: USAGE_HEADER_LEN, got: payload.len() });
         }
         let le_u32 = |at: usize| u32::from_le_bytes(payload[at..at + 4].try_into().expect("4 bytes"));
-        let (partition, partitions, count) = (le_u32(0), le_u32(4), le_u32(8) as usize);
+        let (partition, partitions) = (le_u32(0), le_u32(4));
+        let (capacity_bytes, used_bytes, count) = (le_u64(payload, 8), le_u64(payload, 16), le_u32(24) as usize);
         if partition >= partitions {
             return Err(DecodeError::Inconsistent("usage of a partition past the partition count"));
+        }
+        if used_bytes > capacity_bytes {
+            return Err(DecodeError::Inconsistent("a partition uses more than it holds"));
         }
         if count > MAX_USAGE_ROWS {
             return Err(DecodeError::Inconsistent("more usage rows than a reply carries"));
         }
-        let need = 12 + count * PG_USAGE_LEN;
+        let need = USAGE_HEADER_LEN + count * PG_USAGE_LEN;
         if payload.len() != need {
             return Err(DecodeError::Short { need, got: payload.len() });
         }
         let pgs = (0..count)
             .map(|i| {
-                let at = 12 + i * PG_USAGE_LEN;
+                let at = USAGE_HEADER_LEN + i * PG_USAGE_LEN;
                 PgUsage {
                     pg: le_u32(at),
                     objects: le_u64(payload, at + 4),
@@ -353,7 +364,7 @@ impl UsageReply {
                 }
             })
             .collect();
-        Ok(UsageReply { partition, partitions, pgs })
+        Ok(UsageReply { partition, partitions, capacity_bytes, used_bytes, pgs })
     }
 }
 
@@ -583,7 +594,7 @@ mod tests {
             txid in any::<u64>(),
         ) {
             let pgs = rows.into_iter().map(|(pg, objects, logical_bytes, allocated_bytes)| PgUsage { pg, objects, logical_bytes, allocated_bytes }).collect();
-            let reply = UsageReply { partition, partitions: partition + 1, pgs };
+            let reply = UsageReply { partition, partitions: partition + 1, capacity_bytes: txid, used_bytes: txid / 2, pgs };
             let frame = reply.to_frame(txid);
             prop_assert_eq!(frame.header.message_type, MessageType::OsdUsageReply as u8);
             prop_assert_eq!(UsageReply::decode(&frame.payload), Ok(reply));
@@ -629,6 +640,8 @@ mod tests {
         let reply = UsageReply {
             partition: 1,
             partitions: 2,
+            capacity_bytes: 1 << 30,
+            used_bytes: 1 << 20,
             pgs: vec![PgUsage { pg: 7, objects: 1, logical_bytes: 2, allocated_bytes: 3 }],
         };
         let good = reply.to_frame(1).payload;
@@ -636,13 +649,16 @@ mod tests {
         let mut past = BytesMut::from(&good[..]);
         past[0] = 2; // partition 2 of 2
         assert!(matches!(UsageReply::decode(&past), Err(DecodeError::Inconsistent(_))));
+        let mut overused = BytesMut::from(&good[..]);
+        overused[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(UsageReply::decode(&overused), Err(DecodeError::Inconsistent(_))));
         let mut more = BytesMut::from(&good[..]);
-        more[8] = 2; // two rows claimed, one sent
+        more[24] = 2; // two rows claimed, one sent
         assert!(matches!(UsageReply::decode(&more), Err(DecodeError::Short { .. })));
         let mut huge = BytesMut::from(&good[..]);
-        huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        huge[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(UsageReply::decode(&huge), Err(DecodeError::Inconsistent(_))));
-        assert!(matches!(UsageReply::decode(&good[..11]), Err(DecodeError::Short { .. })));
+        assert!(matches!(UsageReply::decode(&good[..27]), Err(DecodeError::Short { .. })));
     }
 
     #[test]

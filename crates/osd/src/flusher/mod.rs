@@ -127,7 +127,15 @@ impl Flusher {
                 allocated_bytes: g.allocated_bytes,
             })
             .collect();
-        let reply = UsageReply { partition: self.partition.index(), partitions: self.partition.partition_count(), pgs };
+        let block = duplex_store::BLOCK_SIZE as u64;
+        let data_blocks = self.partition.data_blocks();
+        let reply = UsageReply {
+            partition: self.partition.index(),
+            partitions: self.partition.partition_count(),
+            capacity_bytes: data_blocks * block,
+            used_bytes: data_blocks.saturating_sub(self.partition.free_blocks()) * block,
+            pgs,
+        };
         debug_assert!(reply.partition < reply.partitions, "partition {} of {}", reply.partition, reply.partitions);
         debug_assert!(to.thread < self.mailboxes.len(), "a usage answer for thread {}", to.thread);
         self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame: reply.to_frame(to.txid) });
