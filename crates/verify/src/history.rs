@@ -74,7 +74,9 @@ impl Recorder {
         Recorder::default()
     }
 
-    fn now(&self) -> u64 {
+    /// Now on the history's clock (nanoseconds; what `invoked` and
+    /// `completed` are measured in), to split a history at an event.
+    pub fn now(&self) -> u64 {
         // +1: time 0 belongs to the blocks' initial (never written) state.
         self.start.elapsed().as_nanos() as u64 + 1
     }
