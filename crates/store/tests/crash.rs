@@ -144,6 +144,7 @@ fn check_crash_state(actual: &Snapshot, before: &Model, after: &Model, in_flight
         let written = in_flight.ops.iter().any(|op| match op {
             duplex_store::Op::Write { key: k, .. }
             | duplex_store::Op::WriteJournaled { key: k, .. }
+            | duplex_store::Op::Zero { key: k, .. }
             | duplex_store::Op::Truncate { key: k, .. } => k.as_bytes() == &key[..],
             _ => false,
         });

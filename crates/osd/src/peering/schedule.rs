@@ -705,7 +705,7 @@ impl Schedule {
                 tracing::info!(
                     pg = key,
                     ?acting,
-                    "this OSD's copy needs a backfill: handing the PG to a whole member, which fills it in the background"
+                    "this OSD's copy needs a backfill or is far behind: handing the PG to a whole member, which fills it in the background"
                 );
                 if let Some(machine) = self.machines.get_mut(&key) {
                     machine.record_due = Some(now);

@@ -4,6 +4,12 @@
 
 use super::*;
 
+
+/// A primary behind by history by more entries than this hands its PG
+/// over to be filled in the background; fewer, it is brought level inside
+/// peering.
+pub(super) const HAND_OVER_AFTER_ENTRIES: u64 = 8;
+
 impl Peering {
     pub(super) fn recover(&mut self, answers: BTreeMap<OsdId, (PeerInfo, Vec<LoggedRequest>)>) -> Vec<Action> {
         assert!(self.members.iter().all(|m| answers.contains_key(m)), "recovery began before every member answered");
@@ -129,6 +135,27 @@ impl Peering {
             .map(|(osd, _)| *osd)
             .collect();
         debug_assert!(self.filled_in_background.len() + behind.len() < answered, "the authority is behind itself");
+        // The primary itself far behind by history (it rejoins after a
+        // hang or a restart): bringing it level inside peering would hold
+        // the PG's I/O meanwhile, and an OSD brings its PGs level one after
+        // another. It hands the PG to the authority instead, which fills
+        // it in the background with the other members behind; when that
+        // ends the pin goes and it leads again, level. A few entries behind
+        // (writes in flight when an interval ended) it catches up here:
+        // quicker than two interval changes.
+        let primary_gap = targets.iter().find(|(osd, _)| *osd == primary).and_then(|(_, plan)| match plan {
+            Plan::History { after, .. } => Some(last_seq.saturating_sub(*after)),
+            Plan::Backfill => None,
+        });
+        if primary_gap.is_some_and(|gap| gap > HAND_OVER_AFTER_ENTRIES)
+            && answered - self.filled_in_background.len() - behind.len() > min_size
+        {
+            let mut acting = vec![authority];
+            acting.extend(self.members.iter().copied().filter(|osd| *osd != authority));
+            debug_assert_eq!(acting.len(), self.members.len(), "a hand-over keeps every member");
+            debug_assert_ne!(authority, primary, "a primary behind by history is not the authority");
+            return Err(acting);
+        }
         if behind.is_empty() || answered - self.filled_in_background.len() - behind.len() < min_size {
             return Ok(BTreeSet::new());
         }

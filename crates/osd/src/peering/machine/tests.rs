@@ -306,6 +306,42 @@ fn a_member_behind_by_history_is_filled_in_the_background_with_just_the_objects_
     assert_eq!(members[2].objects, members[0].objects);
 }
 
+/// A primary far behind by history (it rejoins after a hang or a restart)
+/// hands its PG to the authority, which fills it in the background, rather
+/// than holding the PG's I/O while it is brought level inside peering; a
+/// few entries behind, or when min_size needs it whole, it is brought
+/// level here as before.
+#[test]
+fn a_primary_far_behind_by_history_hands_over_and_a_little_behind_catches_up() {
+    let behind = active_member(&[("a", b"1"), ("b", b"2")]);
+    let far_ahead = |writes: u64| {
+        let mut ahead = behind.clone();
+        for n in 0..writes {
+            ahead.write(if n % 2 == 0 { "a" } else { "c" }, &n.to_le_bytes());
+        }
+        ahead
+    };
+    let peer = |members: &mut [Member], min_size: usize| {
+        let (mut machine, actions) = Peering::start(7, 9, vec![0, 1, 2]);
+        machine.fill_in_background(min_size);
+        drive(members, 9, &mut machine, actions)
+    };
+    let ahead = far_ahead(recovery::HAND_OVER_AFTER_ENTRIES + 1);
+    let mut members = [behind.clone(), ahead.clone(), ahead.clone()];
+    assert_eq!(peer(&mut members, 2), Action::HandOver { acting: vec![1, 0, 2] });
+    assert_eq!(members[0].objects, behind.objects, "nothing done to it meanwhile");
+    // min_size 3 needs it whole before the PG serves: inside peering.
+    let outcome = peer(&mut members, 3);
+    assert!(matches!(&outcome, Action::Active { authority: 1, backfill, .. } if backfill.is_empty()), "{outcome:?}");
+    assert_eq!(members[0].objects, members[1].objects);
+    // A few entries behind: brought level inside peering.
+    let ahead = far_ahead(recovery::HAND_OVER_AFTER_ENTRIES);
+    let mut members = [behind.clone(), ahead.clone(), ahead];
+    let outcome = peer(&mut members, 2);
+    assert!(matches!(&outcome, Action::Active { authority: 1, backfill, .. } if backfill.is_empty()), "{outcome:?}");
+    assert_eq!(members[0].objects, members[1].objects);
+}
+
 #[test]
 fn an_older_or_divergent_member_is_backfilled_by_digest_comparison() {
     let authority = active_member(&[("a", b"new"), ("b", b"same"), ("d", &[0u8; 10])]);
