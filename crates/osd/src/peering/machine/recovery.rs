@@ -4,7 +4,6 @@
 
 use super::*;
 
-
 /// A primary behind by history by more entries than this hands its PG
 /// over to be filled in the background; fewer, it is brought level inside
 /// peering.
