@@ -234,6 +234,25 @@ impl Verifying {
     }
 }
 
+/// `duplex <args> --json` against `cluster`, parsed.
+fn cli_json(cluster: &DevCluster, args: &[&str]) -> serde_json::Value {
+    let output = run_ok(cluster.cli().args(args).arg("--json"));
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("duplex {args:?} --json: {e}"))
+}
+
+/// Writes `object` until the cluster takes it, while it answers "cluster
+/// full" for at most `within`; how long that took.
+fn write_once_not_full(client: &duplex_client::Client, pool: u32, object: &[u8], within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        match client.write(pool, object, 0, Bytes::from(vec![3u8; 4096])) {
+            Ok(()) => return started.elapsed(),
+            Err(ClientError::NoSpace(_)) if started.elapsed() < within => std::thread::sleep(Duration::from_millis(50)),
+            other => panic!("writes did not resume within {within:?}: {other:?}"),
+        }
+    }
+}
+
 /// The dev cluster's state.json.
 fn dev_state(cluster: &DevCluster) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(cluster.path().join("state.json")).unwrap()).unwrap()
@@ -333,10 +352,7 @@ fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
     thin.write(0, Bytes::from(vec![7u8; 16384])).unwrap();
     drop(thin);
     // `duplex df`: one copy stored, every copy used, room, and what the thin image promises.
-    let df = |cluster: &DevCluster| -> serde_json::Value {
-        serde_json::from_slice(&run_ok(cluster.cli().args(["df", "--json"])).stdout).unwrap()
-    };
-    let before = df(&cluster);
+    let before = cli_json(&cluster, &["df"]);
     let rbd = &before["pools"][0];
     eprintln!("df: {before}");
     let (stored, used, copies) =
@@ -355,7 +371,7 @@ fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
     for key in ["nearfull_ratio", "backfillfull_ratio", "full_ratio"] {
         run_ok(cluster.cli().args(["config", "set", key, "0"]));
     }
-    assert_eq!(df(&cluster)["pools"][0]["available_bytes"], 0, "nothing is available on a full cluster");
+    assert_eq!(cli_json(&cluster, &["df"])["pools"][0]["available_bytes"], 0, "nothing is available on a full cluster");
     let started = Instant::now();
     let refused = loop {
         match client.write(pool, b"more", 0, Bytes::from(vec![2u8; 4096])) {
@@ -368,8 +384,7 @@ fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
     let refusal = Instant::now();
     assert!(matches!(client.write(pool, b"more", 0, Bytes::from(vec![2u8; 4096])), Err(ClientError::NoSpace(_))));
     assert!(refusal.elapsed() < Duration::from_secs(1), "refused at once, not after a timeout");
-    let status = run_ok(cluster.cli().args(["status", "--json"]));
-    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let status = cli_json(&cluster, &["status"]);
     assert_eq!(status["health"]["status"], "HEALTH_ERR", "{status}");
     assert!(status["health"]["reasons"].to_string().contains("full"), "{status}");
     // What frees space goes on: a discard of part of an object too (zeroed
@@ -387,17 +402,8 @@ fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
     for (key, value) in [("full_ratio", "0.95"), ("backfillfull_ratio", "0.9"), ("nearfull_ratio", "0.85")] {
         run_ok(cluster.cli().args(["config", "set", key, value]));
     }
-    let started = Instant::now();
-    loop {
-        match client.write(pool, b"more", 0, Bytes::from(vec![3u8; 4096])) {
-            Ok(()) => break,
-            Err(ClientError::NoSpace(_)) if started.elapsed() < Duration::from_secs(10) => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            other => panic!("writes did not resume: {other:?}"),
-        }
-    }
-    eprintln!("writes resumed {:?} after the ratio rose", started.elapsed());
+    let resumed = write_once_not_full(&client, pool, b"more", Duration::from_secs(10));
+    eprintln!("writes resumed {resumed:?} after the ratio rose");
     assert_eq!(&client.read(pool, b"more", 0, 4096).unwrap()[..], &[3u8; 4096][..]);
 }
 
@@ -428,14 +434,13 @@ fn a_cluster_filled_to_the_brim_refuses_writes_and_recovers_when_emptied() {
     };
     let filled = started.elapsed();
     assert!(matches!(refusal, ClientError::NoSpace(_)), "refused with {refusal:?}, not 'cluster full'");
-    let df: serde_json::Value = serde_json::from_slice(&run_ok(cluster.cli().args(["df", "--json"])).stdout).unwrap();
+    let df = cli_json(&cluster, &["df"]);
     let (used, capacity) = (df["raw"]["used_bytes"].as_u64().unwrap(), df["raw"]["capacity_bytes"].as_u64().unwrap());
     eprintln!(
         "fill: {acknowledged} MiB acknowledged in {filled:?}, then {refusal}; raw use {:.1}% ({used} of {capacity} bytes); df: {df}",
         used as f64 * 100.0 / capacity as f64
     );
-    let status: serde_json::Value =
-        serde_json::from_slice(&run_ok(cluster.cli().args(["status", "--json"])).stdout).unwrap();
+    let status = cli_json(&cluster, &["status"]);
     assert_eq!(status["health"]["status"], "HEALTH_ERR", "{status}");
     assert_eq!(status["osds"]["up"], 3, "no OSD exits: {status}");
     for n in 0..acknowledged {
@@ -443,20 +448,9 @@ fn a_cluster_filled_to_the_brim_refuses_writes_and_recovers_when_emptied() {
     }
     drop(image);
     run_ok(cluster.cli().args(["image", "remove", "big"]));
-    let started = Instant::now();
-    loop {
-        match client.write(pool, b"after", 0, Bytes::from(vec![5u8; 4096])) {
-            Ok(()) => break,
-            Err(ClientError::NoSpace(_)) if started.elapsed() < Duration::from_secs(20) => {
-                std::thread::sleep(Duration::from_millis(100))
-            }
-            other => panic!("writes did not resume after the image was removed: {other:?}"),
-        }
-    }
-    eprintln!("fill: writes resumed {:?} after the image was removed", started.elapsed());
-    let status: serde_json::Value =
-        serde_json::from_slice(&run_ok(cluster.cli().args(["status", "--json"])).stdout).unwrap();
-    assert_eq!(status["osds"]["up"], 3, "{status}");
+    let resumed = write_once_not_full(&client, pool, b"after", Duration::from_secs(20));
+    eprintln!("fill: writes resumed {resumed:?} after the image was removed");
+    assert_eq!(cli_json(&cluster, &["status"])["osds"]["up"], 3, "no OSD exits");
 }
 
 /// Issue 7, scenario 2: kill -9 an OSD, let the others go on without it,

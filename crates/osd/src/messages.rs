@@ -200,17 +200,28 @@ pub struct Mailbox {
     pub waker: Arc<mio::Waker>,
     /// A `Flushed` waits in this mailbox: another would say nothing more.
     flushed: Arc<AtomicBool>,
+    /// Likewise a `Fenced`: a peering storm fences hundreds of PGs, and
+    /// one look at the pending writes covers them all (this also keeps the
+    /// unbounded mailbox bounded: fences are not admitted operations).
+    fenced: Arc<AtomicBool>,
 }
 
 impl Mailbox {
     pub fn new(waker: mio::Waker) -> (Mailbox, Receiver<Completion>) {
         let (sender, receiver) = crossbeam_channel::unbounded();
-        (Mailbox { sender, waker: Arc::new(waker), flushed: Arc::new(AtomicBool::new(false)) }, receiver)
+        let (flushed, fenced) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        (Mailbox { sender, waker: Arc::new(waker), flushed, fenced }, receiver)
     }
 
     /// Posts without waking (call [`Mailbox::wake`] once after a burst).
+    /// A `Flushed` or `Fenced` already waiting is not posted again.
     pub fn post(&self, completion: Completion) {
-        if matches!(completion, Completion::Flushed) && self.flushed.swap(true, Ordering::AcqRel) {
+        let waiting = match completion {
+            Completion::Flushed => Some(&self.flushed),
+            Completion::Fenced => Some(&self.fenced),
+            _ => None,
+        };
+        if waiting.is_some_and(|flag| flag.swap(true, Ordering::AcqRel)) {
             return;
         }
         // The receiver lives as long as the thread; a send after it ended has no one to tell.
@@ -221,6 +232,11 @@ impl Mailbox {
     /// before acting on the one taken, so that a flush in between is not missed.
     pub fn took_flushed(&self) {
         self.flushed.store(false, Ordering::Release);
+    }
+
+    /// The owner took a `Fenced` (as [`Mailbox::took_flushed`]).
+    pub fn took_fenced(&self) {
+        self.fenced.store(false, Ordering::Release);
     }
 
     pub fn wake(&self) {
@@ -250,5 +266,20 @@ mod tests {
         mailbox.took_flushed();
         mailbox.post(Completion::Flushed);
         assert_eq!(inbox.len(), 2, "taken, so the next flush posts one again");
+    }
+
+    #[test]
+    fn fences_coalesce_apart_from_flushes() {
+        let poll = mio::Poll::new().unwrap();
+        let (mailbox, inbox) = Mailbox::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        for _ in 0..100 {
+            mailbox.post(Completion::Fenced);
+        }
+        mailbox.post(Completion::Flushed);
+        assert_eq!(inbox.len(), 2, "a hundred fences wait as one, beside a Flushed");
+        assert!(matches!(inbox.try_recv(), Ok(Completion::Fenced)));
+        mailbox.took_fenced();
+        mailbox.post(Completion::Fenced);
+        assert_eq!(inbox.len(), 2, "taken, so the next fence posts one again");
     }
 }

@@ -472,7 +472,7 @@ impl SimOsd {
                     retry_parked = true;
                 }
                 // Its tick fails outlived writes every TICK_US (50 ms) already.
-                Completion::Fenced => {}
+                Completion::Fenced => live.flusher.mailboxes[0].took_fenced(),
                 Completion::LocalApplied { .. } | Completion::Accepted(_) | Completion::Worked(_) => {
                     unreachable!("the simulator runs neither the sync path nor the pool")
                 }

@@ -88,14 +88,34 @@ fn set_key(op: &mut duplex_store::Op, new: duplex_store::Key) {
     }
 }
 
+/// A 32 MiB store of one partition: its directory (kept while it lives),
+/// path, configuration, and the store mounted.
+fn small_store() -> (tempfile::TempDir, std::path::PathBuf, duplex_store::StoreConfig, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(IoBackend::Auto);
+    let path = make_store(dir.path(), 32 << 20, 1, 64 << 10, &config);
+    let store = Store::open(&path, &config).unwrap();
+    (dir, path, config, store)
+}
+
+/// Writes 256 KiB objects into `group` until the partition refuses one
+/// for want of space (and only for that).
+fn fill(partition: &mut Partition, group: u32) {
+    for name in 0..=u8::MAX {
+        match partition.write(&key(group, name), 0, &[7u8; 256 << 10]) {
+            Ok(_) => {}
+            Err(duplex_store::StoreError::NoSpace { .. }) => return,
+            Err(err) => panic!("{err}"),
+        }
+    }
+    panic!("a 32 MiB store took 64 MiB");
+}
+
 /// `duplex df`'s source: per group, the objects, their sizes and the
 /// blocks mapped to them; a delete takes its object out, after a remount too.
 #[test]
 fn usage_by_group_counts_objects_sizes_and_blocks() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = test_config(IoBackend::Auto);
-    let path = make_store(dir.path(), 32 << 20, 1, 64 << 10, &config);
-    let mut store = Store::open(&path, &config).unwrap();
+    let (_dir, path, config, mut store) = small_store();
     let partition = store.partition_mut(0);
     partition.write(&key(3, 1), 0, &[1u8; 4096]).unwrap();
     partition.write(&key(3, 2), 8192, &[2u8; 100]).unwrap(); // a hole, then part of a block
@@ -118,21 +138,10 @@ fn usage_by_group_counts_objects_sizes_and_blocks() {
 /// frees were never committed (issue 24: a full cluster wedged for good).
 #[test]
 fn a_full_partition_takes_writes_again_after_deletes() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = test_config(IoBackend::Auto);
-    let path = make_store(dir.path(), 32 << 20, 1, 64 << 10, &config);
-    let mut store = Store::open(&path, &config).unwrap();
+    let (_dir, path, config, mut store) = small_store();
     let partition = store.partition_mut(0);
     let chunk = vec![7u8; 256 << 10];
-    let mut written = 0u8;
-    loop {
-        match partition.write(&key(1, written), 0, &chunk) {
-            Ok(_) => written += 1,
-            Err(duplex_store::StoreError::NoSpace { .. }) => break,
-            Err(err) => panic!("{err}"),
-        }
-        assert!(written < 200, "a 32 MiB store took 50 MiB");
-    }
+    fill(partition, 1);
     let mut deletes = duplex_store::Batch::new();
     for name in 0..4 {
         deletes.push(duplex_store::Op::Delete { key: key(1, name) });
@@ -152,10 +161,7 @@ fn a_full_partition_takes_writes_again_after_deletes() {
 /// partition (a TRIM on a full cluster).
 #[test]
 fn zero_clears_held_blocks_and_takes_no_space_even_when_full() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = test_config(IoBackend::Auto);
-    let path = make_store(dir.path(), 32 << 20, 1, 64 << 10, &config);
-    let mut store = Store::open(&path, &config).unwrap();
+    let (_dir, path, config, mut store) = small_store();
     let partition = store.partition_mut(0);
     let object = key(1, 1);
     // Blocks 0, 1 and 3 held; block 2 a hole; size 4 blocks.
@@ -163,10 +169,7 @@ fn zero_clears_held_blocks_and_takes_no_space_even_when_full() {
     partition.write(&object, 3 * 4096, &[3u8; 4096]).unwrap();
     let held = partition.stat(object.as_bytes()).unwrap().allocated_bytes;
     assert_eq!(held, 3 * 4096);
-    let mut fill = 0u8;
-    while partition.write(&key(2, fill), 0, &[9u8; 256 << 10]).is_ok() {
-        fill += 1;
-    }
+    fill(partition, 2);
     let free_before = partition.free_blocks();
     // From the middle of block 0 to past the end: block 2 stays a hole.
     partition.apply(duplex_store::Batch::new().zero(object.clone(), 100, 1 << 20)).expect("zero on a full partition");

@@ -547,6 +547,36 @@ mod tests {
         LoggedRequest { client: 9, tid: 100 + seq, seq }
     }
 
+    /// A write of `data` to `object` at `seq` of PG `key`, in interval 1.
+    fn write_entry(key: u32, seq: u64, object: Vec<u8>, data: Vec<u8>) -> duplex_oplog::Entry {
+        let op = duplex_oplog::OpKind::Write;
+        duplex_oplog::Entry {
+            pg: key,
+            epoch: 1,
+            version: seq,
+            seq,
+            op,
+            object,
+            offset: 0,
+            data,
+            request: Default::default(),
+        }
+    }
+
+    /// PG `key` opened here and active in interval 1 with this OSD alone.
+    fn active_pg(flusher: &Flusher, key: u32) -> crate::pg::SharedPg {
+        let pg = flusher.pgs.get_or_open(key).unwrap();
+        pg.lock().unwrap().active = Some(crate::pg::Activation { interval: 1, members: vec![1], backfill: Vec::new() });
+        pg
+    }
+
+    /// Logs `entry` in `pg` as a committed replica entry.
+    fn log(pg: &crate::pg::SharedPg, entry: &duplex_oplog::Entry) -> Result<(), duplex_oplog::LogError> {
+        let encoded = entry.encode();
+        let decoded = duplex_oplog::EntryRef::decode(&encoded).unwrap();
+        pg.lock().unwrap().append_encoded(&decoded, &encoded, crate::pg::requests::RequestState::Committed)
+    }
+
     #[test]
     fn an_install_lands_whole_with_its_ids_and_the_changed_copy_reports_past_them() {
         let store = crate::TestStore::new(1);
@@ -617,30 +647,12 @@ mod tests {
         let logs = tempfile::tempdir().unwrap();
         let (mut flusher, _poll) = flusher(&store, logs.path());
         let key = pg_key(1, 0).unwrap();
-        let entry = |seq: u64, object: Vec<u8>| duplex_oplog::Entry {
-            pg: key,
-            epoch: 1,
-            version: seq,
-            seq,
-            op: duplex_oplog::OpKind::Write,
-            object,
-            offset: 0,
-            data: vec![seq as u8; 512],
-            request: Default::default(),
-        };
-        let pg = flusher.pgs.get_or_open(key).unwrap();
+        let pg = active_pg(&flusher, key);
+        // A name the log takes but the store cannot make a key of: no path
+        // the OSD runs logs one, so only a bug would.
+        for (seq, object) in [(1, b"fine".to_vec()), (2, vec![b'x'; duplex_store::MAX_KEY_LEN]), (3, b"after".to_vec())]
         {
-            let mut guard = pg.lock().unwrap();
-            guard.active = Some(crate::pg::Activation { interval: 1, members: vec![1], backfill: Vec::new() });
-            // A name the log takes but the store cannot make a key of: no
-            // path the OSD runs logs one, so only a bug would.
-            for (seq, object) in
-                [(1, b"fine".to_vec()), (2, vec![b'x'; duplex_store::MAX_KEY_LEN]), (3, b"after".to_vec())]
-            {
-                let encoded = entry(seq, object).encode();
-                let decoded = duplex_oplog::EntryRef::decode(&encoded).unwrap();
-                guard.append_encoded(&decoded, &encoded, crate::pg::requests::RequestState::Committed).unwrap();
-            }
+            log(&pg, &write_entry(key, seq, object, vec![seq as u8; 512])).unwrap();
         }
         flusher.flush(BTreeSet::from([key])).expect("the flush itself goes on");
         let guard = pg.lock().unwrap();
@@ -663,25 +675,11 @@ mod tests {
         let logs = tempfile::tempdir().unwrap();
         let (mut flusher, _poll) = flusher(&store, logs.path());
         let key = pg_key(1, 3).unwrap();
-        let pg = flusher.pgs.get_or_open(key).unwrap();
-        pg.lock().unwrap().active = Some(crate::pg::Activation { interval: 1, members: vec![1], backfill: Vec::new() });
-        let entry = |seq: u64| duplex_oplog::Entry {
-            pg: key,
-            epoch: 1,
-            version: seq,
-            seq,
-            op: duplex_oplog::OpKind::Write,
-            object: format!("object-{seq}").into_bytes(),
-            offset: 0,
-            data: vec![seq as u8; 128 << 10],
-            request: Default::default(),
-        };
+        let pg = active_pg(&flusher, key);
         let mut refused = false;
         for seq in 1..=2000 {
-            let encoded = entry(seq).encode();
-            let decoded = duplex_oplog::EntryRef::decode(&encoded).unwrap();
-            let state = crate::pg::requests::RequestState::Committed;
-            if pg.lock().unwrap().append_encoded(&decoded, &encoded, state).is_ok() {
+            let entry = write_entry(key, seq, format!("object-{seq}").into_bytes(), vec![seq as u8; 128 << 10]);
+            if log(&pg, &entry).is_ok() {
                 continue;
             }
             // The log is full: flush it, as the flusher would.
@@ -689,7 +687,7 @@ mod tests {
                 refused = true;
                 break;
             }
-            pg.lock().unwrap().append_encoded(&decoded, &encoded, state).unwrap();
+            log(&pg, &entry).unwrap();
         }
         assert!(refused, "a 64 MiB store took 250 MiB of distinct objects");
         let metrics = flusher.metrics.clone();

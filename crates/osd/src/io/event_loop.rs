@@ -488,7 +488,10 @@ impl PriorityThread {
                 self.mailboxes[self.index].took_flushed();
                 self.retry_parked();
             }
-            Completion::Fenced => self.expire_pending(Instant::now()),
+            Completion::Fenced => {
+                self.mailboxes[self.index].took_fenced();
+                self.expire_pending(Instant::now());
+            }
             Completion::Accepted(stream) => self.adopt(stream),
             Completion::Worked(outcome) => self.execute(*outcome),
         }

@@ -925,13 +925,7 @@ mod tests {
     fn backfill_into_a_backfill_full_target_waits_until_it_has_room() {
         let mut map = duplex_map::ClusterMap::new([0; 16]);
         for id in 0..2 {
-            let boot = duplex_map::Command::OsdBoot {
-                id,
-                addr: format!("127.0.0.1:{}", 7000 + id),
-                host: format!("h{id}"),
-                weight: 1 << 16,
-            };
-            map.run(&boot).unwrap();
+            map.run(&boot(id)).unwrap();
         }
         map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::BackfillFull }).unwrap();
         let metrics = Metrics::default();
@@ -944,15 +938,33 @@ mod tests {
         assert!(schedule.throttle(7, &step, 200, &MapView::new(map), &metrics), "room again: it goes");
     }
 
-    fn four_osds_one_pool() -> duplex_map::ClusterMap {
+    fn boot(id: OsdId) -> duplex_map::Command {
+        duplex_map::Command::OsdBoot {
+            id,
+            addr: format!("127.0.0.1:{}", 7000 + id),
+            host: format!("h{id}"),
+            weight: 1 << 16,
+        }
+    }
+
+    /// `osds` OSDs, then a pool of 2 copies over 16 PGs.
+    fn map_of(osds: OsdId) -> duplex_map::ClusterMap {
         let mut map = duplex_map::ClusterMap::new([0; 16]);
-        for id in 0..4 {
-            let addr = format!("127.0.0.1:{}", 7000 + id);
-            map.run(&duplex_map::Command::OsdBoot { id, addr, host: format!("h{id}"), weight: 1 << 16 }).unwrap();
+        for id in 0..osds {
+            map.run(&boot(id)).unwrap();
         }
         let pool = duplex_map::Command::PoolCreate { name: "rbd".into(), size: 2, min_size: 1, pg_num: 16 };
         map.run(&pool).unwrap();
         map
+    }
+
+    /// Osd.0's schedule, brought up to `map`; its first PG and what it wants.
+    fn osd0_schedule(map: &duplex_map::ClusterMap, metrics: &Metrics) -> (Schedule, u32, Wanted) {
+        let view = MapView::new(map.clone());
+        let (pg, want) = primary_intervals(&view, 0).into_iter().next().expect("osd.0 is primary of some PG");
+        let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
+        schedule.reconcile(&view, 0, Vec::new(), metrics, |_| false);
+        (schedule, pg, want)
     }
 
     /// Issue 24: a request out to a member is given up as soon as a map
@@ -961,12 +973,9 @@ mod tests {
     #[test]
     fn a_request_out_ends_when_the_map_moves_its_pg_on() {
         let metrics = Metrics::default();
-        let mut map = four_osds_one_pool();
-        let wanted = primary_intervals(&MapView::new(map.clone()), 0);
-        let (&pg, want) = wanted.iter().next().expect("osd.0 is primary of some PG");
+        let mut map = map_of(4);
+        let (mut schedule, pg, want) = osd0_schedule(&map, &metrics);
         let member = want.acting[1];
-        let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
-        schedule.reconcile(&MapView::new(map.clone()), 0, Vec::new(), &metrics, |_| false);
         let txid = schedule.send(pg, 1, member, 10, false);
         let other = (1..4).find(|o| *o != member).expect("4 OSDs");
         map.run(&duplex_map::Command::SetOsdFullness { id: other, fullness: duplex_map::Fullness::NearFull }).unwrap();
@@ -983,12 +992,9 @@ mod tests {
     #[test]
     fn a_request_out_ends_when_the_map_takes_its_target_down() {
         let metrics = Metrics::default();
-        let mut map = four_osds_one_pool();
-        let wanted = primary_intervals(&MapView::new(map.clone()), 0);
-        let (&pg, want) = wanted.iter().next().expect("osd.0 is primary of some PG");
+        let mut map = map_of(4);
+        let (mut schedule, pg, want) = osd0_schedule(&map, &metrics);
         let outsider = (1..4).find(|o| !want.acting.contains(o)).expect("4 OSDs, size 2");
-        let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
-        schedule.reconcile(&MapView::new(map.clone()), 0, Vec::new(), &metrics, |_| false);
         let txid = schedule.send(pg, 1, outsider, 10, false);
         map.run(&duplex_map::Command::MarkDown { id: outsider }).unwrap();
         let after = MapView::new(map.clone());
@@ -1003,17 +1009,7 @@ mod tests {
     #[test]
     fn an_unreached_pin_target_is_not_counted_as_filled() {
         let metrics = Metrics::default();
-        let mut map = duplex_map::ClusterMap::new([0; 16]);
-        let boot = |id: u32| duplex_map::Command::OsdBoot {
-            id,
-            addr: format!("127.0.0.1:{}", 7000 + id),
-            host: format!("h{id}"),
-            weight: 1 << 16,
-        };
-        for id in 0..3 {
-            map.run(&boot(id)).unwrap();
-        }
-        map.run(&duplex_map::Command::PoolCreate { name: "rbd".into(), size: 2, min_size: 1, pg_num: 16 }).unwrap();
+        let mut map = map_of(3);
         map.run(&boot(3)).unwrap();
         // Some PG moves to the new osd.3, pinned to where it was.
         let view = MapView::new(map.clone());
