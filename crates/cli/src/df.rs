@@ -26,10 +26,12 @@ use duplex_store::units::format_size;
 /// How long one OSD has for all its partitions' answers.
 const OSD_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// One OSD's report: each store partition's capacity and use, and per PG
-/// key what it holds.
+/// One OSD's report: its store's data capacity and each store partition's
+/// use, and per PG key what it holds.
 struct OsdReport {
-    /// (capacity, used) bytes of each store partition, in partition order.
+    /// (store capacity, bytes the partition holds) of each store partition,
+    /// in partition order. The partitions share the store's data space, so
+    /// each reports the same capacity.
     partitions: Vec<(u64, u64)>,
     /// PG key → (objects, logical bytes, allocated bytes).
     pgs: HashMap<u32, (u64, u64, u64)>,
@@ -37,29 +39,22 @@ struct OsdReport {
 
 impl OsdReport {
     fn capacity_bytes(&self) -> u64 {
-        self.partitions.iter().map(|(capacity, _)| capacity).sum()
+        self.partitions.iter().map(|(capacity, _)| *capacity).max().unwrap_or(0)
     }
 
     fn used_bytes(&self) -> u64 {
         self.partitions.iter().map(|(_, used)| used).sum()
     }
 
-    /// The use of its fullest partition, per mille: what the OSD's fullness is judged by.
-    fn fullest_permille(&self) -> u64 {
-        self.partitions.iter().map(|(capacity, used)| used * 1000 / capacity.max(&1)).max().unwrap_or(0)
+    /// The store's use, per mille.
+    fn used_permille(&self) -> u64 {
+        self.used_bytes() * 1000 / self.capacity_bytes().max(1)
     }
 
-    /// Bytes it can still take before its fullest partition reaches
-    /// `full` (per mille), if new data spreads over its partitions evenly
-    /// (they split it by PG).
+    /// Bytes it can still take before its store reaches `full` (per mille).
     fn room_bytes(&self, full: u64) -> u64 {
-        let tightest = self
-            .partitions
-            .iter()
-            .map(|(capacity, used)| (u128::from(*capacity) * u128::from(full) / 1000).saturating_sub(u128::from(*used)))
-            .min()
-            .unwrap_or(0);
-        (tightest * self.partitions.len() as u128).min(u128::from(u64::MAX)) as u64
+        let limit = u128::from(self.capacity_bytes()) * u128::from(full) / 1000;
+        limit.saturating_sub(u128::from(self.used_bytes())).min(u128::from(u64::MAX)) as u64
     }
 }
 
@@ -69,7 +64,8 @@ pub struct OsdUsage {
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     /// The use of its fullest store partition, per mille (its fullness is judged by it).
-    pub fullest_partition_permille: u64,
+    /// The store's use, per mille (its partitions share its data space).
+    pub used_permille: u64,
     pub partitions: usize,
     /// PGs with objects in its store.
     pub pgs: usize,
@@ -170,7 +166,7 @@ fn compute(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> Df {
             id: *id,
             capacity_bytes: report.capacity_bytes(),
             used_bytes: report.used_bytes(),
-            fullest_partition_permille: report.fullest_permille(),
+            used_permille: report.used_permille(),
             partitions: report.partitions.len(),
             pgs: report.pgs.keys().filter(|key| map.pools.contains_key(&duplex_osd::pg::pool_of(**key))).count(),
             fullness: map.osds.get(id).map_or("unknown".into(), |o| format!("{:?}", o.fullness)),
@@ -208,8 +204,7 @@ fn compute(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> Df {
 /// Raw bytes clients can still write before the first OSD reaches the
 /// `full` ratio, if new data lands on the up and in OSDs in proportion to
 /// their weights (Ceph's MAX AVAIL): the tightest OSD's room over its share.
-/// An OSD's room is its tightest store partition's, times its partitions
-/// (they split its data by PG); one the map has full has none.
+/// One the map has full has none.
 fn max_available_raw(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> u64 {
     let placed: Vec<(&OsdReport, u32, bool)> = map
         .osds
@@ -295,7 +290,7 @@ fn print_text(usage: &Df) {
             format_size(osd.capacity_bytes),
             format_size(osd.used_bytes),
             pct(osd.used_bytes, osd.capacity_bytes),
-            osd.fullest_partition_permille as f64 / 10.0,
+            osd.used_permille as f64 / 10.0,
             osd.pgs,
             osd.fullness,
         );
@@ -394,20 +389,22 @@ mod tests {
         assert_eq!(partition_full.raw.available_bytes, 0, "full in the map (a full partition): no room");
     }
 
-    /// Space is split between an OSD's partitions: the fullest one decides.
+    /// An OSD's partitions share its store's space: their use adds up
+    /// against the one capacity.
     #[test]
-    fn the_fullest_partition_bounds_its_osds_room() {
+    fn an_osds_partitions_share_its_capacity() {
         let report =
-            OsdReport { partitions: vec![(1000 << 20, 100 << 20), (1000 << 20, 900 << 20)], pgs: HashMap::new() };
-        assert_eq!(report.fullest_permille(), 900);
-        assert_eq!(report.room_bytes(950), 2 * (50 << 20), "50 MiB left in the fuller one, data split in two");
+            OsdReport { partitions: vec![(1000 << 20, 100 << 20), (1000 << 20, 800 << 20)], pgs: HashMap::new() };
+        assert_eq!((report.capacity_bytes(), report.used_bytes()), (1000 << 20, 900 << 20));
+        assert_eq!(report.used_permille(), 900);
+        assert_eq!(report.room_bytes(950), 50 << 20);
         assert_eq!(report.room_bytes(900), 0);
         let map = map_of(3, 950);
-        let mut reports = reports(&map, 2000 << 20, [0; 3]);
+        let mut reports = reports(&map, 1000 << 20, [0; 3]);
         reports.insert(1, report);
         let usage = compute(&map, &reports);
-        assert_eq!(usage.raw.available_bytes, 3 * 2 * (50 << 20));
-        assert_eq!(usage.osds[1].fullest_partition_permille, 900);
+        assert_eq!(usage.raw.available_bytes, 3 * (50 << 20));
+        assert_eq!(usage.osds[1].used_permille, 900);
         assert_eq!(usage.osds[1].partitions, 2);
     }
 

@@ -440,6 +440,11 @@ fn a_cluster_filled_to_the_brim_refuses_writes_and_recovers_when_emptied() {
         "fill: {acknowledged} MiB acknowledged in {filled:?}, then {refusal}; raw use {:.1}% ({used} of {capacity} bytes); df: {df}",
         used as f64 * 100.0 / capacity as f64
     );
+    // The OSD that refused had its store nearly full: its partitions share
+    // the store's data space (before they did, one filled at 72%). How full
+    // the cluster got as a whole is the placement's balance across OSDs.
+    let fullest = df["osds"].as_array().unwrap().iter().map(|osd| osd["used_permille"].as_u64().unwrap()).max();
+    assert!(fullest >= Some(900), "the fullest OSD refused writes at {fullest:?} per mille of its store: {df}");
     let status = cli_json(&cluster, &["status"]);
     assert_eq!(status["health"]["status"], "HEALTH_ERR", "{status}");
     assert_eq!(status["osds"]["up"], 3, "no OSD exits: {status}");

@@ -302,8 +302,8 @@ pub struct PgUsage {
 pub struct UsageReply {
     pub partition: u32,
     pub partitions: u32,
-    /// The partition's data space and what of it is used: space is split
-    /// between partitions, so the fullest one decides when the OSD is full.
+    /// The store's data space (the partitions share it: every partition
+    /// reports the same) and the bytes this partition holds of it.
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     pub pgs: Vec<PgUsage>,

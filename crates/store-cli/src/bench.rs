@@ -215,10 +215,11 @@ fn run_partitions(args: &BenchArgs, partition_count: u32, device_path: bool) -> 
         worker.partition.close()?;
     }
     if args.fio {
-        // All pre-allocated objects of partition 0 sit at the start of its data area.
+        // The pre-allocated objects sit at the start of the data region
+        // (chunks are claimed lowest first); fio writes the same span raw.
         let job = crate::fio::FioJob {
             path: &args.path,
-            offset: superblock.partitions[0].data.start * 4096,
+            offset: superblock.data.data_block(0) * 4096,
             len: objects_per_partition * OBJECT_SIZE,
             qd: args.qd,
             jobs: partition_count,

@@ -116,7 +116,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let options = MkfsOptions { partitions, journal_bytes: journal, bytes_per_onode, size_bytes: size };
             let superblock = duplex_store::mkfs(&path, &options, &device.config())
                 .with_context(|| format!("making a store on {}", path.display()))?;
-            let data: u64 = superblock.partitions.iter().map(|p| p.data.blocks).sum();
+            let data: u64 = superblock.data.data_blocks;
             let slots: u64 = superblock.partitions.iter().map(|p| p.slot_count()).sum();
             println!(
                 "made a store on {}: {} partitions, {} of data blocks, room for {} objects, {}-byte journal sectors",
@@ -155,8 +155,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     serde_json::json!({
                         "partition": p.index(),
                         "objects": p.object_count(),
-                        "data_blocks": p.data_blocks(),
-                        "free_blocks": p.free_blocks(),
+                        "chunks_owned": p.owned_chunks().0,
+                        "blocks_owned": p.owned_chunks().1,
+                        "blocks_used": p.used_blocks(),
                     })
                 })
                 .collect();
@@ -167,6 +168,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 "device_bytes": sb.device_blocks * 4096,
                 "sector_size": sb.sector_size,
                 "direct_io": store.device().is_direct(),
+                "data_blocks": sb.data.data_blocks,
+                "chunk_blocks": sb.data.chunk_blocks,
+                "chunks": sb.data.chunks,
+                "free_chunks": store.partitions().first().map_or(0, |p| p.free_chunks()),
+                "free_blocks": sb.data.data_blocks - store.partitions().iter().map(|p| p.used_blocks()).sum::<u64>(),
                 "partitions": partitions,
             });
             println!("{}", serde_json::to_string_pretty(&info)?);

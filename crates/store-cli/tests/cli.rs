@@ -20,7 +20,9 @@ fn mkfs_info_and_fsck_exit_statuses() {
     assert!(out.status.success());
     let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(info["partitions"].as_array().unwrap().len(), 2);
-    assert_eq!(info["format_version"], 1);
+    assert_eq!(info["format_version"], 2);
+    assert_eq!(info["free_chunks"], info["chunks"], "a new store's chunks are all free");
+    assert!(info["data_blocks"].as_u64().unwrap() > 7000, "most of 32 MiB holds data: {info}");
 
     let out = tool().args(["fsck", path.to_str().unwrap()]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));

@@ -24,7 +24,7 @@ pub struct FsckIssue {
     /// Machine-readable class: `mount`, `onode_corrupt`, `slot_shared`,
     /// `slot_leaked`, `block_owned_twice`, `block_referenced_but_free`,
     /// `block_leaked`, `written_but_free`, `duplicate_key`, `index_mismatch`,
-    /// `data_checksum`, `io`.
+    /// `chunk_claims`, `data_checksum`, `io`.
     pub kind: String,
     pub detail: String,
 }
@@ -114,7 +114,7 @@ impl Partition {
             ..Default::default()
         };
         let mut slot_owned = Bits::new(self.geometry.slot_count());
-        let mut block_owned = Bits::new(self.geometry.data_blocks());
+        let mut block_owned = Bits::new(self.region.data_blocks);
         let mut live: Vec<(crate::Key, u32)> = Vec::new();
         let used: Vec<u64> = self.slots.ones().collect();
         for &slot in &used {
@@ -174,6 +174,13 @@ impl Partition {
                 report.issue("block_leaked", format!("data block {block} is allocated but no onode references it"));
             }
         }
+        let claimed: Vec<u32> = self.claims.ones().map(|chunk| chunk as u32).collect();
+        if claimed != self.alloc.owned_chunks() {
+            report.issue(
+                "chunk_claims",
+                format!("claims bitmap names chunks {claimed:?}, the partition holds {:?}", self.alloc.owned_chunks()),
+            );
+        }
         for block in self.written.ones() {
             if !self.alloc.get(block) {
                 report.issue("written_but_free", format!("data block {block} is marked written but not allocated"));
@@ -200,8 +207,8 @@ impl Partition {
         assert!(report.issues.len() <= MAX_ISSUES_PER_PARTITION);
         assert!(
             report.slots_in_use <= self.geometry.slot_count()
-                && report.blocks_allocated <= self.geometry.data_blocks()
-                && report.blocks_written <= self.geometry.data_blocks(),
+                && report.blocks_allocated <= self.region.data_blocks
+                && report.blocks_written <= self.region.data_blocks,
             "bitmap counts exceed their bitmaps"
         );
         report

@@ -22,7 +22,12 @@
 //!    2 DataWrite block u32, was written u8, old crc u32, new crc u32, zero from u16
 //!    3 WriteSlot slot u32, image [512]
 //!    4 Patch     block u32, at u16, len u16, base zero u8, new crc u32, bytes [len]
+//!    5 Claim     chunk u32
 //! ```
+//! `Claim` makes a data chunk this partition's (layout.rs: why chunks). It
+//! comes before every entry that touches the chunk: replay takes the chunk,
+//! all clear, unless the partition already owns it. Chunks are given back
+//! by checkpoints, never by a record.
 //! `DataWrite` sets the block's written bit and crc. It carries the old state
 //! so that mount can tell, for the last record, whether each block's data
 //! landed (see `Partition::recover_last_record`). `zero from` (0: none) is
@@ -60,6 +65,7 @@ pub enum Entry {
     DataWrite { block: u32, was_written: bool, old_crc: u32, new_crc: u32, zero_from: u16 },
     WriteSlot { slot: u32, image: Box<[u8; SLOT_SIZE]> },
     Patch { block: u32, at: u16, base_zero: bool, new_crc: u32, bytes: Vec<u8> },
+    Claim { chunk: u32 },
 }
 
 impl Entry {
@@ -69,6 +75,7 @@ impl Entry {
             Entry::DataWrite { .. } => 1 + 4 + 1 + 4 + 4 + 2,
             Entry::WriteSlot { .. } => 1 + 4 + SLOT_SIZE,
             Entry::Patch { bytes, .. } => 1 + 4 + 2 + 2 + 1 + 4 + bytes.len(),
+            Entry::Claim { .. } => 1 + 4,
         }
     }
 }
@@ -139,6 +146,10 @@ impl Record {
                         w.u8(*base_zero as u8);
                         w.u32(*new_crc);
                         w.bytes(bytes);
+                    }
+                    Entry::Claim { chunk } => {
+                        w.u8(5);
+                        w.u32(*chunk);
                     }
                 }
             }
@@ -222,6 +233,7 @@ impl Record {
                     }
                     Entry::Patch { block, at, base_zero, new_crc, bytes: r.bytes(len)?.to_vec() }
                 }
+                5 => Entry::Claim { chunk: r.u32()? },
                 other => return Err(crate::StoreError::corrupt(format!("journal: entry tag {other}"))),
             };
             entries.push(entry);
@@ -262,6 +274,7 @@ mod tests {
                     bytes.truncate(crate::BLOCK_SIZE - at as usize);
                     Entry::Patch { block, at, base_zero, new_crc, bytes }
                 }),
+            any::<u32>().prop_map(|chunk| Entry::Claim { chunk }),
         ]
     }
 

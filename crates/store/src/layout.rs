@@ -7,19 +7,38 @@
 //!   2 blocks           partition headers A and B (alternating, crc-sealed, newest valid wins)
 //!   journal            metadata journal: records padded to the device sector (journal.rs)
 //!   slot bitmap        1 bit per onode slot: in use
-//!   alloc bitmap       1 bit per data block: allocated to an object
-//!   written bitmap     1 bit per data block: holds data (clear = reads as zeros)
-//!   crc table          u32 crc32c per data block (meaningful when written)
+//!   claims bitmap      1 bit per data chunk: this partition owns the chunk
 //!   onode area         512-byte onode slots, 8 per block (onode.rs)
-//!   data area          4 KiB data blocks
+//! data region, shared by the partitions, in chunks of `chunk_blocks` data blocks:
+//!   per chunk c:
+//!     alloc page       1 bit per data block of the chunk: allocated to an object
+//!     written page     1 bit per data block of the chunk: holds data (clear = reads as zeros)
+//!     crc pages        u32 crc32c per data block (meaningful when written)
+//!     data blocks      4 KiB each (the last chunk may be shorter)
 //! ```
+//!
+//! **Why chunks.** Format 1 gave each partition its own data area, so one
+//! partition (the placement groups that hash to it) filled while the store
+//! as a whole had room: a 256 MiB OSD refused writes at 72% raw. Now every
+//! data block belongs to a chunk, and a chunk to at most one partition at a
+//! time: a partition claims a free chunk when its own are full (the claim is
+//! a journal entry of the batch that first allocates in it) and gives a chunk
+//! back at a checkpoint once it is empty (its claims bit cleared on disk
+//! before any other partition can take it). A chunk carries its own bitmaps
+//! and crcs, so the pages a partition writes are always its own and the
+//! partitions still share no lock on the data path: the pool of free chunks
+//! is the one shared, locked thing, taken only when a chunk changes hands.
+//! Chunks are 4–128 MiB (a 64th of the store, rounded down to a power of
+//! two), so at most a chunk per partition is stranded when the store fills.
+//! Data block numbers are store-wide: a store holds at most 2^32 data blocks (16 TiB).
 //!
 //! Superblock (4096 bytes):
 //! ```text
 //! 0   magic "DPLXSTOR"      8   format version u32   12  crc32c u32 (of the block, field excluded)
 //! 16  fsid [16]             32  device blocks u64    40  sector size u32
 //! 44  partition count u32   48  created (unix seconds) u64
-//! 56  geometry[count]: 18 u64 each (start, blocks, then (start, blocks) of the 8 areas)
+//! 56  data region: start u64, chunk blocks u64, chunk count u64, data blocks u64
+//! 88  geometry[count]: 12 u64 each (start, blocks, then (start, blocks) of the 5 areas)
 //! ```
 //! The superblock is written last by mkfs: a store without a valid one was
 //! never made, and mount refuses it.
@@ -29,10 +48,20 @@ use crate::error::{Result, StoreError};
 use crate::{BLOCK_SIZE, MAX_PARTITIONS, SLOTS_PER_PAGE};
 
 pub const SUPERBLOCK_MAGIC: &[u8; 8] = b"DPLXSTOR";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: data in chunks shared by the partitions (format 1 split it by partition).
+pub const FORMAT_VERSION: u32 = 2;
 const SUPERBLOCK_CRC_AT: usize = 12;
+/// Bytes of the superblock before the partitions' geometry.
+pub(crate) const SUPERBLOCK_HEADER_LEN: usize = 88;
+/// u64s of geometry per partition in the superblock.
+pub(crate) const GEOMETRY_WORDS: usize = 12;
 const BITS_PER_PAGE: u64 = (BLOCK_SIZE * 8) as u64;
 const CRCS_PER_PAGE: u64 = (BLOCK_SIZE / 4) as u64;
+/// Chunk sizes, in data blocks: 4 MiB (one crc page) to 128 MiB (one bitmap page).
+pub const MIN_CHUNK_BLOCKS: u64 = CRCS_PER_PAGE;
+pub const MAX_CHUNK_BLOCKS: u64 = BITS_PER_PAGE;
+/// Fewer data blocks than this in what would be the last chunk: not worth its metadata.
+const MIN_LAST_CHUNK_BLOCKS: u64 = 16;
 
 /// A run of blocks on the device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,6 +79,119 @@ impl Area {
     }
 }
 
+/// The data region: chunks of data blocks with their own bitmaps and crcs,
+/// each owned by at most one partition. Data block numbers are store-wide.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataRegion {
+    /// First device block of chunk 0.
+    pub start: u64,
+    /// Data blocks of every chunk but the last (a power of two, at least 1024).
+    pub chunk_blocks: u64,
+    pub chunks: u64,
+    /// Data blocks of the store: the last chunk holds what is left of them.
+    pub data_blocks: u64,
+}
+
+impl DataRegion {
+    /// Blocks a full chunk spans: two bitmap pages, its crc pages, its data.
+    pub fn span(&self) -> u64 {
+        2 + self.chunk_blocks / CRCS_PER_PAGE + self.chunk_blocks
+    }
+
+    pub fn end(&self) -> u64 {
+        if self.chunks == 0 {
+            return self.start;
+        }
+        let last = self.chunks - 1;
+        self.chunk_start(last as u32)
+            + 2
+            + self.chunk_len(last as u32).div_ceil(CRCS_PER_PAGE)
+            + self.chunk_len(last as u32)
+    }
+
+    pub fn chunk_start(&self, chunk: u32) -> u64 {
+        debug_assert!((chunk as u64) < self.chunks, "chunk {chunk} of {}", self.chunks);
+        self.start + chunk as u64 * self.span()
+    }
+
+    /// Data blocks in `chunk`.
+    pub fn chunk_len(&self, chunk: u32) -> u64 {
+        debug_assert!((chunk as u64) < self.chunks, "chunk {chunk} of {}", self.chunks);
+        self.chunk_blocks.min(self.data_blocks - chunk as u64 * self.chunk_blocks)
+    }
+
+    /// The first data block of `chunk`.
+    pub fn first_block(&self, chunk: u32) -> u64 {
+        chunk as u64 * self.chunk_blocks
+    }
+
+    pub fn chunk_of(&self, block: u64) -> u32 {
+        debug_assert!(block < self.data_blocks, "data block {block} of {}", self.data_blocks);
+        (block / self.chunk_blocks) as u32
+    }
+
+    /// Device block of the allocation (`which` 0) or written (1) page of `chunk`.
+    pub fn bitmap_page(&self, chunk: u32, which: u64) -> u64 {
+        debug_assert!(which < 2);
+        self.chunk_start(chunk) + which
+    }
+
+    /// Device block of the crc page covering data block `block`, and the byte offset in it.
+    pub fn crc_location(&self, block: u64) -> (u64, usize) {
+        let chunk = self.chunk_of(block);
+        let within = block - self.first_block(chunk);
+        (self.chunk_start(chunk) + 2 + within / CRCS_PER_PAGE, (within % CRCS_PER_PAGE) as usize * 4)
+    }
+
+    /// Device block holding data block `block`.
+    pub fn data_block(&self, block: u64) -> u64 {
+        let chunk = self.chunk_of(block);
+        let within = block - self.first_block(chunk);
+        self.chunk_start(chunk) + 2 + self.chunk_len(chunk).div_ceil(CRCS_PER_PAGE) + within
+    }
+
+    /// The region that fits in `blocks` device blocks from `start`.
+    pub fn plan(start: u64, blocks: u64) -> DataRegion {
+        let sixty_fourth = (blocks / 64).max(1);
+        let chunk_blocks = (1u64 << (63 - sixty_fourth.leading_zeros())).clamp(MIN_CHUNK_BLOCKS, MAX_CHUNK_BLOCKS);
+        let mut region = DataRegion { start, chunk_blocks, chunks: 0, data_blocks: 0 };
+        let full = blocks / region.span();
+        let rest = blocks - full * region.span();
+        // The last chunk: the most data blocks whose bitmaps and crcs fit too.
+        let last = (0..=rest.saturating_sub(2))
+            .rev()
+            .find(|&data| 2 + data.div_ceil(CRCS_PER_PAGE) + data <= rest)
+            .unwrap_or(0)
+            .min(chunk_blocks);
+        region.chunks = full + u64::from(last >= MIN_LAST_CHUNK_BLOCKS);
+        region.data_blocks = full * chunk_blocks + if last >= MIN_LAST_CHUNK_BLOCKS { last } else { 0 };
+        debug_assert!(region.end() <= start + blocks, "the region overruns its {blocks} blocks: {region:?}");
+        region
+    }
+
+    fn validate(&self, after: u64, device_blocks: u64) -> Result<()> {
+        let bad = |what: &str| Err(StoreError::corrupt(format!("data region: {what}: {self:?}")));
+        if self.start < after {
+            return bad("overlaps the partitions");
+        }
+        if !self.chunk_blocks.is_power_of_two() || !(MIN_CHUNK_BLOCKS..=MAX_CHUNK_BLOCKS).contains(&self.chunk_blocks) {
+            return bad("chunk size");
+        }
+        if self.chunks == 0
+            || self.chunks > u32::MAX as u64
+            || self.data_blocks > u32::MAX as u64
+            || self.data_blocks <= (self.chunks - 1) * self.chunk_blocks
+            || self.data_blocks > self.chunks * self.chunk_blocks
+        {
+            return bad("chunk count and data blocks disagree");
+        }
+        if self.start.checked_add(self.chunks.saturating_mul(self.span())).is_none() || self.end() > device_blocks {
+            return bad("passes the device's end");
+        }
+        Ok(())
+    }
+}
+
 /// Where each area of one partition lies, in absolute device blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PartitionGeometry {
@@ -58,101 +200,44 @@ pub struct PartitionGeometry {
     pub headers: Area,
     pub journal: Area,
     pub slot_bitmap: Area,
-    pub alloc_bitmap: Area,
-    pub written_bitmap: Area,
-    pub crc_table: Area,
+    pub claims: Area,
     pub onodes: Area,
-    pub data: Area,
 }
 
 impl PartitionGeometry {
-    fn areas(&self) -> [Area; 8] {
-        [
-            self.headers,
-            self.journal,
-            self.slot_bitmap,
-            self.alloc_bitmap,
-            self.written_bitmap,
-            self.crc_table,
-            self.onodes,
-            self.data,
-        ]
+    fn areas(&self) -> [Area; 5] {
+        [self.headers, self.journal, self.slot_bitmap, self.claims, self.onodes]
     }
 
     pub fn slot_count(&self) -> u64 {
         self.onodes.blocks * SLOTS_PER_PAGE as u64
     }
 
-    pub fn data_blocks(&self) -> u64 {
-        self.data.blocks
-    }
-
-    /// Lays out a partition of `blocks` blocks starting at `start`, with a
-    /// journal of `journal_blocks` and one onode slot per `bytes_per_onode`
-    /// bytes of data: the most data blocks whose metadata still fits.
-    pub fn plan(start: u64, blocks: u64, journal_blocks: u64, bytes_per_onode: u64) -> Result<PartitionGeometry> {
-        let fixed = 2 + journal_blocks;
-        let overhead = |data: u64| {
-            let slots = (data * BLOCK_SIZE as u64).div_ceil(bytes_per_onode).max(SLOTS_PER_PAGE as u64);
-            let slot_bitmap = slots.div_ceil(BITS_PER_PAGE);
-            let bitmaps = 2 * data.div_ceil(BITS_PER_PAGE).max(1);
-            let crc = data.div_ceil(CRCS_PER_PAGE).max(1);
-            let onodes = slots.div_ceil(SLOTS_PER_PAGE as u64);
-            fixed + slot_bitmap + bitmaps + crc + onodes
-        };
-        // The largest data block count whose overhead fits (overhead grows with data).
-        let (mut low, mut high) = (0u64, blocks);
-        while low < high {
-            let mid = low + (high - low).div_ceil(2);
-            if mid + overhead(mid) <= blocks {
-                low = mid;
-            } else {
-                high = mid - 1;
-            }
-        }
-        let data_blocks = low;
-        // The largest count that fits: overhead grows with the data it describes.
-        assert!(data_blocks == 0 || data_blocks + overhead(data_blocks) <= blocks, "planned data does not fit");
-        assert!(
-            data_blocks == blocks || data_blocks + 1 + overhead(data_blocks + 1) > blocks,
-            "planned data not maximal"
-        );
-        if data_blocks < 16 {
-            return Err(StoreError::invalid(format!(
-                "partition of {blocks} blocks is too small for its metadata ({journal_blocks}-block journal)"
-            )));
-        }
-        if data_blocks > u32::MAX as u64 {
-            return Err(StoreError::invalid(
-                "a partition may hold at most 2^32 data blocks (16 TiB); use more partitions",
-            ));
-        }
-        let slots = (data_blocks * BLOCK_SIZE as u64).div_ceil(bytes_per_onode).max(SLOTS_PER_PAGE as u64);
+    /// Lays out a partition's metadata from `start`: a journal of
+    /// `journal_blocks`, `slots` onode slots and a claims bit per chunk.
+    pub fn plan(start: u64, journal_blocks: u64, slots: u64, chunks: u64) -> PartitionGeometry {
+        let slots = slots.max(SLOTS_PER_PAGE as u64);
         let mut next = start;
         let mut take = |n: u64| {
             let area = Area { start: next, blocks: n };
             next += n;
             area
         };
-        let geometry = PartitionGeometry {
+        let mut geometry = PartitionGeometry {
             start,
-            blocks,
+            blocks: 0,
             headers: take(2),
             journal: take(journal_blocks),
             slot_bitmap: take(slots.div_ceil(BITS_PER_PAGE)),
-            alloc_bitmap: take(data_blocks.div_ceil(BITS_PER_PAGE).max(1)),
-            written_bitmap: take(data_blocks.div_ceil(BITS_PER_PAGE).max(1)),
-            crc_table: take(data_blocks.div_ceil(CRCS_PER_PAGE).max(1)),
+            claims: take(chunks.div_ceil(BITS_PER_PAGE).max(1)),
             onodes: take(slots.div_ceil(SLOTS_PER_PAGE as u64)),
-            data: take(data_blocks),
         };
-        assert!(geometry.data.end() <= start + blocks, "areas overrun the partition: {geometry:?}");
-        geometry.validate(u64::MAX)?;
-        Ok(geometry)
+        geometry.blocks = next - start;
+        geometry
     }
 
     /// Areas are in order, contiguous, inside the partition and the device, and big enough.
-    pub fn validate(&self, device_blocks: u64) -> Result<()> {
+    pub fn validate(&self, device_blocks: u64, chunks: u64) -> Result<()> {
         let bad = |what: &str| Err(StoreError::corrupt(format!("partition geometry: {what}: {self:?}")));
         if self.start == 0 || self.start.checked_add(self.blocks).is_none_or(|end| end > device_blocks) {
             return bad("partition outside the device");
@@ -171,14 +256,12 @@ impl PartitionGeometry {
             return bad("areas overrun the partition");
         }
         if self.headers.blocks != 2
+            || self.journal.blocks < 4
             || self.slot_bitmap.blocks * BITS_PER_PAGE < self.slot_count()
-            || self.alloc_bitmap.blocks * BITS_PER_PAGE < self.data.blocks
-            || self.written_bitmap.blocks * BITS_PER_PAGE < self.data.blocks
-            || self.crc_table.blocks * CRCS_PER_PAGE < self.data.blocks
-            || self.data.blocks > u32::MAX as u64
+            || self.claims.blocks * BITS_PER_PAGE < chunks
             || self.slot_count() > u32::MAX as u64
         {
-            return bad("metadata area too small for the data it describes");
+            return bad("metadata area too small for what it describes");
         }
         Ok(())
     }
@@ -189,10 +272,12 @@ impl PartitionGeometry {
 pub struct MkfsOptions {
     /// Number of partitions (one non-priority thread each).
     pub partitions: u32,
-    /// Journal size per partition; `None` picks 1/128 of the partition, 1..=64 MiB.
+    /// Journal size per partition; `None` picks 1/128 of a partition's
+    /// share of the data, 1..=64 MiB.
     pub journal_bytes: Option<u64>,
-    /// Data bytes per onode slot: the object count a partition can hold is
-    /// its data size divided by this.
+    /// Data bytes per onode slot: a partition has slots for its share of
+    /// the data divided by this (twice that share, since data is shared
+    /// and one partition may hold more than its share).
     pub bytes_per_onode: u64,
     /// For a regular file: create or extend it to this size first.
     pub size_bytes: Option<u64>,
@@ -211,6 +296,7 @@ pub struct Superblock {
     pub device_blocks: u64,
     pub sector_size: u32,
     pub created_unix: u64,
+    pub data: DataRegion,
     pub partitions: Vec<PartitionGeometry>,
 }
 
@@ -224,23 +310,59 @@ impl Superblock {
             return Err(StoreError::invalid("bytes_per_onode must be at least 4096"));
         }
         let device_blocks = device_bytes / BLOCK_SIZE as u64;
-        let per_partition = device_blocks.saturating_sub(1) / options.partitions as u64;
+        let count = options.partitions as u64;
+        let usable = device_blocks.saturating_sub(1);
+        let share = usable / count;
         let journal_bytes =
-            options.journal_bytes.unwrap_or_else(|| (per_partition * BLOCK_SIZE as u64 / 128).clamp(1 << 20, 64 << 20));
+            options.journal_bytes.unwrap_or_else(|| (share * BLOCK_SIZE as u64 / 128).clamp(1 << 20, 64 << 20));
         let journal_blocks = journal_bytes.div_ceil(BLOCK_SIZE as u64).max(4);
-        let partitions = (0..options.partitions as u64)
-            .map(|p| {
-                PartitionGeometry::plan(1 + p * per_partition, per_partition, journal_blocks, options.bytes_per_onode)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        assert!(partitions.windows(2).all(|w| w[0].start + w[0].blocks <= w[1].start), "planned partitions overlap");
-        assert!(
-            partitions.last().is_some_and(|last| last.start + last.blocks <= device_blocks),
-            "planned partitions pass the device's end"
-        );
+        // Metadata is sized before the region is: from an upper bound of it.
+        let chunks_bound = usable.div_ceil(MIN_CHUNK_BLOCKS);
+        let slots = (2 * share * BLOCK_SIZE as u64)
+            .div_ceil(options.bytes_per_onode)
+            .min((usable * BLOCK_SIZE as u64).div_ceil(options.bytes_per_onode));
+        let mut partitions = Vec::with_capacity(count as usize);
+        let mut next = 1u64;
+        for _ in 0..count {
+            let g = PartitionGeometry::plan(next, journal_blocks, slots, chunks_bound);
+            next = g.start + g.blocks;
+            partitions.push(g);
+        }
+        if next >= device_blocks {
+            return Err(StoreError::invalid(format!(
+                "{device_bytes} bytes are too small for {count} partitions' metadata ({journal_blocks}-block journals)"
+            )));
+        }
+        let data = DataRegion::plan(next, device_blocks - next);
+        if data.chunks == 0 || data.data_blocks < 16 * count {
+            return Err(StoreError::invalid(format!(
+                "{device_bytes} bytes leave no room for data after {count} partitions' metadata"
+            )));
+        }
+        if data.data_blocks > u32::MAX as u64 {
+            return Err(StoreError::invalid(
+                "a store may hold at most 2^32 data blocks (16 TiB); make two OSDs of the device",
+            ));
+        }
+        assert!(data.end() <= device_blocks, "the planned data region passes the device's end");
         let created_unix =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        Ok(Superblock { version: FORMAT_VERSION, fsid, device_blocks, sector_size, created_unix, partitions })
+        let superblock =
+            Superblock { version: FORMAT_VERSION, fsid, device_blocks, sector_size, created_unix, data, partitions };
+        superblock.validate()?;
+        Ok(superblock)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let mut end = 1;
+        for g in &self.partitions {
+            g.validate(self.device_blocks, self.data.chunks)?;
+            if g.start < end {
+                return Err(StoreError::corrupt("superblock: partitions overlap"));
+            }
+            end = g.start + g.blocks;
+        }
+        self.data.validate(end, self.device_blocks)
     }
 
     pub fn encode(&self) -> [u8; BLOCK_SIZE] {
@@ -254,6 +376,10 @@ impl Superblock {
         w.u32(self.sector_size);
         w.u32(self.partitions.len() as u32);
         w.u64(self.created_unix);
+        w.u64(self.data.start);
+        w.u64(self.data.chunk_blocks);
+        w.u64(self.data.chunks);
+        w.u64(self.data.data_blocks);
         for g in &self.partitions {
             w.u64(g.start);
             w.u64(g.blocks);
@@ -283,7 +409,8 @@ impl Superblock {
         let version = r.u32()?;
         if version != FORMAT_VERSION {
             return Err(StoreError::corrupt(format!(
-                "superblock format version {version}; this build reads version {FORMAT_VERSION}"
+                "superblock format version {version}; this build reads version {FORMAT_VERSION} \
+                 (format 1 split data by partition; drain the OSD and make it again with mkfs)"
             )));
         }
         r.u32()?;
@@ -298,37 +425,21 @@ impl Superblock {
         if !(512..=BLOCK_SIZE as u32).contains(&sector_size) || !sector_size.is_power_of_two() {
             return Err(StoreError::corrupt(format!("superblock: sector size {sector_size}")));
         }
+        let data = DataRegion { start: r.u64()?, chunk_blocks: r.u64()?, chunks: r.u64()?, data_blocks: r.u64()? };
         let mut partitions = Vec::with_capacity(count as usize);
         for _ in 0..count {
             let start = r.u64()?;
             let blocks = r.u64()?;
-            let mut areas = [Area::default(); 8];
+            let mut areas = [Area::default(); 5];
             for area in areas.iter_mut() {
                 *area = Area { start: r.u64()?, blocks: r.u64()? };
             }
-            let [headers, journal, slot_bitmap, alloc_bitmap, written_bitmap, crc_table, onodes, data] = areas;
-            let g = PartitionGeometry {
-                start,
-                blocks,
-                headers,
-                journal,
-                slot_bitmap,
-                alloc_bitmap,
-                written_bitmap,
-                crc_table,
-                onodes,
-                data,
-            };
-            g.validate(device_blocks)?;
-            if let Some(previous) = partitions.last() {
-                let previous: &PartitionGeometry = previous;
-                if g.start < previous.start + previous.blocks {
-                    return Err(StoreError::corrupt("superblock: partitions overlap"));
-                }
-            }
-            partitions.push(g);
+            let [headers, journal, slot_bitmap, claims, onodes] = areas;
+            partitions.push(PartitionGeometry { start, blocks, headers, journal, slot_bitmap, claims, onodes });
         }
-        Ok(Superblock { version, fsid, device_blocks, sector_size, created_unix, partitions })
+        let superblock = Superblock { version, fsid, device_blocks, sector_size, created_unix, data, partitions };
+        superblock.validate()?;
+        Ok(superblock)
     }
 }
 
@@ -403,11 +514,39 @@ mod tests {
     }
 
     #[test]
-    fn geometry_uses_nearly_all_blocks_for_data() {
-        let g = PartitionGeometry::plan(1, 262_144, 256, 64 << 10).unwrap();
-        let used = g.data.end() - g.start;
-        assert!(used <= g.blocks);
-        assert!(g.data.blocks as f64 > 0.98 * (g.blocks - 258) as f64, "{g:?}");
+    fn the_data_region_uses_nearly_all_blocks_and_maps_blocks_inside_their_chunk() {
+        for blocks in [70_000u64, 262_144, 1_000_003, 40_000_000] {
+            let region = DataRegion::plan(100, blocks);
+            assert!(region.end() <= 100 + blocks, "{region:?}");
+            assert!(region.data_blocks as f64 > 0.99 * blocks as f64, "{region:?}");
+            assert!(region.chunks >= 16 || region.chunk_blocks == MIN_CHUNK_BLOCKS, "{region:?}");
+            region.validate(100, 100 + blocks).unwrap();
+            let last = region.data_blocks - 1;
+            for block in [0, 1, 1023, 1024, region.chunk_blocks - 1, region.chunk_blocks, last] {
+                if block >= region.data_blocks {
+                    continue;
+                }
+                let chunk = region.chunk_of(block);
+                let data = region.data_block(block);
+                let (crc_page, at) = region.crc_location(block);
+                assert!(data >= region.chunk_start(chunk) + 2 && data < region.end(), "{block}: {data}");
+                assert!(
+                    crc_page > region.bitmap_page(chunk, 1) && crc_page < region.data_block(region.first_block(chunk))
+                );
+                assert!(at < BLOCK_SIZE);
+            }
+            assert_eq!(region.data_block(last) + 1, region.end(), "the last data block ends the region");
+        }
+    }
+
+    #[test]
+    fn partitions_share_the_data_and_their_metadata_stays_small() {
+        let options = MkfsOptions { partitions: 4, ..Default::default() };
+        let sb = Superblock::plan(256 << 20, 512, &options, [1; 16]).unwrap();
+        let device = sb.device_blocks;
+        assert!(sb.data.data_blocks as f64 > 0.95 * device as f64, "{sb:?}");
+        assert_eq!(sb.data.chunk_blocks, MIN_CHUNK_BLOCKS);
+        assert!(sb.data.chunks >= 30);
     }
 
     proptest! {
@@ -422,9 +561,12 @@ mod tests {
         }
 
         #[test]
-        fn planned_geometry_is_valid(blocks in 300u64..10_000_000, journal in 4u64..256, per_onode in 4096u64..(1 << 20)) {
-            if let Ok(g) = PartitionGeometry::plan(1, blocks, journal, per_onode) {
-                prop_assert!(g.validate(blocks + 1).is_ok());
+        fn planned_stores_are_valid(mib in 8u64..40_000, partitions in 1u32..8, per_onode in 4096u64..(1 << 20)) {
+            let options = MkfsOptions { partitions, bytes_per_onode: per_onode, ..Default::default() };
+            if let Ok(sb) = Superblock::plan(mib << 20, 512, &options, [3; 16]) {
+                prop_assert!(sb.validate().is_ok());
+                prop_assert!(sb.data.end() <= sb.device_blocks);
+                prop_assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
             }
         }
     }

@@ -65,6 +65,7 @@
 pub mod batch;
 pub mod bitmap;
 mod blockio;
+mod chunks;
 mod codec;
 pub mod device;
 pub mod error;
@@ -106,14 +107,16 @@ pub const MAX_ATTR_NAME_LEN: usize = 255;
 pub const MAX_ATTR_VALUE_LEN: usize = 4096;
 /// All attribute names and values of one object together.
 pub const MAX_ATTR_BYTES: usize = 16 << 10;
-/// Most partitions in one store: what the superblock holds (a 56-byte
-/// header, then 18 u64s of geometry per partition, in one block). It was
-/// 32, which let `mkfs --partitions 29` zero the old superblock and then
-/// panic encoding the new one.
-pub const MAX_PARTITIONS: u32 = ((BLOCK_SIZE - 56) / (18 * 8)) as u32;
+/// Most partitions in one store. The superblock has room for more (an
+/// 88-byte header, then 12 u64s of geometry per partition, in one block);
+/// 28 bounds the threads and the per-partition metric arrays.
+pub const MAX_PARTITIONS: u32 = 28;
 
 const _: () = assert!(BLOCK_SIZE.is_multiple_of(SLOT_SIZE));
-const _: () = assert!(MAX_PARTITIONS == 28, "the superblock holds 28 partitions");
+const _: () = assert!(
+    layout::SUPERBLOCK_HEADER_LEN + MAX_PARTITIONS as usize * layout::GEOMETRY_WORDS * 8 <= BLOCK_SIZE,
+    "the superblock holds every partition's geometry"
+);
 const _: () = assert!(MAX_OBJECT_SIZE.is_multiple_of(BLOCK_SIZE as u64));
 const _: () = assert!(MAX_OBJECT_SIZE / (BLOCK_SIZE as u64) < u32::MAX as u64);
 

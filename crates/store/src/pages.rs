@@ -98,6 +98,16 @@ impl PageCache {
         self.dirty_count = 0;
     }
 
+    /// Drops the cached pages in `blocks`, which must be clean: their area
+    /// changed hands (a data chunk given back to the store's pool).
+    pub fn forget(&mut self, blocks: std::ops::RangeInclusive<u64>) {
+        for block in blocks {
+            if let Some(page) = self.pages.remove(&block) {
+                assert!(!page.dirty, "metadata page {block} dropped before it was written back");
+            }
+        }
+    }
+
     /// Drops clean pages while the cache is over its capacity. Called between
     /// operations only, so a page loaded for an operation stays while it runs.
     pub fn trim(&mut self) {

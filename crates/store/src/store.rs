@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use crate::chunks::ChunkPool;
 use crate::device::{create_file, AlignedBuf, Device, DeviceConfig};
 use crate::error::{Result, StoreError};
 use crate::layout::{MkfsOptions, PartitionHeader, Superblock};
@@ -68,15 +69,20 @@ pub fn mkfs(path: &Path, options: &MkfsOptions, config: &StoreConfig) -> Result<
         // to an io_uring worker) on every record.
         zero_area(io.as_mut(), g.headers.start, 2)?;
         zero_area(io.as_mut(), g.journal.start, g.journal.blocks)?;
-        zero_area(
-            io.as_mut(),
-            g.slot_bitmap.start,
-            g.slot_bitmap.blocks + g.alloc_bitmap.blocks + g.written_bitmap.blocks,
-        )?;
+        zero_area(io.as_mut(), g.slot_bitmap.start, g.slot_bitmap.blocks + g.claims.blocks)?;
         let header = PartitionHeader { fsid, partition: index as u32, header_seq: 1, journal_start_seq: 1 };
         let buf = AlignedBuf::from_slice(&crate::partition::commit::pad_to_block(&header.encode()));
         io.write_many(&[((g.headers.start + 1) * BLOCK_SIZE as u64, &buf[..])])
             .map_err(|e| StoreError::io("writing a partition header", e))?;
+    }
+    // Every chunk starts free: its allocation and written pages clear.
+    let region = superblock.data;
+    let zeros = AlignedBuf::zeroed(BLOCK_SIZE);
+    let pages: Vec<u64> =
+        (0..region.chunks as u32).flat_map(|c| [region.bitmap_page(c, 0), region.bitmap_page(c, 1)]).collect();
+    for batch in pages.chunks(256) {
+        let requests: Vec<(u64, &[u8])> = batch.iter().map(|page| (page * BLOCK_SIZE as u64, &zeros[..])).collect();
+        io.write_many(&requests).map_err(|e| StoreError::io("zeroing the chunks' bitmaps", e))?;
     }
     io.flush().map_err(|e| StoreError::io("flushing", e))?;
     let buf = AlignedBuf::from_slice(&superblock.encode());
@@ -131,6 +137,7 @@ impl Store {
             read_only: config.read_only,
         };
         let partition_count = superblock.partitions.len() as u32;
+        let pool = std::sync::Arc::new(ChunkPool::new(superblock.data));
         let partitions = superblock
             .partitions
             .iter()
@@ -141,6 +148,8 @@ impl Store {
                     partition_count,
                     fsid: superblock.fsid,
                     geometry: *geometry,
+                    region: superblock.data,
+                    pool: pool.clone(),
                     sector: superblock.sector_size,
                     config: partition_config,
                 };
@@ -149,6 +158,18 @@ impl Store {
             .collect::<Result<Vec<_>>>()?;
         // Superblock::decode refuses a store without partitions; partition_of divides by their count.
         assert!(!partitions.is_empty());
+        let mut owned = std::collections::BTreeSet::new();
+        for partition in &partitions {
+            for &chunk in partition.alloc.owned_chunks() {
+                if !owned.insert(chunk) {
+                    return Err(StoreError::corrupt(format!(
+                        "data chunk {chunk} is claimed by two partitions (one of them partition {})",
+                        partition.index()
+                    )));
+                }
+            }
+        }
+        pool.fill(&owned);
         Ok(Store { device, superblock, partitions })
     }
 

@@ -96,9 +96,12 @@ impl Flusher {
     pub fn start(&self) -> Pending {
         assert!(!self.mailboxes.is_empty(), "a flusher with no priority thread to answer");
         let counted = self.partition.stats();
-        let total = self.partition.data_blocks() * duplex_store::BLOCK_SIZE as u64;
-        self.metrics.store_capacity_bytes.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
-        let used = (self.partition.data_blocks() - self.partition.free_blocks()) * duplex_store::BLOCK_SIZE as u64;
+        // The partitions share the store's data space: one of them counts it.
+        if self.partition.index() == 0 {
+            let total = self.partition.data_blocks() * duplex_store::BLOCK_SIZE as u64;
+            self.metrics.store_capacity_bytes.fetch_add(total, std::sync::atomic::Ordering::Relaxed);
+        }
+        let used = self.partition.used_blocks() * duplex_store::BLOCK_SIZE as u64;
         self.metrics.store_used_bytes.fetch_add(used, std::sync::atomic::Ordering::Relaxed);
         self.publish_use();
         Pending {
@@ -133,7 +136,7 @@ impl Flusher {
             partition: self.partition.index(),
             partitions: self.partition.partition_count(),
             capacity_bytes: data_blocks * block,
-            used_bytes: data_blocks.saturating_sub(self.partition.free_blocks()) * block,
+            used_bytes: self.partition.used_blocks() * block,
             pgs,
         };
         debug_assert!(reply.partition < reply.partitions, "partition {} of {}", reply.partition, reply.partitions);
@@ -141,8 +144,10 @@ impl Flusher {
         self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame: reply.to_frame(to.txid) });
     }
 
-    /// This partition's use, per mille, for the OSD's fullness: all of it
-    /// while a flush is refused for want of space.
+    /// How near this partition is to refusing a flush, per mille, for the
+    /// OSD's fullness: the store's data blocks it can no longer get (used
+    /// by any partition, or free in another's chunks) over all of them;
+    /// 1000 while a flush is refused for want of space.
     fn publish_use(&self) {
         let data_blocks = self.partition.data_blocks().max(1);
         let index = self.partition.index() as usize;
@@ -246,7 +251,7 @@ impl Flusher {
         metrics.store_deferred_bytes.add(now.deferred_bytes_written.saturating_sub(was.deferred_bytes_written));
         pending.counted = now;
         // This partition's share of the OSD's used bytes, as a delta.
-        let now_used = (self.partition.data_blocks() - self.partition.free_blocks()) * duplex_store::BLOCK_SIZE as u64;
+        let now_used = self.partition.used_blocks() * duplex_store::BLOCK_SIZE as u64;
         let gauge = &self.metrics.store_used_bytes;
         gauge.fetch_add(now_used.wrapping_sub(pending.used), std::sync::atomic::Ordering::Relaxed);
         pending.used = now_used;

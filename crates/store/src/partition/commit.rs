@@ -56,7 +56,7 @@ impl Partition {
         if self.needs_room(&prepared) {
             // Checkpoint outside any plan: its bitmap pages must not carry the
             // plan's quiet reservations, so undo them and plan again after.
-            self.rollback(&prepared.reserved_blocks, &prepared.reserved_slots);
+            self.rollback(&prepared.reserved_blocks, &prepared.reserved_slots, &prepared.claimed_chunks);
             self.checkpoint()?;
             checkpointed = true;
             prepared = self.plan(batch)?.0;
@@ -86,7 +86,7 @@ impl Partition {
         let (prepared, _) = self.plan(&Batch::new())?;
         debug_assert!(prepared.reclaimed > 0, "a reclaim commit with nothing to free");
         if self.needs_room(&prepared) {
-            self.rollback(&prepared.reserved_blocks, &prepared.reserved_slots);
+            self.rollback(&prepared.reserved_blocks, &prepared.reserved_slots, &prepared.claimed_chunks);
             self.checkpoint()?;
             let (prepared, _) = self.plan(&Batch::new())?;
             return self.commit(prepared);
@@ -128,7 +128,7 @@ impl Partition {
         let record_len = prepared.record.padded_len(self.sector) as u64;
         // Pages the record will touch, loaded now so applying it cannot fail.
         if let Err(err) = self.preload_for(&prepared.record) {
-            self.rollback(&prepared.reserved_blocks, &prepared.reserved_slots);
+            self.rollback(&prepared.reserved_blocks, &prepared.reserved_slots, &prepared.claimed_chunks);
             return Err(err);
         }
 
@@ -232,6 +232,7 @@ impl Partition {
         self.deferred.len()
             + self.pages.dirty_count()
             + self.slots.dirty_page_count()
+            + self.claims.dirty_page_count()
             + self.alloc.dirty_page_count()
             + self.written.dirty_page_count()
     }
@@ -243,7 +244,7 @@ impl Partition {
             .filter_map(|entry| match entry {
                 Entry::DataWrite { block, .. } | Entry::Patch { block, .. } => Some(self.crc_location(*block).0),
                 Entry::WriteSlot { slot, .. } => Some(self.slot_location(*slot).0),
-                Entry::SetBits { .. } => None,
+                Entry::SetBits { .. } | Entry::Claim { .. } => None,
             })
             .collect();
         self.pages.load(self.io.as_mut(), &pages)
@@ -255,19 +256,21 @@ impl Partition {
         for entry in &record.entries {
             match entry {
                 Entry::SetBits { map, start, count, value } => {
-                    let bitmap = match map {
-                        BitmapKind::Slots => &mut self.slots,
-                        BitmapKind::Alloc => &mut self.alloc,
-                        BitmapKind::Written => &mut self.written,
+                    let covered = match map {
+                        BitmapKind::Slots => start.checked_add(*count).is_some_and(|end| end <= self.slots.len()),
+                        BitmapKind::Alloc | BitmapKind::Written => self.alloc.covers(*start, *count),
                     };
-                    if start.checked_add(*count).is_none_or(|end| end > bitmap.len()) {
+                    if !covered {
                         return Err(StoreError::corrupt(format!(
-                            "partition {}: journal entry sets bits {start}+{count} past the bitmap's {} bits",
-                            self.index,
-                            bitmap.len()
+                            "partition {}: journal entry sets {map:?} bits {start}+{count}, outside what the partition holds",
+                            self.index
                         )));
                     }
-                    bitmap.set_range(*start, *count, *value);
+                    match map {
+                        BitmapKind::Slots => self.slots.set_range(*start, *count, *value),
+                        BitmapKind::Alloc => self.alloc.set_range(*start, *count, *value),
+                        BitmapKind::Written => self.written.set_range(*start, *count, *value),
+                    }
                     if *map == BitmapKind::Alloc && !*value && !self.deferred.is_empty() {
                         // A freed block's deferred image must never be written
                         // back over whatever the block holds next.
@@ -282,8 +285,22 @@ impl Partition {
                         }
                     }
                 }
+                Entry::Claim { chunk } => {
+                    if *chunk as u64 >= self.region.chunks {
+                        return Err(StoreError::corrupt(format!(
+                            "partition {}: journal claims chunk {chunk} of {}",
+                            self.index, self.region.chunks
+                        )));
+                    }
+                    // After a commit the plan took it already; replay takes it here.
+                    if !self.alloc.owns(*chunk) {
+                        self.alloc.adopt(*chunk, None);
+                        self.written.adopt(*chunk, None);
+                    }
+                    self.claims.set_range(*chunk as u64, 1, true);
+                }
                 Entry::DataWrite { block, new_crc, .. } => {
-                    if *block as u64 >= self.written.len() {
+                    if !self.alloc.owns_block(*block as u64) {
                         return Err(StoreError::corrupt(format!(
                             "partition {}: journal names data block {block}",
                             self.index
@@ -299,7 +316,7 @@ impl Partition {
                     );
                 }
                 Entry::Patch { block, at, base_zero, new_crc, bytes } => {
-                    if *block as u64 >= self.written.len() || *at as usize + bytes.len() > BLOCK_SIZE {
+                    if !self.alloc.owns_block(*block as u64) || *at as usize + bytes.len() > BLOCK_SIZE {
                         return Err(StoreError::corrupt(format!(
                             "partition {}: journal patches {} bytes at {at} of data block {block}",
                             self.index,
@@ -351,13 +368,26 @@ impl Partition {
             return Err(StoreError::ReadOnly);
         }
         let started = std::time::Instant::now();
+        // Empty chunks go back to the pool: their claims bits clear in the
+        // pages written below, and the pool gets them only once the new
+        // header is durable (the journal then no longer claims them), so
+        // no other partition can take one that a remount would give back here.
+        let releasing = self.empty_chunks();
+        for &chunk in &releasing {
+            self.claims.set_range(chunk as u64, 1, false);
+        }
         let mut writes: Vec<(u64, AlignedBuf)> = Vec::new();
-        for bitmap in [&self.slots, &self.alloc, &self.written] {
+        for bitmap in [&self.slots, &self.claims] {
             for page in bitmap.dirty_pages() {
                 writes.push((
                     (bitmap.area().start + page) * BLOCK_SIZE as u64,
                     AlignedBuf::from_slice(&bitmap.page_bytes(page)),
                 ));
+            }
+        }
+        for bitmap in [&self.alloc, &self.written] {
+            for (page, bytes) in bitmap.dirty_pages() {
+                writes.push((page * BLOCK_SIZE as u64, AlignedBuf::from_slice(&bytes)));
             }
         }
         let deferred_bytes = (self.deferred.len() * BLOCK_SIZE) as u64;
@@ -383,6 +413,9 @@ impl Partition {
         drop(requests);
         if let Err(err) = result {
             self.failed = true;
+            for &chunk in &releasing {
+                self.claims.set_range(chunk as u64, 1, true);
+            }
             tracing::error!(partition = self.index, error = %err, "device error during checkpoint; partition stopped");
             return Err(StoreError::io(format!("checkpointing partition {}", self.index), err));
         }
@@ -391,9 +424,13 @@ impl Partition {
         // The journal is empty: mount recovers no last record.
         self.last_record_fresh.clear();
         self.slots.mark_clean();
+        self.claims.mark_clean();
         self.alloc.mark_clean();
         self.written.mark_clean();
         self.pages.mark_clean();
+        for &chunk in &releasing {
+            self.release_chunk(chunk);
+        }
         self.pages.trim();
         let written_back = std::mem::take(&mut self.deferred);
         self.give_blocks(written_back.into_values());
@@ -403,6 +440,43 @@ impl Partition {
         self.stats.metadata_bytes_written += metadata_bytes + BLOCK_SIZE as u64;
         assert_eq!(self.dirty_pages(), 0, "a checkpoint leaves no dirty metadata");
         Ok(())
+    }
+
+    /// Owned chunks with no block allocated (and so none written, deferred
+    /// or waiting for recovery): what a checkpoint gives back.
+    fn empty_chunks(&self) -> Vec<u32> {
+        self.alloc
+            .owned_chunks()
+            .iter()
+            .copied()
+            .filter(|&chunk| self.alloc.chunk_ones(chunk) == 0 && self.written.chunk_ones(chunk) == 0)
+            .collect()
+    }
+
+    /// Gives a chunk whose release is durable back to the pool.
+    fn release_chunk(&mut self, chunk: u32) {
+        debug_assert!(!self.claims.get(chunk as u64), "chunk {chunk} released while claimed on disk");
+        debug_assert!(
+            self.reclaim.iter().all(|r| r.runs.iter().all(|&(start, count)| {
+                let (first, len) = (self.region.first_block(chunk), self.region.chunk_len(chunk));
+                start as u64 + count as u64 <= first || start as u64 >= first + len
+            })),
+            "chunk {chunk} released with blocks a reclaim still frees"
+        );
+        self.alloc.release(chunk);
+        self.written.release(chunk);
+        // Its crc pages are the next owner's now: drop this cache's copies.
+        let first_crc = self.region.crc_location(self.region.first_block(chunk)).0;
+        let last_crc = self.region.crc_location(self.region.first_block(chunk) + self.region.chunk_len(chunk) - 1).0;
+        self.pages.forget(first_crc..=last_crc);
+        if self.alloc_hint >= self.region.first_block(chunk)
+            && self.alloc_hint < self.region.first_block(chunk) + self.region.chunk_len(chunk)
+        {
+            self.alloc_hint = 0;
+        }
+        if !self.config.read_only {
+            self.pool.give(chunk);
+        }
     }
 
     /// Checkpoints (so the next mount replays nothing) and releases the partition.

@@ -18,9 +18,10 @@ use std::collections::{BTreeMap, HashSet};
 
 use crate::bitmap::Bitmap;
 use crate::blockio::{AlignedBuf, BlockIo, IoStats};
+use crate::chunks::{ChunkPool, ChunkedBitmap};
 use crate::error::{Result, StoreError};
 use crate::key::Key;
-use crate::layout::PartitionGeometry;
+use crate::layout::{DataRegion, PartitionGeometry};
 use crate::onode::{decode_slot, Extent, ObjectMeta, KIND_HEAD, MAX_CHAIN_SLOTS, NO_SLOT};
 use crate::pages::PageCache;
 use crate::{BLOCK_SIZE, SLOTS_PER_PAGE, SLOT_SIZE};
@@ -178,8 +179,15 @@ pub struct Partition {
     pub(crate) io: Box<dyn BlockIo>,
     pub(crate) objects: BTreeMap<Key, IndexEntry>,
     pub(crate) slots: Bitmap,
-    pub(crate) alloc: Bitmap,
-    pub(crate) written: Bitmap,
+    /// The store's shared data region; this partition allocates only in
+    /// the chunks it owns (`alloc` and `written` hold exactly those).
+    pub(crate) region: DataRegion,
+    pub(crate) alloc: ChunkedBitmap,
+    pub(crate) written: ChunkedBitmap,
+    /// The chunks this partition owns as of the last checkpoint, plus the
+    /// claims applied since (its on-disk page is written at checkpoints).
+    pub(crate) claims: Bitmap,
+    pub(crate) pool: std::sync::Arc<ChunkPool>,
     pub(crate) pages: PageCache,
     pub(crate) header_seq: u64,
     pub(crate) next_seq: u64,
@@ -250,13 +258,31 @@ impl Partition {
         self.objects.len()
     }
 
+    /// Data blocks this partition can still allocate: free ones in the
+    /// chunks it owns and every block of the chunks no partition owns.
     pub fn free_blocks(&self) -> u64 {
         debug_assert!(self.alloc.count_ones() <= self.alloc.len(), "more blocks allocated than exist");
-        self.alloc.len() - self.alloc.count_ones()
+        self.alloc.len() - self.alloc.count_ones() + self.pool.free_blocks()
     }
 
+    /// The store's data blocks, which every partition may come to use.
     pub fn data_blocks(&self) -> u64 {
-        self.alloc.len()
+        self.region.data_blocks
+    }
+
+    /// Data blocks allocated in this partition's chunks.
+    pub fn used_blocks(&self) -> u64 {
+        self.alloc.count_ones()
+    }
+
+    /// Chunks this partition owns, and the data blocks in them.
+    pub fn owned_chunks(&self) -> (usize, u64) {
+        (self.alloc.owned_chunks().len(), self.alloc.len())
+    }
+
+    /// Chunks no partition owns.
+    pub fn free_chunks(&self) -> usize {
+        self.pool.free_chunks()
     }
 
     pub fn io_engine(&self) -> &'static str {
@@ -266,7 +292,10 @@ impl Partition {
     pub fn memory(&self) -> PartitionMemory {
         PartitionMemory {
             objects: self.objects.len(),
-            bitmap_bytes: self.slots.heap_bytes() + self.alloc.heap_bytes() + self.written.heap_bytes(),
+            bitmap_bytes: self.slots.heap_bytes()
+                + self.claims.heap_bytes()
+                + self.alloc.heap_bytes()
+                + self.written.heap_bytes(),
             page_cache_bytes: self.pages.len() * BLOCK_SIZE,
             deferred_bytes: self.deferred.len() * BLOCK_SIZE,
         }
@@ -294,17 +323,14 @@ impl Partition {
 
     /// Device byte offset of a data block.
     pub(crate) fn data_offset(&self, block: u32) -> u64 {
-        debug_assert!((block as u64) < self.geometry.data.blocks, "data block {block} outside the data area");
-        (self.geometry.data.start + block as u64) * BLOCK_SIZE as u64
+        debug_assert!(self.alloc.owns_block(block as u64), "data block {block} is not in a chunk this partition owns");
+        self.region.data_block(block as u64) * BLOCK_SIZE as u64
     }
 
     /// Device block of the crc page covering data block `block`, and the byte offset in it.
     pub(crate) fn crc_location(&self, block: u32) -> (u64, usize) {
-        debug_assert!((block as u64) < self.geometry.data_blocks(), "data block {block} has no crc");
-        let per_page = (BLOCK_SIZE / 4) as u64;
-        let page = self.geometry.crc_table.start + block as u64 / per_page;
-        debug_assert!(page < self.geometry.crc_table.end(), "crc page {page} outside the crc table");
-        (page, (block as u64 % per_page) as usize * 4)
+        debug_assert!((block as u64) < self.region.data_blocks, "data block {block} has no crc");
+        self.region.crc_location(block as u64)
     }
 
     /// Device block of the onode page holding `slot`, and the byte offset in it.
@@ -375,7 +401,7 @@ impl Partition {
                 self.index
             )));
         }
-        let meta = ObjectMeta::decode(&blob, self.geometry.data_blocks())
+        let meta = ObjectMeta::decode(&blob, self.region.data_blocks)
             .map_err(|e| StoreError::corrupt(format!("partition {}: onode at slot {head}: {e}", self.index)))?;
         Ok((slots, deleted, meta))
     }

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use super::{IndexEntry, Partition, PartitionConfig, PartitionStats, Reclaim};
 use crate::bitmap::Bitmap;
 use crate::blockio::{AlignedBuf, BlockIo};
+use crate::chunks::{ChunkPool, ChunkedBitmap};
 use crate::error::{Result, StoreError};
-use crate::journal::{Entry, Record};
+use crate::journal::{BitmapKind, Entry, Record};
 use crate::key::Key;
-use crate::layout::{Area, PartitionGeometry, PartitionHeader};
+use crate::layout::{Area, DataRegion, PartitionGeometry, PartitionHeader};
 use crate::onode::{decode_slot, ObjectMeta, HEAD_FLAG_DELETED, KIND_HEAD, NO_SLOT};
 use crate::pages::PageCache;
 use crate::{BLOCK_SIZE, SLOTS_PER_PAGE};
@@ -37,13 +38,47 @@ pub(crate) struct MountParams {
     pub partition_count: u32,
     pub fsid: [u8; 16],
     pub geometry: PartitionGeometry,
+    pub region: DataRegion,
+    pub pool: std::sync::Arc<ChunkPool>,
     pub sector: u32,
     pub config: PartitionConfig,
 }
 
+/// Chunk bitmap pages read per batch at mount.
+const MOUNT_CHUNK_BATCH: usize = 128;
+
+/// The allocation and written bitmaps of the chunks `claims` names, from
+/// their pages.
+fn load_chunk_bitmaps(
+    io: &mut dyn BlockIo,
+    region: DataRegion,
+    claims: &Bitmap,
+) -> Result<(ChunkedBitmap, ChunkedBitmap)> {
+    let mut alloc = ChunkedBitmap::new(region, 0);
+    let mut written = ChunkedBitmap::new(region, 1);
+    let owned: Vec<u32> = claims.ones().map(|chunk| chunk as u32).collect();
+    for batch in owned.chunks(MOUNT_CHUNK_BATCH) {
+        let mut bufs: Vec<AlignedBuf> = (0..batch.len() * 2).map(|_| AlignedBuf::zeroed(BLOCK_SIZE)).collect();
+        {
+            let mut requests: Vec<(u64, &mut [u8])> = bufs
+                .iter_mut()
+                .enumerate()
+                .map(|(i, buf)| (region.bitmap_page(batch[i / 2], (i % 2) as u64) * BLOCK_SIZE as u64, &mut buf[..]))
+                .collect();
+            io.read_many(&mut requests).map_err(|e| StoreError::io("reading the chunks' bitmaps", e))?;
+        }
+        for (i, &chunk) in batch.iter().enumerate() {
+            alloc.adopt(chunk, Some(&bufs[2 * i]));
+            written.adopt(chunk, Some(&bufs[2 * i + 1]));
+        }
+    }
+    debug_assert_eq!(alloc.owned_chunks().len() as u64, claims.count_ones());
+    Ok((alloc, written))
+}
+
 impl Partition {
     pub(crate) fn mount(mut io: Box<dyn BlockIo>, params: MountParams) -> Result<Partition> {
-        let MountParams { index, partition_count, fsid, geometry, sector, config } = params;
+        let MountParams { index, partition_count, fsid, geometry, region, pool, sector, config } = params;
         let headers = read_area(io.as_mut(), geometry.headers, "partition headers")?;
         let header = [0usize, BLOCK_SIZE]
             .iter()
@@ -53,16 +88,8 @@ impl Partition {
         let g = geometry;
         let slots =
             Bitmap::from_bytes(g.slot_count(), g.slot_bitmap, &read_area(io.as_mut(), g.slot_bitmap, "slot bitmap")?);
-        let alloc = Bitmap::from_bytes(
-            g.data_blocks(),
-            g.alloc_bitmap,
-            &read_area(io.as_mut(), g.alloc_bitmap, "allocation bitmap")?,
-        );
-        let written = Bitmap::from_bytes(
-            g.data_blocks(),
-            g.written_bitmap,
-            &read_area(io.as_mut(), g.written_bitmap, "written bitmap")?,
-        );
+        let claims = Bitmap::from_bytes(region.chunks, g.claims, &read_area(io.as_mut(), g.claims, "claims bitmap")?);
+        let (alloc, written) = load_chunk_bitmaps(io.as_mut(), region, &claims)?;
         let mut partition = Partition {
             index,
             partition_count,
@@ -72,8 +99,11 @@ impl Partition {
             io,
             objects: BTreeMap::new(),
             slots,
+            region,
             alloc,
             written,
+            claims,
+            pool,
             pages: PageCache::new(config.cache_pages),
             header_seq: header.header_seq,
             next_seq: header.journal_start_seq,
@@ -110,6 +140,7 @@ impl Partition {
             else {
                 break;
             };
+            self.adopt_chunks_touched_by(&record)?;
             self.apply_record(&record)?;
             self.next_seq += 1;
             position += len;
@@ -124,6 +155,40 @@ impl Partition {
         }
         self.check_deferred()?;
         Ok(count)
+    }
+
+    /// Replay: takes every chunk `record` touches that the claims page does
+    /// not name. The journal since the last completed checkpoint is the
+    /// truth for them: a checkpoint that gave a chunk back clears its claims
+    /// bit in the pages it writes before its new header, and a crash between
+    /// the two leaves the page saying "not ours" under records that use the
+    /// chunk. No other partition can have it (the pool gets a chunk only
+    /// after the header is durable), and it ended empty (that is why it was
+    /// given back), so its bits start clear and the records set the rest.
+    fn adopt_chunks_touched_by(&mut self, record: &Record) -> Result<()> {
+        for entry in &record.entries {
+            let (start, count) = match entry {
+                Entry::SetBits { map: BitmapKind::Alloc | BitmapKind::Written, start, count, .. } => (*start, *count),
+                Entry::DataWrite { block, .. } | Entry::Patch { block, .. } => (*block as u64, 1),
+                Entry::SetBits { map: BitmapKind::Slots, .. } | Entry::WriteSlot { .. } | Entry::Claim { .. } => {
+                    continue
+                }
+            };
+            if count == 0 || start.checked_add(count).is_none_or(|end| end > self.region.data_blocks) {
+                return Err(StoreError::corrupt(format!(
+                    "partition {}: journal names data blocks {start}+{count} of {}",
+                    self.index, self.region.data_blocks
+                )));
+            }
+            for chunk in self.region.chunk_of(start)..=self.region.chunk_of(start + count - 1) {
+                if !self.alloc.owns(chunk) {
+                    self.alloc.adopt(chunk, None);
+                    self.written.adopt(chunk, None);
+                    self.claims.set_range(chunk as u64, 1, true);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Every block rebuilt from journal patches must match its crc32c. One
@@ -249,7 +314,7 @@ impl Partition {
                             && header.index == 0
                             && header.blob_len as usize == fragment.len() =>
                     {
-                        match ObjectMeta::decode(fragment, self.geometry.data_blocks()) {
+                        match ObjectMeta::decode(fragment, self.region.data_blocks) {
                             Ok(meta) if header.flags & HEAD_FLAG_DELETED != 0 => {
                                 let runs = meta.extents.iter().map(|e| (e.physical, e.len)).collect();
                                 self.reclaim.push(Reclaim { runs, slots: vec![slot] });

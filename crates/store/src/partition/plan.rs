@@ -20,6 +20,9 @@ use crate::key::Key;
 use crate::onode::{encode_chain, slots_needed, ObjectMeta, MAX_CHAIN_SLOTS, OBJECT_FLAG_PREALLOCATED};
 use crate::{BLOCK_SIZE, MAX_OBJECT_SIZE, SLOT_SIZE};
 
+/// Shortest run a pre-allocated object is split into when no longer one is free.
+const MIN_PREALLOCATED_RUN: u64 = 16;
+
 /// The new contents of one data block.
 pub(crate) struct StagedBlock {
     pub buf: AlignedBuf,
@@ -77,6 +80,8 @@ pub(crate) struct Plan {
     /// Blocks and slots reserved quietly, to undo on failure.
     reserved_blocks: Vec<u32>,
     reserved_slots: Vec<u32>,
+    /// Chunks taken from the pool for this batch (the record claims them).
+    claimed_chunks: Vec<u32>,
     /// Blocks freed by truncation (cleared on disk by the record).
     freed_blocks: Vec<u32>,
     freed_slots: Vec<u32>,
@@ -103,6 +108,7 @@ pub(crate) struct Prepared {
     pub user_bytes: u64,
     pub reserved_blocks: Vec<u32>,
     pub reserved_slots: Vec<u32>,
+    pub claimed_chunks: Vec<u32>,
     /// How many entries of the partition's reclaim queue the record frees.
     pub reclaimed: usize,
 }
@@ -125,7 +131,7 @@ impl Partition {
                 Planned::Ready(prepared)
             }
             Err(err) => {
-                self.rollback(&plan.reserved_blocks, &plan.reserved_slots);
+                self.rollback(&plan.reserved_blocks, &plan.reserved_slots, &plan.claimed_chunks);
                 if plan.patches_overflowed {
                     Planned::TooManyPatches
                 } else {
@@ -135,7 +141,7 @@ impl Partition {
         }
     }
 
-    pub(crate) fn rollback(&mut self, blocks: &[u32], slots: &[u32]) {
+    pub(crate) fn rollback(&mut self, blocks: &[u32], slots: &[u32], chunks: &[u32]) {
         for &block in blocks {
             debug_assert!(self.alloc.get(block as u64), "rolling back block {block}, which is not reserved");
             self.alloc.set_range_quiet(block as u64, 1, false);
@@ -144,6 +150,24 @@ impl Partition {
             debug_assert!(self.slots.get(slot as u64), "rolling back slot {slot}, which is not reserved");
             self.slots.set_range_quiet(slot as u64, 1, false);
         }
+        // Claimed by this plan alone: nothing on disk or in a record names them.
+        for &chunk in chunks {
+            self.alloc.release(chunk);
+            self.written.release(chunk);
+            self.pool.give(chunk);
+        }
+    }
+
+    /// Takes a free chunk from the store's pool for this batch, if one is left.
+    fn claim_chunk(&mut self, plan: &mut Plan) -> Option<u32> {
+        let chunk = self.pool.take()?;
+        // Free chunks are all clear on disk: a checkpoint wrote their pages
+        // before giving them back, and mkfs zeroed them.
+        self.alloc.adopt(chunk, None);
+        self.written.adopt(chunk, None);
+        plan.claimed_chunks.push(chunk);
+        self.alloc_hint = self.region.first_block(chunk);
+        Some(chunk)
     }
 
     fn plan_ops(&mut self, plan: &mut Plan, batch: &Batch) -> Result<()> {
@@ -241,13 +265,18 @@ impl Partition {
     }
 
     fn reserve_block(&mut self, plan: &mut Plan, hint: Option<u32>) -> Result<u32> {
-        let hinted = hint.filter(|&h| (h as u64) < self.alloc.len() && !self.alloc.get(h as u64));
-        let block = match hinted {
-            Some(block) => block as u64,
-            None => self.alloc.find_clear(self.alloc_hint).ok_or_else(|| StoreError::NoSpace {
-                partition: self.index,
-                detail: "every data block is allocated".into(),
-            })?,
+        let hinted = hint.filter(|&h| self.alloc.owns_block(h as u64) && !self.alloc.get(h as u64));
+        let block = match hinted.map(u64::from).or_else(|| self.alloc.find_clear(self.alloc_hint)) {
+            Some(block) => block,
+            None => {
+                let chunk = self.claim_chunk(plan).ok_or_else(|| StoreError::NoSpace {
+                    partition: self.index,
+                    detail: "every data block of the store is allocated".into(),
+                })?;
+                let block = self.region.first_block(chunk);
+                debug_assert!(!self.alloc.get(block), "a claimed chunk starts clear");
+                block
+            }
         };
         self.alloc.set_range_quiet(block, 1, true);
         self.alloc_hint = block + 1;
@@ -537,24 +566,53 @@ impl Partition {
         meta.size = size;
         meta.flags = OBJECT_FLAG_PREALLOCATED;
         let mut new_blocks = HashSet::new();
-        if blocks > 0 {
-            let start = self.alloc.find_clear_run(self.alloc_hint, blocks).ok_or_else(|| StoreError::NoSpace {
-                partition: self.index,
-                detail: format!("no contiguous run of {blocks} free blocks for a pre-allocated object"),
-            })?;
-            self.alloc.set_range_quiet(start, blocks, true);
-            self.alloc_hint = start + blocks;
-            for block in start..start + blocks {
-                plan.reserved_blocks.push(block as u32);
+        let mut logical = 0u64;
+        while logical < blocks {
+            let (start, len) = self.reserve_run(plan, blocks - logical)?;
+            for block in start..start + len {
                 new_blocks.insert(block as u32);
             }
-            meta.extents.push(crate::onode::Extent { logical: 0, physical: start as u32, len: blocks as u32 });
+            meta.extents.push(crate::onode::Extent {
+                logical: logical as u32,
+                physical: start as u32,
+                len: len as u32,
+            });
+            logical += len;
         }
         let w = plan.objects.get_mut(key).expect("loaded");
         w.current = Some(meta);
         w.new_blocks = new_blocks;
         w.meta_dirty = true;
         Ok(())
+    }
+
+    /// Reserves a run of up to `want` blocks for a pre-allocated object: the
+    /// whole run in one chunk if one has room, else the longest run found
+    /// down to `MIN_PREALLOCATED_RUN` (an object's extents stay few, its
+    /// onode small). Returns the run's start and length.
+    fn reserve_run(&mut self, plan: &mut Plan, want: u64) -> Result<(u64, u64)> {
+        let mut len = want.min(self.region.chunk_blocks);
+        let start = loop {
+            if let Some(start) = self.alloc.find_clear_run(self.alloc_hint, len) {
+                break start;
+            }
+            if let Some(chunk) = self.claim_chunk(plan) {
+                // A whole chunk is free: the run starts it.
+                len = len.min(self.region.chunk_len(chunk));
+                break self.region.first_block(chunk);
+            }
+            if len <= MIN_PREALLOCATED_RUN.min(want) {
+                return Err(StoreError::NoSpace {
+                    partition: self.index,
+                    detail: format!("no run of {len} free blocks left for a pre-allocated object"),
+                });
+            }
+            len = (len / 2).max(MIN_PREALLOCATED_RUN.min(want));
+        };
+        self.alloc.set_range_quiet(start, len, true);
+        self.alloc_hint = start + len;
+        plan.reserved_blocks.extend((start..start + len).map(|block| block as u32));
+        Ok((start, len))
     }
 
     fn reserve_slots(&mut self, plan: &mut Plan, count: usize) -> Result<Vec<u32>> {
@@ -604,7 +662,8 @@ impl Partition {
 
     /// Turns the working objects into the record, staged data and index changes.
     fn finish(&mut self, plan: &mut Plan) -> Result<Prepared> {
-        let mut entries = Vec::new();
+        // Claims first: replay takes a chunk before anything touches it.
+        let mut entries: Vec<Entry> = plan.claimed_chunks.iter().map(|&chunk| Entry::Claim { chunk }).collect();
         let mut index_updates = Vec::new();
         let mut new_reclaims = Vec::new();
         let mut new_block_runs: Vec<u32> = Vec::new();
@@ -725,6 +784,7 @@ impl Partition {
             user_bytes: plan.user_bytes,
             reserved_blocks: std::mem::take(&mut plan.reserved_blocks),
             reserved_slots: std::mem::take(&mut plan.reserved_slots),
+            claimed_chunks: std::mem::take(&mut plan.claimed_chunks),
             reclaimed,
         })
     }
