@@ -279,17 +279,13 @@ fn print_text(usage: &Df) {
     );
     println!();
     println!("OSDS");
-    println!(
-        "  {:<6} {:>10} {:>10} {:>6} {:>17} {:>5} {:>13}",
-        "OSD", "SIZE", "USED", "%USE", "FULLEST PARTITION", "PGS", "STATE"
-    );
+    println!("  {:<6} {:>10} {:>10} {:>6} {:>5} {:>13}", "OSD", "SIZE", "USED", "%USE", "PGS", "STATE");
     for osd in &usage.osds {
         println!(
-            "  {:<6} {:>10} {:>10} {:>5.1}% {:>16.1}% {:>5} {:>13}",
+            "  {:<6} {:>10} {:>10} {:>5.1}% {:>5} {:>13}",
             format!("osd.{}", osd.id),
             format_size(osd.capacity_bytes),
             format_size(osd.used_bytes),
-            pct(osd.used_bytes, osd.capacity_bytes),
             osd.used_permille as f64 / 10.0,
             osd.pgs,
             osd.fullness,

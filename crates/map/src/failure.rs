@@ -352,6 +352,34 @@ mod tests {
         .unwrap();
     }
 
+    /// Issue 24: an OSD restarted so fast that the map still shows its old
+    /// incarnation up replaces it with its boot alone, at once: a new
+    /// `state_epoch` (so every PG it serves has a new interval and its
+    /// primary peers again), the new address, and the operator's "in" kept;
+    /// the old incarnation's refused-connection reports no longer count.
+    #[test]
+    fn a_boot_replaces_an_incarnation_the_map_still_shows_up() {
+        let mut map = map_with(3);
+        let before = map.osds[&1].clone();
+        assert!(before.up);
+        let mut detector = FailureDetector::new(FailureConfig::default());
+        for id in 0..3 {
+            detector.heartbeat(id, 0, &map);
+        }
+        map.run(&Command::OsdBoot { id: 1, addr: "127.0.0.1:7999".into(), host: "h1".into(), weight: 1 << 16 })
+            .unwrap();
+        let after = &map.osds[&1];
+        assert!(after.up && after.is_in);
+        assert_eq!(after.addr, "127.0.0.1:7999");
+        assert_eq!(after.state_epoch, map.epoch, "a new incarnation, in the boot's own epoch");
+        assert!(after.state_epoch > before.state_epoch);
+        // A peer that saw the old incarnation refuse connections reports it:
+        // the report names the old incarnation, so the new one stays up.
+        detector.report_refused(1, before.state_epoch, 0);
+        detector.report_refused(1, before.state_epoch, 2);
+        assert!(detector.tick(&map, 100).is_empty(), "a report about the old incarnation marks nothing down");
+    }
+
     /// Found by the simulator (seed 130): a restart within the grace, then
     /// boots between ticks, flapped for good.
     #[test]

@@ -176,6 +176,18 @@ impl<R: Region> PgLog<R> {
         self.live.is_empty()
     }
 
+    /// Bytes of the ring the live entries hold (with the unused end of the
+    /// ring when they wrap): what flushing them may need in the store, and more.
+    pub fn live_bytes(&self) -> u64 {
+        if self.live.is_empty() {
+            0
+        } else if self.tail < self.head {
+            self.head - self.tail
+        } else {
+            (self.region.len() - self.tail) + (self.head - RING_START)
+        }
+    }
+
     /// Appends `entry` (whose seq must be [`PgLog::next_seq`]); when this
     /// returns, the entry survives what the region survives.
     pub fn append(&mut self, entry: &Entry) -> Result<u64, LogError> {

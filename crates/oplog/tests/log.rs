@@ -82,6 +82,10 @@ fn run<R: Region>(open: impl Fn() -> R, steps: Vec<Step>) -> Result<(), TestCase
             log.entries().collect::<Result<Vec<_>, _>>().unwrap(),
             model.iter().cloned().collect::<Vec<_>>()
         );
+        // What the OSD reserves in the store for the log: at least the live entries.
+        let live: u64 = model.iter().map(|e| e.encoded_len() as u64).sum();
+        prop_assert!(log.live_bytes() >= live && log.live_bytes() <= 16 << 10, "{} for {live}", log.live_bytes());
+        prop_assert_eq!(log.live_bytes() == 0, model.is_empty());
     }
     drop(log);
     let (_, recovered) = PgLog::open(open(), 7).unwrap();

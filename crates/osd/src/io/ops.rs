@@ -68,7 +68,12 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
         // refused at once; what frees space (deletes, truncates, removing
         // attributes, discards) always goes on.
         if matches!(log_op, LogOp::Write | LogOp::SetAttr | LogOp::CreatePreallocated) {
-            if let Some(full) = view.full_osds.iter().find(|osd| acting.contains(osd)) {
+            let here = shared.config.id;
+            let full = view.full_osds.iter().find(|osd| acting.contains(osd)).copied().or_else(|| {
+                // Full here before the map says so (the monitor is a round trip away).
+                shared.metrics.locally_full.load(std::sync::atomic::Ordering::Relaxed).then_some(here)
+            });
+            if let Some(full) = full {
                 shared.metrics.full_refusals.add(1);
                 return reply(&op, Status::NoSpace, epoch, format!("osd.{full} is full"));
             }

@@ -153,6 +153,12 @@ pub struct Metrics {
     pub partition_out_of_space: [std::sync::atomic::AtomicBool; duplex_store::MAX_PARTITIONS as usize],
     /// Flushes that met ENOSPC from the store.
     pub flush_no_space: Counter,
+    /// Bytes the PG logs hold: entries not yet in the store, for which the
+    /// store keeps room (they count toward the OSD's fullness).
+    pub log_reserved_bytes: AtomicU64,
+    /// This OSD's own fullness is `full`: its primary PGs refuse writes at
+    /// once, before the map says so.
+    pub locally_full: std::sync::atomic::AtomicBool,
     histograms: Mutex<Vec<Histograms>>,
 }
 
@@ -160,6 +166,16 @@ impl Metrics {
     /// The use of the store's fullest partition, per mille.
     pub fn fullest_partition_permille(&self) -> u64 {
         self.partition_used_permille.iter().map(|p| p.load(std::sync::atomic::Ordering::Relaxed)).max().unwrap_or(0)
+    }
+
+    /// The OSD's fullness, per mille: its fullest partition's use plus the
+    /// room kept for what the PG logs hold (every logged write must find
+    /// room when it is flushed).
+    pub fn fullness_permille(&self) -> u64 {
+        let capacity = self.store_capacity_bytes.load(std::sync::atomic::Ordering::Relaxed).max(1);
+        let reserved = self.log_reserved_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        let reserved_permille = (u128::from(reserved) * 1000 / u128::from(capacity)).min(1000) as u64;
+        (self.fullest_partition_permille() + reserved_permille).min(1000)
     }
 
     /// A histogram set for one thread to record into.
@@ -442,6 +458,16 @@ impl Metrics {
             out,
             "# HELP duplex_osd_store_used_bytes Store data bytes in use.\n# TYPE duplex_osd_store_used_bytes gauge\nduplex_osd_store_used_bytes {}",
             self.store_used_bytes.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP duplex_osd_log_reserved_bytes Bytes the PG logs hold, kept free in the store for their flush.\n# TYPE duplex_osd_log_reserved_bytes gauge\nduplex_osd_log_reserved_bytes {}",
+            self.log_reserved_bytes.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP duplex_osd_fullness_permille The OSD's fullness, per mille: its fullest partition's use plus the room kept for its logs (judged against the full ratios).\n# TYPE duplex_osd_fullness_permille gauge\nduplex_osd_fullness_permille {}",
+            self.fullness_permille()
         );
         let _ = writeln!(
             out,

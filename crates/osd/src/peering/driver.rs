@@ -159,21 +159,26 @@ impl PeeringDriver {
     }
 
     /// This OSD's fullness, when it differs from what the map says: the
-    /// fullest store partition against the map's ratios. A change is
-    /// reported at once; the same report again at most every second, until
-    /// the map shows it.
+    /// fullest store partition, plus the room kept for what the PG logs
+    /// hold, against the map's ratios. A change is reported at once; the
+    /// same report again at most every second, until the map shows it.
+    /// Full here also makes this OSD's primary PGs refuse writes at once.
     fn fullness_report(&mut self, now: u64) -> Option<duplex_map::Command> {
+        let metrics = &self.shared.metrics;
+        let logged: u64 = self.shared.pgs.all().iter().map(|pg| pg.lock().map_or(0, |pg| pg.log.live_bytes())).sum();
+        metrics.log_reserved_bytes.store(logged, std::sync::atomic::Ordering::Relaxed);
         let view = self.shared.map.load();
         let id = self.shared.config.id;
+        let fullness = view.map.full_ratios.classify(metrics.fullness_permille());
+        metrics.locally_full.store(fullness == duplex_map::Fullness::Full, std::sync::atomic::Ordering::Relaxed);
         let reported = view.map.osds.get(&id).filter(|o| o.up)?.fullness;
-        let fullness = view.map.full_ratios.classify(self.shared.metrics.fullest_partition_permille());
         let asked_lately =
             self.fullness_asked.is_some_and(|(asked, at)| asked == fullness && now < at + RETRY_AFTER_US);
         if fullness == reported || asked_lately {
             return None;
         }
         self.fullness_asked = Some((fullness, now));
-        tracing::warn!(?fullness, was = ?reported, permille = self.shared.metrics.fullest_partition_permille(), "the store's fullness changed");
+        tracing::warn!(?fullness, was = ?reported, permille = metrics.fullness_permille(), log_reserved_bytes = logged, "the store's fullness changed");
         Some(duplex_map::Command::SetOsdFullness { id, fullness })
     }
 
