@@ -39,6 +39,14 @@ pub enum Op {
     SetAttr { key: Key, name: Vec<u8>, value: Vec<u8> },
     /// Remove an attribute (no-op if absent or if the object is absent).
     RemoveAttr { key: Key, name: Vec<u8> },
+    /// Make `key` a copy of `source` (size, data, attributes) that shares
+    /// its data blocks: O(its extents), no data copied. A later write to a
+    /// shared block of either object copies that one 4 KiB block first
+    /// (copy-on-write), so the other keeps its contents. Both keys are in
+    /// this partition, and the clone comes before any other operation of
+    /// the batch on either (`InvalidArgument` otherwise). No-op if `key`
+    /// exists or `source` does not, so that replaying it never fails.
+    Clone { key: Key, source: Key },
 }
 
 impl Op {
@@ -51,7 +59,8 @@ impl Op {
             | Op::Delete { key }
             | Op::CreatePreallocated { key, .. }
             | Op::SetAttr { key, .. }
-            | Op::RemoveAttr { key, .. } => key,
+            | Op::RemoveAttr { key, .. }
+            | Op::Clone { key, .. } => key,
         }
     }
 }
@@ -103,6 +112,11 @@ impl Batch {
 
     pub fn remove_attr(&mut self, key: Key, name: impl Into<Vec<u8>>) -> &mut Self {
         self.push(Op::RemoveAttr { key, name: name.into() })
+    }
+
+    /// `key` becomes a copy of `source` sharing its blocks ([`Op::Clone`]).
+    pub fn clone_object(&mut self, source: Key, key: Key) -> &mut Self {
+        self.push(Op::Clone { key, source })
     }
 
     pub fn len(&self) -> usize {

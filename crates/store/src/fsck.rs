@@ -1,7 +1,9 @@
 //! `fsck`: checks every invariant of a store without changing it.
 //!
 //! Per partition: every in-use onode slot is sound (checksum, chain shape)
-//! and belongs to exactly one chain; no data block is owned twice; the
+//! and belongs to exactly one chain; a data block is referenced by two
+//! objects only if both are flagged as sharing, and shared blocks' counts
+//! are the references the onodes make; the
 //! allocation bitmap equals the set of blocks onodes reference (deleted
 //! onodes awaiting reclaim included); no written bit outside allocated
 //! blocks; the index agrees with the onodes; no key has two live onodes;
@@ -24,7 +26,7 @@ pub struct FsckIssue {
     /// Machine-readable class: `mount`, `onode_corrupt`, `slot_shared`,
     /// `slot_leaked`, `block_owned_twice`, `block_referenced_but_free`,
     /// `block_leaked`, `written_but_free`, `duplicate_key`, `index_mismatch`,
-    /// `chunk_claims`, `data_checksum`, `io`.
+    /// `chunk_claims`, `block_refcount`, `data_checksum`, `io`.
     pub kind: String,
     pub detail: String,
 }
@@ -115,6 +117,8 @@ impl Partition {
         };
         let mut slot_owned = Bits::new(self.geometry.slot_count());
         let mut block_owned = Bits::new(self.region.data_blocks);
+        // References beyond the first, per block: what clones share.
+        let mut extra_references: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
         let mut live: Vec<(crate::Key, u32)> = Vec::new();
         let used: Vec<u64> = self.slots.ones().collect();
         for &slot in &used {
@@ -138,10 +142,13 @@ impl Partition {
                         for extent in &meta.extents {
                             for block in extent.physical..extent.physical + extent.len {
                                 if block_owned.test_and_set(block as u64) {
-                                    report.issue(
-                                        "block_owned_twice",
-                                        format!("data block {block} (second owner {:?})", meta.key),
-                                    );
+                                    *extra_references.entry(block).or_default() += 1;
+                                    if meta.flags & crate::onode::OBJECT_FLAG_SHARES == 0 {
+                                        report.issue(
+                                            "block_owned_twice",
+                                            format!("data block {block} (second owner {:?}, not a clone)", meta.key),
+                                        );
+                                    }
                                 }
                                 if !self.alloc.get(block as u64) {
                                     report.issue(
@@ -168,6 +175,19 @@ impl Partition {
             if !slot_owned.get(slot) {
                 report.issue("slot_leaked", format!("slot {slot} is in use but in no readable onode chain"));
             }
+        }
+        if extra_references != self.shared {
+            let differing: Vec<u32> = extra_references
+                .keys()
+                .chain(self.shared.keys())
+                .filter(|block| extra_references.get(block) != self.shared.get(block))
+                .copied()
+                .take(10)
+                .collect();
+            report.issue(
+                "block_refcount",
+                format!("shared blocks' reference counts differ from the onodes' (blocks {differing:?}, ...)"),
+            );
         }
         for block in self.alloc.ones() {
             if !block_owned.get(block) {

@@ -30,6 +30,9 @@ pub const NO_SLOT: u32 = u32::MAX;
 pub const FRAGMENT_CAPACITY: usize = SLOT_SIZE - 24;
 const SLOT_CRC_AT: usize = 4;
 pub const OBJECT_FLAG_PREALLOCATED: u8 = 1;
+/// Some of the object's blocks may be shared with other objects (it was
+/// cloned, or is a clone): mount counts the references of such objects only.
+pub const OBJECT_FLAG_SHARES: u8 = 2;
 /// Longest chain: bounds the blob (and so one object's metadata).
 pub const MAX_CHAIN_SLOTS: usize = 512;
 
@@ -198,6 +201,25 @@ impl ObjectMeta {
         }
         self.extents.insert(index, Extent { logical, physical, len: 1 });
         debug_assert_eq!(self.physical_for(logical), Some(physical));
+    }
+
+    /// Unmaps logical block `logical`; returns the data block it mapped.
+    pub fn unmap_block(&mut self, logical: u32) -> Option<u32> {
+        let index = self.extents.partition_point(|e| e.logical_end() <= logical);
+        let extent = *self.extents.get(index)?;
+        let physical = extent.physical_for(logical)?;
+        let before = logical - extent.logical;
+        let after = extent.len - before - 1;
+        let mut pieces = Vec::with_capacity(2);
+        if before > 0 {
+            pieces.push(Extent { logical: extent.logical, physical: extent.physical, len: before });
+        }
+        if after > 0 {
+            pieces.push(Extent { logical: logical + 1, physical: physical + 1, len: after });
+        }
+        self.extents.splice(index..=index, pieces);
+        debug_assert!(self.physical_for(logical).is_none(), "block {logical} still mapped");
+        Some(physical)
     }
 
     /// Unmaps every block at or past logical block `first`; returns the freed
@@ -448,6 +470,18 @@ mod tests {
             prop_assert_eq!(freed_count as usize, before.iter().filter(|(l, p)| *l >= cut && p.is_some()).count());
             for (l, p) in before {
                 prop_assert_eq!(meta.physical_for(l), if l < cut { p } else { None });
+            }
+            // One block out of the middle of a run, then back: the same mapping.
+            let kept: Vec<(u32, Option<u32>)> = (0..210).map(|l| (l, meta.physical_for(l))).collect();
+            if let Some((logical, Some(physical))) = kept.iter().copied().find(|(_, p)| p.is_some()) {
+                prop_assert_eq!(meta.unmap_block(logical), Some(physical));
+                for (l, p) in &kept {
+                    prop_assert_eq!(meta.physical_for(*l), if *l == logical { None } else { *p });
+                }
+                meta.map_block(logical, physical);
+                for (l, p) in &kept {
+                    prop_assert_eq!(meta.physical_for(*l), *p);
+                }
             }
         }
     }

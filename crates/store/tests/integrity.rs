@@ -445,3 +445,92 @@ fn a_journaled_whole_block_goes_through_the_journal_and_repairs_a_damaged_block(
     assert_eq!(peek(&path, offset, 4096), vec![2; 4096], "the checkpoint of close wrote it back");
     assert!(fsck(&path, &config, true).clean);
 }
+
+/// `Op::Clone` (issue 25's foundation): the copy shares the original's
+/// blocks, so it takes no data space; a write to either copies one 4 KiB
+/// block first and leaves the other as it was; shared blocks are freed
+/// only with their last reference; a remount counts the references again
+/// from the onodes, and fsck checks them.
+#[test]
+fn a_clone_shares_blocks_until_either_copy_writes_one() {
+    let (_dir, path, config) = setup();
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    let free = p.free_blocks();
+    let (original, copy) = (key(0, 1), key(0, 2));
+    p.apply(Batch::new().create_preallocated(original.clone(), 1 << 20).set_attr(original.clone(), "a", "1")).unwrap();
+    p.write(&original, 0, &[1u8; 1 << 20]).unwrap();
+    assert_eq!(p.free_blocks(), free - 256);
+    p.apply(Batch::new().clone_object(original.clone(), copy.clone())).unwrap();
+    assert_eq!(p.free_blocks(), free - 256, "a clone copies no data");
+    assert_eq!(p.read(copy.as_bytes(), 0, 1 << 20).unwrap(), vec![1u8; 1 << 20]);
+    assert_eq!(p.get_attr(copy.as_bytes(), b"a").unwrap(), b"1".to_vec());
+    // A 4 KiB write to the original copies one block; a partial write to
+    // the copy copies one block and keeps the rest of its bytes.
+    p.write(&original, 8192, &[2u8; 4096]).unwrap();
+    p.write(&copy, 100, b"copy").unwrap();
+    assert_eq!(p.free_blocks(), free - 258, "two blocks copied on write");
+    let mut expected = vec![1u8; 1 << 20];
+    expected[100..104].copy_from_slice(b"copy");
+    assert_eq!(p.read(copy.as_bytes(), 0, 1 << 20).unwrap(), expected);
+    let mut expected = vec![1u8; 1 << 20];
+    expected[8192..12288].fill(2);
+    assert_eq!(p.read(original.as_bytes(), 0, 1 << 20).unwrap(), expected);
+    // A batch whose clone is not its first operation on the objects is refused whole.
+    let refused = p.apply(Batch::new().write(key(0, 3), 0, b"x").clone_object(key(0, 3), key(0, 4)));
+    assert!(matches!(refused, Err(StoreError::InvalidArgument(_))), "{refused:?}");
+    assert!(!p.exists(key(0, 3).as_bytes()));
+    store.close().unwrap();
+    let report = fsck(&path, &config, true);
+    assert!(report.clean, "{report:#?}");
+
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    assert_eq!(p.free_blocks(), free - 258, "the same after a remount");
+    // Deleting the original frees only what it alone held: its copy of
+    // block 2, and its block 0, which the copy replaced with its own.
+    p.apply(Batch::new().delete(original.clone())).unwrap();
+    p.commit_reclaims().unwrap();
+    assert_eq!(p.free_blocks(), free - 256, "the original's own blocks are free, the shared ones are the copy's");
+    assert_eq!(p.read(copy.as_bytes(), 0, 4).unwrap(), vec![1u8; 4]);
+    store.close().unwrap();
+    assert!(fsck(&path, &config, true).clean);
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    p.apply(Batch::new().delete(copy.clone())).unwrap();
+    p.commit_reclaims().unwrap();
+    assert_eq!(p.free_blocks(), free, "every block free with its last reference");
+    store.close().unwrap();
+    assert!(fsck(&path, &config, true).clean);
+}
+
+/// A clone of a clone, truncates and zeroes of shared blocks: each object
+/// reads as if it had its own copy, and fsck's reference counts agree.
+#[test]
+fn clones_of_clones_truncated_and_zeroed_read_as_their_own_copies() {
+    let (_dir, path, config) = setup();
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    let free = p.free_blocks();
+    let (a, b, c) = (key(0, 1), key(0, 2), key(0, 3));
+    p.write(&a, 0, &[5u8; 64 << 10]).unwrap();
+    p.apply(Batch::new().clone_object(a.clone(), b.clone())).unwrap();
+    p.apply(Batch::new().clone_object(b.clone(), c.clone()).truncate(b.clone(), 10_000)).unwrap();
+    p.apply(Batch::new().zero(c.clone(), 4096, 8192)).unwrap();
+    p.apply(Batch::new().truncate(a.clone(), 0)).unwrap();
+    assert_eq!(p.read(a.as_bytes(), 0, 10).unwrap(), Vec::<u8>::new());
+    assert_eq!(p.read(b.as_bytes(), 0, 20_000).unwrap(), vec![5u8; 10_000]);
+    let mut expected = vec![5u8; 64 << 10];
+    expected[4096..12288].fill(0);
+    assert_eq!(p.read(c.as_bytes(), 0, 64 << 10).unwrap(), expected);
+    store.close().unwrap();
+    let report = fsck(&path, &config, true);
+    assert!(report.clean, "{report:#?}");
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    p.apply(Batch::new().delete(b.clone()).delete(c.clone())).unwrap();
+    p.commit_reclaims().unwrap();
+    assert_eq!(p.free_blocks(), free, "nothing leaked");
+    store.close().unwrap();
+    assert!(fsck(&path, &config, true).clean);
+}

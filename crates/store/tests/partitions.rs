@@ -85,6 +85,11 @@ fn set_key(op: &mut duplex_store::Op, new: duplex_store::Key) {
         | CreatePreallocated { key, .. }
         | SetAttr { key, .. }
         | RemoveAttr { key, .. } => *key = new,
+        Clone { key, source } => {
+            let name = &source.as_bytes()[4..];
+            *source = duplex_store::Key::in_group(new.group(), name).unwrap();
+            *key = new;
+        }
     }
 }
 

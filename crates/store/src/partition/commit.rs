@@ -209,6 +209,15 @@ impl Partition {
                 None => self.objects.remove(key.as_bytes()),
             };
         }
+        for (block, delta) in prepared.ref_delta {
+            let references = 1 + i64::from(self.shared.get(&block).copied().unwrap_or(0)) + i64::from(delta);
+            debug_assert!(references >= 0, "block {block} left with {references} references");
+            if references > 1 {
+                self.shared.insert(block, (references - 1) as u32);
+            } else {
+                self.shared.remove(&block);
+            }
+        }
         debug_assert!(prepared.reclaimed <= self.reclaim.len(), "the reclaim queue shrank since planning");
         self.reclaim.drain(..prepared.reclaimed);
         self.reclaim.extend(prepared.new_reclaims);
@@ -244,7 +253,7 @@ impl Partition {
             .filter_map(|entry| match entry {
                 Entry::DataWrite { block, .. } | Entry::Patch { block, .. } => Some(self.crc_location(*block).0),
                 Entry::WriteSlot { slot, .. } => Some(self.slot_location(*slot).0),
-                Entry::SetBits { .. } | Entry::Claim { .. } => None,
+                Entry::SetBits { .. } | Entry::Claim { .. } | Entry::CopyOf { .. } => None,
             })
             .collect();
         self.pages.load(self.io.as_mut(), &pages)
@@ -298,6 +307,15 @@ impl Partition {
                         self.written.adopt(*chunk, None);
                     }
                     self.claims.set_range(*chunk as u64, 1, true);
+                }
+                // Only the recovery of a last record reads it (mount).
+                Entry::CopyOf { block, source } => {
+                    if !self.alloc.owns_block(*block as u64) || *source as u64 >= self.region.data_blocks {
+                        return Err(StoreError::corrupt(format!(
+                            "partition {}: journal copies block {source} to block {block}",
+                            self.index
+                        )));
+                    }
                 }
                 Entry::DataWrite { block, new_crc, .. } => {
                     if !self.alloc.owns_block(*block as u64) {

@@ -193,6 +193,10 @@ pub struct Partition {
     pub(crate) next_seq: u64,
     pub(crate) journal_used_bytes: u64,
     pub(crate) reclaim: Vec<Reclaim>,
+    /// Data blocks referenced by more than one object ([`crate::Op::Clone`]),
+    /// and how many references each has beyond the first. Not on disk:
+    /// mount counts them from the onodes of objects that share.
+    pub(crate) shared: BTreeMap<u32, u32>,
     pub(crate) alloc_hint: u64,
     pub(crate) slot_hint: u64,
     pub(crate) failed: bool,

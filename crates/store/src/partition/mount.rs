@@ -11,7 +11,7 @@ use crate::error::{Result, StoreError};
 use crate::journal::{BitmapKind, Entry, Record};
 use crate::key::Key;
 use crate::layout::{Area, DataRegion, PartitionGeometry, PartitionHeader};
-use crate::onode::{decode_slot, ObjectMeta, HEAD_FLAG_DELETED, KIND_HEAD, NO_SLOT};
+use crate::onode::{decode_slot, ObjectMeta, HEAD_FLAG_DELETED, KIND_HEAD, NO_SLOT, OBJECT_FLAG_SHARES};
 use crate::pages::PageCache;
 use crate::{BLOCK_SIZE, SLOTS_PER_PAGE};
 
@@ -109,6 +109,7 @@ impl Partition {
             next_seq: header.journal_start_seq,
             journal_used_bytes: 0,
             reclaim: Vec::new(),
+            shared: BTreeMap::new(),
             alloc_hint: 0,
             slot_hint: 0,
             failed: false,
@@ -169,7 +170,9 @@ impl Partition {
         for entry in &record.entries {
             let (start, count) = match entry {
                 Entry::SetBits { map: BitmapKind::Alloc | BitmapKind::Written, start, count, .. } => (*start, *count),
-                Entry::DataWrite { block, .. } | Entry::Patch { block, .. } => (*block as u64, 1),
+                Entry::DataWrite { block, .. } | Entry::Patch { block, .. } | Entry::CopyOf { block, .. } => {
+                    (*block as u64, 1)
+                }
                 Entry::SetBits { map: BitmapKind::Slots, .. } | Entry::WriteSlot { .. } | Entry::Claim { .. } => {
                     continue
                 }
@@ -187,6 +190,42 @@ impl Partition {
                     self.claims.set_range(chunk as u64, 1, true);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Gives copy-on-write block `block` the contents of `source`, the
+    /// shared block it copies (intact: nothing writes a shared block in
+    /// place, and a block freed by the interrupted record was not reused).
+    fn restore_copy(&mut self, block: u32, source: u32) -> Result<()> {
+        let image = if self.deferred.contains_key(&source) {
+            let mut copy = self.take_block(false);
+            copy.copy_from_slice(&self.deferred[&source]);
+            copy
+        } else if self.alloc.owns_block(source as u64) && self.written.get(source as u64) {
+            let crc = self.crc_get(source)?;
+            let mut copy = self.take_block(false);
+            self.io
+                .read_many(&mut [(self.data_offset(source), &mut copy[..])])
+                .map_err(|e| StoreError::io("reading a copied block's source", e))?;
+            if crate::crc32c(&copy) != crc {
+                tracing::warn!(
+                    partition = self.index,
+                    block,
+                    source,
+                    "the source of a copied block fails its checksum"
+                );
+            }
+            copy
+        } else {
+            // The source held no data: the copy is a hole, as it was.
+            self.written.set_range(block as u64, 1, false);
+            return Ok(());
+        };
+        self.crc_set(block, crate::crc32c(&image))?;
+        self.written.set_range(block as u64, 1, true);
+        if let Some(old) = self.deferred.insert(block, image) {
+            self.give_blocks([old]);
         }
         Ok(())
     }
@@ -219,8 +258,18 @@ impl Partition {
     /// block the batch grew past has its never-visible tail zeroed (written
     /// back, except on a read-only mount, which only keeps the old crc).
     /// A block that matches neither (torn by a power loss) keeps the new crc
-    /// and reads as a checksum error until rewritten; fsck reports it.
+    /// and reads as a checksum error until rewritten; fsck reports it. A
+    /// copy on write whose data did not land (or tore) gets its source's
+    /// contents back as a deferred image (the next checkpoint writes it).
     fn recover_last_record(&mut self, record: &Record) -> Result<()> {
+        let copies: std::collections::HashMap<u32, u32> = record
+            .entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::CopyOf { block, source } => Some((*block, *source)),
+                _ => None,
+            })
+            .collect();
         let writes: Vec<(u32, bool, u32, u32, u16)> = record
             .entries
             .iter()
@@ -259,6 +308,8 @@ impl Partition {
                 } else {
                     self.crc_set(block, old_crc)?;
                 }
+            } else if let Some(&source) = copies.get(&block).filter(|_| !was_written) {
+                self.restore_copy(block, source)?;
             } else if !was_written {
                 self.written.set_range(block as u64, 1, false);
             } else {
@@ -277,10 +328,31 @@ impl Partition {
         Ok(())
     }
 
+    /// The references of blocks shared between objects: those of objects
+    /// flagged as sharing (live ones and deleted ones awaiting reclaim) are
+    /// counted, and a block referenced more than once is shared. Objects
+    /// never cloned are not looked at: a store without clones pays nothing.
+    fn count_shared_blocks(&mut self, sharing_tombstones: &[Vec<(u32, u32)>]) {
+        let mut references: BTreeMap<u32, u32> = BTreeMap::new();
+        let live = self
+            .objects
+            .values()
+            .filter(|entry| entry.flags & OBJECT_FLAG_SHARES != 0)
+            .flat_map(|entry| entry.extents.as_slice().iter().map(|e| (e.physical, e.len)));
+        for (start, count) in live.chain(sharing_tombstones.iter().flatten().copied()) {
+            for block in start..start + count {
+                *references.entry(block).or_default() += 1;
+            }
+        }
+        self.shared = references.into_iter().filter(|(_, n)| *n > 1).map(|(block, n)| (block, n - 1)).collect();
+    }
+
     /// Reads every in-use onode slot and rebuilds the ordered index; deleted
     /// objects go to the reclaim queue, unreadable chains to `mount_issues`.
     fn rebuild_index(&mut self) -> Result<()> {
         let mut entries: Vec<(Key, IndexEntry)> = Vec::new();
+        // Runs of deleted objects that shared blocks: their references count until reclaimed.
+        let mut sharing_tombstones: Vec<Vec<(u32, u32)>> = Vec::new();
         // Heads of onodes longer than one slot, read through the page cache after the scan.
         let mut heads: Vec<u32> = Vec::new();
         let pages_per_window = (MOUNT_READ_BYTES / BLOCK_SIZE) as u64;
@@ -316,7 +388,10 @@ impl Partition {
                     {
                         match ObjectMeta::decode(fragment, self.region.data_blocks) {
                             Ok(meta) if header.flags & HEAD_FLAG_DELETED != 0 => {
-                                let runs = meta.extents.iter().map(|e| (e.physical, e.len)).collect();
+                                let runs: Vec<(u32, u32)> = meta.extents.iter().map(|e| (e.physical, e.len)).collect();
+                                if meta.flags & OBJECT_FLAG_SHARES != 0 {
+                                    sharing_tombstones.push(runs.clone());
+                                }
                                 self.reclaim.push(Reclaim { runs, slots: vec![slot] });
                             }
                             Ok(meta) => entries.push((meta.key.clone(), IndexEntry::from_meta(slot, &meta))),
@@ -332,7 +407,10 @@ impl Partition {
         for head in heads {
             match self.read_chain(head) {
                 Ok((chain, true, meta)) => {
-                    let runs = meta.extents.iter().map(|e| (e.physical, e.len)).collect();
+                    let runs: Vec<(u32, u32)> = meta.extents.iter().map(|e| (e.physical, e.len)).collect();
+                    if meta.flags & OBJECT_FLAG_SHARES != 0 {
+                        sharing_tombstones.push(runs.clone());
+                    }
                     self.reclaim.push(Reclaim { runs, slots: chain });
                 }
                 Ok((_, false, meta)) => entries.push((meta.key.clone(), IndexEntry::from_meta(head, &meta))),
@@ -352,6 +430,7 @@ impl Partition {
         entries.dedup_by(|later, earlier| later.0 == earlier.0);
         // Built from sorted input, the map's nodes are packed full.
         self.objects = entries.into_iter().collect();
+        self.count_shared_blocks(&sharing_tombstones);
         // Decoded extents are never empty: every reclaim frees real runs.
         assert!(self.reclaim.iter().all(|r| r.runs.iter().all(|(_, count)| *count > 0)));
         for issue in &self.mount_issues {

@@ -17,7 +17,9 @@ use crate::blockio::AlignedBuf;
 use crate::error::{Result, StoreError};
 use crate::journal::{BitmapKind, Entry, Record};
 use crate::key::Key;
-use crate::onode::{encode_chain, slots_needed, ObjectMeta, MAX_CHAIN_SLOTS, OBJECT_FLAG_PREALLOCATED};
+use crate::onode::{
+    encode_chain, slots_needed, ObjectMeta, MAX_CHAIN_SLOTS, OBJECT_FLAG_PREALLOCATED, OBJECT_FLAG_SHARES,
+};
 use crate::{BLOCK_SIZE, MAX_OBJECT_SIZE, SLOT_SIZE};
 
 /// Shortest run a pre-allocated object is split into when no longer one is free.
@@ -82,6 +84,11 @@ pub(crate) struct Plan {
     reserved_slots: Vec<u32>,
     /// Chunks taken from the pool for this batch (the record claims them).
     claimed_chunks: Vec<u32>,
+    /// Changes to shared blocks' reference counts (clones add, copies on
+    /// write, truncates and reclaims drop), applied once the record is durable.
+    ref_delta: BTreeMap<u32, i32>,
+    /// Copies on write: (new block, the shared block it copies).
+    copies: Vec<(u32, u32)>,
     /// Blocks freed by truncation (cleared on disk by the record).
     freed_blocks: Vec<u32>,
     freed_slots: Vec<u32>,
@@ -109,6 +116,7 @@ pub(crate) struct Prepared {
     pub reserved_blocks: Vec<u32>,
     pub reserved_slots: Vec<u32>,
     pub claimed_chunks: Vec<u32>,
+    pub ref_delta: BTreeMap<u32, i32>,
     /// How many entries of the partition's reclaim queue the record frees.
     pub reclaimed: usize,
 }
@@ -173,6 +181,15 @@ impl Partition {
     fn plan_ops(&mut self, plan: &mut Plan, batch: &Batch) -> Result<()> {
         for op in &batch.ops {
             self.check_key(op.key().as_bytes())?;
+            if let Op::Clone { key, source } = op {
+                self.check_key(source.as_bytes())?;
+                // Then neither has blocks staged, patched or reserved by this batch.
+                if plan.objects.contains_key(key) || plan.objects.contains_key(source) {
+                    return Err(StoreError::invalid(
+                        "a clone must come before every other operation of its batch on its source and its copy",
+                    ));
+                }
+            }
             self.load_working(plan, op.key());
             match op {
                 Op::Write { key, offset, data } => {
@@ -187,6 +204,7 @@ impl Partition {
                 Op::Zero { key, offset, len } => self.plan_zero(plan, key, *offset, *len)?,
                 Op::Delete { key } => self.plan_delete(plan, key),
                 Op::CreatePreallocated { key, size } => self.plan_preallocate(plan, key, *size)?,
+                Op::Clone { key, source } => self.plan_clone(plan, source, key)?,
                 Op::SetAttr { key, name, value } => {
                     ObjectMeta::check_attr(name, value)?;
                     self.ensure_attrs(plan, key)?;
@@ -396,7 +414,14 @@ impl Partition {
                 (meta.physical_for(logical), hint)
             };
             let (block, newly_reserved) = match mapped {
-                Some(block) => (block, plan.objects[key].new_blocks.contains(&block)),
+                Some(block) => {
+                    let newly_reserved = plan.objects[key].new_blocks.contains(&block);
+                    if !newly_reserved && self.is_shared(plan, block) {
+                        (self.copy_on_write(plan, key, logical, block, from == 0 && to == BLOCK_SIZE)?, true)
+                    } else {
+                        (block, newly_reserved)
+                    }
+                }
                 None => {
                     let block = self.reserve_block(plan, hint)?;
                     let w = plan.objects.get_mut(key).expect("loaded");
@@ -438,11 +463,13 @@ impl Partition {
         while position < end {
             let logical = (position / block_size) as u32;
             let piece_end = end.min((logical as u64 + 1) * block_size);
-            let mapped = plan.objects[key].current.as_ref().expect("present").physical_for(logical).is_some();
-            if mapped {
+            let mapped = plan.objects[key].current.as_ref().expect("present").physical_for(logical);
+            if let Some(block) = mapped {
                 let reserved = plan.reserved_blocks.len();
+                // A block shared with a clone is copied first, as any write's.
+                let shared = !plan.objects[key].new_blocks.contains(&block) && self.is_shared(plan, block);
                 self.plan_write(plan, key, position, &zeros[..(piece_end - position) as usize], false)?;
-                debug_assert_eq!(plan.reserved_blocks.len(), reserved, "zeroing a mapped block allocated one");
+                debug_assert!(shared || plan.reserved_blocks.len() == reserved, "zeroing a mapped block allocated one");
             }
             position = piece_end;
         }
@@ -490,9 +517,12 @@ impl Partition {
             self.release_reserved(plan, block);
         }
         for block in to_free {
-            plan.staged.remove(&block);
-            plan.patched.remove(&block);
-            plan.freed_blocks.push(block);
+            // A block a clone still maps only loses this reference.
+            if self.drop_reference(plan, block) {
+                plan.staged.remove(&block);
+                plan.patched.remove(&block);
+                plan.freed_blocks.push(block);
+            }
         }
         Ok(())
     }
@@ -505,12 +535,19 @@ impl Partition {
         if tail == 0 {
             return Ok(());
         }
+        let logical = (old_size / BLOCK_SIZE as u64) as u32;
         let w = &plan.objects[key];
-        let Some(block) = w.current.as_ref().expect("present").physical_for((old_size / BLOCK_SIZE as u64) as u32)
-        else {
+        let Some(mut block) = w.current.as_ref().expect("present").physical_for(logical) else {
             return Ok(());
         };
-        let newly_reserved = w.new_blocks.contains(&block);
+        let mut newly_reserved = w.new_blocks.contains(&block);
+        if !newly_reserved && self.is_shared(plan, block) {
+            if !self.written.get(block as u64) && !self.deferred.contains_key(&block) {
+                return Ok(()); // reads as zeros already
+            }
+            block = self.copy_on_write(plan, key, logical, block, false)?;
+            newly_reserved = true;
+        }
         if self.goes_to_journal(plan, block, newly_reserved, false) {
             return self.patch(plan, block, tail, &[0u8; BLOCK_SIZE][tail..]);
         }
@@ -538,8 +575,10 @@ impl Partition {
                 if new_blocks.contains(&block) {
                     self.release_reserved(plan, block);
                 } else {
-                    plan.staged.remove(&block);
-                    plan.patched.remove(&block);
+                    if !self.is_shared(plan, block) {
+                        plan.staged.remove(&block);
+                        plan.patched.remove(&block);
+                    }
                     tombstone.map_block(extent.logical + offset as u32, block);
                 }
             }
@@ -547,8 +586,107 @@ impl Partition {
         if was_original {
             plan.objects.get_mut(key).expect("loaded").tombstone = Some(tombstone);
         } else {
-            debug_assert!(tombstone.extents.is_empty(), "an object created by this batch owns only reserved blocks");
+            // Created by this batch: it owns only blocks it reserved, and
+            // (a clone) blocks it shares, whose references it drops now.
+            for extent in &tombstone.extents {
+                for block in extent.physical..extent.physical + extent.len {
+                    debug_assert!(self.references(plan, block) >= 1, "block {block} of a clone has no reference");
+                    if self.drop_reference(plan, block) {
+                        plan.staged.remove(&block);
+                        plan.patched.remove(&block);
+                        plan.freed_blocks.push(block);
+                    }
+                }
+            }
         }
+    }
+
+    /// `key` becomes a copy of `source` mapping the same blocks; both are
+    /// flagged as sharing (mount counts their references).
+    fn plan_clone(&mut self, plan: &mut Plan, source: &Key, key: &Key) -> Result<()> {
+        self.load_working(plan, source);
+        if plan.objects[source].current.is_none() || plan.objects[key].current.is_some() {
+            return Ok(()); // replayed, or nothing to copy
+        }
+        self.ensure_attrs(plan, source)?;
+        let mut meta = plan.objects[source].current.clone().expect("present");
+        debug_assert!(plan.objects[source].new_blocks.is_empty(), "a clone's source has no block of this batch");
+        meta.key = key.clone();
+        meta.flags |= OBJECT_FLAG_SHARES;
+        for extent in &meta.extents {
+            for block in extent.physical..extent.physical + extent.len {
+                *plan.ref_delta.entry(block).or_default() += 1;
+            }
+        }
+        let copy = plan.objects.get_mut(key).expect("loaded");
+        copy.current = Some(meta);
+        copy.attrs_loaded = true;
+        copy.meta_dirty = true;
+        let original = plan.objects.get_mut(source).expect("loaded").current.as_mut().expect("present");
+        if original.flags & OBJECT_FLAG_SHARES == 0 {
+            original.flags |= OBJECT_FLAG_SHARES;
+            plan.objects.get_mut(source).expect("loaded").meta_dirty = true;
+        }
+        Ok(())
+    }
+
+    /// How many objects map `block` (one some object maps), as of this plan.
+    fn references(&self, plan: &Plan, block: u32) -> i64 {
+        if self.shared.is_empty() && plan.ref_delta.is_empty() {
+            return 1; // no clone anywhere: one lookup-free test per block
+        }
+        1 + i64::from(self.shared.get(&block).copied().unwrap_or(0))
+            + i64::from(plan.ref_delta.get(&block).copied().unwrap_or(0))
+    }
+
+    fn is_shared(&self, plan: &Plan, block: u32) -> bool {
+        self.references(plan, block) > 1
+    }
+
+    /// Drops one object's reference to `block`; whether it was the last
+    /// (the block is then the caller's to free).
+    fn drop_reference(&mut self, plan: &mut Plan, block: u32) -> bool {
+        let before = self.references(plan, block);
+        debug_assert!(before >= 1, "block {block} has {before} references");
+        if before > 1 || plan.ref_delta.contains_key(&block) || self.shared.contains_key(&block) {
+            *plan.ref_delta.entry(block).or_default() -= 1;
+        }
+        before == 1
+    }
+
+    /// Logical block `logical` of `key` maps a block it shares: map it to a
+    /// new block holding the same bytes (staged; not read when the write
+    /// covers it `whole`) and drop the shared one. Returns the new block.
+    fn copy_on_write(&mut self, plan: &mut Plan, key: &Key, logical: u32, shared: u32, whole: bool) -> Result<u32> {
+        debug_assert!(
+            !plan.staged.contains_key(&shared) && !plan.patched.contains_key(&shared),
+            "a shared block changed in place by this batch"
+        );
+        let copy = self.reserve_block(plan, None)?;
+        let buf = if whole {
+            self.take_block(false)
+        } else if self.deferred.contains_key(&shared) {
+            let mut buf = self.take_block(false);
+            buf.copy_from_slice(&self.deferred[&shared]);
+            buf
+        } else if self.written.get(shared as u64) {
+            let crc = self.crc_get(shared)?;
+            self.read_block_verified(shared, crc)?
+        } else {
+            self.take_block(true)
+        };
+        plan.staged.insert(copy, StagedBlock { buf, was_written: false, old_crc: 0, zero_from: 0 });
+        plan.copies.push((copy, shared));
+        let w = plan.objects.get_mut(key).expect("loaded");
+        let meta = w.current.as_mut().expect("present");
+        let unmapped = meta.unmap_block(logical);
+        debug_assert_eq!(unmapped, Some(shared));
+        meta.map_block(logical, copy);
+        w.new_blocks.insert(copy);
+        w.meta_dirty = true;
+        let last = self.drop_reference(plan, shared);
+        debug_assert!(!last, "block {shared} was shared, yet a copy dropped its last reference");
+        Ok(copy)
     }
 
     fn plan_preallocate(&mut self, plan: &mut Plan, key: &Key, size: u64) -> Result<()> {
@@ -670,24 +808,29 @@ impl Partition {
 
         // Delayed deallocation: free what earlier deletes left behind.
         let reclaimed = self.reclaim.len().min(64);
-        for reclaim in &self.reclaim[..reclaimed] {
-            for &(start, count) in &reclaim.runs {
-                entries.push(Entry::SetBits {
-                    map: BitmapKind::Alloc,
-                    start: start as u64,
-                    count: count as u64,
-                    value: false,
-                });
-                entries.push(Entry::SetBits {
-                    map: BitmapKind::Written,
-                    start: start as u64,
-                    count: count as u64,
-                    value: false,
-                });
+        let mut reclaim_runs: Vec<(u64, u64)> = Vec::new();
+        let mut reclaim_slots: Vec<u32> = Vec::new();
+        for index in 0..reclaimed {
+            let runs = self.reclaim[index].runs.clone();
+            reclaim_slots.extend_from_slice(&self.reclaim[index].slots);
+            if self.shared.is_empty() && plan.ref_delta.is_empty() {
+                reclaim_runs.extend(runs.iter().map(|&(start, count)| (start as u64, count as u64)));
+                continue;
             }
-            for &slot in &reclaim.slots {
-                entries.push(Entry::SetBits { map: BitmapKind::Slots, start: slot as u64, count: 1, value: false });
+            // A block a clone still maps only loses the deleted object's reference.
+            let mut freed: Vec<u32> = Vec::new();
+            for (start, count) in runs {
+                freed.extend((start..start + count).filter(|&block| self.drop_reference(plan, block)));
             }
+            freed.sort_unstable();
+            reclaim_runs.extend(runs_of(&freed));
+        }
+        for (start, count) in reclaim_runs {
+            entries.push(Entry::SetBits { map: BitmapKind::Alloc, start, count, value: false });
+            entries.push(Entry::SetBits { map: BitmapKind::Written, start, count, value: false });
+        }
+        for slot in reclaim_slots {
+            entries.push(Entry::SetBits { map: BitmapKind::Slots, start: slot as u64, count: 1, value: false });
         }
 
         for (block, tail) in plan.objects.values().filter_map(|w| w.original_tail) {
@@ -755,6 +898,12 @@ impl Partition {
                 zero_from: staged.zero_from,
             });
         }
+        // A copy released again by this batch (its object deleted or cut) has nothing to recover.
+        for &(block, source) in &plan.copies {
+            if plan.staged.contains_key(&block) {
+                entries.push(Entry::CopyOf { block, source });
+            }
+        }
         for (&block, patched) in &mut plan.patched {
             debug_assert!(self.alloc.get(block as u64), "patched block {block} is not allocated");
             let new_crc = crate::crc32c(&patched.image);
@@ -785,6 +934,7 @@ impl Partition {
             reserved_blocks: std::mem::take(&mut plan.reserved_blocks),
             reserved_slots: std::mem::take(&mut plan.reserved_slots),
             claimed_chunks: std::mem::take(&mut plan.claimed_chunks),
+            ref_delta: std::mem::take(&mut plan.ref_delta),
             reclaimed,
         })
     }

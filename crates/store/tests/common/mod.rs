@@ -76,6 +76,13 @@ impl Model {
                     o.attrs.remove(name);
                 }
             }
+            Op::Clone { source, .. } => {
+                if !self.objects.contains_key(&key) {
+                    if let Some(original) = self.objects.get(source.as_bytes()).cloned() {
+                        self.objects.insert(key, original);
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -89,6 +96,12 @@ pub fn key(group: u32, name: u8) -> Key {
 /// A random batch of 1..=max_ops operations over `names` names in `groups` groups.
 pub fn random_batch(rng: &mut StdRng, groups: u32, names: u8, max_ops: usize) -> Batch {
     let mut batch = Batch::new();
+    if rng.gen_bool(0.12) {
+        // A clone (it must come first in its batch): later writes to either
+        // object copy the blocks they share.
+        let group = rng.gen_range(0..groups);
+        batch.push(Op::Clone { key: key(group, rng.gen_range(0..names)), source: key(group, rng.gen_range(0..names)) });
+    }
     for _ in 0..rng.gen_range(1..=max_ops) {
         let k = key(rng.gen_range(0..groups), rng.gen_range(0..names));
         let op = match rng.gen_range(0..100) {
