@@ -44,8 +44,10 @@ pub enum Op {
     /// shared block of either object copies that one 4 KiB block first
     /// (copy-on-write), so the other keeps its contents. Both keys are in
     /// this partition, and the clone comes before any other operation of
-    /// the batch on either (`InvalidArgument` otherwise). No-op if `key`
-    /// exists or `source` does not, so that replaying it never fails.
+    /// the batch on `source`, and on `key` unless one deleted it (a
+    /// rollback: `Delete(head)`, `Clone { key: head, source: snapshot }`);
+    /// `InvalidArgument` otherwise. No-op if `key` exists or `source` does
+    /// not, so that replaying it never fails.
     Clone { key: Key, source: Key },
 }
 

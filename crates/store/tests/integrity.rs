@@ -534,3 +534,60 @@ fn clones_of_clones_truncated_and_zeroed_read_as_their_own_copies() {
     store.close().unwrap();
     assert!(fsck(&path, &config, true).clean);
 }
+
+/// `Partition::diff`: after a clone, exactly the blocks either object wrote
+/// differ, found from the block maps alone; a grown object differs past
+/// the other's end; holes in both, or blocks never written, are equal.
+#[test]
+fn diff_names_exactly_what_changed_since_a_clone() {
+    let (_dir, path, config) = setup();
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    let (head, snap) = (key(0, 1), key(0, 2));
+    p.apply(Batch::new().create_preallocated(head.clone(), 1 << 20)).unwrap();
+    p.write(&head, 0, &[1u8; 64 << 10]).unwrap();
+    p.apply(Batch::new().clone_object(head.clone(), snap.clone())).unwrap();
+    assert_eq!(p.diff(head.as_bytes(), snap.as_bytes()), vec![], "a fresh clone differs nowhere");
+    p.write(&head, 8192, b"x").unwrap(); // block 2
+    p.write(&head, 12288, &[2u8; 4096]).unwrap(); // block 3: merged with block 2
+    p.write(&head, 40960, &[3u8; 10]).unwrap(); // block 10
+    p.write(&head, 512 << 10, &[4u8; 4096]).unwrap(); // block 128: pre-allocated, never written before
+    assert_eq!(
+        p.diff(head.as_bytes(), snap.as_bytes()),
+        vec![(8192, 8192), (40960, 4096), (512 << 10, 4096)],
+        "the blocks written since the clone, and nothing else"
+    );
+    assert_eq!(p.diff(snap.as_bytes(), head.as_bytes()), p.diff(head.as_bytes(), snap.as_bytes()));
+    p.write(&head, (1 << 20) + 100, b"grown").unwrap();
+    let ranges = p.diff(head.as_bytes(), snap.as_bytes());
+    assert_eq!(ranges.last(), Some(&(1 << 20, 105)), "past the clone's end, to the head's: {ranges:?}");
+    assert_eq!(p.diff(head.as_bytes(), b"\0\0\0\0absent"), vec![(0, (1 << 20) + 105)], "all of it, against nothing");
+}
+
+/// A rollback in one batch: delete the object, clone its snapshot back in
+/// its place. It reads as the snapshot, shares every block with it, and
+/// the blocks only the rolled-back version held are freed.
+#[test]
+fn a_rollback_replaces_an_object_with_a_copy_of_its_snapshot_in_one_batch() {
+    let (_dir, path, config) = setup();
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    let free = p.free_blocks();
+    let (head, snap) = (key(0, 1), key(0, 2));
+    p.write(&head, 0, &[1u8; 32 << 10]).unwrap();
+    p.apply(Batch::new().clone_object(head.clone(), snap.clone())).unwrap();
+    p.write(&head, 4096, &[9u8; 8192]).unwrap();
+    p.write(&head, 32 << 10, &[9u8; 4096]).unwrap();
+    assert_eq!(p.free_blocks(), free - 11);
+    p.apply(Batch::new().delete(head.clone()).clone_object(snap.clone(), head.clone())).unwrap();
+    assert_eq!(p.read(head.as_bytes(), 0, 64 << 10).unwrap(), vec![1u8; 32 << 10]);
+    assert_eq!(p.diff(head.as_bytes(), snap.as_bytes()), vec![]);
+    p.commit_reclaims().unwrap();
+    assert_eq!(p.free_blocks(), free - 8, "the rolled-back version's own blocks are free");
+    // A clone after other operations on its source is refused, whole.
+    let refused = p.apply(Batch::new().write(snap.clone(), 0, b"x").clone_object(snap.clone(), key(0, 3)));
+    assert!(matches!(refused, Err(StoreError::InvalidArgument(_))), "{refused:?}");
+    store.close().unwrap();
+    let report = fsck(&path, &config, true);
+    assert!(report.clean, "{report:#?}");
+}

@@ -183,10 +183,15 @@ impl Partition {
             self.check_key(op.key().as_bytes())?;
             if let Op::Clone { key, source } = op {
                 self.check_key(source.as_bytes())?;
-                // Then neither has blocks staged, patched or reserved by this batch.
-                if plan.objects.contains_key(key) || plan.objects.contains_key(source) {
+                // Then the source has no block staged, patched or reserved by
+                // this batch, and the copy none either (one deleted earlier
+                // in the batch gave its blocks back: a rollback replaces an
+                // object with a copy of its snapshot in one batch).
+                let copy_absent = plan.objects.get(key).is_none_or(|w| w.current.is_none() && w.new_blocks.is_empty());
+                if plan.objects.contains_key(source) || !copy_absent {
                     return Err(StoreError::invalid(
-                        "a clone must come before every other operation of its batch on its source and its copy",
+                        "a clone must come before every other operation of its batch on its source, \
+                         and on its copy unless the batch deleted it",
                     ));
                 }
             }

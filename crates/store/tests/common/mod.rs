@@ -100,7 +100,12 @@ pub fn random_batch(rng: &mut StdRng, groups: u32, names: u8, max_ops: usize) ->
         // A clone (it must come first in its batch): later writes to either
         // object copy the blocks they share.
         let group = rng.gen_range(0..groups);
-        batch.push(Op::Clone { key: key(group, rng.gen_range(0..names)), source: key(group, rng.gen_range(0..names)) });
+        let (copy, source) = (rng.gen_range(0..names), rng.gen_range(0..names));
+        if copy != source && rng.gen_bool(0.3) {
+            // A rollback: the copy deleted, then cloned again from the source.
+            batch.push(Op::Delete { key: key(group, copy) });
+        }
+        batch.push(Op::Clone { key: key(group, copy), source: key(group, source) });
     }
     for _ in 0..rng.gen_range(1..=max_ops) {
         let k = key(rng.gen_range(0..groups), rng.gen_range(0..names));
