@@ -23,13 +23,7 @@
 //!    3 WriteSlot slot u32, image [512]
 //!    4 Patch     block u32, at u16, len u16, base zero u8, new crc u32, bytes [len]
 //!    5 Claim     chunk u32
-//!    6 CopyOf    block u32, source u32
 //! ```
-//! `CopyOf` says that data block `block`, written for the first time by
-//! this record, is a copy on write of `source` (a block shared with a
-//! clone): its old contents are `source`'s. If its new data did not land,
-//! mount gives it `source`'s contents instead of making it a hole, so the
-//! object reads its old bytes, as after any interrupted write.
 //! `Claim` makes a data chunk this partition's (layout.rs: why chunks). It
 //! comes before every entry that touches the chunk: replay takes the chunk,
 //! all clear, unless the partition already owns it. Chunks are given back
@@ -72,7 +66,6 @@ pub enum Entry {
     WriteSlot { slot: u32, image: Box<[u8; SLOT_SIZE]> },
     Patch { block: u32, at: u16, base_zero: bool, new_crc: u32, bytes: Vec<u8> },
     Claim { chunk: u32 },
-    CopyOf { block: u32, source: u32 },
 }
 
 impl Entry {
@@ -83,7 +76,6 @@ impl Entry {
             Entry::WriteSlot { .. } => 1 + 4 + SLOT_SIZE,
             Entry::Patch { bytes, .. } => 1 + 4 + 2 + 2 + 1 + 4 + bytes.len(),
             Entry::Claim { .. } => 1 + 4,
-            Entry::CopyOf { .. } => 1 + 4 + 4,
         }
     }
 }
@@ -158,11 +150,6 @@ impl Record {
                     Entry::Claim { chunk } => {
                         w.u8(5);
                         w.u32(*chunk);
-                    }
-                    Entry::CopyOf { block, source } => {
-                        w.u8(6);
-                        w.u32(*block);
-                        w.u32(*source);
                     }
                 }
             }
@@ -247,7 +234,6 @@ impl Record {
                     Entry::Patch { block, at, base_zero, new_crc, bytes: r.bytes(len)?.to_vec() }
                 }
                 5 => Entry::Claim { chunk: r.u32()? },
-                6 => Entry::CopyOf { block: r.u32()?, source: r.u32()? },
                 other => return Err(crate::StoreError::corrupt(format!("journal: entry tag {other}"))),
             };
             entries.push(entry);
@@ -289,7 +275,6 @@ mod tests {
                     Entry::Patch { block, at, base_zero, new_crc, bytes }
                 }),
             any::<u32>().prop_map(|chunk| Entry::Claim { chunk }),
-            (any::<u32>(), any::<u32>()).prop_map(|(block, source)| Entry::CopyOf { block, source }),
         ]
     }
 

@@ -26,8 +26,8 @@
 //! crash and a power loss. If the process dies during `apply`, remounting
 //! leaves the batch's metadata either wholly applied or wholly absent, and
 //! each of its 4 KiB data blocks holds either its old or its new contents,
-//! with a matching checksum (a block the batch copied on write holds its
-//! new contents or those of the block it copies). Batch atomicity for data is not promised: the
+//! with a matching checksum (a block the batch copies on write holds its
+//! new contents: copies are flushed before their record). Batch atomicity for data is not promised: the
 //! OSD's operation log is the redo log that replays an unacknowledged batch.
 //! After a *power loss* during `apply` (not a process crash) a block of that
 //! batch may be torn; it then reads as [`StoreError::ChecksumMismatch`], never

@@ -185,16 +185,7 @@ fn check_crash_state(actual: &Snapshot, before: &Model, after: &Model, in_flight
             // Only the bytes inside the object are visible; compare those.
             let visible = (data.len() - index * BLOCK).min(BLOCK);
             let zeros_allowed = may_be_new_block(in_flight, key, index) && got[..visible].iter().all(|b| *b == 0);
-            // A block the batch copied on write from the object it cloned
-            // this one from may hold that object's bytes (as of the clone).
-            let cloned_allowed = in_flight.ops.iter().any(|op| match op {
-                duplex_store::Op::Clone { key: k, source } if k.as_bytes() == &key[..] => {
-                    got[..visible] == block_of(before.objects.get(source.as_bytes()).map(|o| &o.data), index)[..visible]
-                }
-                _ => false,
-            });
-            if got[..visible] != old[..visible] && got[..visible] != new[..visible] && !zeros_allowed && !cloned_allowed
-            {
+            if got[..visible] != old[..visible] && got[..visible] != new[..visible] && !zeros_allowed {
                 let first_diff = |a: &[u8]| a.iter().zip(&got[..visible]).position(|(x, y)| x != y);
                 panic!(
                     "{context}: {key:?} block {index} (visible {visible}) is neither its old nor its new contents; \

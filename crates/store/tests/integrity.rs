@@ -591,3 +591,34 @@ fn a_rollback_replaces_an_object_with_a_copy_of_its_snapshot_in_one_batch() {
     let report = fsck(&path, &config, true);
     assert!(report.clean, "{report:#?}");
 }
+
+/// A batch that copies a block on write flushes the copy before its record
+/// (one more flush, for such batches only): the block it copies may be
+/// freed by the same batch (here its other object's reclaim drops the last
+/// reference) or written in place by it, and a crash must still find the
+/// copy whole. Batches without copies pay nothing.
+#[test]
+fn copies_are_flushed_before_their_record_and_only_they_pay_for_it() {
+    let (_dir, path, config) = setup();
+    let mut store = Store::open(&path, &config).unwrap();
+    let p = store.partition_mut(0);
+    let (a, s) = (key(0, 1), key(0, 2));
+    p.write(&a, 0, &[1u8; 8192]).unwrap();
+    assert_eq!(p.stats().copies_flushed_first, 0);
+    p.apply(Batch::new().clone_object(a.clone(), s.clone())).unwrap();
+    p.apply(Batch::new().delete(s.clone())).unwrap();
+    // The copy of block 0, and in the same record the reclaim that frees
+    // the shared block (the deleted clone held its last other reference).
+    let flushes = p.stats().io.flushes;
+    p.write(&a, 10, b"new").unwrap();
+    assert_eq!(p.stats().copies_flushed_first, 1);
+    assert_eq!(p.stats().io.flushes, flushes + 2, "the copies' flush, then the batch's");
+    let mut expected = vec![1u8; 8192];
+    expected[10..13].copy_from_slice(b"new");
+    assert_eq!(p.read(a.as_bytes(), 0, 8192).unwrap(), expected);
+    p.write(&a, 4096, b"in place").unwrap();
+    assert_eq!(p.stats().copies_flushed_first, 1, "a block no clone shares is written in place");
+    store.close().unwrap();
+    let report = fsck(&path, &config, true);
+    assert!(report.clean, "{report:#?}");
+}

@@ -107,6 +107,9 @@ pub struct PartitionStats {
     /// Batches whose record was flushed before their data was written (they
     /// overwrote a block the previous record wrote for the first time).
     pub ordered_commits: u64,
+    /// Batches that copied shared blocks on write, and wrote and flushed
+    /// the copies before their record (one more flush each).
+    pub copies_flushed_first: u64,
     /// Time spent in each commit stage, summed over batches (nanoseconds).
     pub plan_ns: u64,
     /// The record alone and its flush: ordered commits only (the others

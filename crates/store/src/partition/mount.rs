@@ -170,9 +170,7 @@ impl Partition {
         for entry in &record.entries {
             let (start, count) = match entry {
                 Entry::SetBits { map: BitmapKind::Alloc | BitmapKind::Written, start, count, .. } => (*start, *count),
-                Entry::DataWrite { block, .. } | Entry::Patch { block, .. } | Entry::CopyOf { block, .. } => {
-                    (*block as u64, 1)
-                }
+                Entry::DataWrite { block, .. } | Entry::Patch { block, .. } => (*block as u64, 1),
                 Entry::SetBits { map: BitmapKind::Slots, .. } | Entry::WriteSlot { .. } | Entry::Claim { .. } => {
                     continue
                 }
@@ -190,42 +188,6 @@ impl Partition {
                     self.claims.set_range(chunk as u64, 1, true);
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// Gives copy-on-write block `block` the contents of `source`, the
-    /// shared block it copies (intact: nothing writes a shared block in
-    /// place, and a block freed by the interrupted record was not reused).
-    fn restore_copy(&mut self, block: u32, source: u32) -> Result<()> {
-        let image = if self.deferred.contains_key(&source) {
-            let mut copy = self.take_block(false);
-            copy.copy_from_slice(&self.deferred[&source]);
-            copy
-        } else if self.alloc.owns_block(source as u64) && self.written.get(source as u64) {
-            let crc = self.crc_get(source)?;
-            let mut copy = self.take_block(false);
-            self.io
-                .read_many(&mut [(self.data_offset(source), &mut copy[..])])
-                .map_err(|e| StoreError::io("reading a copied block's source", e))?;
-            if crate::crc32c(&copy) != crc {
-                tracing::warn!(
-                    partition = self.index,
-                    block,
-                    source,
-                    "the source of a copied block fails its checksum"
-                );
-            }
-            copy
-        } else {
-            // The source held no data: the copy is a hole, as it was.
-            self.written.set_range(block as u64, 1, false);
-            return Ok(());
-        };
-        self.crc_set(block, crate::crc32c(&image))?;
-        self.written.set_range(block as u64, 1, true);
-        if let Some(old) = self.deferred.insert(block, image) {
-            self.give_blocks([old]);
         }
         Ok(())
     }
@@ -258,18 +220,11 @@ impl Partition {
     /// block the batch grew past has its never-visible tail zeroed (written
     /// back, except on a read-only mount, which only keeps the old crc).
     /// A block that matches neither (torn by a power loss) keeps the new crc
-    /// and reads as a checksum error until rewritten; fsck reports it. A
-    /// copy on write whose data did not land (or tore) gets its source's
-    /// contents back as a deferred image (the next checkpoint writes it).
+    /// and reads as a checksum error until rewritten; fsck reports it.
+    /// (Copies on write never need recovering: `commit` makes them durable
+    /// before their record, since the block they copy may change or be
+    /// freed by the same batch.)
     fn recover_last_record(&mut self, record: &Record) -> Result<()> {
-        let copies: std::collections::HashMap<u32, u32> = record
-            .entries
-            .iter()
-            .filter_map(|e| match e {
-                Entry::CopyOf { block, source } => Some((*block, *source)),
-                _ => None,
-            })
-            .collect();
         let writes: Vec<(u32, bool, u32, u32, u16)> = record
             .entries
             .iter()
@@ -308,8 +263,6 @@ impl Partition {
                 } else {
                     self.crc_set(block, old_crc)?;
                 }
-            } else if let Some(&source) = copies.get(&block).filter(|_| !was_written) {
-                self.restore_copy(block, source)?;
             } else if !was_written {
                 self.written.set_range(block as u64, 1, false);
             } else {
@@ -345,6 +298,13 @@ impl Partition {
             }
         }
         self.shared = references.into_iter().filter(|(_, n)| *n > 1).map(|(block, n)| (block, n - 1)).collect();
+    }
+
+    /// Whether every block `meta` maps lies in a chunk this partition holds.
+    /// One that does not is corrupt (a chunk is one partition's at a time):
+    /// it is left out of the index, so nothing writes another's chunk.
+    fn maps_owned_chunks(&self, meta: &ObjectMeta) -> bool {
+        meta.extents.iter().all(|e| self.alloc.covers(e.physical as u64, e.len as u64))
     }
 
     /// Reads every in-use onode slot and rebuilds the ordered index; deleted
@@ -387,6 +347,10 @@ impl Partition {
                             && header.blob_len as usize == fragment.len() =>
                     {
                         match ObjectMeta::decode(fragment, self.region.data_blocks) {
+                            Ok(meta) if !self.maps_owned_chunks(&meta) => self.mount_issues.push(format!(
+                                "onode at slot {slot} ({:?}) maps data blocks outside this partition's chunks",
+                                meta.key
+                            )),
                             Ok(meta) if header.flags & HEAD_FLAG_DELETED != 0 => {
                                 let runs: Vec<(u32, u32)> = meta.extents.iter().map(|e| (e.physical, e.len)).collect();
                                 if meta.flags & OBJECT_FLAG_SHARES != 0 {
@@ -406,6 +370,10 @@ impl Partition {
         }
         for head in heads {
             match self.read_chain(head) {
+                Ok((_, _, meta)) if !self.maps_owned_chunks(&meta) => self.mount_issues.push(format!(
+                    "onode at slot {head} ({:?}) maps data blocks outside this partition's chunks",
+                    meta.key
+                )),
                 Ok((chain, true, meta)) => {
                     let runs: Vec<(u32, u32)> = meta.extents.iter().map(|e| (e.physical, e.len)).collect();
                     if meta.flags & OBJECT_FLAG_SHARES != 0 {

@@ -87,8 +87,8 @@ pub(crate) struct Plan {
     /// Changes to shared blocks' reference counts (clones add, copies on
     /// write, truncates and reclaims drop), applied once the record is durable.
     ref_delta: BTreeMap<u32, i32>,
-    /// Copies on write: (new block, the shared block it copies).
-    copies: Vec<(u32, u32)>,
+    /// Blocks this batch reserved as copies on write of shared blocks.
+    copies: Vec<u32>,
     /// Blocks freed by truncation (cleared on disk by the record).
     freed_blocks: Vec<u32>,
     freed_slots: Vec<u32>,
@@ -97,6 +97,9 @@ pub(crate) struct Plan {
 
 /// What a commit applies once its record is durable.
 /// What planning a batch gave.
+// Returned once per batch and matched at once: boxing `Prepared` would cost
+// an allocation per batch, which the per-write budget counts.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Planned {
     Ready(Prepared),
     /// Its journal record would be too large because of the patches of
@@ -117,6 +120,8 @@ pub(crate) struct Prepared {
     pub reserved_slots: Vec<u32>,
     pub claimed_chunks: Vec<u32>,
     pub ref_delta: BTreeMap<u32, i32>,
+    /// Copies on write still staged, sorted: written and flushed before the record.
+    pub copies: Vec<u32>,
     /// How many entries of the partition's reclaim queue the record frees.
     pub reclaimed: usize,
 }
@@ -681,7 +686,7 @@ impl Partition {
             self.take_block(true)
         };
         plan.staged.insert(copy, StagedBlock { buf, was_written: false, old_crc: 0, zero_from: 0 });
-        plan.copies.push((copy, shared));
+        plan.copies.push(copy);
         let w = plan.objects.get_mut(key).expect("loaded");
         let meta = w.current.as_mut().expect("present");
         let unmapped = meta.unmap_block(logical);
@@ -903,12 +908,6 @@ impl Partition {
                 zero_from: staged.zero_from,
             });
         }
-        // A copy released again by this batch (its object deleted or cut) has nothing to recover.
-        for &(block, source) in &plan.copies {
-            if plan.staged.contains_key(&block) {
-                entries.push(Entry::CopyOf { block, source });
-            }
-        }
         for (&block, patched) in &mut plan.patched {
             debug_assert!(self.alloc.get(block as u64), "patched block {block} is not allocated");
             let new_crc = crate::crc32c(&patched.image);
@@ -929,6 +928,11 @@ impl Partition {
             .entries
             .iter()
             .all(|e| !matches!(e, Entry::WriteSlot { image, .. } if image.len() != SLOT_SIZE)));
+        // A copy released again by the batch (its object deleted or cut) is not staged.
+        let mut copies: Vec<u32> =
+            plan.copies.iter().copied().filter(|block| plan.staged.contains_key(block)).collect();
+        copies.sort_unstable();
+        copies.dedup();
         Ok(Prepared {
             record,
             staged: std::mem::take(&mut plan.staged),
@@ -940,6 +944,7 @@ impl Partition {
             reserved_slots: std::mem::take(&mut plan.reserved_slots),
             claimed_chunks: std::mem::take(&mut plan.claimed_chunks),
             ref_delta: std::mem::take(&mut plan.ref_delta),
+            copies,
             reclaimed,
         })
     }
