@@ -25,6 +25,15 @@ pub enum Command {
     MarkDown {
         id: OsdId,
     },
+    /// The failure detector's verdict: marks `id` down only if its
+    /// incarnation (`state_epoch`) is still `incarnation`. A verdict about a
+    /// process that has since restarted (its boot committed between the
+    /// detector's tick and this command) changes nothing: it must not take
+    /// down the new process.
+    MarkIncarnationDown {
+        id: OsdId,
+        incarnation: u64,
+    },
     MarkUp {
         id: OsdId,
     },
@@ -155,6 +164,15 @@ impl ClusterMap {
                 };
                 changes.push(Change::SetOsd(info));
                 changes
+            }
+            Command::MarkIncarnationDown { id, incarnation } => {
+                let mut info = osd(id)?;
+                if !info.up || info.state_epoch != *incarnation {
+                    return Ok(None);
+                }
+                info.up = false;
+                info.state_epoch = epoch;
+                vec![Change::SetOsd(info)]
             }
             Command::MarkDown { id } | Command::MarkUp { id } => {
                 let mut info = osd(id)?;

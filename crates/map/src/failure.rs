@@ -2,7 +2,7 @@
 //!
 //! Inputs carry their own time (milliseconds from any monotonic origin):
 //! OSD heartbeats, failure reports from peers, and ticks. Output: the
-//! commands to propose, which are `MarkDown` and `MarkOut`.
+//! commands to propose, which are `MarkIncarnationDown` and `MarkOut`.
 //!
 //! - An up OSD whose last heartbeat is older than `grace` is marked down.
 //! - An up OSD reported failed by `min_reporters` distinct peers within
@@ -149,7 +149,7 @@ impl FailureDetector {
                 if self.refused.contains_key(&id) {
                     // Gone: no process of this incarnation serves any more.
                     self.condemned.insert(id);
-                    commands.push(Command::MarkDown { id });
+                    commands.push(Command::MarkIncarnationDown { id, incarnation: osd.state_epoch });
                     continue;
                 }
                 let last = *self.last_heard.entry(id).or_insert(now_ms);
@@ -166,7 +166,7 @@ impl FailureDetector {
                 debug_assert!(!silent || lease_over, "the grace outlasts every lease");
                 if silent || (self.condemned.contains(&id) && lease_over) {
                     self.condemned.insert(id);
-                    commands.push(Command::MarkDown { id });
+                    commands.push(Command::MarkIncarnationDown { id, incarnation: osd.state_epoch });
                 }
             } else {
                 self.incarnation.remove(&id);
@@ -196,6 +196,11 @@ impl FailureDetector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The detector's verdict on `id` as the map has it now.
+    fn down(map: &ClusterMap, id: OsdId) -> Command {
+        Command::MarkIncarnationDown { id, incarnation: map.osds[&id].state_epoch }
+    }
 
     fn map_with(osds: u32) -> ClusterMap {
         let mut map = ClusterMap::new([0; 16]);
@@ -237,7 +242,7 @@ mod tests {
         let log = simulate(&mut map, 700_000, |id, t| id != 1 || t < 10_000);
         assert_eq!(log.len(), 2, "{log:?}");
         let (down_at, ref down) = log[0];
-        assert_eq!(*down, Command::MarkDown { id: 1 });
+        assert!(matches!(down, Command::MarkIncarnationDown { id: 1, .. }), "{down:?}");
         // Last heartbeat at 9 s; down once silent for more than 6 s, within one tick.
         assert!((15_000..=15_200).contains(&down_at), "down at {down_at}");
         let (out_at, ref out) = log[1];
@@ -262,7 +267,7 @@ mod tests {
         assert!(detector.tick(&map, 1100).is_empty(), "its lease from 1 s still runs");
         assert_eq!(detector.heartbeat(3, 2000, &map), 0, "condemned: no new lease");
         assert!(detector.tick(&map, 5000).is_empty(), "the lease runs until 5 s");
-        assert_eq!(detector.tick(&map, 5001), vec![Command::MarkDown { id: 3 }]);
+        assert_eq!(detector.tick(&map, 5001), vec![down(&map, 3)]);
     }
 
     #[test]
@@ -277,7 +282,7 @@ mod tests {
         detector.report_refused(2, 2, 0); // an OSD cannot report itself
         assert!(detector.tick(&map, 10).is_empty());
         detector.report_refused(2, gone, 0);
-        assert_eq!(detector.tick(&map, 20), vec![Command::MarkDown { id: 2 }], "without waiting for its lease");
+        assert_eq!(detector.tick(&map, 20), vec![down(&map, 2)], "without waiting for its lease");
         assert_eq!(detector.heartbeat(2, 30, &map), 0, "and no lease any more");
         map.run(&Command::MarkDown { id: 2 }).unwrap();
         // A report about a process before the one the map has now is stale.
@@ -307,7 +312,7 @@ mod tests {
         // it cannot reach its peers, so it cannot replicate. It goes down
         // once the lease of its last heartbeat has run out.
         assert!(detector.tick(&map, 8_000).is_empty());
-        assert_eq!(detector.tick(&map, 12_001), vec![Command::MarkDown { id: 2 }]);
+        assert_eq!(detector.tick(&map, 12_001), vec![down(&map, 2)]);
     }
 
     #[test]
@@ -327,7 +332,7 @@ mod tests {
             detector.heartbeat(0, now, &map);
             assert!(detector.tick(&map, now).is_empty(), "at {now}");
         }
-        assert_eq!(detector.tick(&map, 6_100), vec![Command::MarkDown { id: 1 }]);
+        assert_eq!(detector.tick(&map, 6_100), vec![down(&map, 1)]);
         assert_eq!(detector.heartbeat(1, 6_200, &map), 0, "a late heartbeat gets no lease once condemned");
     }
 
@@ -339,7 +344,7 @@ mod tests {
         let mut detector = FailureDetector::new(FailureConfig::default());
         assert!(detector.tick(&map, 10_000_000).is_empty(), "already out; OSD 1 is in its first grace");
         assert!(detector.tick(&map, 10_005_000).is_empty());
-        assert_eq!(detector.tick(&map, 10_006_100), vec![Command::MarkDown { id: 1 }]);
+        assert_eq!(detector.tick(&map, 10_006_100), vec![down(&map, 1)]);
     }
 
     fn boot(map: &mut ClusterMap, id: OsdId) {
@@ -380,6 +385,27 @@ mod tests {
         assert!(detector.tick(&map, 100).is_empty(), "a report about the old incarnation marks nothing down");
     }
 
+    /// Found by CI (a_device_flush_error_stops_the_osd_and_the_cluster_recovers):
+    /// a peer reports the old process refused, the detector proposes its
+    /// verdict, and the restarted OSD's boot commits first. The verdict names
+    /// the old incarnation, so it leaves the new one up (a plain MarkDown
+    /// took it down, and the new process waited 30 s for a map with itself up).
+    #[test]
+    fn a_verdict_on_an_old_incarnation_committed_after_a_boot_changes_nothing() {
+        let mut map = map_with(3);
+        let mut detector = FailureDetector::new(FailureConfig::default());
+        detector.tick(&map, 0);
+        detector.report_refused(1, map.osds[&1].state_epoch, 0);
+        let verdict = detector.tick(&map, 10);
+        assert_eq!(verdict, vec![down(&map, 1)]);
+        boot(&mut map, 1);
+        assert_eq!(map.run(&verdict[0]).unwrap(), None, "the verdict is about a process that is gone");
+        assert!(map.osds[&1].up);
+        let current = down(&map, 1);
+        assert!(map.run(&current).unwrap().is_some(), "a verdict on the current incarnation marks it down");
+        assert!(!map.osds[&1].up);
+    }
+
     /// Found by the simulator (seed 130): a restart within the grace, then
     /// boots between ticks, flapped for good.
     #[test]
@@ -400,7 +426,7 @@ mod tests {
         // Silent for the whole grace since its boot: condemned and marked
         // down. It boots again before the next tick, and heartbeats: it is
         // up for good.
-        assert_eq!(detector.tick(&map, 11_600), vec![Command::MarkDown { id: 1 }]);
+        assert_eq!(detector.tick(&map, 11_600), vec![down(&map, 1)]);
         map.run(&Command::MarkDown { id: 1 }).unwrap();
         boot(&mut map, 1);
         for now in (11_700..=30_000).step_by(100) {

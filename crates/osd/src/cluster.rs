@@ -174,26 +174,43 @@ pub struct MonLink {
 }
 
 /// Registers with the monitors (retrying until they answer), returns the map.
+/// A map that shows this OSD down after its boot committed (a verdict on
+/// the process before it, or a grace that ran out meanwhile) gets a new
+/// boot, at most once a second, as Ceph's "wrongly marked me down" does.
 pub fn boot(link: &MonLink, give_up_after: Duration) -> anyhow::Result<ClusterMap> {
-    let mut client = MonClient::new(link.monitors.clone(), link.credentials.clone());
-    client.timeout = give_up_after;
-    let command =
-        Command::OsdBoot { id: link.id, addr: link.addr.clone(), host: link.host.clone(), weight: link.weight };
-    match client.command(&command)? {
-        WireOutcome::Applied { .. } | WireOutcome::Unchanged { .. } => {}
-        WireOutcome::Refused(why) => anyhow::bail!("the monitor refused this OSD's boot: {why}"),
+    let started = Instant::now();
+    loop {
+        let mut client = MonClient::new(link.monitors.clone(), link.credentials.clone());
+        client.timeout = give_up_after.saturating_sub(started.elapsed()).max(Duration::from_secs(1));
+        let command =
+            Command::OsdBoot { id: link.id, addr: link.addr.clone(), host: link.host.clone(), weight: link.weight };
+        let booted_at = match client.command(&command)? {
+            WireOutcome::Applied { epoch } | WireOutcome::Unchanged { epoch } => epoch,
+            WireOutcome::Refused(why) => anyhow::bail!("the monitor refused this OSD's boot: {why}"),
+        };
+        let left = give_up_after.saturating_sub(started.elapsed());
+        match fetch_map(link, left, booted_at)? {
+            Some(map) => return Ok(map),
+            None => {
+                tracing::warn!(booted_at, "a map after this OSD's boot shows it down; booting again");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
     }
-    fetch_map(link, give_up_after)
 }
 
-fn fetch_map(link: &MonLink, give_up_after: Duration) -> anyhow::Result<ClusterMap> {
+/// A map with this OSD up; `None` if one at or after `booted_at` shows it
+/// down (it must boot again).
+fn fetch_map(link: &MonLink, give_up_after: Duration, booted_at: u64) -> anyhow::Result<Option<ClusterMap>> {
     let client = MonClient::new(link.monitors.clone(), link.credentials.clone());
     let started = Instant::now();
     loop {
         for (id, _) in &link.monitors {
             if let Ok(map) = client.map(*id) {
-                if map.osds.get(&link.id).is_some_and(|o| o.up) {
-                    return Ok(map);
+                match map.osds.get(&link.id) {
+                    Some(osd) if osd.up => return Ok(Some(map)),
+                    Some(_) if map.epoch > booted_at => return Ok(None),
+                    _ => {}
                 }
             }
         }

@@ -57,7 +57,7 @@ impl SimMonitor {
         for command in commands {
             tracing::debug!(at = now_us, ?command, "failure detector");
             let applied = self.run(&command);
-            if applied && matches!(command, Command::MarkDown { .. }) {
+            if applied && matches!(command, Command::MarkDown { .. } | Command::MarkIncarnationDown { .. }) {
                 self.marked_down += 1;
             }
             changed |= applied;

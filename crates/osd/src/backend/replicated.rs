@@ -310,7 +310,8 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
             metrics.writes.add(1);
             metrics.write_bytes.add(data.len() as u64);
         }
-        OpKind::Truncate | OpKind::Zero => metrics.truncates.add(1),
+        OpKind::Truncate => metrics.truncates.add(1),
+        OpKind::Zero => metrics.zeroes.add(1),
         OpKind::Delete => metrics.deletes.add(1),
         _ => metrics.metadata_ops.add(1),
     }

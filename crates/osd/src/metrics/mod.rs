@@ -69,6 +69,8 @@ pub struct Metrics {
     pub reads: Counter,
     pub read_bytes: Counter,
     pub truncates: Counter,
+    /// Discards and write-zeroes inside objects (`Zero`).
+    pub zeroes: Counter,
     pub deletes: Counter,
     pub reads_r1: Counter,
     pub reads_r2: Counter,
@@ -201,6 +203,7 @@ impl Metrics {
                 ("{op=\"write\"}", self.writes.get()),
                 ("{op=\"read\"}", self.reads.get()),
                 ("{op=\"truncate\"}", self.truncates.get()),
+                ("{op=\"zero\"}", self.zeroes.get()),
                 ("{op=\"delete\"}", self.deletes.get()),
             ],
         );
