@@ -253,10 +253,16 @@ impl Mailbox {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_flushed_broadcast_waits_at_most_once_in_a_mailbox() {
+    /// A mailbox waking a poll of its own (which must outlive it).
+    fn mailbox() -> (mio::Poll, Mailbox, Receiver<Completion>) {
         let poll = mio::Poll::new().unwrap();
         let (mailbox, inbox) = Mailbox::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        (poll, mailbox, inbox)
+    }
+
+    #[test]
+    fn a_flushed_broadcast_waits_at_most_once_in_a_mailbox() {
+        let (_poll, mailbox, inbox) = mailbox();
         for _ in 0..3 {
             mailbox.post(Completion::Flushed);
         }
@@ -270,8 +276,7 @@ mod tests {
 
     #[test]
     fn fences_coalesce_apart_from_flushes() {
-        let poll = mio::Poll::new().unwrap();
-        let (mailbox, inbox) = Mailbox::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let (_poll, mailbox, inbox) = mailbox();
         for _ in 0..100 {
             mailbox.post(Completion::Fenced);
         }

@@ -80,6 +80,9 @@ pub(crate) struct ChunkedBitmap {
     owned: Vec<u32>,
     owned_blocks: u64,
     ones: u64,
+    /// Chunks whose page changed since [`ChunkedBitmap::mark_clean`]: kept
+    /// so that the per-batch room check never walks every owned chunk.
+    dirty: BTreeSet<u32>,
 }
 
 impl ChunkedBitmap {
@@ -91,6 +94,7 @@ impl ChunkedBitmap {
             owned: Vec::new(),
             owned_blocks: 0,
             ones: 0,
+            dirty: BTreeSet::new(),
         }
     }
 
@@ -121,6 +125,7 @@ impl ChunkedBitmap {
         let bitmap = self.chunks[chunk as usize].take().unwrap_or_else(|| panic!("chunk {chunk} released unowned"));
         assert_eq!(bitmap.count_ones(), 0, "chunk {chunk} released with bits set");
         assert_eq!(bitmap.dirty_page_count(), 0, "chunk {chunk} released before its page was written");
+        debug_assert!(!self.dirty.contains(&chunk), "a clean chunk is listed dirty");
         self.owned_blocks -= bitmap.len();
         let at = self.owned.binary_search(&chunk).expect("owned chunks are listed");
         self.owned.remove(at);
@@ -188,6 +193,7 @@ impl ChunkedBitmap {
                 bitmap.set_range_quiet(bit - first, span, value);
             } else {
                 bitmap.set_range(bit - first, span, value);
+                self.dirty.insert(chunk);
             }
             self.ones = self.ones + bitmap.count_ones() - before;
             bit += span;
@@ -245,21 +251,24 @@ impl ChunkedBitmap {
 
     /// Device block and image of every page changed since [`ChunkedBitmap::mark_clean`].
     pub fn dirty_pages(&self) -> Vec<(u64, Vec<u8>)> {
-        self.owned
+        self.dirty
             .iter()
-            .filter_map(|&chunk| self.chunks[chunk as usize].as_ref())
-            .filter(|bitmap| bitmap.dirty_page_count() > 0)
+            .map(|&chunk| self.chunks[chunk as usize].as_ref().expect("a dirty chunk is owned"))
             .map(|bitmap| (bitmap.area().start, bitmap.page_bytes(0)))
             .collect()
     }
 
     pub fn dirty_page_count(&self) -> usize {
-        self.owned.iter().filter_map(|&chunk| self.chunks[chunk as usize].as_ref()).map(Bitmap::dirty_page_count).sum()
+        debug_assert!(self
+            .dirty
+            .iter()
+            .all(|&c| self.chunks[c as usize].as_ref().is_some_and(|b| b.dirty_page_count() == 1)));
+        self.dirty.len()
     }
 
     pub fn mark_clean(&mut self) {
-        for bitmap in self.chunks.iter_mut().flatten() {
-            bitmap.mark_clean();
+        for chunk in std::mem::take(&mut self.dirty) {
+            self.chunks[chunk as usize].as_mut().expect("a dirty chunk is owned").mark_clean();
         }
     }
 

@@ -38,6 +38,13 @@ fn setup() -> (tempfile::TempDir, std::path::PathBuf, StoreConfig) {
     (dir, path, config)
 }
 
+/// Closes `store` and asserts that fsck finds nothing wrong with it.
+fn close_clean(store: Store, path: &std::path::Path, config: &StoreConfig) {
+    store.close().unwrap();
+    let report = fsck(path, config, true);
+    assert!(report.clean, "{report:#?}");
+}
+
 #[test]
 fn flipped_data_byte_fails_the_read_with_a_checksum_error() {
     let (_dir, path, config) = setup();
@@ -62,8 +69,7 @@ fn flipped_data_byte_fails_the_read_with_a_checksum_error() {
     // A full overwrite repairs it.
     p.write(&key, 4096, &[0xCD; 4096]).unwrap();
     assert_eq!(p.read(key.as_bytes(), 4096, 4096).unwrap(), vec![0xCD; 4096]);
-    store.close().unwrap();
-    assert!(fsck(&path, &config, true).clean);
+    close_clean(store, &path, &config);
 }
 
 #[test]
@@ -151,8 +157,7 @@ fn last_record_whose_data_never_landed_reads_the_old_data() {
     assert!(report.clean, "{report:#?}");
     let mut store = Store::open(&path, &config).unwrap();
     assert_eq!(store.partition_mut(0).read(key.as_bytes(), 0, 4096).unwrap(), vec![1; 4096]);
-    store.close().unwrap();
-    assert!(fsck(&path, &config, true).clean);
+    close_clean(store, &path, &config);
 }
 
 #[test]
@@ -260,8 +265,7 @@ fn no_space_is_an_error_and_changes_nothing() {
     assert!(matches!(p.apply(&batch), Err(StoreError::NoSpace { .. }) | Err(StoreError::InvalidArgument(_))));
     assert_eq!(p.free_blocks(), free, "a refused batch reserves nothing");
     assert!(!p.exists(key(0, 1).as_bytes()), "a refused batch applies nothing");
-    store.close().unwrap();
-    assert!(fsck(&path, &config, true).clean);
+    close_clean(store, &path, &config);
 }
 
 #[test]
@@ -285,8 +289,7 @@ fn delete_defers_deallocation_until_a_later_commit() {
     let p = store.partition_mut(0);
     p.write(&key(0, 2), 0, b"next").unwrap();
     assert_eq!(p.free_blocks(), free - 1, "the next commit reclaimed the space");
-    store.close().unwrap();
-    assert!(fsck(&path, &config, true).clean);
+    close_clean(store, &path, &config);
 }
 
 /// tmpfs refuses O_DIRECT before Linux 6.6 and accepts it after, so probe
@@ -357,8 +360,7 @@ fn delete_after_truncate_in_one_batch_reclaims_only_what_it_owns() {
     let mut store = Store::open(&path, &config).unwrap();
     store.partition_mut(0).write(&key(0, 3), 0, b"reclaim runs now").unwrap();
     assert_eq!(store.partition_mut(0).read(key(0, 2).as_bytes(), 0, 8 * 4096).unwrap(), vec![2; 8 * 4096]);
-    store.close().unwrap();
-    assert!(fsck(&path, &config, true).clean);
+    close_clean(store, &path, &config);
 }
 
 /// Regression (found by the crash test): growing an object whose tail block
@@ -386,8 +388,7 @@ fn interrupted_growth_never_exposes_bytes_past_the_old_size() {
     let data = store.partition_mut(0).read(k.as_bytes(), 0, 9000).unwrap();
     assert_eq!(&data[..5000], &[7; 5000][..]);
     assert!(data[5000..].iter().all(|b| *b == 0), "stale bytes became visible");
-    store.close().unwrap();
-    assert!(fsck(&path, &config, true).clean);
+    close_clean(store, &path, &config);
 }
 
 /// Regression (found by the crash test): shrinking then growing in one batch
@@ -406,8 +407,7 @@ fn interrupted_shrink_and_grow_keeps_bytes_that_were_visible() {
     patch(&path, offset, &[3; 4096]); // the old block: the batch's data "did not land"
     let mut store = Store::open(&path, &config).unwrap();
     assert_eq!(store.partition_mut(0).read(k.as_bytes(), 0, 8192).unwrap(), vec![3; 8192], "old contents, whole");
-    store.close().unwrap();
-    assert!(fsck(&path, &config, true).clean);
+    close_clean(store, &path, &config);
 }
 
 /// A journaled write never overwrites a block in place, whole blocks
@@ -480,9 +480,7 @@ fn a_clone_shares_blocks_until_either_copy_writes_one() {
     let refused = p.apply(Batch::new().write(key(0, 3), 0, b"x").clone_object(key(0, 3), key(0, 4)));
     assert!(matches!(refused, Err(StoreError::InvalidArgument(_))), "{refused:?}");
     assert!(!p.exists(key(0, 3).as_bytes()));
-    store.close().unwrap();
-    let report = fsck(&path, &config, true);
-    assert!(report.clean, "{report:#?}");
+    close_clean(store, &path, &config);
 
     let mut store = Store::open(&path, &config).unwrap();
     let p = store.partition_mut(0);
@@ -493,15 +491,13 @@ fn a_clone_shares_blocks_until_either_copy_writes_one() {
     p.commit_reclaims().unwrap();
     assert_eq!(p.free_blocks(), free - 256, "the original's own blocks are free, the shared ones are the copy's");
     assert_eq!(p.read(copy.as_bytes(), 0, 4).unwrap(), vec![1u8; 4]);
-    store.close().unwrap();
-    assert!(fsck(&path, &config, true).clean);
+    close_clean(store, &path, &config);
     let mut store = Store::open(&path, &config).unwrap();
     let p = store.partition_mut(0);
     p.apply(Batch::new().delete(copy.clone())).unwrap();
     p.commit_reclaims().unwrap();
     assert_eq!(p.free_blocks(), free, "every block free with its last reference");
-    store.close().unwrap();
-    assert!(fsck(&path, &config, true).clean);
+    close_clean(store, &path, &config);
 }
 
 /// A clone of a clone, truncates and zeroes of shared blocks: each object
@@ -523,16 +519,13 @@ fn clones_of_clones_truncated_and_zeroed_read_as_their_own_copies() {
     let mut expected = vec![5u8; 64 << 10];
     expected[4096..12288].fill(0);
     assert_eq!(p.read(c.as_bytes(), 0, 64 << 10).unwrap(), expected);
-    store.close().unwrap();
-    let report = fsck(&path, &config, true);
-    assert!(report.clean, "{report:#?}");
+    close_clean(store, &path, &config);
     let mut store = Store::open(&path, &config).unwrap();
     let p = store.partition_mut(0);
     p.apply(Batch::new().delete(b.clone()).delete(c.clone())).unwrap();
     p.commit_reclaims().unwrap();
     assert_eq!(p.free_blocks(), free, "nothing leaked");
-    store.close().unwrap();
-    assert!(fsck(&path, &config, true).clean);
+    close_clean(store, &path, &config);
 }
 
 /// `Partition::diff`: after a clone, exactly the blocks either object wrote
@@ -587,9 +580,7 @@ fn a_rollback_replaces_an_object_with_a_copy_of_its_snapshot_in_one_batch() {
     // A clone after other operations on its source is refused, whole.
     let refused = p.apply(Batch::new().write(snap.clone(), 0, b"x").clone_object(snap.clone(), key(0, 3)));
     assert!(matches!(refused, Err(StoreError::InvalidArgument(_))), "{refused:?}");
-    store.close().unwrap();
-    let report = fsck(&path, &config, true);
-    assert!(report.clean, "{report:#?}");
+    close_clean(store, &path, &config);
 }
 
 /// A batch that copies a block on write flushes the copy before its record
@@ -618,7 +609,5 @@ fn copies_are_flushed_before_their_record_and_only_they_pay_for_it() {
     assert_eq!(p.read(a.as_bytes(), 0, 8192).unwrap(), expected);
     p.write(&a, 4096, b"in place").unwrap();
     assert_eq!(p.stats().copies_flushed_first, 1, "a block no clone shares is written in place");
-    store.close().unwrap();
-    let report = fsck(&path, &config, true);
-    assert!(report.clean, "{report:#?}");
+    close_clean(store, &path, &config);
 }

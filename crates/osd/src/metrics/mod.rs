@@ -437,46 +437,39 @@ impl Metrics {
             "Connections dropped for failing the handshake or sending malformed frames.",
             &[("", self.connections_refused.get())],
         );
-        let _ = writeln!(
-            out,
-            "# HELP duplex_osd_log_entries Live entries in all PG logs.\n# TYPE duplex_osd_log_entries gauge\nduplex_osd_log_entries {}",
-            self.log_entries.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP duplex_osd_backfilling_pgs PGs this OSD is primary of with backfill targets still to fill.\n# TYPE duplex_osd_backfilling_pgs gauge\nduplex_osd_backfilling_pgs {}",
-            self.backfilling_pgs.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP duplex_osd_inactive_pgs PGs this OSD is primary of that are not active (peering or stuck).\n# TYPE duplex_osd_inactive_pgs gauge\nduplex_osd_inactive_pgs {}",
-            self.inactive_pgs.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP duplex_osd_store_capacity_bytes Data capacity of the store.\n# TYPE duplex_osd_store_capacity_bytes gauge\nduplex_osd_store_capacity_bytes {}",
-            self.store_capacity_bytes.load(std::sync::atomic::Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP duplex_osd_store_used_bytes Store data bytes in use.\n# TYPE duplex_osd_store_used_bytes gauge\nduplex_osd_store_used_bytes {}",
-            self.store_used_bytes.load(std::sync::atomic::Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP duplex_osd_log_reserved_bytes Bytes the PG logs hold, kept free in the store for their flush.\n# TYPE duplex_osd_log_reserved_bytes gauge\nduplex_osd_log_reserved_bytes {}",
-            self.log_reserved_bytes.load(std::sync::atomic::Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP duplex_osd_fullness_permille The OSD's fullness, per mille: its fullest partition's use plus the room kept for its logs (judged against the full ratios).\n# TYPE duplex_osd_fullness_permille gauge\nduplex_osd_fullness_permille {}",
-            self.fullness_permille()
-        );
-        let _ = writeln!(
-            out,
-            "# HELP duplex_osd_store_fullest_partition_permille Use of the store's fullest partition, per mille (the OSD's fullness).\n# TYPE duplex_osd_store_fullest_partition_permille gauge\nduplex_osd_store_fullest_partition_permille {}",
-            self.fullest_partition_permille()
-        );
+        let gauges: [(&str, &str, u64); 8] = [
+            ("duplex_osd_log_entries", "Live entries in all PG logs.", self.log_entries.load(Relaxed)),
+            (
+                "duplex_osd_backfilling_pgs",
+                "PGs this OSD is primary of with backfill targets still to fill.",
+                self.backfilling_pgs.load(Relaxed),
+            ),
+            (
+                "duplex_osd_inactive_pgs",
+                "PGs this OSD is primary of that are not active (peering or stuck).",
+                self.inactive_pgs.load(Relaxed),
+            ),
+            ("duplex_osd_store_capacity_bytes", "Data capacity of the store.", self.store_capacity_bytes.load(Relaxed)),
+            ("duplex_osd_store_used_bytes", "Store data bytes in use.", self.store_used_bytes.load(Relaxed)),
+            (
+                "duplex_osd_log_reserved_bytes",
+                "Bytes the PG logs hold, kept free in the store for their flush.",
+                self.log_reserved_bytes.load(Relaxed),
+            ),
+            (
+                "duplex_osd_fullness_permille",
+                "The OSD's fullness, per mille: its fullest partition's use plus the room kept for its logs (judged against the full ratios).",
+                self.fullness_permille(),
+            ),
+            (
+                "duplex_osd_store_fullest_partition_permille",
+                "The store's data blocks its fullest partition can no longer get, per mille (the part of the fullness that is not the logs').",
+                self.fullest_partition_permille(),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+        }
         let _ = writeln!(out, "# HELP duplex_osd_cpu_seconds_total CPU time by thread class.\n# TYPE duplex_osd_cpu_seconds_total counter");
         for (class, seconds) in cpu_seconds_by_class() {
             let _ = writeln!(out, "duplex_osd_cpu_seconds_total{{class=\"{class}\"}} {seconds:.3}");

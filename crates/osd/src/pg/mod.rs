@@ -751,9 +751,7 @@ mod tests {
 
     #[test]
     fn a_seq_reused_by_a_newer_epoch_is_refused_not_acknowledged() {
-        let dir = tempfile::tempdir().unwrap();
-        let table = table(dir.path(), 1 << 20);
-        let shared = table.get_or_open(7).unwrap();
+        let (_dir, _table, shared) = pg_7();
         let mut pg = shared.lock().unwrap();
         for seq in 1..=3 {
             offer(&mut pg, seq, 100, seq);
@@ -773,9 +771,7 @@ mod tests {
     /// records a newer active interval.
     #[test]
     fn an_activation_older_than_the_maps_record_does_not_serve() {
-        let dir = tempfile::tempdir().unwrap();
-        let table = table(dir.path(), 1 << 20);
-        let shared = table.get_or_open(7).unwrap();
+        let (_dir, _table, shared) = pg_7();
         let mut pg = shared.lock().unwrap();
         let acting = [0, 2, 1];
         let fresh = |_: u32| 40;
@@ -791,9 +787,7 @@ mod tests {
 
     #[test]
     fn a_gap_that_does_not_fill_is_reported_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let table = table(dir.path(), 1 << 20);
-        let shared = table.get_or_open(7).unwrap();
+        let (_dir, _table, shared) = pg_7();
         let mut pg = shared.lock().unwrap();
         offer(&mut pg, 1, 100, 1);
         assert_eq!(pg.take_stalled_gap(Duration::ZERO), None, "no gap yet");
@@ -820,6 +814,14 @@ mod tests {
 
     fn table(dir: &Path, bytes: u64) -> PgTable {
         PgTable::open(OplogMode::Shm, dir, bytes).unwrap()
+    }
+
+    /// PG 7 in a fresh table with 1 MiB logs (and what must outlive it).
+    fn pg_7() -> (tempfile::TempDir, PgTable, SharedPg) {
+        let dir = tempfile::tempdir().unwrap();
+        let table = table(dir.path(), 1 << 20);
+        let shared = table.get_or_open(7).unwrap();
+        (dir, table, shared)
     }
 
     #[test]

@@ -640,9 +640,15 @@ impl Partition {
         Ok(())
     }
 
+    /// Whether any block is shared (or this plan shares one): without
+    /// clones every reference count is 1 and nothing is looked up.
+    fn sharing(shared: &BTreeMap<u32, u32>, plan: &Plan) -> bool {
+        !shared.is_empty() || !plan.ref_delta.is_empty()
+    }
+
     /// How many objects map `block` (one some object maps), as of this plan.
     fn references(&self, plan: &Plan, block: u32) -> i64 {
-        if self.shared.is_empty() && plan.ref_delta.is_empty() {
+        if !Self::sharing(&self.shared, plan) {
             return 1; // no clone anywhere: one lookup-free test per block
         }
         1 + i64::from(self.shared.get(&block).copied().unwrap_or(0))
@@ -818,22 +824,25 @@ impl Partition {
 
         // Delayed deallocation: free what earlier deletes left behind.
         let reclaimed = self.reclaim.len().min(64);
-        let mut reclaim_runs: Vec<(u64, u64)> = Vec::new();
         let mut reclaim_slots: Vec<u32> = Vec::new();
-        for index in 0..reclaimed {
-            let runs = self.reclaim[index].runs.clone();
-            reclaim_slots.extend_from_slice(&self.reclaim[index].slots);
-            if self.shared.is_empty() && plan.ref_delta.is_empty() {
-                reclaim_runs.extend(runs.iter().map(|&(start, count)| (start as u64, count as u64)));
-                continue;
+        let mut reclaim_runs: Vec<(u64, u64)> = Vec::new();
+        if !Self::sharing(&self.shared, plan) {
+            for reclaim in &self.reclaim[..reclaimed] {
+                reclaim_slots.extend_from_slice(&reclaim.slots);
+                reclaim_runs.extend(reclaim.runs.iter().map(|&(start, count)| (start as u64, count as u64)));
             }
+        } else {
             // A block a clone still maps only loses the deleted object's reference.
-            let mut freed: Vec<u32> = Vec::new();
-            for (start, count) in runs {
-                freed.extend((start..start + count).filter(|&block| self.drop_reference(plan, block)));
+            for index in 0..reclaimed {
+                let runs = self.reclaim[index].runs.clone();
+                reclaim_slots.extend_from_slice(&self.reclaim[index].slots);
+                let mut freed: Vec<u32> = Vec::new();
+                for (start, count) in runs {
+                    freed.extend((start..start + count).filter(|&block| self.drop_reference(plan, block)));
+                }
+                freed.sort_unstable();
+                reclaim_runs.extend(runs_of(&freed));
             }
-            freed.sort_unstable();
-            reclaim_runs.extend(runs_of(&freed));
         }
         for (start, count) in reclaim_runs {
             entries.push(Entry::SetBits { map: BitmapKind::Alloc, start, count, value: false });
