@@ -191,6 +191,9 @@ pub fn boot(link: &MonLink, give_up_after: Duration) -> anyhow::Result<ClusterMa
         let left = give_up_after.saturating_sub(started.elapsed());
         match fetch_map(link, left, booted_at)? {
             Some(map) => return Ok(map),
+            None if started.elapsed() >= give_up_after => {
+                anyhow::bail!("every boot within {give_up_after:?} was followed by a map with this OSD down")
+            }
             None => {
                 tracing::warn!(booted_at, "a map after this OSD's boot shows it down; booting again");
                 std::thread::sleep(Duration::from_secs(1));

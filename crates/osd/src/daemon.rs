@@ -171,15 +171,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         .spawn(move || driver.run(Arc::new(AtomicBool::new(false))))?;
 
     let admin = match config.admin {
-        Some(addr) => {
-            let pgs = pgs.clone();
-            let gauge = metrics.clone();
-            let refresh = Arc::new(move || {
-                let depth: usize = pgs.all().iter().map(|pg| pg.lock().map(|p| p.log.len()).unwrap_or(0)).sum();
-                gauge.log_entries.store(depth as u64, Ordering::Relaxed);
-            });
-            Some(serve(addr, metrics, refresh).with_context(|| format!("serving metrics on {addr}"))?)
-        }
+        Some(addr) => Some(serve(addr, metrics).with_context(|| format!("serving metrics on {addr}"))?),
         None => None,
     };
     Ok(Running { addr: bound, admin, shared, replayed, link })

@@ -571,11 +571,8 @@ fn parse_stat(stat: &str) -> Option<(&str, &str)> {
 }
 
 /// Serves `GET /metrics` (any path, in fact) until the process ends.
-pub fn serve(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    refresh: Arc<dyn Fn() + Send + Sync>,
-) -> std::io::Result<SocketAddr> {
+/// (The log gauges are kept by the peering thread's tick.)
+pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
     std::thread::Builder::new().name("osd-admin".into()).spawn(move || {
@@ -586,7 +583,6 @@ pub fn serve(
             if BufReader::new(&stream).read_line(&mut line).is_err() {
                 continue;
             }
-            refresh();
             let body = metrics.render();
             let _ = write!(
                 stream,

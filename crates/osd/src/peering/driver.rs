@@ -165,7 +165,15 @@ impl PeeringDriver {
     /// Full here also makes this OSD's primary PGs refuse writes at once.
     fn fullness_report(&mut self, now: u64) -> Option<duplex_map::Command> {
         let metrics = &self.shared.metrics;
-        let logged: u64 = self.shared.pgs.all().iter().map(|pg| pg.lock().map_or(0, |pg| pg.log.live_bytes())).sum();
+        // One walk of the logs keeps both log gauges (the metrics page reads them).
+        let (mut entries, mut logged) = (0u64, 0u64);
+        for pg in self.shared.pgs.all() {
+            if let Ok(pg) = pg.lock() {
+                entries += pg.log.len() as u64;
+                logged += pg.log.live_bytes();
+            }
+        }
+        metrics.log_entries.store(entries, std::sync::atomic::Ordering::Relaxed);
         metrics.log_reserved_bytes.store(logged, std::sync::atomic::Ordering::Relaxed);
         let view = self.shared.map.load();
         let id = self.shared.config.id;
