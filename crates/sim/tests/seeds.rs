@@ -251,6 +251,20 @@ fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
     }
 }
 
+/// Found by session 17's sweep of seeds 52000–53999 with every fault two at
+/// once: a stale read of block 45 (a write acknowledged within
+/// 3003.6–3004.7 ms, then the never-written state read as current). It
+/// fails the same way at b29714a and at ac10875, before the store format
+/// and fullness changes of session 17 (the run's timeline is identical),
+/// so it is an older gap, not a regression; not diagnosed yet. Run with
+/// `-- --ignored` to see where it stands; `duplex-sim --seed 53159
+/// --concurrent-faults 2 --faults <the seven>` reproduces it.
+#[test]
+#[ignore = "known gap: seed 53159, a stale read under two faults at once (docs/RELIABILITY.md)"]
+fn known_gap_seed_53159_a_stale_read_under_two_faults() {
+    run_every_fault_two_at_once(53159);
+}
+
 /// A pin's backfill target that could not be reached was left out of its
 /// interval, but the background fill of a member (behind by history) stood
 /// in for it in the primary's count of targets reached: when that fill
