@@ -83,6 +83,9 @@ pub enum Job {
     /// What each PG holds in this partition (`duplex df`): answered at once
     /// with an `OsdUsageReply` on the asker's connection.
     Usage(ReplyTo),
+    /// A new map: remove the copies of PGs this OSD no longer holds for
+    /// anyone (`flusher::strays`).
+    Strays(std::sync::Arc<crate::cluster::MapView>),
 }
 
 /// Where a peering answer goes.

@@ -184,6 +184,12 @@ pub struct PeerInfo {
     /// epoch 0: it is never level with anyone, and a member of its interval
     /// whose log knows its position, even one with no entry, wins over it.
     pub position_lost: bool,
+    /// Its log was lost with the power (so its position is lost too): the
+    /// writes that log held and its store had not taken yet are missing
+    /// from this copy, though they may have been acknowledged (they live on
+    /// in the logs of the other members that logged them). Such a copy
+    /// does not stand for its active set in peering.
+    pub log_lost: bool,
 }
 
 /// A client request id a member logged, and the seq of its entry.
@@ -365,19 +371,33 @@ mod tests {
 
     fn reply() -> impl Strategy<Value = PeerReply> {
         prop_oneof![
-            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>(), (any::<bool>(), any::<bool>()), requests())
+            (
+                any::<u64>(),
+                any::<u32>(),
+                any::<u64>(),
+                any::<u64>(),
+                (any::<bool>(), any::<bool>(), any::<bool>()),
+                requests()
+            )
                 .prop_map(
                     |(last_seq, last_epoch, last_active, history_from, flags, requests): (
                         _,
                         _,
                         _,
                         _,
-                        (bool, bool),
+                        (bool, bool, bool),
                         _
                     )| {
-                        let (backfilling, position_lost) = flags;
-                        let info =
-                            PeerInfo { last_seq, last_epoch, last_active, history_from, backfilling, position_lost };
+                        let (backfilling, position_lost, log_lost) = flags;
+                        let info = PeerInfo {
+                            last_seq,
+                            last_epoch,
+                            last_active,
+                            history_from,
+                            backfilling,
+                            position_lost,
+                            log_lost,
+                        };
                         PeerReply::Info { info, requests }
                     }
                 ),

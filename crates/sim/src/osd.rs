@@ -18,6 +18,7 @@ use crossbeam_channel::Receiver;
 use duplex_map::{ClusterMap, OsdId};
 use duplex_osd::cluster::{ActingCache, Lease, MapCell};
 use duplex_osd::config::OsdConfig;
+use duplex_osd::flusher::strays::StrayWatch;
 use duplex_osd::flusher::{Flusher, Pending};
 use duplex_osd::io::ops::{client_op, replica_op, write_outlived};
 use duplex_osd::io::pending::{Finished, PendingWrites, WriteInfo, REPLICATION_TIMEOUT};
@@ -77,6 +78,8 @@ pub struct Live {
     flush_timer: Option<u64>,
     /// When the backfill timer fires next (one at a time).
     backfill_timer: Option<u64>,
+    /// When the flusher last got a map to remove stray copies by.
+    strays: StrayWatch,
 }
 
 fn store_config(faults: Arc<DeviceFaults>) -> StoreConfig {
@@ -177,6 +180,7 @@ impl SimOsd {
             held_lease,
             no_lease: Arc::new(Lease::default()),
             schedule,
+            strays: StrayWatch::default(),
             booting: true,
             flush_timer: None,
             backfill_timer: None,
@@ -499,6 +503,13 @@ impl SimOsd {
         let me = self.id;
         let Some(live) = self.live.as_mut() else { return };
         live.schedule.timed_out(ctx.now, &live.shared.metrics);
+        // As the peering thread does: each new map goes to the flusher to
+        // judge stray copies by (its removal batches run in `drain`).
+        let view = live.shared.map.load();
+        if live.strays.due(view.epoch(), ctx.now) {
+            live.flusher.take(Job::Strays(view), &mut live.pending, ctx.instant());
+            self.drain(ctx);
+        }
         loop {
             let live = self.live.as_mut().expect("running");
             let view = live.shared.map.load();

@@ -251,18 +251,19 @@ fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
     }
 }
 
-/// Found by session 17's sweep of seeds 52000–53999 with every fault two at
-/// once: a stale read of block 45 (a write acknowledged within
-/// 3003.6–3004.7 ms, then the never-written state read as current). It
-/// fails the same way at b29714a and at ac10875, before the store format
-/// and fullness changes of session 17 (the run's timeline is identical),
-/// so it is an older gap, not a regression; not diagnosed yet. Run with
-/// `-- --ignored` to see where it stands; `duplex-sim --seed 53159
-/// --concurrent-faults 2 --faults <the seven>` reproduces it.
+/// A member that lost its log with the power stood for its PG's last
+/// active set: PG 1.5, active on [2,3,0], acknowledged a write; osd.2
+/// lost its power (and its `shm` log, whose write its store had not
+/// taken) 4 ms later, then osd.3 and osd.0 crashed with their logs
+/// intact. osd.2 alone peered as the set's OSD with a whole copy, was
+/// activated, and then won over osd.0 (the write in its log) by its newer
+/// interval: a stale read of block 45. Now a member with a lost log
+/// stands for the set only when all its OSDs answered. (Seed 53159 with
+/// every fault two at once, found by session 17's sweep of 52000–53999.)
 #[test]
-#[ignore = "known gap: seed 53159, a stale read under two faults at once (docs/RELIABILITY.md)"]
-fn known_gap_seed_53159_a_stale_read_under_two_faults() {
-    run_every_fault_two_at_once(53159);
+fn regression_seed_53159_a_lost_log_does_not_stand_for_its_active_set() {
+    let report = run_every_fault_two_at_once(53159);
+    assert!(report.power_cuts_in_commit > 0, "the seed no longer cuts the power in a commit: it tests nothing");
 }
 
 /// A pin's backfill target that could not be reached was left out of its

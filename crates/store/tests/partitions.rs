@@ -132,6 +132,10 @@ fn usage_by_group_counts_objects_sizes_and_blocks() {
     };
     let expected = vec![(3, 2, 4096 + 8192 + 100, 2 * 4096), (5, 1, 3 * 4096, 3 * 4096)];
     assert_eq!(usage(partition), expected);
+    assert_eq!(partition.groups(), vec![3, 5], "the groups with an object, found without a walk");
+    partition.write(&key(u32::MAX, 1), 0, b"last").unwrap();
+    assert_eq!(partition.groups(), vec![3, 5, u32::MAX]);
+    partition.apply(&duplex_store::Batch { ops: vec![duplex_store::Op::Delete { key: key(u32::MAX, 1) }] }).unwrap();
     store.close().unwrap();
     let mut store = Store::open(&path, &config).unwrap();
     assert_eq!(usage(store.partition_mut(0)), expected, "the same after a remount");

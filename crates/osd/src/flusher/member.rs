@@ -285,6 +285,7 @@ impl Flusher {
                 history_from: 1,
                 backfilling: true,
                 position_lost: false,
+                log_lost: false,
             };
             return Ok(PeerReply::Info { info, requests: Vec::new() });
         }
@@ -295,6 +296,7 @@ impl Flusher {
             history_from: guard.history_from(),
             backfilling: false,
             position_lost: false,
+            log_lost: false,
         };
         debug_assert!(info.history_from <= info.last_seq + 1, "the history starts past the log's end");
         // Where this member's history ends, as far as it knows.
@@ -311,7 +313,7 @@ impl Flusher {
                 interval = stored,
                 "the PG log was lost; reporting the interval the store recorded"
             );
-            info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: stored, ..info };
+            info = PeerInfo { last_seq: 0, last_epoch: 0, last_active: stored, log_lost: true, ..info };
             end = u64::MAX;
             unknown = true;
         }
@@ -663,6 +665,88 @@ mod tests {
         drop(guard);
         // Its peering query then fails, so the PG shows inactive, loudly.
         assert!(matches!(ask(&mut flusher, key, 2, PeerOp::Query), PeerReply::Refused(_)));
+    }
+
+    /// A PG clean on its own OSDs without this one: its copy here goes,
+    /// in paced batches, the first of which marks the copy incomplete; a
+    /// PG a primary has asked about since the map the removal was judged by
+    /// stays whole.
+    #[test]
+    fn a_stray_copy_is_marked_incomplete_then_removed_and_a_member_again_is_kept() {
+        use duplex_map::{ActiveSet, ClusterMap, Command};
+        let store = crate::TestStore::new(1);
+        let logs = tempfile::tempdir().unwrap();
+        let (mut flusher, _poll) = flusher(&store, logs.path());
+        let mut map = ClusterMap::new([1; 16]);
+        for id in 0..4 {
+            let addr = format!("127.0.0.1:{}", 7000 + id);
+            map.run(&Command::OsdBoot { id, addr, host: format!("h{id}"), weight: 1 << 16 }).unwrap();
+        }
+        map.run(&Command::PoolCreate { name: "p".into(), size: 2, min_size: 1, pg_num: 16 }).unwrap();
+        let view = crate::cluster::MapView::new(map.clone());
+        let pool = map.pools[&1].clone();
+        // Two PGs osd.1 (this flusher's OSD) is no OSD of, clean elsewhere.
+        let elsewhere: Vec<u32> =
+            (0..16).filter(|pg| !view.map.pg_osds(&view.hierarchy, &pool, *pg).contains(&1)).take(2).collect();
+        for pg in &elsewhere {
+            let acting = view.map.acting(&view.hierarchy, &pool, *pg);
+            map.active_sets.insert((1, *pg), ActiveSet { since: map.epoch, osds: acting });
+        }
+        let view = Arc::new(crate::cluster::MapView::new(map));
+        let (gone, asked) = (pg_key(1, elsewhere[0]).unwrap(), pg_key(1, elsewhere[1]).unwrap());
+        for key in [gone, asked] {
+            let pg = active_pg(&flusher, key);
+            for seq in 1..=40u64 {
+                log(&pg, &write_entry(key, seq, format!("o{seq}").into_bytes(), vec![seq as u8; 4096])).unwrap();
+            }
+            flusher.flush(BTreeSet::from([key])).unwrap();
+        }
+        // A primary asked osd.1 about `asked` in an interval after the map.
+        flusher.pgs.get(asked).unwrap().lock().unwrap().asked_interval = view.epoch() + 1;
+        let mut pending = flusher.start();
+        let histograms = flusher.metrics.histograms();
+        let mut now = std::time::Instant::now();
+        flusher.take(crate::messages::Job::Strays(view), &mut pending, now);
+        flusher.step(&mut pending, &histograms, now);
+        assert_eq!(flusher.partition.list_group(gone, 100).len(), 40 - 32, "one batch of 32 at a time");
+        assert!(crate::pg::stored_interval::backfilling(&mut flusher.partition, gone).unwrap(), "marked first");
+        flusher.step(&mut pending, &histograms, now);
+        assert_eq!(flusher.partition.list_group(gone, 100).len(), 8, "paced: no second batch at once");
+        while let Some(at) = pending.deadline() {
+            now = now.max(at);
+            flusher.step(&mut pending, &histograms, now);
+        }
+        assert!(flusher.partition.list_group(gone, 100).is_empty(), "the stray copy is gone");
+        assert_eq!(flusher.partition.list_group(asked, 100).len(), 40, "a member again: kept whole");
+        assert!(!crate::pg::stored_interval::backfilling(&mut flusher.partition, asked).unwrap());
+        assert_eq!((flusher.metrics.stray_pgs_removed.get(), flusher.metrics.stray_objects_removed.get()), (1, 40));
+    }
+
+    /// Issue 24: `df` walks a partition's index (O(objects), on the
+    /// flusher's thread): a client asking in a loop gets the last walk's
+    /// figures for a second instead of keeping the flusher walking.
+    #[test]
+    fn df_walks_a_partition_at_most_once_a_second() {
+        let store = crate::TestStore::new(1);
+        let logs = tempfile::tempdir().unwrap();
+        let (mut flusher, _poll) = flusher(&store, logs.path());
+        let key = pg_key(1, 3).unwrap();
+        let pg = active_pg(&flusher, key);
+        let mut pending = flusher.start();
+        let objects_of = |reply: &duplex_proto::osd::UsageReply| reply.pgs.iter().map(|p| p.objects).sum::<u64>();
+        let start = std::time::Instant::now();
+        let before = flusher.usage(&mut pending, start);
+        assert_eq!(objects_of(&before), 0);
+        log(&pg, &write_entry(key, 1, b"one".to_vec(), vec![1; 4096])).unwrap();
+        flusher.flush(BTreeSet::from([key])).unwrap();
+        let soon = start + super::super::USAGE_REUSE / 2;
+        let reply = flusher.usage(&mut pending, soon);
+        assert_eq!(objects_of(&reply), 0, "within the second: the last walk's figures");
+        assert!(reply.used_bytes > before.used_bytes, "the store's totals are current");
+        assert_eq!(flusher.metrics.usage_walks.get(), 1);
+        let later = start + super::super::USAGE_REUSE;
+        assert!(objects_of(&flusher.usage(&mut pending, later)) > 0, "a second on: walked again");
+        assert_eq!(flusher.metrics.usage_walks.get(), 2);
     }
 
     /// Issue 24: a flush the store refuses for want of space (devices lie;

@@ -7,6 +7,7 @@
 //! caches, and posts completions to the priority threads.
 
 pub mod member;
+pub mod strays;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use crate::messages::{
 };
 use crate::metrics::{record, Metrics, Stage};
 use crate::pg::replay::store_op;
-use crate::pg::{Ack, PgTable, ReplyTo};
+use crate::pg::{Ack, PgTable};
 
 /// Entries per store batch; a flush of more takes several batches.
 pub const FLUSH_BATCH: usize = 128;
@@ -55,6 +56,9 @@ pub struct Flusher {
 /// A PG asked for repair this recently is not asked again.
 const REPAIR_BACKOFF: Duration = Duration::from_secs(10);
 
+/// A partition walks its index for `df` at most once in this long.
+pub const USAGE_REUSE: Duration = Duration::from_secs(1);
+
 /// The work a flusher has taken and not yet done, and its gauges' last
 /// readings. [`Flusher::run`] keeps one; a simulator drives
 /// [`Flusher::take`] and [`Flusher::step`] with its own clock instead.
@@ -68,12 +72,21 @@ pub struct Pending {
     /// The store's counters when the metrics last took them.
     counted: duplex_store::PartitionStats,
     used: u64,
+    /// The last walk of the partition for a `df` (`OsdUsage`), and when.
+    usage: Option<(Instant, Vec<PgUsage>)>,
+    /// Stray copies being removed ([`strays`]).
+    strays: Option<strays::StrayWork>,
 }
 
 impl Pending {
-    /// When the next flush is due without another job (None: not before one comes).
+    /// When the flusher next has work without another job (None: not
+    /// before one comes): a flush, or a stray copy's removal.
     pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
+        let strays = self.strays.as_ref().map(|work| work.next_at);
+        match (self.deadline, strays) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn flush_due(&self, now: Instant) -> bool {
@@ -87,7 +100,11 @@ impl Pending {
 
     /// Whether `step` has work to do at once.
     pub fn is_ready(&self, now: Instant) -> bool {
-        self.flush_due(now) || !self.syncs.is_empty() || !self.reads.is_empty() || !self.peering.is_empty()
+        self.flush_due(now)
+            || !self.syncs.is_empty()
+            || !self.reads.is_empty()
+            || !self.peering.is_empty()
+            || self.strays.as_ref().is_some_and(|work| work.next_at <= now)
     }
 }
 
@@ -113,35 +130,48 @@ impl Flusher {
             flush_now: false,
             counted,
             used,
+            usage: None,
+            strays: None,
         }
     }
 
-    /// What each PG holds in this partition, to the connection that asked.
-    /// A walk of the partition's index (O(objects)): an operator's `df`.
-    fn report_usage(&self, to: ReplyTo) {
-        let pgs = self
-            .partition
-            .usage_by_group()
-            .into_iter()
-            .map(|g| PgUsage {
-                pg: g.group,
-                objects: g.objects,
-                logical_bytes: g.logical_bytes,
-                allocated_bytes: g.allocated_bytes,
-            })
-            .collect();
+    /// What each PG holds in this partition, for an operator's `df`. The
+    /// per-PG figures come from a walk of the partition's index
+    /// (O(objects), on the thread that flushes): askers within
+    /// [`USAGE_REUSE`] of the last walk get its figures, so a client that
+    /// asks in a loop cannot keep the flusher walking. The store's totals
+    /// are always current.
+    pub fn usage(&self, pending: &mut Pending, now: Instant) -> UsageReply {
+        let recent = pending.usage.as_ref().filter(|(at, _)| now.saturating_duration_since(*at) < USAGE_REUSE);
+        let pgs = match recent {
+            Some((_, pgs)) => pgs.clone(),
+            None => {
+                let pgs: Vec<PgUsage> = self
+                    .partition
+                    .usage_by_group()
+                    .into_iter()
+                    .map(|g| PgUsage {
+                        pg: g.group,
+                        objects: g.objects,
+                        logical_bytes: g.logical_bytes,
+                        allocated_bytes: g.allocated_bytes,
+                    })
+                    .collect();
+                self.metrics.usage_walks.add(1);
+                pending.usage = Some((now, pgs.clone()));
+                pgs
+            }
+        };
         let block = duplex_store::BLOCK_SIZE as u64;
-        let data_blocks = self.partition.data_blocks();
         let reply = UsageReply {
             partition: self.partition.index(),
             partitions: self.partition.partition_count(),
-            capacity_bytes: data_blocks * block,
+            capacity_bytes: self.partition.data_blocks() * block,
             used_bytes: self.partition.used_blocks() * block,
             pgs,
         };
         debug_assert!(reply.partition < reply.partitions, "partition {} of {}", reply.partition, reply.partitions);
-        debug_assert!(to.thread < self.mailboxes.len(), "a usage answer for thread {}", to.thread);
-        self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame: reply.to_frame(to.txid) });
+        reply
     }
 
     /// How near this partition is to refusing a flush, per mille, for the
@@ -166,7 +196,7 @@ impl Flusher {
         let histograms = self.metrics.histograms();
         let mut pending = self.start();
         loop {
-            let first = match pending.deadline {
+            let first = match pending.deadline() {
                 None => match self.jobs.recv() {
                     Ok(job) => Some(job),
                     Err(_) => return self.partition,
@@ -239,6 +269,8 @@ impl Flusher {
                 }
             }
         }
+        // Last, and paced: a stray copy's removal frees room, but no one waits on it.
+        self.remove_strays(pending, now);
         let now = self.partition.stats();
         let (was, metrics) = (&pending.counted, &self.metrics);
         metrics.device_bytes_written.add(now.io.bytes_written.saturating_sub(was.io.bytes_written));
@@ -279,7 +311,13 @@ impl Flusher {
             }
             Job::SyncApply { entry, done } => pending.syncs.push((entry, done)),
             Job::Peer { request, reply } => pending.peering.push((request, reply)),
-            Job::Usage(to) => self.report_usage(to),
+            Job::Strays(view) => self.take_strays(view, pending, now),
+            Job::Usage(to) => {
+                let reply = self.usage(pending, now);
+                debug_assert!(to.thread < self.mailboxes.len(), "a usage answer for thread {}", to.thread);
+                self.mailboxes[to.thread]
+                    .post_and_wake(Completion::Send { token: to.token, frame: reply.to_frame(to.txid) });
+            }
         }
         debug_assert!(pending.dirty_is_due(), "a dirty PG with no flush due: its entries would wait for ever");
     }

@@ -113,6 +113,12 @@ pub struct Metrics {
     pub recovery_ops: Counter,
     /// Object copies found damaged here (a block failed its checksum).
     pub damaged_objects: Counter,
+    /// Walks of a partition's index for `df` (`OsdUsage`; at most one per
+    /// partition a second, however often it is asked).
+    pub usage_walks: Counter,
+    /// Stray copies removed (PGs this OSD held for no one any more), and their objects.
+    pub stray_pgs_removed: Counter,
+    pub stray_objects_removed: Counter,
     /// Inconsistent objects deep scrubs found, and bad copies repaired.
     pub scrub_inconsistent: Counter,
     pub scrub_repaired: Counter,
@@ -306,6 +312,21 @@ impl Metrics {
             "duplex_osd_damaged_objects_total",
             "Object copies on this OSD found damaged (a data block failed its checksum) by a read or a scrub.",
             &[("", self.damaged_objects.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_stray_removed_total",
+            "Stray copies removed from this OSD (PGs clean on their own OSDs without it), and their objects.",
+            &[
+                ("{what=\"pgs\"}", self.stray_pgs_removed.get()),
+                ("{what=\"objects\"}", self.stray_objects_removed.get()),
+            ],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_usage_walks_total",
+            "Walks of a store partition's index to answer `duplex df` (at most one per partition a second).",
+            &[("", self.usage_walks.get())],
         );
         counter(
             &mut out,

@@ -49,6 +49,8 @@ pub struct PeeringDriver {
     unreachable: HashMap<OsdId, Instant>,
     /// What this OSD last reported of its fullness, and when.
     fullness_asked: Option<(duplex_map::Fullness, u64)>,
+    /// When the flushers last got a map to remove stray copies by.
+    strays: crate::flusher::strays::StrayWatch,
 }
 
 impl PeeringDriver {
@@ -68,6 +70,7 @@ impl PeeringDriver {
             conns: HashMap::new(),
             unreachable: HashMap::new(),
             fullness_asked: None,
+            strays: Default::default(),
         }
     }
 
@@ -80,6 +83,7 @@ impl PeeringDriver {
             let now = self.now();
             let asked = std::mem::take(&mut *self.shared.scrub_requests.lock().expect("scrub requests lock"));
             self.reconcile(now, asked);
+            self.judge_strays(now);
             self.send_answers();
             self.send_map_commands(now);
             // One action, then look at the map again: a long recovery
@@ -126,6 +130,17 @@ impl PeeringDriver {
             let txid = self.schedule.send(pg, tag, to, now, backfill);
             let outcome = self.call(to, txid, request);
             self.schedule.on_answer(txid, to, outcome, &metrics);
+        }
+    }
+
+    /// Gives every flusher a new map to remove stray copies by, when due.
+    /// A full queue skips it: the next look sends it again.
+    fn judge_strays(&mut self, now: u64) {
+        let view = self.shared.map.load();
+        if self.strays.due(view.epoch(), now) {
+            for flusher in &self.shared.flushers {
+                let _ = flusher.try_send(Job::Strays(view.clone()));
+            }
         }
     }
 

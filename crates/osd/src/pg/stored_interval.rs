@@ -19,8 +19,12 @@
 //! have been torn by the same power cut: so it never counts as level with
 //! another member (it is always backfilled when it is not the authority),
 //! and any member of the same interval that kept its log wins over it.
-//! Only when it is the one member of the newest interval present is its
-//! store the authority, which is what it is: the newest copy there is.
+//! Nor does it stand for its interval's active set in peering: the writes
+//! its log held are gone from it but live on in the logs of the set's
+//! other OSDs, so the PG waits for one of those, unless every OSD of the
+//! set lost its log (peering/machine/recovery.rs, `active_set_answered`;
+//! simulator seed 53159). Only then is its store the authority, which is
+//! what it is: the newest copy there is.
 //!
 //! The record is an attribute of one object per PG, in the store group of
 //! pool 0: no pool has id 0, so no PG lists it, copies it or serves it, and

@@ -252,6 +252,25 @@ impl Partition {
         usage
     }
 
+    /// The groups (placement groups) with an object here, in order: one
+    /// seek per group, not a walk of every object.
+    pub fn groups(&self) -> Vec<u32> {
+        let mut groups = Vec::new();
+        let mut from = Some(0u32);
+        while let Some(start) = from {
+            let Some((key, _)) =
+                self.objects.range::<[u8], _>((Bound::Included(&start.to_be_bytes()[..]), Bound::Unbounded)).next()
+            else {
+                break;
+            };
+            let group = key.group();
+            debug_assert!(group >= start, "a key before its seek");
+            groups.push(group);
+            from = group.checked_add(1);
+        }
+        groups
+    }
+
     /// Keys of one group (placement group), in order, at most `limit`.
     pub fn list_group(&self, group: u32, limit: usize) -> Vec<Key> {
         let start = group.to_be_bytes();

@@ -14,8 +14,9 @@
 //!    logged prefixes of one primary's sequence, so the longest one holds
 //!    every write acknowledged in it (an acknowledgement needs every member).
 //!    But only if one OSD of the PG's last active set (in the map, see
-//!    `duplex_map::active_set`) answered with a whole copy: those hold
-//!    every write the PG acknowledged. Otherwise the PG is down and waits.
+//!    `duplex_map::active_set`) answered with a whole copy and kept its
+//!    log (or all of them answered): those hold every write the
+//!    PG acknowledged. Otherwise the PG is down and waits.
 //! 3. **Recover** each other member in turn. One whose newest entry (seq
 //!    and epoch) is in the authority's recent history is only behind: it
 //!    gets the objects that history names for the seqs it lacks. Any other

@@ -24,7 +24,7 @@ impl Peering {
         // older than what clients were told is written.
         let lost = self.active_set.as_ref().is_some_and(Vec::is_empty);
         if let Some(set) = self.active_set.as_ref().filter(|set| !set.is_empty()) {
-            if !set.iter().any(|osd| infos.get(osd).is_some_and(|info: &PeerInfo| !info.backfilling)) {
+            if !active_set_answered(set, &infos) {
                 let names: Vec<String> = set.iter().map(|osd| format!("osd.{osd}")).collect();
                 return self.stuck(format!(
                     "PG {:#x} is down: it was last active on {}, and none of them answered with its copy; \
@@ -474,4 +474,24 @@ fn diff(authority: OsdId, ours: &[ObjectDigest], target: OsdId, theirs: &[Object
             .map(|d| Work::Remove { object: d.object.clone(), on: target }),
     );
     work
+}
+
+/// Whether the answers include the PG's last active set `set`, as far as
+/// it vouches for every acknowledged write: one of its OSDs with a whole
+/// copy that kept its log, or, when every one of them lost it, all of them.
+/// (A copy an unfinished recovery changed kept its log: its store took all
+/// of it, and the objects copied in are the authority's, newer still.)
+///
+/// A member that lost its log to a power cut ([`PeerInfo::log_lost`])
+/// lost the writes its log held that its store had not taken yet: they
+/// were acknowledged, and live on in the logs of the set's other OSDs.
+/// Counting it alone as the set let it peer by itself while the others
+/// were down (both crashed, their logs intact), activate, and so win the
+/// next peering over them by `last_active`: an acknowledged write was
+/// gone (simulator seed 53159, a stale read of block 45). When every OSD
+/// of the set lost its log, no log holds such writes any more and the
+/// newest store among them all is the newest copy there is.
+pub(super) fn active_set_answered(set: &[OsdId], infos: &BTreeMap<OsdId, PeerInfo>) -> bool {
+    let whole = |osd: &OsdId| infos.get(osd).filter(|info| !info.backfilling);
+    set.iter().any(|osd| whole(osd).is_some_and(|info| !info.log_lost)) || set.iter().all(|osd| whole(osd).is_some())
 }

@@ -30,6 +30,8 @@ struct Member {
     /// Peering's recovery installed an object here and no activation
     /// followed (as `stored_interval::recovered`).
     recovered: bool,
+    /// Its log was lost with the power (its store lacks what the log held).
+    log_lost: bool,
 }
 
 /// The request id of the entry at `seq` of `epoch` (a divergent entry,
@@ -58,12 +60,19 @@ impl Member {
                     history_from: self.history.first().map_or(self.last_seq + 1, |(seq, ..)| *seq),
                     backfilling: self.backfilling,
                     position_lost: false,
+                    log_lost: false,
                 };
-                if self.recovered {
+                if self.recovered || self.log_lost {
                     // As the real member: lost, past every id it holds.
                     let last_seq = self.logged.iter().map(|r| r.seq).max().unwrap_or(0).max(self.last_seq);
-                    info =
-                        PeerInfo { last_seq, last_epoch: 0, history_from: last_seq + 1, position_lost: true, ..info };
+                    info = PeerInfo {
+                        last_seq,
+                        last_epoch: 0,
+                        history_from: last_seq + 1,
+                        position_lost: true,
+                        log_lost: self.log_lost,
+                        ..info
+                    };
                 }
                 PeerReply::Info { info, requests: self.logged.clone() }
             }
@@ -440,6 +449,7 @@ fn a_refusal_or_a_lost_member_stops_it_and_late_answers_are_ignored() {
         history_from: 1,
         backfilling: false,
         position_lost: false,
+        log_lost: false,
     };
     assert!(machine.on_reply(tags[1], PeerReply::Info { info, requests: vec![] }).is_empty(), "late answer");
 
@@ -458,6 +468,7 @@ fn the_authority_is_the_newest_interval_then_the_longest_log_then_the_primary() 
         history_from: 1,
         backfilling: false,
         position_lost: false,
+        log_lost: false,
     };
     let infos: BTreeMap<OsdId, PeerInfo> = [(0, info(4, 100)), (1, info(5, 10)), (2, info(5, 12))].into();
     assert_eq!(choose_authority(0, &infos, false).map(|(osd, _)| osd), Some(2));
@@ -739,6 +750,37 @@ fn an_unfinished_backfill_is_never_the_authority_and_alone_it_waits() {
     let outcome = drive(&mut alone, 9, &mut machine, actions);
     assert!(matches!(&outcome, Action::Stuck(why) if why.contains("unfinished backfill")), "{outcome:?}");
     assert!(alone.iter().all(|m| m.last_active == 7), "nothing was activated");
+}
+
+#[test]
+fn a_copy_that_lost_its_log_does_not_stand_for_its_active_set_alone() {
+    // The set was osd.0 and osd.1; both logged the newest write. osd.0
+    // lost its log with the power before its store took that write (its
+    // store kept the request id of an older one); osd.1 kept its log.
+    let whole = active_member(&[("a", b"1"), ("b", b"2")]);
+    let mut lost = active_member(&[("a", b"1")]);
+    lost.log_lost = true;
+    let start = |members: Vec<OsdId>| Peering::start_with_targets(7, 9, members, vec![], None, Some(vec![0, 1]));
+
+    // osd.0 alone (osd.1 down): the PG waits for osd.1 (seed 53159).
+    let mut members = vec![lost.clone(), whole.clone()];
+    let (mut machine, actions) = start(vec![0]);
+    let outcome = drive(&mut members, 9, &mut machine, actions);
+    assert!(matches!(&outcome, Action::Stuck(why) if why.contains("is down") && why.contains("osd.1")), "{outcome:?}");
+    assert_eq!(members[0].last_active, 5, "nothing was activated");
+
+    // With osd.1 back, it leads and osd.0 gets the write it lost.
+    let (mut machine, actions) = start(vec![0, 1]);
+    let outcome = drive(&mut members, 9, &mut machine, actions);
+    assert!(matches!(outcome, Action::Active { authority: 1, .. }), "{outcome:?}");
+    assert_eq!(members[0].objects, whole.objects);
+
+    // Every OSD of the set lost its log: no log holds more than their
+    // stores, and together they stand for the set.
+    let mut members = vec![lost.clone(), lost];
+    let (mut machine, actions) = start(vec![0, 1]);
+    let outcome = drive(&mut members, 9, &mut machine, actions);
+    assert!(matches!(outcome, Action::Active { .. }), "{outcome:?}");
 }
 
 #[test]
