@@ -62,8 +62,10 @@ pub enum MarkCommand {
 pub enum ConfigCommand {
     /// Set one: `nearfull_ratio`, `backfillfull_ratio` or `full_ratio`
     /// (0 to 1; Ceph's defaults 0.85, 0.90, 0.95). Past `full_ratio` of its
-    /// fullest store partition, an OSD refuses writes to its PGs (ENOSPC);
-    /// deletes and discards go on.
+    /// store, an OSD refuses writes to its PGs (ENOSPC); deletes and
+    /// discards go on. `balancer_max_spread` (0 to 1, default 0.02; 0:
+    /// off): the balancer moves PGs while the fullest and the emptiest OSDs
+    /// differ by more.
     Set { key: String, value: f64 },
     /// Show them.
     Get,
@@ -78,6 +80,7 @@ pub fn config(client: &Client, command: ConfigCommand) -> Result<()> {
             println!("nearfull_ratio {:.3}", show(ratios.nearfull));
             println!("backfillfull_ratio {:.3}", show(ratios.backfillfull));
             println!("full_ratio {:.3}", show(ratios.full));
+            println!("balancer_max_spread {:.3}", show(map.balancer_max_spread));
         }
         ConfigCommand::Set { key, value } => {
             if !(0.0..=1.0).contains(&value) {
@@ -85,13 +88,21 @@ pub fn config(client: &Client, command: ConfigCommand) -> Result<()> {
             }
             let permille = (value * 1000.0).round() as u16;
             let (mut nearfull, mut backfillfull, mut full) = (ratios.nearfull, ratios.backfillfull, ratios.full);
-            match key.as_str() {
-                "nearfull_ratio" => nearfull = permille,
-                "backfillfull_ratio" => backfillfull = permille,
-                "full_ratio" => full = permille,
-                other => bail!("no setting '{other}' (nearfull_ratio, backfillfull_ratio, full_ratio)"),
-            }
-            let epoch = run_command(&mut client.monitor(), MapCommand::SetFullRatios { nearfull, backfillfull, full })?;
+            let command = match key.as_str() {
+                "balancer_max_spread" => MapCommand::SetBalancer { max_spread_permille: permille },
+                "nearfull_ratio" | "backfillfull_ratio" | "full_ratio" => {
+                    match key.as_str() {
+                        "nearfull_ratio" => nearfull = permille,
+                        "backfillfull_ratio" => backfillfull = permille,
+                        _ => full = permille,
+                    }
+                    MapCommand::SetFullRatios { nearfull, backfillfull, full }
+                }
+                other => {
+                    bail!("no setting '{other}' (nearfull_ratio, backfillfull_ratio, full_ratio, balancer_max_spread)")
+                }
+            };
+            let epoch = run_command(&mut client.monitor(), command)?;
             println!("{key} = {value} (map epoch {epoch})");
         }
     }
@@ -486,6 +497,10 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
             "capacity_bytes": after.0,
             "used_bytes": after.1,
             "client_iops": {"write": write_iops, "read": read_iops},
+            "balancer": {
+                "max_spread": f64::from(map.balancer_max_spread) / 1000.0,
+                "remapped_pgs": map.pg_upmap.len(),
+            },
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
@@ -514,6 +529,12 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
     }
     let used_pct = if after.0 > 0 { after.1 as f64 * 100.0 / after.0 as f64 } else { 0.0 };
     println!("capacity: {} used of {} ({used_pct:.1}%; raw, all copies)", format_size(after.1), format_size(after.0));
+    if map.balancer_max_spread == 0 {
+        println!("balancer: off ({} PGs remapped)", map.pg_upmap.len());
+    } else {
+        let spread = f64::from(map.balancer_max_spread) / 10.0;
+        println!("balancer: on, OSDs kept within {spread:.1}% of each other ({} PGs remapped)", map.pg_upmap.len());
+    }
     println!("client:   {write_iops:.0} write IOPS, {read_iops:.0} read IOPS (last second)");
     if (after.4 as usize) < up {
         println!("note:     {} of {up} up OSDs did not report counters", up - after.4 as usize);

@@ -253,6 +253,18 @@ fn write_once_not_full(client: &duplex_client::Client, pool: u32, object: &[u8],
     }
 }
 
+/// Polls `ready` every 100 ms for up to `within`; whether it became true.
+fn wait_until(within: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if ready() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ready()
+}
+
 /// The dev cluster's state.json.
 fn dev_state(cluster: &DevCluster) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(cluster.path().join("state.json")).unwrap()).unwrap()
@@ -451,11 +463,40 @@ fn a_cluster_filled_to_the_brim_refuses_writes_and_recovers_when_emptied() {
     for n in 0..acknowledged {
         assert_eq!(image.read(n * MIB, MIB as u32).unwrap(), chunk(n), "acknowledged MiB {n} reads back");
     }
+    // The operator's other way out: one OSD more. PGs move to it, the old
+    // OSDs remove their copies of them (stray copies) once each is clean
+    // there, and the full OSD takes writes again; nothing is lost on the way.
+    let added = Instant::now();
+    run_ok(cluster.cli().args(["dev", "add-osd", "--dir"]).arg(cluster.path()));
+    // The write that was refused (its PG is on the full OSD), until it goes.
+    loop {
+        match image.write(acknowledged * MIB, chunk(acknowledged)) {
+            Ok(()) => break,
+            Err(ClientError::NoSpace(_)) if added.elapsed() < Duration::from_secs(120) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            other => panic!("the refused write still fails {:?} after an OSD was added: {other:?}", added.elapsed()),
+        }
+    }
+    acknowledged += 1;
+    eprintln!("fill: the refused write went through {:?} after `dev add-osd` began", added.elapsed());
+    let settled = wait_until(Duration::from_secs(120), || client.monitor().map(1).is_ok_and(|m| m.pg_temp.is_empty()));
+    let df = cli_json(&cluster, &["df"]);
+    eprintln!("fill: after adding osd.3 (settled: {settled}): {}", df["osds"]);
+    let fullest = df["osds"].as_array().unwrap().iter().map(|osd| osd["used_permille"].as_u64().unwrap()).max();
+    assert!(fullest < Some(950), "the old OSDs freed the room of the PGs that moved: {df}");
+    for n in 0..acknowledged {
+        assert_eq!(
+            image.read(n * MIB, MIB as u32).unwrap(),
+            chunk(n),
+            "acknowledged MiB {n} reads back after the move"
+        );
+    }
     drop(image);
     run_ok(cluster.cli().args(["image", "remove", "big"]));
     let resumed = write_once_not_full(&client, pool, b"after", Duration::from_secs(20));
     eprintln!("fill: writes resumed {resumed:?} after the image was removed");
-    assert_eq!(cli_json(&cluster, &["status"])["osds"]["up"], 3, "no OSD exits");
+    assert_eq!(cli_json(&cluster, &["status"])["osds"]["up"], 4, "no OSD exits");
 }
 
 /// Issue 7, scenario 2: kill -9 an OSD, let the others go on without it,

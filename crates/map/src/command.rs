@@ -3,7 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    active_set, pg_temp, ActiveSet, Change, ClusterMap, FullRatios, Fullness, MapDelta, OsdId, OsdInfo, Pool, PoolId,
+    active_set, pg_temp, upmap, ActiveSet, Change, ClusterMap, FullRatios, Fullness, MapDelta, OsdId, OsdInfo, Pool,
+    PoolId,
 };
 
 /// Limits that keep one map sane.
@@ -101,6 +102,17 @@ pub enum Command {
         nearfull: u16,
         backfillfull: u16,
         full: u16,
+    },
+    /// The balancer (or an operator) sets these PGs' upmap items (empty:
+    /// back to placement's OSDs); PGs that move are pinned and backfilled
+    /// (crate::upmap, crate::pg_temp). Refused whole if any is not valid.
+    SetPgUpmap {
+        pgs: Vec<(PoolId, u32, upmap::Items)>,
+    },
+    /// The operator sets the spread (per mille) beyond which the balancer
+    /// moves PGs (0: off).
+    SetBalancer {
+        max_spread_permille: u16,
     },
 }
 
@@ -203,6 +215,38 @@ impl ClusterMap {
                     return Ok(None);
                 }
                 vec![Change::SetFullRatios(ratios)]
+            }
+            Command::SetPgUpmap { pgs } => {
+                if pgs.len() > MAX_PGS_PER_COMMAND {
+                    return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
+                }
+                let mut named = std::collections::BTreeSet::new();
+                let mut changes = Vec::new();
+                for (pool, pg, items) in pgs {
+                    if !named.insert((*pool, *pg)) {
+                        return Err(CommandError::Invalid(format!("PG {pool}.{pg:x} named twice")));
+                    }
+                    upmap::may_set(self, (*pool, *pg), items).map_err(CommandError::Invalid)?;
+                    let current = self.pg_upmap.get(&(*pool, *pg)).map(Vec::as_slice).unwrap_or(&[]);
+                    if current != items.as_slice() {
+                        changes.push(Change::SetPgUpmap { pool: *pool, pg: *pg, items: items.clone() });
+                    }
+                }
+                if changes.is_empty() {
+                    return Ok(None);
+                }
+                changes
+            }
+            Command::SetBalancer { max_spread_permille } => {
+                if *max_spread_permille > 1000 {
+                    return Err(CommandError::Invalid(format!(
+                        "the balancer's spread is at most 1000 per mille, not {max_spread_permille}"
+                    )));
+                }
+                if *max_spread_permille == self.balancer_max_spread {
+                    return Ok(None);
+                }
+                vec![Change::SetBalancerMaxSpread(*max_spread_permille)]
             }
             Command::MarkOut { id } | Command::MarkIn { id } => {
                 let mut info = osd(id)?;

@@ -25,10 +25,12 @@
 //! up is *down*: peering among the others would serve older data.
 
 pub mod active_set;
+pub mod balancer;
 pub mod codec;
 mod command;
 pub mod failure;
 pub mod pg_temp;
+pub mod upmap;
 
 use std::collections::BTreeMap;
 
@@ -138,7 +140,16 @@ pub struct ClusterMap {
     pub active_sets: BTreeMap<(PoolId, u32), ActiveSet>,
     /// When OSDs count as near full, backfill full and full.
     pub full_ratios: FullRatios,
+    /// Per PG, OSDs placement named replaced by others ([`upmap`]): the
+    /// balancer's moves, applied on top of placement.
+    pub pg_upmap: BTreeMap<(PoolId, u32), Vec<(OsdId, OsdId)>>,
+    /// The balancer moves PGs while the fullest and the emptiest OSDs that
+    /// are in differ by more than this, per mille of their stores (0: off).
+    pub balancer_max_spread: u16,
 }
+
+/// The balancer's default: OSDs within 2% of each other are left alone.
+pub const DEFAULT_BALANCER_MAX_SPREAD: u16 = 20;
 
 /// Where a PG lives ([`ClusterMap::pg_sets`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -174,6 +185,13 @@ pub enum Change {
         set: Option<ActiveSet>,
     },
     SetFullRatios(FullRatios),
+    /// Sets a PG's upmap items (empty: removes them).
+    SetPgUpmap {
+        pool: PoolId,
+        pg: u32,
+        items: Vec<(OsdId, OsdId)>,
+    },
+    SetBalancerMaxSpread(u16),
 }
 
 /// The change from epoch `epoch - 1` to `epoch`.
@@ -204,6 +222,8 @@ impl ClusterMap {
             pg_temp: BTreeMap::new(),
             active_sets: BTreeMap::new(),
             full_ratios: FullRatios::default(),
+            pg_upmap: BTreeMap::new(),
+            balancer_max_spread: DEFAULT_BALANCER_MAX_SPREAD,
         }
     }
 
@@ -238,6 +258,7 @@ impl ClusterMap {
                     self.pools.remove(id);
                     self.pg_temp.retain(|(pool, _), _| pool != id);
                     self.active_sets.retain(|(pool, _), _| pool != id);
+                    self.pg_upmap.retain(|(pool, _), _| pool != id);
                 }
                 Change::SetPgTemp { pool, pg, osds } => {
                     if osds.is_empty() {
@@ -247,6 +268,14 @@ impl ClusterMap {
                     }
                 }
                 Change::SetFullRatios(ratios) => self.full_ratios = *ratios,
+                Change::SetPgUpmap { pool, pg, items } => {
+                    if items.is_empty() {
+                        self.pg_upmap.remove(&(*pool, *pg));
+                    } else {
+                        self.pg_upmap.insert((*pool, *pg), items.clone());
+                    }
+                }
+                Change::SetBalancerMaxSpread(spread) => self.balancer_max_spread = *spread,
                 Change::SetActiveSet { pool, pg, set } => match set {
                     Some(set) => {
                         self.active_sets.insert((*pool, *pg), set.clone());
@@ -304,6 +333,14 @@ impl ClusterMap {
                 return Err(format!("the temporary acting set of PG {pool}.{pg:x} ({osds:?}) is not valid"));
             }
         }
+        for ((pool, pg), items) in &self.pg_upmap {
+            if !upmap::items_are_valid(self, (*pool, *pg), items) {
+                return Err(format!("the upmap items of PG {pool}.{pg:x} ({items:?}) are not valid"));
+            }
+        }
+        if self.balancer_max_spread > 1000 {
+            return Err(format!("balancer spread {} per mille", self.balancer_max_spread));
+        }
         for ((pool, pg), set) in &self.active_sets {
             if !self.names_pg_and_osds((*pool, *pg), &set.osds) || set.since > self.epoch {
                 return Err(format!("the last active set of PG {pool}.{pg:x} ({set:?}) is not valid"));
@@ -340,8 +377,18 @@ impl ClusterMap {
         duplex_placement::Hierarchy::new(&hosts.into_values().collect::<Vec<_>>())
     }
 
-    /// The OSDs a PG maps to (its "up set" before filtering down OSDs).
+    /// The OSDs a PG maps to (its "up set" before filtering down OSDs):
+    /// placement's, with the PG's upmap items applied ([`upmap`]).
     pub fn pg_osds(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
+        let mut osds = self.placed_osds(hierarchy, pool, pg);
+        if let Some(items) = self.pg_upmap.get(&(pool.id, pg)) {
+            upmap::apply(self, items, &mut osds);
+        }
+        osds
+    }
+
+    /// The OSDs placement alone maps a PG to (no upmap items).
+    pub fn placed_osds(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
         hierarchy.place(duplex_placement::pg_seed(pool.id, pg), pool.size as usize)
     }
 

@@ -28,14 +28,19 @@
 
 use crate::{Change, ClusterMap, OsdId, PoolId};
 
-/// Each OSD's (id, host, weight, in) and each pool's (id, size, PG count).
-type PlacementInputs<'a> = (Vec<(OsdId, &'a str, u32, bool)>, Vec<(PoolId, u8, u32)>);
+/// Each OSD's (id, host, weight, in), each pool's (id, size, PG count),
+/// and the upmap items.
+type PlacementInputs<'a> = (
+    Vec<(OsdId, &'a str, u32, bool)>,
+    Vec<(PoolId, u8, u32)>,
+    &'a std::collections::BTreeMap<(PoolId, u32), Vec<(OsdId, OsdId)>>,
+);
 
 /// What placement depends on: when it is unchanged, no PG moved.
 fn placement_inputs(map: &ClusterMap) -> PlacementInputs<'_> {
     let osds = map.osds.values().map(|o| (o.id, o.host.as_str(), o.weight, o.is_in)).collect();
     let pools = map.pools.values().map(|p| (p.id, p.size, p.pg_num)).collect();
-    (osds, pools)
+    (osds, pools, &map.pg_upmap)
 }
 
 /// The pin changes that follow from going from `old` to `new` (which is

@@ -122,6 +122,9 @@ fn command_strategy() -> impl Strategy<Value = Command> {
             backfillfull,
             full
         }),
+        (1u32..4, 0u32..300, proptest::collection::vec((0u32..9, 0u32..9), 0..3))
+            .prop_map(|(pool, pg, items)| Command::SetPgUpmap { pgs: vec![(pool, pg, items)] }),
+        (0u16..1100).prop_map(|max_spread_permille| Command::SetBalancer { max_spread_permille }),
     ]
 }
 

@@ -63,6 +63,16 @@ pub enum MonMessage {
         incarnation: u64,
         reporter: u32,
     },
+    /// What `osd`'s store holds, for the balancer (sent to the leader
+    /// twice a second; answered `Ack`): its capacity, how full it is
+    /// against the full ratio (per mille), and the bytes of each PG
+    /// (pool, PG number) it holds.
+    UsageReport {
+        osd: u32,
+        capacity_bytes: u64,
+        used_permille: u64,
+        pgs: Vec<(u32, u32, u64)>,
+    },
 }
 
 /// A monitor command's outcome on the wire (the monitor's `CommandOutcome`).

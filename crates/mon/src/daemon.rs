@@ -90,6 +90,7 @@ struct Detection {
     detector: Option<FailureDetector>,
     started: Instant,
     recently_proposed: HashMap<Command, Instant>,
+    balancing: crate::balancing::Balancing,
 }
 
 impl Detection {
@@ -109,8 +110,9 @@ impl Detection {
     fn proposals(&mut self, core: &MonCore) -> Vec<Command> {
         let now = self.now_ms();
         let Some(detector) = self.detector(core.is_leader()) else { return Vec::new() };
-        let commands = detector.tick(core.map(), now);
+        let mut commands = detector.tick(core.map(), now);
         let fresh = Instant::now();
+        commands.extend(self.balancing.proposal(core.map(), core.is_leader()));
         self.recently_proposed.retain(|_, at| fresh.duration_since(*at) < Duration::from_secs(1));
         commands.into_iter().filter(|command| self.recently_proposed.insert(command.clone(), fresh).is_none()).collect()
     }
@@ -125,8 +127,13 @@ fn core_loop(
 ) -> Result<()> {
     let mut pending: HashMap<u64, Sender<MonMessage>> = HashMap::new();
     let mut subscribers: Vec<SyncSender<MonMessage>> = Vec::new();
-    let mut detection =
-        Detection { config: failure, detector: None, started: Instant::now(), recently_proposed: HashMap::new() };
+    let mut detection = Detection {
+        config: failure,
+        detector: None,
+        started: Instant::now(),
+        recently_proposed: HashMap::new(),
+        balancing: Default::default(),
+    };
     let mut next_tick = Instant::now() + TICK;
     loop {
         match inputs.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
@@ -187,6 +194,17 @@ fn core_loop(
                     };
                     let _ = reply_to.send(reply);
                 }
+                MonMessage::UsageReport { osd, capacity_bytes, used_permille, pgs } => {
+                    let reply = if core.is_leader() {
+                        let pgs = pgs.into_iter().map(|(pool, pg, bytes)| ((pool, pg), bytes)).collect();
+                        let usage = duplex_map::balancer::OsdUsage { capacity_bytes, used_permille, pgs };
+                        detection.balancing.report(osd, usage);
+                        MonMessage::Ack
+                    } else {
+                        MonMessage::NotLeader { leader: core.leader() }
+                    };
+                    let _ = reply_to.send(reply);
+                }
                 MonMessage::Status => {
                     let _ = reply_to.send(MonMessage::StatusReply {
                         id: core.id(),
@@ -213,7 +231,7 @@ fn core_loop(
             core.tick();
             next_tick += TICK;
             for command in detection.proposals(core) {
-                tracing::info!(?command, "failure detector proposes");
+                tracing::info!(?command, "the leader proposes");
                 let _ = core.propose(command);
             }
         }

@@ -12,6 +12,7 @@
 //! epoch. A command that changes nothing, or that the map refuses, makes no
 //! epoch, identically everywhere.
 
+pub mod balancing;
 pub mod cli;
 pub mod core;
 pub mod daemon;

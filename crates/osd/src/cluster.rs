@@ -308,6 +308,51 @@ pub fn watch_suspects(link: MonLink, cell: Arc<MapCell>) -> std::io::Result<cros
     Ok(suspects)
 }
 
+/// How often the OSD reports what its store holds to the monitors.
+pub const USAGE_REPORT_EVERY: Duration = Duration::from_millis(500);
+
+/// Until `stop`: reports what this OSD's store holds to the leader twice a
+/// second (its own thread), for the balancer: the store's capacity, its
+/// fullness against the full ratio (current), and each PG's bytes (each
+/// partition's flusher walks its index at most once a second, so those
+/// may be a second old).
+pub fn report_usage(link: MonLink, shared: Arc<crate::shared::Shared>, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+    std::thread::Builder::new().name("osd-usage".into()).spawn(move || {
+        let mut client = heartbeat_client(&link);
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(USAGE_REPORT_EVERY);
+            let Some(report) = usage_report(&shared) else { continue };
+            if let Err(err) = client.notify(&report) {
+                tracing::debug!(%err, "usage report not delivered");
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// This OSD's usage report, from every partition (None: one did not answer in time).
+fn usage_report(shared: &crate::shared::Shared) -> Option<MonMessage> {
+    let mut pgs = Vec::new();
+    for flusher in &shared.flushers {
+        let (sender, receiver) = crossbeam_channel::bounded(1);
+        flusher.try_send(crate::messages::Job::UsageReport(sender)).ok()?;
+        let reply = receiver.recv_timeout(USAGE_REPORT_EVERY).ok()?;
+        for pg in reply.pgs {
+            let pool = crate::pg::pool_of(pg.pg);
+            if pool != 0 {
+                pgs.push((pool, crate::pg::pg_number(pg.pg), pg.allocated_bytes));
+            }
+        }
+    }
+    let metrics = &shared.metrics;
+    Some(MonMessage::UsageReport {
+        osd: shared.config.id,
+        capacity_bytes: metrics.store_capacity_bytes.load(Ordering::Relaxed),
+        used_permille: metrics.fullness_permille(),
+        pgs,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

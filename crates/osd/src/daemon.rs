@@ -165,6 +165,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     // The first lease, so that the first clients are not turned away.
     heartbeat(&mut heartbeat_client(&link), config.id, &shared.lease);
     shared.serving.store(true, Ordering::Release);
+    crate::cluster::report_usage(link.clone(), shared.clone(), Arc::new(AtomicBool::new(false)))?;
     let driver = PeeringDriver::new(shared.clone(), mailboxes.clone(), crate::backend::peering_for);
     std::thread::Builder::new()
         .name("osd-peering".into())

@@ -86,6 +86,9 @@ pub enum Job {
     /// A new map: remove the copies of PGs this OSD no longer holds for
     /// anyone (`flusher::strays`).
     Strays(std::sync::Arc<crate::cluster::MapView>),
+    /// What each PG holds in this partition, for the usage report to the
+    /// monitors (the balancer): answered on the channel.
+    UsageReport(crossbeam_channel::Sender<duplex_proto::osd::UsageReply>),
 }
 
 /// Where a peering answer goes.

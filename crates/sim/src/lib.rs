@@ -73,6 +73,9 @@ pub enum Msg {
     Map(Arc<ClusterMap>),
     /// OSD → monitor: a map command (a backfilled PG's pin to drop).
     Command(duplex_map::Command),
+    /// OSD → monitor: what its store holds, for the balancer (only when
+    /// the run balances).
+    Usage(duplex_map::balancer::OsdUsage),
 }
 
 /// Timers; an OSD's carry its incarnation (a restarted OSD ignores the old ones).

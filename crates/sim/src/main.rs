@@ -51,6 +51,10 @@ struct Cli {
     /// Replicas below which a PG takes no writes (default: the simulator's, 2).
     #[arg(long)]
     min_size: Option<u8>,
+    /// The OSDs report their usage and the monitor's balancer moves PGs
+    /// (upmap) under the faults; the old OSDs remove their stray copies.
+    #[arg(long)]
+    balancer: bool,
 }
 
 fn parse_fault(name: &str) -> Result<FaultKind, String> {
@@ -70,6 +74,7 @@ impl Cli {
         config.concurrent_faults = self.concurrent_faults;
         config.pool_size = self.pool_size.unwrap_or(config.pool_size);
         config.min_size = self.min_size.unwrap_or(config.min_size);
+        config.balancer = self.balancer;
         config
     }
 
@@ -86,6 +91,9 @@ impl Cli {
         }
         if self.concurrent_faults != 1 {
             line += &format!(" --concurrent-faults {}", self.concurrent_faults);
+        }
+        if self.balancer {
+            line += " --balancer";
         }
         line
     }
@@ -131,7 +139,7 @@ fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {
     format!(
         "seed {seed}: ok in {real_s:.1}s real, {:.1}s virtual: {} writes acknowledged, {} unknown, {} reads; \
          {} faults ({} power cuts in a commit, {} damaged copies found), {} marked down, {} peerings, {} objects recovered; \
-         {} PGs backfilled ({} objects), {} pins dropped, {} handed over, {} filled in the background, {} active-set records; {} messages ({} lost); digest {:016x}",
+         {} PGs backfilled ({} objects), {} pins dropped, {} handed over, {} filled in the background, {} active-set records, {} balancer moves; {} messages ({} lost); digest {:016x}",
         report.virtual_us as f64 / 1e6,
         report.acknowledged_writes,
         report.unknown_writes,
@@ -148,6 +156,7 @@ fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {
         report.hand_overs,
         report.background_fills,
         report.sets_recorded,
+        report.balancer_moves,
         report.messages,
         report.messages_lost,
         report.digest,

@@ -49,7 +49,15 @@ pub struct SimOsd {
     /// Damaged copies (blocks failing their checksum) that earlier
     /// incarnations found while peering.
     damaged_before: u64,
+    /// Sends the monitor what its store holds with each heartbeat (the
+    /// run balances).
+    pub report_usage: bool,
 }
+
+/// The store capacity a usage report claims: the simulator's few KiB of
+/// data against its stores' real 48 MiB would never look uneven, so the
+/// balancer sees them against this.
+pub const REPORTED_CAPACITY: u64 = 1 << 20;
 
 /// Where a simulated client's reply goes: its node and transaction id.
 type SimReplyTo = (u32, u64);
@@ -116,7 +124,7 @@ impl SimOsd {
             ..store_config(DeviceFaults::new())
         };
         duplex_store::mkfs(&store_path, &options, &config).context("mkfs")?;
-        Ok(SimOsd { id, store_path, log_dir, incarnation: 0, live: None, damaged_before: 0 })
+        Ok(SimOsd { id, store_path, log_dir, incarnation: 0, live: None, damaged_before: 0, report_usage: false })
     }
 
     pub fn is_live(&self) -> bool {
@@ -262,6 +270,19 @@ impl SimOsd {
         ctx.send(Node::Monitor, Msg::Heartbeat { sent: ctx.now });
         if live.booting {
             ctx.send(Node::Monitor, Msg::Boot);
+        } else if self.report_usage {
+            // What the real OSD's usage thread reports, from the same walk.
+            let reply = live.flusher.usage(&mut live.pending, ctx.instant());
+            let pgs: std::collections::BTreeMap<(u32, u32), u64> = reply
+                .pgs
+                .iter()
+                .filter(|pg| duplex_osd::pg::pool_of(pg.pg) != 0)
+                .map(|pg| ((duplex_osd::pg::pool_of(pg.pg), duplex_osd::pg::pg_number(pg.pg)), pg.allocated_bytes))
+                .collect();
+            let used = pgs.values().sum::<u64>();
+            let used_permille = used * 1000 / REPORTED_CAPACITY;
+            let usage = duplex_map::balancer::OsdUsage { capacity_bytes: REPORTED_CAPACITY, used_permille, pgs };
+            ctx.send(Node::Monitor, Msg::Usage(usage));
         }
     }
 
@@ -303,7 +324,7 @@ impl SimOsd {
             Msg::Booted => live.booting = false,
             Msg::Map(map) => self.on_map(ctx, map),
             Msg::Frame(frame) => self.on_frame(ctx, from, frame),
-            Msg::Heartbeat { .. } | Msg::Boot | Msg::Command(_) => {}
+            Msg::Heartbeat { .. } | Msg::Boot | Msg::Command(_) | Msg::Usage(_) => {}
         }
     }
 

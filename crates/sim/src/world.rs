@@ -119,6 +119,9 @@ pub struct SimConfig {
     pub settle_limit_us: u64,
     /// Where the stores and logs go (default: a new directory in /dev/shm, or the temp dir).
     pub dir: Option<PathBuf>,
+    /// The OSDs report their usage and the monitor runs the balancer
+    /// (duplex_map::balancer), which moves PGs by upmap under the faults.
+    pub balancer: bool,
 }
 
 impl SimConfig {
@@ -144,6 +147,7 @@ impl SimConfig {
             give_up_us: 40_000_000,
             settle_limit_us: 180_000_000,
             dir: None,
+            balancer: false,
         }
     }
 }
@@ -173,6 +177,8 @@ pub struct RunReport {
     pub backfilled_pgs: u64,
     pub backfill_objects: u64,
     pub pins_cleared: u64,
+    /// PGs the balancer moved (runs that balance).
+    pub balancer_moves: u64,
     /// Members activated to be filled in the background (by OSDs still
     /// running at the end).
     pub background_fills: u64,
@@ -259,6 +265,9 @@ struct World {
     pins_cleared: u64,
     hand_overs: u64,
     sets_recorded: u64,
+    /// The monitor's balancer (only looks when the run balances).
+    balancer: duplex_map::balancer::Balancer,
+    balancer_moves: u64,
     _dir: tempfile::TempDir,
 }
 
@@ -281,7 +290,10 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
         .map_err(|e| broken(format!("making a directory in {}: {e}", parent.display())))?;
     let mut osds = Vec::new();
     for id in 0..config.osds {
-        osds.push(SimOsd::create(id, dir.path(), config.store_bytes).map_err(|e| broken(format!("osd.{id}: {e:#}")))?);
+        let mut osd =
+            SimOsd::create(id, dir.path(), config.store_bytes).map_err(|e| broken(format!("osd.{id}: {e:#}")))?;
+        osd.report_usage = config.balancer;
+        osds.push(osd);
     }
     let mut monitor = SimMonitor::new([7; 16], config.failure);
     monitor.run(&Command::PoolCreate {
@@ -314,6 +326,8 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
         pins_cleared: 0,
         hand_overs: 0,
         sets_recorded: 0,
+        balancer: Default::default(),
+        balancer_moves: 0,
         _dir: dir,
     };
     for id in 0..config.osds {
@@ -454,7 +468,18 @@ impl World {
                         let changed = match timer {
                             Timer::MonitorTick => {
                                 ctx.timer(self.now + 100_000, Timer::MonitorTick);
-                                self.monitor.tick(self.now)
+                                let mut changed = self.monitor.tick(self.now);
+                                let moves = if self.config.balancer {
+                                    self.balancer.look(&self.monitor.map, self.now / 1000)
+                                } else {
+                                    None
+                                };
+                                if let Some(moves) = moves {
+                                    tracing::debug!(at = self.now, ?moves, "the balancer moves PGs");
+                                    self.balancer_moves += moves.len() as u64;
+                                    changed |= self.monitor.run(&duplex_map::balancer::command(&moves));
+                                }
+                                changed
                             }
                             Timer::MonitorGossip => {
                                 // Repeats the map, as the real monitor answers
@@ -497,6 +522,7 @@ impl World {
                     let lease_us = self.monitor.heartbeat(id, self.now);
                     ctx.send(from, Msg::Lease { sent, lease_us });
                 }
+                (Node::Osd(id), Msg::Usage(usage)) => self.balancer.report(id, usage, self.now / 1000),
                 (Node::Osd(_), Msg::Command(command)) => {
                     tracing::debug!(at = self.now, ?command, "command from an OSD");
                     if self.monitor.run(&command) {
@@ -736,6 +762,7 @@ impl World {
             backfilled_pgs,
             backfill_objects,
             pins_cleared: self.pins_cleared,
+            balancer_moves: self.balancer_moves,
             hand_overs: self.hand_overs,
             background_fills: self.osds.iter().map(|o| o.background_fills()).sum(),
             sets_recorded: self.sets_recorded,
@@ -767,5 +794,6 @@ fn kind_of(msg: &Msg) -> (u8, u64) {
         Msg::Booted => (203, 0),
         Msg::Map(map) => (204, map.epoch),
         Msg::Command(_) => (205, 0),
+        Msg::Usage(usage) => (206, usage.used_permille),
     }
 }

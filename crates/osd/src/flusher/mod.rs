@@ -312,6 +312,9 @@ impl Flusher {
             Job::SyncApply { entry, done } => pending.syncs.push((entry, done)),
             Job::Peer { request, reply } => pending.peering.push((request, reply)),
             Job::Strays(view) => self.take_strays(view, pending, now),
+            Job::UsageReport(to) => {
+                let _ = to.send(self.usage(pending, now));
+            }
             Job::Usage(to) => {
                 let reply = self.usage(pending, now);
                 debug_assert!(to.thread < self.mailboxes.len(), "a usage answer for thread {}", to.thread);

@@ -285,10 +285,13 @@ pub struct Schedule {
     /// The request out, if any: one at a time.
     outstanding: Option<Outstanding>,
     next_txid: u64,
-    /// Backfill steps to carry out (one PG's at a time, to its end), and
-    /// when the next may go: the recovery throttle spaces them.
+    /// Backfill steps to carry out (one PG's at a time, to its end, unless
+    /// its target is backfill full: then the next PG's), and when the next
+    /// may go: the recovery throttle spaces them.
     backfill_queue: VecDeque<(u32, Step)>,
     backfill_due: u64,
+    /// When a backfill waiting on a full target was last logged.
+    full_warned_at: u64,
     throttle: Throttle,
     /// Scrub requesters to answer (the runtime sends them).
     answers: Vec<(ReplyTo, PeerReply)>,
@@ -317,6 +320,7 @@ impl Schedule {
             next_txid: 0,
             backfill_queue: VecDeque::new(),
             backfill_due: 0,
+            full_warned_at: 0,
             throttle: Throttle::default(),
             answers: Vec::new(),
             background_fills: 0,
@@ -517,14 +521,30 @@ impl Schedule {
     /// into it goes on once it reports it has room again.
     pub fn throttle(&mut self, pg: u32, step: &Step, now: u64, view: &MapView, metrics: &Metrics) -> bool {
         let Step::Send { op, to, .. } = step else { return true };
-        let target_full = *to != self.me
-            && view.map.osds.get(to).is_some_and(|osd| osd.fullness >= duplex_map::Fullness::BackfillFull);
-        if target_full {
-            if now >= self.backfill_due {
+        let me = self.me;
+        let waits = |step: &Step| match step {
+            Step::Send { to, .. } => {
+                *to != me && view.map.osds.get(to).is_some_and(|osd| osd.fullness >= duplex_map::Fullness::BackfillFull)
+            }
+            _ => false,
+        };
+        if waits(step) {
+            if self.full_warned_at == 0 || now >= self.full_warned_at + RETRY_AFTER_US {
+                self.full_warned_at = now.max(1);
                 tracing::warn!(pg, osd = to, "backfill waits: the target is backfill full");
             }
-            self.backfill_due = now + RETRY_AFTER_US;
-            self.backfill_queue.push_front((pg, step.clone()));
+            // This PG waits; the others go on (two primaries each filling
+            // the other's full OSD waited on each other for good, with
+            // their backfills to an empty OSD queued behind). Its steps go
+            // to the back, in order.
+            let mut queue = std::mem::take(&mut self.backfill_queue);
+            let (mine, others): (VecDeque<_>, VecDeque<_>) = queue.drain(..).partition(|(key, _)| *key == pg);
+            self.backfill_queue = others;
+            self.backfill_queue.push_back((pg, step.clone()));
+            self.backfill_queue.extend(mine);
+            if self.backfill_queue.iter().all(|(_, step)| waits(step)) {
+                self.backfill_due = now + RETRY_AFTER_US;
+            }
             return false;
         }
         if let Some(pause) = self.throttle.pause_before(op, self.recovery_bytes_per_sec) {
@@ -936,6 +956,37 @@ mod tests {
         assert_eq!(schedule.backfill_waits_until(), Some(100 + RETRY_AFTER_US), "held, to be tried again");
         map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::NearFull }).unwrap();
         assert!(schedule.throttle(7, &step, 200, &MapView::new(map), &metrics), "room again: it goes");
+    }
+
+    /// A PG whose target is backfill full does not hold up the others: its
+    /// steps go behind theirs, in their order.
+    #[test]
+    fn a_backfill_waiting_on_a_full_target_lets_the_next_pg_go() {
+        let mut map = duplex_map::ClusterMap::new([0; 16]);
+        for id in 0..3 {
+            map.run(&boot(id)).unwrap();
+        }
+        map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::BackfillFull }).unwrap();
+        let view = MapView::new(map);
+        let metrics = Metrics::default();
+        let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
+        let send = |to, tag| Step::Send { to, tag, op: PeerOp::Remove { object: b"x".to_vec() } };
+        schedule.backfill_queue.extend([(7, send(1, 2)), (8, send(2, 1))]);
+        // PG 7's first step, popped, waits on osd.1: PG 8's goes next.
+        assert!(!schedule.throttle(7, &send(1, 1), 100, &view, &metrics));
+        let order: Vec<(u32, u64)> = schedule
+            .backfill_queue
+            .iter()
+            .map(|(pg, step)| (*pg, if let Step::Send { tag, .. } = step { *tag } else { 0 }))
+            .collect();
+        assert_eq!(order, vec![(8, 1), (7, 1), (7, 2)]);
+        assert_eq!(schedule.backfill_due, 0, "not paused: PG 8 can go");
+        let Some(Next::Backfill(8, next)) = schedule.next(100) else { panic!("PG 8 is next") };
+        assert!(schedule.throttle(8, &next, 100, &view, &metrics));
+        // Only PG 7 is left, and it waits: now the queue pauses.
+        let Some(Next::Backfill(7, next)) = schedule.next(100) else { panic!("PG 7 is next") };
+        assert!(!schedule.throttle(7, &next, 100, &view, &metrics));
+        assert_eq!(schedule.backfill_waits_until(), Some(100 + RETRY_AFTER_US));
     }
 
     fn boot(id: OsdId) -> duplex_map::Command {

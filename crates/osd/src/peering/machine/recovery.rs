@@ -478,7 +478,9 @@ fn diff(authority: OsdId, ours: &[ObjectDigest], target: OsdId, theirs: &[Object
 
 /// Whether the answers include the PG's last active set `set`, as far as
 /// it vouches for every acknowledged write: one of its OSDs with a whole
-/// copy that kept its log, or, when every one of them lost it, all of them.
+/// copy that kept its log, or else every one of its OSDs (one at least
+/// with a whole copy): when all of them answered, none is left to wait
+/// for, and the newest store among them is the newest copy there is.
 /// (A copy an unfinished recovery changed kept its log: its store took all
 /// of it, and the objects copied in are the authority's, newer still.)
 ///
@@ -488,10 +490,13 @@ fn diff(authority: OsdId, ours: &[ObjectDigest], target: OsdId, theirs: &[Object
 /// Counting it alone as the set let it peer by itself while the others
 /// were down (both crashed, their logs intact), activate, and so win the
 /// next peering over them by `last_active`: an acknowledged write was
-/// gone (simulator seed 53159, a stale read of block 45). When every OSD
-/// of the set lost its log, no log holds such writes any more and the
-/// newest store among them all is the newest copy there is.
+/// gone (simulator seed 53159, a stale read of block 45). Requiring every
+/// OSD of the set to be *whole* instead of merely present waited for good
+/// when one of them had become an unfinished backfill since (a later
+/// interval's target) and the others had lost their logs one after the
+/// other (seed 2058 with the balancer): no copy anywhere holds more.
 pub(super) fn active_set_answered(set: &[OsdId], infos: &BTreeMap<OsdId, PeerInfo>) -> bool {
     let whole = |osd: &OsdId| infos.get(osd).filter(|info| !info.backfilling);
-    set.iter().any(|osd| whole(osd).is_some_and(|info| !info.log_lost)) || set.iter().all(|osd| whole(osd).is_some())
+    set.iter().any(|osd| whole(osd).is_some_and(|info| !info.log_lost))
+        || (set.iter().all(|osd| infos.contains_key(osd)) && set.iter().any(|osd| whole(osd).is_some()))
 }

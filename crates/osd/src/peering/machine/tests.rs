@@ -777,10 +777,20 @@ fn a_copy_that_lost_its_log_does_not_stand_for_its_active_set_alone() {
 
     // Every OSD of the set lost its log: no log holds more than their
     // stores, and together they stand for the set.
-    let mut members = vec![lost.clone(), lost];
+    let mut members = vec![lost.clone(), lost.clone()];
     let (mut machine, actions) = start(vec![0, 1]);
     let outcome = drive(&mut members, 9, &mut machine, actions);
     assert!(matches!(outcome, Action::Active { .. }), "{outcome:?}");
+
+    // One lost its log, the other became an unfinished backfill since: all
+    // of the set answered and no copy holds more, so the whole one leads
+    // (waiting would be for good; seed 2058).
+    let mut partial = whole.clone();
+    partial.backfilling = true;
+    let mut members = vec![lost, partial];
+    let (mut machine, actions) = start(vec![0, 1]);
+    let outcome = drive(&mut members, 9, &mut machine, actions);
+    assert!(matches!(outcome, Action::Active { authority: 0, .. }), "{outcome:?}");
 }
 
 #[test]
