@@ -302,6 +302,30 @@ pub enum ImageCommand {
     },
     /// Delete an image and its objects.
     Remove { name: String },
+    /// Write an image's bytes to a file (sparse: holes are seeked over) or
+    /// to standard output (`-`).
+    Export {
+        name: String,
+        /// The file, or `-` for standard output.
+        path: String,
+    },
+    /// Create an image from a file or standard input (`-`); chunks of
+    /// zeros are not written, so the image stays thin.
+    Import {
+        /// The file, or `-` for standard input.
+        path: String,
+        name: String,
+        /// The image's size: the file's by default; required for standard
+        /// input (the stream must be exactly this long).
+        #[arg(long, value_parser = duplex_store::units::parse_size)]
+        size: Option<u64>,
+        /// Bytes per object: a power of two from 4k to 64M.
+        #[arg(long, default_value = "4M", value_parser = duplex_store::units::parse_size)]
+        object_size: u64,
+        /// Reserve every object's extent first.
+        #[arg(long)]
+        preallocate: bool,
+    },
 }
 
 pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<()> {
@@ -360,6 +384,31 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
         ImageCommand::Remove { name } => {
             client.remove_image(pool, &name)?;
             println!("removed image '{name}'");
+        }
+        ImageCommand::Export { name, path } => {
+            let image = client.open_image(pool, &name)?;
+            let moved = crate::transfer::export(&image, &path)?;
+            // The report goes to stderr: stdout may be the image itself.
+            eprintln!(
+                "exported image '{name}' to {}: {} ({} of it holes) in {:.1?}, {}/s",
+                if path == "-" { "standard output" } else { path.as_str() },
+                format_size(moved.bytes),
+                format_size(moved.zero_bytes),
+                moved.took,
+                format_size((moved.bytes as f64 / moved.took.as_secs_f64().max(1e-6)) as u64)
+            );
+        }
+        ImageCommand::Import { path, name, size, object_size, preallocate } => {
+            let object_size = u32::try_from(object_size).context("--object-size is too large")?;
+            let options = CreateOptions { object_size, preallocate };
+            let moved = crate::transfer::import(client, pool, &path, &name, size, options)?;
+            println!(
+                "imported {} into image '{name}' in pool '{pool_name}': {} ({} of zeros not written) in {:.1?}",
+                if path == "-" { "standard input" } else { path.as_str() },
+                format_size(moved.bytes),
+                format_size(moved.zero_bytes),
+                moved.took
+            );
         }
     }
     Ok(())

@@ -18,6 +18,7 @@ mod daemons;
 mod dev;
 mod df;
 mod nbd;
+mod transfer;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

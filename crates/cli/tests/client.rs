@@ -139,6 +139,46 @@ fn objects_images_and_resends() {
     assert_eq!(status["osds"]["up"], 3);
     assert_eq!(status["pgs"]["active+clean"], 32);
     assert!(status["used_bytes"].as_u64().unwrap() > 0);
+
+    // Export to a sparse file and import it back; export to a pipe and
+    // import from one: byte-equal, and the holes stay holes.
+    let file = cluster.path().join("vm1.raw");
+    let file_arg = file.to_str().unwrap();
+    run_ok(cluster.cli().args(["image", "export", "vm1", file_arg]));
+    let exported = std::fs::read(&file).unwrap();
+    assert_eq!(exported.len() as u64, 64 * MIB);
+    assert_eq!(&exported[at as usize..at as usize + 100], &data[..100]);
+    assert!(exported[..at as usize].iter().all(|b| *b == 0));
+    use std::os::unix::fs::MetadataExt;
+    let allocated = std::fs::metadata(&file).unwrap().blocks() * 512;
+    assert!(
+        allocated < 16 * MIB,
+        "the export is sparse: {allocated} bytes allocated for a 64 MiB image with 1 MiB of data"
+    );
+    let imported = run_ok(cluster.cli().args(["image", "import", file_arg, "vm1-copy"]));
+    assert!(String::from_utf8_lossy(&imported.stdout).contains("of zeros not written"), "{imported:?}");
+    let copy = client.open_image(pool, "vm1-copy").unwrap();
+    assert_eq!(copy.size(), 64 * MIB);
+    assert_eq!(copy.read(0, 64 * MIB as u32).unwrap(), exported, "the import reads back as the export");
+    let objects = client.list_objects(pool, format!("{}.", copy.info().id).as_bytes()).unwrap();
+    assert!(objects.len() <= 2, "zero chunks were not written: {} objects", objects.len());
+    let piped = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{cli} image export vm1 - | {cli} image import - vm1-piped --size 64M", cli = cluster.cli_line()))
+        .output()
+        .unwrap();
+    assert!(piped.status.success(), "{piped:?}");
+    let piped = client.open_image(pool, "vm1-piped").unwrap();
+    assert_eq!(piped.read(0, 64 * MIB as u32).unwrap(), exported, "the pipe carried every byte");
+    // A stream shorter than --size: refused, and no half image is left.
+    let short = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("head -c 1000 {file_arg} | {} image import - vm1-short --size 64M", cluster.cli_line()))
+        .output()
+        .unwrap();
+    assert!(!short.status.success());
+    assert!(String::from_utf8_lossy(&short.stderr).contains("ended after"), "{short:?}");
+    assert!(matches!(client.image_info(pool, "vm1-short"), Err(ClientError::NoSuchImage(_))));
 }
 
 /// In-flight writes across an OSD's death: every acknowledged write reads back.

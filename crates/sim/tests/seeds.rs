@@ -147,6 +147,22 @@ fn the_balancer_moves_pgs_under_faults() {
     assert!(moves > 0, "the balancer moved nothing: the seeds test nothing");
 }
 
+/// The rule of seed 53159 first asked every OSD of the last active set
+/// to answer *whole* when none had kept its log. PG 1.4 was last active on
+/// osd.3, osd.1 and osd.2; osd.1 had since become a backfill target (the
+/// balancer's move) and osd.3 and osd.2 lost their logs to power cuts one
+/// after the other: all three answered, none could do better, and the PG
+/// waited for good. Now all of the set present (one whole) is enough.
+/// (Seed 2058 with the balancer, one fault at a time.)
+#[test]
+fn regression_seed_2058_a_set_all_present_with_lost_logs_does_not_wait_for_good() {
+    let mut config = SimConfig::new(2058);
+    config.balancer = true;
+    if let Err(failure) = run(&config) {
+        panic!("{failure}\n  reproduce: duplex-sim --seed 2058 --balancer");
+    }
+}
+
 fn run_with_mark_out(seed: u64) -> RunReport {
     let mut config = SimConfig::new(seed);
     config.faults = duplex_sim::FaultKind::ALL.to_vec();

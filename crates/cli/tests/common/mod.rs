@@ -107,6 +107,11 @@ impl DevCluster {
         command
     }
 
+    /// `duplex` against this cluster as a shell command line (for pipes).
+    pub fn cli_line(&self) -> String {
+        format!("DUPLEX_CONF='{}' '{}'", self.conf().display(), env!("CARGO_BIN_EXE_duplex"))
+    }
+
     pub fn client(&self) -> duplex_client::Client {
         let mut config = duplex_client::ClientConfig::from_file(&self.conf()).expect("client config");
         // Failover waits for the monitor's grace (6 s) and the map push; a
