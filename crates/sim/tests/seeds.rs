@@ -278,12 +278,14 @@ fn regression_seed_7634_a_journaled_block_is_never_overwritten_in_place() {
 /// fail at a4953ac already; 59 and 824 since issue 22 changed the store's
 /// I/O, which moved their runs (59 fails with the journaled ids alone,
 /// the record and data submitted apart; why these runs now tear a block
-/// the one whole copy holds is not worked out). Closing the gap needs the
+/// the one whole copy holds is not worked out). 303 restarts its backfill
+/// from a torn block for good (it fails at fa84e25 too); 417 and 824 pass
+/// since session 18 (their runs moved). Closing the gap needs the
 /// targets' log entries merged into the authority's history. Run with `-- --ignored` to see where it stands.
 #[test]
 #[ignore = "known gap: the one whole copy of a PG being filled (docs/RELIABILITY.md)"]
 fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
-    for seed in [59, 385, 417, 824, 969] {
+    for seed in [59, 303, 385, 969] {
         run_two_faults_at_once(seed);
     }
 }

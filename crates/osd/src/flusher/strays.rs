@@ -9,7 +9,10 @@
 //! map is its whole acting set, a full pool's worth of OSDs that are up,
 //! without this one. Those hold every write the PG acknowledged
 //! (`duplex_map::active_set`), so this copy adds nothing but room taken.
-//! A PG whose pool was deleted is removed at once.
+//! A PG whose pool was deleted is removed at once. Only a map that has
+//! this OSD up judges: a process starts with an empty map (no pools, so
+//! every PG's pool looked deleted), and the simulator caught an OSD that
+//! had just restarted removing a PG's one recorded copy so (seed 303).
 //!
 //! An OSD marked out keeps its copies: it takes no new data, its room
 //! counts for nothing, and when it is marked in again backfill compares
@@ -80,8 +83,15 @@ pub fn is_stray(view: &MapView, me: OsdId, key: u32) -> bool {
         return false; // the OSD's own records (stored_interval.rs)
     }
     let map = &view.map;
-    let Some(pool) = map.pools.get(&pool_id) else { return true };
-    if !map.osds.get(&me).is_some_and(|osd| osd.is_in) {
+    // Only a map that has this OSD up judges (not the empty one a process
+    // starts with, nor one from before it was marked down).
+    let Some(osd) = map.osds.get(&me).filter(|osd| osd.up) else { return false };
+    let Some(pool) = map.pools.get(&pool_id) else {
+        // Deleted: the map made that pool id (ids are never reused). A
+        // pool id the map has not reached yet is one it does not know.
+        return pool_id < map.next_pool_id;
+    };
+    if !osd.is_in {
         return false; // out: drained, its copies kept for when it is in again
     }
     if pg >= pool.pg_num || map.pg_temp.contains_key(&(pool_id, pg)) {
@@ -196,6 +206,14 @@ mod tests {
         out.pg_temp.clear();
         out.active_sets.insert((1, pg), ActiveSet { since: map.epoch, osds: acting.clone() });
         assert!(!is_stray(&MapView::new(out), outsider, key));
+        // A map that does not have this OSD up (the empty one a restarted
+        // process starts with, which has no pools either): nothing is
+        // stray (simulator seed 303 removed a PG's one recorded copy so).
+        let empty = MapView::new(ClusterMap::new([1; 16]));
+        assert!(!is_stray(&empty, outsider, key));
+        let mut down = map.clone();
+        down.run(&Command::MarkDown { id: outsider }).unwrap();
+        assert!(!is_stray(&MapView::new(down), outsider, key));
         // The pool is gone: stray at once. Pool 0 is the OSD's own.
         map.run(&Command::PoolDelete { name: "p".into() }).unwrap();
         assert!(is_stray(&MapView::new(map.clone()), acting[0], key));
