@@ -54,10 +54,12 @@ pub fn export(image: &Image, path: &str) -> Result<Moved> {
     let size = image.size();
     let chunk = chunk_of(image);
     let bar = progress(size, &format!("export {}", image.info().name));
-    let mut file =
-        if path == "-" { None } else { Some(File::create(path).with_context(|| format!("creating {path}"))?) };
-    let stdout = std::io::stdout();
-    let mut pipe = BufWriter::with_capacity(chunk as usize, stdout.lock());
+    // A file (holes seeked over), or standard output (the zeros written).
+    let mut out: Result<File, BufWriter<std::io::StdoutLock>> = if path == "-" {
+        Err(BufWriter::with_capacity(chunk as usize, std::io::stdout().lock()))
+    } else {
+        Ok(File::create(path).with_context(|| format!("creating {path}"))?)
+    };
     let mut pending: VecDeque<mpsc::Receiver<Result<Bytes, ClientError>>> = VecDeque::new();
     let mut next = 0u64;
     let (mut written, mut zero_bytes) = (0u64, 0u64);
@@ -81,24 +83,24 @@ pub fn export(image: &Image, path: &str) -> Result<Moved> {
             .recv()
             .unwrap_or(Err(ClientError::Shutdown))
             .with_context(|| format!("reading bytes {written}.. of the image"))?;
-        match file.as_mut() {
-            Some(file) if is_zero(&data) => {
+        match out.as_mut() {
+            Ok(file) if is_zero(&data) => {
                 file.seek(SeekFrom::Current(data.len() as i64))?;
                 zero_bytes += data.len() as u64;
             }
-            Some(file) => file.write_all(&data).with_context(|| format!("writing {path}"))?,
-            None => pipe.write_all(&data).context("writing to standard output")?,
+            Ok(file) => file.write_all(&data).with_context(|| format!("writing {path}"))?,
+            Err(pipe) => pipe.write_all(&data).context("writing to standard output")?,
         }
         written += data.len() as u64;
         bar.set_position(written);
     }
-    match file {
+    match out {
         // Seeks past the end make no bytes: the length says where it ends.
-        Some(file) => {
+        Ok(file) => {
             file.set_len(size)?;
             file.sync_all().with_context(|| format!("syncing {path}"))?;
         }
-        None => pipe.flush().context("writing to standard output")?,
+        Err(mut pipe) => pipe.flush().context("writing to standard output")?,
     }
     bar.finish_and_clear();
     Ok(Moved { bytes: written, zero_bytes, took: started.elapsed() })

@@ -53,8 +53,12 @@ pub const LOOK_EVERY_MS: u64 = 200;
 pub const SETTLE_MS: u64 = 10_000;
 
 impl Balancer {
-    pub fn report(&mut self, osd: OsdId, usage: OsdUsage, now_ms: u64) {
-        self.reports.insert(osd, (now_ms, usage));
+    /// Keeps `osd`'s report; one from an OSD `map` does not know is
+    /// dropped (reports are kept per OSD, so that bounds them).
+    pub fn report(&mut self, map: &ClusterMap, osd: OsdId, usage: OsdUsage, now_ms: u64) {
+        if map.osds.contains_key(&osd) {
+            self.reports.insert(osd, (now_ms, usage));
+        }
     }
 
     /// Forgets every report (this node is no longer the leader).
@@ -197,14 +201,22 @@ impl<'a> Cluster<'a> {
     /// at all (a stray copy, soon gone); one mapped to it that it does not
     /// report yet, or only in part (a backfill under way), counts whole.
     fn projected(&self, osds: &[OsdId]) -> BTreeMap<OsdId, u64> {
-        osds.iter()
-            .map(|osd| {
-                let report = &self.usage[osd];
+        // One pass over the PGs for every OSD's wanted bytes.
+        let mut wanted: BTreeMap<OsdId, u64> = osds.iter().map(|osd| (*osd, 0)).collect();
+        for (pg, mapped) in &self.mapped {
+            for osd in mapped {
+                if let Some(bytes) = wanted.get_mut(osd) {
+                    *bytes += self.size_of(pg);
+                }
+            }
+        }
+        wanted
+            .into_iter()
+            .map(|(osd, wanted)| {
+                let report = &self.usage[&osd];
                 let reported: u64 = report.pgs.values().sum();
-                let wanted: u64 =
-                    self.mapped.iter().filter(|(_, m)| m.contains(osd)).map(|(pg, _)| self.size_of(pg)).sum();
                 let used = (report.used_permille * report.capacity_bytes / 1000 + wanted).saturating_sub(reported);
-                (*osd, used * 1000 / report.capacity_bytes)
+                (osd, used * 1000 / report.capacity_bytes)
             })
             .collect()
     }
@@ -219,7 +231,7 @@ impl<'a> Cluster<'a> {
             return None;
         }
         let items = upmap::items_for(&placed, &wanted);
-        upmap::may_set(self.map, key, &items).is_ok().then_some(items)
+        upmap::may_set_placed(self.map, &self.hierarchy, key, &items).is_ok().then_some(items)
     }
 
     /// Pinned PGs whose backfill waits on a target past backfillfull,
@@ -330,18 +342,8 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn cluster(osds: u32, pg_num: u32) -> ClusterMap {
-        let mut map = ClusterMap::new([3; 16]);
-        for id in 0..osds {
-            let boot = Command::OsdBoot {
-                id,
-                addr: format!("127.0.0.1:{}", 7000 + id),
-                host: format!("h{id}"),
-                weight: 1 << 16,
-            };
-            map.run(&boot).unwrap();
-        }
-        map.run(&Command::PoolCreate { name: "p".into(), size: 2, min_size: 1, pg_num }).unwrap();
-        map
+        let hosts: Vec<String> = (0..osds).map(|id| format!("h{id}")).collect();
+        crate::test_map(&hosts.iter().map(String::as_str).collect::<Vec<_>>(), pg_num)
     }
 
     /// What each OSD would report if PG `pg` held `bytes(pg)` on each of its OSDs.

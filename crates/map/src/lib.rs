@@ -260,21 +260,9 @@ impl ClusterMap {
                     self.active_sets.retain(|(pool, _), _| pool != id);
                     self.pg_upmap.retain(|(pool, _), _| pool != id);
                 }
-                Change::SetPgTemp { pool, pg, osds } => {
-                    if osds.is_empty() {
-                        self.pg_temp.remove(&(*pool, *pg));
-                    } else {
-                        self.pg_temp.insert((*pool, *pg), osds.clone());
-                    }
-                }
+                Change::SetPgTemp { pool, pg, osds } => set_or_remove(&mut self.pg_temp, (*pool, *pg), osds),
                 Change::SetFullRatios(ratios) => self.full_ratios = *ratios,
-                Change::SetPgUpmap { pool, pg, items } => {
-                    if items.is_empty() {
-                        self.pg_upmap.remove(&(*pool, *pg));
-                    } else {
-                        self.pg_upmap.insert((*pool, *pg), items.clone());
-                    }
-                }
+                Change::SetPgUpmap { pool, pg, items } => set_or_remove(&mut self.pg_upmap, (*pool, *pg), items),
                 Change::SetBalancerMaxSpread(spread) => self.balancer_max_spread = *spread,
                 Change::SetActiveSet { pool, pg, set } => match set {
                     Some(set) => {
@@ -425,4 +413,27 @@ impl ClusterMap {
     pub fn is_up(&self, id: OsdId) -> bool {
         self.osds.get(&id).is_some_and(|o| o.up)
     }
+}
+
+/// A per-PG entry set to `value`, or removed when it is empty.
+fn set_or_remove<T: Clone>(entries: &mut BTreeMap<(PoolId, u32), Vec<T>>, key: (PoolId, u32), value: &[T]) {
+    if value.is_empty() {
+        entries.remove(&key);
+    } else {
+        entries.insert(key, value.to_vec());
+    }
+}
+
+/// A map of one OSD per entry of `hosts` (on that host, up, weight 1) and
+/// pool 1 of 2 copies over `pg_num` PGs, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_map(hosts: &[&str], pg_num: u32) -> ClusterMap {
+    let mut map = ClusterMap::new([3; 16]);
+    for (id, host) in (0..).zip(hosts) {
+        let boot =
+            Command::OsdBoot { id, addr: format!("127.0.0.1:{}", 7000 + id), host: host.to_string(), weight: 1 << 16 };
+        map.run(&boot).unwrap();
+    }
+    map.run(&Command::PoolCreate { name: "p".into(), size: 2, min_size: 1, pg_num }).unwrap();
+    map
 }

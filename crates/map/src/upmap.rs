@@ -62,7 +62,18 @@ pub fn items_are_valid(map: &ClusterMap, (pool, pg): (PoolId, u32), items: &[(Os
 /// target in, each source one placement names, and the resulting set
 /// spread over no fewer hosts than placement's (a move never puts two
 /// copies on one host that placement kept apart).
-pub fn may_set(map: &ClusterMap, (pool, pg): (PoolId, u32), items: &[(OsdId, OsdId)]) -> Result<(), String> {
+pub fn may_set(map: &ClusterMap, pg: (PoolId, u32), items: &[(OsdId, OsdId)]) -> Result<(), String> {
+    may_set_placed(map, &map.hierarchy(), pg, items)
+}
+
+/// [`may_set`] with the map's placement hierarchy at hand (the balancer
+/// asks for many PGs in one look; compiling it each time was the cost).
+pub fn may_set_placed(
+    map: &ClusterMap,
+    hierarchy: &duplex_placement::Hierarchy,
+    (pool, pg): (PoolId, u32),
+    items: &[(OsdId, OsdId)],
+) -> Result<(), String> {
     if items.is_empty() {
         return Ok(()); // removing them is always allowed
     }
@@ -70,8 +81,7 @@ pub fn may_set(map: &ClusterMap, (pool, pg): (PoolId, u32), items: &[(OsdId, Osd
         return Err(format!("upmap items {items:?} of PG {pool}.{pg:x} are not valid"));
     }
     let info = &map.pools[&pool];
-    let hierarchy = map.hierarchy();
-    let placed = map.placed_osds(&hierarchy, info, pg);
+    let placed = map.placed_osds(hierarchy, info, pg);
     if let Some((from, _)) = items.iter().find(|(from, _)| !placed.contains(from)) {
         return Err(format!("osd.{from} is not where placement puts PG {pool}.{pg:x} ({placed:?})"));
     }
@@ -100,19 +110,7 @@ mod tests {
     use crate::Command;
 
     fn map_of(hosts: &[&str]) -> ClusterMap {
-        let mut map = ClusterMap::new([2; 16]);
-        for (id, host) in hosts.iter().enumerate() {
-            let id = id as OsdId;
-            let boot = Command::OsdBoot {
-                id,
-                addr: format!("127.0.0.1:{}", 7000 + id),
-                host: host.to_string(),
-                weight: 1 << 16,
-            };
-            map.run(&boot).unwrap();
-        }
-        map.run(&Command::PoolCreate { name: "p".into(), size: 2, min_size: 1, pg_num: 8 }).unwrap();
-        map
+        crate::test_map(hosts, 8)
     }
 
     #[test]

@@ -24,9 +24,9 @@ impl Balancing {
         self.started.elapsed().as_millis() as u64
     }
 
-    pub fn report(&mut self, osd: OsdId, usage: OsdUsage) {
+    pub fn report(&mut self, map: &ClusterMap, osd: OsdId, usage: OsdUsage) {
         let now = self.now_ms();
-        self.balancer.report(osd, usage, now);
+        self.balancer.report(map, osd, usage, now);
     }
 
     /// The balancer's next moves as one command, if due and wanted. Not

@@ -198,7 +198,7 @@ fn core_loop(
                     let reply = if core.is_leader() {
                         let pgs = pgs.into_iter().map(|(pool, pg, bytes)| ((pool, pg), bytes)).collect();
                         let usage = duplex_map::balancer::OsdUsage { capacity_bytes, used_permille, pgs };
-                        detection.balancing.report(osd, usage);
+                        detection.balancing.report(core.map(), osd, usage);
                         MonMessage::Ack
                     } else {
                         MonMessage::NotLeader { leader: core.leader() }

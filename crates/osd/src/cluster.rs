@@ -335,7 +335,7 @@ fn usage_report(shared: &crate::shared::Shared) -> Option<MonMessage> {
     let mut pgs = Vec::new();
     for flusher in &shared.flushers {
         let (sender, receiver) = crossbeam_channel::bounded(1);
-        flusher.try_send(crate::messages::Job::UsageReport(sender)).ok()?;
+        flusher.try_send(crate::messages::Job::Usage(crate::messages::UsageTo::Local(sender))).ok()?;
         let reply = receiver.recv_timeout(USAGE_REPORT_EVERY).ok()?;
         for pg in reply.pgs {
             let pool = crate::pg::pool_of(pg.pg);

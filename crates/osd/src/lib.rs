@@ -76,3 +76,28 @@ impl TestStore {
         duplex_store::Store::open(&self.path, &self.config).unwrap()
     }
 }
+
+/// An OSD's boot as a test map records it: on its own host, weight 1.
+#[cfg(test)]
+pub(crate) fn test_boot(id: u32) -> duplex_map::Command {
+    duplex_map::Command::OsdBoot {
+        id,
+        addr: format!("127.0.0.1:{}", 7000 + id),
+        host: format!("h{id}"),
+        weight: 1 << 16,
+    }
+}
+
+/// A map of `osds` OSDs, up and each on its own host, and pool 1 "rbd" of
+/// 2 copies over `pg_num` PGs (none with 0), for unit tests.
+#[cfg(test)]
+pub(crate) fn test_map(osds: u32, pg_num: u32) -> duplex_map::ClusterMap {
+    let mut map = duplex_map::ClusterMap::new([0; 16]);
+    for id in 0..osds {
+        map.run(&test_boot(id)).unwrap();
+    }
+    if pg_num > 0 {
+        map.run(&duplex_map::Command::PoolCreate { name: "rbd".into(), size: 2, min_size: 1, pg_num }).unwrap();
+    }
+    map
+}

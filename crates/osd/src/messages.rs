@@ -80,15 +80,21 @@ pub enum Job {
     SyncApply { entry: Entry, done: SyncDone },
     /// A peering or recovery step a PG's primary asked for.
     Peer { request: PeerRequest, reply: PeerReplyTo },
-    /// What each PG holds in this partition (`duplex df`): answered at once
-    /// with an `OsdUsageReply` on the asker's connection.
-    Usage(ReplyTo),
+    /// What each PG holds in this partition, answered at once: to a `duplex
+    /// df` over its connection, or to the usage report for the monitors
+    /// (the balancer).
+    Usage(UsageTo),
     /// A new map: remove the copies of PGs this OSD no longer holds for
     /// anyone (`flusher::strays`).
     Strays(std::sync::Arc<crate::cluster::MapView>),
-    /// What each PG holds in this partition, for the usage report to the
-    /// monitors (the balancer): answered on the channel.
-    UsageReport(crossbeam_channel::Sender<duplex_proto::osd::UsageReply>),
+}
+
+/// Where a usage answer goes (as [`PeerReplyTo`] for peering's).
+pub enum UsageTo {
+    /// An `OsdUsageReply` on the asker's connection.
+    Remote(ReplyTo),
+    /// This OSD's usage-report thread.
+    Local(crossbeam_channel::Sender<duplex_proto::osd::UsageReply>),
 }
 
 /// Where a peering answer goes.

@@ -522,7 +522,9 @@ impl World {
                     let lease_us = self.monitor.heartbeat(id, self.now);
                     ctx.send(from, Msg::Lease { sent, lease_us });
                 }
-                (Node::Osd(id), Msg::Usage(usage)) => self.balancer.report(id, usage, self.now / 1000),
+                (Node::Osd(id), Msg::Usage(usage)) => {
+                    self.balancer.report(&self.monitor.map, id, usage, self.now / 1000)
+                }
                 (Node::Osd(_), Msg::Command(command)) => {
                     tracing::debug!(at = self.now, ?command, "command from an OSD");
                     if self.monitor.run(&command) {

@@ -673,16 +673,11 @@ mod tests {
     /// stays whole.
     #[test]
     fn a_stray_copy_is_marked_incomplete_then_removed_and_a_member_again_is_kept() {
-        use duplex_map::{ActiveSet, ClusterMap, Command};
+        use duplex_map::ActiveSet;
         let store = crate::TestStore::new(1);
         let logs = tempfile::tempdir().unwrap();
         let (mut flusher, _poll) = flusher(&store, logs.path());
-        let mut map = ClusterMap::new([1; 16]);
-        for id in 0..4 {
-            let addr = format!("127.0.0.1:{}", 7000 + id);
-            map.run(&Command::OsdBoot { id, addr, host: format!("h{id}"), weight: 1 << 16 }).unwrap();
-        }
-        map.run(&Command::PoolCreate { name: "p".into(), size: 2, min_size: 1, pg_num: 16 }).unwrap();
+        let mut map = crate::test_map(4, 16);
         let view = crate::cluster::MapView::new(map.clone());
         let pool = map.pools[&1].clone();
         // Two PGs osd.1 (this flusher's OSD) is no OSD of, clean elsewhere.

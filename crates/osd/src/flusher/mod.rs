@@ -23,7 +23,8 @@ use duplex_proto::peering::PeerRequest;
 use duplex_store::{Batch, Key, Op, Partition, ReadRequest, StoreError};
 
 use crate::messages::{
-    ClientSlot, Completion, Job, Mailbox, PeerReplyTo, ReadJob, ScrubAsk, ScrubRequests, SyncDone, FLUSHER_QUEUE,
+    ClientSlot, Completion, Job, Mailbox, PeerReplyTo, ReadJob, ScrubAsk, ScrubRequests, SyncDone, UsageTo,
+    FLUSHER_QUEUE,
 };
 use crate::metrics::{record, Metrics, Stage};
 use crate::pg::replay::store_op;
@@ -312,14 +313,18 @@ impl Flusher {
             Job::SyncApply { entry, done } => pending.syncs.push((entry, done)),
             Job::Peer { request, reply } => pending.peering.push((request, reply)),
             Job::Strays(view) => self.take_strays(view, pending, now),
-            Job::UsageReport(to) => {
-                let _ = to.send(self.usage(pending, now));
-            }
             Job::Usage(to) => {
                 let reply = self.usage(pending, now);
-                debug_assert!(to.thread < self.mailboxes.len(), "a usage answer for thread {}", to.thread);
-                self.mailboxes[to.thread]
-                    .post_and_wake(Completion::Send { token: to.token, frame: reply.to_frame(to.txid) });
+                match to {
+                    UsageTo::Local(sender) => {
+                        let _ = sender.send(reply);
+                    }
+                    UsageTo::Remote(to) => {
+                        debug_assert!(to.thread < self.mailboxes.len(), "a usage answer for thread {}", to.thread);
+                        let frame = reply.to_frame(to.txid);
+                        self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
+                    }
+                }
             }
         }
         debug_assert!(pending.dirty_is_due(), "a dirty PG with no flush due: its entries would wait for ever");

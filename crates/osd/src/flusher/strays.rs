@@ -157,24 +157,9 @@ mod tests {
     use super::*;
     use duplex_map::{ActiveSet, ClusterMap, Command};
 
-    fn map_with(osds: u32, size: u8) -> ClusterMap {
-        let mut map = ClusterMap::new([1; 16]);
-        for id in 0..osds {
-            let boot = Command::OsdBoot {
-                id,
-                addr: format!("127.0.0.1:{}", 7000 + id),
-                host: format!("h{id}"),
-                weight: 1 << 16,
-            };
-            map.run(&boot).unwrap();
-        }
-        map.run(&Command::PoolCreate { name: "p".into(), size, min_size: 1, pg_num: 8 }).unwrap();
-        map
-    }
-
     #[test]
     fn a_copy_is_stray_only_once_its_pg_is_clean_on_a_whole_acting_set_without_it() {
-        let mut map = map_with(4, 2);
+        let mut map = crate::test_map(4, 8);
         let view = MapView::new(map.clone());
         let pool = map.pools[&1].clone();
         let pg = 3;
@@ -215,7 +200,7 @@ mod tests {
         down.run(&Command::MarkDown { id: outsider }).unwrap();
         assert!(!is_stray(&MapView::new(down), outsider, key));
         // The pool is gone: stray at once. Pool 0 is the OSD's own.
-        map.run(&Command::PoolDelete { name: "p".into() }).unwrap();
+        map.run(&Command::PoolDelete { name: "rbd".into() }).unwrap();
         assert!(is_stray(&MapView::new(map.clone()), acting[0], key));
         assert!(!is_stray(&MapView::new(map), acting[0], 3));
     }

@@ -341,7 +341,7 @@ impl PriorityThread {
                 let to = ReplyTo { thread: self.index, token, txid };
                 for flusher in &self.shared.flushers {
                     // A flusher ends only at shutdown: then no one answers.
-                    let _ = flusher.send(Job::Usage(to));
+                    let _ = flusher.send(Job::Usage(crate::messages::UsageTo::Remote(to)));
                 }
             }
             (Some(MessageType::Ping), _) => {

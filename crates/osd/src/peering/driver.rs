@@ -134,10 +134,11 @@ impl PeeringDriver {
     }
 
     /// Gives every flusher a new map to remove stray copies by, when due.
-    /// A full queue skips it: the next look sends it again.
+    /// A full queue skips it: the next map, or the recheck, sends it again.
     fn judge_strays(&mut self, now: u64) {
-        let view = self.shared.map.load();
-        if self.strays.due(view.epoch(), now) {
+        // The epoch is an atomic: the map itself is loaded only when due.
+        if self.strays.due(self.shared.map.epoch(), now) {
+            let view = self.shared.map.load();
             for flusher in &self.shared.flushers {
                 let _ = flusher.try_send(Job::Strays(view.clone()));
             }

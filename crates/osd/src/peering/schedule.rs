@@ -943,10 +943,7 @@ mod tests {
 
     #[test]
     fn backfill_into_a_backfill_full_target_waits_until_it_has_room() {
-        let mut map = duplex_map::ClusterMap::new([0; 16]);
-        for id in 0..2 {
-            map.run(&boot(id)).unwrap();
-        }
+        let mut map = crate::test_map(2, 0);
         map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::BackfillFull }).unwrap();
         let metrics = Metrics::default();
         let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
@@ -962,10 +959,7 @@ mod tests {
     /// steps go behind theirs, in their order.
     #[test]
     fn a_backfill_waiting_on_a_full_target_lets_the_next_pg_go() {
-        let mut map = duplex_map::ClusterMap::new([0; 16]);
-        for id in 0..3 {
-            map.run(&boot(id)).unwrap();
-        }
+        let mut map = crate::test_map(3, 0);
         map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::BackfillFull }).unwrap();
         let view = MapView::new(map);
         let metrics = Metrics::default();
@@ -989,26 +983,6 @@ mod tests {
         assert_eq!(schedule.backfill_waits_until(), Some(100 + RETRY_AFTER_US));
     }
 
-    fn boot(id: OsdId) -> duplex_map::Command {
-        duplex_map::Command::OsdBoot {
-            id,
-            addr: format!("127.0.0.1:{}", 7000 + id),
-            host: format!("h{id}"),
-            weight: 1 << 16,
-        }
-    }
-
-    /// `osds` OSDs, then a pool of 2 copies over 16 PGs.
-    fn map_of(osds: OsdId) -> duplex_map::ClusterMap {
-        let mut map = duplex_map::ClusterMap::new([0; 16]);
-        for id in 0..osds {
-            map.run(&boot(id)).unwrap();
-        }
-        let pool = duplex_map::Command::PoolCreate { name: "rbd".into(), size: 2, min_size: 1, pg_num: 16 };
-        map.run(&pool).unwrap();
-        map
-    }
-
     /// Osd.0's schedule, brought up to `map`; its first PG and what it wants.
     fn osd0_schedule(map: &duplex_map::ClusterMap, metrics: &Metrics) -> (Schedule, u32, Wanted) {
         let view = MapView::new(map.clone());
@@ -1024,7 +998,7 @@ mod tests {
     #[test]
     fn a_request_out_ends_when_the_map_moves_its_pg_on() {
         let metrics = Metrics::default();
-        let mut map = map_of(4);
+        let mut map = crate::test_map(4, 16);
         let (mut schedule, pg, want) = osd0_schedule(&map, &metrics);
         let member = want.acting[1];
         let txid = schedule.send(pg, 1, member, 10, false);
@@ -1043,7 +1017,7 @@ mod tests {
     #[test]
     fn a_request_out_ends_when_the_map_takes_its_target_down() {
         let metrics = Metrics::default();
-        let mut map = map_of(4);
+        let mut map = crate::test_map(4, 16);
         let (mut schedule, pg, want) = osd0_schedule(&map, &metrics);
         let outsider = (1..4).find(|o| !want.acting.contains(o)).expect("4 OSDs, size 2");
         let txid = schedule.send(pg, 1, outsider, 10, false);
@@ -1060,8 +1034,8 @@ mod tests {
     #[test]
     fn an_unreached_pin_target_is_not_counted_as_filled() {
         let metrics = Metrics::default();
-        let mut map = map_of(3);
-        map.run(&boot(3)).unwrap();
+        let mut map = crate::test_map(3, 16);
+        map.run(&crate::test_boot(3)).unwrap();
         // Some PG moves to the new osd.3, pinned to where it was.
         let view = MapView::new(map.clone());
         let (me, key, want) = (0..3)
