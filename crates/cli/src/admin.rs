@@ -302,8 +302,8 @@ pub enum ImageCommand {
     },
     /// Delete an image and its objects.
     Remove { name: String },
-    /// Write an image's bytes to a file (sparse: holes are seeked over) or
-    /// to standard output (`-`).
+    /// Write an image's bytes (IMAGE, or IMAGE@SNAP for a snapshot) to a
+    /// file (sparse: holes are seeked over) or to standard output (`-`).
     Export {
         name: String,
         /// The file, or `-` for standard output.
@@ -325,6 +325,31 @@ pub enum ImageCommand {
         /// Reserve every object's extent first.
         #[arg(long)]
         preallocate: bool,
+    },
+    /// The byte ranges of IMAGE[@SNAP] that changed since --from-snap (all
+    /// written ranges without it), from the OSDs' block maps.
+    Diff {
+        spec: String,
+        #[arg(long)]
+        from_snap: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write what changed from --from-snap to IMAGE[@SNAP] as an `rbd diff
+    /// v1` stream, to a file or standard output (`-`).
+    ExportDiff {
+        spec: String,
+        /// The file, or `-` for standard output.
+        path: String,
+        #[arg(long)]
+        from_snap: Option<String>,
+    },
+    /// Apply a diff stream to an image: its starting snapshot must exist
+    /// there, and its ending snapshot is created.
+    ImportDiff {
+        /// The file, or `-` for standard input.
+        path: String,
+        name: String,
     },
 }
 
@@ -367,6 +392,9 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
                 println!("object size:  {}", format_size(info.object_size as u64));
                 println!("objects:      {}", info.object_count());
                 println!("preallocated: {}", info.preallocated);
+                let snaps = client.list_snapshots(pool, &name)?;
+                let names: Vec<&str> = snaps.iter().map(|s| s.name.as_str()).collect();
+                println!("snapshots:    {}", if names.is_empty() { "none".to_string() } else { names.join(", ") });
             }
         }
         ImageCommand::Resize { name, size, allow_shrink } => {
@@ -385,8 +413,35 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
             client.remove_image(pool, &name)?;
             println!("removed image '{name}'");
         }
+        ImageCommand::Diff { spec, from_snap, json } => {
+            crate::diff::diff(client, pool, &spec, from_snap.as_deref(), json)?;
+        }
+        ImageCommand::ExportDiff { spec, path, from_snap } => {
+            let started = Instant::now();
+            let moved = crate::diff::export_diff(client, pool, &spec, from_snap.as_deref(), &path)?;
+            eprintln!(
+                "exported the diff of '{spec}'{} to {}: {} of data and {} of zeros in {} records, {:.1?}",
+                from_snap.map(|s| format!(" since '{s}'")).unwrap_or_default(),
+                if path == "-" { "standard output" } else { path.as_str() },
+                format_size(moved.data_bytes),
+                format_size(moved.zero_bytes),
+                moved.records,
+                started.elapsed()
+            );
+        }
+        ImageCommand::ImportDiff { path, name } => {
+            let started = Instant::now();
+            let moved = crate::diff::import_diff(client, pool, &path, &name)?;
+            println!(
+                "imported a diff into '{name}': {} of data and {} of zeros in {} records, {:.1?}",
+                format_size(moved.data_bytes),
+                format_size(moved.zero_bytes),
+                moved.records,
+                started.elapsed()
+            );
+        }
         ImageCommand::Export { name, path } => {
-            let image = client.open_image(pool, &name)?;
+            let image = client.open_spec(pool, &name)?;
             let moved = crate::transfer::export(&image, &path)?;
             // The report goes to stderr: stdout may be the image itself.
             eprintln!(

@@ -17,7 +17,10 @@ mod bench;
 mod daemons;
 mod dev;
 mod df;
+mod diff;
 mod nbd;
+mod progress;
+mod snap;
 mod transfer;
 
 use std::ffi::OsString;
@@ -63,6 +66,9 @@ enum Top {
     /// Block images: create, list, info, resize, remove.
     #[command(subcommand)]
     Image(admin::ImageCommand),
+    /// Snapshots of images: create, list, remove, rollback, protect.
+    #[command(subcommand)]
+    Snap(snap::SnapCommand),
     /// Export images over NBD.
     #[command(subcommand)]
     Nbd(NbdCommand),
@@ -249,10 +255,11 @@ fn run(cli: Cli) -> Result<()> {
         Top::Dev(DevCommand::Demo { dir, seconds, image_size, up }) => demo(&dir, seconds, image_size, &up)?,
         Top::Pool(command) => admin::pool(&connect(cli.conf.as_deref())?, command)?,
         Top::Image(command) => admin::image(&connect(cli.conf.as_deref())?, &cli.pool, command)?,
+        Top::Snap(command) => snap::snap(&connect(cli.conf.as_deref())?, &cli.pool, command)?,
         Top::Nbd(NbdCommand::Serve(args)) => {
             let client = connect(cli.conf.as_deref())?;
             let pool = client.pool_id(&cli.pool)?;
-            let image = client.open_image(pool, &args.image)?;
+            let image = client.open_spec(pool, &args.image)?;
             let server = nbd::server(image, &args)?;
             server.run().context("the NBD server stopped")?;
         }

@@ -19,7 +19,8 @@ use duplex_store::units::format_size;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// The image to export (its name is the export name; clients may also ask for "").
+    /// The image to export, or IMAGE@SNAP for a snapshot, read-only (the
+    /// export's name is IMAGE or IMAGE@SNAP; clients may also ask for "").
     #[arg(long)]
     pub image: String,
     /// TCP address to listen on (loopback by default; NBD has no authentication).
@@ -50,6 +51,7 @@ fn errno(err: ClientError) -> Errno {
         ClientError::Invalid(_) => Errno::Inval,
         ClientError::NoSpace(_) => Errno::NoSpc,
         ClientError::Shutdown => Errno::Shutdown,
+        ClientError::ReadOnly(_) => Errno::Perm,
         _ => Errno::Io,
     }
 }
@@ -57,6 +59,10 @@ fn errno(err: ClientError) -> Errno {
 impl Export for ImageExport {
     fn size(&self) -> u64 {
         self.image.size()
+    }
+
+    fn read_only(&self) -> bool {
+        self.image.snapshot().is_some()
     }
 
     fn read(&self, offset: u64, len: u32, done: Done<Bytes>) {
@@ -81,9 +87,16 @@ impl Export for ImageExport {
     }
 }
 
+fn image_is_snapshot(export: &str) -> bool {
+    export.contains('@')
+}
+
 /// Binds the listener and builds the server (not yet running).
 pub fn server(image: Image, args: &ServeArgs) -> Result<Server> {
-    let name = image.info().name.clone();
+    let name = match image.snapshot() {
+        Some(snap) => format!("{}@{}", image.info().name, snap.name),
+        None => image.info().name.clone(),
+    };
     let size = image.size();
     let exports = ExportMap::new().with(name.clone(), Arc::new(ImageExport::new(image))).with_default(name.clone());
     let listener = match (&args.socket, args.listen) {
@@ -109,6 +122,7 @@ pub fn server(image: Image, args: &ServeArgs) -> Result<Server> {
         Some(path) => format!("nbd+unix:///{name}?socket={}", path.display()),
         None => format!("nbd://{}/{name}", server.local_addr()),
     };
-    println!("serving image '{name}' ({}) at {uri}", format_size(size));
+    let what = if image_is_snapshot(&name) { "snapshot (read-only)" } else { "image" };
+    println!("serving {what} '{name}' ({}) at {uri}", format_size(size));
     Ok(server)
 }

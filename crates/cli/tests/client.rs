@@ -72,6 +72,7 @@ fn objects_images_and_resends() {
         length: 0,
         data: Bytes::from_static(data),
         client: 0xC11E47,
+        snap: 0,
     };
     let mut call = |request: OpRequest, txid: u64| {
         conn.send(&request.to_frame(txid)).unwrap();

@@ -331,7 +331,7 @@ impl Client {
 pub const MAX_ATTR_TOTAL: usize = 16 << 10;
 
 fn op(pool: u32, kind: OpKind, object: &[u8]) -> ObjectOp {
-    ObjectOp { pool, kind, object: Bytes::copy_from_slice(object), offset: 0, length: 0, data: Bytes::new(), pg: None }
+    ObjectOp::new(pool, kind, Bytes::copy_from_slice(object))
 }
 
 /// The newest map any monitor has.

@@ -26,4 +26,12 @@ pub enum ClientError {
     Shutdown,
     #[error("corrupt metadata: {0}")]
     Corrupt(String),
+    #[error("no snapshot {0} (list them with `duplex snap list`)")]
+    NoSuchSnapshot(String),
+    #[error("a snapshot {0} already exists")]
+    SnapshotExists(String),
+    #[error("{0}")]
+    Busy(String),
+    #[error("{0} is a snapshot: it is read-only")]
+    ReadOnly(String),
 }

@@ -135,6 +135,11 @@ impl Default for CreateOptions {
 }
 
 fn check_name(name: &str) -> Result<(), ClientError> {
+    check_name_of("image", name)
+}
+
+/// Image and snapshot names: what object names and `IMAGE@SNAP` can carry.
+pub(crate) fn check_name_of(what: &str, name: &str) -> Result<(), ClientError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
@@ -142,7 +147,7 @@ fn check_name(name: &str) -> Result<(), ClientError> {
         Ok(())
     } else {
         Err(ClientError::Invalid(format!(
-            "image names are 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 . _ - (got '{name}')"
+            "{what} names are 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 . _ - (got '{name}')"
         )))
     }
 }
@@ -151,11 +156,11 @@ fn directory_object(name: &str) -> Vec<u8> {
     format!("image.{name}").into_bytes()
 }
 
-fn header_object(id: &str) -> Vec<u8> {
+pub(crate) fn header_object(id: &str) -> Vec<u8> {
     format!("{id}.header").into_bytes()
 }
 
-fn data_object(id: &str, number: u64) -> Bytes {
+pub(crate) fn data_object(id: &str, number: u64) -> Bytes {
     Bytes::from(format!("{id}.{number:016x}"))
 }
 
@@ -309,9 +314,25 @@ impl Client {
         Ok(info)
     }
 
-    /// Deletes an image and all its objects.
+    /// Sets the size in the header alone (the objects are already right).
+    pub(crate) fn set_image_size(&self, pool: u32, info: &ImageInfo, size: u64) -> Result<(), ClientError> {
+        let info = ImageInfo { size, ..info.clone() };
+        self.write(pool, &header_object(&info.id), 0, info.encode())
+    }
+
+    /// Deletes an image and all its objects. An image with snapshots is
+    /// refused: their clones would be left behind.
     pub fn remove_image(&self, pool: u32, name: &str) -> Result<(), ClientError> {
         let info = self.image_info(pool, name)?;
+        let snaps = crate::snapshot::read_table(self, pool, &header_object(&info.id))?.snaps;
+        if !snaps.is_empty() {
+            let names: Vec<String> = snaps.iter().map(|s| format!("{name}@{}", s.name)).collect();
+            return Err(ClientError::Busy(format!(
+                "{name} has {} snapshot(s) ({}): remove them first (`duplex snap purge {name}`)",
+                snaps.len(),
+                names.join(", ")
+            )));
+        }
         let prefix = format!("{}.", info.id);
         let objects = self.list_objects(pool, prefix.as_bytes())?;
         let ops = objects.into_iter().map(|n| ObjectOp::new(pool, OpKind::Delete, Bytes::from(n)));
@@ -319,10 +340,29 @@ impl Client {
         self.delete(pool, &directory_object(name))
     }
 
-    /// Opens an image for I/O.
+    /// Opens an image for I/O. The image is watched while open
+    /// (crate::watch), so that snapshots wait for its writes.
     pub fn open_image(&self, pool: u32, name: &str) -> Result<Image, ClientError> {
         let info = self.image_info(pool, name)?;
-        Ok(Image { client: self.clone(), pool, info })
+        let watch = crate::watch::Watch::start(self, pool, header_object(&info.id))?;
+        Ok(Image { client: self.clone(), pool, info, watch: Some(watch), read_snap: None })
+    }
+
+    /// Opens snapshot `snap` of an image, read-only: the image as it was
+    /// when the snapshot was taken.
+    pub fn open_snapshot(&self, pool: u32, name: &str, snap: &str) -> Result<Image, ClientError> {
+        let mut info = self.image_info(pool, name)?;
+        let snapshot = self.snapshot_info(pool, name, snap)?;
+        info.size = snapshot.size;
+        Ok(Image { client: self.clone(), pool, info, watch: None, read_snap: Some(snapshot) })
+    }
+
+    /// `IMAGE` or `IMAGE@SNAP`: the head read-write, or the snapshot read-only.
+    pub fn open_spec(&self, pool: u32, spec: &str) -> Result<Image, ClientError> {
+        match spec.split_once('@') {
+            Some((name, snap)) => self.open_snapshot(pool, name, snap),
+            None => self.open_image(pool, spec),
+        }
     }
 }
 
@@ -370,6 +410,10 @@ pub struct Image {
     client: Client,
     pool: u32,
     info: ImageInfo,
+    /// Renews the image's watch while it is open for writing.
+    watch: Option<crate::watch::Watch>,
+    /// Opened at a snapshot: reads see it, writes are refused.
+    read_snap: Option<crate::snapshot::SnapInfo>,
 }
 
 /// Where a piece of an image I/O lands: the object, the offset in it, the
@@ -388,6 +432,31 @@ impl Image {
 
     pub fn size(&self) -> u64 {
         self.info.size
+    }
+
+    /// The snapshot this image was opened at (read-only), if any.
+    pub fn snapshot(&self) -> Option<&crate::snapshot::SnapInfo> {
+        self.read_snap.as_ref()
+    }
+
+    fn refuse_writes(&self) -> Result<(), ClientError> {
+        match &self.read_snap {
+            Some(snap) => Err(ClientError::ReadOnly(format!("{}@{}", self.info.name, snap.name))),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs mutations under the snapshot sequence the watch says.
+    fn run_writes(&self, ops: Vec<ObjectOp>, missing_ok: bool, done: Done<()>) {
+        let Some(watch) = &self.watch else { return run(&self.client, ops, missing_ok, done) };
+        let client = self.client.clone();
+        watch.when_fresh(Box::new(move |snap| match snap {
+            Ok(snap) => {
+                let ops = ops.into_iter().map(|op| ObjectOp { snap, ..op }).collect();
+                run(&client, ops, missing_ok, done)
+            }
+            Err(err) => done(Err(err)),
+        }));
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), ClientError> {
@@ -472,7 +541,7 @@ impl Image {
 
     /// Writes `data` at `offset`. Acknowledged means: in the log of every replica.
     pub fn write_async(&self, offset: u64, data: Bytes, done: Done<()>) {
-        if let Err(err) = self.check_range(offset, data.len() as u64) {
+        if let Err(err) = self.refuse_writes().and_then(|()| self.check_range(offset, data.len() as u64)) {
             return done(Err(err));
         }
         let pieces = self.pieces(offset, data.len() as u64, MAX_WRITE_PIECE);
@@ -480,13 +549,13 @@ impl Image {
             .iter()
             .map(|p| ObjectOp { data: data.slice(p.at..p.at + p.len as usize), ..self.op(OpKind::Write, p) })
             .collect();
-        self.run(ops, false, done);
+        self.run_writes(ops, false, done);
     }
 
     /// Makes `len` bytes from `offset` read as zeros; thin images release
     /// whole objects and cut tails, pre-allocated ones keep their extents.
     pub fn write_zeroes_async(&self, offset: u64, len: u64, done: Done<()>) {
-        if let Err(err) = self.check_range(offset, len) {
+        if let Err(err) = self.refuse_writes().and_then(|()| self.check_range(offset, len)) {
             return done(Err(err));
         }
         let object_size = self.info.object_size as u64;
@@ -499,7 +568,7 @@ impl Image {
             ops.extend(zero_ops(self.pool, &self.info, data_object(&self.info.id, number), in_object, piece));
             at += piece;
         }
-        self.run(ops, true, done);
+        self.run_writes(ops, true, done);
     }
 
     /// Discard: the same as writing zeros (reads after a discard return zeros).
@@ -513,23 +582,13 @@ impl Image {
     }
 
     fn op(&self, kind: OpKind, piece: &Piece) -> ObjectOp {
+        let read = kind == OpKind::Read;
         ObjectOp {
             offset: piece.offset,
-            length: if kind == OpKind::Read { piece.len as u32 } else { 0 },
+            length: if read { piece.len as u32 } else { 0 },
+            // A read of a snapshot names it; writes get theirs from the watch.
+            snap: if read { self.read_snap.as_ref().map_or(0, |s| s.id) } else { 0 },
             ..ObjectOp::new(self.pool, kind, piece.object.clone())
-        }
-    }
-
-    /// Runs `ops`, `RUN_WINDOW` at a time; `done` gets the first error or `Ok`.
-    fn run(&self, ops: Vec<ObjectOp>, missing_ok: bool, done: Done<()>) {
-        if ops.is_empty() {
-            return done(Ok(()));
-        }
-        let join =
-            Arc::new(Join::new(ops.len(), BytesMut::new(), Box::new(move |r: Result<Bytes, _>| done(r.map(drop)))));
-        let queue = Arc::new(Mutex::new(ops.into_iter()));
-        for _ in 0..RUN_WINDOW {
-            submit_next(&self.client, &queue, &join, missing_ok);
         }
     }
 
@@ -543,6 +602,18 @@ impl Image {
 
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ClientError> {
         wait(|done| self.write_zeroes_async(offset, len, done))
+    }
+}
+
+/// Runs `ops`, `RUN_WINDOW` at a time; `done` gets the first error or `Ok`.
+fn run(client: &Client, ops: Vec<ObjectOp>, missing_ok: bool, done: Done<()>) {
+    if ops.is_empty() {
+        return done(Ok(()));
+    }
+    let join = Arc::new(Join::new(ops.len(), BytesMut::new(), Box::new(move |r: Result<Bytes, _>| done(r.map(drop)))));
+    let queue = Arc::new(Mutex::new(ops.into_iter()));
+    for _ in 0..RUN_WINDOW {
+        submit_next(client, &queue, &join, missing_ok);
     }
 }
 

@@ -33,9 +33,12 @@ pub mod load;
 pub mod object;
 mod placement;
 mod runtime;
+pub mod snapshot;
+pub mod watch;
 
 pub use client::{parse_monitor, Client, ClientConfig};
 pub use error::ClientError;
 pub use image::{CreateOptions, Image, ImageInfo};
 pub use object::ObjectClient;
 pub use runtime::{Callback, ObjectOp};
+pub use snapshot::{SnapInfo, SnapTable};

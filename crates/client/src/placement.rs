@@ -80,7 +80,18 @@ impl Target {
         data: Bytes,
         client: u64,
     ) -> OpRequest {
-        OpRequest { kind, pool: self.pool, pg: self.pg, map_epoch: self.epoch, object, offset, length, data, client }
+        OpRequest {
+            kind,
+            pool: self.pool,
+            pg: self.pg,
+            map_epoch: self.epoch,
+            object,
+            offset,
+            length,
+            data,
+            client,
+            snap: 0,
+        }
     }
 }
 

@@ -25,7 +25,7 @@ use duplex_map::{ClusterMap, OsdId};
 use duplex_mon_client::Credentials;
 use duplex_mon_client::MonClient;
 use duplex_placement::Hierarchy;
-use duplex_proto::osd::{OpKind, OpReply};
+use duplex_proto::osd::{OpKind, OpReply, OpRequest};
 use duplex_proto::{FrameDecoder, MessageType};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -58,13 +58,16 @@ pub struct ObjectOp {
     pub data: Bytes,
     /// The PG, for listings (whose object field is a cursor); else computed.
     pub pg: Option<u32>,
+    /// Mutations: the image's newest live snapshot (copy-on-write below
+    /// it); reads: the snapshot to read at. 0: none, the head.
+    pub snap: u64,
 }
 
 impl ObjectOp {
     /// An operation on `object` with no offset, length or data yet (set
     /// them with struct update syntax).
     pub fn new(pool: u32, kind: OpKind, object: Bytes) -> ObjectOp {
-        ObjectOp { pool, kind, object, offset: 0, length: 0, data: Bytes::new(), pg: None }
+        ObjectOp { pool, kind, object, offset: 0, length: 0, data: Bytes::new(), pg: None, snap: 0 }
     }
 
     /// Where this operation goes under `map`: its PG's primary.
@@ -243,7 +246,10 @@ impl Runtime {
             Ok(primary) => primary,
             Err(next) => return self.then(txid, next),
         };
-        let request = target.request(op.kind, op.object.clone(), op.offset, op.length, op.data.clone(), self.client_id);
+        let request = OpRequest {
+            snap: op.snap,
+            ..target.request(op.kind, op.object.clone(), op.offset, op.length, op.data.clone(), self.client_id)
+        };
         if let Err(problem) = self.link(primary) {
             return self.retry_later(txid, placement::at_osd(primary, problem));
         }

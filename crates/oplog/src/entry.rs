@@ -3,10 +3,15 @@
 //! ```text
 //! 0  magic u32 "DPXL"      4  crc32c u32 (of the entry, this field excluded)
 //! 8  seq u64               16 version u64      24 epoch u32    28 op u8
-//! 29 reserved u8           30 object length u16                32 data length u32
+//! 29 flags u8              30 object length u16                32 data length u32
 //! 36 pg u32                40 offset u64       48 client u64    56 tid u64
-//! 64 object, then data; padded to 8 bytes
+//! 64 object, then data, then snap u64 (flag 1 only); padded to 8 bytes
 //! ```
+//!
+//! `snap` is the snapshot sequence the client wrote under (0: none, and
+//! then not encoded, so an entry without one is laid out as before
+//! snapshots existed): whoever applies the entry clones the object's head
+//! first when the head was last changed under an older sequence.
 //!
 //! `client` and `tid` are the request id of the client operation the entry
 //! came from (0, 0 for none): kept with the entry so that whichever OSD
@@ -28,6 +33,8 @@ use num_enum::TryFromPrimitive;
 
 pub const HEADER_LEN: usize = 64;
 const MAGIC: u32 = u32::from_le_bytes(*b"DPXL");
+/// Entry flag: a snapshot sequence follows the data.
+const FLAG_SNAP: u8 = 1;
 /// Longest object name in an entry.
 pub const MAX_OBJECT_LEN: usize = 256;
 
@@ -85,6 +92,8 @@ pub struct Entry {
     pub offset: u64,
     pub data: Vec<u8>,
     pub request: RequestId,
+    /// The snapshot sequence the client wrote under (0: none).
+    pub snap: u64,
 }
 
 /// An entry by reference: what the OSD encodes straight from a request's
@@ -100,11 +109,17 @@ pub struct EntryRef<'a> {
     pub offset: u64,
     pub data: &'a [u8],
     pub request: RequestId,
+    pub snap: u64,
 }
 
 impl EntryRef<'_> {
+    /// The bytes the checksum covers: header, object, data and snap.
+    fn used_len(&self) -> usize {
+        HEADER_LEN + self.object.len() + self.data.len() + if self.snap != 0 { 8 } else { 0 }
+    }
+
     pub fn encoded_len(&self) -> usize {
-        (HEADER_LEN + self.object.len() + self.data.len()).div_ceil(8) * 8
+        self.used_len().div_ceil(8) * 8
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -116,6 +131,7 @@ impl EntryRef<'_> {
         out[16..24].copy_from_slice(&self.version.to_le_bytes());
         out[24..28].copy_from_slice(&self.epoch.to_le_bytes());
         out[28] = self.op as u8;
+        out[29] = if self.snap != 0 { FLAG_SNAP } else { 0 };
         out[30..32].copy_from_slice(&(self.object.len() as u16).to_le_bytes());
         out[32..36].copy_from_slice(&(self.data.len() as u32).to_le_bytes());
         out[36..40].copy_from_slice(&self.pg.to_le_bytes());
@@ -124,8 +140,12 @@ impl EntryRef<'_> {
         out[56..64].copy_from_slice(&self.request.tid.to_le_bytes());
         let object_end = HEADER_LEN + self.object.len();
         out[HEADER_LEN..object_end].copy_from_slice(self.object);
-        out[object_end..object_end + self.data.len()].copy_from_slice(self.data);
-        let crc = checksum(&out, HEADER_LEN + self.object.len() + self.data.len());
+        let data_end = object_end + self.data.len();
+        out[object_end..data_end].copy_from_slice(self.data);
+        if self.snap != 0 {
+            out[data_end..data_end + 8].copy_from_slice(&self.snap.to_le_bytes());
+        }
+        let crc = checksum(&out, self.used_len());
         out[4..8].copy_from_slice(&crc.to_le_bytes());
         debug_assert!(
             EntryRef::decode(&out).is_some_and(|e| e.seq == self.seq && e.encoded_len() == out.len()),
@@ -147,6 +167,7 @@ impl Entry {
             offset: self.offset,
             data: &self.data,
             request: self.request,
+            snap: self.snap,
         }
     }
 
@@ -180,11 +201,24 @@ impl<'a> EntryRef<'a> {
         if object_len > MAX_OBJECT_LEN {
             return None;
         }
-        let used = HEADER_LEN.checked_add(object_len)?.checked_add(data_len)?;
+        let flags = header[29];
+        if flags & !FLAG_SNAP != 0 {
+            return None;
+        }
+        let data_end = HEADER_LEN.checked_add(object_len)?.checked_add(data_len)?;
+        let used = if flags & FLAG_SNAP != 0 { data_end.checked_add(8)? } else { data_end };
         if used > bytes.len() || checksum(bytes, used) != word(4) {
             return None;
         }
         let op = OpKind::from_u8(header[28])?;
+        let snap = if flags & FLAG_SNAP != 0 {
+            u64::from_le_bytes(bytes[data_end..used].try_into().expect("8 bytes"))
+        } else {
+            0
+        };
+        if flags & FLAG_SNAP != 0 && snap == 0 {
+            return None;
+        }
         Some(EntryRef {
             pg: word(36),
             epoch: word(24),
@@ -193,8 +227,9 @@ impl<'a> EntryRef<'a> {
             op,
             object: &bytes[HEADER_LEN..HEADER_LEN + object_len],
             offset: long(40),
-            data: &bytes[HEADER_LEN + object_len..used],
+            data: &bytes[HEADER_LEN + object_len..data_end],
             request: RequestId { client: long(48), tid: long(56) },
+            snap,
         })
     }
 
@@ -209,6 +244,7 @@ impl<'a> EntryRef<'a> {
             offset: self.offset,
             data: self.data.to_vec(),
             request: self.request,
+            snap: self.snap,
         }
     }
 }
@@ -239,9 +275,9 @@ mod tests {
             proptest::collection::vec(any::<u8>(), 0..40),
             any::<u64>(),
             proptest::collection::vec(any::<u8>(), 0..600),
-            (any::<u64>(), any::<u64>()),
+            (any::<u64>(), any::<u64>(), prop_oneof![Just(0u64), any::<u64>()]),
         )
-            .prop_map(|(pg, epoch, version, seq, op, object, offset, data, (client, tid))| Entry {
+            .prop_map(|(pg, epoch, version, seq, op, object, offset, data, (client, tid, snap))| Entry {
                 pg,
                 epoch,
                 version,
@@ -251,6 +287,7 @@ mod tests {
                 offset,
                 data,
                 request: RequestId { client, tid },
+                snap,
             })
     }
 
@@ -270,7 +307,7 @@ mod tests {
         fn round_trips_and_detects_any_flip(entry in entry_strategy(), flip in any::<usize>()) {
             let mut bytes = entry.encode();
             prop_assert_eq!(Entry::decode(&bytes), Some(entry.clone()));
-            let used = HEADER_LEN + entry.object.len() + entry.data.len();
+            let used = entry.as_ref().used_len();
             let at = flip % used;
             if !(4..8).contains(&at) {
                 bytes[at] ^= 0x10;

@@ -26,6 +26,7 @@ fn entry(seq: u64) -> Entry {
         offset: seq,
         data: vec![(seq % 251) as u8; size],
         request: Default::default(),
+        snap: 0,
     }
 }
 

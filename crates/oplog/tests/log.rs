@@ -19,6 +19,7 @@ fn entry(seq: u64, size: usize, fill: u8) -> Entry {
         offset: seq,
         data: vec![fill; size],
         request: Default::default(),
+        snap: 0,
     }
 }
 
@@ -128,7 +129,7 @@ proptest! {
                 2 => (OpKind::SetAttr, b"name".to_vec()),
                 _ => (OpKind::Write, (0..len).map(|i| (seq as u8).wrapping_mul(31).wrapping_add(i as u8)).collect()),
             };
-            let e = Entry { pg: 1, epoch: 1, version: seq, seq, op, object: b"o".to_vec(), offset, data: data.clone(), request: Default::default() };
+            let e = Entry { pg: 1, epoch: 1, version: seq, seq, op, object: b"o".to_vec(), offset, data: data.clone(), request: Default::default(), snap: 0 };
             let at = log.append(&e).unwrap();
             index.insert(&e, at);
             match op {

@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod peering;
 pub mod pg;
 pub mod shared;
+pub mod snaps;
 
 /// A small store in a temporary directory, for unit tests of what the OSD
 /// keeps in its store.

@@ -66,6 +66,8 @@ pub struct ReadJob {
     pub flush_first: bool,
     pub reply: ClientSlot,
     pub map_epoch: u64,
+    /// The snapshot to read at (0: the head).
+    pub snap: u64,
 }
 
 /// Work for a flusher.

@@ -224,6 +224,7 @@ fn hostile_connections_are_dropped_and_others_are_served() {
         length: 6,
         data: bytes::Bytes::new(),
         client: 0,
+        snap: 0,
     };
     early.write_all(&request.to_frame(1).to_bytes()).unwrap();
     let reply = closed(early);
@@ -464,6 +465,7 @@ fn a_connection_may_pipeline_far_past_its_in_flight_limit() {
             length: 8,
             data: bytes::Bytes::copy_from_slice(&txid.to_le_bytes()),
             client: 0,
+            snap: 0,
         };
         conn.send(&request.to_frame(txid)).unwrap();
     }
@@ -593,6 +595,7 @@ fn a_resend_after_every_member_restarted_with_a_trimmed_log_is_not_applied_again
             length: 0,
             data: bytes::Bytes::from_static(data),
             client: 0xD0_0B1E,
+            snap: 0,
         };
         conn.send(&request.to_frame(txid)).unwrap();
         OpReply::decode(&conn.recv().unwrap().payload).unwrap().status

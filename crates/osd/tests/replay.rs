@@ -58,7 +58,7 @@ fn model_apply_attrs(model: &mut BTreeMap<Vec<u8>, Vec<u8>>, attrs: &mut BTreeMa
 /// Entry `seq` of PG 5 on object `o<name>`.
 fn entry(seq: u64, name: u8, op: OpKind, offset: u64, data: Vec<u8>) -> Entry {
     let object = vec![b'o', b'0' + name];
-    Entry { pg: 5, epoch: 1, version: seq, seq, op, object, offset, data, request: Default::default() }
+    Entry { pg: 5, epoch: 1, version: seq, seq, op, object, offset, data, request: Default::default(), snap: 0 }
 }
 
 fn entries() -> impl Strategy<Value = Vec<Entry>> {

@@ -10,10 +10,19 @@
 //! ```text
 //! OpRequest  0 kind u8   1 flags u8   2 object length u16   4 pool u32   8 pg u32
 //!            12 length u32 (bytes to read; else the data's length)   16 map epoch u64
-//!            24 offset u64   32 client u64   40 object   then data
+//!            24 offset u64   32 client u64   40 [snap u64, when flags & SNAP]   object   then data
 //! OpReply    0 status u8   1..8 reserved   8 map epoch u64   16 data (reads) or error text
 //! RepReply   0 status u8   1..4 reserved   4 pg u32   8 seq u64
 //! ```
+//!
+//! `snap` (flag [`FLAG_SNAP`]; absent: 0) is, on a mutation, the newest
+//! snapshot sequence of the image the object belongs to: an object whose
+//! head was last changed under an older sequence is cloned first
+//! (copy-on-write). On a read, stat or attribute read it names the
+//! snapshot to read at. An object name never holds a zero byte, and an
+//! attribute name never starts with one: those are the OSD's own names
+//! (snapshot clones are `name \0 seq`, beside their head; the clone
+//! bookkeeping is in attributes).
 //!
 //! A request's id is (client, the frame's transaction id): a client that
 //! resends a request (after a reconnect or to a new primary) keeps both, and
@@ -36,6 +45,9 @@
 //! | list attributes | 0 | none | [`encode_attrs`] |
 //! | create pre-allocated | the size | none | none (absent object only) |
 //! | list objects | 0 | a name prefix | [`encode_names`]; the object field is the cursor (may be empty) |
+//! | list snapshots | 0 | none | [`SnapList`]: the head and its clones |
+//! | trim clone | the clone's sequence | none | none (a clone no snapshot needs is deleted) |
+//! | diff | from snapshot (0: from nothing) | none | [`SnapDiff`] from there to `snap` (0: the head) |
 
 use bytes::{BufMut, Bytes, BytesMut};
 use num_enum::TryFromPrimitive;
@@ -51,6 +63,14 @@ pub const MAX_IO_BYTES: u32 = 4 << 20;
 pub const LIST_LIMIT: usize = 1024;
 
 const REQUEST_HEADER: usize = 40;
+/// Request flag: a snapshot sequence follows the header.
+pub const FLAG_SNAP: u8 = 1;
+/// The byte the OSD's own names use (snapshot clones, attributes it
+/// keeps): never in a client's object name, nor first in an attribute name.
+pub const RESERVED_NAME_BYTE: u8 = 0;
+/// Longest name of an object that can have snapshots: a clone's name adds
+/// nine bytes to it (see the OSD's `snaps` module).
+pub const MAX_SNAP_OBJECT_NAME: usize = MAX_OBJECT_NAME - 9;
 const REPLY_HEADER: usize = 16;
 const REP_REPLY_LEN: usize = 16;
 
@@ -77,6 +97,15 @@ pub enum OpKind {
     /// blocks zeroed in place, holes left, the size kept. Not refused on a
     /// full cluster (a TRIM of part of an object).
     Zero = 12,
+    /// The head's and its snapshot clones' sequences ([`SnapList`]).
+    ListSnaps = 13,
+    /// Deletes the object's clone for snapshots up to `offset` (one no
+    /// live snapshot needs any more).
+    TrimClone = 14,
+    /// The byte ranges in which the object differs between snapshot
+    /// `offset` (0: an absent object) and snapshot `snap` (0: the head),
+    /// from the store's block maps, without reading data ([`SnapDiff`]).
+    Diff = 15,
 }
 
 impl OpKind {
@@ -98,6 +127,7 @@ impl OpKind {
                 | OpKind::RemoveAttr
                 | OpKind::CreatePreallocated
                 | OpKind::Zero
+                | OpKind::TrimClone
         )
     }
 
@@ -165,13 +195,16 @@ pub struct OpRequest {
     pub data: Bytes,
     /// The client instance (0: none); with the frame's transaction id, the request id.
     pub client: u64,
+    /// Mutations: the image's snapshot sequence (0: none); reads: the
+    /// snapshot to read at (0: the head).
+    pub snap: u64,
 }
 
 impl OpRequest {
     pub fn to_frame(&self, transaction_id: u64) -> Frame {
-        let mut out = BytesMut::with_capacity(REQUEST_HEADER + self.object.len() + self.data.len());
+        let mut out = BytesMut::with_capacity(REQUEST_HEADER + 8 + self.object.len() + self.data.len());
         out.put_u8(self.kind as u8);
-        out.put_u8(0);
+        out.put_u8(if self.snap != 0 { FLAG_SNAP } else { 0 });
         out.put_u16_le(self.object.len() as u16);
         out.put_u32_le(self.pool);
         out.put_u32_le(self.pg);
@@ -180,6 +213,9 @@ impl OpRequest {
         out.put_u64_le(self.map_epoch);
         out.put_u64_le(self.offset);
         out.put_u64_le(self.client);
+        if self.snap != 0 {
+            out.put_u64_le(self.snap);
+        }
         out.put_slice(&self.object);
         out.put_slice(&self.data);
         Frame::new(MessageType::OsdOp, transaction_id, out.freeze())
@@ -199,9 +235,24 @@ impl OpRequest {
         if length > MAX_IO_BYTES {
             return Err(DecodeError::TooLarge(length as u64));
         }
-        let object_end = REQUEST_HEADER + object_len;
+        let flags = payload[1];
+        if flags & !FLAG_SNAP != 0 {
+            return Err(DecodeError::Unknown { what: "request flags", value: flags });
+        }
+        let object_start = if flags & FLAG_SNAP != 0 { REQUEST_HEADER + 8 } else { REQUEST_HEADER };
+        let object_end = object_start + object_len;
         if payload.len() < object_end {
             return Err(DecodeError::Short { need: object_end, got: payload.len() });
+        }
+        let snap = if flags & FLAG_SNAP != 0 { le_u64(payload, REQUEST_HEADER) } else { 0 };
+        if flags & FLAG_SNAP != 0 && snap == 0 {
+            return Err(DecodeError::Inconsistent("a snapshot flag with snapshot 0"));
+        }
+        if snap != 0 && (matches!(kind, OpKind::List | OpKind::TrimClone) || object_len > MAX_SNAP_OBJECT_NAME) {
+            return Err(DecodeError::Inconsistent("a snapshot on a listing, or on a name too long to have snapshots"));
+        }
+        if payload[object_start..object_end].contains(&RESERVED_NAME_BYTE) {
+            return Err(DecodeError::Inconsistent("object names with a zero byte are reserved"));
         }
         let data = payload.slice(object_end..);
         if kind.carries_data() && data.len() != length as usize {
@@ -214,8 +265,19 @@ impl OpRequest {
         if kind == OpKind::SetAttr && offset > data.len() as u64 {
             return Err(DecodeError::Inconsistent("attribute name longer than the data"));
         }
+        let attr_name_first = match kind {
+            OpKind::SetAttr if offset > 0 => data.first(),
+            OpKind::GetAttr | OpKind::RemoveAttr => data.first(),
+            _ => None,
+        };
+        if attr_name_first == Some(&RESERVED_NAME_BYTE) {
+            return Err(DecodeError::Inconsistent("attribute names starting with a zero byte are reserved"));
+        }
         if kind == OpKind::Zero && data.len() != 8 {
             return Err(DecodeError::Inconsistent("a zero carries its length in 8 bytes"));
+        }
+        if kind == OpKind::TrimClone && offset == 0 {
+            return Err(DecodeError::Inconsistent("a trim names a clone's sequence"));
         }
         if offset.checked_add(length as u64).is_none() {
             return Err(DecodeError::Inconsistent("offset + length overflows"));
@@ -225,12 +287,117 @@ impl OpRequest {
             pool: le_u32(payload, 4),
             pg: le_u32(payload, 8),
             map_epoch: le_u64(payload, 16),
-            object: payload.slice(REQUEST_HEADER..object_end),
+            object: payload.slice(object_start..object_end),
             offset,
             length,
             data,
             client: le_u64(payload, 32),
+            snap,
         })
+    }
+}
+
+/// An object's snapshot state: its head and its clones, oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapList {
+    /// The head exists (a deleted head may leave clones behind).
+    pub head_exists: bool,
+    /// The snapshot sequence the head was last changed under (0: none).
+    pub head_seq: u64,
+    pub head_size: u64,
+    pub clones: Vec<CloneInfo>,
+}
+
+/// One clone: the object as snapshots `from < S <= seq` saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CloneInfo {
+    pub seq: u64,
+    pub from: u64,
+    pub size: u64,
+}
+
+/// Clones one listing names at most (one per snapshot the object was
+/// written after: an image has far fewer snapshots).
+pub const MAX_CLONES_LISTED: usize = 4096;
+
+impl SnapList {
+    pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(21 + 24 * self.clones.len());
+        out.put_u8(self.head_exists as u8);
+        out.put_u64_le(self.head_seq);
+        out.put_u64_le(self.head_size);
+        out.put_u32_le(self.clones.len() as u32);
+        for clone in &self.clones {
+            out.put_u64_le(clone.seq);
+            out.put_u64_le(clone.from);
+            out.put_u64_le(clone.size);
+        }
+        out.freeze()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<SnapList, DecodeError> {
+        if bytes.len() < 21 {
+            return Err(DecodeError::Short { need: 21, got: bytes.len() });
+        }
+        let count = le_u32(bytes, 17) as usize;
+        if count > MAX_CLONES_LISTED {
+            return Err(DecodeError::Inconsistent("more clones than a listing holds"));
+        }
+        let need = 21 + 24 * count;
+        if bytes.len() != need {
+            return Err(DecodeError::Short { need, got: bytes.len() });
+        }
+        let clones: Vec<CloneInfo> = (0..count)
+            .map(|i| {
+                let at = 21 + 24 * i;
+                CloneInfo { seq: le_u64(bytes, at), from: le_u64(bytes, at + 8), size: le_u64(bytes, at + 16) }
+            })
+            .collect();
+        if clones.windows(2).any(|w| w[0].seq >= w[1].seq) || clones.iter().any(|c| c.from >= c.seq) {
+            return Err(DecodeError::Inconsistent("clones out of order, or covering no snapshot"));
+        }
+        Ok(SnapList { head_exists: bytes[0] != 0, head_seq: le_u64(bytes, 1), head_size: le_u64(bytes, 9), clones })
+    }
+}
+
+/// Where an object differs between two snapshots: byte ranges, sorted and
+/// apart, and the object at the later one (`exists`, `size`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapDiff {
+    pub exists: bool,
+    pub size: u64,
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl SnapDiff {
+    pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(13 + 16 * self.ranges.len());
+        out.put_u8(self.exists as u8);
+        out.put_u64_le(self.size);
+        out.put_u32_le(self.ranges.len() as u32);
+        for (offset, len) in &self.ranges {
+            out.put_u64_le(*offset);
+            out.put_u64_le(*len);
+        }
+        out.freeze()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<SnapDiff, DecodeError> {
+        if bytes.len() < 13 {
+            return Err(DecodeError::Short { need: 13, got: bytes.len() });
+        }
+        let count = le_u32(bytes, 9) as usize;
+        let need = 13usize.saturating_add(count.saturating_mul(16));
+        if bytes.len() != need {
+            return Err(DecodeError::Short { need, got: bytes.len() });
+        }
+        let ranges: Vec<(u64, u64)> =
+            (0..count).map(|i| (le_u64(bytes, 13 + 16 * i), le_u64(bytes, 21 + 16 * i))).collect();
+        let ordered = ranges.windows(2).all(|w| w[0].0.checked_add(w[0].1).is_some_and(|end| end <= w[1].0));
+        if !ordered || ranges.iter().any(|(offset, len)| *len == 0 || offset.checked_add(*len).is_none()) {
+            return Err(DecodeError::Inconsistent("diff ranges empty, overlapping or out of order"));
+        }
+        Ok(SnapDiff { exists: bytes[0] != 0, size: le_u64(bytes, 1), ranges })
     }
 }
 
@@ -535,7 +702,7 @@ mod tests {
 
     fn request_strategy() -> impl Strategy<Value = OpRequest> {
         (
-            1u8..13,
+            1u8..16,
             any::<u32>(),
             any::<u32>(),
             any::<u64>(),
@@ -543,10 +710,21 @@ mod tests {
             0u64..1 << 40,
             0u32..1 << 20,
             proptest::collection::vec(any::<u8>(), 0..300),
-            any::<u64>(),
+            (any::<u64>(), any::<u64>()),
         )
-            .prop_map(|(kind, pool, pg, map_epoch, object, offset, length, data, client)| {
-                let kind = OpKind::from_u8(kind).expect("1..13");
+            .prop_map(|(kind, pool, pg, map_epoch, mut object, offset, length, mut data, (client, snap))| {
+                let kind = OpKind::from_u8(kind).expect("1..16");
+                // Reserved names are refused; that has its own test.
+                object.iter_mut().for_each(|b| *b |= 1);
+                if let Some(first) = data.first_mut() {
+                    *first |= 1;
+                }
+                let snap = if matches!(kind, OpKind::List | OpKind::TrimClone) || object.len() > MAX_SNAP_OBJECT_NAME {
+                    0
+                } else {
+                    snap
+                };
+                let offset = if kind == OpKind::TrimClone { offset.max(1) } else { offset };
                 let (length, data) = match kind {
                     OpKind::Zero => (8, Bytes::copy_from_slice(&u64::from(length).to_le_bytes())),
                     _ if kind.carries_data() => (data.len() as u32, Bytes::from(data)),
@@ -554,7 +732,7 @@ mod tests {
                     _ => (0, Bytes::new()),
                 };
                 let offset = if kind == OpKind::SetAttr { offset % (data.len() as u64 + 1) } else { offset };
-                OpRequest { kind, pool, pg, map_epoch, object: Bytes::from(object), offset, length, data, client }
+                OpRequest { kind, pool, pg, map_epoch, object: Bytes::from(object), offset, length, data, client, snap }
             })
     }
 
@@ -585,6 +763,28 @@ mod tests {
             let _ = UsageReply::decode(&bytes);
             let _ = decode_attrs(&bytes);
             let _ = decode_names(&bytes);
+            let _ = SnapList::decode(&bytes);
+            let _ = SnapDiff::decode(&bytes);
+        }
+
+        #[test]
+        fn snapshot_listings_and_diffs_round_trip(
+            exists in any::<bool>(),
+            size in any::<u64>(),
+            steps in proptest::collection::vec((1u64..1000, 1u64..1000), 0..20),
+        ) {
+            let mut clones = Vec::new();
+            let mut ranges = Vec::new();
+            let mut at = 0u64;
+            for (gap, len) in steps {
+                clones.push(CloneInfo { seq: at + gap, from: at, size: len });
+                ranges.push((at + gap, len));
+                at += gap + len;
+            }
+            let list = SnapList { head_exists: exists, head_seq: at, head_size: size, clones };
+            prop_assert_eq!(SnapList::decode(&list.encode()), Ok(list));
+            let diff = SnapDiff { exists, size, ranges };
+            prop_assert_eq!(SnapDiff::decode(&diff.encode()), Ok(diff));
         }
 
         #[test]
@@ -628,11 +828,49 @@ mod tests {
             length: 8,
             data: Bytes::copy_from_slice(&8192u64.to_le_bytes()),
             client: 9,
+            snap: 0,
         };
         assert_eq!(OpRequest::decode(&request.to_frame(1).payload), Ok(request.clone()));
         request.data = Bytes::from_static(b"1234");
         request.length = 4;
         assert!(matches!(OpRequest::decode(&request.to_frame(1).payload), Err(DecodeError::Inconsistent(_))));
+    }
+
+    #[test]
+    fn snapshots_travel_only_where_they_mean_something_and_reserved_names_are_refused() {
+        let write = OpRequest {
+            kind: OpKind::Write,
+            pool: 1,
+            pg: 2,
+            map_epoch: 3,
+            object: Bytes::from_static(b"rbd_data.7.0000000000000001"),
+            offset: 0,
+            length: 4,
+            data: Bytes::from_static(b"data"),
+            client: 9,
+            snap: 5,
+        };
+        let frame = write.to_frame(1);
+        assert_eq!(frame.payload[1], FLAG_SNAP);
+        assert_eq!(frame.payload.len(), REQUEST_HEADER + 8 + write.object.len() + 4);
+        assert_eq!(OpRequest::decode(&frame.payload), Ok(write.clone()));
+        // Without a snapshot the layout is the one older clients send.
+        let plain = OpRequest { snap: 0, ..write.clone() };
+        assert_eq!(plain.to_frame(1).payload.len(), REQUEST_HEADER + plain.object.len() + 4);
+        let mut zero_snap = BytesMut::from(&frame.payload[..]);
+        zero_snap[REQUEST_HEADER..REQUEST_HEADER + 8].fill(0);
+        assert!(matches!(OpRequest::decode(&zero_snap.freeze()), Err(DecodeError::Inconsistent(_))));
+        let mut unknown_flag = BytesMut::from(&frame.payload[..]);
+        unknown_flag[1] |= 0x80;
+        assert!(matches!(OpRequest::decode(&unknown_flag.freeze()), Err(DecodeError::Unknown { .. })));
+        let long = OpRequest { object: Bytes::from(vec![b'a'; MAX_SNAP_OBJECT_NAME + 1]), ..write.clone() };
+        assert!(matches!(OpRequest::decode(&long.to_frame(1).payload), Err(DecodeError::Inconsistent(_))));
+        let listing = OpRequest { kind: OpKind::List, data: Bytes::new(), length: 0, ..write.clone() };
+        assert!(matches!(OpRequest::decode(&listing.to_frame(1).payload), Err(DecodeError::Inconsistent(_))));
+        let reserved = OpRequest { object: Bytes::from_static(b"head\0\0\0\0\0\0\0\0\x05"), snap: 0, ..write.clone() };
+        assert!(matches!(OpRequest::decode(&reserved.to_frame(1).payload), Err(DecodeError::Inconsistent(_))));
+        let attr = OpRequest { kind: OpKind::GetAttr, data: Bytes::from_static(b"\0snapseq"), snap: 0, ..write };
+        assert!(matches!(OpRequest::decode(&attr.to_frame(1).payload), Err(DecodeError::Inconsistent(_))));
     }
 
     #[test]
@@ -673,6 +911,7 @@ mod tests {
             length: 0,
             data: Bytes::from_static(b"data"),
             client: 9,
+            snap: 0,
         };
         let mut payload = BytesMut::from(&request.to_frame(1).payload[..]);
         payload[12] = 9; // claims 9 bytes of data, carries 4

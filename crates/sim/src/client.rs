@@ -166,6 +166,7 @@ impl SimClient {
                 length: if op.write.is_some() { 0 } else { BLOCK as u32 },
                 data: op.write.map_or_else(Bytes::new, |stamp| Bytes::from(stamp.encode(BLOCK))),
                 client: 1000 + self.id as u64,
+                snap: 0,
             };
             Some((primary, request))
         });

@@ -90,7 +90,15 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
         OpKind::RemoveAttr => LogOp::RemoveAttr,
         OpKind::CreatePreallocated => LogOp::CreatePreallocated,
         OpKind::Zero => LogOp::Zero,
-        OpKind::Read | OpKind::Stat | OpKind::GetAttr | OpKind::ListAttrs | OpKind::List => return None,
+        // Rewritten at admission into a delete of the clone's own name.
+        OpKind::TrimClone => LogOp::Delete,
+        OpKind::Read
+        | OpKind::Stat
+        | OpKind::GetAttr
+        | OpKind::ListAttrs
+        | OpKind::List
+        | OpKind::ListSnaps
+        | OpKind::Diff => return None,
     })
 }
 

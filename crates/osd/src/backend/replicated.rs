@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use duplex_oplog::{EntryRef, RequestId};
-use duplex_proto::osd::{OpKind, OpReply, Status, MAX_OBJECT_NAME};
+use duplex_proto::osd::{OpKind, OpReply, Status, MAX_OBJECT_NAME, MAX_SNAP_OBJECT_NAME};
 
 use crate::backend::common::{
     changed_range, check_limits, lock_served, log_fields, log_op_of, ok_reply, peering_reply, reply, uncommitted_reply,
@@ -91,6 +91,9 @@ impl<P: WritePath> PgBackend for Replicated<P> {
         if duplex_store::Key::in_group(key, entry.object).is_err() || entry.object.len() > MAX_OBJECT_NAME {
             return Err("replicated entry names an object the store cannot hold".into());
         }
+        if entry.snap != 0 && entry.object.len() > MAX_SNAP_OBJECT_NAME {
+            return Err("replicated entry under a snapshot names an object too long to have clones".into());
+        }
         check_limits(entry.op, entry.offset, entry.data)?;
         shared.metrics.replica_entries.add(1);
         if self.0.acknowledge_on_receipt() {
@@ -157,7 +160,11 @@ fn read(shared: &Shared, pg: &SharedPg, interval: &Interval<'_>, key: u32, op: C
         if pg.uncommitted.touches(&request.object, request.offset, end) {
             return uncommitted_reply(shared, &op, epoch);
         }
-        if pg.index.contains(&request.object) {
+        // The log holds heads' changes: a snapshot's object is a clone the
+        // flush makes, or the head as the store holds it.
+        if pg.index.contains(&request.object) && request.snap != 0 {
+            flush_first = true;
+        } else if pg.index.contains(&request.object) {
             if let Some(data) = pg.index.read(&pg.log, &request.object, request.offset, request.length as u64) {
                 drop(pg);
                 debug_assert_eq!(data.len(), request.length as usize, "a read from the log returned another length");
@@ -197,11 +204,13 @@ fn queue_read(shared: &Shared, key: u32, op: &ClientOp, epoch: u64, flush_first:
             object: request.object.clone(),
             // An attribute's name, or a listing's prefix.
             arg: if data { Bytes::new() } else { request.data.clone() },
-            offset: if data { request.offset } else { 0 },
+            // A diff's starting snapshot travels in its offset.
+            offset: if data || request.kind == OpKind::Diff { request.offset } else { 0 },
             len: if data { request.length } else { 0 },
             flush_first,
             reply: ClientSlot { thread: op.thread, token: op.token, slot: op.slot },
             map_epoch: epoch,
+            snap: request.snap,
         }),
     );
     Outcome::Queued
@@ -225,6 +234,9 @@ fn metadata_read(
         if request.kind == OpKind::List {
             // A listing names objects, and a write in flight never removes
             // one: it may show a new name early, as a concurrent create would.
+            !pg.index.is_empty()
+        } else if matches!(request.kind, OpKind::ListSnaps | OpKind::Diff) {
+            // Clones are made, and trimmed, under names of their own.
             !pg.index.is_empty()
         } else if pg.uncommitted.touches(&request.object, 0, u64::MAX) {
             return uncommitted_reply(shared, &op, epoch);
@@ -288,6 +300,7 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
         offset,
         data,
         request: request_id,
+        snap: request.snap,
     };
     let mutation = Mutation {
         key,

@@ -562,6 +562,7 @@ mod tests {
             offset: 0,
             data,
             request: Default::default(),
+            snap: 0,
         }
     }
 

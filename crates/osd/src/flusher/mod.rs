@@ -17,7 +17,8 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use duplex_oplog::Entry;
 use duplex_proto::osd::{
-    encode_attrs, encode_names, ObjectStat, OpKind, OpReply, PgUsage, Status, UsageReply, LIST_LIMIT,
+    encode_attrs, encode_names, CloneInfo, ObjectStat, OpKind, OpReply, PgUsage, SnapDiff, SnapList, Status,
+    UsageReply, LIST_LIMIT, MAX_CLONES_LISTED, RESERVED_NAME_BYTE,
 };
 use duplex_proto::peering::PeerRequest;
 use duplex_store::{Batch, Key, Op, Partition, ReadRequest, StoreError};
@@ -29,6 +30,7 @@ use crate::messages::{
 use crate::metrics::{record, Metrics, Stage};
 use crate::pg::replay::store_op;
 use crate::pg::{Ack, PgTable};
+use crate::snaps::{Batches, Planner};
 
 /// Entries per store batch; a flush of more takes several batches.
 pub const FLUSH_BATCH: usize = 128;
@@ -338,6 +340,7 @@ impl Flusher {
         // Per PG: the last seq taken; the entries themselves become store ops.
         let mut taken = Vec::new();
         let mut ops = Vec::new();
+        let mut planner = Planner::default();
         for key in dirty {
             let Some(pg) = self.pgs.get(key) else { continue };
             let mut guard = pg.lock().expect("PG lock");
@@ -361,11 +364,12 @@ impl Flusher {
                 crate::metrics::copies::count(crate::metrics::copies::Site::Flush, entry.data.len());
                 // The primary and replica paths checked every entry before
                 // logging it: only a bug makes one the store cannot take.
-                match store_op(entry) {
-                    Ok(op) => {
-                        last = seq;
-                        ops.push(op);
-                    }
+                let snap = entry.snap;
+                let planned = store_op(entry).map_err(|err| err.to_string()).and_then(|op| {
+                    planner.push(&mut self.partition, op, snap, &mut ops).map_err(|err| err.to_string())
+                });
+                match planned {
+                    Ok(()) => last = seq,
                     Err(err) => {
                         // It and what follows stay, and the PG is fenced: it
                         // stops serving here, and its peering fails (the
@@ -398,12 +402,7 @@ impl Flusher {
                 taken.push((pg, last));
             }
         }
-        let mut ops = ops.into_iter().peekable();
-        while ops.peek().is_some() {
-            let mut batch = Batch::new();
-            for op in ops.by_ref().take(FLUSH_BATCH) {
-                batch.push(op);
-            }
+        for batch in Batches::new(ops.into_iter(), FLUSH_BATCH, planner.cloned) {
             debug_assert!(!batch.is_empty() && batch.len() <= FLUSH_BATCH, "a flush batch of {} ops", batch.len());
             let applied = match self.apply(&batch) {
                 Ok(_) => {
@@ -547,18 +546,19 @@ impl Flusher {
         let mut wake = vec![false; self.mailboxes.len()];
         let mut syncs = syncs.into_iter().peekable();
         while syncs.peek().is_some() {
-            let mut batch = Batch::new();
+            let mut ops = Vec::new();
+            let mut planner = Planner::default();
             let mut dones = Vec::new();
             let mut refused = Vec::new();
             for (entry, done) in syncs.by_ref().take(FLUSH_BATCH) {
-                let (pg, seq) = (entry.pg, entry.seq);
+                let (pg, seq, snap) = (entry.pg, entry.seq, entry.snap);
                 // Checked before it was queued, as a logged entry would be:
                 // only a bug makes one the store cannot take.
-                match store_op(entry) {
-                    Ok(op) => {
-                        batch.push(op);
-                        dones.push((pg, seq, done));
-                    }
+                let planned = store_op(entry).map_err(|err| err.to_string()).and_then(|op| {
+                    planner.push(&mut self.partition, op, snap, &mut ops).map_err(|err| err.to_string())
+                });
+                match planned {
+                    Ok(()) => dones.push((pg, seq, done)),
                     Err(err) => {
                         tracing::error!(pg, seq, %err, "a sync write the store cannot take; failing it");
                         self.metrics.unflushable_entries.add(1);
@@ -566,21 +566,24 @@ impl Flusher {
                     }
                 }
             }
-            debug_assert_eq!(dones.len(), batch.len(), "one completion per sync write applied");
+            debug_assert!(dones.len() <= ops.len(), "a sync write applied without a store operation");
             debug_assert!(dones.len() + refused.len() <= FLUSH_BATCH, "a sync batch larger than a flush batch");
             self.complete_syncs(refused, Status::Invalid, &mut wake);
-            if batch.is_empty() {
+            if ops.is_empty() {
                 continue;
             }
-            let status = match self.apply(&batch) {
-                Ok(_) => Status::Ok,
-                Err(err) => {
+            // A write that clones takes two batches when its batch had
+            // touched the head already; its completion waits for both.
+            let mut status = Status::Ok;
+            for batch in Batches::new(ops.into_iter(), FLUSH_BATCH, planner.cloned) {
+                if let Err(err) = self.apply(&batch) {
                     tracing::error!(partition = self.partition.index(), %err, "sync write failed");
-                    Status::Io
+                    status = Status::Io;
+                    break;
                 }
-            };
-            self.metrics.flushes.add(1);
-            self.metrics.flushed_entries.add(batch.len() as u64);
+                self.metrics.flushes.add(1);
+                self.metrics.flushed_entries.add(batch.len() as u64);
+            }
             self.complete_syncs(dones, status, &mut wake);
         }
         for (thread, mailbox) in self.mailboxes.iter().enumerate() {
@@ -615,12 +618,15 @@ impl Flusher {
     fn read(&mut self, reads: Vec<ReadJob>) {
         debug_assert!(reads.iter().all(|r| !r.kind.is_mutation()), "a mutation queued as a read");
         let (data, other): (Vec<ReadJob>, Vec<ReadJob>) = reads.into_iter().partition(|r| r.kind == OpKind::Read);
-        let keys: Vec<Result<Key, StoreError>> = data.iter().map(|r| Key::in_group(r.pg, &r.object)).collect();
+        // A read at a snapshot reads a clone, the head, or nothing (`None`).
+        let keys: Vec<Result<Option<Key>, StoreError>> =
+            data.iter().map(|r| self.key_at(r.pg, &r.object, r.snap)).collect();
         let requests: Vec<ReadRequest<'_>> = data
             .iter()
             .zip(&keys)
-            .filter_map(|(r, key)| {
-                key.as_ref().ok().map(|key| ReadRequest { key: key.as_bytes(), offset: r.offset, len: r.len as u64 })
+            .filter_map(|(r, key)| match key {
+                Ok(Some(key)) => Some(ReadRequest { key: key.as_bytes(), offset: r.offset, len: r.len as u64 }),
+                _ => None,
             })
             .collect();
         let mut results = self.partition.read_many(&requests).into_iter();
@@ -628,8 +634,10 @@ impl Flusher {
         for (read, key) in data.iter().zip(&keys) {
             let epoch = read.map_epoch;
             let reply = match key {
-                Err(err) => OpReply::error(Status::Invalid, epoch, err),
-                Ok(_) => match results.next() {
+                Err(err @ StoreError::InvalidArgument(_)) => OpReply::error(Status::Invalid, epoch, err),
+                Err(err) => OpReply::error(Status::Io, epoch, err),
+                Ok(None) => OpReply::error(Status::NotFound, epoch, "no such object at that snapshot"),
+                Ok(Some(_)) => match results.next() {
                     Some(Err(err @ StoreError::ChecksumMismatch { .. })) => self.damaged(read.pg, epoch, &err),
                     Some(result) => reply_of(epoch, result.map(Bytes::from)),
                     None => OpReply::error(Status::Io, epoch, "store returned too few results"),
@@ -677,10 +685,13 @@ impl Flusher {
     /// A stat, an attribute read, or a listing, from the store.
     fn metadata(&mut self, read: &ReadJob) -> Result<Bytes, StoreError> {
         debug_assert_ne!(read.kind, OpKind::Read, "a data read is no metadata read");
-        if read.kind == OpKind::List {
-            return Ok(self.list(read));
+        match read.kind {
+            OpKind::List => return Ok(self.list(read)),
+            OpKind::ListSnaps => return self.list_snaps(read.pg, &read.object).map(|list| list.encode()),
+            OpKind::Diff => return self.diff(read).map(|diff| diff.encode()),
+            _ => {}
         }
-        let key = Key::in_group(read.pg, &read.object)?;
+        let Some(key) = self.key_at(read.pg, &read.object, read.snap)? else { return Err(StoreError::NotFound) };
         let key = key.as_bytes();
         Ok(match read.kind {
             OpKind::Stat => {
@@ -689,9 +700,62 @@ impl Flusher {
                     .encode()
             }
             OpKind::GetAttr => Bytes::from(self.partition.get_attr(key, &read.arg)?),
-            OpKind::ListAttrs => encode_attrs(&self.partition.list_attrs(key)?),
+            OpKind::ListAttrs => {
+                let mut attrs = self.partition.list_attrs(key)?;
+                // The OSD's own (snapshot bookkeeping) are not the client's.
+                attrs.retain(|(name, _)| name.first() != Some(&RESERVED_NAME_BYTE));
+                encode_attrs(&attrs)
+            }
             kind => return Err(StoreError::InvalidArgument(format!("{kind:?} is not a store read"))),
         })
+    }
+
+    /// The key holding `object` as snapshot `snap` saw it (0: the head);
+    /// `None`: it did not exist then.
+    fn key_at(&mut self, pg: u32, object: &[u8], snap: u64) -> Result<Option<Key>, StoreError> {
+        if snap == 0 {
+            return Key::in_group(pg, object).map(Some);
+        }
+        crate::snaps::resolve(&mut self.partition, pg, object, snap)
+    }
+
+    /// The head's and the clones' snapshot state.
+    fn list_snaps(&mut self, pg: u32, object: &[u8]) -> Result<SnapList, StoreError> {
+        let (start, end) = crate::snaps::clone_range(pg, object);
+        let keys = self.partition.list(&start, Some(&end), MAX_CLONES_LISTED);
+        let mut clones = Vec::with_capacity(keys.len());
+        for key in keys {
+            let Some((_, seq)) = crate::snaps::split_clone_name(&key.as_bytes()[4..]) else { continue };
+            let from = crate::snaps::snapseq_of(&mut self.partition, key.as_bytes())?;
+            let size = self.partition.stat(key.as_bytes())?.size;
+            clones.push(CloneInfo { seq, from, size });
+        }
+        let head = Key::in_group(pg, object)?;
+        let (head_exists, head_seq, head_size) = match self.partition.stat(head.as_bytes()) {
+            Ok(info) => (true, crate::snaps::snapseq_of(&mut self.partition, head.as_bytes())?, info.size),
+            Err(StoreError::NotFound) => (false, 0, 0),
+            Err(err) => return Err(err),
+        };
+        Ok(SnapList { head_exists, head_seq, head_size, clones })
+    }
+
+    /// Where the object differs between snapshot `read.offset` (0: absent)
+    /// and `read.snap` (0: the head), from the block maps.
+    fn diff(&mut self, read: &ReadJob) -> Result<SnapDiff, StoreError> {
+        let from = if read.offset == 0 { None } else { self.key_at(read.pg, &read.object, read.offset)? };
+        let to = self.key_at(read.pg, &read.object, read.snap)?;
+        let size = match &to {
+            Some(key) => match self.partition.stat(key.as_bytes()) {
+                Ok(info) => Some(info.size),
+                Err(StoreError::NotFound) => None,
+                Err(err) => return Err(err),
+            },
+            None => None,
+        };
+        let bytes = |key: &Option<Key>| key.as_ref().map_or(&[][..], |k| k.as_bytes()).to_vec();
+        let (from, to) = (bytes(&from), bytes(&to));
+        let ranges = if from == to { Vec::new() } else { self.partition.diff(&from, &to) };
+        Ok(SnapDiff { exists: size.is_some(), size: size.unwrap_or(0), ranges })
     }
 
     /// Names of the PG's objects after the cursor, with the prefix, in order.
@@ -709,10 +773,31 @@ impl Flusher {
             }
         }
         let end = read.pg.checked_add(1).map(u32::to_be_bytes);
-        let keys = self.partition.list(&start, end.as_ref().map(|e| &e[..]), LIST_LIMIT + 1);
-        debug_assert!(keys.iter().all(|k| k.as_bytes().starts_with(&group)), "a listing strayed out of its PG");
-        let mut names: Vec<Vec<u8>> =
-            keys.iter().map(|k| k.as_bytes()[4..].to_vec()).take_while(|name| name.starts_with(&read.arg)).collect();
+        // Snapshot clones are the OSD's, not names a client made: skipped,
+        // so a page may take more than one look at the store.
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        loop {
+            let keys = self.partition.list(&start, end.as_ref().map(|e| &e[..]), LIST_LIMIT + 1);
+            debug_assert!(keys.iter().all(|k| k.as_bytes().starts_with(&group)), "a listing strayed out of its PG");
+            let exhausted = keys.len() <= LIST_LIMIT;
+            let mut past_prefix = false;
+            for key in &keys {
+                let name = &key.as_bytes()[4..];
+                if !name.starts_with(&read.arg) {
+                    past_prefix = true;
+                    break;
+                }
+                if !crate::snaps::is_clone_name(name) {
+                    names.push(name.to_vec());
+                }
+            }
+            let Some(last) = keys.last() else { break };
+            if exhausted || past_prefix || names.len() > LIST_LIMIT {
+                break;
+            }
+            start = last.as_bytes().to_vec();
+            start.push(0);
+        }
         let more = names.len() > LIST_LIMIT;
         names.truncate(LIST_LIMIT);
         debug_assert!(names.windows(2).all(|w| w[0] < w[1]), "a listing's names out of order");

@@ -59,6 +59,18 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     if request.kind != OpKind::List && duplex_placement::pg_of(&request.object, pool.pg_num) != request.pg {
         return reply(&op, Status::Invalid, epoch, "the object does not belong to this PG");
     }
+    let mut op = op;
+    if op.request.kind == OpKind::TrimClone {
+        // The clone is an object of its own (crate::snaps): what is logged,
+        // replicated and recovered is the delete of its name.
+        let Ok(clone) = crate::snaps::clone_key(0, &op.request.object, op.request.offset) else {
+            return reply(&op, Status::Invalid, epoch, "no clone name for this object");
+        };
+        op.request.object = Bytes::copy_from_slice(&clone.as_bytes()[4..]);
+        op.request.kind = OpKind::Delete;
+        op.request.offset = 0;
+    }
+    let request = &op.request;
     if let Some(log_op) = log_op_of(request.kind) {
         let (offset, data) = log_fields(request);
         if let Err(why) = check_limits(log_op, offset, data) {

@@ -135,7 +135,8 @@ pub struct Pg {
     /// Which object each recent seq touched, contiguous up to the newest
     /// entry: peering recovers a member that is only a little behind by
     /// copying just these objects.
-    history: VecDeque<(u64, u32, Bytes)>,
+    /// (seq, epoch, object, snapshot sequence the entry was logged under).
+    history: VecDeque<(u64, u32, Bytes, u64)>,
     /// Primary side, background backfill: the object, and its byte range,
     /// being copied to the backfill targets. Client writes to it wait (are
     /// answered `Retry`) until the copy is on every target: one landing in
@@ -309,13 +310,13 @@ impl Pg {
 
     /// Notes a logged entry: its epoch, and its object in the recent
     /// history (the oldest falls out).
-    fn remember(&mut self, seq: u64, epoch: u32, object: &[u8]) {
+    fn remember(&mut self, seq: u64, epoch: u32, object: &[u8], snap: u64) {
         self.newest_epoch = Some(self.newest_epoch.map_or(epoch, |e| e.max(epoch)));
         debug_assert!(self.history.back().is_none_or(|(last, ..)| *last + 1 == seq), "the history is contiguous");
         if self.history.len() == HISTORY_LEN {
             self.history.pop_front();
         }
-        self.history.push_back((seq, epoch, Bytes::copy_from_slice(object)));
+        self.history.push_back((seq, epoch, Bytes::copy_from_slice(object), snap));
         debug_assert!(self.history.len() <= HISTORY_LEN, "the recent history outgrew its bound");
     }
 
@@ -336,17 +337,22 @@ impl Pg {
         if after < from || through > self.last_seq() {
             return None;
         }
-        let (seq, epoch, _) = self.history.get((after - from) as usize)?;
+        let (seq, epoch, ..) = self.history.get((after - from) as usize)?;
         debug_assert_eq!(*seq, after, "the history is contiguous");
         if *epoch != after_epoch {
             return None;
         }
-        let mut names: Vec<Vec<u8>> = self
-            .history
-            .iter()
-            .filter(|(seq, ..)| *seq > after && *seq <= through)
-            .map(|(_, _, object)| object.to_vec())
-            .collect();
+        // An entry logged under a snapshot may have made the head's clone
+        // for it (crate::snaps): a copy of the object carries that too.
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        for (_, _, object, snap) in self.history.iter().filter(|(seq, ..)| *seq > after && *seq <= through) {
+            names.push(object.to_vec());
+            if *snap != 0 {
+                if let Ok(clone) = crate::snaps::clone_key(self.key, object, *snap) {
+                    names.push(clone.as_bytes()[4..].to_vec());
+                }
+            }
+        }
         names.sort_unstable();
         names.dedup();
         Some(names)
@@ -359,7 +365,7 @@ impl Pg {
     pub fn requests_touching(&self, object: &[u8]) -> Vec<LoggedRequest> {
         self.history
             .iter()
-            .filter(|(_, _, touched)| touched.as_ref() == object)
+            .filter(|(_, _, touched, _)| touched.as_ref() == object)
             .filter_map(|(seq, ..)| {
                 self.requests.at_seq(*seq).map(|id| LoggedRequest { client: id.client, tid: id.tid, seq: *seq })
             })
@@ -430,7 +436,7 @@ impl Pg {
         debug_assert_eq!(entry.seq, self.log.next_seq(), "entries are appended in seq order");
         let at = self.log.append_encoded(entry.seq, encoded)?;
         crate::metrics::copies::count(crate::metrics::copies::Site::LogAppend, entry.data.len());
-        self.remember(entry.seq, entry.epoch, entry.object);
+        self.remember(entry.seq, entry.epoch, entry.object, entry.snap);
         self.index.insert_ref(entry, at);
         self.requests.set(entry.request, state, entry.seq);
         debug_assert_eq!(self.last_seq(), entry.seq, "the appended entry is the log's newest");
@@ -672,7 +678,7 @@ impl PgTable {
         for (entry, at) in entries.iter().zip(offsets) {
             pg.index.insert(entry, at);
             pg.requests.set(entry.request, RequestState::Committed, entry.seq);
-            pg.remember(entry.seq, entry.epoch, &entry.object);
+            pg.remember(entry.seq, entry.epoch, &entry.object, entry.snap);
         }
         let shared = Arc::new(Mutex::new(pg));
         self.pgs.write().expect("PG table lock").insert(key, shared.clone());
@@ -742,6 +748,7 @@ mod tests {
             offset: 0,
             data: vec![seq as u8; len],
             request: Default::default(),
+            snap: 0,
         }
     }
 

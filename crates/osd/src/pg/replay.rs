@@ -23,6 +23,7 @@ use duplex_oplog::{Entry, OpKind};
 use duplex_store::{Batch, Key, Op, Partition, Store, StoreError};
 
 use crate::pg::SharedPg;
+use crate::snaps::{Batches, Planner};
 
 /// Entries per store batch (one device flush each).
 pub const REPLAY_BATCH: usize = 64;
@@ -70,12 +71,17 @@ pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
 pub fn replay(entries: &[Entry], partition: &mut Partition) -> Result<usize, ReplayError> {
     debug_assert!(entries.windows(2).all(|w| w[0].seq < w[1].seq), "replay wants entries in log order");
     for chunk in entries.chunks(REPLAY_BATCH) {
-        let mut batch = Batch::new();
-        for entry in chunk {
-            batch.push(store_op(entry.clone())?);
-        }
         let last = chunk.last().map_or(0, |e| e.seq);
-        partition.apply(&batch).map_err(|source| ReplayError::Store { seq: last, source })?;
+        let mut planner = Planner::default();
+        let mut ops = Vec::with_capacity(chunk.len());
+        for entry in chunk {
+            planner
+                .push(partition, store_op(entry.clone())?, entry.snap, &mut ops)
+                .map_err(|source| ReplayError::Store { seq: entry.seq, source })?;
+        }
+        for batch in Batches::new(ops.into_iter(), REPLAY_BATCH, planner.cloned) {
+            partition.apply(&batch).map_err(|source| ReplayError::Store { seq: last, source })?;
+        }
     }
     Ok(entries.len())
 }

@@ -1,0 +1,581 @@
+//! Image snapshots: the table in the image's header object, and what
+//! `snap create`, `remove`, `rollback`, `protect` and diffs do with it.
+//!
+//! The OSD keeps the data (DESIGN.md §8, the OSD's `snaps` module): an
+//! image's writes carry its newest live snapshot id, and the first write
+//! to an object after a snapshot clones the object, sharing its blocks.
+//! Reading at a snapshot reads the clone that covers it.
+//!
+//! The table lives in the header object at [`TABLE_OFFSET`], written whole
+//! in one write (so atomically): the sequence (the last id given out) and
+//! one record per snapshot. Ids only grow, and a removed snapshot's id is
+//! never given out again.
+//!
+//! ```text
+//! 0 magic "DPXS"  4 version u32  8 seq u64  16 count u32
+//! 20 records: name length u8, name, id u64, size u64, created u64, flags u8
+//! then crc32c u32 of all that precedes it
+//! ```
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use duplex_proto::osd::{OpKind, SnapDiff, SnapList};
+
+use crate::client::Client;
+use crate::error::ClientError;
+use crate::image::{check_name_of, data_object, header_object, ImageInfo};
+use crate::runtime::ObjectOp;
+
+/// Where the snapshot table starts in the header object.
+pub const TABLE_OFFSET: u64 = 4096;
+/// The largest table: about 2,000 snapshots of long names.
+pub const MAX_TABLE: u32 = 256 << 10;
+const TABLE_MAGIC: &[u8; 4] = b"DPXS";
+const TABLE_VERSION: u32 = 1;
+const FLAG_PROTECTED: u8 = 1;
+
+/// One snapshot of an image.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SnapInfo {
+    pub name: String,
+    /// Grows with each snapshot of the image; what the OSDs know it by.
+    pub id: u64,
+    /// The image's size when it was taken.
+    pub size: u64,
+    /// Seconds since the Unix epoch.
+    pub created: u64,
+    pub protected: bool,
+}
+
+/// An image's snapshots, oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapTable {
+    /// The last id given out (0: none yet).
+    pub seq: u64,
+    pub snaps: Vec<SnapInfo>,
+}
+
+impl SnapTable {
+    /// The newest live snapshot's id: writes are logged under it (0: none,
+    /// and then writes clone nothing).
+    pub fn newest_live(&self) -> u64 {
+        self.snaps.iter().map(|s| s.id).max().unwrap_or(0)
+    }
+
+    pub fn find(&self, name: &str) -> Option<&SnapInfo> {
+        self.snaps.iter().find(|s| s.name == name)
+    }
+
+    pub fn encode(&self) -> Bytes {
+        let mut out = Vec::with_capacity(24 + self.snaps.len() * 64);
+        out.extend_from_slice(TABLE_MAGIC);
+        out.extend_from_slice(&TABLE_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&(self.snaps.len() as u32).to_le_bytes());
+        for snap in &self.snaps {
+            debug_assert!(snap.name.len() <= crate::image::MAX_NAME_LEN, "a snapshot name past the limit");
+            out.push(snap.name.len() as u8);
+            out.extend_from_slice(snap.name.as_bytes());
+            out.extend_from_slice(&snap.id.to_le_bytes());
+            out.extend_from_slice(&snap.size.to_le_bytes());
+            out.extend_from_slice(&snap.created.to_le_bytes());
+            out.push(if snap.protected { FLAG_PROTECTED } else { 0 });
+        }
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        Bytes::from(out)
+    }
+
+    /// The table in `bytes` (trailing bytes ignored); empty bytes, or
+    /// zeros, are an image that never had a snapshot.
+    pub fn decode(bytes: &[u8]) -> Result<SnapTable, String> {
+        if bytes.len() < 4 || bytes[..4] == [0; 4] {
+            return Ok(SnapTable::default());
+        }
+        if &bytes[..4] != TABLE_MAGIC {
+            return Err("bad magic".into());
+        }
+        let mut reader = Reader { bytes, at: 4 };
+        let mut take = |n: usize| reader.take(n);
+        let long = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        let version = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes"));
+        if version != TABLE_VERSION {
+            return Err(format!("unknown version {version}"));
+        }
+        let seq = long(take(8)?);
+        let count = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes")) as usize;
+        if count > MAX_TABLE as usize / 26 {
+            return Err("more snapshots than a table holds".into());
+        }
+        let mut snaps = Vec::with_capacity(count);
+        for _ in 0..count {
+            let len = take(1)?[0] as usize;
+            let name = String::from_utf8(take(len)?.to_vec()).map_err(|_| "a name that is not UTF-8")?;
+            let (id, size, created) = (long(take(8)?), long(take(8)?), long(take(8)?));
+            let protected = take(1)?[0] & FLAG_PROTECTED != 0;
+            if id == 0 || id > seq {
+                return Err(format!("snapshot '{name}' has id {id}, outside 1..={seq}"));
+            }
+            snaps.push(SnapInfo { name, id, size, created, protected });
+        }
+        let end = reader.at;
+        let crc = u32::from_le_bytes(reader.take(4)?.try_into().expect("4 bytes"));
+        if crc32c::crc32c(&bytes[..end]) != crc {
+            return Err("checksum mismatch".into());
+        }
+        if snaps.windows(2).any(|w| w[0].id >= w[1].id) {
+            return Err("snapshots out of order".into());
+        }
+        Ok(SnapTable { seq, snaps })
+    }
+}
+
+/// A decoder's position in its bytes.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let piece = self.bytes.get(self.at..self.at.saturating_add(n)).ok_or("truncated")?;
+        self.at += n;
+        Ok(piece)
+    }
+}
+
+/// The snapshot table in `header`.
+pub(crate) fn read_table(client: &Client, pool: u32, header: &[u8]) -> Result<SnapTable, ClientError> {
+    let bytes = match client.read(pool, header, TABLE_OFFSET, MAX_TABLE) {
+        Ok(bytes) => bytes,
+        Err(ClientError::NotFound) => Bytes::new(),
+        Err(err) => return Err(err),
+    };
+    SnapTable::decode(&bytes).map_err(|why| ClientError::Corrupt(format!("snapshot table of {}: {why}", show(header))))
+}
+
+fn write_table(client: &Client, pool: u32, header: &[u8], table: &SnapTable) -> Result<(), ClientError> {
+    let bytes = table.encode();
+    if bytes.len() > MAX_TABLE as usize {
+        return Err(ClientError::Invalid(format!("an image holds at most about {} snapshots", MAX_TABLE / 160)));
+    }
+    client.write(pool, header, TABLE_OFFSET, bytes)
+}
+
+fn show(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// What `snap create` waited for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Quiesced {
+    /// Gateways writing the image that adopted the snapshot.
+    pub acknowledged: usize,
+    /// Gateways that had stopped renewing their watch and were dropped.
+    pub dropped: usize,
+}
+
+/// One object's changes between two snapshots, in image byte offsets.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+    /// Reads as zeros at the later snapshot (the object is gone or shorter there).
+    pub zero: bool,
+}
+
+impl Client {
+    /// The image's snapshots, oldest first.
+    pub fn list_snapshots(&self, pool: u32, image: &str) -> Result<Vec<SnapInfo>, ClientError> {
+        let info = self.image_info(pool, image)?;
+        Ok(read_table(self, pool, &header_object(&info.id))?.snaps)
+    }
+
+    /// The snapshot named `snap` of `image`.
+    pub fn snapshot_info(&self, pool: u32, image: &str, snap: &str) -> Result<SnapInfo, ClientError> {
+        self.list_snapshots(pool, image)?
+            .into_iter()
+            .find(|s| s.name == snap)
+            .ok_or_else(|| ClientError::NoSuchSnapshot(format!("{image}@{snap}")))
+    }
+
+    /// Takes a snapshot. Returns once every gateway writing the image has
+    /// adopted it (or was found dead), so that it holds every write
+    /// acknowledged before and none started after (crate::watch).
+    pub fn create_snapshot(&self, pool: u32, image: &str, snap: &str) -> Result<(SnapInfo, Quiesced), ClientError> {
+        check_name_of("snapshot", snap)?;
+        let info = self.image_info(pool, image)?;
+        let header = header_object(&info.id);
+        let mut table = read_table(self, pool, &header)?;
+        if table.find(snap).is_some() {
+            return Err(ClientError::SnapshotExists(format!("{image}@{snap}")));
+        }
+        table.seq += 1;
+        let created = SnapInfo { name: snap.into(), id: table.seq, size: info.size, created: now(), protected: false };
+        table.snaps.push(created.clone());
+        write_table(self, pool, &header, &table)?;
+        let (acknowledged, dropped) = crate::watch::wait_for_watchers(self, pool, &header, table.seq)?;
+        Ok((created, Quiesced { acknowledged, dropped }))
+    }
+
+    /// Protects a snapshot from removal (clones need their parent's), or
+    /// lifts that.
+    pub fn protect_snapshot(&self, pool: u32, image: &str, snap: &str, protect: bool) -> Result<(), ClientError> {
+        let info = self.image_info(pool, image)?;
+        let header = header_object(&info.id);
+        let mut table = read_table(self, pool, &header)?;
+        let entry = table
+            .snaps
+            .iter_mut()
+            .find(|s| s.name == snap)
+            .ok_or_else(|| ClientError::NoSuchSnapshot(format!("{image}@{snap}")))?;
+        entry.protected = protect;
+        write_table(self, pool, &header, &table)
+    }
+
+    /// Removes a snapshot and trims the clones only it needed. `progress`
+    /// gets (objects done, objects) as the trim goes.
+    pub fn remove_snapshot(
+        &self,
+        pool: u32,
+        image: &str,
+        snap: &str,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(), ClientError> {
+        let info = self.image_info(pool, image)?;
+        let header = header_object(&info.id);
+        let mut table = read_table(self, pool, &header)?;
+        let Some(at) = table.snaps.iter().position(|s| s.name == snap) else {
+            return Err(ClientError::NoSuchSnapshot(format!("{image}@{snap}")));
+        };
+        if table.snaps[at].protected {
+            return Err(ClientError::Invalid(format!(
+                "{image}@{snap} is protected; unprotect it first (`duplex snap unprotect {image}@{snap}`)"
+            )));
+        }
+        let removed = table.snaps.remove(at);
+        // The table first: a crash before the trim leaves clones no
+        // snapshot reads, which the next removal's trim finds.
+        write_table(self, pool, &header, &table)?;
+        let objects = objects_ever(&info, &table, Some(&removed));
+        self.trim(pool, &info, &table, objects, progress)
+    }
+
+    /// Deletes each object's clones that no live snapshot of `table` reads.
+    fn trim(
+        &self,
+        pool: u32,
+        info: &ImageInfo,
+        table: &SnapTable,
+        objects: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(), ClientError> {
+        let live: Vec<u64> = table.snaps.iter().map(|s| s.id).collect();
+        let mut done = 0;
+        for first in (0..objects).step_by(64) {
+            let batch: Vec<u64> = (first..objects.min(first + 64)).collect();
+            let lists = self.run_collect(
+                batch.iter().map(|n| ObjectOp::new(pool, OpKind::ListSnaps, data_object(&info.id, *n))).collect(),
+            )?;
+            let mut trims = Vec::new();
+            for (n, list) in batch.iter().zip(lists) {
+                let list = SnapList::decode(&list).map_err(|e| ClientError::Corrupt(format!("snapshot list: {e}")))?;
+                for clone in list.clones {
+                    // The clone is what snapshots in (from, seq] read.
+                    if !live.iter().any(|s| clone.from < *s && *s <= clone.seq) {
+                        trims.push(ObjectOp {
+                            offset: clone.seq,
+                            ..ObjectOp::new(pool, OpKind::TrimClone, data_object(&info.id, *n))
+                        });
+                    }
+                }
+            }
+            self.run_collect(trims)?;
+            done += batch.len() as u64;
+            progress(done, objects);
+        }
+        Ok(())
+    }
+
+    /// Where the image at snapshot `to` (None: now) differs from snapshot
+    /// `from` (None: from an empty image), in image byte ranges, sorted.
+    /// Found from the OSDs' block maps, reading no data.
+    pub fn diff_image(
+        &self,
+        pool: u32,
+        image: &str,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<(u64, Vec<Extent>), ClientError> {
+        let info = self.image_info(pool, image)?;
+        let table = read_table(self, pool, &header_object(&info.id))?;
+        let find = |name: &str| {
+            table.find(name).cloned().ok_or_else(|| ClientError::NoSuchSnapshot(format!("{image}@{name}")))
+        };
+        let from = from.map(find).transpose()?;
+        let to = to.map(find).transpose()?;
+        let (to_id, to_size) = to.as_ref().map_or((0, info.size), |s| (s.id, s.size));
+        if let Some(from) = &from {
+            if to.as_ref().is_some_and(|to| to.id < from.id) {
+                return Err(ClientError::Invalid(format!(
+                    "{image}@{} is newer than {image}@{}: a diff goes from the older snapshot",
+                    from.name,
+                    to.as_ref().map_or("", |t| t.name.as_str())
+                )));
+            }
+        }
+        let object_size = info.object_size as u64;
+        let objects = to_size.div_ceil(object_size);
+        let from_id = from.as_ref().map_or(0, |s| s.id);
+        let mut extents = Vec::new();
+        for first in (0..objects).step_by(64) {
+            let batch: Vec<u64> = (first..objects.min(first + 64)).collect();
+            let diffs = self.run_collect(
+                batch
+                    .iter()
+                    .map(|n| ObjectOp {
+                        offset: from_id,
+                        snap: to_id,
+                        ..ObjectOp::new(pool, OpKind::Diff, data_object(&info.id, *n))
+                    })
+                    .collect(),
+            )?;
+            for (n, diff) in batch.iter().zip(diffs) {
+                let diff = SnapDiff::decode(&diff).map_err(|e| ClientError::Corrupt(format!("snapshot diff: {e}")))?;
+                let base = n * object_size;
+                let object_end = object_size.min(to_size - base);
+                for (offset, len) in diff.ranges {
+                    let start = offset.min(object_end);
+                    let end = (offset + len).min(object_end);
+                    if start < end {
+                        // Past the object's end at `to` it reads as zeros.
+                        let data_end = end.min(diff.size).max(start);
+                        if data_end > start {
+                            extents.push(Extent { offset: base + start, len: data_end - start, zero: !diff.exists });
+                        }
+                        if end > data_end {
+                            extents.push(Extent { offset: base + data_end, len: end - data_end, zero: true });
+                        }
+                    }
+                }
+            }
+        }
+        Ok((to_size, merge(extents)))
+    }
+
+    /// Makes the image what it was at `snap`: copies back only the byte
+    /// ranges that changed since (from the OSDs' block maps), deletes the
+    /// objects made since, and sets the snapshot's size. The image must not
+    /// be in use: gateways still renewing a watch make it refuse.
+    pub fn rollback_snapshot(
+        &self,
+        pool: u32,
+        image: &str,
+        snap: &str,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(), ClientError> {
+        let info = self.image_info(pool, image)?;
+        let header = header_object(&info.id);
+        let table = read_table(self, pool, &header)?;
+        let target = table.find(snap).cloned().ok_or_else(|| ClientError::NoSuchSnapshot(format!("{image}@{snap}")))?;
+        let live = crate::watch::live_watchers(self, pool, &header)?;
+        if live > 0 {
+            return Err(ClientError::Busy(format!(
+                "{image} is in use by {live} gateway(s) (an NBD server, a benchmark, an import): \
+                 stop them before rolling it back"
+            )));
+        }
+        let write_snap = table.newest_live();
+        let object_size = info.object_size as u64;
+        let objects = info.object_count().max(target.size.div_ceil(object_size));
+        for first in (0..objects).step_by(64) {
+            let batch: Vec<u64> = (first..objects.min(first + 64)).collect();
+            // From the head back to the snapshot: what differs there.
+            let diffs = self.run_collect(
+                batch
+                    .iter()
+                    .map(|n| ObjectOp {
+                        offset: target.id,
+                        snap: 0,
+                        ..ObjectOp::new(pool, OpKind::Diff, data_object(&info.id, *n))
+                    })
+                    .collect(),
+            )?;
+            let mut reads = Vec::new();
+            let mut after = Vec::new();
+            for (n, diff) in batch.iter().zip(diffs) {
+                let diff = SnapDiff::decode(&diff).map_err(|e| ClientError::Corrupt(format!("snapshot diff: {e}")))?;
+                if diff.ranges.is_empty() {
+                    continue;
+                }
+                let object = data_object(&info.id, *n);
+                // What the snapshot held of the object: its size (absent: delete).
+                let at_snap =
+                    self.call(ObjectOp { snap: target.id, ..ObjectOp::new(pool, OpKind::Stat, object.clone()) });
+                let size = match at_snap {
+                    Ok(stat) => {
+                        duplex_proto::osd::ObjectStat::decode(&stat)
+                            .map_err(|e| ClientError::Corrupt(format!("stat reply: {e}")))?
+                            .size
+                    }
+                    Err(ClientError::NotFound) => {
+                        after.push(ObjectOp { snap: write_snap, ..ObjectOp::new(pool, OpKind::Delete, object) });
+                        continue;
+                    }
+                    Err(err) => return Err(err),
+                };
+                for (offset, len) in diff.ranges {
+                    let end = (offset + len).min(size);
+                    let mut at = offset;
+                    while at < end {
+                        let piece = (end - at).min(crate::image::MAX_WRITE_PIECE);
+                        reads.push((
+                            object.clone(),
+                            at,
+                            ObjectOp {
+                                offset: at,
+                                length: piece as u32,
+                                snap: target.id,
+                                ..ObjectOp::new(pool, OpKind::Read, object.clone())
+                            },
+                        ));
+                        at += piece;
+                    }
+                }
+                after.push(ObjectOp {
+                    offset: size,
+                    snap: write_snap,
+                    ..ObjectOp::new(pool, OpKind::Truncate, object)
+                });
+            }
+            let data = self.run_collect(reads.iter().map(|(_, _, op)| op.clone()).collect())?;
+            let writes = reads
+                .into_iter()
+                .zip(data)
+                .map(|((object, at, _), bytes)| ObjectOp {
+                    offset: at,
+                    data: bytes,
+                    snap: write_snap,
+                    ..ObjectOp::new(pool, OpKind::Write, object)
+                })
+                .collect();
+            self.run_collect(writes)?;
+            self.run_collect(after)?;
+            progress(first + batch.len() as u64, objects);
+        }
+        if info.size != target.size {
+            self.set_image_size(pool, &info, target.size)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `ops`, 64 in flight, and returns their replies in order; the
+    /// first error wins. A read or stat of an absent object answers empty.
+    pub(crate) fn run_collect(&self, ops: Vec<ObjectOp>) -> Result<Vec<Bytes>, ClientError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let count = ops.len();
+        let mut results: Vec<Option<Result<Bytes, ClientError>>> = (0..count).map(|_| None).collect();
+        let mut ops = ops.into_iter().enumerate();
+        let mut in_flight = 0;
+        let mut received = 0;
+        while received < count {
+            while in_flight < 64 {
+                let Some((i, op)) = ops.next() else { break };
+                let kind = op.kind;
+                let tx = tx.clone();
+                self.submit(
+                    op,
+                    Box::new(move |result| {
+                        let result = match result {
+                            Err(ClientError::NotFound)
+                                if matches!(kind, OpKind::Read | OpKind::Delete | OpKind::TrimClone) =>
+                            {
+                                Ok(Bytes::new())
+                            }
+                            other => other,
+                        };
+                        let _ = tx.send((i, result));
+                    }),
+                );
+                in_flight += 1;
+            }
+            let (i, result) = rx.recv().map_err(|_| ClientError::Shutdown)?;
+            in_flight -= 1;
+            received += 1;
+            results[i] = Some(result);
+        }
+        results.into_iter().map(|r| r.expect("every op answered")).collect()
+    }
+}
+
+/// Objects the image has had at any size it or a snapshot of it had.
+fn objects_ever(info: &ImageInfo, table: &SnapTable, removed: Option<&SnapInfo>) -> u64 {
+    let sizes = table.snaps.iter().chain(removed).map(|s| s.size).chain([info.size]);
+    sizes.map(|size| size.div_ceil(info.object_size as u64)).max().unwrap_or(0)
+}
+
+/// Sorted extents with touching ones of the same kind joined.
+fn merge(mut extents: Vec<Extent>) -> Vec<Extent> {
+    extents.sort_by_key(|e| e.offset);
+    let mut out: Vec<Extent> = Vec::with_capacity(extents.len());
+    for extent in extents {
+        match out.last_mut() {
+            Some(last) if last.offset + last.len == extent.offset && last.zero == extent.zero => last.len += extent.len,
+            _ => out.push(extent),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn tables_round_trip_and_reject_damage(
+            names in proptest::collection::btree_set("[a-z0-9._-]{1,20}", 0..12),
+            flip in any::<usize>(),
+        ) {
+            let snaps: Vec<SnapInfo> = names.into_iter().enumerate().map(|(i, name)| SnapInfo {
+                name, id: 2 * i as u64 + 1, size: 1 << 30, created: 7, protected: i % 2 == 0,
+            }).collect();
+            let table = SnapTable { seq: 2 * snaps.len() as u64 + 3, snaps };
+            let bytes = table.encode();
+            prop_assert_eq!(SnapTable::decode(&bytes), Ok(table.clone()));
+            let mut bad = bytes.to_vec();
+            bad[flip % bytes.len()] ^= 0x20;
+            prop_assert_ne!(SnapTable::decode(&bad), Ok(table));
+        }
+
+        #[test]
+        fn the_table_decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = SnapTable::decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn no_table_is_an_empty_one_and_writes_follow_the_newest_live_snapshot() {
+        assert_eq!(SnapTable::decode(&[]), Ok(SnapTable::default()));
+        assert_eq!(SnapTable::decode(&[0u8; 64]), Ok(SnapTable::default()));
+        let snap = |name: &str, id| SnapInfo { name: name.into(), id, size: 1, created: 1, protected: false };
+        let table = SnapTable { seq: 9, snaps: vec![snap("a", 3), snap("b", 7)] };
+        assert_eq!(table.newest_live(), 7);
+        assert_eq!(SnapTable::default().newest_live(), 0);
+    }
+
+    #[test]
+    fn extents_merge_only_when_touching_and_alike() {
+        let e = |offset, len, zero| Extent { offset, len, zero };
+        assert_eq!(
+            merge(vec![e(8, 4, false), e(0, 4, false), e(4, 4, false), e(12, 4, true), e(20, 1, true)]),
+            vec![e(0, 12, false), e(12, 4, true), e(20, 1, true)]
+        );
+    }
+}

@@ -1,0 +1,321 @@
+//! Gateways an image's snapshots wait for.
+//!
+//! Every image opened for writing (an NBD server, `bench`, an import)
+//! *watches* its header: a thread renews the attribute `watch.<id>` of
+//! the header object every [`HEARTBEAT`] (a counter, and the snapshot
+//! sequence it has adopted), then reads the snapshot table and adopts its
+//! newest live snapshot for the writes that start from then on.
+//!
+//! `snap create` writes the new table, then waits until every watcher
+//! acknowledged the new sequence, or missed renewals for [`DEAD_AFTER`]
+//! (it is then dropped from the header). A watcher that could not renew
+//! for [`FENCE`] holds its writes back until it can ([`Watch::fresh`]):
+//! since `FENCE < DEAD_AFTER`, a gateway that was declared dead (hung,
+//! cut off) starts no write under the old sequence after `snap create`
+//! returned. That makes a snapshot crash-consistent across every gateway
+//! and connection writing the image: each write acknowledged before `snap
+//! create` returned is in it, and none started after it is. (The argument
+//! is a lease's: it needs the clocks of the two machines to run at about
+//! the same rate, not to agree.)
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use duplex_proto::osd::OpKind;
+
+use crate::client::Client;
+use crate::error::ClientError;
+use crate::runtime::ObjectOp;
+use crate::snapshot::read_table;
+
+/// How often a watcher renews.
+pub const HEARTBEAT: Duration = Duration::from_millis(500);
+/// A watcher that has not renewed for this long starts no write.
+pub const FENCE: Duration = Duration::from_secs(3);
+/// `snap create` stops waiting for a watcher whose counter stood still this long.
+pub const DEAD_AFTER: Duration = Duration::from_secs(6);
+/// The header attributes watchers renew start with this.
+pub const WATCH_PREFIX: &[u8] = b"watch.";
+
+/// A watcher's attribute value: its renewal counter and the snapshot
+/// sequence it adopted.
+pub fn encode_watch(counter: u64, acked: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&counter.to_le_bytes());
+    out[8..].copy_from_slice(&acked.to_le_bytes());
+    out
+}
+
+pub fn decode_watch(value: &[u8]) -> Option<(u64, u64)> {
+    let value: &[u8; 16] = value.try_into().ok()?;
+    let word = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().expect("8 bytes"));
+    Some((word(0), word(8)))
+}
+
+/// A write waiting for a renewal: called with the sequence to log under.
+pub type Held = Box<dyn FnOnce(Result<u64, ClientError>) + Send + 'static>;
+
+/// What the writes of an open image need from its watcher.
+struct State {
+    /// Writes that started while the watch was stale, with when.
+    held: Mutex<Vec<(Instant, Held)>>,
+    /// How long a held write waits for a renewal before it fails.
+    hold_limit: Duration,
+    /// The newest live snapshot: writes are logged under it.
+    write_snap: AtomicU64,
+    /// Nanoseconds after `base` at which the last renewal that completed
+    /// was sent (0: none yet).
+    renewed_at: AtomicU64,
+    base: Instant,
+    stop: AtomicBool,
+    wake: (Mutex<()>, Condvar),
+}
+
+/// An image's watch: its renewal thread, stopped (and the attribute
+/// removed) when dropped.
+pub struct Watch {
+    state: Arc<State>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watch {
+    /// Registers a watcher on `header` and starts renewing; returns once
+    /// the first renewal went through, with the newest live snapshot.
+    pub fn start(client: &Client, pool: u32, header: Vec<u8>) -> Result<Watch, ClientError> {
+        let id = loop {
+            let id = rand::random::<u64>();
+            if id != 0 {
+                break id;
+            }
+        };
+        let name = [WATCH_PREFIX, format!("{id:016x}").as_bytes()].concat();
+        let state = Arc::new(State {
+            held: Mutex::new(Vec::new()),
+            hold_limit: client.config().op_timeout,
+            write_snap: AtomicU64::new(0),
+            renewed_at: AtomicU64::new(0),
+            base: Instant::now(),
+            stop: AtomicBool::new(false),
+            wake: (Mutex::new(()), Condvar::new()),
+        });
+        let mut renewer = Renewer { client: client.clone(), pool, header, name, counter: 0, acked: 0 };
+        renewer.renew(&state)?;
+        let thread = {
+            let state = state.clone();
+            std::thread::Builder::new()
+                .name("duplex-watch".into())
+                .spawn(move || renewer.run(&state))
+                .map_err(|e| ClientError::Unavailable(format!("cannot start the image's watch thread: {e}")))?
+        };
+        Ok(Watch { state, thread: Some(thread) })
+    }
+
+    /// Runs `write` with the snapshot sequence a write starting now is
+    /// logged under: at once while the watch is fresh (two atomic loads
+    /// and a clock read), else after the next renewal. Never blocks, so
+    /// it may be called from a completion callback.
+    pub fn when_fresh(&self, write: Held) {
+        match self.state.fresh() {
+            Some(snap) => write(Ok(snap)),
+            None => {
+                self.state.held.lock().unwrap_or_else(|p| p.into_inner()).push((Instant::now(), write));
+                self.state.wake.1.notify_all();
+            }
+        }
+    }
+}
+
+impl State {
+    fn fresh(&self) -> Option<u64> {
+        let renewed = self.renewed_at.load(Ordering::Acquire);
+        let now = self.base.elapsed().as_nanos() as u64;
+        (renewed != 0 && now.saturating_sub(renewed) < FENCE.as_nanos() as u64)
+            .then(|| self.write_snap.load(Ordering::Acquire))
+    }
+
+    /// Releases the held writes if the watch is fresh; fails those that
+    /// waited too long otherwise.
+    fn release(&self) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.is_empty() {
+            return;
+        }
+        let fresh = self.fresh();
+        let waiting = std::mem::take(&mut *held);
+        let mut keep = Vec::new();
+        let mut run = Vec::new();
+        for (since, write) in waiting {
+            match fresh {
+                Some(snap) => run.push((write, Ok(snap))),
+                None if since.elapsed() >= self.hold_limit => run.push((
+                    write,
+                    Err(ClientError::TimedOut(
+                        self.hold_limit,
+                        "the image's header could not be reached to renew its watch, which writes wait for".into(),
+                    )),
+                )),
+                None => keep.push((since, write)),
+            }
+        }
+        *held = keep;
+        drop(held);
+        for (write, result) in run {
+            write(result);
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::Release);
+        self.state.wake.1.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let held = std::mem::take(&mut *self.state.held.lock().unwrap_or_else(|p| p.into_inner()));
+        for (_, write) in held {
+            write(Err(ClientError::Shutdown));
+        }
+    }
+}
+
+struct Renewer {
+    client: Client,
+    pool: u32,
+    header: Vec<u8>,
+    name: Vec<u8>,
+    counter: u64,
+    acked: u64,
+}
+
+impl Renewer {
+    fn run(mut self, state: &State) {
+        while !state.stop.load(Ordering::Acquire) {
+            {
+                let (lock, cond) = &state.wake;
+                let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+                // A held write wakes it early: renew now, not at the next beat.
+                let holding = !state.held.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+                let _ = cond.wait_timeout(guard, if holding { Duration::from_millis(20) } else { HEARTBEAT });
+            }
+            if state.stop.load(Ordering::Acquire) {
+                break;
+            }
+            if let Err(err) = self.renew(state) {
+                tracing::warn!(%err, "renewing an image's watch failed; retrying");
+            }
+            state.release();
+        }
+        // Gone: `snap create` need not wait for this watcher any more.
+        let remove = ObjectOp {
+            data: Bytes::copy_from_slice(&self.name),
+            ..ObjectOp::new(self.pool, OpKind::RemoveAttr, Bytes::copy_from_slice(&self.header))
+        };
+        let _ = self.client.call(remove);
+    }
+
+    /// One renewal: the counter goes up, then the table is read and its
+    /// newest live snapshot adopted, then (if the sequence moved) acknowledged.
+    fn renew(&mut self, state: &State) -> Result<(), ClientError> {
+        let sent = state.base.elapsed().as_nanos() as u64;
+        self.counter += 1;
+        self.set(self.counter, self.acked)?;
+        let table = read_table(&self.client, self.pool, &self.header)?;
+        state.write_snap.store(table.newest_live(), Ordering::Release);
+        if table.seq != self.acked {
+            self.acked = table.seq;
+            self.set(self.counter, self.acked)?;
+        }
+        state.renewed_at.store(sent.max(1), Ordering::Release);
+        state.wake.1.notify_all();
+        Ok(())
+    }
+
+    fn set(&self, counter: u64, acked: u64) -> Result<(), ClientError> {
+        // 16 bytes: far inside the header's attribute budget, so the
+        // client-side total check (an extra round trip) is skipped.
+        let data = Bytes::from([&self.name[..], &encode_watch(counter, acked)].concat());
+        let op = ObjectOp {
+            offset: self.name.len() as u64,
+            data,
+            ..ObjectOp::new(self.pool, OpKind::SetAttr, Bytes::copy_from_slice(&self.header))
+        };
+        self.client.call(op).map(drop)
+    }
+}
+
+/// Waits until every watcher of `header` acknowledged snapshot sequence
+/// `seq`, dropping those whose counter stood still for [`DEAD_AFTER`].
+/// Returns how many acknowledged and how many were dropped.
+pub fn wait_for_watchers(client: &Client, pool: u32, header: &[u8], seq: u64) -> Result<(usize, usize), ClientError> {
+    let mut seen: std::collections::HashMap<Vec<u8>, (u64, Instant)> = Default::default();
+    let mut dropped = 0;
+    loop {
+        let attrs = match client.list_attrs(pool, header) {
+            Ok(attrs) => attrs,
+            Err(ClientError::NotFound) => return Ok((0, dropped)),
+            Err(err) => return Err(err),
+        };
+        let now = Instant::now();
+        let mut waiting = 0;
+        let mut acked = 0;
+        for (name, value) in attrs.into_iter().filter(|(name, _)| name.starts_with(WATCH_PREFIX)) {
+            let Some((counter, adopted)) = decode_watch(&value) else { continue };
+            if adopted >= seq {
+                acked += 1;
+                continue;
+            }
+            let since = seen.entry(name.clone()).or_insert((counter, now));
+            if since.0 != counter {
+                *since = (counter, now);
+            }
+            if now.duration_since(since.1) >= DEAD_AFTER {
+                tracing::warn!(watcher = %String::from_utf8_lossy(&name), "a gateway of the image stopped renewing its watch; the snapshot goes on without it");
+                match client.remove_attr(pool, header, &name) {
+                    Ok(()) | Err(ClientError::NotFound) => dropped += 1,
+                    Err(err) => return Err(err),
+                }
+                continue;
+            }
+            waiting += 1;
+        }
+        if waiting == 0 {
+            return Ok((acked, dropped));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The watchers of `header` still renewing: watched over `HEARTBEAT * 3`.
+pub fn live_watchers(client: &Client, pool: u32, header: &[u8]) -> Result<usize, ClientError> {
+    let counters = |client: &Client| -> Result<Vec<(Vec<u8>, u64)>, ClientError> {
+        Ok(client
+            .list_attrs(pool, header)?
+            .into_iter()
+            .filter(|(name, _)| name.starts_with(WATCH_PREFIX))
+            .filter_map(|(name, value)| decode_watch(&value).map(|(counter, _)| (name, counter)))
+            .collect())
+    };
+    let before = counters(client)?;
+    if before.is_empty() {
+        return Ok(0);
+    }
+    std::thread::sleep(HEARTBEAT * 3);
+    let after = counters(client)?;
+    Ok(after.iter().filter(|(name, counter)| before.iter().all(|(n, c)| n != name || c != counter)).count())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_values_round_trip_and_reject_other_lengths() {
+        assert_eq!(decode_watch(&encode_watch(7, 9)), Some((7, 9)));
+        assert_eq!(decode_watch(&[0u8; 15]), None);
+        const _: () = assert!(FENCE.as_millis() + HEARTBEAT.as_millis() < DEAD_AFTER.as_millis());
+    }
+}
