@@ -104,12 +104,24 @@ pub fn export_diff(client: &Client, pool: u32, spec: &str, from: Option<&str>, p
         while at < extent.offset + extent.len {
             let len = (extent.offset + extent.len - at).min(MAX_RECORD);
             let data = image.read(at, len as u32).with_context(|| format!("reading bytes {at}..{}", at + len))?;
-            out.write_all(b"w")?;
-            out.write_all(&at.to_le_bytes())?;
-            out.write_all(&len.to_le_bytes())?;
-            out.write_all(&data)?;
-            moved.data_bytes += len;
-            moved.records += 1;
+            // Runs of zero blocks (a discard inside an object zeroes its
+            // blocks in place) go as `z` records, not as data.
+            for (offset, run, zeros) in runs(&data) {
+                let start = at + offset as u64;
+                if zeros {
+                    out.write_all(b"z")?;
+                    out.write_all(&start.to_le_bytes())?;
+                    out.write_all(&(run.len() as u64).to_le_bytes())?;
+                    moved.zero_bytes += run.len() as u64;
+                } else {
+                    out.write_all(b"w")?;
+                    out.write_all(&start.to_le_bytes())?;
+                    out.write_all(&(run.len() as u64).to_le_bytes())?;
+                    out.write_all(run)?;
+                    moved.data_bytes += run.len() as u64;
+                }
+                moved.records += 1;
+            }
             at += len;
         }
     }
@@ -191,6 +203,24 @@ pub fn import_diff(client: &Client, pool: u32, path: &str, image_name: &str) -> 
     Ok(moved)
 }
 
+/// `data` cut into runs of 4 KiB blocks that are all zeros, or not:
+/// (offset, bytes, zeros).
+fn runs(data: &[u8]) -> Vec<(usize, &[u8], bool)> {
+    const BLOCK: usize = 4096;
+    let mut out: Vec<(usize, &[u8], bool)> = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let end = (at + BLOCK).min(data.len());
+        let zeros = data[at..end].iter().all(|b| *b == 0);
+        match out.last_mut() {
+            Some((start, run, was)) if *was == zeros => *run = &data[*start..end],
+            _ => out.push((at, &data[at..end], zeros)),
+        }
+        at = end;
+    }
+    out
+}
+
 fn write_at(image: &Image, offset: u64, data: Bytes) -> Result<()> {
     let end = offset + data.len() as u64;
     image.write(offset, data).with_context(|| format!("writing bytes {offset}..{end}"))?;
@@ -219,4 +249,21 @@ fn read_name(input: &mut impl Read) -> Result<String> {
     let mut name = vec![0u8; len as usize];
     input.read_exact(&mut name).context("the diff is cut short")?;
     String::from_utf8(name).context("a snapshot name that is not UTF-8")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn data_is_cut_into_runs_of_zero_and_other_blocks() {
+        let mut data = vec![0u8; 5 * 4096 + 100];
+        data[4096] = 1;
+        data[3 * 4096 + 5] = 2;
+        let runs: Vec<(usize, usize, bool)> =
+            super::runs(&data).iter().map(|(at, run, z)| (*at, run.len(), *z)).collect();
+        assert_eq!(
+            runs,
+            vec![(0, 4096, true), (4096, 4096, false), (8192, 4096, true), (12288, 4096, false), (16384, 4196, true)]
+        );
+        assert!(super::runs(&[]).is_empty());
+    }
 }

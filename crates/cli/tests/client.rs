@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{run_ok, workload, DevCluster};
+use common::{dev_state, kill_9, pid_of, run_ok, workload, DevCluster};
 use duplex_client::{ClientError, CreateOptions};
 use duplex_mon_client::Connection as OsdConnection;
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
@@ -304,22 +304,6 @@ fn wait_until(within: Duration, mut ready: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(100));
     }
     ready()
-}
-
-/// The dev cluster's state.json.
-fn dev_state(cluster: &DevCluster) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(cluster.path().join("state.json")).unwrap()).unwrap()
-}
-
-fn pid_of(cluster: &DevCluster, name: &str) -> i32 {
-    let state = dev_state(cluster);
-    let process = state["processes"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap();
-    process["pid"].as_u64().unwrap() as i32
-}
-
-fn kill_9(cluster: &DevCluster, name: &str) {
-    // SAFETY: kill(2) on a process this test's cluster started.
-    assert_eq!(unsafe { libc::kill(pid_of(cluster, name), libc::SIGKILL) }, 0);
 }
 
 /// Issue 7, scenario 1: kill -9 an OSD (primary of some of the busy PGs)

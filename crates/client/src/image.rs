@@ -450,9 +450,13 @@ impl Image {
     fn run_writes(&self, ops: Vec<ObjectOp>, missing_ok: bool, done: Done<()>) {
         let Some(watch) = &self.watch else { return run(&self.client, ops, missing_ok, done) };
         let client = self.client.clone();
-        watch.when_fresh(Box::new(move |snap| match snap {
-            Ok(snap) => {
+        watch.when_fresh(Box::new(move |entered| match entered {
+            Ok((snap, in_flight)) => {
                 let ops = ops.into_iter().map(|op| ObjectOp { snap, ..op }).collect();
+                let done: Done<()> = Box::new(move |result| {
+                    drop(in_flight);
+                    done(result)
+                });
                 run(&client, ops, missing_ok, done)
             }
             Err(err) => done(Err(err)),

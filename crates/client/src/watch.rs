@@ -8,8 +8,17 @@
 //!
 //! `snap create` writes the new table, then waits until every watcher
 //! acknowledged the new sequence, or missed renewals for [`DEAD_AFTER`]
-//! (it is then dropped from the header). A watcher that could not renew
-//! for [`FENCE`] holds its writes back until it can ([`Watch::fresh`]):
+//! (it is then dropped from the header).
+//!
+//! When a watcher sees a new sequence it quiesces first: it holds new
+//! writes, lets the writes in flight under the old sequence finish, then
+//! adopts the new one, acknowledges it and lets the held writes go. So
+//! every write acknowledged before `snap create` returned was logged
+//! before any write under the new sequence, and is in the snapshot (as
+//! Ceph's exclusive-lock owner quiesces for `rbd snap create`).
+//!
+//! A watcher that could not renew for [`FENCE`] holds its writes back
+//! until it can ([`Watch::when_fresh`]):
 //! since `FENCE < DEAD_AFTER`, a gateway that was declared dead (hung,
 //! cut off) starts no write under the old sequence after `snap create`
 //! returned. That makes a snapshot crash-consistent across every gateway
@@ -55,8 +64,20 @@ pub fn decode_watch(value: &[u8]) -> Option<(u64, u64)> {
     Some((word(0), word(8)))
 }
 
-/// A write waiting for a renewal: called with the sequence to log under.
-pub type Held = Box<dyn FnOnce(Result<u64, ClientError>) + Send + 'static>;
+/// A write waiting for the watch: called with the sequence to log under,
+/// and its place among the writes in flight (drop it when the write ends).
+pub type Held = Box<dyn FnOnce(Result<(u64, InFlight), ClientError>) + Send + 'static>;
+
+/// A write the watch let through: in flight until dropped.
+pub struct InFlight(Arc<State>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 && self.0.adopting.load(Ordering::SeqCst) {
+            self.0.wake.1.notify_all();
+        }
+    }
+}
 
 /// What the writes of an open image need from its watcher.
 struct State {
@@ -66,6 +87,10 @@ struct State {
     hold_limit: Duration,
     /// The newest live snapshot: writes are logged under it.
     write_snap: AtomicU64,
+    /// Writes let through and not yet ended.
+    in_flight: AtomicU64,
+    /// A new sequence is being adopted: writes wait.
+    adopting: AtomicBool,
     /// Nanoseconds after `base` at which the last renewal that completed
     /// was sent (0: none yet).
     renewed_at: AtomicU64,
@@ -96,6 +121,8 @@ impl Watch {
             held: Mutex::new(Vec::new()),
             hold_limit: client.config().op_timeout,
             write_snap: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            adopting: AtomicBool::new(false),
             renewed_at: AtomicU64::new(0),
             base: Instant::now(),
             stop: AtomicBool::new(false),
@@ -118,8 +145,8 @@ impl Watch {
     /// and a clock read), else after the next renewal. Never blocks, so
     /// it may be called from a completion callback.
     pub fn when_fresh(&self, write: Held) {
-        match self.state.fresh() {
-            Some(snap) => write(Ok(snap)),
+        match State::enter(&self.state) {
+            Some(entered) => write(Ok(entered)),
             None => {
                 self.state.held.lock().unwrap_or_else(|p| p.into_inner()).push((Instant::now(), write));
                 self.state.wake.1.notify_all();
@@ -129,31 +156,42 @@ impl Watch {
 }
 
 impl State {
-    fn fresh(&self) -> Option<u64> {
+    fn fresh(&self) -> bool {
         let renewed = self.renewed_at.load(Ordering::Acquire);
         let now = self.base.elapsed().as_nanos() as u64;
-        (renewed != 0 && now.saturating_sub(renewed) < FENCE.as_nanos() as u64)
-            .then(|| self.write_snap.load(Ordering::Acquire))
+        renewed != 0 && now.saturating_sub(renewed) < FENCE.as_nanos() as u64
+    }
+
+    /// Lets a write through, with the sequence to log it under, unless the
+    /// watch is stale or adopting a new sequence. The count goes up before
+    /// the check (both sequentially consistent), so an adoption that finds
+    /// no write in flight is not overtaken by one under the old sequence.
+    fn enter(state: &Arc<State>) -> Option<(u64, InFlight)> {
+        state.in_flight.fetch_add(1, Ordering::SeqCst);
+        let entered = InFlight(state.clone());
+        if state.adopting.load(Ordering::SeqCst) || !state.fresh() {
+            return None;
+        }
+        Some((state.write_snap.load(Ordering::SeqCst), entered))
     }
 
     /// Releases the held writes if the watch is fresh; fails those that
     /// waited too long otherwise.
-    fn release(&self) {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+    fn release(state: &Arc<State>) {
+        let mut held = state.held.lock().unwrap_or_else(|p| p.into_inner());
         if held.is_empty() {
             return;
         }
-        let fresh = self.fresh();
         let waiting = std::mem::take(&mut *held);
         let mut keep = Vec::new();
         let mut run = Vec::new();
         for (since, write) in waiting {
-            match fresh {
-                Some(snap) => run.push((write, Ok(snap))),
-                None if since.elapsed() >= self.hold_limit => run.push((
+            match State::enter(state) {
+                Some(entered) => run.push((write, Ok(entered))),
+                None if since.elapsed() >= state.hold_limit => run.push((
                     write,
                     Err(ClientError::TimedOut(
-                        self.hold_limit,
+                        state.hold_limit,
                         "the image's header could not be reached to renew its watch, which writes wait for".into(),
                     )),
                 )),
@@ -192,7 +230,7 @@ struct Renewer {
 }
 
 impl Renewer {
-    fn run(mut self, state: &State) {
+    fn run(mut self, state: &Arc<State>) {
         while !state.stop.load(Ordering::Acquire) {
             {
                 let (lock, cond) = &state.wake;
@@ -207,7 +245,7 @@ impl Renewer {
             if let Err(err) = self.renew(state) {
                 tracing::warn!(%err, "renewing an image's watch failed; retrying");
             }
-            state.release();
+            State::release(state);
         }
         // Gone: `snap create` need not wait for this watcher any more.
         let remove = ObjectOp {
@@ -224,10 +262,22 @@ impl Renewer {
         self.counter += 1;
         self.set(self.counter, self.acked)?;
         let table = read_table(&self.client, self.pool, &self.header)?;
-        state.write_snap.store(table.newest_live(), Ordering::Release);
         if table.seq != self.acked {
+            // Quiesce: hold new writes, let those under the old sequence end.
+            state.adopting.store(true, Ordering::SeqCst);
+            let deadline = Instant::now() + state.hold_limit;
+            while state.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+                let (lock, cond) = &state.wake;
+                let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = cond.wait_timeout(guard, Duration::from_millis(2));
+            }
+            state.write_snap.store(table.newest_live(), Ordering::SeqCst);
+            state.adopting.store(false, Ordering::SeqCst);
             self.acked = table.seq;
             self.set(self.counter, self.acked)?;
+        } else {
+            // A removed snapshot changes no sequence: nothing to wait for.
+            state.write_snap.store(table.newest_live(), Ordering::SeqCst);
         }
         state.renewed_at.store(sent.max(1), Ordering::Release);
         state.wake.1.notify_all();

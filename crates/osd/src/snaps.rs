@@ -142,6 +142,7 @@ impl Planner {
             }
         };
         let newer = snap > head.seq;
+        tracing::trace!(key = %String::from_utf8_lossy(&key.as_bytes()[4..]), pg = key.group(), snap, ?head, op = op_name(&op), "snap plan");
         if newer && head.exists {
             let name = &key.as_bytes()[4..];
             ops.push(Op::Clone { key: clone_key(key.group(), name, snap)?, source: key.clone() });
@@ -155,6 +156,20 @@ impl Planner {
         }
         self.heads.insert(key, head);
         Ok(())
+    }
+}
+
+fn op_name(op: &Op) -> &'static str {
+    match op {
+        Op::Write { .. } => "write",
+        Op::WriteJournaled { .. } => "write",
+        Op::Truncate { .. } => "truncate",
+        Op::Zero { .. } => "zero",
+        Op::Delete { .. } => "delete",
+        Op::CreatePreallocated { .. } => "create",
+        Op::SetAttr { .. } => "setattr",
+        Op::RemoveAttr { .. } => "rmattr",
+        Op::Clone { .. } => "clone",
     }
 }
 
@@ -286,6 +301,29 @@ mod tests {
             .filter_map(|k| split_clone_name(&k.as_bytes()[4..]).map(|(_, seq)| seq))
             .collect();
         assert_eq!(clones, vec![1, 3, 4]);
+    }
+
+    #[test]
+    fn zeroing_truncating_and_deleting_a_head_leave_its_snapshot_whole() {
+        let store = crate::TestStore::new(1);
+        let mut store = store.open();
+        let partition = store.partition_mut(0);
+        let old: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8 + 1).collect();
+        flush(partition, vec![(write(b"o", 0, &old), 0)]);
+        // Under snapshot 1: zero the middle block in place, cut the tail.
+        flush(partition, vec![(Op::Zero { key: head(b"o"), offset: 4096, len: 4096 }, 1)]);
+        flush(partition, vec![(Op::Truncate { key: head(b"o"), size: 4096 }, 1)]);
+        let at = |partition: &mut Partition, snap| {
+            let key = resolve(partition, 7, b"o", snap).expect("resolve").expect("exists");
+            partition.read(key.as_bytes(), 0, 3 * 4096).expect("read")
+        };
+        assert_eq!(at(partition, 1), old, "zeroing the head changed the snapshot's shared block");
+        assert_eq!(partition.read(head(b"o").as_bytes(), 0, 3 * 4096).expect("read"), &old[..4096]);
+        // Under snapshot 2, the head goes: both snapshots still read.
+        flush(partition, vec![(Op::Delete { key: head(b"o") }, 2)]);
+        assert_eq!(at(partition, 1), old);
+        assert_eq!(at(partition, 2), &old[..4096]);
+        assert_eq!(resolve(partition, 7, b"o", 3).expect("resolve"), None);
     }
 
     #[test]

@@ -3,6 +3,17 @@
 //! sends each request to its PG's primary in its map and resends with the
 //! same request id on a timeout or a `Retry`/`WrongOsd` answer, until it
 //! gives up (the write's outcome is then unknown).
+//!
+//! With snapshots (crate::world), a client quiesces as a real gateway
+//! does (duplex_client::watch): it holds new operations, lets its writes
+//! in flight end, then adopts the snapshot, and its writes carry it from
+//! then on (a write keeps the snapshot it was first sent with through its
+//! resends). Some reads, and a final pass, read at a snapshot. Such a read
+//! is recorded as a read over the snapshot's span, from when it was taken
+//! to when the last client adopted it (the world fixes the times at the
+//! end): the checker then demands that every block of a snapshot hold
+//! what a read over that span could return. And no snapshot may hold a
+//! write made under it or a later one (`SnapRead`, checked exactly).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -30,6 +41,8 @@ struct Op {
     slot: usize,
     block: u64,
     write: Option<Stamp>,
+    /// A write's snapshot context; a read's snapshot to read at (0: the head).
+    snap: u64,
     invoked: u64,
     give_up: u64,
     attempt: u32,
@@ -46,14 +59,34 @@ pub struct SimClient {
     pub history: Vec<BlockOp>,
     /// No new operations (the run is ending).
     pub stopped: bool,
-    /// Blocks a final pass still has to read (the verifier).
-    final_blocks: VecDeque<u64>,
+    /// Blocks a final pass still has to read (the verifier), and at which
+    /// snapshot (0: the head).
+    final_blocks: VecDeque<(u64, u64)>,
+    /// The newest snapshot adopted: writes carry it.
+    write_snap: u64,
+    /// Snapshots taken and not adopted yet (writes in flight under the old one).
+    adopting: Vec<u64>,
+    /// The snapshots taken, by id: when taken and when this client adopted it.
+    pub snapshots: BTreeMap<u64, (u64, Option<u64>)>,
+    /// Reads at a snapshot, kept apart: their times are the snapshot's span.
+    pub snap_reads: Vec<SnapRead>,
+    /// The snapshot each of this client's writes was sent under.
+    pub write_snaps: BTreeMap<u64, u64>,
+    pub snapshot_reads: u64,
     give_up_us: u64,
     pub acknowledged: u64,
     pub unknown: u64,
     pub reads: u64,
     /// Answers that say the simulator (or the OSD) is wrong, not the network.
     pub errors: Vec<String>,
+}
+
+/// A read at a snapshot: its times are the snapshot's span, known at the end.
+#[derive(Clone, Debug)]
+pub struct SnapRead {
+    pub snap: u64,
+    pub block: u64,
+    pub result: Result<Option<Stamp>, duplex_verify::StampError>,
 }
 
 pub fn object_of(block: u64) -> (Bytes, u64) {
@@ -72,6 +105,12 @@ impl SimClient {
             history: Vec::new(),
             stopped: false,
             final_blocks: VecDeque::new(),
+            write_snap: 0,
+            adopting: Vec::new(),
+            snapshots: BTreeMap::new(),
+            snap_reads: Vec::new(),
+            write_snaps: BTreeMap::new(),
+            snapshot_reads: 0,
             give_up_us,
             acknowledged: 0,
             unknown: 0,
@@ -87,9 +126,31 @@ impl SimClient {
         }
     }
 
-    /// Reads every block once, as the final pass, one at a time.
+    /// A snapshot was taken now: writes issued from here on carry it.
+    pub fn take_snapshot(&mut self, id: u64, now: u64) {
+        debug_assert!(self.snapshots.keys().all(|old| *old < id), "snapshot ids only grow");
+        self.snapshots.insert(id, (now, None));
+        self.adopting.push(id);
+        self.adopt_if_quiet(now);
+    }
+
+    /// Adopts the snapshots taken once no write is in flight.
+    fn adopt_if_quiet(&mut self, now: u64) {
+        if self.adopting.is_empty() || self.ops.values().any(|op| op.write.is_some()) {
+            return;
+        }
+        for id in std::mem::take(&mut self.adopting) {
+            self.write_snap = self.write_snap.max(id);
+            self.snapshots.get_mut(&id).expect("taken").1 = Some(now);
+        }
+    }
+
+    /// Reads every block once, and once at each snapshot, as the final
+    /// pass, one at a time.
     pub fn verify_all(&mut self, ctx: &mut Ctx) {
-        self.final_blocks = (0..self.blocks).collect();
+        let snaps = std::iter::once(0).chain(self.snapshots.keys().copied());
+        let blocks = self.blocks;
+        self.final_blocks = snaps.flat_map(|snap| (0..blocks).map(move |block| (block, snap))).collect();
         ctx.timer(ctx.now, Timer::ClientNext { slot: 0 });
     }
 
@@ -128,9 +189,13 @@ impl SimClient {
     }
 
     fn next(&mut self, ctx: &mut Ctx, rng: &mut StdRng, slot: usize) {
-        let (block, write, final_check) = if let Some(block) = self.final_blocks.pop_front() {
-            (block, None, true)
+        let (block, write, final_check, snap) = if let Some((block, snap)) = self.final_blocks.pop_front() {
+            (block, None, true, snap)
         } else if self.stopped {
+            return;
+        } else if !self.adopting.is_empty() {
+            // Quiescing for a snapshot: nothing new until the writes end.
+            ctx.timer(ctx.now + 5_000, Timer::ClientNext { slot });
             return;
         } else {
             let block = rng.gen_range(0..self.blocks);
@@ -138,12 +203,20 @@ impl SimClient {
                 self.next_seq += 1;
                 Stamp { writer: self.id, seq: self.next_seq, block }
             });
-            (block, write, false)
+            let snap = match write {
+                Some(_) => self.write_snap,
+                // (Only a run with snapshots draws here: the others' seeds stay as they were.)
+                None if !self.snapshots.is_empty() && rng.gen_bool(0.3) => {
+                    *self.snapshots.keys().nth(rng.gen_range(0..self.snapshots.len())).expect("in range")
+                }
+                None => 0,
+            };
+            (block, write, false, snap)
         };
         self.next_tid += 1;
         let tid = self.next_tid;
         let give_up = if final_check { u64::MAX } else { ctx.now + self.give_up_us };
-        self.ops.insert(tid, Op { slot, block, write, invoked: ctx.now, give_up, attempt: 0, final_check });
+        self.ops.insert(tid, Op { slot, block, write, snap, invoked: ctx.now, give_up, attempt: 0, final_check });
         self.issue(ctx, tid);
     }
 
@@ -166,7 +239,7 @@ impl SimClient {
                 length: if op.write.is_some() { 0 } else { BLOCK as u32 },
                 data: op.write.map_or_else(Bytes::new, |stamp| Bytes::from(stamp.encode(BLOCK))),
                 client: 1000 + self.id as u64,
-                snap: 0,
+                snap: op.snap,
             };
             Some((primary, request))
         });
@@ -215,6 +288,9 @@ impl SimClient {
     /// The operation's end: `data` is the answer (None: no answer, it gave up).
     fn end(&mut self, ctx: &mut Ctx, rng: &mut StdRng, tid: u64, data: Option<Bytes>) {
         let Some(op) = self.ops.remove(&tid) else { return };
+        if let Some(stamp) = op.write {
+            self.write_snaps.insert(stamp.seq, op.snap);
+        }
         match (op.write, data) {
             (Some(stamp), Some(_)) => {
                 self.acknowledged += 1;
@@ -229,21 +305,27 @@ impl SimClient {
                 let mut block = data.to_vec();
                 block.resize(BLOCK, 0);
                 let result = Stamp::decode(&block, op.block);
-                tracing::trace!(at = ctx.now, client = self.id, tid, block = op.block, ?result, "read");
-                self.history.push(BlockOp::Read {
-                    block: op.block,
-                    result,
-                    invoked: op.invoked + 1,
-                    completed: ctx.now + 1,
-                    final_check: op.final_check,
-                });
+                tracing::trace!(at = ctx.now, client = self.id, tid, block = op.block, snap = op.snap, ?result, "read");
+                if op.snap == 0 {
+                    self.history.push(BlockOp::Read {
+                        block: op.block,
+                        result,
+                        invoked: op.invoked + 1,
+                        completed: ctx.now + 1,
+                        final_check: op.final_check,
+                    });
+                } else {
+                    self.snapshot_reads += 1;
+                    self.snap_reads.push(SnapRead { snap: op.snap, block: op.block, result });
+                }
             }
             (None, None) => {
                 if op.final_check {
-                    self.final_blocks.push_front(op.block);
+                    self.final_blocks.push_front((op.block, op.snap));
                 }
             }
         }
+        self.adopt_if_quiet(ctx.now);
         let think = if op.final_check { 0 } else { rng.gen_range(0..2_000) };
         ctx.timer(ctx.now + think, Timer::ClientNext { slot: op.slot });
     }

@@ -104,6 +104,8 @@ pub enum Timer {
     Recover {
         osd: u32,
     },
+    /// Take the next snapshot (runs with snapshots).
+    Snapshot,
 }
 
 /// What a node's handler asks the world to do.

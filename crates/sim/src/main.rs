@@ -55,6 +55,10 @@ struct Cli {
     /// (upmap) under the faults; the old OSDs remove their stray copies.
     #[arg(long)]
     balancer: bool,
+    /// Snapshots are taken under the load; writes carry the newest, and
+    /// reads of them are checked as of the instant each was taken.
+    #[arg(long)]
+    snapshots: bool,
 }
 
 fn parse_fault(name: &str) -> Result<FaultKind, String> {
@@ -75,6 +79,7 @@ impl Cli {
         config.pool_size = self.pool_size.unwrap_or(config.pool_size);
         config.min_size = self.min_size.unwrap_or(config.min_size);
         config.balancer = self.balancer;
+        config.snapshots = self.snapshots;
         config
     }
 
@@ -94,6 +99,9 @@ impl Cli {
         }
         if self.balancer {
             line += " --balancer";
+        }
+        if self.snapshots {
+            line += " --snapshots";
         }
         line
     }
@@ -139,7 +147,7 @@ fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {
     format!(
         "seed {seed}: ok in {real_s:.1}s real, {:.1}s virtual: {} writes acknowledged, {} unknown, {} reads; \
          {} faults ({} power cuts in a commit, {} damaged copies found), {} marked down, {} peerings, {} objects recovered; \
-         {} PGs backfilled ({} objects), {} pins dropped, {} handed over, {} filled in the background, {} active-set records, {} balancer moves; {} messages ({} lost); digest {:016x}",
+         {} PGs backfilled ({} objects), {} pins dropped, {} handed over, {} filled in the background, {} active-set records, {} balancer moves, {} snapshots ({} reads of them); {} messages ({} lost); digest {:016x}",
         report.virtual_us as f64 / 1e6,
         report.acknowledged_writes,
         report.unknown_writes,
@@ -157,6 +165,8 @@ fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {
         report.background_fills,
         report.sets_recorded,
         report.balancer_moves,
+        report.snapshots,
+        report.snapshot_reads,
         report.messages,
         report.messages_lost,
         report.digest,

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use duplex_map::{Command, FailureConfig};
 use duplex_store::PowerCut;
-use duplex_verify::{check, History};
+use duplex_verify::{check, BlockOp, History};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -122,6 +122,9 @@ pub struct SimConfig {
     /// The OSDs report their usage and the monitor runs the balancer
     /// (duplex_map::balancer), which moves PGs by upmap under the faults.
     pub balancer: bool,
+    /// Snapshots are taken under the load, every few seconds; writes carry
+    /// the newest, and reads of the snapshots are checked (crate::client).
+    pub snapshots: bool,
 }
 
 impl SimConfig {
@@ -148,6 +151,7 @@ impl SimConfig {
             settle_limit_us: 180_000_000,
             dir: None,
             balancer: false,
+            snapshots: false,
         }
     }
 }
@@ -179,6 +183,9 @@ pub struct RunReport {
     pub pins_cleared: u64,
     /// PGs the balancer moved (runs that balance).
     pub balancer_moves: u64,
+    /// Snapshots taken (runs with snapshots), and reads of them checked.
+    pub snapshots: u64,
+    pub snapshot_reads: u64,
     /// Members activated to be filled in the background (by OSDs still
     /// running at the end).
     pub background_fills: u64,
@@ -268,6 +275,8 @@ struct World {
     /// The monitor's balancer (only looks when the run balances).
     balancer: duplex_map::balancer::Balancer,
     balancer_moves: u64,
+    /// Snapshots taken; the newest one's id.
+    snapshots: u64,
     _dir: tempfile::TempDir,
 }
 
@@ -328,6 +337,7 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
         sets_recorded: 0,
         balancer: Default::default(),
         balancer_moves: 0,
+        snapshots: 0,
         _dir: dir,
     };
     for id in 0..config.osds {
@@ -337,6 +347,9 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
     world.schedule(Some(Node::Monitor), 0, 100_000, Timer::MonitorTick);
     world.schedule(Some(Node::Monitor), 0, 500_000, Timer::MonitorGossip);
     world.schedule(None, 0, 1_000_000, Timer::Fault);
+    if config.snapshots {
+        world.schedule(None, 0, 5_000_000, Timer::Snapshot);
+    }
     for id in 0..config.clients {
         let mut ctx = world.ctx(3_000_000);
         let client = &mut world.clients[id as usize];
@@ -571,6 +584,19 @@ impl World {
                 self.schedule(None, 0, gap, Timer::Fault);
             }
             Timer::Recover { osd } => self.recover(osd)?,
+            Timer::Snapshot => {
+                if self.phase != Phase::Load {
+                    return Ok(());
+                }
+                // Every writer adopts it at once: what `snap create` waits for.
+                self.snapshots += 1;
+                tracing::debug!(at = self.now, id = self.snapshots, "snapshot");
+                for client in &mut self.clients {
+                    client.take_snapshot(self.snapshots, self.now);
+                }
+                let gap = self.rng.gen_range(2_000_000..=8_000_000);
+                self.schedule(None, 0, gap, Timer::Snapshot);
+            }
             // A node's timer scheduled as the world's would silently never
             // fire (the monitor once never ticked that way): fail loudly.
             other => panic!("{other:?} is a node's timer, scheduled as the world's"),
@@ -730,6 +756,46 @@ impl World {
         )
     }
 
+    /// Adds the reads at snapshots to `history`, each as a read over its
+    /// snapshot's span (taken, to adopted by the last client); returns the
+    /// snapshot reads that saw a write made under that snapshot or later.
+    fn snapshot_reads(&self, history: &mut History) -> Vec<String> {
+        let mut errors = Vec::new();
+        let Some(verifier) = self.clients.last() else { return errors };
+        for client in &self.clients {
+            for read in &client.snap_reads {
+                let taken = verifier.snapshots[&read.snap].0;
+                let adopted = self
+                    .clients
+                    .iter()
+                    .map(|c| c.snapshots.get(&read.snap).and_then(|(_, at)| *at).unwrap_or(self.now))
+                    .max()
+                    .unwrap_or(self.now);
+                if let Ok(Some(stamp)) = &read.result {
+                    let under = self.clients.get(stamp.writer as usize).and_then(|w| w.write_snaps.get(&stamp.seq));
+                    if under.is_some_and(|under| *under >= read.snap) {
+                        errors.push(format!(
+                            "block {}: snapshot {} holds write {}/{}, made under snapshot {}",
+                            read.block,
+                            read.snap,
+                            stamp.writer,
+                            stamp.seq,
+                            under.copied().unwrap_or(0)
+                        ));
+                    }
+                }
+                history.ops.push(BlockOp::Read {
+                    block: read.block,
+                    result: read.result.clone(),
+                    invoked: taken + 1,
+                    completed: adopted + 1,
+                    final_check: false,
+                });
+            }
+        }
+        errors
+    }
+
     fn verdict(self) -> Result<RunReport, SimFailure> {
         let seed = self.config.seed;
         let mut errors = Vec::new();
@@ -738,6 +804,7 @@ impl World {
             errors.extend(client.errors.iter().cloned());
             history.ops.extend(client.history.iter().cloned());
         }
+        errors.extend(self.snapshot_reads(&mut history));
         if let Some(first) = errors.first() {
             return Err(SimFailure::Broken {
                 seed,
@@ -765,6 +832,8 @@ impl World {
             backfill_objects,
             pins_cleared: self.pins_cleared,
             balancer_moves: self.balancer_moves,
+            snapshots: self.snapshots,
+            snapshot_reads: self.clients.iter().map(|c| c.snapshot_reads).sum(),
             hand_overs: self.hand_overs,
             background_fills: self.osds.iter().map(|o| o.background_fills()).sum(),
             sets_recorded: self.sets_recorded,

@@ -177,3 +177,20 @@ impl Drop for NbdServer {
         let _ = self.child.wait();
     }
 }
+
+/// The dev cluster's state.json.
+pub fn dev_state(cluster: &DevCluster) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(cluster.path().join("state.json")).unwrap()).unwrap()
+}
+
+/// The process id of a daemon of the dev cluster (`osd.1`, `mon.0`).
+pub fn pid_of(cluster: &DevCluster, name: &str) -> i32 {
+    let state = dev_state(cluster);
+    let process = state["processes"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap();
+    process["pid"].as_u64().unwrap() as i32
+}
+
+pub fn kill_9(cluster: &DevCluster, name: &str) {
+    // SAFETY: kill(2) on a process this test's cluster started.
+    assert_eq!(unsafe { libc::kill(pid_of(cluster, name), libc::SIGKILL) }, 0);
+}

@@ -38,6 +38,14 @@
 //! unexpected stops the machine ([`Step::Stuck`]); the target's copy stays
 //! marked incomplete, so it is never trusted, and the next interval's
 //! backfill compares again rather than copying it all again.
+//!
+//! **Snapshot clones** (crate::snaps) are objects of their own, named
+//! right after their head, but a write creates one from the head as the
+//! member holds it: a target that lacked the head then made none. So once
+//! a head that has snapshots is walked (under its lock, which holds back
+//! the writes that would make new clones of it), every listing is asked
+//! again for the names right after it, and that head's clones are walked
+//! next, whatever the listings held before ([`Stage::ListingClones`]).
 
 use std::collections::VecDeque;
 
@@ -79,6 +87,9 @@ pub struct Backfill {
     kept: Vec<bool>,
     /// Something was sent to a target for the object under way.
     changed: bool,
+    /// The object under way is a head with snapshots: its clones are
+    /// listed afresh once it is done.
+    snapped: bool,
     waiting: Option<u64>,
     next_tag: u64,
     pub progress: Progress,
@@ -97,6 +108,11 @@ struct Listing {
 enum Stage {
     /// A page of `listings[source]`.
     Listing {
+        source: usize,
+    },
+    /// The names after `head` in `listings[source]`'s OSD, for its clones.
+    ListingClones {
+        head: Vec<u8>,
         source: usize,
     },
     /// The whole object, for its size and attributes.
@@ -193,6 +209,7 @@ impl Backfill {
             listings,
             kept: Vec::new(),
             changed: false,
+            snapped: false,
             waiting: None,
             next_tag: 1,
             progress: Progress::default(),
@@ -276,6 +293,7 @@ impl Backfill {
             (Stage::Locking { object }, PeerReply::Meta(Some(meta))) => {
                 self.kept.clear();
                 self.changed = false;
+                self.snapped = meta.attrs.iter().any(|(name, _)| name == crate::snaps::SNAPSEQ_ATTR);
                 self.stat_on(object, meta, 0)
             }
             (Stage::Statting { object, meta, next }, PeerReply::Meta(held)) => {
@@ -309,7 +327,7 @@ impl Backfill {
                     if self.changed {
                         self.progress.objects_copied += 1;
                     }
-                    self.next_object()
+                    self.object_done(object)
                 } else {
                     let len = (meta.size - offset).min(CHUNK_BYTES as u64);
                     let op = PeerOp::Pull { object: object.clone(), offset, len: len as u32 };
@@ -346,6 +364,40 @@ impl Backfill {
                     self.next_object()
                 }
             }
+            (Stage::ListingClones { head, source }, PeerReply::Names { objects, more }) => {
+                let clones: Vec<Vec<u8>> = objects
+                    .iter()
+                    .take_while(|name| crate::snaps::split_clone_name(name).is_some_and(|(of, _)| of == head))
+                    .cloned()
+                    .collect();
+                let all_clones = clones.len() == objects.len();
+                let listing = &mut self.listings[source];
+                // Its queue holds none, or an older view, of them: they
+                // come first, as they sort right after their head.
+                while listing
+                    .names
+                    .front()
+                    .is_some_and(|name| crate::snaps::split_clone_name(name).is_some_and(|(of, _)| of == head))
+                {
+                    listing.names.pop_front();
+                }
+                for name in clones.iter().rev() {
+                    listing.names.push_front(name.clone());
+                }
+                // The next page starts after them, not with them again.
+                if let Some(last) = clones.last().filter(|last| **last > listing.cursor) {
+                    listing.cursor = last.clone();
+                }
+                match clones.last() {
+                    // A page of nothing but its clones: more may follow.
+                    Some(last) if all_clones && more => {
+                        let cursor = last.clone();
+                        self.stage = Stage::ListingClones { head, source };
+                        self.send(self.source(source), PeerOp::List { cursor })
+                    }
+                    _ => self.list_clones(head, source + 1),
+                }
+            }
             (Stage::Unlocking, PeerReply::Done) => self.finish_on(0),
             (Stage::Finishing { next }, PeerReply::Done) => {
                 if next + 1 < self.targets.len() {
@@ -358,6 +410,26 @@ impl Backfill {
             (_, reply) => return self.stuck(format!("unexpected answer {reply:?}")),
         };
         vec![step]
+    }
+
+    /// The object just walked is done: its clones next, if it has snapshots.
+    fn object_done(&mut self, object: Vec<u8>) -> Step {
+        if std::mem::take(&mut self.snapped) {
+            self.list_clones(object, 0)
+        } else {
+            self.next_object()
+        }
+    }
+
+    /// Asks `listings[source]`'s OSD for the names after `head` (its
+    /// clones); after the last listing, the next object.
+    fn list_clones(&mut self, head: Vec<u8>, source: usize) -> Step {
+        if source == self.listings.len() {
+            return self.next_object();
+        }
+        let cursor = head.clone();
+        self.stage = Stage::ListingClones { head, source };
+        self.send(self.source(source), PeerOp::List { cursor })
     }
 
     fn send_later(&mut self, op: PeerOp) -> Step {
@@ -529,6 +601,11 @@ mod tests {
         later: u32,
         /// Requests of each kind sent to targets.
         sent: BTreeMap<&'static str, u32>,
+        /// (head, clone, its data): a write makes the clone at the primary
+        /// when the head's lock is first asked for (after the listings).
+        clone_on_lock: Option<(Vec<u8>, Vec<u8>, Vec<u8>)>,
+        /// Heads that have snapshots (their metadata says so).
+        snapped: Vec<Vec<u8>>,
     }
 
     fn meta(data: &[u8]) -> ObjectMeta {
@@ -544,7 +621,17 @@ mod tests {
 
     impl Model {
         fn new(primary: Objects, targets: BTreeMap<OsdId, Objects>) -> Model {
-            Model { primary, targets, busy: 0, locked: None, done: Vec::new(), later: 0, sent: BTreeMap::new() }
+            Model {
+                primary,
+                targets,
+                busy: 0,
+                locked: None,
+                done: Vec::new(),
+                later: 0,
+                sent: BTreeMap::new(),
+                clone_on_lock: None,
+                snapped: Vec::new(),
+            }
         }
 
         fn is_locked(&self, object: &[u8], start: u64, end: u64) -> bool {
@@ -615,7 +702,16 @@ mod tests {
                         self.busy -= 1;
                         return PeerReply::Busy;
                     }
-                    PeerReply::Meta(self.primary.get(&object).map(|d| meta(d)))
+                    if self.clone_on_lock.as_ref().is_some_and(|(head, ..)| *head == object) {
+                        let (head, clone, data) = self.clone_on_lock.take().expect("checked");
+                        self.primary.insert(clone, data);
+                        self.snapped.push(head);
+                    }
+                    let snapped = self.snapped.contains(&object);
+                    PeerReply::Meta(self.primary.get(&object).map(|d| ObjectMeta {
+                        attrs: if snapped { vec![(crate::snaps::SNAPSEQ_ATTR.to_vec(), vec![1])] } else { Vec::new() },
+                        ..meta(d)
+                    }))
                 }
                 PeerOp::Pull { object, offset, len } => {
                     let data = &self.primary[&object];
@@ -624,6 +720,23 @@ mod tests {
                 other => panic!("{other:?} sent to the primary"),
             }
         }
+    }
+
+    #[test]
+    fn a_clone_made_after_the_listings_is_walked_right_after_its_head() {
+        let clone = [&b"snapped"[..], &[0], &1u64.to_be_bytes()].concat();
+        // Pages of two names: the head's page names the one after it too,
+        // so the clone, made between them later, is in no page.
+        let primary: Objects =
+            [(b"snapped".to_vec(), vec![2; 10]), (b"z".to_vec(), vec![3; 10]), (b"zz".to_vec(), vec![1; 10])].into();
+        // The target holds a stale clone of the head too.
+        let stale = [&b"snapped"[..], &[0], &0u64.to_be_bytes()].concat();
+        let mut model = Model::new(primary, [(1, Objects::from([(stale, vec![9; 4])]))].into());
+        model.clone_on_lock = Some((b"snapped".to_vec(), clone.clone(), vec![4; 10]));
+        let (_, end) = run(&mut model, None);
+        assert_eq!(end, Step::Complete);
+        assert!(model.primary.contains_key(&clone), "the write made the clone");
+        assert_eq!(model.targets[&1], model.primary, "the clone the listings missed was copied, the stale one removed");
     }
 
     fn run(model: &mut Model, mut deleted_after_listing: Option<Vec<u8>>) -> (Backfill, Step) {
