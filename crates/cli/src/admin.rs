@@ -344,6 +344,16 @@ pub enum ImageCommand {
         #[arg(long)]
         from_snap: Option<String>,
     },
+    /// Make CHILD a copy-on-write clone of IMAGE@SNAP (a protected
+    /// snapshot): it reads through to it until written.
+    Clone {
+        /// IMAGE@SNAP
+        parent: String,
+        child: String,
+    },
+    /// Copy into a clone everything it still reads from its parent, and
+    /// cut the link.
+    Flatten { name: String },
     /// Apply a diff stream to an image: its starting snapshot must exist
     /// there, and its ending snapshot is created.
     ImportDiff {
@@ -382,8 +392,13 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
         }
         ImageCommand::Info { name, json } => {
             let info = client.image_info(pool, &name)?;
+            let parent = client.parent_of(pool, &name)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&info)?);
+                let snapshots = client.list_snapshots(pool, &name)?;
+                let mut value = serde_json::to_value(&info)?;
+                value["parent"] = serde_json::to_value(&parent)?;
+                value["snapshots"] = serde_json::to_value(&snapshots)?;
+                println!("{}", serde_json::to_string_pretty(&value)?);
             } else {
                 println!("image:        {}", info.name);
                 println!("pool:         {pool_name}");
@@ -395,6 +410,14 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
                 let snaps = client.list_snapshots(pool, &name)?;
                 let names: Vec<&str> = snaps.iter().map(|s| s.name.as_str()).collect();
                 println!("snapshots:    {}", if names.is_empty() { "none".to_string() } else { names.join(", ") });
+                if let Some(parent) = parent {
+                    println!(
+                        "parent:       {}@{} (reads through its first {})",
+                        parent.image,
+                        parent.snap,
+                        format_size(parent.overlap)
+                    );
+                }
             }
         }
         ImageCommand::Resize { name, size, allow_shrink } => {
@@ -412,6 +435,18 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
         ImageCommand::Remove { name } => {
             client.remove_image(pool, &name)?;
             println!("removed image '{name}'");
+        }
+        ImageCommand::Clone { parent, child } => {
+            let (image, snap) = crate::snap::split_spec(&parent)?;
+            let info = client.clone_image(pool, image, snap, &child)?;
+            println!("cloned '{parent}' as '{child}' ({}); it reads through until written", format_size(info.size));
+        }
+        ImageCommand::Flatten { name } => {
+            let started = Instant::now();
+            let bar = crate::progress::bar("flattening");
+            client.flatten_image(pool, &name, &mut |done, all| bar.update(done, all))?;
+            bar.finish();
+            println!("flattened '{name}' in {:.1?}: it no longer reads from a parent", started.elapsed());
         }
         ImageCommand::Diff { spec, from_snap, json } => {
             crate::diff::diff(client, pool, &spec, from_snap.as_deref(), json)?;

@@ -257,9 +257,11 @@ fn run(cli: Cli) -> Result<()> {
         Top::Image(command) => admin::image(&connect(cli.conf.as_deref())?, &cli.pool, command)?,
         Top::Snap(command) => snap::snap(&connect(cli.conf.as_deref())?, &cli.pool, command)?,
         Top::Nbd(NbdCommand::Serve(args)) => {
+            nbd::block_stop_signals();
             let client = connect(cli.conf.as_deref())?;
             let pool = client.pool_id(&cli.pool)?;
-            let image = client.open_spec(pool, &args.image)?;
+            let image = std::sync::Arc::new(client.open_spec(pool, &args.image)?);
+            nbd::close_on_stop_signal(image.clone())?;
             let server = nbd::server(image, &args)?;
             server.run().context("the NBD server stopped")?;
         }

@@ -36,13 +36,53 @@ pub struct ServeArgs {
 
 /// An image as an NBD export.
 pub struct ImageExport {
-    image: Image,
+    image: Arc<Image>,
 }
 
 impl ImageExport {
-    pub fn new(image: Image) -> ImageExport {
+    pub fn new(image: Arc<Image>) -> ImageExport {
         ImageExport { image }
     }
+}
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread it starts
+/// from now on (call it before the client starts its threads), so that
+/// [`close_on_stop_signal`]'s thread alone receives them.
+pub fn block_stop_signals() {
+    // SAFETY: plain libc calls on a local, initialized signal set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// On SIGINT or SIGTERM: ends the image's watch (so that a snapshot need
+/// not wait for this gateway to be found dead), then exits.
+pub fn close_on_stop_signal(image: Arc<Image>) -> Result<()> {
+    std::thread::Builder::new()
+        .name("duplex-nbd-signals".into())
+        .spawn(move || {
+            let mut signal = 0;
+            // SAFETY: sigwait on a local, initialized set of signals this
+            // process blocked in every thread (block_stop_signals).
+            let waited = unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGINT);
+                libc::sigaddset(&mut set, libc::SIGTERM);
+                libc::sigwait(&set, &mut signal)
+            };
+            if waited == 0 {
+                tracing::info!(signal, "stopping: the image's watch ends first");
+                image.close();
+                std::process::exit(0);
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
 }
 
 fn errno(err: ClientError) -> Errno {
@@ -92,7 +132,7 @@ fn image_is_snapshot(export: &str) -> bool {
 }
 
 /// Binds the listener and builds the server (not yet running).
-pub fn server(image: Image, args: &ServeArgs) -> Result<Server> {
+pub fn server(image: Arc<Image>, args: &ServeArgs) -> Result<Server> {
     let name = match image.snapshot() {
         Some(snap) => format!("{}@{}", image.info().name, snap.name),
         None => image.info().name.clone(),

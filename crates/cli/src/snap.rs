@@ -24,8 +24,10 @@ pub enum SnapCommand {
     Rollback { spec: String },
     /// Protect a snapshot from removal (clones need it).
     Protect { spec: String },
-    /// Lift a snapshot's protection.
+    /// Lift a snapshot's protection (refused while clones read from it).
     Unprotect { spec: String },
+    /// The clones of IMAGE@SNAP.
+    Children { spec: String },
 }
 
 /// `IMAGE@SNAP`, split.
@@ -114,6 +116,12 @@ pub fn snap(client: &Client, pool_name: &str, command: SnapCommand) -> Result<()
             let (image, name) = split_spec(&spec)?;
             client.protect_snapshot(pool, image, name, true)?;
             println!("protected '{image}@{name}'");
+        }
+        SnapCommand::Children { spec } => {
+            let (image, name) = split_spec(&spec)?;
+            for child in client.children_of(pool, image, name)? {
+                println!("{child}");
+            }
         }
         SnapCommand::Unprotect { spec } => {
             let (image, name) = split_spec(&spec)?;

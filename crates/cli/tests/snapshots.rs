@@ -215,3 +215,85 @@ fn snapshots_taken_across_an_osd_kill_hold_their_moment() {
     assert!(report.is_ok(), "{report}");
     assert!(report.writes_acknowledged > 600, "{report}");
 }
+
+/// Clones (issue 25): a clone of a protected snapshot reads through to it,
+/// copies up what it changes, serves as a qcow2 backing file, keeps its
+/// parent's snapshot from being unprotected, and after `flatten` stands
+/// alone.
+#[test]
+fn a_clone_reads_through_copies_up_backs_a_qcow2_and_flattens() {
+    for tool in ["qemu-io", "qemu-img", "nbdcopy"] {
+        require_tool(tool);
+    }
+    let cluster = DevCluster::start();
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let file = |name: &str| scratch.path().join(name);
+    run_ok(cluster.cli().args(["image", "create", "golden", "--size", "16M"]));
+    let server = cluster.serve("golden", None);
+    qemu_io(&server.uri, &["write -P 0x11 0 16M", "write -P 0x12 5M 3M"]);
+    run_ok(cluster.cli().args(["snap", "create", "golden@v1"]));
+    // The template changes after: the clone must not see it.
+    qemu_io(&server.uri, &["write -P 0x99 0 16M"]);
+    drop(server);
+
+    let err = fails(cluster.cli().args(["image", "clone", "golden@v1", "vm"]));
+    assert!(err.contains("not protected"), "{err}");
+    run_ok(cluster.cli().args(["snap", "protect", "golden@v1"]));
+    run_ok(cluster.cli().args(["image", "clone", "golden@v1", "vm"]));
+    let info = run_ok(cluster.cli().args(["image", "info", "vm", "--json"]));
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).expect("json");
+    assert_eq!(info["parent"]["image"], "golden", "{info}");
+    assert_eq!(info["parent"]["snap"], "v1", "{info}");
+
+    let vm = cluster.serve("vm", None);
+    qemu_io(&vm.uri, &["read -P 0x11 0 5M", "read -P 0x12 5M 3M", "read -P 0x11 8M 8M"]);
+    // Writes copy up around them; a discard of whole objects hides the parent.
+    qemu_io(&vm.uri, &["write -P 0x22 4100 100", "discard 12M 1M", "write -z 1M 4k"]);
+    qemu_io(
+        &vm.uri,
+        &[
+            "read -P 0x11 0 4100",
+            "read -P 0x22 4100 100",
+            "read -P 0x11 4200 1044376",
+            "read -P 0 1M 4k",
+            "read -P 0x11 1052672 4190208",
+            "read -P 0 12M 1M",
+            "read -P 0x11 13M 3M",
+        ],
+    );
+    run_ok(Command::new("nbdcopy").arg(&vm.uri).arg(file("vm.raw")));
+
+    // The clone as a qcow2 backing file: reads go through two layers.
+    let overlay = file("overlay.qcow2");
+    run_ok(Command::new("qemu-img").args(["create", "-f", "qcow2", "-F", "raw", "-b"]).arg(&vm.uri).arg(&overlay));
+    let overlay_uri = overlay.to_str().unwrap();
+    let mut command = Command::new("qemu-io");
+    command.args([
+        "-f",
+        "qcow2",
+        "-c",
+        "write -P 0x33 2M 64k",
+        "-c",
+        "read -P 0x33 2M 64k",
+        "-c",
+        "read -P 0x22 4100 100",
+    ]);
+    run_ok(command.arg(overlay_uri));
+    run_ok(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw"]).arg(file("vm.raw")).arg(&vm.uri));
+
+    // Its parent's snapshot stays while a clone reads from it.
+    let err = fails(cluster.cli().args(["snap", "unprotect", "golden@v1"]));
+    assert!(err.contains("vm"), "the error names the clone: {err}");
+    let children = run_ok(cluster.cli().args(["snap", "children", "golden@v1"]));
+    assert_eq!(String::from_utf8_lossy(&children.stdout).trim(), "vm");
+    drop(vm);
+
+    run_ok(cluster.cli().args(["image", "flatten", "vm"]));
+    run_ok(cluster.cli().args(["snap", "unprotect", "golden@v1"]));
+    run_ok(cluster.cli().args(["snap", "remove", "golden@v1"]));
+    run_ok(cluster.cli().args(["image", "export", "vm"]).arg(file("flat.raw")));
+    same_file(&file("flat.raw"), &file("vm.raw"));
+    let info = run_ok(cluster.cli().args(["image", "info", "vm", "--json"]));
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).expect("json");
+    assert!(info["parent"].is_null(), "{info}");
+}

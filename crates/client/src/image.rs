@@ -116,7 +116,7 @@ impl ImageInfo {
     }
 }
 
-fn valid_object_size(size: u32) -> bool {
+pub(crate) fn valid_object_size(size: u32) -> bool {
     size.is_power_of_two() && (MIN_OBJECT_SIZE..=MAX_OBJECT_SIZE).contains(&size)
 }
 
@@ -173,6 +173,18 @@ impl Client {
         size: u64,
         options: CreateOptions,
     ) -> Result<ImageInfo, ClientError> {
+        self.create_image_with(pool, name, size, options, None)
+    }
+
+    /// Creates an image; a clone's header carries its parent link.
+    pub(crate) fn create_image_with(
+        &self,
+        pool: u32,
+        name: &str,
+        size: u64,
+        options: CreateOptions,
+        parent: Option<&crate::layering::ParentLink>,
+    ) -> Result<ImageInfo, ClientError> {
         check_name(name)?;
         if !valid_object_size(options.object_size) {
             return Err(ClientError::Invalid(format!(
@@ -205,6 +217,9 @@ impl Client {
         // The header before the directory entry: a crash between leaves an
         // unreachable header, never a name without an image.
         self.write(pool, &header_object(&id), 0, info.encode())?;
+        if let Some(link) = parent {
+            self.write(pool, &header_object(&id), crate::layering::PARENT_OFFSET, link.encode())?;
+        }
         self.write(pool, &directory_object(name), 0, Bytes::from(id.into_bytes()))?;
         Ok(info)
     }
@@ -295,6 +310,19 @@ impl Client {
         let mut info = self.image_info(pool, name)?;
         let object_size = info.object_size as u64;
         let (old_objects, new_objects) = (info.object_count(), new_size.div_ceil(object_size));
+        let mut link = crate::layering::read_link(self, pool, &info.id)?;
+        if let Some(link) = link.as_mut().filter(|link| new_size < link.overlap) {
+            // A clone shrunk reads less of its parent, even if it grows again.
+            // Its tail object keeps what it read through before the cut.
+            let tail = new_size % object_size;
+            if tail != 0 {
+                let layer = std::sync::Arc::new(crate::layering::Layer::new(link.clone(), &info, pool));
+                let write_snap = crate::snapshot::read_table(self, pool, &header_object(&info.id))?.newest_live();
+                wait(|done| crate::layering::copy_up(self, &layer, new_objects - 1, write_snap, done))?;
+            }
+            link.overlap = new_size;
+            self.write(pool, &header_object(&info.id), crate::layering::PARENT_OFFSET, link.encode())?;
+        }
         if new_size < info.size {
             // Data first, header last: a crash in between leaves the old size
             // with zeros past the new end, never stale data a later grow could expose.
@@ -304,7 +332,8 @@ impl Client {
             if tail != 0 {
                 let last = data_object(&info.id, new_objects - 1);
                 let zero = (tail, object_size - tail);
-                self.run_all(zero_ops(pool, &info, last, zero.0, zero.1).into_iter(), true)?;
+                let hides_parent = link.as_ref().is_some_and(|link| link.overlap > (new_objects - 1) * object_size);
+                self.run_all(zero_ops(pool, &info, last, zero.0, zero.1, hides_parent).into_iter(), true)?;
             }
         } else if info.preallocated && new_objects > old_objects {
             self.preallocate(pool, &info, old_objects..new_objects)?;
@@ -333,19 +362,26 @@ impl Client {
                 names.join(", ")
             )));
         }
+        let link = crate::layering::read_link(self, pool, &info.id)?;
         let prefix = format!("{}.", info.id);
         let objects = self.list_objects(pool, prefix.as_bytes())?;
         let ops = objects.into_iter().map(|n| ObjectOp::new(pool, OpKind::Delete, Bytes::from(n)));
         self.run_all(ops, true)?;
-        self.delete(pool, &directory_object(name))
+        self.delete(pool, &directory_object(name))?;
+        // The parent's snapshot may be unprotected once no clone is left.
+        match link {
+            Some(link) => self.unregister_child(&link, &info.id),
+            None => Ok(()),
+        }
     }
 
     /// Opens an image for I/O. The image is watched while open
     /// (crate::watch), so that snapshots wait for its writes.
     pub fn open_image(&self, pool: u32, name: &str) -> Result<Image, ClientError> {
         let info = self.image_info(pool, name)?;
+        let layer = self.layer_of(pool, &info)?;
         let watch = crate::watch::Watch::start(self, pool, header_object(&info.id))?;
-        Ok(Image { client: self.clone(), pool, info, watch: Some(watch), read_snap: None })
+        Ok(Image { client: self.clone(), pool, info, watch: Some(watch), read_snap: None, layer })
     }
 
     /// Opens snapshot `snap` of an image, read-only: the image as it was
@@ -353,8 +389,14 @@ impl Client {
     pub fn open_snapshot(&self, pool: u32, name: &str, snap: &str) -> Result<Image, ClientError> {
         let mut info = self.image_info(pool, name)?;
         let snapshot = self.snapshot_info(pool, name, snap)?;
+        let layer = self.layer_of(pool, &info)?;
         info.size = snapshot.size;
-        Ok(Image { client: self.clone(), pool, info, watch: None, read_snap: Some(snapshot) })
+        Ok(Image { client: self.clone(), pool, info, watch: None, read_snap: Some(snapshot), layer })
+    }
+
+    fn layer_of(&self, pool: u32, info: &ImageInfo) -> Result<Option<Arc<crate::layering::Layer>>, ClientError> {
+        let link = crate::layering::read_link(self, pool, &info.id)?;
+        Ok(link.map(|link| Arc::new(crate::layering::Layer::new(link, info, pool))))
     }
 
     /// `IMAGE` or `IMAGE@SNAP`: the head read-write, or the snapshot read-only.
@@ -367,9 +409,14 @@ impl Client {
 }
 
 /// Operations that make `len` bytes of `object` from `offset` read as zeros.
-fn zero_ops(pool: u32, info: &ImageInfo, object: Bytes, offset: u64, len: u64) -> Vec<ObjectOp> {
+/// `hides_parent`: the object of a clone that reads through where it is
+/// absent, so it is emptied (truncated to nothing), never deleted.
+fn zero_ops(pool: u32, info: &ImageInfo, object: Bytes, offset: u64, len: u64, hides_parent: bool) -> Vec<ObjectOp> {
     let object_size = info.object_size as u64;
     if !info.preallocated {
+        if offset == 0 && len == object_size && hides_parent {
+            return vec![ObjectOp::new(pool, OpKind::Truncate, object)];
+        }
         if offset == 0 && len == object_size {
             return vec![ObjectOp::new(pool, OpKind::Delete, object)];
         }
@@ -414,6 +461,8 @@ pub struct Image {
     watch: Option<crate::watch::Watch>,
     /// Opened at a snapshot: reads see it, writes are refused.
     read_snap: Option<crate::snapshot::SnapInfo>,
+    /// A clone: its parent, read through where it holds no object.
+    layer: Option<Arc<crate::layering::Layer>>,
 }
 
 /// Where a piece of an image I/O lands: the object, the offset in it, the
@@ -434,6 +483,15 @@ impl Image {
         self.info.size
     }
 
+    /// Ends this gateway's watch (crate::watch) at once: a process about
+    /// to exit calls it, so that no `snap create` waits for it to be
+    /// found dead. Writes after it fail.
+    pub fn close(&self) {
+        if let Some(watch) = &self.watch {
+            watch.stop();
+        }
+    }
+
     /// The snapshot this image was opened at (read-only), if any.
     pub fn snapshot(&self) -> Option<&crate::snapshot::SnapInfo> {
         self.read_snap.as_ref()
@@ -446,18 +504,23 @@ impl Image {
         }
     }
 
-    /// Runs mutations under the snapshot sequence the watch says.
+    /// Runs mutations under the snapshot sequence the watch says; a
+    /// clone copies its parent's objects up first where they change.
     fn run_writes(&self, ops: Vec<ObjectOp>, missing_ok: bool, done: Done<()>) {
         let Some(watch) = &self.watch else { return run(&self.client, ops, missing_ok, done) };
         let client = self.client.clone();
+        let layer = self.layer.clone();
         watch.when_fresh(Box::new(move |entered| match entered {
             Ok((snap, in_flight)) => {
-                let ops = ops.into_iter().map(|op| ObjectOp { snap, ..op }).collect();
+                let ops: Vec<ObjectOp> = ops.into_iter().map(|op| ObjectOp { snap, ..op }).collect();
                 let done: Done<()> = Box::new(move |result| {
                     drop(in_flight);
                     done(result)
                 });
-                run(&client, ops, missing_ok, done)
+                match layer {
+                    Some(layer) => copy_up_then_run(client, layer, ops, snap, missing_ok, done),
+                    None => run(&client, ops, missing_ok, done),
+                }
             }
             Err(err) => done(Err(err)),
         }));
@@ -505,7 +568,7 @@ impl Image {
             return done(Ok(Bytes::new()));
         }
         let pieces = self.pieces(offset, len as u64, MAX_IO_BYTES as u64);
-        if pieces.len() == 1 {
+        if pieces.len() == 1 && self.layer.is_none() {
             let want = len as usize;
             let op = self.op(OpKind::Read, &pieces[0]);
             return self.client.submit(
@@ -528,6 +591,13 @@ impl Image {
         for piece in &pieces {
             let join = join.clone();
             let (at, want) = (piece.at, piece.len as usize);
+            // A clone's object it does not hold reads through to its parent.
+            let through = self.layer.as_ref().and_then(|layer| {
+                let number = object_number(&piece.object)?;
+                let end = layer.through(number).min(piece.offset + piece.len);
+                (end > piece.offset).then(|| layer.parent_read(number, piece.offset, (end - piece.offset) as u32))
+            });
+            let client = self.client.clone();
             self.client.submit(
                 self.op(OpKind::Read, piece),
                 Box::new(move |result| match result {
@@ -536,7 +606,20 @@ impl Image {
                         join.fill(at, &data[..n]);
                         join.piece_done(Ok(()));
                     }
-                    Err(ClientError::NotFound) => join.piece_done(Ok(())),
+                    Err(ClientError::NotFound) => match through {
+                        Some(parent_read) => client.submit(
+                            parent_read,
+                            Box::new(move |result| match result {
+                                Ok(data) => {
+                                    join.fill(at, &data[..data.len().min(want)]);
+                                    join.piece_done(Ok(()));
+                                }
+                                Err(ClientError::NotFound) => join.piece_done(Ok(())),
+                                Err(err) => join.piece_done(Err(err)),
+                            }),
+                        ),
+                        None => join.piece_done(Ok(())),
+                    },
                     Err(err) => join.piece_done(Err(err)),
                 }),
             );
@@ -569,7 +652,10 @@ impl Image {
             let number = at / object_size;
             let in_object = at % object_size;
             let piece = (object_size - in_object).min(offset + len - at);
-            ops.extend(zero_ops(self.pool, &self.info, data_object(&self.info.id, number), in_object, piece));
+            // A clone's object emptied whole must still hide its parent's.
+            let through = self.layer.as_ref().is_some_and(|layer| layer.through(number) > 0);
+            let object = data_object(&self.info.id, number);
+            ops.extend(zero_ops(self.pool, &self.info, object, in_object, piece, through));
             at += piece;
         }
         self.run_writes(ops, true, done);
@@ -606,6 +692,59 @@ impl Image {
 
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ClientError> {
         wait(|done| self.write_zeroes_async(offset, len, done))
+    }
+}
+
+/// The object number of a data object's name (`<id>.<16 hex digits>`).
+fn object_number(name: &[u8]) -> Option<u64> {
+    let name = std::str::from_utf8(name).ok()?;
+    let (_, number) = name.rsplit_once('.')?;
+    (number.len() == 16).then(|| u64::from_str_radix(number, 16).ok()).flatten()
+}
+
+/// A clone's mutations: each object they change (but for one emptied
+/// whole) first holds its parent's data, then they run.
+fn copy_up_then_run(
+    client: Client,
+    layer: Arc<crate::layering::Layer>,
+    ops: Vec<ObjectOp>,
+    snap: u64,
+    missing_ok: bool,
+    done: Done<()>,
+) {
+    let mut numbers: Vec<u64> = ops
+        .iter()
+        .filter(|op| !(op.kind == OpKind::Truncate && op.offset == 0))
+        .filter_map(|op| object_number(&op.object))
+        .collect();
+    numbers.sort_unstable();
+    numbers.dedup();
+    if numbers.is_empty() {
+        return run(&client, ops, missing_ok, done);
+    }
+    let after = Arc::new(Mutex::new(Some((ops, done))));
+    let remaining = Arc::new(AtomicUsize::new(numbers.len()));
+    let failed: Arc<Mutex<Option<ClientError>>> = Arc::new(Mutex::new(None));
+    for number in numbers {
+        let (after, remaining, failed, next) = (after.clone(), remaining.clone(), failed.clone(), client.clone());
+        crate::layering::copy_up(
+            &client,
+            &layer,
+            number,
+            snap,
+            Box::new(move |result| {
+                if let Err(err) = result {
+                    failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(err);
+                }
+                if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    let (ops, done) = after.lock().unwrap_or_else(|p| p.into_inner()).take().expect("run once");
+                    match failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                        Some(err) => done(Err(err)),
+                        None => run(&next, ops, missing_ok, done),
+                    }
+                }
+            }),
+        );
     }
 }
 

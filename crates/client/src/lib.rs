@@ -29,6 +29,7 @@
 pub mod client;
 pub mod error;
 pub mod image;
+pub mod layering;
 pub mod load;
 pub mod object;
 mod placement;

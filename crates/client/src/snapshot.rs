@@ -234,6 +234,16 @@ impl Client {
             .iter_mut()
             .find(|s| s.name == snap)
             .ok_or_else(|| ClientError::NoSuchSnapshot(format!("{image}@{snap}")))?;
+        if !protect {
+            let children = self.children_of(pool, image, snap)?;
+            if !children.is_empty() {
+                return Err(ClientError::Busy(format!(
+                    "{image}@{snap} has {} clone(s) reading from it ({}): flatten or remove them first",
+                    children.len(),
+                    children.join(", ")
+                )));
+            }
+        }
         entry.protected = protect;
         write_table(self, pool, &header, &table)
     }

@@ -103,7 +103,7 @@ struct State {
 /// removed) when dropped.
 pub struct Watch {
     state: Arc<State>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Watch {
@@ -137,7 +137,7 @@ impl Watch {
                 .spawn(move || renewer.run(&state))
                 .map_err(|e| ClientError::Unavailable(format!("cannot start the image's watch thread: {e}")))?
         };
-        Ok(Watch { state, thread: Some(thread) })
+        Ok(Watch { state, thread: Mutex::new(Some(thread)) })
     }
 
     /// Runs `write` with the snapshot sequence a write starting now is
@@ -145,6 +145,9 @@ impl Watch {
     /// and a clock read), else after the next renewal. Never blocks, so
     /// it may be called from a completion callback.
     pub fn when_fresh(&self, write: Held) {
+        if self.state.stop.load(Ordering::Acquire) {
+            return write(Err(ClientError::Shutdown));
+        }
         match State::enter(&self.state) {
             Some(entered) => write(Ok(entered)),
             None => {
@@ -206,17 +209,25 @@ impl State {
     }
 }
 
-impl Drop for Watch {
-    fn drop(&mut self) {
+impl Watch {
+    /// Stops renewing and removes the watcher from the header, so that no
+    /// snapshot waits for it; writes waiting for it fail. (Also on drop.)
+    pub fn stop(&self) {
         self.state.stop.store(true, Ordering::Release);
         self.state.wake.1.notify_all();
-        if let Some(thread) = self.thread.take() {
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = thread.join();
         }
         let held = std::mem::take(&mut *self.state.held.lock().unwrap_or_else(|p| p.into_inner()));
         for (_, write) in held {
             write(Err(ClientError::Shutdown));
         }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

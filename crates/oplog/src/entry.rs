@@ -28,6 +28,7 @@
 //! | remove attribute | 0 | the name |
 //! | create pre-allocated | the size | none |
 //! | zero | where | the length, u64 little-endian (8 bytes) |
+//! | copy up | where | the bytes (written only if the object is absent) |
 
 use num_enum::TryFromPrimitive;
 
@@ -51,6 +52,9 @@ pub enum OpKind {
     /// Make the object's bytes from `offset` read as zeros without taking
     /// space (the length is the data: [`zero_length`]).
     Zero = 7,
+    /// A write applied only if the object is absent when the entry is
+    /// applied (a clone's copy-up of its parent's data).
+    CopyUp = 8,
 }
 
 /// A zero entry's (or request's) length, from its 8 bytes of data; `None`
@@ -271,7 +275,7 @@ mod tests {
             any::<u32>(),
             any::<u64>(),
             any::<u64>(),
-            1u8..8,
+            1u8..9,
             proptest::collection::vec(any::<u8>(), 0..40),
             any::<u64>(),
             proptest::collection::vec(any::<u8>(), 0..600),
@@ -282,7 +286,7 @@ mod tests {
                 epoch,
                 version,
                 seq,
-                op: OpKind::from_u8(op).expect("1..7"),
+                op: OpKind::from_u8(op).expect("1..8"),
                 object,
                 offset,
                 data,
@@ -296,7 +300,7 @@ mod tests {
         for byte in 0..=u8::MAX {
             match OpKind::from_u8(byte) {
                 Some(op) => assert_eq!(op as u8, byte),
-                None => assert!(!(1..=7).contains(&byte), "{byte}"),
+                None => assert!(!(1..=8).contains(&byte), "{byte}"),
             }
             assert_eq!(OpKind::try_from(byte).ok(), OpKind::from_u8(byte));
         }

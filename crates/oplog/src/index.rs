@@ -108,7 +108,8 @@ impl IndexCache {
                 // newer writes cover is known without it.
                 // (A zero reads as zeros only where the object reaches,
                 // which the store knows.)
-                OpKind::Truncate | OpKind::Delete | OpKind::CreatePreallocated | OpKind::Zero => break,
+                // (A copy-up's bytes count only if the store lacked the object.)
+                OpKind::Truncate | OpKind::Delete | OpKind::CreatePreallocated | OpKind::Zero | OpKind::CopyUp => break,
                 // Attributes are not data.
                 OpKind::SetAttr | OpKind::RemoveAttr => {}
             }

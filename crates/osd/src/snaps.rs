@@ -123,8 +123,19 @@ pub struct Planner {
 
 impl Planner {
     /// Appends to `ops` what applying `op` (an entry's, logged under
-    /// snapshot sequence `snap`) takes.
-    pub fn push(&mut self, partition: &mut Partition, op: Op, snap: u64, ops: &mut Vec<Op>) -> Result<(), StoreError> {
+    /// snapshot sequence `snap`) takes. `if_absent`: a copy-up, dropped
+    /// if the object exists by then.
+    pub fn push(
+        &mut self,
+        partition: &mut Partition,
+        op: Op,
+        snap: u64,
+        if_absent: bool,
+        ops: &mut Vec<Op>,
+    ) -> Result<(), StoreError> {
+        if if_absent && self.head(partition, op.key())?.exists {
+            return Ok(());
+        }
         if snap == 0 {
             if let Some(head) = self.heads.get_mut(op.key()) {
                 follow(head, &op);
@@ -133,14 +144,7 @@ impl Planner {
             return Ok(());
         }
         let key = op.key().clone();
-        let mut head = match self.heads.get(&key) {
-            Some(head) => *head,
-            None => {
-                let bytes = key.as_bytes();
-                let exists = exists(partition, bytes)?;
-                Head { exists, seq: if exists { snapseq_of(partition, bytes)? } else { 0 } }
-            }
-        };
+        let mut head = self.head(partition, &key)?;
         let newer = snap > head.seq;
         tracing::trace!(key = %String::from_utf8_lossy(&key.as_bytes()[4..]), pg = key.group(), snap, ?head, op = op_name(&op), "snap plan");
         if newer && head.exists {
@@ -170,6 +174,20 @@ fn op_name(op: &Op) -> &'static str {
         Op::SetAttr { .. } => "setattr",
         Op::RemoveAttr { .. } => "rmattr",
         Op::Clone { .. } => "clone",
+    }
+}
+
+impl Planner {
+    /// The head as the run left it so far (read from the store the first time).
+    fn head(&mut self, partition: &mut Partition, key: &Key) -> Result<Head, StoreError> {
+        if let Some(head) = self.heads.get(key) {
+            return Ok(*head);
+        }
+        let bytes = key.as_bytes();
+        let exists = exists(partition, bytes)?;
+        let head = Head { exists, seq: if exists { snapseq_of(partition, bytes)? } else { 0 } };
+        self.heads.insert(key.clone(), head);
+        Ok(head)
     }
 }
 
@@ -247,7 +265,7 @@ mod tests {
         let mut planner = Planner::default();
         let mut ops = Vec::new();
         for (op, snap) in run {
-            planner.push(partition, op, snap, &mut ops).expect("plan");
+            planner.push(partition, op, snap, false, &mut ops).expect("plan");
         }
         for batch in Batches::new(ops.into_iter(), 64, planner.cloned) {
             partition.apply(&batch).expect("apply");

@@ -48,6 +48,7 @@
 //! | list snapshots | 0 | none | [`SnapList`]: the head and its clones |
 //! | trim clone | the clone's sequence | none | none (a clone no snapshot needs is deleted) |
 //! | diff | from snapshot (0: from nothing) | none | [`SnapDiff`] from there to `snap` (0: the head) |
+//! | copy up | where | the bytes | none (written only if the object is absent) |
 
 use bytes::{BufMut, Bytes, BytesMut};
 use num_enum::TryFromPrimitive;
@@ -106,6 +107,10 @@ pub enum OpKind {
     /// `offset` (0: an absent object) and snapshot `snap` (0: the head),
     /// from the store's block maps, without reading data ([`SnapDiff`]).
     Diff = 15,
+    /// A write that takes effect only if the object does not exist: a
+    /// cloned image copies its parent's data up before its first change
+    /// of an object, however many writers race to do it.
+    CopyUp = 16,
 }
 
 impl OpKind {
@@ -128,6 +133,7 @@ impl OpKind {
                 | OpKind::CreatePreallocated
                 | OpKind::Zero
                 | OpKind::TrimClone
+                | OpKind::CopyUp
         )
     }
 
@@ -135,7 +141,13 @@ impl OpKind {
     pub fn carries_data(self) -> bool {
         matches!(
             self,
-            OpKind::Write | OpKind::GetAttr | OpKind::SetAttr | OpKind::RemoveAttr | OpKind::List | OpKind::Zero
+            OpKind::Write
+                | OpKind::GetAttr
+                | OpKind::SetAttr
+                | OpKind::RemoveAttr
+                | OpKind::List
+                | OpKind::Zero
+                | OpKind::CopyUp
         )
     }
 }
@@ -702,7 +714,7 @@ mod tests {
 
     fn request_strategy() -> impl Strategy<Value = OpRequest> {
         (
-            1u8..16,
+            1u8..17,
             any::<u32>(),
             any::<u32>(),
             any::<u64>(),
@@ -713,7 +725,7 @@ mod tests {
             (any::<u64>(), any::<u64>()),
         )
             .prop_map(|(kind, pool, pg, map_epoch, mut object, offset, length, mut data, (client, snap))| {
-                let kind = OpKind::from_u8(kind).expect("1..16");
+                let kind = OpKind::from_u8(kind).expect("1..17");
                 // Reserved names are refused; that has its own test.
                 object.iter_mut().for_each(|b| *b |= 1);
                 if let Some(first) = data.first_mut() {

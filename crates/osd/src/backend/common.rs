@@ -92,6 +92,7 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
         OpKind::Zero => LogOp::Zero,
         // Rewritten at admission into a delete of the clone's own name.
         OpKind::TrimClone => LogOp::Delete,
+        OpKind::CopyUp => LogOp::CopyUp,
         OpKind::Read
         | OpKind::Stat
         | OpKind::GetAttr
@@ -105,7 +106,7 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
 /// A mutation's log entry `offset` and `data` (the table in the oplog's entry docs).
 pub(crate) fn log_fields(request: &OpRequest) -> (u64, &[u8]) {
     match request.kind {
-        OpKind::Write | OpKind::SetAttr | OpKind::Zero => (request.offset, &request.data),
+        OpKind::Write | OpKind::SetAttr | OpKind::Zero | OpKind::CopyUp => (request.offset, &request.data),
         OpKind::Truncate | OpKind::CreatePreallocated => (request.offset, &[]),
         OpKind::RemoveAttr => (0, &request.data),
         _ => (0, &[]),
@@ -131,7 +132,7 @@ pub(crate) fn notify_flusher(shared: &Shared, key: u32, depth: usize, was_dirty:
 pub(crate) fn check_limits(op: LogOp, offset: u64, data: &[u8]) -> Result<(), String> {
     let limit = duplex_store::MAX_OBJECT_SIZE;
     let end = match op {
-        LogOp::Write => offset.saturating_add(data.len() as u64),
+        LogOp::Write | LogOp::CopyUp => offset.saturating_add(data.len() as u64),
         LogOp::Truncate | LogOp::CreatePreallocated => offset,
         LogOp::Delete => 0,
         LogOp::Zero => match duplex_oplog::zero_length(data) {

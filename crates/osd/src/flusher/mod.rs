@@ -364,9 +364,9 @@ impl Flusher {
                 crate::metrics::copies::count(crate::metrics::copies::Site::Flush, entry.data.len());
                 // The primary and replica paths checked every entry before
                 // logging it: only a bug makes one the store cannot take.
-                let snap = entry.snap;
+                let (snap, if_absent) = (entry.snap, entry.op == duplex_oplog::OpKind::CopyUp);
                 let planned = store_op(entry).map_err(|err| err.to_string()).and_then(|op| {
-                    planner.push(&mut self.partition, op, snap, &mut ops).map_err(|err| err.to_string())
+                    planner.push(&mut self.partition, op, snap, if_absent, &mut ops).map_err(|err| err.to_string())
                 });
                 match planned {
                     Ok(()) => last = seq,
@@ -552,10 +552,11 @@ impl Flusher {
             let mut refused = Vec::new();
             for (entry, done) in syncs.by_ref().take(FLUSH_BATCH) {
                 let (pg, seq, snap) = (entry.pg, entry.seq, entry.snap);
+                let if_absent = entry.op == duplex_oplog::OpKind::CopyUp;
                 // Checked before it was queued, as a logged entry would be:
                 // only a bug makes one the store cannot take.
                 let planned = store_op(entry).map_err(|err| err.to_string()).and_then(|op| {
-                    planner.push(&mut self.partition, op, snap, &mut ops).map_err(|err| err.to_string())
+                    planner.push(&mut self.partition, op, snap, if_absent, &mut ops).map_err(|err| err.to_string())
                 });
                 match planned {
                     Ok(()) => dones.push((pg, seq, done)),

@@ -79,7 +79,7 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
         // A write that adds data to a PG one of whose members is full is
         // refused at once; what frees space (deletes, truncates, removing
         // attributes, discards) always goes on.
-        if matches!(log_op, LogOp::Write | LogOp::SetAttr | LogOp::CreatePreallocated) {
+        if matches!(log_op, LogOp::Write | LogOp::SetAttr | LogOp::CreatePreallocated | LogOp::CopyUp) {
             let here = shared.config.id;
             let full = view.full_osds.iter().find(|osd| acting.contains(osd)).copied().or_else(|| {
                 // Full here before the map says so (the monitor is a round trip away).

@@ -47,7 +47,8 @@ pub fn store_key(entry: &Entry) -> Result<Key, ReplayError> {
 pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
     let key = store_key(&entry)?;
     Ok(match entry.op {
-        OpKind::Write => Op::Write { key, offset: entry.offset, data: entry.data },
+        // A copy-up is a write the planner drops if the object exists.
+        OpKind::Write | OpKind::CopyUp => Op::Write { key, offset: entry.offset, data: entry.data },
         OpKind::Truncate => Op::Truncate { key, size: entry.offset },
         OpKind::Delete => Op::Delete { key },
         OpKind::SetAttr => {
@@ -76,7 +77,7 @@ pub fn replay(entries: &[Entry], partition: &mut Partition) -> Result<usize, Rep
         let mut ops = Vec::with_capacity(chunk.len());
         for entry in chunk {
             planner
-                .push(partition, store_op(entry.clone())?, entry.snap, &mut ops)
+                .push(partition, store_op(entry.clone())?, entry.snap, entry.op == OpKind::CopyUp, &mut ops)
                 .map_err(|source| ReplayError::Store { seq: entry.seq, source })?;
         }
         for batch in Batches::new(ops.into_iter(), REPLAY_BATCH, planner.cloned) {
