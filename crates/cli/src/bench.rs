@@ -31,7 +31,7 @@ pub enum Pattern {
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Benchmark this image (else objects named bench.N in the pool).
+    /// Benchmark this image, or IMAGE@SNAP (reads only; else objects named bench.N in the pool).
     #[arg(long)]
     pub image: Option<String>,
     #[arg(long, value_enum, default_value_t = Pattern::Randwrite)]
@@ -135,7 +135,8 @@ impl Target {
 pub fn run(client: &Client, pool_name: &str, args: &BenchArgs) -> Result<BenchResult> {
     let pool = client.pool_id(pool_name)?;
     let (target, label) = match &args.image {
-        Some(name) => (Target::Image(Arc::new(client.open_image(pool, name)?)), format!("image {pool_name}/{name}")),
+        // IMAGE@SNAP: a snapshot, for the read patterns.
+        Some(name) => (Target::Image(Arc::new(client.open_spec(pool, name)?)), format!("image {pool_name}/{name}")),
         None => (
             Target::Objects { client: client.clone(), pool, objects: args.objects.max(1) },
             format!("{} objects in pool {pool_name}", args.objects.max(1)),

@@ -129,7 +129,11 @@ impl Watch {
             wake: (Mutex::new(()), Condvar::new()),
         });
         let mut renewer = Renewer { client: client.clone(), pool, header, name, counter: 0, acked: 0 };
-        renewer.renew(&state)?;
+        match renewer.renew(&state) {
+            // Registered, or (a full cluster) not, but the table was read.
+            Ok(()) | Err(ClientError::NoSpace(_)) => {}
+            Err(err) => return Err(err),
+        }
         let thread = {
             let state = state.clone();
             std::thread::Builder::new()
@@ -268,10 +272,17 @@ impl Renewer {
 
     /// One renewal: the counter goes up, then the table is read and its
     /// newest live snapshot adopted, then (if the sequence moved) acknowledged.
+    ///
+    /// What keeps writes going is the read: a gateway that knows the table
+    /// writes under the right sequence. The counter only tells `snap
+    /// create` that the gateway lives; when it cannot be written (a full
+    /// cluster refuses attribute writes, while deletes and discards must go
+    /// on) the gateway still reads and adopts, and a snapshot waits the 6 s
+    /// before it drops it.
     fn renew(&mut self, state: &State) -> Result<(), ClientError> {
         let sent = state.base.elapsed().as_nanos() as u64;
         self.counter += 1;
-        self.set(self.counter, self.acked)?;
+        let registered = self.set(self.counter, self.acked);
         let table = read_table(&self.client, self.pool, &self.header)?;
         if table.seq != self.acked {
             // Quiesce: hold new writes, let those under the old sequence end.
@@ -285,14 +296,17 @@ impl Renewer {
             state.write_snap.store(table.newest_live(), Ordering::SeqCst);
             state.adopting.store(false, Ordering::SeqCst);
             self.acked = table.seq;
-            self.set(self.counter, self.acked)?;
+            // Unacknowledged, the snapshot drops this watcher after 6 s.
+            if let Err(err) = self.set(self.counter, self.acked) {
+                tracing::warn!(%err, "acknowledging a snapshot failed");
+            }
         } else {
             // A removed snapshot changes no sequence: nothing to wait for.
             state.write_snap.store(table.newest_live(), Ordering::SeqCst);
         }
         state.renewed_at.store(sent.max(1), Ordering::Release);
         state.wake.1.notify_all();
-        Ok(())
+        registered
     }
 
     fn set(&self, counter: u64, acked: u64) -> Result<(), ClientError> {

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Snapshot and clone figures (issue 25), recorded in docs/BENCHMARKS.md.
+
+A local cluster like bench/run's (2 OSDs, size 2, min_size 1, 32 PGs),
+fio's nbd engine on `duplex nbd serve` (2 jobs x queue depth 16, 4 KiB):
+
+1. a 1 GiB image written whole, then one pass of random 4 KiB writes over
+   it (fio's random map: every block once): the baseline;
+2. `snap create`, then the same pass twice: the first pass clones every
+   object and copies every block once; in the second every block was
+   written since the snapshot;
+3. random 4 KiB reads of the image, of the snapshot (`IMAGE@SNAP`) and of
+   a clone of it that was never written (reads through to its parent);
+4. a 10 GiB image written whole, `snap create`, 1% of its 4 KiB blocks
+   rewritten at random, `snap create`, `export-diff` between the two:
+   the bytes it moves against the image's.
+
+    cargo build --release -p duplex-cli && bench/snapshots.py [--dir /tmp/snapbench] [--big-gib 10] [--ceph]
+
+With --ceph, Ceph's two write figures too, on the suite's Ceph cluster
+(bench/duplexbench/ceph.py: 2 BlueStore OSDs, size 2; fio's rbd engine):
+the pass before `rbd snap create`, then the two after.
+
+Stops and wipes its cluster at the end, also on failure.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DUPLEX = os.path.join(ROOT, "target", "release", "duplex")
+GIB = 1 << 30
+
+
+class Cluster:
+    def __init__(self, directory):
+        self.dir = directory
+        self.env = dict(os.environ, DUPLEX_CONF=os.path.join(directory, "client.toml"))
+        self.servers = []
+
+    def duplex(self, *args, capture=False):
+        result = subprocess.run([DUPLEX, *args], check=True, capture_output=capture, text=True, env=self.env)
+        return result.stdout
+
+    def serve(self, spec):
+        socket = os.path.join(self.dir, f"nbd-{len(self.servers)}.sock")
+        log = open(os.path.join(self.dir, f"nbd-{len(self.servers)}.log"), "w")
+        child = subprocess.Popen([DUPLEX, "nbd", "serve", "--image", spec, "--socket", socket],
+                                 stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self.servers.append(child)
+        for _ in range(300):
+            if os.path.exists(socket):
+                return f"nbd+unix:///{spec}?socket={socket}", child
+            if child.poll() is not None:
+                sys.exit(f"nbd serve {spec} exited; see {log.name}")
+            time.sleep(0.1)
+        sys.exit(f"nbd serve {spec} did not listen")
+
+    def stop(self, child):
+        child.terminate()  # ends its watch first (SIGTERM)
+        child.wait(timeout=30)
+        self.servers.remove(child)
+
+    def down(self):
+        for child in list(self.servers):
+            child.kill()
+            child.wait()
+        subprocess.run([DUPLEX, "dev", "down", "--wipe", "--dir", self.dir], env=self.env, capture_output=True)
+
+
+def fio(uri, rw, size=None, runtime=None, name="job", extra=()):
+    """One fio run (2 jobs x QD 16, 4 KiB, nbd engine); returns (IOPS, seconds)."""
+    args = ["fio", "--output-format=json", f"--name={name}", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}",
+            "--bs=4k", "--iodepth=16", "--numjobs=2", "--group_reporting=1", "--direct=1", *extra]
+    if size is not None:
+        # Each job covers half the image once: every block written once.
+        args += [f"--size={size // 2}", "--offset_increment=" + str(size // 2)]
+    if runtime is not None:
+        args += ["--time_based=1", f"--runtime={runtime}"]
+    out = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+    job = out["jobs"][0]
+    side = job["write"] if "write" in rw else job["read"]
+    return side["iops"], job["job_runtime"] / 1000.0
+
+
+def fio_rbd(env, rw, size, name, bs="4k", iodepth=16, numjobs=2):
+    """The same passes on a Ceph image through librbd."""
+    args = ["fio", "--output-format=json", f"--name={name}", "--ioengine=rbd", "--clientname=admin",
+            f"--pool={env['POOL']}", f"--rbdname={env['IMAGE']}", f"--rw={rw}", f"--bs={bs}",
+            f"--iodepth={iodepth}", f"--numjobs={numjobs}", "--group_reporting=1", "--direct=1",
+            f"--size={size // numjobs}", f"--offset_increment={size // numjobs}"]
+    run_env = dict(os.environ, CEPH_CONF=str(env["CEPH_CONF"]))
+    out = json.loads(subprocess.run(args, check=True, capture_output=True, text=True, env=run_env).stdout)
+    job = out["jobs"][0]
+    return (job["write"] if "write" in rw else job["read"])["iops"]
+
+
+def ceph_figures(work_dir):
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from duplexbench.ceph import CephCluster
+
+    ceph = CephCluster(work_dir, osds=2, osd_size_gib=8, image_size_gib=1, pg_num=32)
+    figures = {}
+    try:
+        ceph.up()
+        env = ceph.fio_env()
+        fio_rbd(env, "write", GIB, "fill", bs="1m", iodepth=8, numjobs=1)
+        figures["ceph_baseline_write_iops"] = fio_rbd(env, "randwrite", GIB, "baseline")
+        ceph.run("rbd", "snap", "create", f"{env['POOL']}/{env['IMAGE']}@s1")
+        figures["ceph_first_pass_write_iops"] = fio_rbd(env, "randwrite", GIB, "first")
+        figures["ceph_second_pass_write_iops"] = fio_rbd(env, "randwrite", GIB, "second")
+        figures["ceph_version"] = ceph.version()
+    finally:
+        ceph.down()
+    base = figures["ceph_baseline_write_iops"]
+    figures["ceph_first_pass_ratio"] = figures["ceph_first_pass_write_iops"] / base
+    figures["ceph_second_pass_ratio"] = figures["ceph_second_pass_write_iops"] / base
+    return figures
+
+
+def fill(uri, size):
+    subprocess.run(["fio", f"--name=fill", "--ioengine=nbd", f"--uri={uri}", "--rw=write", "--bs=1m",
+                    "--iodepth=8", f"--size={size}", "--direct=1"], check=True, capture_output=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", default="/tmp/duplex-snapbench")
+    parser.add_argument("--big-gib", type=int, default=10)
+    parser.add_argument("--read-seconds", type=int, default=15)
+    parser.add_argument("--ceph", action="store_true", help="Ceph's two write figures too (installs Ceph)")
+    args = parser.parse_args()
+    if os.path.exists(args.dir):
+        shutil.rmtree(args.dir)
+    osd_size = f"{args.big_gib * 2 + 4}G"
+    cluster = Cluster(args.dir)
+    results = {}
+    try:
+        cluster.duplex("dev", "up", "--dir", args.dir, "--osds", "2", "--replicas", "2", "--min-size", "1",
+                       "--pg-num", "32", "--osd-size", osd_size)
+        cluster.duplex("image", "create", "perf", "--size", "1G")
+        uri, server = cluster.serve("perf")
+        fill(uri, GIB)
+        results["baseline_write_iops"], _ = fio(uri, "randwrite", size=GIB, name="baseline")
+        started = time.time()
+        cluster.duplex("snap", "create", "perf@s1")
+        results["snap_create_served_s"] = time.time() - started
+        results["first_pass_write_iops"], _ = fio(uri, "randwrite", size=GIB, name="first")
+        results["second_pass_write_iops"], _ = fio(uri, "randwrite", size=GIB, name="second")
+        results["head_read_iops"], _ = fio(uri, "randread", runtime=args.read_seconds, name="head",
+                                           extra=["--size=1G"])
+        cluster.stop(server)
+        uri, server = cluster.serve("perf@s1")
+        results["snapshot_read_iops"], _ = fio(uri, "randread", runtime=args.read_seconds, name="snap",
+                                               extra=["--size=1G"])
+        cluster.stop(server)
+        cluster.duplex("snap", "protect", "perf@s1")
+        cluster.duplex("image", "clone", "perf@s1", "child")
+        uri, server = cluster.serve("child")
+        results["clone_read_iops"], _ = fio(uri, "randread", runtime=args.read_seconds, name="clone",
+                                            extra=["--size=1G"])
+        cluster.stop(server)
+
+        big = args.big_gib * GIB
+        cluster.duplex("image", "create", "big", "--size", f"{args.big_gib}G")
+        uri, server = cluster.serve("big")
+        fill(uri, big)
+        cluster.duplex("snap", "create", "big@mon")
+        blocks = big // 4096 // 100
+        subprocess.run(["fio", "--name=change", "--ioengine=nbd", f"--uri={uri}", "--rw=randwrite", "--bs=4k",
+                        "--iodepth=16", f"--size={big}", f"--number_ios={blocks}", "--direct=1"],
+                       check=True, capture_output=True)
+        cluster.duplex("snap", "create", "big@tue")
+        cluster.stop(server)
+        diff_path = os.path.join(args.dir, "tue.diff")
+        started = time.time()
+        cluster.duplex("image", "export-diff", "big@tue", "--from-snap", "mon", diff_path)
+        results["export_diff_s"] = time.time() - started
+        results["export_diff_bytes"] = os.path.getsize(diff_path)
+        results["changed_bytes"] = blocks * 4096
+        results["big_image_bytes"] = big
+    finally:
+        cluster.down()
+    base = results["baseline_write_iops"]
+    results["first_pass_ratio"] = results["first_pass_write_iops"] / base
+    results["second_pass_ratio"] = results["second_pass_write_iops"] / base
+    results["snapshot_read_ratio"] = results["snapshot_read_iops"] / results["head_read_iops"]
+    results["clone_read_ratio"] = results["clone_read_iops"] / results["head_read_iops"]
+    results["export_diff_share"] = results["export_diff_bytes"] / results["big_image_bytes"]
+    if args.ceph:
+        results.update(ceph_figures(args.dir + "-ceph"))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
