@@ -311,13 +311,14 @@ impl Client {
         let object_size = info.object_size as u64;
         let (old_objects, new_objects) = (info.object_count(), new_size.div_ceil(object_size));
         let mut link = crate::layering::read_link(self, pool, &info.id)?;
+        // What a shrink deletes and cuts, the snapshots keep (copy-on-write).
+        let write_snap = crate::snapshot::read_table(self, pool, &header_object(&info.id))?.newest_live();
         if let Some(link) = link.as_mut().filter(|link| new_size < link.overlap) {
             // A clone shrunk reads less of its parent, even if it grows again.
             // Its tail object keeps what it read through before the cut.
             let tail = new_size % object_size;
             if tail != 0 {
                 let layer = std::sync::Arc::new(crate::layering::Layer::new(link.clone(), &info, pool));
-                let write_snap = crate::snapshot::read_table(self, pool, &header_object(&info.id))?.newest_live();
                 wait(|done| crate::layering::copy_up(self, &layer, new_objects - 1, write_snap, done))?;
             }
             link.overlap = new_size;
@@ -326,14 +327,18 @@ impl Client {
         if new_size < info.size {
             // Data first, header last: a crash in between leaves the old size
             // with zeros past the new end, never stale data a later grow could expose.
-            let ops = (new_objects..old_objects).map(|n| ObjectOp::new(pool, OpKind::Delete, data_object(&info.id, n)));
+            let ops = (new_objects..old_objects).map(|n| ObjectOp {
+                snap: write_snap,
+                ..ObjectOp::new(pool, OpKind::Delete, data_object(&info.id, n))
+            });
             self.run_all(ops, true)?;
             let tail = new_size % object_size;
             if tail != 0 {
                 let last = data_object(&info.id, new_objects - 1);
                 let zero = (tail, object_size - tail);
                 let hides_parent = link.as_ref().is_some_and(|link| link.overlap > (new_objects - 1) * object_size);
-                self.run_all(zero_ops(pool, &info, last, zero.0, zero.1, hides_parent).into_iter(), true)?;
+                let ops = zero_ops(pool, &info, last, zero.0, zero.1, hides_parent);
+                self.run_all(ops.into_iter().map(|op| ObjectOp { snap: write_snap, ..op }), true)?;
             }
         } else if info.preallocated && new_objects > old_objects {
             self.preallocate(pool, &info, old_objects..new_objects)?;
@@ -353,7 +358,8 @@ impl Client {
     /// refused: their clones would be left behind.
     pub fn remove_image(&self, pool: u32, name: &str) -> Result<(), ClientError> {
         let info = self.image_info(pool, name)?;
-        let snaps = crate::snapshot::read_table(self, pool, &header_object(&info.id))?.snaps;
+        let table = crate::snapshot::read_table(self, pool, &header_object(&info.id))?;
+        let snaps = &table.snaps;
         if !snaps.is_empty() {
             let names: Vec<String> = snaps.iter().map(|s| format!("{name}@{}", s.name)).collect();
             return Err(ClientError::Busy(format!(
@@ -361,6 +367,11 @@ impl Client {
                 snaps.len(),
                 names.join(", ")
             )));
+        }
+        if table.seq > 0 {
+            // It had snapshots: a removal cut short may have left clones,
+            // which no listing shows. None is left after this.
+            self.trim(pool, &info, &table, info.object_count(), &mut |_, _| {})?;
         }
         let link = crate::layering::read_link(self, pool, &info.id)?;
         let prefix = format!("{}.", info.id);

@@ -277,7 +277,7 @@ impl Client {
     }
 
     /// Deletes each object's clones that no live snapshot of `table` reads.
-    fn trim(
+    pub(crate) fn trim(
         &self,
         pool: u32,
         info: &ImageInfo,
