@@ -41,14 +41,16 @@ class Cluster:
         self.dir = directory
         self.env = dict(os.environ, DUPLEX_CONF=os.path.join(directory, "client.toml"))
         self.servers = []
+        self.started = 0
 
     def duplex(self, *args, capture=False):
         result = subprocess.run([DUPLEX, *args], check=True, capture_output=capture, text=True, env=self.env)
         return result.stdout
 
     def serve(self, spec):
-        socket = os.path.join(self.dir, f"nbd-{len(self.servers)}.sock")
-        log = open(os.path.join(self.dir, f"nbd-{len(self.servers)}.log"), "w")
+        self.started += 1
+        socket = os.path.join(self.dir, f"nbd-{self.started}.sock")
+        log = open(os.path.join(self.dir, f"nbd-{self.started}.log"), "w")
         child = subprocess.Popen([DUPLEX, "nbd", "serve", "--image", spec, "--socket", socket],
                                  stdout=log, stderr=subprocess.STDOUT, env=self.env)
         self.servers.append(child)
@@ -76,15 +78,22 @@ def fio(uri, rw, size=None, runtime=None, name="job", extra=()):
     """One fio run (2 jobs x QD 16, 4 KiB, nbd engine); returns (IOPS, seconds)."""
     args = ["fio", "--output-format=json", f"--name={name}", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}",
             "--bs=4k", "--iodepth=16", "--numjobs=2", "--group_reporting=1", "--direct=1", *extra]
+    if "read" in rw:
+        args.append("--readonly")  # a snapshot's export is read-only
     if size is not None:
         # Each job covers half the image once: every block written once.
         args += [f"--size={size // 2}", "--offset_increment=" + str(size // 2)]
     if runtime is not None:
         args += ["--time_based=1", f"--runtime={runtime}"]
-    out = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+    out = fio_json(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
     job = out["jobs"][0]
     side = job["write"] if "write" in rw else job["read"]
     return side["iops"], job["job_runtime"] / 1000.0
+
+
+def fio_json(stdout):
+    """fio's JSON report (fio may print notes before it)."""
+    return json.loads(stdout[stdout.index("{"):])
 
 
 def fio_rbd(env, rw, size, name, bs="4k", iodepth=16, numjobs=2):
@@ -94,9 +103,22 @@ def fio_rbd(env, rw, size, name, bs="4k", iodepth=16, numjobs=2):
             f"--iodepth={iodepth}", f"--numjobs={numjobs}", "--group_reporting=1", "--direct=1",
             f"--size={size // numjobs}", f"--offset_increment={size // numjobs}"]
     run_env = dict(os.environ, CEPH_CONF=str(env["CEPH_CONF"]))
-    out = json.loads(subprocess.run(args, check=True, capture_output=True, text=True, env=run_env).stdout)
+    out = fio_json(subprocess.run(args, check=True, capture_output=True, text=True, env=run_env).stdout)
     job = out["jobs"][0]
     return (job["write"] if "write" in rw else job["read"])["iops"]
+
+
+def ensure_ceph():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from duplexbench.ceph import missing_packages
+
+    missing = missing_packages()
+    if missing:
+        if os.geteuid() != 0:
+            sys.exit(f"need {' '.join(missing)}: run as root, or apt-get install -y {' '.join(missing)}")
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *sorted(set(missing))], check=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
 
 
 def ceph_figures(work_dir):
@@ -133,15 +155,21 @@ def main():
     parser.add_argument("--big-gib", type=int, default=10)
     parser.add_argument("--read-seconds", type=int, default=15)
     parser.add_argument("--ceph", action="store_true", help="Ceph's two write figures too (installs Ceph)")
+    parser.add_argument("--ceph-only", action="store_true", help="Ceph's figures alone")
     args = parser.parse_args()
+    if args.ceph or args.ceph_only:
+        ensure_ceph()
+    if args.ceph_only:
+        print(json.dumps(ceph_figures(args.dir + "-ceph"), indent=2))
+        return
     if os.path.exists(args.dir):
         shutil.rmtree(args.dir)
-    osd_size = f"{args.big_gib * 2 + 4}G"
     cluster = Cluster(args.dir)
     results = {}
     try:
+        # The suite's shape (bench/run): 2 OSDs of 8 GiB.
         cluster.duplex("dev", "up", "--dir", args.dir, "--osds", "2", "--replicas", "2", "--min-size", "1",
-                       "--pg-num", "32", "--osd-size", osd_size)
+                       "--pg-num", "32", "--osd-size", "8G")
         cluster.duplex("image", "create", "perf", "--size", "1G")
         uri, server = cluster.serve("perf")
         fill(uri, GIB)
@@ -164,7 +192,15 @@ def main():
         results["clone_read_iops"], _ = fio(uri, "randread", runtime=args.read_seconds, name="clone",
                                             extra=["--size=1G"])
         cluster.stop(server)
-
+    finally:
+        cluster.down()
+    # The big image needs bigger OSDs: a cluster of its own.
+    if os.path.exists(args.dir):
+        shutil.rmtree(args.dir)
+    cluster = Cluster(args.dir)
+    try:
+        cluster.duplex("dev", "up", "--dir", args.dir, "--osds", "2", "--replicas", "2", "--min-size", "1",
+                       "--pg-num", "32", "--osd-size", f"{args.big_gib * 2 + 4}G")
         big = args.big_gib * GIB
         cluster.duplex("image", "create", "big", "--size", f"{args.big_gib}G")
         uri, server = cluster.serve("big")

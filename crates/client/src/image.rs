@@ -26,7 +26,7 @@ use duplex_proto::osd::{OpKind, MAX_IO_BYTES};
 
 use crate::client::Client;
 use crate::error::ClientError;
-use crate::runtime::ObjectOp;
+use crate::runtime::{Callback, ObjectOp};
 
 pub const DEFAULT_OBJECT_SIZE: u32 = 4 << 20;
 /// Object sizes an image may use: powers of two from 4 KiB to 64 MiB.
@@ -599,6 +599,13 @@ impl Image {
             );
         }
         let join = Arc::new(Join::new(pieces.len(), BytesMut::zeroed(len as usize), done));
+        // While no other gateway changes the image (or at a snapshot, for
+        // good), objects found absent are read from the parent at once.
+        let generation = match (&self.read_snap, &self.watch) {
+            (Some(_), _) => Some(crate::layering::FOR_GOOD),
+            (None, Some(watch)) => watch.alone(),
+            (None, None) => None,
+        };
         for piece in &pieces {
             let join = join.clone();
             let (at, want) = (piece.at, piece.len as usize);
@@ -606,8 +613,30 @@ impl Image {
             let through = self.layer.as_ref().and_then(|layer| {
                 let number = object_number(&piece.object)?;
                 let end = layer.through(number).min(piece.offset + piece.len);
-                (end > piece.offset).then(|| layer.parent_read(number, piece.offset, (end - piece.offset) as u32))
+                (end > piece.offset)
+                    .then(|| (number, layer.parent_read(number, piece.offset, (end - piece.offset) as u32)))
             });
+            let parent_fill = move |join: Arc<Join>| -> Callback {
+                Box::new(move |result: Result<Bytes, ClientError>| match result {
+                    Ok(data) => {
+                        join.fill(at, &data[..data.len().min(want)]);
+                        join.piece_done(Ok(()));
+                    }
+                    Err(ClientError::NotFound) => join.piece_done(Ok(())),
+                    Err(err) => join.piece_done(Err(err)),
+                })
+            };
+            let layer = self.layer.clone();
+            if let (Some((number, parent_read)), Some(generation), Some(layer)) = (&through, generation, &layer) {
+                if layer.absent(*number, generation) {
+                    self.client.submit(parent_read.clone(), parent_fill(join));
+                    continue;
+                }
+            }
+            let ticket = match (&through, &layer) {
+                (Some((number, _)), Some(layer)) if generation.is_some() => layer.read_ticket(*number),
+                _ => None,
+            };
             let client = self.client.clone();
             self.client.submit(
                 self.op(OpKind::Read, piece),
@@ -618,17 +647,12 @@ impl Image {
                         join.piece_done(Ok(()));
                     }
                     Err(ClientError::NotFound) => match through {
-                        Some(parent_read) => client.submit(
-                            parent_read,
-                            Box::new(move |result| match result {
-                                Ok(data) => {
-                                    join.fill(at, &data[..data.len().min(want)]);
-                                    join.piece_done(Ok(()));
-                                }
-                                Err(ClientError::NotFound) => join.piece_done(Ok(())),
-                                Err(err) => join.piece_done(Err(err)),
-                            }),
-                        ),
+                        Some((number, parent_read)) => {
+                            if let (Some(layer), Some(generation), Some(ticket)) = (layer, generation, ticket) {
+                                layer.mark_absent(number, generation, ticket);
+                            }
+                            client.submit(parent_read, parent_fill(join))
+                        }
                         None => join.piece_done(Ok(())),
                     },
                     Err(err) => join.piece_done(Err(err)),
@@ -723,6 +747,22 @@ fn copy_up_then_run(
     missing_ok: bool,
     done: Done<()>,
 ) {
+    // Every object the ops touch may exist after them: not known absent.
+    let mut touched: Vec<u64> = ops.iter().filter_map(|op| object_number(&op.object)).collect();
+    touched.sort_unstable();
+    touched.dedup();
+    for number in &touched {
+        layer.write_started(*number);
+    }
+    let done: Done<()> = {
+        let layer = layer.clone();
+        Box::new(move |result| {
+            for number in touched {
+                layer.write_ended(number);
+            }
+            done(result)
+        })
+    };
     let mut numbers: Vec<u64> = ops
         .iter()
         .filter(|op| !(op.kind == OpKind::Truncate && op.offset == 0))

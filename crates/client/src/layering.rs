@@ -143,15 +143,29 @@ fn child_attr(snap_id: u64, child_id: &str) -> Vec<u8> {
     format!("{snap_id:016x}.{child_id}").into_bytes()
 }
 
-/// What a cloned image's I/O needs: its parent, and which of its objects
-/// are known to hold their parent's data already (or need none).
+/// What a cloned image's I/O needs: its parent, which of its objects are
+/// known to hold their parent's data already (or need none), and, while
+/// its gateway is alone (crate::watch), which are known absent, so that
+/// reads of them go straight to the parent: one request, not two.
 pub(crate) struct Layer {
     pub link: ParentLink,
     pub object_size: u32,
     pub child_id: String,
     pub pool: u32,
     copied: Mutex<HashSet<u64>>,
+    known: Mutex<Known>,
 }
+
+/// Child objects found absent (with the watch generation they were found
+/// in), and the writes to each: in flight, and how many started ever.
+#[derive(Default)]
+struct Known {
+    absent: std::collections::HashMap<u64, u64>,
+    writes: std::collections::HashMap<u64, (u32, u64)>,
+}
+
+/// The generation of a snapshot's reads: what a snapshot lacks, it lacks for good.
+pub(crate) const FOR_GOOD: u64 = u64::MAX;
 
 impl Layer {
     pub fn new(link: ParentLink, info: &ImageInfo, pool: u32) -> Layer {
@@ -161,6 +175,53 @@ impl Layer {
             child_id: info.id.clone(),
             pool,
             copied: Mutex::new(HashSet::new()),
+            known: Mutex::new(Known::default()),
+        }
+    }
+
+    fn known_lock(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether object `number` is known absent in `generation`.
+    pub fn absent(&self, number: u64, generation: u64) -> bool {
+        self.known_lock().absent.get(&number) == Some(&generation)
+    }
+
+    /// Taken as a read of object `number` is sent: `None` while a write
+    /// to it is in flight (an absent answer would not last).
+    pub fn read_ticket(&self, number: u64) -> Option<u64> {
+        match self.known_lock().writes.get(&number) {
+            Some((in_flight, _)) if *in_flight > 0 => None,
+            Some((_, started)) => Some(*started),
+            None => Some(0),
+        }
+    }
+
+    /// A read sent with `ticket` found object `number` absent: remembered
+    /// in `generation`, unless a write to it started since.
+    pub fn mark_absent(&self, number: u64, generation: u64, ticket: u64) {
+        let mut known = self.known_lock();
+        if known.writes.get(&number).map_or(0, |(_, started)| *started) == ticket {
+            known.absent.insert(number, generation);
+        }
+    }
+
+    /// A write to object `number` starts: it may make it exist.
+    pub fn write_started(&self, number: u64) {
+        let mut known = self.known_lock();
+        known.absent.remove(&number);
+        let entry = known.writes.entry(number).or_insert((0, 0));
+        entry.0 += 1;
+        entry.1 += 1;
+    }
+
+    pub fn write_ended(&self, number: u64) {
+        let mut known = self.known_lock();
+        known.absent.remove(&number);
+        if let Some(entry) = known.writes.get_mut(&number) {
+            debug_assert!(entry.0 > 0, "a write ended that never started");
+            entry.0 = entry.0.saturating_sub(1);
         }
     }
 
@@ -419,6 +480,19 @@ mod tests {
         let layer = Layer::new(link, &info, 1);
         assert_eq!((layer.through(0), layer.through(9), layer.through(10)), (1 << 20, 1 << 20, 0));
         assert!(layer.known(10), "an object past the overlap reads nothing through");
+        // Absence is remembered only if no write to the object started
+        // since the read was sent, and only in its generation.
+        let ticket = layer.read_ticket(3).expect("no write in flight");
+        layer.write_started(3);
+        assert_eq!(layer.read_ticket(3), None, "a write is in flight");
+        layer.mark_absent(3, 7, ticket);
+        assert!(!layer.absent(3, 7), "a write started after the read was sent");
+        layer.write_ended(3);
+        let ticket = layer.read_ticket(3).expect("no write in flight");
+        layer.mark_absent(3, 7, ticket);
+        assert!(layer.absent(3, 7) && !layer.absent(3, 8), "known in its generation only");
+        layer.write_started(3);
+        assert!(!layer.absent(3, 7), "a write forgets it");
         // Child object 5 (bytes 5 MiB on) is in the parent's object 1, 1 MiB in.
         let read = layer.parent_read(5, 4096, 512);
         assert_eq!((read.offset, read.length, read.snap), ((1 << 20) + 4096, 512, 2));

@@ -26,6 +26,16 @@
 //! create` returned is in it, and none started after it is. (The argument
 //! is a lease's: it needs the clocks of the two machines to run at about
 //! the same rate, not to agree.)
+//!
+//! **Alone.** Each renewal also lists the watchers. A gateway that saw no
+//! other one is *alone* until [`FENCE`] after that renewal was sent
+//! ([`Watch::alone`]), and a gateway that found others when it registered
+//! starts no write before [`FENCE`] has passed: so while a gateway is
+//! alone, no other changed the image. A clone's gateway then remembers
+//! which of its objects are absent and reads those straight from the
+//! parent (crate::layering), as Ceph's object map does under its exclusive
+//! lock. Each time the run of lone renewals breaks (another watcher, or a
+//! renewal too late), the *generation* moves and what was remembered goes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -91,6 +101,13 @@ struct State {
     in_flight: AtomicU64,
     /// A new sequence is being adopted: writes wait.
     adopting: AtomicBool,
+    /// Nanoseconds after `base` until which this gateway is alone (0: not).
+    alone_until: AtomicU64,
+    /// Moves each time a run of lone renewals breaks.
+    generation: AtomicU64,
+    /// No write starts before this (nanoseconds after `base`): other
+    /// watchers were there when this one registered.
+    writes_from: AtomicU64,
     /// Nanoseconds after `base` at which the last renewal that completed
     /// was sent (0: none yet).
     renewed_at: AtomicU64,
@@ -123,16 +140,25 @@ impl Watch {
             write_snap: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             adopting: AtomicBool::new(false),
+            alone_until: AtomicU64::new(0),
+            generation: AtomicU64::new(1),
+            writes_from: AtomicU64::new(0),
             renewed_at: AtomicU64::new(0),
             base: Instant::now(),
             stop: AtomicBool::new(false),
             wake: (Mutex::new(()), Condvar::new()),
         });
-        let mut renewer = Renewer { client: client.clone(), pool, header, name, counter: 0, acked: 0 };
+        let mut renewer =
+            Renewer { client: client.clone(), pool, header, name, counter: 0, acked: 0, others: Default::default() };
         match renewer.renew(&state) {
             // Registered, or (a full cluster) not, but the table was read.
             Ok(()) | Err(ClientError::NoSpace(_)) => {}
             Err(err) => return Err(err),
+        }
+        if state.alone_until.load(Ordering::SeqCst) == 0 {
+            // Another gateway may believe itself alone for up to FENCE.
+            let from = state.base.elapsed().as_nanos() as u64 + FENCE.as_nanos() as u64;
+            state.writes_from.store(from, Ordering::SeqCst);
         }
         let thread = {
             let state = state.clone();
@@ -162,6 +188,16 @@ impl Watch {
     }
 }
 
+impl Watch {
+    /// While this gateway is alone (no other changed the image since the
+    /// generation began): the generation.
+    pub fn alone(&self) -> Option<u64> {
+        let until = self.state.alone_until.load(Ordering::SeqCst);
+        let now = self.state.base.elapsed().as_nanos() as u64;
+        (now < until).then(|| self.state.generation.load(Ordering::SeqCst))
+    }
+}
+
 impl State {
     fn fresh(&self) -> bool {
         let renewed = self.renewed_at.load(Ordering::Acquire);
@@ -177,6 +213,10 @@ impl State {
         state.in_flight.fetch_add(1, Ordering::SeqCst);
         let entered = InFlight(state.clone());
         if state.adopting.load(Ordering::SeqCst) || !state.fresh() {
+            return None;
+        }
+        let from = state.writes_from.load(Ordering::SeqCst);
+        if from != 0 && (state.base.elapsed().as_nanos() as u64) < from {
             return None;
         }
         Some((state.write_snap.load(Ordering::SeqCst), entered))
@@ -242,6 +282,8 @@ struct Renewer {
     name: Vec<u8>,
     counter: u64,
     acked: u64,
+    /// Other watchers: their counter, and since when it stood at that.
+    others: std::collections::HashMap<Vec<u8>, (u64, Instant)>,
 }
 
 impl Renewer {
@@ -304,9 +346,51 @@ impl Renewer {
             // A removed snapshot changes no sequence: nothing to wait for.
             state.write_snap.store(table.newest_live(), Ordering::SeqCst);
         }
+        self.look_for_others(state, sent)?;
         state.renewed_at.store(sent.max(1), Ordering::Release);
         state.wake.1.notify_all();
         registered
+    }
+
+    /// Whether another gateway watches the image: ends or extends this
+    /// one's time alone.
+    fn look_for_others(&mut self, state: &State, sent: u64) -> Result<(), ClientError> {
+        let attrs = self.client.list_attrs(self.pool, &self.header)?;
+        let now_instant = Instant::now();
+        let mut others = false;
+        let mut live = std::collections::HashMap::new();
+        for (name, value) in attrs {
+            if !name.starts_with(WATCH_PREFIX) || name == self.name {
+                continue;
+            }
+            let Some((counter, _)) = decode_watch(&value) else { continue };
+            let since = match self.others.get(&name) {
+                Some((seen, since)) if *seen == counter => *since,
+                _ => now_instant,
+            };
+            if now_instant.duration_since(since) >= DEAD_AFTER {
+                // Fenced for long since (a gateway killed without a goodbye):
+                // it writes nothing, and it is not let to spoil being alone.
+                let _ = self.client.remove_attr(self.pool, &self.header, &name);
+                continue;
+            }
+            others = true;
+            live.insert(name, (counter, since));
+        }
+        self.others = live;
+        let now = state.base.elapsed().as_nanos() as u64;
+        let until = state.alone_until.load(Ordering::SeqCst);
+        if others {
+            state.alone_until.store(0, Ordering::SeqCst);
+            state.generation.fetch_add(1, Ordering::SeqCst);
+        } else {
+            if until == 0 || until <= now {
+                // The run broke (or never began): what was known goes.
+                state.generation.fetch_add(1, Ordering::SeqCst);
+            }
+            state.alone_until.store(sent + FENCE.as_nanos() as u64, Ordering::SeqCst);
+        }
+        Ok(())
     }
 
     fn set(&self, counter: u64, acked: u64) -> Result<(), ClientError> {

@@ -119,6 +119,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             timeout: config.flush_timeout,
             scrub_requests: scrub_requests.clone(),
             repairs_asked: HashMap::new(),
+            snap_heads: Default::default(),
         };
         let cores = shared_cores.clone();
         std::thread::Builder::new().name(format!("osd-flush-{index}")).spawn(move || {

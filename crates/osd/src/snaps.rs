@@ -105,7 +105,7 @@ pub fn resolve(partition: &mut Partition, group: u32, name: &[u8], snap: u64) ->
 
 /// A head as the planner knows it part-way through a run of entries.
 #[derive(Clone, Copy, Debug)]
-struct Head {
+pub struct Head {
     exists: bool,
     seq: u64,
 }
@@ -116,12 +116,35 @@ struct Head {
 /// followed through the run.
 #[derive(Debug, Default)]
 pub struct Planner {
-    heads: HashMap<Key, Head>,
+    heads: HeadCache,
     /// A clone was planned: batches must be cut before it (see [`Batches`]).
     pub cloned: bool,
 }
 
+/// Heads as the store holds them after the last run applied whole: kept
+/// by a flusher between flushes, so that an object written under a
+/// snapshot is not looked up in the store (its attribute is on disk) for
+/// every flush. Whoever changes the store otherwise (recovery, backfill,
+/// stray removal), or sees a run fail, drops it.
+pub type HeadCache = HashMap<Key, Head>;
+
+/// Heads a flusher remembers at most (then it starts over).
+pub const HEAD_CACHE_LIMIT: usize = 1 << 16;
+
 impl Planner {
+    /// A planner that starts from what `cache` knows of the heads.
+    pub fn with_cache(cache: HeadCache) -> Planner {
+        Planner { heads: cache, cloned: false }
+    }
+
+    /// What it knows of the heads, once its run is applied whole.
+    pub fn into_cache(mut self) -> HeadCache {
+        if self.heads.len() > HEAD_CACHE_LIMIT {
+            self.heads.clear();
+        }
+        self.heads
+    }
+
     /// Appends to `ops` what applying `op` (an entry's, logged under
     /// snapshot sequence `snap`) takes. `if_absent`: a copy-up, dropped
     /// if the object exists by then.

@@ -159,6 +159,7 @@ impl SimOsd {
             timeout: config.flush_timeout,
             scrub_requests: scrub_requests.clone(),
             repairs_asked: HashMap::new(),
+            snap_heads: Default::default(),
         };
         let pending = flusher.start();
         let cell = Arc::new(MapCell::new(ClusterMap::new([0; 16])));

@@ -530,6 +530,7 @@ mod tests {
             timeout: std::time::Duration::from_millis(10),
             scrub_requests: Default::default(),
             repairs_asked: HashMap::new(),
+            snap_heads: Default::default(),
         };
         (flusher, poll)
     }

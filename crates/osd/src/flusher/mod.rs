@@ -54,6 +54,9 @@ pub struct Flusher {
     /// When each PG's repair was last asked for (a copy no member holds
     /// intact must not loop: reads then fail with `Io`).
     pub repairs_asked: HashMap<u32, Instant>,
+    /// Heads written under snapshots, as the last flush left them
+    /// (crate::snaps::HeadCache); dropped by any other store change.
+    pub snap_heads: crate::snaps::HeadCache,
 }
 
 /// A PG asked for repair this recently is not asked again.
@@ -340,7 +343,8 @@ impl Flusher {
         // Per PG: the last seq taken; the entries themselves become store ops.
         let mut taken = Vec::new();
         let mut ops = Vec::new();
-        let mut planner = Planner::default();
+        // Taken: a flush that fails leaves it empty.
+        let mut planner = Planner::with_cache(std::mem::take(&mut self.snap_heads));
         for key in dirty {
             let Some(pg) = self.pgs.get(key) else { continue };
             let mut guard = pg.lock().expect("PG lock");
@@ -402,14 +406,19 @@ impl Flusher {
                 taken.push((pg, last));
             }
         }
-        for batch in Batches::new(ops.into_iter(), FLUSH_BATCH, planner.cloned) {
+        let cloned = planner.cloned;
+        let mut heads = Some(planner.into_cache());
+        for batch in Batches::new(ops.into_iter(), FLUSH_BATCH, cloned) {
             debug_assert!(!batch.is_empty() && batch.len() <= FLUSH_BATCH, "a flush batch of {} ops", batch.len());
-            let applied = match self.apply(&batch) {
+            let applied = match self.apply_planned(&batch) {
                 Ok(_) => {
                     self.metrics.flushed_entries.add(batch.len() as u64);
                     Ok(())
                 }
-                Err(StoreError::InvalidArgument(_)) => self.apply_one_by_one(batch.ops),
+                Err(StoreError::InvalidArgument(_)) => {
+                    heads = None; // some ops dropped: what was planned is not what the store holds
+                    self.apply_one_by_one(batch.ops)
+                }
                 Err(err) => Err(err),
             };
             let index = self.partition.index() as usize;
@@ -445,6 +454,7 @@ impl Flusher {
             }
             self.metrics.flushes.add(1);
         }
+        self.snap_heads = heads.unwrap_or_default();
         // Deleted objects' blocks are freed by the next record: commit it
         // now, not with the next write, which a full cluster refuses until
         // it sees the space free (a removed image kept its OSD full).
@@ -506,6 +516,14 @@ impl Flusher {
     /// in it) and peering brings it up to date. Only errors the store
     /// refused without touching the device come back.
     pub(crate) fn apply(&mut self, batch: &Batch) -> Result<(), StoreError> {
+        // A change not planned from the heads: what they knew may be stale.
+        self.snap_heads.clear();
+        self.apply_planned(batch)
+    }
+
+    /// [`Flusher::apply`] for a batch the snapshot planner made (the
+    /// flush and sync paths), which keeps the planner's heads.
+    fn apply_planned(&mut self, batch: &Batch) -> Result<(), StoreError> {
         match self.partition.apply(batch) {
             Ok(_) => Ok(()),
             Err(err @ (StoreError::Io { .. } | StoreError::PartitionFailed(_))) => {
@@ -547,7 +565,7 @@ impl Flusher {
         let mut syncs = syncs.into_iter().peekable();
         while syncs.peek().is_some() {
             let mut ops = Vec::new();
-            let mut planner = Planner::default();
+            let mut planner = Planner::with_cache(std::mem::take(&mut self.snap_heads));
             let mut dones = Vec::new();
             let mut refused = Vec::new();
             for (entry, done) in syncs.by_ref().take(FLUSH_BATCH) {
@@ -576,14 +594,19 @@ impl Flusher {
             // A write that clones takes two batches when its batch had
             // touched the head already; its completion waits for both.
             let mut status = Status::Ok;
-            for batch in Batches::new(ops.into_iter(), FLUSH_BATCH, planner.cloned) {
-                if let Err(err) = self.apply(&batch) {
+            let cloned = planner.cloned;
+            let heads = planner.into_cache();
+            for batch in Batches::new(ops.into_iter(), FLUSH_BATCH, cloned) {
+                if let Err(err) = self.apply_planned(&batch) {
                     tracing::error!(partition = self.partition.index(), %err, "sync write failed");
                     status = Status::Io;
                     break;
                 }
                 self.metrics.flushes.add(1);
                 self.metrics.flushed_entries.add(batch.len() as u64);
+            }
+            if status == Status::Ok {
+                self.snap_heads = heads;
             }
             self.complete_syncs(dones, status, &mut wake);
         }

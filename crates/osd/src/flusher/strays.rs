@@ -137,6 +137,7 @@ impl Flusher {
             let mut ops = vec![stored_interval::mark_backfilling(self.partition.index(), key, true)];
             ops.extend(keys.into_iter().map(|key| Op::Delete { key }));
             let removed = ops.len() as u64 - 1;
+            self.snap_heads.clear();
             match self.partition.apply(&Batch { ops }) {
                 Ok(_) => self.metrics.stray_objects_removed.add(removed),
                 Err(err) => {
