@@ -116,8 +116,9 @@ def ensure_ceph():
     if missing:
         if os.geteuid() != 0:
             sys.exit(f"need {' '.join(missing)}: run as root, or apt-get install -y {' '.join(missing)}")
-        subprocess.run(["apt-get", "update", "-qq"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", *sorted(set(missing))], check=True,
+        # apt's chatter goes to stderr: stdout is the figures' JSON.
+        subprocess.run(["apt-get", "update", "-qq"], check=True, stdout=sys.stderr)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *sorted(set(missing))], check=True, stdout=sys.stderr,
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
 
 
