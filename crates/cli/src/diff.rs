@@ -176,6 +176,9 @@ pub fn import_diff(client: &Client, pool: u32, path: &str, image_name: &str) -> 
             }
             b'w' => {
                 let (offset, len) = (read_u64(&mut input)?, read_u64(&mut input)?);
+                if offset.checked_add(len).is_none() {
+                    bail!("a data record past the end of any image");
+                }
                 if len > MAX_RECORD_IN {
                     bail!("a data record of {len} bytes: larger than this reader takes");
                 }
@@ -187,6 +190,9 @@ pub fn import_diff(client: &Client, pool: u32, path: &str, image_name: &str) -> 
             }
             b'z' => {
                 let (offset, len) = (read_u64(&mut input)?, read_u64(&mut input)?);
+                if offset.checked_add(len).is_none() {
+                    bail!("a zero record past the end of any image");
+                }
                 image.write_zeroes(offset, len).with_context(|| format!("zeroing bytes {offset}..{}", offset + len))?;
                 moved.zero_bytes += len;
                 moved.records += 1;

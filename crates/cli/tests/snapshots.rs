@@ -291,6 +291,28 @@ fn a_clone_reads_through_copies_up_backs_a_qcow2_and_flattens() {
     run_ok(command.arg(overlay_uri));
     run_ok(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw"]).arg(file("vm.raw")).arg(&vm.uri));
 
+    // A clone's diffs count its parent's bytes: backups made of them are whole.
+    run_ok(cluster.cli().args(["snap", "create", "vm@d1"]));
+    run_ok(cluster.cli().args(["image", "export-diff", "vm@d1"]).arg(file("d1")));
+    run_ok(cluster.cli().args(["image", "create", "vm-backup", "--size", "16M"]));
+    run_ok(cluster.cli().args(["image", "import-diff"]).arg(file("d1")).arg("vm-backup"));
+    run_ok(cluster.cli().args(["image", "export", "vm-backup"]).arg(file("backup-d1.raw")));
+    same_file(&file("backup-d1.raw"), &file("vm.raw"));
+    // Since d1: an object emptied whole (it read its parent's bytes before,
+    // zeros now) and one written first (its parent's bytes, then its own).
+    qemu_io(&vm.uri, &["discard 0 256k", "write -P 0x44 8M 4k"]);
+    run_ok(cluster.cli().args(["snap", "create", "vm@d2"]));
+    run_ok(cluster.cli().args(["image", "export-diff", "vm@d2", "--from-snap", "d1"]).arg(file("d2")));
+    run_ok(cluster.cli().args(["image", "import-diff"]).arg(file("d2")).arg("vm-backup"));
+    run_ok(cluster.cli().args(["image", "export", "vm-backup@d2"]).arg(file("backup-d2.raw")));
+    run_ok(cluster.cli().args(["image", "export", "vm@d2"]).arg(file("vm-d2.raw")));
+    same_file(&file("backup-d2.raw"), &file("vm-d2.raw"));
+    // Flattening would empty what the clone's snapshots read through.
+    let err = fails(cluster.cli().args(["image", "flatten", "vm"]));
+    assert!(err.contains("snapshot"), "{err}");
+    run_ok(cluster.cli().args(["snap", "purge", "vm"]));
+    run_ok(Command::new("nbdcopy").arg(&vm.uri).arg(file("vm.raw")));
+
     // Its parent's snapshot stays while a clone reads from it.
     let err = fails(cluster.cli().args(["snap", "unprotect", "golden@v1"]));
     assert!(err.contains("vm"), "the error names the clone: {err}");

@@ -313,6 +313,15 @@ impl Client {
         let mut link = crate::layering::read_link(self, pool, &info.id)?;
         // What a shrink deletes and cuts, the snapshots keep (copy-on-write).
         let write_snap = crate::snapshot::read_table(self, pool, &header_object(&info.id))?.newest_live();
+        if link.as_ref().is_some_and(|link| new_size < link.overlap)
+            && !crate::snapshot::read_table(self, pool, &header_object(&info.id))?.snaps.is_empty()
+        {
+            return Err(ClientError::Busy(format!(
+                "{name} is a clone with snapshots, which read through its first {} of its parent: \
+                 a shrink below that would empty them (remove the snapshots first)",
+                link.as_ref().map_or(0, |link| link.overlap)
+            )));
+        }
         if let Some(link) = link.as_mut().filter(|link| new_size < link.overlap) {
             // A clone shrunk reads less of its parent, even if it grows again.
             // Its tail object keeps what it read through before the cut.

@@ -376,7 +376,24 @@ impl Client {
         let Some(link) = read_link(self, pool, &info.id)? else {
             return Err(ClientError::Invalid(format!("{image} is not a clone: nothing to flatten")));
         };
-        let write_snap = crate::snapshot::read_table(self, pool, &header_object(&info.id))?.newest_live();
+        let table = crate::snapshot::read_table(self, pool, &header_object(&info.id))?;
+        if !table.snaps.is_empty() {
+            // Its snapshots read through the parent too: cutting the link
+            // would empty what they read there.
+            return Err(ClientError::Busy(format!(
+                "{image} has {} snapshot(s), which read through its parent: remove them first \
+                 (`duplex snap purge {image}`)",
+                table.snaps.len()
+            )));
+        }
+        let write_snap = table.newest_live();
+        // A watcher of its own for the flatten's length: a gateway serving
+        // the clone, alone until now, forgets which objects it found absent
+        // (crate::watch, "Alone") before any is copied up.
+        let watch = crate::watch::Watch::start(self, pool, header_object(&info.id))?;
+        if watch.alone().is_none() {
+            std::thread::sleep(crate::watch::FENCE);
+        }
         let layer = Arc::new(Layer::new(link.clone(), &info, pool));
         let objects = link.objects(info.object_size);
         let (tx, rx) = std::sync::mpsc::channel();

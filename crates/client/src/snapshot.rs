@@ -342,25 +342,44 @@ impl Client {
         let object_size = info.object_size as u64;
         let objects = to_size.div_ceil(object_size);
         let from_id = from.as_ref().map_or(0, |s| s.id);
+        // A clone's object it does not hold reads its parent's bytes.
+        let link = crate::layering::read_link(self, pool, &info.id)?;
+        let through =
+            |n: u64| link.as_ref().map_or(0, |link| link.overlap.saturating_sub(n * object_size).min(object_size));
+        let diff_op = |n: u64, from: u64, to: u64| ObjectOp {
+            offset: from,
+            snap: to,
+            ..ObjectOp::new(pool, OpKind::Diff, data_object(&info.id, n))
+        };
         let mut extents = Vec::new();
         for first in (0..objects).step_by(64) {
             let batch: Vec<u64> = (first..objects.min(first + 64)).collect();
-            let diffs = self.run_collect(
-                batch
+            let diffs = self.run_collect(batch.iter().map(|n| diff_op(*n, from_id, to_id)).collect())?;
+            // Whether each of a clone's objects existed at `from` (a diff from
+            // nothing says): if that differs from `to`, its bytes went from
+            // its parent's to its own or back, and all of them count.
+            let held_before: Vec<bool> = match (&link, from_id) {
+                (Some(_), from_id) if from_id != 0 => self
+                    .run_collect(batch.iter().map(|n| diff_op(*n, 0, from_id)).collect())?
                     .iter()
-                    .map(|n| ObjectOp {
-                        offset: from_id,
-                        snap: to_id,
-                        ..ObjectOp::new(pool, OpKind::Diff, data_object(&info.id, *n))
-                    })
-                    .collect(),
-            )?;
-            for (n, diff) in batch.iter().zip(diffs) {
+                    .map(|reply| SnapDiff::decode(reply).map(|d| d.exists))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| ClientError::Corrupt(format!("snapshot diff: {e}")))?,
+                _ => vec![false; batch.len()],
+            };
+            for ((n, diff), held_before) in batch.iter().zip(diffs).zip(held_before) {
                 let diff = SnapDiff::decode(&diff).map_err(|e| ClientError::Corrupt(format!("snapshot diff: {e}")))?;
                 let base = n * object_size;
                 let object_end = object_size.min(to_size - base);
+                let parent_part = through(*n).min(object_end);
+                // From nothing, an object it does not hold is its parent's bytes.
+                let whole = parent_part > 0 && if from_id == 0 { !diff.exists } else { diff.exists != held_before };
+                if whole {
+                    extents.push(Extent { offset: base, len: parent_part, zero: false });
+                }
+                let skip_below = if whole { parent_part } else { 0 };
                 for (offset, len) in diff.ranges {
-                    let start = offset.min(object_end);
+                    let start = offset.max(skip_below).min(object_end);
                     let end = (offset + len).min(object_end);
                     if start < end {
                         // Past the object's end at `to` it reads as zeros.

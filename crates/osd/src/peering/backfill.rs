@@ -41,11 +41,13 @@
 //!
 //! **Snapshot clones** (crate::snaps) are objects of their own, named
 //! right after their head, but a write creates one from the head as the
-//! member holds it: a target that lacked the head then made none. So once
-//! a head that has snapshots is walked (under its lock, which holds back
-//! the writes that would make new clones of it), every listing is asked
-//! again for the names right after it, and that head's clones are walked
-//! next, whatever the listings held before ([`Stage::ListingClones`]).
+//! member holds it: a target that lacked the head, or held half of it,
+//! made none or another. So once a head that has snapshots is walked (its
+//! last chunk's lock holds back the writes that would clone it again), and
+//! once a head is removed (a delete under a snapshot leaves its clone),
+//! every listing is asked again for the names right after it, and that
+//! head's clones are walked next, whatever the listings held before
+//! ([`Stage::ListingClones`]).
 
 use std::collections::VecDeque;
 
@@ -90,6 +92,9 @@ pub struct Backfill {
     /// The object under way is a head with snapshots: its clones are
     /// listed afresh once it is done.
     snapped: bool,
+    /// A walk of given names (a member behind by history, whose names
+    /// name the clones its entries made): nothing more is listed.
+    bounded: bool,
     waiting: Option<u64>,
     next_tag: u64,
     pub progress: Progress,
@@ -210,6 +215,7 @@ impl Backfill {
             kept: Vec::new(),
             changed: false,
             snapped: false,
+            bounded: false,
             waiting: None,
             next_tag: 1,
             progress: Progress::default(),
@@ -219,6 +225,7 @@ impl Backfill {
             backfill.targets.len() + 1,
             "a listing per target, after the primary's"
         );
+        backfill.bounded = !backfill.listings[0].more;
         let step = backfill.next_object();
         (backfill, vec![step])
     }
@@ -327,6 +334,9 @@ impl Backfill {
                     if self.changed {
                         self.progress.objects_copied += 1;
                     }
+                    // Only the first chunk's lock held every write back: one
+                    // since, under a first snapshot, may have cloned the head.
+                    self.snapped |= meta.attrs.iter().any(|(name, _)| name == crate::snaps::SNAPSEQ_ATTR);
                     self.object_done(object)
                 } else {
                     let len = (meta.size - offset).min(CHUNK_BYTES as u64);
@@ -361,7 +371,13 @@ impl Backfill {
                     self.remove_on(object, next + 1)
                 } else {
                     self.progress.objects_removed += 1;
-                    self.next_object()
+                    // A delete under a snapshot leaves the head's clone behind,
+                    // made after the listings perhaps: its clones are walked too.
+                    if crate::snaps::is_clone_name(&object) || self.bounded {
+                        self.next_object()
+                    } else {
+                        self.list_clones(object, 0)
+                    }
                 }
             }
             (Stage::ListingClones { head, source }, PeerReply::Names { objects, more }) => {
@@ -843,7 +859,13 @@ mod tests {
         assert_eq!(machine.progress.objects_removed, 3, "a, c and z");
         assert_eq!(model.sent["digest"], 3 + 3 + 1, "each chunk target 1 kept is compared");
         assert_eq!(model.sent["start"], 1 + 4, "target 1 lacked g; target 2 lacked all");
-        assert_eq!(model.sent["list"], 3 + 1, "target 1's listing, in pages of two, and target 2's one empty page");
+        // And after each removal (a, c, z), each target is asked for the
+        // clones the removed head may have left.
+        assert_eq!(
+            model.sent["list"],
+            3 + 1 + 2 * 3,
+            "target 1's listing, in pages of two, target 2's one empty page, and the clones of a, c and z"
+        );
     }
 
     #[test]
