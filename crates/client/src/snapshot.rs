@@ -219,7 +219,10 @@ impl Client {
         let created = SnapInfo { name: snap.into(), id: table.seq, size: info.size, created: now(), protected: false };
         table.snaps.push(created.clone());
         write_table(self, pool, &header, &table)?;
+        // Every gateway quiesced (or was found dead): now they may go on
+        // under the new sequence, none before another stopped.
         let (acknowledged, dropped) = crate::watch::wait_for_watchers(self, pool, &header, table.seq)?;
+        crate::watch::release(self, pool, &header, table.seq)?;
         Ok((created, Quiesced { acknowledged, dropped }))
     }
 

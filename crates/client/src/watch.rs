@@ -10,12 +10,16 @@
 //! acknowledged the new sequence, or missed renewals for [`DEAD_AFTER`]
 //! (it is then dropped from the header).
 //!
-//! When a watcher sees a new sequence it quiesces first: it holds new
-//! writes, lets the writes in flight under the old sequence finish, then
-//! adopts the new one, acknowledges it and lets the held writes go. So
-//! every write acknowledged before `snap create` returned was logged
-//! before any write under the new sequence, and is in the snapshot (as
-//! Ceph's exclusive-lock owner quiesces for `rbd snap create`).
+//! When a watcher sees a new sequence it quiesces: it holds new writes,
+//! lets the writes in flight under the old sequence finish, and
+//! acknowledges. Once every watcher has, `snap create` *releases* the
+//! sequence ([`RELEASED_ATTR`]), and each watcher adopts it and lets its
+//! held writes go. So no gateway writes under the new sequence while
+//! another still writes under the old: each gateway's acknowledged writes
+//! before the snapshot are all in it, whatever the number of gateways (as
+//! Ceph's exclusive-lock owner quiesces for `rbd snap create`, but with
+//! many writers). A `snap create` that dies between its two steps is
+//! finished by the gateways after [`RELEASE_WAIT`].
 //!
 //! A watcher that could not renew for [`FENCE`] holds its writes back
 //! until it can ([`Watch::when_fresh`]):
@@ -58,6 +62,22 @@ pub const FENCE: Duration = Duration::from_secs(3);
 pub const DEAD_AFTER: Duration = Duration::from_secs(6);
 /// The header attributes watchers renew start with this.
 pub const WATCH_PREFIX: &[u8] = b"watch.";
+/// The header attribute naming the newest sequence writes may go under
+/// (u64 little-endian): `snap create` sets it once every watcher quiesced.
+pub const RELEASED_ATTR: &[u8] = b"snap.released";
+/// A gateway quiesced this long for a sequence nobody released checks
+/// whether every live watcher has quiesced, and if so releases it itself
+/// (the `snap create` that began it died between its two steps).
+pub const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// The released sequence among a header's attributes (0: none yet).
+pub fn released_of(attrs: &[(Vec<u8>, Vec<u8>)]) -> u64 {
+    attrs
+        .iter()
+        .find(|(name, _)| name == RELEASED_ATTR)
+        .and_then(|(_, value)| <[u8; 8]>::try_from(value.as_slice()).ok())
+        .map_or(0, u64::from_le_bytes)
+}
 
 /// A watcher's attribute value: its renewal counter and the snapshot
 /// sequence it adopted.
@@ -148,8 +168,16 @@ impl Watch {
             stop: AtomicBool::new(false),
             wake: (Mutex::new(()), Condvar::new()),
         });
-        let mut renewer =
-            Renewer { client: client.clone(), pool, header, name, counter: 0, acked: 0, others: Default::default() };
+        let mut renewer = Renewer {
+            client: client.clone(),
+            pool,
+            header,
+            name,
+            counter: 0,
+            acked: 0,
+            quiesced_since: None,
+            others: Default::default(),
+        };
         match renewer.renew(&state) {
             // Registered, or (a full cluster) not, but the table was read.
             Ok(()) | Err(ClientError::NoSpace(_)) => {}
@@ -282,6 +310,8 @@ struct Renewer {
     name: Vec<u8>,
     counter: u64,
     acked: u64,
+    /// Quiesced for `acked` since then, waiting for its release.
+    quiesced_since: Option<Instant>,
     /// Other watchers: their counter, and since when it stood at that.
     others: std::collections::HashMap<Vec<u8>, (u64, Instant)>,
 }
@@ -335,18 +365,25 @@ impl Renewer {
                 let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
                 let _ = cond.wait_timeout(guard, Duration::from_millis(2));
             }
-            state.write_snap.store(table.newest_live(), Ordering::SeqCst);
-            state.adopting.store(false, Ordering::SeqCst);
             self.acked = table.seq;
+            self.quiesced_since = Some(Instant::now());
             // Unacknowledged, the snapshot drops this watcher after 6 s.
             if let Err(err) = self.set(self.counter, self.acked) {
                 tracing::warn!(%err, "acknowledging a snapshot failed");
             }
-        } else {
-            // A removed snapshot changes no sequence: nothing to wait for.
-            state.write_snap.store(table.newest_live(), Ordering::SeqCst);
         }
-        self.look_for_others(state, sent)?;
+        let attrs = self.client.list_attrs(self.pool, &self.header)?;
+        let mut released = released_of(&attrs);
+        if released < self.acked && self.quiesced_since.is_some_and(|since| since.elapsed() >= RELEASE_WAIT) {
+            released = self.release_if_all_quiesced(&attrs)?;
+        }
+        if released >= self.acked {
+            // Every watcher quiesced: writes go on under the newest.
+            state.write_snap.store(table.newest_live(), Ordering::SeqCst);
+            state.adopting.store(false, Ordering::SeqCst);
+            self.quiesced_since = None;
+        }
+        self.look_for_others(state, sent, attrs)?;
         state.renewed_at.store(sent.max(1), Ordering::Release);
         state.wake.1.notify_all();
         registered
@@ -354,8 +391,7 @@ impl Renewer {
 
     /// Whether another gateway watches the image: ends or extends this
     /// one's time alone.
-    fn look_for_others(&mut self, state: &State, sent: u64) -> Result<(), ClientError> {
-        let attrs = self.client.list_attrs(self.pool, &self.header)?;
+    fn look_for_others(&mut self, state: &State, sent: u64, attrs: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), ClientError> {
         let now_instant = Instant::now();
         let mut others = false;
         let mut live = std::collections::HashMap::new();
@@ -393,6 +429,24 @@ impl Renewer {
         Ok(())
     }
 
+    /// The `snap create` that began sequence `acked` did not release it:
+    /// if every live watcher has quiesced for it, release it (it is then
+    /// what that `snap create` would have done). Returns the released one.
+    fn release_if_all_quiesced(&self, attrs: &[(Vec<u8>, Vec<u8>)]) -> Result<u64, ClientError> {
+        let waiting = attrs.iter().filter(|(name, _)| name.starts_with(WATCH_PREFIX) && *name != self.name).any(
+            |(name, value)| {
+                let live = self.others.get(name).is_none_or(|(_, since)| since.elapsed() < DEAD_AFTER);
+                live && decode_watch(value).is_none_or(|(_, acked)| acked < self.acked)
+            },
+        );
+        if waiting {
+            return Ok(released_of(attrs));
+        }
+        tracing::warn!(seq = self.acked, "a snapshot was never released (its `snap create` died?): releasing it");
+        release(&self.client, self.pool, &self.header, self.acked)?;
+        Ok(self.acked)
+    }
+
     fn set(&self, counter: u64, acked: u64) -> Result<(), ClientError> {
         // 16 bytes: far inside the header's attribute budget, so the
         // client-side total check (an extra round trip) is skipped.
@@ -404,6 +458,16 @@ impl Renewer {
         };
         self.client.call(op).map(drop)
     }
+}
+
+/// Lets writes go under sequence `seq` (the second step of `snap create`).
+pub fn release(client: &Client, pool: u32, header: &[u8], seq: u64) -> Result<(), ClientError> {
+    let op = ObjectOp {
+        offset: RELEASED_ATTR.len() as u64,
+        data: Bytes::from([RELEASED_ATTR, &seq.to_le_bytes()].concat()),
+        ..ObjectOp::new(pool, OpKind::SetAttr, Bytes::copy_from_slice(header))
+    };
+    client.call(op).map(drop)
 }
 
 /// Waits until every watcher of `header` acknowledged snapshot sequence
@@ -470,6 +534,16 @@ pub fn live_watchers(client: &Client, pool: u32, header: &[u8]) -> Result<usize,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_released_sequence_is_read_from_the_header_attributes() {
+        let watcher = (b"watch.00000000000000aa".to_vec(), encode_watch(3, 7).to_vec());
+        assert_eq!(released_of(&[watcher.clone()]), 0, "none released yet");
+        let released = (RELEASED_ATTR.to_vec(), 7u64.to_le_bytes().to_vec());
+        assert_eq!(released_of(&[watcher.clone(), released]), 7);
+        let garbled = (RELEASED_ATTR.to_vec(), vec![1, 2, 3]);
+        assert_eq!(released_of(&[watcher, garbled]), 0, "a value of another size counts as none");
+    }
 
     #[test]
     fn watch_values_round_trip_and_reject_other_lengths() {

@@ -692,12 +692,12 @@ impl Partition {
             self.take_block(true)
         };
         plan.staged.insert(copy, StagedBlock { buf, was_written: false, old_crc: 0, zero_from: 0 });
-        // A copy holding old bytes is flushed before the record (commit.rs);
-        // one the write covers whole holds only new bytes, like any block
-        // the batch writes for the first time, and goes with them.
-        if !whole {
-            plan.copies.push(copy);
-        }
+        // Flushed before the record (commit.rs), even a copy the write
+        // covers whole: the record maps the logical block to it, so a crash
+        // after the record and before the copy's bytes would leave the block
+        // neither old nor new (the crash test with a volatile write cache
+        // found exactly that when whole copies went with the batch's data).
+        plan.copies.push(copy);
         let w = plan.objects.get_mut(key).expect("loaded");
         let meta = w.current.as_mut().expect("present");
         let unmapped = meta.unmap_block(logical);
