@@ -538,7 +538,7 @@ mod tests {
     #[test]
     fn the_released_sequence_is_read_from_the_header_attributes() {
         let watcher = (b"watch.00000000000000aa".to_vec(), encode_watch(3, 7).to_vec());
-        assert_eq!(released_of(&[watcher.clone()]), 0, "none released yet");
+        assert_eq!(released_of(std::slice::from_ref(&watcher)), 0, "none released yet");
         let released = (RELEASED_ATTR.to_vec(), 7u64.to_le_bytes().to_vec());
         assert_eq!(released_of(&[watcher.clone(), released]), 7);
         let garbled = (RELEASED_ATTR.to_vec(), vec![1, 2, 3]);
