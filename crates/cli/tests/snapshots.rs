@@ -329,3 +329,29 @@ fn a_clone_reads_through_copies_up_backs_a_qcow2_and_flattens() {
     let info: serde_json::Value = serde_json::from_slice(&info.stdout).expect("json");
     assert!(info["parent"].is_null(), "{info}");
 }
+
+/// Two gateways serving one image: `snap create` waits for both to
+/// quiesce, then releases them together; both go on writing after, and the
+/// snapshot holds what each wrote before it.
+#[test]
+fn a_snapshot_of_an_image_two_gateways_serve_quiesces_both() {
+    require_tool("qemu-io");
+    let cluster = DevCluster::start();
+    run_ok(cluster.cli().args(["image", "create", "shared", "--size", "8M"]));
+    let first = cluster.serve("shared", None);
+    let second = cluster.serve("shared", None);
+    qemu_io(&first.uri, &["write -P 0x11 0 1M"]);
+    qemu_io(&second.uri, &["write -P 0x22 4M 1M"]);
+    let created = run_ok(cluster.cli().args(["snap", "create", "shared@both"]));
+    let said = String::from_utf8_lossy(&created.stdout).into_owned();
+    assert!(said.contains("2 writer(s) adopted it"), "{said}");
+    qemu_io(&first.uri, &["write -P 0x33 0 1M"]);
+    qemu_io(&second.uri, &["write -P 0x44 4M 1M"]);
+    let at_snap = cluster.serve("shared@both", None);
+    let mut read_only = Command::new("qemu-io");
+    read_only.args(["-r", "-f", "raw", "-c", "read -P 0x11 0 1M", "-c", "read -P 0x22 4M 1M"]).arg(&at_snap.uri);
+    let output = run_ok(&mut read_only);
+    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    assert!(!text.contains("fail"), "the snapshot holds what each gateway wrote before it:\n{text}");
+    qemu_io(&first.uri, &["read -P 0x33 0 1M", "read -P 0x44 4M 1M"]);
+}
