@@ -67,6 +67,11 @@ impl SnapTable {
         self.snaps.iter().find(|s| s.name == name)
     }
 
+    /// Snapshot `snap` of `image`, or the error naming it.
+    pub fn get(&self, image: &str, snap: &str) -> Result<&SnapInfo, ClientError> {
+        self.find(snap).ok_or_else(|| ClientError::NoSuchSnapshot(format!("{image}@{snap}")))
+    }
+
     pub fn encode(&self) -> Bytes {
         let mut out = Vec::with_capacity(24 + self.snaps.len() * 64);
         out.extend_from_slice(TABLE_MAGIC);
@@ -198,10 +203,8 @@ impl Client {
 
     /// The snapshot named `snap` of `image`.
     pub fn snapshot_info(&self, pool: u32, image: &str, snap: &str) -> Result<SnapInfo, ClientError> {
-        self.list_snapshots(pool, image)?
-            .into_iter()
-            .find(|s| s.name == snap)
-            .ok_or_else(|| ClientError::NoSuchSnapshot(format!("{image}@{snap}")))
+        let info = self.image_info(pool, image)?;
+        read_table(self, pool, &header_object(&info.id))?.get(image, snap).cloned()
     }
 
     /// Takes a snapshot. Returns once every gateway writing the image has
@@ -327,9 +330,7 @@ impl Client {
     ) -> Result<(u64, Vec<Extent>), ClientError> {
         let info = self.image_info(pool, image)?;
         let table = read_table(self, pool, &header_object(&info.id))?;
-        let find = |name: &str| {
-            table.find(name).cloned().ok_or_else(|| ClientError::NoSuchSnapshot(format!("{image}@{name}")))
-        };
+        let find = |name: &str| table.get(image, name).cloned();
         let from = from.map(find).transpose()?;
         let to = to.map(find).transpose()?;
         let (to_id, to_size) = to.as_ref().map_or((0, info.size), |s| (s.id, s.size));
@@ -414,7 +415,7 @@ impl Client {
         let info = self.image_info(pool, image)?;
         let header = header_object(&info.id);
         let table = read_table(self, pool, &header)?;
-        let target = table.find(snap).cloned().ok_or_else(|| ClientError::NoSuchSnapshot(format!("{image}@{snap}")))?;
+        let target = table.get(image, snap)?.clone();
         let live = crate::watch::live_watchers(self, pool, &header)?;
         if live > 0 {
             return Err(ClientError::Busy(format!(

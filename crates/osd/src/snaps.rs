@@ -35,14 +35,18 @@ use duplex_store::{Batch, Key, Op, Partition, StoreError};
 /// zero byte is reserved).
 pub const SNAPSEQ_ATTR: &[u8] = b"\0snapseq";
 
-/// The store key of `name`'s clone for snapshots up to `seq`.
-pub fn clone_key(group: u32, name: &[u8], seq: u64) -> Result<Key, StoreError> {
-    let mut bytes = Vec::with_capacity(4 + name.len() + 9);
-    bytes.extend_from_slice(&group.to_be_bytes());
+/// The object name of `name`'s clone for snapshots up to `seq`.
+pub fn clone_name(name: &[u8], seq: u64) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(name.len() + 9);
     bytes.extend_from_slice(name);
     bytes.push(0);
     bytes.extend_from_slice(&seq.to_be_bytes());
-    Key::new(&bytes)
+    bytes
+}
+
+/// The store key of `name`'s clone for snapshots up to `seq`.
+pub fn clone_key(group: u32, name: &[u8], seq: u64) -> Result<Key, StoreError> {
+    Key::in_group(group, &clone_name(name, seq))
 }
 
 /// Whether an object name (without its group) is a clone's.
@@ -169,7 +173,6 @@ impl Planner {
         let key = op.key().clone();
         let mut head = self.head(partition, &key)?;
         let newer = snap > head.seq;
-        tracing::trace!(key = %String::from_utf8_lossy(&key.as_bytes()[4..]), pg = key.group(), snap, ?head, op = op_name(&op), "snap plan");
         if newer && head.exists {
             let name = &key.as_bytes()[4..];
             ops.push(Op::Clone { key: clone_key(key.group(), name, snap)?, source: key.clone() });
@@ -183,20 +186,6 @@ impl Planner {
         }
         self.heads.insert(key, head);
         Ok(())
-    }
-}
-
-fn op_name(op: &Op) -> &'static str {
-    match op {
-        Op::Write { .. } => "write",
-        Op::WriteJournaled { .. } => "write",
-        Op::Truncate { .. } => "truncate",
-        Op::Zero { .. } => "zero",
-        Op::Delete { .. } => "delete",
-        Op::CreatePreallocated { .. } => "create",
-        Op::SetAttr { .. } => "setattr",
-        Op::RemoveAttr { .. } => "rmattr",
-        Op::Clone { .. } => "clone",
     }
 }
 

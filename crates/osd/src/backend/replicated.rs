@@ -162,10 +162,13 @@ fn read(shared: &Shared, pg: &SharedPg, interval: &Interval<'_>, key: u32, op: C
         }
         // The log holds heads' changes: a snapshot's object is a clone the
         // flush makes, or the head as the store holds it.
-        if pg.index.contains(&request.object) && request.snap != 0 {
-            flush_first = true;
-        } else if pg.index.contains(&request.object) {
-            if let Some(data) = pg.index.read(&pg.log, &request.object, request.offset, request.length as u64) {
+        if pg.index.contains(&request.object) {
+            let from_log = if request.snap == 0 {
+                pg.index.read(&pg.log, &request.object, request.offset, request.length as u64)
+            } else {
+                None
+            };
+            if let Some(data) = from_log {
                 drop(pg);
                 debug_assert_eq!(data.len(), request.length as usize, "a read from the log returned another length");
                 metrics.reads_r1.add(1);

@@ -348,9 +348,7 @@ impl Pg {
         for (_, _, object, snap) in self.history.iter().filter(|(seq, ..)| *seq > after && *seq <= through) {
             names.push(object.to_vec());
             if *snap != 0 {
-                if let Ok(clone) = crate::snaps::clone_key(self.key, object, *snap) {
-                    names.push(clone.as_bytes()[4..].to_vec());
-                }
+                names.push(crate::snaps::clone_name(object, *snap));
             }
         }
         names.sort_unstable();
