@@ -4,18 +4,21 @@
 A local cluster like bench/run's (2 OSDs, size 2, min_size 1, 32 PGs),
 fio's nbd engine on `duplex nbd serve` (2 jobs x queue depth 16, 4 KiB):
 
-1. a 1 GiB image written whole, then one pass of random 4 KiB writes over
-   it (fio's random map: every block once): the baseline;
-2. `snap create`, then the same pass twice: the first pass clones every
-   object and copies every block once; in the second every block was
-   written since the snapshot;
+1. a 1 GiB image written whole, then passes of random 4 KiB writes over
+   it (fio's random map: every block once each): the baseline is their
+   mean (--passes of them: the first pass after the fill runs about 5%
+   faster than the ones after it, on either side of a snapshot);
+2. `snap create`, then the same pass: the first pass clones every
+   object and copies every block once; then --passes more, in which every
+   block was written since the snapshot (the "second pass" figure is
+   their mean);
 3. random 4 KiB reads of the image, of the snapshot (`IMAGE@SNAP`) and of
    a clone of it that was never written (reads through to its parent);
 4. a 10 GiB image written whole, `snap create`, 1% of its 4 KiB blocks
    rewritten at random, `snap create`, `export-diff` between the two:
    the bytes it moves against the image's.
 
-    cargo build --release -p duplex-cli && bench/snapshots.py [--dir /tmp/snapbench] [--big-gib 10] [--ceph]
+    cargo build --release -p duplex-cli && bench/snapshots.py [--dir /tmp/snapbench] [--big-gib 10] [--passes 3] [--ceph]
 
 With --ceph, Ceph's two write figures too, on the suite's Ceph cluster
 (bench/duplexbench/ceph.py: 2 BlueStore OSDs, size 2; fio's rbd engine):
@@ -122,7 +125,17 @@ def ensure_ceph():
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
 
 
-def ceph_figures(work_dir):
+def pass_figures(prefix, baseline, second):
+    """Each pass's IOPS and the two means (`first_pass_write_iops` is set by the caller)."""
+    return {
+        f"{prefix}baseline_passes": baseline,
+        f"{prefix}baseline_write_iops": sum(baseline) / len(baseline),
+        f"{prefix}second_passes": second,
+        f"{prefix}second_pass_write_iops": sum(second) / len(second),
+    }
+
+
+def ceph_figures(work_dir, passes):
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     from duplexbench.ceph import CephCluster
 
@@ -132,10 +145,11 @@ def ceph_figures(work_dir):
         ceph.up()
         env = ceph.fio_env()
         fio_rbd(env, "write", GIB, "fill", bs="1m", iodepth=8, numjobs=1)
-        figures["ceph_baseline_write_iops"] = fio_rbd(env, "randwrite", GIB, "baseline")
+        baseline = [fio_rbd(env, "randwrite", GIB, f"baseline{n}") for n in range(passes)]
         ceph.run("rbd", "snap", "create", f"{env['POOL']}/{env['IMAGE']}@s1")
         figures["ceph_first_pass_write_iops"] = fio_rbd(env, "randwrite", GIB, "first")
-        figures["ceph_second_pass_write_iops"] = fio_rbd(env, "randwrite", GIB, "second")
+        second = [fio_rbd(env, "randwrite", GIB, f"second{n}") for n in range(passes)]
+        figures.update(pass_figures("ceph_", baseline, second))
         figures["ceph_version"] = ceph.version()
     finally:
         ceph.down()
@@ -151,18 +165,24 @@ def fill(uri, size):
 
 
 def main():
+    global DUPLEX
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", default="/tmp/duplex-snapbench")
     parser.add_argument("--big-gib", type=int, default=10)
     parser.add_argument("--read-seconds", type=int, default=15)
     parser.add_argument("--ceph", action="store_true", help="Ceph's two write figures too (installs Ceph)")
     parser.add_argument("--ceph-only", action="store_true", help="Ceph's figures alone")
+    parser.add_argument("--passes", type=int, default=3, help="write passes averaged on each side of the snapshot")
+    parser.add_argument("--writes-only", action="store_true",
+                        help="the write passes alone (for A/B runs of the write path)")
+    parser.add_argument("--binary", default=DUPLEX, help="the duplex binary to run (A/B: one per build)")
     args = parser.parse_args()
     if args.ceph or args.ceph_only:
         ensure_ceph()
     if args.ceph_only:
-        print(json.dumps(ceph_figures(args.dir + "-ceph"), indent=2))
+        print(json.dumps(ceph_figures(args.dir + "-ceph", args.passes), indent=2))
         return
+    DUPLEX = args.binary
     if os.path.exists(args.dir):
         shutil.rmtree(args.dir)
     cluster = Cluster(args.dir)
@@ -174,12 +194,19 @@ def main():
         cluster.duplex("image", "create", "perf", "--size", "1G")
         uri, server = cluster.serve("perf")
         fill(uri, GIB)
-        results["baseline_write_iops"], _ = fio(uri, "randwrite", size=GIB, name="baseline")
+        baseline = [fio(uri, "randwrite", size=GIB, name=f"baseline{n}")[0] for n in range(args.passes)]
         started = time.time()
         cluster.duplex("snap", "create", "perf@s1")
         results["snap_create_served_s"] = time.time() - started
         results["first_pass_write_iops"], _ = fio(uri, "randwrite", size=GIB, name="first")
-        results["second_pass_write_iops"], _ = fio(uri, "randwrite", size=GIB, name="second")
+        second = [fio(uri, "randwrite", size=GIB, name=f"second{n}")[0] for n in range(args.passes)]
+        results.update(pass_figures("", baseline, second))
+        if args.writes_only:
+            base = results["baseline_write_iops"]
+            results["first_pass_ratio"] = results["first_pass_write_iops"] / base
+            results["second_pass_ratio"] = results["second_pass_write_iops"] / base
+            print(json.dumps(results, indent=2))
+            return
         results["head_read_iops"], _ = fio(uri, "randread", runtime=args.read_seconds, name="head",
                                            extra=["--size=1G"])
         cluster.stop(server)
@@ -229,7 +256,7 @@ def main():
     results["clone_read_ratio"] = results["clone_read_iops"] / results["head_read_iops"]
     results["export_diff_share"] = results["export_diff_bytes"] / results["big_image_bytes"]
     if args.ceph:
-        results.update(ceph_figures(args.dir + "-ceph"))
+        results.update(ceph_figures(args.dir + "-ceph", args.passes))
     print(json.dumps(results, indent=2))
 
 

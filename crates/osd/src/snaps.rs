@@ -170,21 +170,27 @@ impl Planner {
             ops.push(op);
             return Ok(());
         }
-        let key = op.key().clone();
-        let mut head = self.head(partition, &key)?;
+        // The common case, a head already changed under `snap`, clones no
+        // key and allocates nothing.
+        let mut head = self.head(partition, op.key())?;
         let newer = snap > head.seq;
         if newer && head.exists {
+            let key = op.key();
             let name = &key.as_bytes()[4..];
             ops.push(Op::Clone { key: clone_key(key.group(), name, snap)?, source: key.clone() });
             self.cloned = true;
         }
         follow(&mut head, &op);
-        ops.push(op);
-        if newer && head.exists {
-            ops.push(Op::SetAttr { key: key.clone(), name: SNAPSEQ_ATTR.to_vec(), value: snap.to_le_bytes().to_vec() });
+        let set_seq = newer && head.exists;
+        if set_seq {
             head.seq = snap;
         }
-        self.heads.insert(key, head);
+        *self.heads.get_mut(op.key()).expect("head() keeps what it read") = head;
+        let key = set_seq.then(|| op.key().clone());
+        ops.push(op);
+        if let Some(key) = key {
+            ops.push(Op::SetAttr { key, name: SNAPSEQ_ATTR.to_vec(), value: snap.to_le_bytes().to_vec() });
+        }
         Ok(())
     }
 }

@@ -10,6 +10,7 @@
 //! - [`read`]: reads (batched, crc32c-verified), stat, attributes, listing.
 
 pub(crate) mod commit;
+mod extents;
 pub(crate) mod mount;
 mod plan;
 mod read;
@@ -22,10 +23,11 @@ use crate::chunks::{ChunkPool, ChunkedBitmap};
 use crate::error::{Result, StoreError};
 use crate::key::Key;
 use crate::layout::{DataRegion, PartitionGeometry};
-use crate::onode::{decode_slot, Extent, ObjectMeta, KIND_HEAD, MAX_CHAIN_SLOTS, NO_SLOT};
+use crate::onode::{decode_slot, ObjectMeta, KIND_HEAD, MAX_CHAIN_SLOTS, NO_SLOT};
 use crate::pages::PageCache;
 use crate::{BLOCK_SIZE, SLOTS_PER_PAGE, SLOT_SIZE};
 
+pub(crate) use extents::Extents;
 pub use read::ReadRequest;
 
 /// What the index keeps per object: enough to serve reads and pre-allocated
@@ -36,32 +38,6 @@ pub(crate) struct IndexEntry {
     pub size: u64,
     pub flags: u8,
     pub extents: Extents,
-}
-
-/// An object's extents, without a heap allocation for the common single extent.
-#[derive(Clone, Debug)]
-pub(crate) enum Extents {
-    Empty,
-    One(Extent),
-    Many(Box<[Extent]>),
-}
-
-impl Extents {
-    pub fn from_vec(extents: &[Extent]) -> Extents {
-        match extents {
-            [] => Extents::Empty,
-            [one] => Extents::One(*one),
-            many => Extents::Many(many.into()),
-        }
-    }
-
-    pub fn as_slice(&self) -> &[Extent] {
-        match self {
-            Extents::Empty => &[],
-            Extents::One(one) => std::slice::from_ref(one),
-            Extents::Many(many) => many,
-        }
-    }
 }
 
 impl IndexEntry {
@@ -77,9 +53,7 @@ impl IndexEntry {
 
     /// The data block holding logical block `logical`, if allocated.
     pub fn physical_for(&self, logical: u32) -> Option<u32> {
-        let extents = self.extents.as_slice();
-        let index = extents.partition_point(|e| e.logical_end() <= logical);
-        extents.get(index).and_then(|e| e.physical_for(logical))
+        self.extents.physical_for(logical)
     }
 }
 

@@ -291,7 +291,7 @@ impl Partition {
             .objects
             .values()
             .filter(|entry| entry.flags & OBJECT_FLAG_SHARES != 0)
-            .flat_map(|entry| entry.extents.as_slice().iter().map(|e| (e.physical, e.len)));
+            .flat_map(|entry| entry.extents.to_vec().into_iter().map(|e| (e.physical, e.len)));
         for (start, count) in live.chain(sharing_tombstones.iter().flatten().copied()) {
             for block in start..start + count {
                 *references.entry(block).or_default() += 1;

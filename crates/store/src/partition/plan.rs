@@ -64,6 +64,11 @@ struct Working {
     tombstone: Option<ObjectMeta>,
     /// The pre-batch object's partial last block and where its visible bytes end.
     original_tail: Option<(u32, u16)>,
+    /// `current.extents` is left empty and the index entry's extents stand
+    /// for it, until the batch changes the mapping ([`Partition::own_extents`]).
+    /// An in-place overwrite never copies an extent map, which after copies
+    /// on write may map each of an object's 1,024 blocks on its own.
+    extents_in_index: bool,
 }
 
 #[derive(Default)]
@@ -248,15 +253,20 @@ impl Partition {
                 original_tail: {
                     let tail = (entry.size % BLOCK_SIZE as u64) as u16;
                     let last = (entry.size / BLOCK_SIZE as u64) as u32;
-                    entry.physical_for(last).filter(|_| tail != 0).map(|block| (block, tail))
+                    if tail == 0 {
+                        None
+                    } else {
+                        entry.physical_for(last).map(|block| (block, tail))
+                    }
                 },
                 current: Some(ObjectMeta {
                     key: key.clone(),
                     size: entry.size,
                     flags: entry.flags,
-                    extents: entry.extents.as_slice().to_vec(),
+                    extents: Vec::new(),
                     attrs: Vec::new(),
                 }),
+                extents_in_index: true,
                 attrs_loaded: false,
                 original_head: Some(entry.head_slot),
                 original_alive: true,
@@ -273,9 +283,36 @@ impl Partition {
                 new_blocks: HashSet::new(),
                 tombstone: None,
                 original_tail: None,
+                extents_in_index: false,
             },
         };
         plan.objects.insert(key.clone(), working);
+    }
+
+    /// The block `key` maps at `logical` as of this plan (`key` is present).
+    fn mapped(&self, plan: &Plan, key: &Key, logical: u32) -> Option<u32> {
+        let w = &plan.objects[key];
+        debug_assert!(w.current.is_some(), "{key:?} is absent");
+        if w.extents_in_index {
+            self.objects
+                .get(key.as_bytes())
+                .expect("an object whose extents are in the index is indexed")
+                .physical_for(logical)
+        } else {
+            w.current.as_ref().and_then(|meta| meta.physical_for(logical))
+        }
+    }
+
+    /// Gives `key`'s working object its own copy of its extents, before the
+    /// batch changes or records them.
+    fn own_extents(&self, plan: &mut Plan, key: &Key) {
+        let w = plan.objects.get_mut(key).expect("loaded");
+        if std::mem::take(&mut w.extents_in_index) {
+            let entry = self.objects.get(key.as_bytes()).expect("an object whose extents are in the index is indexed");
+            let meta = w.current.as_mut().expect("only a present object's extents are in the index");
+            debug_assert!(meta.extents.is_empty());
+            meta.extents = entry.extents.to_vec();
+        }
     }
 
     /// Makes `current.attrs` hold the stored attributes (reads the onode).
@@ -418,12 +455,7 @@ impl Partition {
             let from = (position - block_start) as usize;
             let to = (end.min(block_start + block_size) - block_start) as usize;
             debug_assert!(from < to && to <= BLOCK_SIZE, "piece {from}..{to} of block {logical}");
-            let (mapped, hint) = {
-                let meta = plan.objects[key].current.as_ref().expect("present");
-                let hint = logical.checked_sub(1).and_then(|l| meta.physical_for(l)).map(|p| p + 1);
-                (meta.physical_for(logical), hint)
-            };
-            let (block, newly_reserved) = match mapped {
+            let (block, newly_reserved) = match self.mapped(plan, key, logical) {
                 Some(block) => {
                     let newly_reserved = plan.objects[key].new_blocks.contains(&block);
                     if !newly_reserved && self.is_shared(plan, block) {
@@ -433,7 +465,9 @@ impl Partition {
                     }
                 }
                 None => {
+                    let hint = logical.checked_sub(1).and_then(|l| self.mapped(plan, key, l)).map(|p| p + 1);
                     let block = self.reserve_block(plan, hint)?;
+                    self.own_extents(plan, key);
                     let w = plan.objects.get_mut(key).expect("loaded");
                     w.current.as_mut().expect("present").map_block(logical, block);
                     w.new_blocks.insert(block);
@@ -473,8 +507,7 @@ impl Partition {
         while position < end {
             let logical = (position / block_size) as u32;
             let piece_end = end.min((logical as u64 + 1) * block_size);
-            let mapped = plan.objects[key].current.as_ref().expect("present").physical_for(logical);
-            if let Some(block) = mapped {
+            if let Some(block) = self.mapped(plan, key, logical) {
                 let reserved = plan.reserved_blocks.len();
                 // A block shared with a clone is copied first, as any write's.
                 let shared = !plan.objects[key].new_blocks.contains(&block) && self.is_shared(plan, block);
@@ -492,6 +525,9 @@ impl Partition {
             return Err(StoreError::invalid(format!(
                 "size {size} exceeds the maximum object size ({MAX_OBJECT_SIZE} bytes)"
             )));
+        }
+        if plan.objects[key].current.is_some() {
+            self.own_extents(plan, key);
         }
         let (to_release, to_free) = {
             let w = plan.objects.get_mut(key).expect("loaded");
@@ -546,11 +582,10 @@ impl Partition {
             return Ok(());
         }
         let logical = (old_size / BLOCK_SIZE as u64) as u32;
-        let w = &plan.objects[key];
-        let Some(mut block) = w.current.as_ref().expect("present").physical_for(logical) else {
+        let Some(mut block) = self.mapped(plan, key, logical) else {
             return Ok(());
         };
-        let mut newly_reserved = w.new_blocks.contains(&block);
+        let mut newly_reserved = plan.objects[key].new_blocks.contains(&block);
         if !newly_reserved && self.is_shared(plan, block) {
             if !self.written.get(block as u64) && !self.deferred.contains_key(&block) {
                 return Ok(()); // reads as zeros already
@@ -570,6 +605,9 @@ impl Partition {
     }
 
     fn plan_delete(&mut self, plan: &mut Plan, key: &Key) {
+        if plan.objects[key].current.is_some() {
+            self.own_extents(plan, key);
+        }
         let w = plan.objects.get_mut(key).expect("loaded");
         let Some(meta) = w.current.take() else { return };
         let new_blocks = std::mem::take(&mut w.new_blocks);
@@ -619,6 +657,7 @@ impl Partition {
             return Ok(()); // replayed, or nothing to copy
         }
         self.ensure_attrs(plan, source)?;
+        self.own_extents(plan, source);
         let mut meta = plan.objects[source].current.clone().expect("present");
         debug_assert!(plan.objects[source].new_blocks.is_empty(), "a clone's source has no block of this batch");
         meta.key = key.clone();
@@ -679,6 +718,7 @@ impl Partition {
             "a shared block changed in place by this batch"
         );
         let copy = self.reserve_block(plan, None)?;
+        self.own_extents(plan, key);
         let buf = if whole {
             self.take_block(false)
         } else if self.deferred.contains_key(&shared) {
@@ -876,6 +916,7 @@ impl Partition {
             match (&w.current, w.meta_dirty) {
                 (Some(_), true) => {
                     self.ensure_attrs(plan, &key)?;
+                    self.own_extents(plan, &key);
                     let w = &plan.objects[&key];
                     let blob = w.current.as_ref().expect("present").encode();
                     let chain = match (w.original_alive, w.original_head) {

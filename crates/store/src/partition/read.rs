@@ -169,7 +169,7 @@ impl Partition {
         Ok(ObjectInfo {
             size: entry.size,
             preallocated: entry.flags & OBJECT_FLAG_PREALLOCATED != 0,
-            allocated_bytes: entry.extents.as_slice().iter().map(|e| e.len as u64 * BLOCK_SIZE as u64).sum(),
+            allocated_bytes: entry.extents.mapped_blocks() * BLOCK_SIZE as u64,
         })
     }
 
@@ -245,8 +245,7 @@ impl Partition {
             let last = usage.last_mut().expect("pushed above");
             last.objects += 1;
             last.logical_bytes += entry.size;
-            last.allocated_bytes +=
-                entry.extents.as_slice().iter().map(|e| u64::from(e.len)).sum::<u64>() * BLOCK_SIZE as u64;
+            last.allocated_bytes += entry.extents.mapped_blocks() * BLOCK_SIZE as u64;
         }
         debug_assert!(usage.windows(2).all(|w| w[0].group < w[1].group), "keys are ordered by group first");
         usage
