@@ -14,7 +14,9 @@ fio's nbd engine on `duplex nbd serve` (2 jobs x queue depth 16, 4 KiB):
    their mean);
 3. random 4 KiB reads of the image, of the snapshot (`IMAGE@SNAP`) and of
    a clone of it that was never written (reads through to its parent);
-4. a 10 GiB image written whole, `snap create`, 1% of its 4 KiB blocks
+4. `snap create` of a 1 TiB thin image with data (16,384 random 64 KiB
+   writes, 1 GiB over 16,384 of its objects), while served and not;
+5. a 10 GiB image written whole, `snap create`, 1% of its 4 KiB blocks
    rewritten at random, `snap create`, `export-diff` between the two:
    the bytes it moves against the image's.
 
@@ -214,6 +216,19 @@ def main():
         results["snapshot_read_iops"], _ = fio(uri, "randread", runtime=args.read_seconds, name="snap",
                                                extra=["--size=1G"])
         cluster.stop(server)
+        # A 1 TiB thin image with data: snap create, served and not.
+        cluster.duplex("image", "create", "huge", "--size", "1T")
+        huge_uri, huge_server = cluster.serve("huge")
+        subprocess.run(["fio", "--name=spread", "--ioengine=nbd", f"--uri={huge_uri}", "--rw=randwrite", "--bs=64k",
+                        "--iodepth=16", "--size=1T", "--number_ios=16384", "--norandommap", "--direct=1"],
+                       check=True, capture_output=True)
+        started = time.time()
+        cluster.duplex("snap", "create", "huge@served")
+        results["snap_create_1tib_served_s"] = time.time() - started
+        cluster.stop(huge_server)
+        started = time.time()
+        cluster.duplex("snap", "create", "huge@idle")
+        results["snap_create_1tib_idle_s"] = time.time() - started
         cluster.duplex("snap", "protect", "perf@s1")
         cluster.duplex("image", "clone", "perf@s1", "child")
         uri, server = cluster.serve("child")

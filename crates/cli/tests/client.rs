@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::workload::Verifying;
 use common::{dev_state, kill_9, pid_of, run_ok, workload, DevCluster};
 use duplex_client::{ClientError, CreateOptions};
 use duplex_mon_client::Connection as OsdConnection;
@@ -127,6 +128,9 @@ fn objects_images_and_resends() {
     pre.write_zeroes(0, 32 * MIB).unwrap();
     assert!(pre.read(4 * MIB, 5 * MIB as u32).unwrap().iter().all(|b| *b == 0), "zeroed in full");
     assert!(client.stat(pool, object.as_bytes()).unwrap().preallocated, "extents kept");
+    // Refused while open (its watch would write the header again), as `rbd rm` refuses.
+    assert!(matches!(client.remove_image(pool, "vm2"), Err(ClientError::Busy(_))));
+    pre.close();
     client.remove_image(pool, "vm2").unwrap();
     assert_eq!(client.list_objects(pool, format!("{}.", vm2.id).as_bytes()).unwrap(), Vec::<Vec<u8>>::new());
     assert_eq!(client.list_images(pool).unwrap(), vec!["vm1".to_string()]);
@@ -190,99 +194,6 @@ fn objects_images_and_resends() {
     assert!(matches!(client.image_info(pool, "vm1-short"), Err(ClientError::NoSuchImage(_))));
 }
 
-/// In-flight writes across an OSD's death: every acknowledged write reads back.
-/// A verifying workload on a 64 MiB image of a dev cluster: 16 objects,
-/// spread over PGs whose primaries are all three OSDs.
-struct Verifying {
-    image: Arc<duplex_client::Image>,
-    recorder: Arc<duplex_verify::Recorder>,
-    counters: Arc<workload::Counters>,
-    stop: Arc<AtomicBool>,
-    worker: Option<std::thread::JoinHandle<()>>,
-    blocks: u64,
-}
-
-impl Verifying {
-    fn start(client: &duplex_client::Client) -> Verifying {
-        let pool = client.pool_id("rbd").unwrap();
-        client.create_image(pool, "vm1", 64 * MIB, CreateOptions::default()).unwrap();
-        let image = Arc::new(client.open_image(pool, "vm1").unwrap());
-        let recorder = Arc::new(duplex_verify::Recorder::new());
-        let counters = Arc::new(workload::Counters {
-            acknowledged: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            reads: AtomicU64::new(0),
-        });
-        let stop = Arc::new(AtomicBool::new(false));
-        let blocks = 64 * MIB / workload::BLOCK;
-        let worker = {
-            let (image, recorder, stop, counters) = (image.clone(), recorder.clone(), stop.clone(), counters.clone());
-            std::thread::spawn(move || workload::run(&image, &recorder, 1, blocks, 16, &stop, &counters))
-        };
-        Verifying { image, recorder, counters, stop, worker: Some(worker), blocks }
-    }
-
-    fn acknowledged(&self) -> u64 {
-        self.counters.acknowledged.load(Ordering::Relaxed)
-    }
-
-    /// Waits until 200 more writes are acknowledged than now; how long that took.
-    fn wait_for_progress(&self, what: &str) -> Duration {
-        let (from, started) = (self.acknowledged(), Instant::now());
-        while self.acknowledged() < from + 200 {
-            if started.elapsed() > Duration::from_secs(90) {
-                self.stop.store(true, Ordering::Relaxed);
-                panic!(
-                    "I/O did not go on within 90 s {what} ({} writes acknowledged, {} failed in all)",
-                    self.acknowledged(),
-                    self.counters.failed.load(Ordering::Relaxed)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        started.elapsed()
-    }
-
-    /// The longest a write has waited so far for its acknowledgement (or
-    /// for its failure, a timeout). A write to a PG whose primary died waits
-    /// for the failover, while the other writers go on.
-    fn longest_write_wait(&self) -> Duration {
-        let longest = (self.recorder.history().ops.iter())
-            .filter_map(|op| match op {
-                duplex_verify::BlockOp::Write { invoked, completed: Some(at), .. } => Some(at - invoked),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
-        Duration::from_nanos(longest)
-    }
-
-    /// The longest any write waited before `at` (on the history's clock),
-    /// and the longest any waited after it: a write in flight at `at` counts
-    /// in both, with the part of its wait on each side.
-    fn longest_write_waits_around(&self, at: u64) -> (Duration, Duration) {
-        let (mut before, mut after) = (0, 0);
-        for op in self.recorder.history().ops {
-            if let duplex_verify::BlockOp::Write { invoked, completed: Some(done), .. } = op {
-                if invoked < at {
-                    before = before.max(done.min(at) - invoked);
-                }
-                if done > at {
-                    after = after.max(done - invoked.max(at));
-                }
-            }
-        }
-        (Duration::from_nanos(before), Duration::from_nanos(after))
-    }
-
-    /// Stops the workload, reads every block, and judges the whole history.
-    fn finish(mut self) -> duplex_verify::Report {
-        self.stop.store(true, Ordering::Relaxed);
-        self.worker.take().unwrap().join().expect("the workload ends");
-        duplex_verify::check(&workload::finish(&self.image, &self.recorder, self.blocks))
-    }
-}
-
 /// `duplex <args> --json` against `cluster`, parsed.
 fn cli_json(cluster: &DevCluster, args: &[&str]) -> serde_json::Value {
     let output = run_ok(cluster.cli().args(args).arg("--json"));
@@ -322,7 +233,7 @@ fn acknowledged_writes_survive_an_osd_kill() {
     let _alone = common::alone();
     let cluster = DevCluster::start();
     let client = cluster.client();
-    let run = Verifying::start(&client);
+    let run = Verifying::start(&client, "vm1", 64 * MIB);
     run.wait_for_progress("before the fault");
     let before = run.longest_write_wait();
     kill_9(&cluster, "osd.1");
@@ -356,7 +267,7 @@ fn a_hung_osd_is_found_by_the_grace_and_rejoins() {
     let _alone = common::alone();
     let cluster = DevCluster::start();
     let client = cluster.client();
-    let run = Verifying::start(&client);
+    let run = Verifying::start(&client, "vm1", 64 * MIB);
     run.wait_for_progress("before the fault");
     let pid = pid_of(&cluster, "osd.1");
     // SAFETY: kill(2) on a process this test's cluster started.
@@ -539,7 +450,7 @@ fn a_cluster_filled_to_the_brim_refuses_writes_and_recovers_when_emptied() {
 fn a_killed_osd_restarts_and_catches_up() {
     let cluster = DevCluster::start();
     let client = cluster.client();
-    let run = Verifying::start(&client);
+    let run = Verifying::start(&client, "vm1", 64 * MIB);
     run.wait_for_progress("before the fault");
     kill_9(&cluster, "osd.1");
     let resumed = run.wait_for_progress("after kill -9 of osd.1");
@@ -620,7 +531,7 @@ fn a_node_that_loses_power_is_repaired_from_its_peers() {
     let cluster = DevCluster::start();
     let trigger = with_device_faults(&cluster, 1);
     let client = cluster.client();
-    let run = Verifying::start(&client);
+    let run = Verifying::start(&client, "vm1", 64 * MIB);
     run.wait_for_progress("before the fault");
     arm_until_dead(&cluster, 1, &trigger, "power-cut");
     let log = std::fs::read_to_string(cluster.path().join("osd.1.log")).unwrap();
@@ -658,7 +569,7 @@ fn a_device_flush_error_stops_the_osd_and_the_cluster_recovers() {
     let cluster = DevCluster::start();
     let trigger = with_device_faults(&cluster, 1);
     let client = cluster.client();
-    let run = Verifying::start(&client);
+    let run = Verifying::start(&client, "vm1", 64 * MIB);
     run.wait_for_progress("before the fault");
     let stopped = arm_until_dead(&cluster, 1, &trigger, "flush-eio");
     let log = std::fs::read_to_string(cluster.path().join("osd.1.log")).unwrap();
@@ -759,7 +670,7 @@ fn an_osd_added_under_load_is_backfilled() {
     let _alone = common::alone();
     let cluster = DevCluster::start();
     let client = cluster.client();
-    let run = Verifying::start(&client);
+    let run = Verifying::start(&client, "vm1", 64 * MIB);
     run.wait_for_progress("before adding an OSD");
     let watch = StallWatch::start(run.counters.clone());
     let started = Instant::now();
@@ -926,7 +837,7 @@ fn the_cluster_converges_when_the_monitor_leader_dies_during_an_osd_failure() {
     let leader = (1..=3u64)
         .find_map(|id| monitors.status(id).ok().and_then(|(leader, _, _)| leader))
         .expect("the monitors have a leader");
-    let run = Verifying::start(&client);
+    let run = Verifying::start(&client, "vm1", 64 * MIB);
     run.wait_for_progress("before the faults");
     kill_9(&cluster, "osd.1");
     kill_9(&cluster, &format!("mon.{leader}"));
@@ -1061,7 +972,7 @@ fn partition_scenario(b: &str, ip_a: std::net::IpAddr, ip_b: std::net::IpAddr, l
             .arg(cluster.path()),
     );
     let client = cluster.client();
-    let run = Verifying::start(&client);
+    let run = Verifying::start(&client, "vm1", 64 * MIB);
     run.wait_for_progress("before the cut");
 
     let recorder = run.recorder.clone();
@@ -1186,7 +1097,7 @@ fn two_fault_scenario(b: &str, ip_a: std::net::IpAddr, ip_b: std::net::IpAddr, l
     let client = cluster.client();
     let pool = client.pool_id("rbd").unwrap();
     assert_eq!(client.map().pools[&pool].size, 3);
-    let run = Verifying::start(&client);
+    let run = Verifying::start(&client, "vm1", 64 * MIB);
     run.wait_for_progress("before the faults");
 
     let cut = Instant::now();

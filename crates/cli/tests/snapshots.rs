@@ -7,12 +7,9 @@
 mod common;
 
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
 
+use common::workload::Verifying;
 use common::{require_tool, run_ok, workload, DevCluster};
-use duplex_client::CreateOptions;
 
 const MIB: u64 = 1 << 20;
 
@@ -166,45 +163,24 @@ fn snapshots_taken_across_an_osd_kill_hold_their_moment() {
     let cluster = DevCluster::start();
     let client = cluster.client();
     let pool = client.pool_id("rbd").unwrap();
-    client.create_image(pool, "vm", 16 * MIB, CreateOptions::default()).unwrap();
-    let image = Arc::new(client.open_image(pool, "vm").unwrap());
-    let recorder = Arc::new(duplex_verify::Recorder::new());
-    let counters = Arc::new(workload::Counters {
-        acknowledged: AtomicU64::new(0),
-        failed: AtomicU64::new(0),
-        reads: AtomicU64::new(0),
-    });
-    let stop = Arc::new(AtomicBool::new(false));
-    let blocks = 16 * MIB / workload::BLOCK;
-    let worker = {
-        let (image, recorder, stop, counters) = (image.clone(), recorder.clone(), stop.clone(), counters.clone());
-        std::thread::spawn(move || workload::run(&image, &recorder, 1, blocks, 16, &stop, &counters))
-    };
-    let progress = |from: u64| {
-        let started = std::time::Instant::now();
-        while counters.acknowledged.load(Ordering::Relaxed) < from + 200 {
-            assert!(started.elapsed() < Duration::from_secs(90), "no progress");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    progress(0);
+    let run = Verifying::start(&client, "vm", 16 * MIB);
+    run.wait_for_progress("at the start");
     let mut snapshots = Vec::new();
     let mut take = |name: &str| {
-        let invoked = recorder.now();
+        let invoked = run.recorder.now();
         client.create_snapshot(pool, "vm", name).unwrap();
-        snapshots.push((name.to_string(), invoked, recorder.now()));
+        snapshots.push((name.to_string(), invoked, run.recorder.now()));
     };
     take("before");
-    progress(counters.acknowledged.load(Ordering::Relaxed));
+    run.wait_for_progress("after the first snapshot");
     common::kill_9(&cluster, "osd.1");
     take("during");
-    progress(counters.acknowledged.load(Ordering::Relaxed));
+    run.wait_for_progress("with osd.1 killed");
     run_ok(cluster.cli().args(["dev", "restart", "--osd", "1", "--dir"]).arg(cluster.path()));
     take("after");
-    progress(counters.acknowledged.load(Ordering::Relaxed));
-    stop.store(true, Ordering::Relaxed);
-    worker.join().unwrap();
-    let mut history = workload::finish(&image, &recorder, blocks);
+    run.wait_for_progress("after osd.1 restarted");
+    let blocks = run.blocks;
+    let mut history = run.history();
     // Each snapshot's blocks, as reads over its `snap create`.
     for (name, invoked, completed) in &snapshots {
         let snap = client.open_snapshot(pool, "vm", name).unwrap();

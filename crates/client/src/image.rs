@@ -364,7 +364,9 @@ impl Client {
     }
 
     /// Deletes an image and all its objects. An image with snapshots is
-    /// refused: their clones would be left behind.
+    /// refused: their clones would be left behind. So is one a gateway
+    /// serves (as `rbd rm` refuses an image with watchers): its watch would
+    /// write the header again.
     pub fn remove_image(&self, pool: u32, name: &str) -> Result<(), ClientError> {
         let info = self.image_info(pool, name)?;
         let table = crate::snapshot::read_table(self, pool, &header_object(&info.id))?;
@@ -377,10 +379,19 @@ impl Client {
                 names.join(", ")
             )));
         }
+        let live = crate::watch::live_watchers(self, pool, &header_object(&info.id))?;
+        if live > 0 {
+            return Err(ClientError::Busy(format!(
+                "{name} is in use by {live} gateway(s) (an NBD server, a benchmark, an import): stop them first \
+                 (one that crashed does not count)"
+            )));
+        }
         if table.seq > 0 {
             // It had snapshots: a removal cut short may have left clones,
-            // which no listing shows. None is left after this.
-            self.trim(pool, &info, &table, info.object_count(), &mut |_, _| {})?;
+            // which no listing shows, up to the largest snapshot's end.
+            // None is left after this.
+            let objects = crate::snapshot::objects_ever(&info, &table, None);
+            self.trim(pool, &info, &table, objects, &mut |_, _| {})?;
         }
         let link = crate::layering::read_link(self, pool, &info.id)?;
         let prefix = format!("{}.", info.id);

@@ -32,7 +32,8 @@ pub const TABLE_OFFSET: u64 = 4096;
 /// The largest table: about 2,000 snapshots of long names.
 pub const MAX_TABLE: u32 = 256 << 10;
 const TABLE_MAGIC: &[u8; 4] = b"DPXS";
-const TABLE_VERSION: u32 = 1;
+/// 2 added `reach`; a version 1 table is read with the reach its snapshots give.
+const TABLE_VERSION: u32 = 2;
 const FLAG_PROTECTED: u8 = 1;
 
 /// One snapshot of an image.
@@ -53,6 +54,10 @@ pub struct SnapInfo {
 pub struct SnapTable {
     /// The last id given out (0: none yet).
     pub seq: u64,
+    /// The largest size any snapshot ever taken had, removed ones too:
+    /// objects past it have no clone, so a trim looks no further (and a
+    /// `snap remove` cut short leaves none beyond it).
+    pub reach: u64,
     pub snaps: Vec<SnapInfo>,
 }
 
@@ -77,6 +82,7 @@ impl SnapTable {
         out.extend_from_slice(TABLE_MAGIC);
         out.extend_from_slice(&TABLE_VERSION.to_le_bytes());
         out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&self.reach.to_le_bytes());
         out.extend_from_slice(&(self.snaps.len() as u32).to_le_bytes());
         for snap in &self.snaps {
             debug_assert!(snap.name.len() <= crate::image::MAX_NAME_LEN, "a snapshot name past the limit");
@@ -105,10 +111,11 @@ impl SnapTable {
         let mut take = |n: usize| reader.take(n);
         let long = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
         let version = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes"));
-        if version != TABLE_VERSION {
+        if version != 1 && version != TABLE_VERSION {
             return Err(format!("unknown version {version}"));
         }
         let seq = long(take(8)?);
+        let reach = if version >= 2 { Some(long(take(8)?)) } else { None };
         let count = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes")) as usize;
         if count > MAX_TABLE as usize / 26 {
             return Err("more snapshots than a table holds".into());
@@ -132,7 +139,11 @@ impl SnapTable {
         if snaps.windows(2).any(|w| w[0].id >= w[1].id) {
             return Err("snapshots out of order".into());
         }
-        Ok(SnapTable { seq, snaps })
+        let reach = reach.unwrap_or_else(|| snaps.iter().map(|s| s.size).max().unwrap_or(0));
+        if snaps.iter().any(|s| s.size > reach) {
+            return Err("a snapshot larger than the table's reach".into());
+        }
+        Ok(SnapTable { seq, reach, snaps })
     }
 }
 
@@ -219,6 +230,7 @@ impl Client {
             return Err(ClientError::SnapshotExists(format!("{image}@{snap}")));
         }
         table.seq += 1;
+        table.reach = table.reach.max(info.size);
         let created = SnapInfo { name: snap.into(), id: table.seq, size: info.size, created: now(), protected: false };
         table.snaps.push(created.clone());
         write_table(self, pool, &header, &table)?;
@@ -547,8 +559,8 @@ impl Client {
 }
 
 /// Objects the image has had at any size it or a snapshot of it had.
-fn objects_ever(info: &ImageInfo, table: &SnapTable, removed: Option<&SnapInfo>) -> u64 {
-    let sizes = table.snaps.iter().chain(removed).map(|s| s.size).chain([info.size]);
+pub(crate) fn objects_ever(info: &ImageInfo, table: &SnapTable, removed: Option<&SnapInfo>) -> u64 {
+    let sizes = table.snaps.iter().chain(removed).map(|s| s.size).chain([info.size, table.reach]);
     sizes.map(|size| size.div_ceil(info.object_size as u64)).max().unwrap_or(0)
 }
 
@@ -579,7 +591,7 @@ mod tests {
             let snaps: Vec<SnapInfo> = names.into_iter().enumerate().map(|(i, name)| SnapInfo {
                 name, id: 2 * i as u64 + 1, size: 1 << 30, created: 7, protected: i % 2 == 0,
             }).collect();
-            let table = SnapTable { seq: 2 * snaps.len() as u64 + 3, snaps };
+            let table = SnapTable { seq: 2 * snaps.len() as u64 + 3, reach: 3 << 30, snaps };
             let bytes = table.encode();
             prop_assert_eq!(SnapTable::decode(&bytes), Ok(table.clone()));
             let mut bad = bytes.to_vec();
@@ -598,9 +610,32 @@ mod tests {
         assert_eq!(SnapTable::decode(&[]), Ok(SnapTable::default()));
         assert_eq!(SnapTable::decode(&[0u8; 64]), Ok(SnapTable::default()));
         let snap = |name: &str, id| SnapInfo { name: name.into(), id, size: 1, created: 1, protected: false };
-        let table = SnapTable { seq: 9, snaps: vec![snap("a", 3), snap("b", 7)] };
+        let table = SnapTable { seq: 9, reach: 1, snaps: vec![snap("a", 3), snap("b", 7)] };
         assert_eq!(table.newest_live(), 7);
         assert_eq!(SnapTable::default().newest_live(), 0);
+    }
+
+    /// Tables written before `reach` read with the reach of their
+    /// snapshots; a snapshot past the reach is damage.
+    #[test]
+    fn a_version_1_table_reads_with_its_snapshots_reach() {
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(TABLE_MAGIC);
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&4u64.to_le_bytes());
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.push(3);
+        v1.extend_from_slice(b"mon");
+        for word in [2u64, 5 << 30, 99] {
+            v1.extend_from_slice(&word.to_le_bytes());
+        }
+        v1.push(0);
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        let table = SnapTable::decode(&v1).unwrap();
+        assert_eq!((table.seq, table.reach, table.snaps.len()), (4, 5 << 30, 1));
+        let short = SnapTable { reach: 1 << 30, ..table };
+        assert_eq!(SnapTable::decode(&short.encode()), Err("a snapshot larger than the table's reach".into()));
     }
 
     #[test]

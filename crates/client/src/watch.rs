@@ -31,6 +31,16 @@
 //! is a lease's: it needs the clocks of the two machines to run at about
 //! the same rate, not to agree.)
 //!
+//! **News at once.** Each watcher also keeps a long poll on the header
+//! (`OpKind::Watch`), which its primary answers as soon as it accepts a
+//! change of the header's data (the table) or of an attribute named
+//! `snap.` (the release): the watcher then renews at once instead of at
+//! its next beat. `snap create` keeps one on the watchers' attributes
+//! while it waits for their acknowledgements. So a served image's
+//! snapshot takes a few round trips, and the writes it holds wait as
+//! long. The polls only hasten what the renewals would find: an OSD that
+//! cannot hold one (or a lost answer) costs a beat, nothing else.
+//!
 //! **Alone.** Each renewal also lists the watchers. A gateway that saw no
 //! other one is *alone* until [`FENCE`] after that renewal was sent
 //! ([`Watch::alone`]), and a gateway that found others when it registered
@@ -56,6 +66,10 @@ use crate::snapshot::read_table;
 
 /// How often a watcher renews.
 pub const HEARTBEAT: Duration = Duration::from_millis(500);
+/// How long a long poll on the header waits at its OSD before it is sent again.
+const POLL_WAIT: Duration = Duration::from_secs(5);
+/// The header attributes whose change wakes a watcher's long poll (the release).
+const WATCHER_NEWS: &[u8] = b"snap.";
 /// A watcher that has not renewed for this long starts no write.
 pub const FENCE: Duration = Duration::from_secs(3);
 /// `snap create` stops waiting for a watcher whose counter stood still this long.
@@ -131,6 +145,10 @@ struct State {
     /// Nanoseconds after `base` at which the last renewal that completed
     /// was sent (0: none yet).
     renewed_at: AtomicU64,
+    /// A long poll on the header is out.
+    polling: AtomicBool,
+    /// The long poll came back woken: renew now.
+    news: AtomicBool,
     base: Instant,
     stop: AtomicBool,
     wake: (Mutex<()>, Condvar),
@@ -164,6 +182,8 @@ impl Watch {
             generation: AtomicU64::new(1),
             writes_from: AtomicU64::new(0),
             renewed_at: AtomicU64::new(0),
+            polling: AtomicBool::new(false),
+            news: AtomicBool::new(false),
             base: Instant::now(),
             stop: AtomicBool::new(false),
             wake: (Mutex::new(()), Condvar::new()),
@@ -319,12 +339,19 @@ struct Renewer {
 impl Renewer {
     fn run(mut self, state: &Arc<State>) {
         while !state.stop.load(Ordering::Acquire) {
+            // Out before the renewal reads the header: a change after that
+            // read wakes it.
+            self.poll(state);
             {
                 let (lock, cond) = &state.wake;
                 let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-                // A held write wakes it early: renew now, not at the next beat.
+                // A held write or news wakes it early: renew now, not at the next beat.
                 let holding = !state.held.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
-                let _ = cond.wait_timeout(guard, if holding { Duration::from_millis(20) } else { HEARTBEAT });
+                if !state.news.load(Ordering::SeqCst) {
+                    let _ = cond.wait_timeout(guard, if holding { Duration::from_millis(20) } else { HEARTBEAT });
+                }
+                // What came before this renewal's reads, they see.
+                state.news.store(false, Ordering::SeqCst);
             }
             if state.stop.load(Ordering::Acquire) {
                 break;
@@ -340,6 +367,23 @@ impl Renewer {
             ..ObjectOp::new(self.pool, OpKind::RemoveAttr, Bytes::copy_from_slice(&self.header))
         };
         let _ = self.client.call(remove);
+    }
+
+    /// Sends a long poll on the header unless one is out.
+    fn poll(&self, state: &Arc<State>) {
+        if state.polling.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let state = state.clone();
+        poll_header(&self.client, self.pool, &self.header, WATCHER_NEWS, move |woken| {
+            state.polling.store(false, Ordering::SeqCst);
+            if woken {
+                state.news.store(true, Ordering::SeqCst);
+                // Under the lock: the renewer checks `news` before it waits.
+                let _guard = state.wake.0.lock().unwrap_or_else(|p| p.into_inner());
+                state.wake.1.notify_all();
+            }
+        });
     }
 
     /// One renewal: the counter goes up, then the table is read and its
@@ -460,6 +504,25 @@ impl Renewer {
     }
 }
 
+/// Sends a long poll on `header` (`OpKind::Watch`): `done(true)` once
+/// its primary accepted a change of the header's data or of an attribute
+/// whose name starts with `prefix`, `done(false)` when it timed out or
+/// failed. `done` runs on the client's I/O thread.
+fn poll_header(
+    client: &Client,
+    pool: u32,
+    header: &[u8],
+    prefix: &'static [u8],
+    done: impl FnOnce(bool) + Send + 'static,
+) {
+    let op = ObjectOp {
+        offset: POLL_WAIT.as_millis() as u64,
+        data: Bytes::from_static(prefix),
+        ..ObjectOp::new(pool, OpKind::Watch, Bytes::copy_from_slice(header))
+    };
+    client.submit(op, Box::new(move |result| done(matches!(result.as_deref(), Ok([1])))));
+}
+
 /// Lets writes go under sequence `seq` (the second step of `snap create`).
 pub fn release(client: &Client, pool: u32, header: &[u8], seq: u64) -> Result<(), ClientError> {
     let op = ObjectOp {
@@ -476,7 +539,18 @@ pub fn release(client: &Client, pool: u32, header: &[u8], seq: u64) -> Result<()
 pub fn wait_for_watchers(client: &Client, pool: u32, header: &[u8], seq: u64) -> Result<(usize, usize), ClientError> {
     let mut seen: std::collections::HashMap<Vec<u8>, (u64, Instant)> = Default::default();
     let mut dropped = 0;
+    // A long poll on the watchers' attributes, out before each look: an
+    // acknowledgement after the look wakes the wait below.
+    let (woken, news) = crossbeam_channel::unbounded::<bool>();
+    let mut polling = false;
     loop {
+        if !polling {
+            let woken = woken.clone();
+            poll_header(client, pool, header, WATCH_PREFIX, move |result| {
+                let _ = woken.send(result);
+            });
+            polling = true;
+        }
         let attrs = match client.list_attrs(pool, header) {
             Ok(attrs) => attrs,
             Err(ClientError::NotFound) => return Ok((0, dropped)),
@@ -508,7 +582,10 @@ pub fn wait_for_watchers(client: &Client, pool: u32, header: &[u8], seq: u64) ->
         if waiting == 0 {
             return Ok((acked, dropped));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        // Woken by a watcher's renewal, or look again in 50 ms anyway.
+        if news.recv_timeout(Duration::from_millis(50)).is_ok() {
+            polling = false;
+        }
     }
 }
 

@@ -133,6 +133,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     }
     let shared =
         Arc::new(Shared::new(config.clone(), pgs.clone(), cell, metrics.clone(), flusher_senders, scrub_requests));
+    shared.watchers.connect(mailboxes.clone());
 
     let pool = if config.threading == Threading::Pool {
         let pool = Pool::start(config.pool_threads, |worker, tasks| {

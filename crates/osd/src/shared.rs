@@ -34,6 +34,8 @@ pub struct Shared {
     /// Where a broken peer connection names its peer, for the suspects
     /// thread to probe (`cluster::watch_suspects`; unset: nobody probes).
     pub suspects: OnceLock<crossbeam_channel::Sender<OsdId>>,
+    /// Clients' long polls on objects (`OpKind::Watch`).
+    pub watchers: crate::watchers::Watchers,
     next_txid: AtomicU64,
 }
 
@@ -57,6 +59,7 @@ impl Shared {
             scrub_requests,
             lease: Arc::new(Lease::default()),
             suspects: OnceLock::new(),
+            watchers: Default::default(),
             next_txid: AtomicU64::new(1),
         }
     }

@@ -111,7 +111,17 @@ pub enum OpKind {
     /// cloned image copies its parent's data up before its first change
     /// of an object, however many writers race to do it.
     CopyUp = 16,
+    /// A long poll: answered once a mutation of the object is accepted
+    /// (any but an attribute change whose name does not start with the
+    /// data, a prefix), or after `offset` milliseconds (at most
+    /// [`MAX_WATCH_MS`]). The reply's data is `[1]` when a mutation woke
+    /// it, `[0]` when the time ran out. Who watches an image's header
+    /// learns of a snapshot at once instead of at its next renewal.
+    Watch = 17,
 }
+
+/// The longest a [`OpKind::Watch`] waits.
+pub const MAX_WATCH_MS: u64 = 30_000;
 
 impl OpKind {
     /// The variant whose value is `value` (`None` for any other byte).
@@ -148,6 +158,7 @@ impl OpKind {
                 | OpKind::List
                 | OpKind::Zero
                 | OpKind::CopyUp
+                | OpKind::Watch
         )
     }
 }
@@ -290,6 +301,9 @@ impl OpRequest {
         }
         if kind == OpKind::TrimClone && offset == 0 {
             return Err(DecodeError::Inconsistent("a trim names a clone's sequence"));
+        }
+        if kind == OpKind::Watch && (offset > MAX_WATCH_MS || snap != 0) {
+            return Err(DecodeError::Inconsistent("a watch waits at most MAX_WATCH_MS, on the head"));
         }
         if offset.checked_add(length as u64).is_none() {
             return Err(DecodeError::Inconsistent("offset + length overflows"));
@@ -714,7 +728,7 @@ mod tests {
 
     fn request_strategy() -> impl Strategy<Value = OpRequest> {
         (
-            1u8..17,
+            1u8..18,
             any::<u32>(),
             any::<u32>(),
             any::<u64>(),
@@ -725,18 +739,24 @@ mod tests {
             (any::<u64>(), any::<u64>()),
         )
             .prop_map(|(kind, pool, pg, map_epoch, mut object, offset, length, mut data, (client, snap))| {
-                let kind = OpKind::from_u8(kind).expect("1..17");
+                let kind = OpKind::from_u8(kind).expect("1..18");
                 // Reserved names are refused; that has its own test.
                 object.iter_mut().for_each(|b| *b |= 1);
                 if let Some(first) = data.first_mut() {
                     *first |= 1;
                 }
-                let snap = if matches!(kind, OpKind::List | OpKind::TrimClone) || object.len() > MAX_SNAP_OBJECT_NAME {
+                let snap = if matches!(kind, OpKind::List | OpKind::TrimClone | OpKind::Watch)
+                    || object.len() > MAX_SNAP_OBJECT_NAME
+                {
                     0
                 } else {
                     snap
                 };
-                let offset = if kind == OpKind::TrimClone { offset.max(1) } else { offset };
+                let offset = match kind {
+                    OpKind::TrimClone => offset.max(1),
+                    OpKind::Watch => offset % (MAX_WATCH_MS + 1),
+                    _ => offset,
+                };
                 let (length, data) = match kind {
                     OpKind::Zero => (8, Bytes::copy_from_slice(&u64::from(length).to_le_bytes())),
                     _ if kind.carries_data() => (data.len() as u32, Bytes::from(data)),

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use duplex_client::Image;
@@ -87,4 +88,100 @@ pub fn finish(image: &Image, recorder: &Recorder, blocks: u64) -> History {
         recorder.read_done(ticket, block, &data, true);
     }
     recorder.history()
+}
+
+/// The verifying workload on a new image of a dev cluster (a 64 MiB one
+/// has 16 objects, over PGs whose primaries are all three OSDs), 16
+/// writes in flight, with what the fault tests ask of it.
+pub struct Verifying {
+    image: Arc<duplex_client::Image>,
+    pub recorder: Arc<duplex_verify::Recorder>,
+    pub counters: Arc<Counters>,
+    stop: Arc<AtomicBool>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    pub blocks: u64,
+}
+
+impl Verifying {
+    /// Creates image `name` of `size` bytes in pool `rbd` and starts writing.
+    pub fn start(client: &duplex_client::Client, name: &str, size: u64) -> Verifying {
+        let pool = client.pool_id("rbd").unwrap();
+        client.create_image(pool, name, size, duplex_client::CreateOptions::default()).unwrap();
+        let image = Arc::new(client.open_image(pool, name).unwrap());
+        let recorder = Arc::new(duplex_verify::Recorder::new());
+        let counters =
+            Arc::new(Counters { acknowledged: AtomicU64::new(0), failed: AtomicU64::new(0), reads: AtomicU64::new(0) });
+        let stop = Arc::new(AtomicBool::new(false));
+        let blocks = size / BLOCK;
+        let worker = {
+            let (image, recorder, stop, counters) = (image.clone(), recorder.clone(), stop.clone(), counters.clone());
+            std::thread::spawn(move || run(&image, &recorder, 1, blocks, 16, &stop, &counters))
+        };
+        Verifying { image, recorder, counters, stop, worker: Some(worker), blocks }
+    }
+
+    pub fn acknowledged(&self) -> u64 {
+        self.counters.acknowledged.load(Ordering::Relaxed)
+    }
+
+    /// Waits until 200 more writes are acknowledged than now; how long that took.
+    pub fn wait_for_progress(&self, what: &str) -> Duration {
+        let (from, started) = (self.acknowledged(), Instant::now());
+        while self.acknowledged() < from + 200 {
+            if started.elapsed() > Duration::from_secs(90) {
+                self.stop.store(true, Ordering::Relaxed);
+                panic!(
+                    "I/O did not go on within 90 s {what} ({} writes acknowledged, {} failed in all)",
+                    self.acknowledged(),
+                    self.counters.failed.load(Ordering::Relaxed)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        started.elapsed()
+    }
+
+    /// The longest a write has waited so far for its acknowledgement (or
+    /// for its failure, a timeout). A write to a PG whose primary died waits
+    /// for the failover, while the other writers go on.
+    pub fn longest_write_wait(&self) -> Duration {
+        let longest = (self.recorder.history().ops.iter())
+            .filter_map(|op| match op {
+                duplex_verify::BlockOp::Write { invoked, completed: Some(at), .. } => Some(at - invoked),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        Duration::from_nanos(longest)
+    }
+
+    /// The longest any write waited before `at` (on the history's clock),
+    /// and the longest any waited after it: a write in flight at `at` counts
+    /// in both, with the part of its wait on each side.
+    pub fn longest_write_waits_around(&self, at: u64) -> (Duration, Duration) {
+        let (mut before, mut after) = (0, 0);
+        for op in self.recorder.history().ops {
+            if let duplex_verify::BlockOp::Write { invoked, completed: Some(done), .. } = op {
+                if invoked < at {
+                    before = before.max(done.min(at) - invoked);
+                }
+                if done > at {
+                    after = after.max(done - invoked.max(at));
+                }
+            }
+        }
+        (Duration::from_nanos(before), Duration::from_nanos(after))
+    }
+
+    /// Stops the workload and reads every block: the whole history.
+    pub fn history(mut self) -> History {
+        self.stop.store(true, Ordering::Relaxed);
+        self.worker.take().unwrap().join().expect("the workload ends");
+        finish(&self.image, &self.recorder, self.blocks)
+    }
+
+    /// Stops the workload, reads every block, and judges the whole history.
+    pub fn finish(self) -> duplex_verify::Report {
+        duplex_verify::check(&self.history())
+    }
 }

@@ -97,6 +97,7 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
         | OpKind::Stat
         | OpKind::GetAttr
         | OpKind::ListAttrs
+        | OpKind::Watch
         | OpKind::List
         | OpKind::ListSnaps
         | OpKind::Diff => return None,

@@ -103,7 +103,8 @@ impl PriorityThread {
         let mut events = Events::with_capacity(256);
         let mut next_check = Instant::now() + PENDING_CHECK;
         loop {
-            let timeout = (!self.pending.is_empty()).then(|| next_check.saturating_duration_since(Instant::now()));
+            let timeout = (!self.pending.is_empty() || self.shared.watchers.any())
+                .then(|| next_check.saturating_duration_since(Instant::now()));
             if let Err(err) = self.poll.poll(&mut events, timeout) {
                 if err.kind() == std::io::ErrorKind::Interrupted {
                     continue;
@@ -135,6 +136,8 @@ impl PriorityThread {
             let now = Instant::now();
             if now >= next_check {
                 self.expire_pending(now);
+                let epoch = self.cache.view(&self.shared.map).epoch();
+                self.shared.watchers.expire(self.index, now, epoch);
                 next_check = now + PENDING_CHECK;
             }
             self.write_touched();
@@ -267,6 +270,17 @@ impl PriorityThread {
         match (MessageType::from_u8(frame.header.message_type), role) {
             (Some(MessageType::OsdOp), Role::Accepted) => {
                 let request = OpRequest::decode(&frame.payload).map_err(|e| format!("bad request: {e}"))?;
+                if request.kind == OpKind::Watch {
+                    // A long poll takes no reply slot (watchers.rs): its answer
+                    // goes out on its own, now or when the watchers send it.
+                    let op = ClientOp { thread: self.index, token, slot: 0, txid, request, arrived: Instant::now() };
+                    if let Outcome::Reply { reply, .. } =
+                        ops::client_op(&self.shared, &mut self.cache, &self.histograms, op)
+                    {
+                        self.send(token, &reply.to_frame(txid));
+                    }
+                    return Ok(());
+                }
                 let conn = self.conns.get_mut(&token).expect("the connection being read");
                 let slot = conn.take_slot(txid);
                 let op = ClientOp { thread: self.index, token, slot, txid, request, arrived: Instant::now() };

@@ -59,6 +59,21 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     if request.kind != OpKind::List && duplex_placement::pg_of(&request.object, pool.pg_num) != request.pg {
         return reply(&op, Status::Invalid, epoch, "the object does not belong to this PG");
     }
+    if request.kind == OpKind::Watch {
+        // Answered later, by a mutation of the object or its time running
+        // out (the caller sends an answer now without a reply slot).
+        if shared.watchers.add(op.thread, op.token, op.txid, request, op.arrived) {
+            return Outcome::Queued;
+        }
+        let kind = request.kind;
+        return Outcome::Reply {
+            token: op.token,
+            slot: op.slot,
+            reply: crate::watchers::answer(false, epoch),
+            arrived: op.arrived,
+            kind,
+        };
+    }
     let mut op = op;
     if op.request.kind == OpKind::TrimClone {
         // The clone is an object of its own (crate::snaps): what is logged,
@@ -107,7 +122,15 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
             epoch,
             format!("only {} of the PG's replicas are up; writes need {min_size}", acting.len()),
         ),
-        _ => backend.mutate(&at, op),
+        _ => {
+            // Only while somebody watches: what wakes them is the accepted request.
+            let watched = shared.watchers.any().then(|| op.request.clone());
+            let outcome = backend.mutate(&at, op);
+            if let (Some(request), Outcome::Replicate { .. }) = (&watched, &outcome) {
+                shared.watchers.mutated(request, epoch);
+            }
+            outcome
+        }
     };
     debug_assert!(
         match &outcome {
