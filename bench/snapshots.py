@@ -24,7 +24,11 @@ fio's nbd engine on `duplex nbd serve` (2 jobs x queue depth 16, 4 KiB):
 
 With --ceph, Ceph's two write figures too, on the suite's Ceph cluster
 (bench/duplexbench/ceph.py: 2 BlueStore OSDs, size 2; fio's rbd engine):
-the pass before `rbd snap create`, then the two after.
+the same passes around `rbd snap create`.
+
+--writes-only runs step 1 and 2 alone (A/B of the write path, with
+--binary); --snap-latency alone times `snap create` of a served image, idle
+and under a random-write load.
 
 Stops and wipes its cluster at the end, also on failure.
 """
@@ -166,6 +170,40 @@ def fill(uri, size):
                     "--iodepth=8", f"--size={size}", "--direct=1"], check=True, capture_output=True)
 
 
+def snap_latency(cluster, directory):
+    """`snap create` of a served image, idle and while 2 jobs x QD 16 write it
+    at random: the time the CLI reports (the operation) and the wall time
+    (with the process's start and its connection to the monitors)."""
+    import re
+    import threading
+
+    cluster.duplex("dev", "up", "--dir", directory, "--osds", "2", "--replicas", "2", "--min-size", "1",
+                   "--pg-num", "32", "--osd-size", "8G")
+    cluster.duplex("image", "create", "perf", "--size", "1G")
+    uri, _server = cluster.serve("perf")
+    fill(uri, GIB)
+
+    def take(name):
+        started = time.time()
+        out = cluster.duplex("snap", "create", f"perf@{name}", capture=True)
+        value, unit = re.search(r" in ([0-9.]+)(µs|ms|s);", out).groups()
+        reported = float(value) * {"µs": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+        return reported, round((time.time() - started) * 1000, 1)
+
+    idle = [take(f"idle{n}") for n in range(5)]
+    load = {}
+    writer = threading.Thread(target=lambda: load.update(iops=fio(uri, "randwrite", runtime=12, name="load",
+                                                                  extra=["--size=1G"])[0]))
+    writer.start()
+    time.sleep(2)
+    loaded = []
+    for n in range(5):
+        loaded.append(take(f"load{n}"))
+        time.sleep(1)
+    writer.join()
+    return {"idle_ms_reported_wall": idle, "under_load_ms_reported_wall": loaded, "load_iops": load["iops"]}
+
+
 def main():
     global DUPLEX
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -175,6 +213,8 @@ def main():
     parser.add_argument("--ceph", action="store_true", help="Ceph's two write figures too (installs Ceph)")
     parser.add_argument("--ceph-only", action="store_true", help="Ceph's figures alone")
     parser.add_argument("--passes", type=int, default=3, help="write passes averaged on each side of the snapshot")
+    parser.add_argument("--snap-latency", action="store_true",
+                        help="alone: snap create of a served 1 GiB image, 5 times while fio writes it at random")
     parser.add_argument("--writes-only", action="store_true",
                         help="the write passes alone (for A/B runs of the write path)")
     parser.add_argument("--binary", default=DUPLEX, help="the duplex binary to run (A/B: one per build)")
@@ -189,6 +229,12 @@ def main():
         shutil.rmtree(args.dir)
     cluster = Cluster(args.dir)
     results = {}
+    if args.snap_latency:
+        try:
+            print(json.dumps(snap_latency(cluster, args.dir), indent=2))
+        finally:
+            cluster.down()
+        return
     try:
         # The suite's shape (bench/run): 2 OSDs of 8 GiB.
         cluster.duplex("dev", "up", "--dir", args.dir, "--osds", "2", "--replicas", "2", "--min-size", "1",

@@ -81,16 +81,16 @@ pub fn snap(client: &Client, pool_name: &str, command: SnapCommand) -> Result<()
         SnapCommand::Remove { spec } => {
             let (image, name) = split_spec(&spec)?;
             let bar = crate::progress::bar("trimming");
-            client.remove_snapshot(pool, image, name, &mut |done, all| bar.update(done, all))?;
+            let background = client.remove_snapshot(pool, image, name, &mut |done, all| bar.update(done, all))?;
             bar.finish();
-            println!("removed snapshot '{image}@{name}'");
+            println!("removed snapshot '{image}@{name}'{}", trimmed(background));
         }
         SnapCommand::Purge { image } => {
             let snaps = client.list_snapshots(pool, &image)?;
-            let mut removed = 0;
+            let (mut removed, mut background) = (0, true);
             for snap in snaps.iter().filter(|s| !s.protected) {
                 let bar = crate::progress::bar("trimming");
-                client
+                background &= client
                     .remove_snapshot(pool, &image, &snap.name, &mut |done, all| bar.update(done, all))
                     .with_context(|| format!("removing {image}@{}", snap.name))?;
                 bar.finish();
@@ -98,8 +98,9 @@ pub fn snap(client: &Client, pool_name: &str, command: SnapCommand) -> Result<()
             }
             let kept = snaps.len() - removed;
             println!(
-                "removed {removed} snapshot(s) of '{image}'{}",
-                if kept > 0 { format!("; {kept} protected kept") } else { String::new() }
+                "removed {removed} snapshot(s) of '{image}'{}{}",
+                if kept > 0 { format!("; {kept} protected kept") } else { String::new() },
+                if removed > 0 { trimmed(background) } else { "" }
             );
         }
         SnapCommand::Rollback { spec } => {
@@ -130,4 +131,13 @@ pub fn snap(client: &Client, pool_name: &str, command: SnapCommand) -> Result<()
         }
     }
     Ok(())
+}
+
+/// How the clones of a removed snapshot went.
+fn trimmed(background: bool) -> &'static str {
+    if background {
+        "; the OSDs trim its clones in the background"
+    } else {
+        ""
+    }
 }

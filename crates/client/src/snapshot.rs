@@ -266,15 +266,17 @@ impl Client {
         write_table(self, pool, &header, &table)
     }
 
-    /// Removes a snapshot and trims the clones only it needed. `progress`
-    /// gets (objects done, objects) as the trim goes.
+    /// Removes a snapshot. The clones only it needed are trimmed by the
+    /// OSDs in the background (`TrimSnaps` to every PG of the pool); if an
+    /// OSD cannot, here, with `progress` getting (objects done, objects).
+    /// Returns whether the trim went to the background.
     pub fn remove_snapshot(
         &self,
         pool: u32,
         image: &str,
         snap: &str,
         progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<(), ClientError> {
+    ) -> Result<bool, ClientError> {
         let info = self.image_info(pool, image)?;
         let header = header_object(&info.id);
         let mut table = read_table(self, pool, &header)?;
@@ -286,12 +288,35 @@ impl Client {
                 "{image}@{snap} is protected; unprotect it first (`duplex snap unprotect {image}@{snap}`)"
             )));
         }
-        let removed = table.snaps.remove(at);
+        table.snaps.remove(at);
         // The table first: a crash before the trim leaves clones no
-        // snapshot reads, which the next removal's trim finds.
+        // snapshot reads, which the next removal's trim finds (each trim
+        // looks for every clone the live snapshots do not read).
         write_table(self, pool, &header, &table)?;
-        let objects = objects_ever(&info, &table, Some(&removed));
-        self.trim(pool, &info, &table, objects, progress)
+        match self.trim_in_background(pool, &info, &table) {
+            Ok(()) => Ok(true),
+            Err(err) => {
+                tracing::warn!(%err, "the OSDs could not take the trim; trimming here");
+                let objects = objects_ever(&info, &table, None);
+                self.trim(pool, &info, &table, objects, progress).map(|()| false)
+            }
+        }
+    }
+
+    /// Asks every PG's primary to trim, in the background, the image's
+    /// clones that no snapshot of `table` reads.
+    fn trim_in_background(&self, pool: u32, info: &ImageInfo, table: &SnapTable) -> Result<(), ClientError> {
+        let pg_num = self.map().pools.get(&pool).map(|p| p.pg_num).ok_or(ClientError::NoSuchPool(pool.to_string()))?;
+        let live: Vec<u8> = table.snaps.iter().flat_map(|s| s.id.to_le_bytes()).collect();
+        let (prefix, live) = (Bytes::from(format!("{}.", info.id)), Bytes::from(live));
+        let ops = (0..pg_num)
+            .map(|pg| ObjectOp {
+                pg: Some(pg),
+                data: live.clone(),
+                ..ObjectOp::new(pool, OpKind::TrimSnaps, prefix.clone())
+            })
+            .collect();
+        self.run_collect(ops).map(drop)
     }
 
     /// Deletes each object's clones that no live snapshot of `table` reads.

@@ -134,6 +134,15 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     let shared =
         Arc::new(Shared::new(config.clone(), pgs.clone(), cell, metrics.clone(), flusher_senders, scrub_requests));
     shared.watchers.connect(mailboxes.clone());
+    {
+        let (sender, jobs) = crossbeam_channel::bounded(crate::trimmer::TRIM_QUEUE);
+        let _ = shared.snap_trims.set(sender);
+        let (shared, mailboxes, cores) = (shared.clone(), mailboxes.clone(), shared_cores.clone());
+        std::thread::Builder::new().name("osd-snaptrim".into()).spawn(move || {
+            pin_to_cores(&cores);
+            crate::trimmer::run(shared, jobs, mailboxes)
+        })?;
+    }
 
     let pool = if config.threading == Threading::Pool {
         let pool = Pool::start(config.pool_threads, |worker, tasks| {

@@ -39,6 +39,7 @@ pub mod peering;
 pub mod pg;
 pub mod shared;
 pub mod snaps;
+pub mod trimmer;
 pub mod watchers;
 
 /// A small store in a temporary directory, for unit tests of what the OSD

@@ -89,7 +89,21 @@ pub enum Job {
     /// A new map: remove the copies of PGs this OSD no longer holds for
     /// anyone (`flusher::strays`).
     Strays(std::sync::Arc<crate::cluster::MapView>),
+    /// The snapshot trimmer asks for a PG's dead clones (after a flush).
+    TrimScan(TrimScan),
 }
+
+/// Which clones of a PG's objects whose names start with `prefix` no
+/// snapshot in `live` reads, for the snapshot trimmer (`crate::trimmer`).
+pub struct TrimScan {
+    pub pg: u32,
+    pub prefix: Bytes,
+    pub live: Vec<u64>,
+    pub reply: crossbeam_channel::Sender<Result<Vec<DeadClone>, String>>,
+}
+
+/// A clone no live snapshot reads: its head's name and its sequence.
+pub type DeadClone = (Vec<u8>, u64);
 
 /// Where a usage answer goes (as [`PeerReplyTo`] for peering's).
 pub enum UsageTo {

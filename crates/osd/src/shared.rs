@@ -36,6 +36,9 @@ pub struct Shared {
     pub suspects: OnceLock<crossbeam_channel::Sender<OsdId>>,
     /// Clients' long polls on objects (`OpKind::Watch`).
     pub watchers: crate::watchers::Watchers,
+    /// The snapshot trimmer's queue (`crate::trimmer`; unset: nobody trims,
+    /// as in the simulator).
+    pub snap_trims: OnceLock<crossbeam_channel::Sender<crate::trimmer::TrimJob>>,
     next_txid: AtomicU64,
 }
 
@@ -60,6 +63,7 @@ impl Shared {
             lease: Arc::new(Lease::default()),
             suspects: OnceLock::new(),
             watchers: Default::default(),
+            snap_trims: OnceLock::new(),
             next_txid: AtomicU64::new(1),
         }
     }

@@ -118,7 +118,17 @@ pub enum OpKind {
     /// it, `[0]` when the time ran out. Who watches an image's header
     /// learns of a snapshot at once instead of at its next renewal.
     Watch = 17,
+    /// Trims, in the background, the clones no live snapshot reads of the
+    /// PG's objects whose names start with the object field (an image's
+    /// prefix; like a listing's, it is not one of the PG's objects). The
+    /// data is the image's live snapshot ids, u64 little-endian each, at
+    /// most [`MAX_LIVE_SNAPS`]. Answered once queued: `snap remove` sends
+    /// one to every PG's primary and returns.
+    TrimSnaps = 18,
 }
+
+/// Live snapshot ids a [`OpKind::TrimSnaps`] carries at most.
+pub const MAX_LIVE_SNAPS: usize = 4096;
 
 /// The longest a [`OpKind::Watch`] waits.
 pub const MAX_WATCH_MS: u64 = 30_000;
@@ -159,6 +169,7 @@ impl OpKind {
                 | OpKind::Zero
                 | OpKind::CopyUp
                 | OpKind::Watch
+                | OpKind::TrimSnaps
         )
     }
 }
@@ -304,6 +315,10 @@ impl OpRequest {
         }
         if kind == OpKind::Watch && (offset > MAX_WATCH_MS || snap != 0) {
             return Err(DecodeError::Inconsistent("a watch waits at most MAX_WATCH_MS, on the head"));
+        }
+        if kind == OpKind::TrimSnaps && (!data.len().is_multiple_of(8) || data.len() > MAX_LIVE_SNAPS * 8 || snap != 0)
+        {
+            return Err(DecodeError::Inconsistent("a trim carries whole snapshot ids, at most MAX_LIVE_SNAPS"));
         }
         if offset.checked_add(length as u64).is_none() {
             return Err(DecodeError::Inconsistent("offset + length overflows"));
@@ -728,7 +743,7 @@ mod tests {
 
     fn request_strategy() -> impl Strategy<Value = OpRequest> {
         (
-            1u8..18,
+            1u8..19,
             any::<u32>(),
             any::<u32>(),
             any::<u64>(),
@@ -739,13 +754,13 @@ mod tests {
             (any::<u64>(), any::<u64>()),
         )
             .prop_map(|(kind, pool, pg, map_epoch, mut object, offset, length, mut data, (client, snap))| {
-                let kind = OpKind::from_u8(kind).expect("1..18");
+                let kind = OpKind::from_u8(kind).expect("1..19");
                 // Reserved names are refused; that has its own test.
                 object.iter_mut().for_each(|b| *b |= 1);
                 if let Some(first) = data.first_mut() {
                     *first |= 1;
                 }
-                let snap = if matches!(kind, OpKind::List | OpKind::TrimClone | OpKind::Watch)
+                let snap = if matches!(kind, OpKind::List | OpKind::TrimClone | OpKind::Watch | OpKind::TrimSnaps)
                     || object.len() > MAX_SNAP_OBJECT_NAME
                 {
                     0
@@ -759,6 +774,10 @@ mod tests {
                 };
                 let (length, data) = match kind {
                     OpKind::Zero => (8, Bytes::copy_from_slice(&u64::from(length).to_le_bytes())),
+                    OpKind::TrimSnaps => {
+                        let ids = &data[..data.len() / 8 * 8];
+                        (ids.len() as u32, Bytes::copy_from_slice(ids))
+                    }
                     _ if kind.carries_data() => (data.len() as u32, Bytes::from(data)),
                     OpKind::Read => (length, Bytes::new()),
                     _ => (0, Bytes::new()),

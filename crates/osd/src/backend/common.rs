@@ -98,6 +98,7 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
         | OpKind::GetAttr
         | OpKind::ListAttrs
         | OpKind::Watch
+        | OpKind::TrimSnaps
         | OpKind::List
         | OpKind::ListSnaps
         | OpKind::Diff => return None,

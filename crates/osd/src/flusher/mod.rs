@@ -82,6 +82,8 @@ pub struct Pending {
     usage: Option<(Instant, Vec<PgUsage>)>,
     /// Stray copies being removed ([`strays`]).
     strays: Option<strays::StrayWork>,
+    /// The snapshot trimmer's scans, answered after the flush.
+    trim_scans: Vec<crate::messages::TrimScan>,
 }
 
 impl Pending {
@@ -138,6 +140,7 @@ impl Flusher {
             used,
             usage: None,
             strays: None,
+            trim_scans: Vec::new(),
         }
     }
 
@@ -260,6 +263,10 @@ impl Flusher {
         if !pending.reads.is_empty() {
             self.read(std::mem::take(&mut pending.reads));
         }
+        for scan in std::mem::take(&mut pending.trim_scans) {
+            let dead = self.dead_clones(scan.pg, &scan.prefix, &scan.live).map_err(|err| err.to_string());
+            let _ = scan.reply.send(dead);
+        }
         // After the client work: peering waits on no one else, and a
         // query flushes its PG itself.
         for (request, to) in std::mem::take(&mut pending.peering) {
@@ -318,6 +325,12 @@ impl Flusher {
             Job::SyncApply { entry, done } => pending.syncs.push((entry, done)),
             Job::Peer { request, reply } => pending.peering.push((request, reply)),
             Job::Strays(view) => self.take_strays(view, pending, now),
+            Job::TrimScan(scan) => {
+                // After a flush: a clone that an entry in the log makes is seen.
+                pending.dirty.insert(scan.pg);
+                pending.flush_now = true;
+                pending.trim_scans.push(scan);
+            }
             Job::Usage(to) => {
                 let reply = self.usage(pending, now);
                 match to {
@@ -761,6 +774,38 @@ impl Flusher {
             Err(err) => return Err(err),
         };
         Ok(SnapList { head_exists, head_seq, head_size, clones })
+    }
+
+    /// The clones of `pg`'s objects named `prefix...` that no snapshot in
+    /// `live` reads: a clone `name@seq` whose head was last changed under
+    /// `from` holds what the snapshots in `(from, seq]` saw (crate::snaps).
+    fn dead_clones(&mut self, pg: u32, prefix: &[u8], live: &[u64]) -> Result<Vec<(Vec<u8>, u64)>, StoreError> {
+        const PAGE: usize = 1024;
+        let start: Vec<u8> = pg.to_be_bytes().iter().chain(prefix).copied().collect();
+        let mut cursor = start.clone();
+        let mut dead = Vec::new();
+        loop {
+            let keys = self.partition.list(&cursor, None, PAGE);
+            let full_page = keys.len() == PAGE;
+            for key in &keys {
+                let bytes = key.as_bytes();
+                if !bytes.starts_with(&start) {
+                    return Ok(dead);
+                }
+                let Some((head, seq)) = crate::snaps::split_clone_name(&bytes[4..]) else { continue };
+                let from = crate::snaps::snapseq_of(&mut self.partition, bytes)?;
+                if !live.iter().any(|&snap| from < snap && snap <= seq) {
+                    dead.push((head.to_vec(), seq));
+                }
+            }
+            match keys.last() {
+                Some(last) if full_page => {
+                    cursor = last.as_bytes().to_vec();
+                    cursor.push(0); // the smallest name after it
+                }
+                _ => return Ok(dead),
+            }
+        }
     }
 
     /// Where the object differs between snapshot `read.offset` (0: absent)

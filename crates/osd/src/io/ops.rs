@@ -55,9 +55,14 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     if acting.first() != Some(&shared.config.id) {
         return reply(&op, Status::WrongOsd, epoch, format!("OSD {} is not the primary of this PG", shared.config.id));
     }
-    // A listing's object field is a cursor, not one of the PG's objects.
-    if request.kind != OpKind::List && duplex_placement::pg_of(&request.object, pool.pg_num) != request.pg {
+    // A listing's object field is a cursor, and a trim's a name prefix,
+    // not one of the PG's objects.
+    let names_an_object = !matches!(request.kind, OpKind::List | OpKind::TrimSnaps);
+    if names_an_object && duplex_placement::pg_of(&request.object, pool.pg_num) != request.pg {
         return reply(&op, Status::Invalid, epoch, "the object does not belong to this PG");
+    }
+    if request.kind == OpKind::TrimSnaps {
+        return queue_trim(shared, &op, key, epoch);
     }
     if request.kind == OpKind::Watch {
         // Answered later, by a mutation of the object or its time running
@@ -143,6 +148,25 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
         "a client operation's outcome answers another request, or is a replica's"
     );
     outcome
+}
+
+/// Hands a `TrimSnaps` to the snapshot trimmer (crate::trimmer).
+fn queue_trim(shared: &Shared, op: &ClientOp, key: u32, epoch: u64) -> Outcome {
+    let Some(trims) = shared.snap_trims.get() else {
+        return reply(op, Status::Invalid, epoch, "this OSD trims no snapshots");
+    };
+    let live = op.request.data.chunks_exact(8).map(|id| u64::from_le_bytes(id.try_into().expect("8 bytes"))).collect();
+    let job = crate::trimmer::TrimJob { pg: key, prefix: op.request.object.clone(), live };
+    if trims.try_send(job).is_err() {
+        return reply(op, Status::Retry, epoch, "the snapshot trimmer's queue is full");
+    }
+    Outcome::Reply {
+        token: op.token,
+        slot: op.slot,
+        reply: OpReply { status: Status::Ok, map_epoch: epoch, data: Bytes::new() },
+        arrived: op.arrived,
+        kind: op.request.kind,
+    }
 }
 
 /// A replicated write's end at its primary, once every replica answered

@@ -80,6 +80,8 @@ pub struct Metrics {
     pub backpressure_waits: Counter,
     /// Client writes refused because a member of their PG is full.
     pub full_refusals: Counter,
+    /// Dead snapshot clones the trimmer sent to be deleted.
+    pub snap_trims: Counter,
     /// Jobs that found their flusher's queue full (their producer waited).
     pub flusher_queue_full: Counter,
     pub flushes: Counter,
@@ -252,6 +254,12 @@ impl Metrics {
             "duplex_osd_full_refusals_total",
             "Client writes refused (NoSpace, ENOSPC at the client) because a member of their PG is full.",
             &[("", self.full_refusals.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_snap_trims_total",
+            "Dead snapshot clones the background trimmer sent to be deleted.",
+            &[("", self.snap_trims.get())],
         );
         counter(
             &mut out,

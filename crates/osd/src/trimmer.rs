@@ -1,0 +1,238 @@
+//! The snapshot trimmer: deletes, in the background, the clones no live
+//! snapshot reads any more.
+//!
+//! `snap remove` rewrites the image's snapshot table, then sends each PG's
+//! primary a `TrimSnaps` with the image's object-name prefix and its live
+//! snapshot ids, and returns: the OSDs do not otherwise know an image's
+//! snapshots (its table is the client's). Here, one thread per OSD takes
+//! those jobs in turn. For each it asks the PG's flusher which clones are
+//! dead (after a flush, so that a clone an entry in the log makes is seen),
+//! then deletes each as a client's `TrimClone` would be, through admission
+//! and the replicated write path, so that the replicas delete it too and a
+//! primary that lost its PG refuses. At most [`TRIMS_PER_SEC`] deletes a
+//! second: trimming waits behind client I/O, as backfill does behind its
+//! throttle.
+//!
+//! A newer job for the same PG and image replaces one still waiting (its
+//! live set is the newer table's). The deletes are fire-and-forget (their
+//! replies go to no connection), so a job scans again after
+//! [`RESCAN_AFTER`], other jobs going on meanwhile, until it finds nothing
+//! dead, [`PASSES`] times at most: a delete a peering failed, or a clone a late
+//! write under a removed snapshot made, is caught then. A job lost with its
+//! OSD (a restart, a new primary) leaves clones that the next `snap remove`
+//! or `image remove` of the image finds: every job carries the whole live
+//! set, so each one trims everything dead.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::Receiver;
+use duplex_proto::osd::{OpKind, OpRequest, Status};
+
+use crate::cluster::ActingCache;
+use crate::io::ops;
+use crate::messages::{ClientOp, Completion, Job, Mailbox, Outcome, TrimScan};
+use crate::pg::{pg_number, pool_of};
+use crate::shared::Shared;
+
+/// Jobs waiting for the trimmer at most (a `TrimSnaps` past it: Retry).
+pub const TRIM_QUEUE: usize = 1024;
+/// Clone deletes a second at most.
+pub const TRIMS_PER_SEC: u32 = 500;
+/// A job looks for dead clones again this long after its deletes.
+pub const RESCAN_AFTER: Duration = Duration::from_secs(2);
+/// Scans of one job at most.
+pub const PASSES: usize = 3;
+/// The connection token of the trimmer's deletes: none is ever this.
+const NO_CONNECTION: usize = usize::MAX;
+
+/// Trim the clones of PG `pg` (its key) of the objects named `prefix...`
+/// that none of `live` reads.
+pub struct TrimJob {
+    pub pg: u32,
+    pub prefix: Bytes,
+    pub live: Vec<u64>,
+}
+
+/// A job and where it stands.
+struct Work {
+    job: TrimJob,
+    passes: usize,
+    due: Instant,
+}
+
+/// The trimmer thread: runs until its queue's senders are gone.
+pub fn run(shared: Arc<Shared>, jobs: Receiver<TrimJob>, mailboxes: Vec<Mailbox>) {
+    let mut trimmer = Trimmer {
+        cache: ActingCache::new(&shared.map),
+        histograms: shared.metrics.histograms(),
+        // The deletes' request ids: a client id of its own, new at each
+        // start, so that no id of an earlier run is taken for a resend.
+        client: rand::random::<u64>() | 1,
+        pace: Pace::new(),
+        shared,
+        mailboxes,
+    };
+    let mut queue: Vec<Work> = Vec::new();
+    loop {
+        // Wait for a job, or for the next rescan.
+        let next_due = queue.iter().map(|work| work.due).min();
+        let arrived = match next_due {
+            None => jobs.recv().ok(),
+            Some(due) => jobs.recv_timeout(due.saturating_duration_since(Instant::now())).ok(),
+        };
+        if next_due.is_none() && arrived.is_none() {
+            return; // the OSD is shutting down
+        }
+        for job in arrived.into_iter().chain(jobs.try_iter()) {
+            add(&mut queue, job);
+        }
+        let now = Instant::now();
+        let Some(at) = queue.iter().position(|work| work.due <= now) else { continue };
+        let work = &mut queue[at];
+        let found = trimmer.pass(&work.job);
+        work.passes += 1;
+        work.due = Instant::now() + RESCAN_AFTER;
+        if found == 0 || work.passes == PASSES {
+            queue.remove(at);
+        }
+    }
+}
+
+/// Queues `job`; a newer one for the same PG and image replaces the one
+/// waiting (its live set is the newer table's), starting its passes again.
+fn add(queue: &mut Vec<Work>, job: TrimJob) {
+    let now = Instant::now();
+    match queue.iter_mut().find(|work| work.job.pg == job.pg && work.job.prefix == job.prefix) {
+        Some(work) => *work = Work { job, passes: 0, due: now },
+        None => queue.push(Work { job, passes: 0, due: now }),
+    }
+}
+
+struct Trimmer {
+    shared: Arc<Shared>,
+    mailboxes: Vec<Mailbox>,
+    cache: ActingCache,
+    histograms: crate::metrics::Histograms,
+    client: u64,
+    pace: Pace,
+}
+
+impl Trimmer {
+    /// Scans `job`'s PG and deletes its dead clones; how many it found.
+    fn pass(&mut self, job: &TrimJob) -> usize {
+        let dead = match scan(&self.shared, job) {
+            Ok(dead) => dead,
+            Err(err) => {
+                tracing::warn!(pg = job.pg, %err, "a snapshot trim could not scan its PG");
+                return 0;
+            }
+        };
+        if !dead.is_empty() {
+            tracing::debug!(pg = job.pg, clones = dead.len(), "trimming dead snapshot clones");
+        }
+        let found = dead.len();
+        for (head, seq) in dead {
+            self.pace.wait();
+            let request = OpRequest {
+                kind: OpKind::TrimClone,
+                pool: pool_of(job.pg),
+                pg: pg_number(job.pg),
+                map_epoch: 0,
+                object: Bytes::from(head),
+                offset: seq,
+                length: 0,
+                data: Bytes::new(),
+                client: self.client,
+                snap: 0,
+            };
+            let txid = self.shared.txid();
+            let op = ClientOp { thread: 0, token: NO_CONNECTION, slot: 0, txid, request, arrived: Instant::now() };
+            self.shared.metrics.snap_trims.add(1);
+            match ops::client_op(&self.shared, &mut self.cache, &self.histograms, op) {
+                Outcome::Queued => {}
+                Outcome::Reply { reply, .. } if reply.status == Status::WrongOsd => {
+                    return 0; // no longer this PG's primary: its new one trims
+                }
+                Outcome::Reply { reply, .. } => {
+                    if reply.status != Status::Ok {
+                        tracing::debug!(pg = job.pg, status = ?reply.status, "a clone delete was refused");
+                    }
+                }
+                // Replication goes out through a priority thread, as a pool worker's.
+                outcome => self.mailboxes[0].post_and_wake(Completion::Worked(Box::new(outcome))),
+            }
+        }
+        found
+    }
+}
+
+/// The dead clones of `job`'s PG, from its flusher.
+fn scan(shared: &Shared, job: &TrimJob) -> Result<Vec<(Vec<u8>, u64)>, String> {
+    let (reply, answer) = crossbeam_channel::bounded(1);
+    let scan = TrimScan { pg: job.pg, prefix: job.prefix.clone(), live: job.live.clone(), reply };
+    shared.send_job(job.pg, Job::TrimScan(scan));
+    answer.recv().map_err(|_| "the flusher ended".to_string())?
+}
+
+/// Spaces deletes at [`TRIMS_PER_SEC`] (in bursts of 50).
+struct Pace {
+    since: Instant,
+    count: u32,
+}
+
+impl Pace {
+    fn new() -> Pace {
+        Pace { since: Instant::now(), count: 0 }
+    }
+
+    fn wait(&mut self) {
+        const BURST: u32 = 50;
+        if self.count == BURST {
+            let due = Duration::from_secs(1) * BURST / TRIMS_PER_SEC;
+            if let Some(rest) = due.checked_sub(self.since.elapsed()) {
+                std::thread::sleep(rest);
+            }
+            self.since = Instant::now();
+            self.count = 0;
+        }
+        self.count += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(pg: u32, prefix: &'static [u8], live: &[u64]) -> TrimJob {
+        TrimJob { pg, prefix: Bytes::from_static(prefix), live: live.to_vec() }
+    }
+
+    #[test]
+    fn a_newer_job_for_the_same_pg_and_image_replaces_the_waiting_one() {
+        let mut queue = Vec::new();
+        add(&mut queue, job(1, b"img-a.", &[3, 5]));
+        add(&mut queue, job(1, b"img-b.", &[2]));
+        add(&mut queue, job(2, b"img-a.", &[3, 5]));
+        queue[0].passes = 2;
+        add(&mut queue, job(1, b"img-a.", &[5]));
+        assert_eq!(queue.len(), 3, "one job per PG and image");
+        assert_eq!(
+            (queue[0].job.live.as_slice(), queue[0].passes),
+            (&[5u64][..], 0),
+            "the newer live set, passes anew"
+        );
+        assert_eq!(queue[1].job.prefix, Bytes::from_static(b"img-b."));
+    }
+
+    #[test]
+    fn the_pace_waits_after_a_burst() {
+        let mut pace = Pace::new();
+        let started = Instant::now();
+        for _ in 0..51 {
+            pace.wait();
+        }
+        assert!(started.elapsed() >= Duration::from_secs(1) * 50 / TRIMS_PER_SEC, "the next waits its share");
+    }
+}
