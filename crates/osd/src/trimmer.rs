@@ -160,6 +160,8 @@ impl Trimmer {
                         tracing::debug!(pg = job.pg, status = ?reply.status, "a clone delete was refused");
                     }
                 }
+                // The PG's log is full: the rescan tries it again.
+                Outcome::Full(_) => {}
                 // Replication goes out through a priority thread, as a pool worker's.
                 outcome => self.mailboxes[0].post_and_wake(Completion::Worked(Box::new(outcome))),
             }

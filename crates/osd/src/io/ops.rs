@@ -70,14 +70,7 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
         if shared.watchers.add(op.thread, op.token, op.txid, request, op.arrived) {
             return Outcome::Queued;
         }
-        let kind = request.kind;
-        return Outcome::Reply {
-            token: op.token,
-            slot: op.slot,
-            reply: crate::watchers::answer(false, epoch),
-            arrived: op.arrived,
-            kind,
-        };
+        return answered(&op, crate::watchers::answer(false, epoch));
     }
     let mut op = op;
     if op.request.kind == OpKind::TrimClone {
@@ -160,13 +153,12 @@ fn queue_trim(shared: &Shared, op: &ClientOp, key: u32, epoch: u64) -> Outcome {
     if trims.try_send(job).is_err() {
         return reply(op, Status::Retry, epoch, "the snapshot trimmer's queue is full");
     }
-    Outcome::Reply {
-        token: op.token,
-        slot: op.slot,
-        reply: OpReply { status: Status::Ok, map_epoch: epoch, data: Bytes::new() },
-        arrived: op.arrived,
-        kind: op.request.kind,
-    }
+    answered(op, OpReply { status: Status::Ok, map_epoch: epoch, data: Bytes::new() })
+}
+
+/// `op` answered now with `reply`.
+fn answered(op: &ClientOp, reply: OpReply) -> Outcome {
+    Outcome::Reply { token: op.token, slot: op.slot, reply, arrived: op.arrived, kind: op.request.kind }
 }
 
 /// A replicated write's end at its primary, once every replica answered
