@@ -17,8 +17,10 @@
 
 pub mod codec;
 pub mod layout;
+pub mod plan;
 pub mod profile;
 
 pub use codec::{Codec, CodecError};
 pub use layout::{Layout, Piece};
+pub use plan::{ShardRange, ShardWrite, WritePlan};
 pub use profile::{Profile, ProfileError};
