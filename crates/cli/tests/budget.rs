@@ -96,9 +96,15 @@ const QD1: WriteBudget = WriteBudget {
 /// A read crosses the gateway and the primary's event loop; at QD32 a
 /// wake-up serves one or more (measured 0.88-1.06; 1.33 once in an
 /// earlier session). Allocations: both
-/// OSDs, the replica serves none (10.8-11.3).
+/// OSDs, the replica serves none (10.8-11.3; session 20, c7bf63b:
+/// 11.35-12.40 over eight runs at 0.85-1.18 wake-ups per read). Like the
+/// writes' at QD32 they grow on a slow run, whose wake-ups serve fewer
+/// reads each: one CI run in a fresh worktree measured 14.68 at 1.93
+/// wake-ups per read (inside that budget), over the 14 this budget was.
+/// 16 leaves room for a run as slow as the wake-up budget allows and
+/// still fails on a third more work per read.
 const MAX_WAKEUPS_PER_READ_QD32: f64 = 2.0;
-const MAX_ALLOCATIONS_PER_READ: f64 = 14.0;
+const MAX_ALLOCATIONS_PER_READ: f64 = 16.0;
 
 /// Copies of a write's 4 KiB payload made in OSD memory, both OSDs: on
 /// each, into the log's ring (`log_append`), the flush's store op
