@@ -312,10 +312,9 @@ impl Client {
         let (old_objects, new_objects) = (info.object_count(), new_size.div_ceil(object_size));
         let mut link = crate::layering::read_link(self, pool, &info.id)?;
         // What a shrink deletes and cuts, the snapshots keep (copy-on-write).
-        let write_snap = crate::snapshot::read_table(self, pool, &header_object(&info.id))?.newest_live();
-        if link.as_ref().is_some_and(|link| new_size < link.overlap)
-            && !crate::snapshot::read_table(self, pool, &header_object(&info.id))?.snaps.is_empty()
-        {
+        let table = crate::snapshot::read_table(self, pool, &header_object(&info.id))?;
+        let write_snap = table.newest_live();
+        if link.as_ref().is_some_and(|link| new_size < link.overlap) && !table.snaps.is_empty() {
             return Err(ClientError::Busy(format!(
                 "{name} is a clone with snapshots, which read through its first {} of its parent: \
                  a shrink below that would empty them (remove the snapshots first)",

@@ -63,12 +63,7 @@ impl Codec {
     }
 
     fn encoder(&mut self, len: usize) -> Result<&mut ReedSolomonEncoder, CodecError> {
-        let (k, m) = (self.profile.k(), self.profile.m());
-        match &mut self.encoder {
-            Some(encoder) => encoder.reset(k, m, len).map_err(coder)?,
-            None => self.encoder = Some(ReedSolomonEncoder::new(k, m, len).map_err(coder)?),
-        }
-        Ok(self.encoder.as_mut().expect("set above"))
+        ready_encoder(&mut self.encoder, &self.profile, len)
     }
 
     /// The `m` parity shards of `data`, its `k` data shards.
@@ -121,10 +116,10 @@ impl Codec {
             }
         }
         if shards[k..].iter().any(Option::is_none) {
-            let data: Vec<Vec<u8>> = shards[..k].iter().map(|s| s.clone().expect("restored")).collect();
-            let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+            let (data, coding) = shards.split_at_mut(k);
+            let refs: Vec<&[u8]> = data.iter().map(|s| s.as_deref().expect("restored")).collect();
             let parity = self.encode(&refs)?;
-            for (slot, bytes) in shards[k..].iter_mut().zip(parity) {
+            for (slot, bytes) in coding.iter_mut().zip(parity) {
                 if slot.is_none() {
                     *slot = Some(bytes);
                 }
@@ -150,19 +145,30 @@ impl Codec {
         if self.zeros.len() < change.len() {
             self.zeros.resize(change.len(), 0);
         }
-        let zeros = std::mem::take(&mut self.zeros);
-        let result = (|| {
-            let encoder = self.encoder(change.len())?;
-            for index in 0..k {
-                let bytes = if index == shard { &change[..] } else { &zeros[..change.len()] };
-                encoder.add_original_shard(bytes).map_err(coder)?;
-            }
-            let result = encoder.encode().map_err(coder)?;
-            Ok(result.recovery_iter().map(<[u8]>::to_vec).collect())
-        })();
-        self.zeros = zeros;
-        result
+        // The code of the change alone: the other data shards count as zeros.
+        let Codec { profile, encoder, zeros } = self;
+        let encoder = ready_encoder(encoder, profile, change.len())?;
+        for index in 0..k {
+            let bytes = if index == shard { &change[..] } else { &zeros[..change.len()] };
+            encoder.add_original_shard(bytes).map_err(coder)?;
+        }
+        let result = encoder.encode().map_err(coder)?;
+        Ok(result.recovery_iter().map(<[u8]>::to_vec).collect())
     }
+}
+
+/// `slot`'s encoder (made the first time) set for shards of `len` bytes.
+fn ready_encoder<'a>(
+    slot: &'a mut Option<ReedSolomonEncoder>,
+    profile: &Profile,
+    len: usize,
+) -> Result<&'a mut ReedSolomonEncoder, CodecError> {
+    let (k, m) = (profile.k(), profile.m());
+    match slot {
+        Some(encoder) => encoder.reset(k, m, len).map_err(coder)?,
+        None => *slot = Some(ReedSolomonEncoder::new(k, m, len).map_err(coder)?),
+    }
+    Ok(slot.as_mut().expect("set above"))
 }
 
 /// `into ^= delta`: a parity delta applied.

@@ -101,13 +101,14 @@ impl WritePlan {
         let parity_range = self.reads[self.reads.len() - m];
         let mut parity: Vec<Vec<u8>> =
             read[touched.len()..].iter().map(|bytes| padded(bytes, parity_range.len)).collect();
+        let pieces = layout.pieces(self.offset, self.len);
         let mut writes = Vec::new();
         for (range, old) in touched.iter().zip(read) {
             let old = padded(old, range.len);
             let mut new = old.clone();
             // The write's bytes in this shard: one contiguous run of it.
             let mut written: Option<(u64, u64)> = None;
-            for piece in layout.pieces(self.offset, self.len).iter().filter(|p| p.shard == range.shard) {
+            for piece in pieces.iter().filter(|p| p.shard == range.shard) {
                 let at = (piece.shard_offset - range.offset) as usize;
                 let from = (piece.object_offset - self.offset) as usize;
                 new[at..at + piece.len as usize].copy_from_slice(&data[from..from + piece.len as usize]);
@@ -167,7 +168,10 @@ fn touched_columns(profile: &Profile, offset: u64, len: u64) -> Vec<(usize, u64,
     spans
         .into_iter()
         .enumerate()
-        .filter_map(|(shard, span)| span.map(|(a, b)| (shard, align(a, b).0, align(a, b).1)))
+        .filter_map(|(shard, span)| {
+            let (from, to) = align(span?.0, span?.1);
+            Some((shard, from, to))
+        })
         .collect()
 }
 

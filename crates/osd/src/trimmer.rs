@@ -36,7 +36,8 @@ use crate::messages::{ClientOp, Completion, Job, Mailbox, Outcome, TrimScan};
 use crate::pg::{pg_number, pool_of};
 use crate::shared::Shared;
 
-/// Jobs waiting for the trimmer at most (a `TrimSnaps` past it: Retry).
+/// Jobs waiting for the trimmer at most, in its channel and again among
+/// those it took (a `TrimSnaps` past it: Retry).
 pub const TRIM_QUEUE: usize = 1024;
 /// Clone deletes a second at most.
 pub const TRIMS_PER_SEC: u32 = 500;
@@ -76,18 +77,29 @@ pub fn run(shared: Arc<Shared>, jobs: Receiver<TrimJob>, mailboxes: Vec<Mailbox>
     };
     let mut queue: Vec<Work> = Vec::new();
     loop {
-        // Wait for a job, or for the next rescan.
+        // Wait for a job, or for the next rescan. Jobs stay in the bounded
+        // channel while TRIM_QUEUE are taken (senders are then told Retry).
         let next_due = queue.iter().map(|work| work.due).min();
+        let room = queue.len() < TRIM_QUEUE;
         let arrived = match next_due {
             None => jobs.recv().ok(),
-            Some(due) => jobs.recv_timeout(due.saturating_duration_since(Instant::now())).ok(),
+            Some(due) if room => jobs.recv_timeout(due.saturating_duration_since(Instant::now())).ok(),
+            Some(due) => {
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                None
+            }
         };
         if next_due.is_none() && arrived.is_none() {
             return; // the OSD is shutting down
         }
-        for job in arrived.into_iter().chain(jobs.try_iter()) {
+        if let Some(job) = arrived {
             add(&mut queue, job);
         }
+        while queue.len() < TRIM_QUEUE {
+            let Ok(job) = jobs.try_recv() else { break };
+            add(&mut queue, job);
+        }
+        debug_assert!(queue.len() <= TRIM_QUEUE, "the trimmer took {} jobs", queue.len());
         let now = Instant::now();
         let Some(at) = queue.iter().position(|work| work.due <= now) else { continue };
         let work = &mut queue[at];

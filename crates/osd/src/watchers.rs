@@ -33,6 +33,12 @@ use crate::messages::{Completion, Mailbox};
 /// Waiters one OSD holds at most.
 pub const MAX_WAITERS: usize = 4096;
 
+/// Watches a mutation woke, held until it is accepted ([`Watchers::settle`]).
+pub struct Woken {
+    key: (u32, u32),
+    waiters: Vec<Waiter>,
+}
+
 /// A registered watch, and where its answer goes.
 struct Waiter {
     thread: usize,
@@ -88,14 +94,17 @@ impl Watchers {
         let mut by_pg = self.by_pg.lock().unwrap_or_else(|p| p.into_inner());
         by_pg.entry((request.pool, request.pg)).or_default().push(waiter);
         self.count.fetch_add(1, Ordering::Relaxed);
+        self.check_count(&by_pg);
         true
     }
 
-    /// `request`, a mutation this OSD just accepted as its PG's primary:
-    /// answers the watches it wakes.
-    pub fn mutated(&self, request: &OpRequest, map_epoch: u64) {
+    /// The watches `request` wakes, a mutation about to be submitted here
+    /// as its PG's primary: taken out now (the request is borrowed, not
+    /// copied), answered by [`Watchers::settle`] once it is accepted.
+    pub fn woken_by(&self, request: &OpRequest) -> Woken {
+        let key = (request.pool, request.pg);
         if !self.any() {
-            return;
+            return Woken { key, waiters: Vec::new() };
         }
         debug_assert!(request.kind.is_mutation(), "{:?} changes nothing", request.kind);
         let attribute = match request.kind {
@@ -103,27 +112,33 @@ impl Watchers {
             OpKind::RemoveAttr => Some(&request.data[..]),
             _ => None,
         };
-        let mut woken = Vec::new();
-        {
-            let mut by_pg = self.by_pg.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(waiters) = by_pg.get_mut(&(request.pool, request.pg)) else { return };
-            let mut index = 0;
-            while index < waiters.len() {
-                let waiter = &waiters[index];
-                let wakes =
-                    waiter.object == request.object && attribute.is_none_or(|name| name.starts_with(&waiter.prefix));
-                if wakes {
-                    woken.push(waiters.swap_remove(index));
-                } else {
-                    index += 1;
-                }
-            }
-            if waiters.is_empty() {
-                by_pg.remove(&(request.pool, request.pg));
-            }
-            self.count.fetch_sub(woken.len(), Ordering::Relaxed);
+        let wakes = |waiter: &mut Waiter| {
+            waiter.object == request.object && attribute.is_none_or(|name| name.starts_with(&waiter.prefix))
+        };
+        let mut by_pg = self.by_pg.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(waiters) = by_pg.get_mut(&key) else { return Woken { key, waiters: Vec::new() } };
+        let woken: Vec<Waiter> = waiters.extract_if(.., wakes).collect();
+        if waiters.is_empty() {
+            by_pg.remove(&key);
         }
-        self.answer_all(woken, true, map_epoch);
+        self.count.fetch_sub(woken.len(), Ordering::Relaxed);
+        self.check_count(&by_pg);
+        Woken { key, waiters: woken }
+    }
+
+    /// Answers the watches a mutation woke if it was `accepted`; puts them
+    /// back to wait otherwise (it was refused, or parked for room).
+    pub fn settle(&self, woken: Woken, accepted: bool, map_epoch: u64) {
+        if woken.waiters.is_empty() {
+            return;
+        }
+        if accepted {
+            return self.answer_all(woken.waiters, true, map_epoch);
+        }
+        let mut by_pg = self.by_pg.lock().unwrap_or_else(|p| p.into_inner());
+        self.count.fetch_add(woken.waiters.len(), Ordering::Relaxed);
+        by_pg.entry(woken.key).or_default().extend(woken.waiters);
+        self.check_count(&by_pg);
     }
 
     /// Answers the watches of priority thread `thread` whose time ran out.
@@ -135,19 +150,23 @@ impl Watchers {
         {
             let mut by_pg = self.by_pg.lock().unwrap_or_else(|p| p.into_inner());
             by_pg.retain(|_, waiters| {
-                let mut index = 0;
-                while index < waiters.len() {
-                    if waiters[index].thread == thread && waiters[index].deadline <= now {
-                        expired.push(waiters.swap_remove(index));
-                    } else {
-                        index += 1;
-                    }
-                }
+                expired.extend(waiters.extract_if(.., |w| w.thread == thread && w.deadline <= now));
                 !waiters.is_empty()
             });
             self.count.fetch_sub(expired.len(), Ordering::Relaxed);
+            self.check_count(&by_pg);
         }
         self.answer_all(expired, false, map_epoch);
+    }
+
+    /// The count is the waiters held (debug builds; at most MAX_WAITERS).
+    fn check_count(&self, by_pg: &HashMap<(u32, u32), Vec<Waiter>>) {
+        debug_assert_eq!(
+            self.count.load(Ordering::Relaxed),
+            by_pg.values().map(Vec::len).sum::<usize>(),
+            "the watch count drifted from the watches held"
+        );
+        debug_assert!(by_pg.values().all(|waiters| !waiters.is_empty()), "an empty list of watches kept");
     }
 
     fn answer_all(&self, waiters: Vec<Waiter>, woken: bool, map_epoch: u64) {
@@ -209,17 +228,21 @@ mod tests {
         assert!(watchers.add(0, 9, 2, &request(OpKind::Watch, b"header", 5000, b"watch."), now));
         assert!(watchers.add(0, 9, 3, &request(OpKind::Watch, b"other", 5000, b""), now));
         // Another object, and an attribute neither prefix names: nobody.
-        watchers.mutated(&request(OpKind::Write, b"data", 0, b"x"), 4);
-        watchers.mutated(&request(OpKind::SetAttr, b"header", 4, b"lockvalue"), 4);
+        watchers.settle(watchers.woken_by(&request(OpKind::Write, b"data", 0, b"x")), true, 4);
+        watchers.settle(watchers.woken_by(&request(OpKind::SetAttr, b"header", 4, b"lockvalue")), true, 4);
         assert!(answers(&inbox).is_empty());
         // A watcher's renewal wakes the one watching "watch." only.
-        watchers.mutated(&request(OpKind::SetAttr, b"header", 8, b"watch.01counter"), 4);
+        watchers.settle(watchers.woken_by(&request(OpKind::SetAttr, b"header", 8, b"watch.01counter")), true, 4);
         assert_eq!(answers(&inbox), vec![(2, Bytes::from_static(&[1]))]);
         // A write of the header's data wakes every watch on it.
-        watchers.mutated(&request(OpKind::Write, b"header", 4096, b"table"), 4);
+        // A write the primary refused (or parked) wakes nobody: its watches wait on.
+        let refused = watchers.woken_by(&request(OpKind::Write, b"header", 4096, b"table"));
+        watchers.settle(refused, false, 4);
+        assert!(answers(&inbox).is_empty());
+        watchers.settle(watchers.woken_by(&request(OpKind::Write, b"header", 4096, b"table")), true, 4);
         assert_eq!(answers(&inbox), vec![(1, Bytes::from_static(&[1]))]);
         assert!(watchers.any(), "the watch on the other object still waits");
-        watchers.mutated(&request(OpKind::RemoveAttr, b"other", 0, b"anything"), 4);
+        watchers.settle(watchers.woken_by(&request(OpKind::RemoveAttr, b"other", 0, b"anything")), true, 4);
         assert_eq!(answers(&inbox), vec![(3, Bytes::from_static(&[1]))]);
         assert!(!watchers.any());
     }

@@ -782,16 +782,20 @@ impl Flusher {
     fn dead_clones(&mut self, pg: u32, prefix: &[u8], live: &[u64]) -> Result<Vec<(Vec<u8>, u64)>, StoreError> {
         const PAGE: usize = 1024;
         let start: Vec<u8> = pg.to_be_bytes().iter().chain(prefix).copied().collect();
+        // The first key past every one that starts with `start`.
+        let end = start.iter().rposition(|b| *b != u8::MAX).map(|at| {
+            let mut end = start[..=at].to_vec();
+            end[at] += 1;
+            end
+        });
         let mut cursor = start.clone();
         let mut dead = Vec::new();
         loop {
-            let keys = self.partition.list(&cursor, None, PAGE);
+            let keys = self.partition.list(&cursor, end.as_deref(), PAGE);
             let full_page = keys.len() == PAGE;
             for key in &keys {
                 let bytes = key.as_bytes();
-                if !bytes.starts_with(&start) {
-                    return Ok(dead);
-                }
+                debug_assert!(bytes.starts_with(&start), "a key past the listing's end");
                 let Some((head, seq)) = crate::snaps::split_clone_name(&bytes[4..]) else { continue };
                 let from = crate::snaps::snapseq_of(&mut self.partition, bytes)?;
                 if !live.iter().any(|&snap| from < snap && snap <= seq) {

@@ -121,12 +121,11 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
             format!("only {} of the PG's replicas are up; writes need {min_size}", acting.len()),
         ),
         _ => {
-            // Only while somebody watches: what wakes them is the accepted request.
-            let watched = shared.watchers.any().then(|| op.request.clone());
+            // The watches it wakes are taken before the request moves on (one
+            // atomic load while nobody watches), answered once it is accepted.
+            let woken = shared.watchers.woken_by(&op.request);
             let outcome = backend.mutate(&at, op);
-            if let (Some(request), Outcome::Replicate { .. }) = (&watched, &outcome) {
-                shared.watchers.mutated(request, epoch);
-            }
+            shared.watchers.settle(woken, matches!(outcome, Outcome::Replicate { .. }), epoch);
             outcome
         }
     };
