@@ -160,7 +160,7 @@ pub fn pg(client: &Client, pool_name: &str, command: PgCommand) -> Result<()> {
     let (mut objects, mut inconsistent, mut repaired) = (0u64, 0usize, 0u64);
     for pg in &pgs {
         let acting = map.acting(&hierarchy, info, *pg);
-        let primary = *acting.first().with_context(|| format!("PG {pool}.{pg:x} has no OSD up"))?;
+        let primary = duplex_map::primary_of(&acting).with_context(|| format!("PG {pool}.{pg:x} has no OSD up"))?;
         let addr = map.osds[&primary].addr.parse().with_context(|| format!("osd.{primary}'s address"))?;
         let key = duplex_osd::pg::pg_key(pool, *pg).context("pool id too large")?;
         let mut conn =
@@ -537,7 +537,7 @@ fn pg_states(map: &ClusterMap) -> (BTreeMap<&'static str, u32>, Vec<String>) {
                 }
                 continue;
             }
-            let up = map.acting(&hierarchy, pool, pg).len();
+            let up = map.acting(&hierarchy, pool, pg).iter().filter(|osd| **osd != duplex_map::NO_OSD).count();
             let backfilling = map.pg_temp.contains_key(&(pool.id, pg));
             let state = match (up >= pool.size as usize, up >= pool.min_size as usize, backfilling) {
                 (true, _, false) => "active+clean",

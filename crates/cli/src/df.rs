@@ -184,7 +184,7 @@ fn compute(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> Df {
         };
         for pg in 0..pool.pg_num {
             let Some(key) = duplex_osd::pg::pg_key(pool.id, pg) else { continue };
-            let primary = map.acting(&hierarchy, pool, pg).first().copied();
+            let primary = duplex_map::primary_of(&map.acting(&hierarchy, pool, pg));
             match primary.and_then(|osd| reports.get(&osd)) {
                 Some(report) => {
                     let (objects, stored, _) = report.pgs.get(&key).copied().unwrap_or_default();

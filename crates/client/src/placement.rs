@@ -56,7 +56,7 @@ fn place(
     if pg >= info.pg_num {
         return Err(ClientError::Invalid(format!("pool {pool} has {} PGs", info.pg_num)));
     }
-    let primary = map.acting(hierarchy, info, pg).first().copied();
+    let primary = duplex_map::primary_of(&map.acting(hierarchy, info, pg));
     Ok(Target { pool, pg, primary, epoch: map.epoch })
 }
 

@@ -3,8 +3,9 @@
 
 use std::fmt;
 
-/// Shards a PG of an EC pool has at most (`k + m`).
-pub const MAX_SHARDS: u8 = 32;
+/// Shards a PG of an EC pool has at most (`k + m`): the map's limit on a
+/// PG's set (`duplex_map::command::MAX_POOL_SIZE`).
+pub const MAX_SHARDS: u8 = 10;
 /// The smallest stripe unit: one store block.
 pub const MIN_STRIPE_UNIT: u32 = 4 << 10;
 /// The largest stripe unit.

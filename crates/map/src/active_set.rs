@@ -84,16 +84,28 @@ pub(crate) fn may_record(
 /// and every pin (a pin left empty goes: the PG moves to its up set).
 pub(crate) fn lose(map: &ClusterMap, osd: OsdId) -> Vec<Change> {
     let mut changes = Vec::new();
+    // An erasure-coded PG's sets are positional: the OSD leaves a hole.
+    let without = |pool: PoolId, osds: &[OsdId]| -> Vec<OsdId> {
+        if map.pools.get(&pool).is_some_and(|p| p.is_erasure()) {
+            let left: Vec<OsdId> = osds.iter().map(|o| if *o == osd { crate::NO_OSD } else { *o }).collect();
+            if left.iter().all(|o| *o == crate::NO_OSD) {
+                Vec::new()
+            } else {
+                left
+            }
+        } else {
+            osds.iter().copied().filter(|o| *o != osd).collect()
+        }
+    };
     for (&(pool, pg), set) in &map.active_sets {
         if set.osds.contains(&osd) {
-            let osds = set.osds.iter().copied().filter(|o| *o != osd).collect();
+            let osds = without(pool, &set.osds);
             changes.push(Change::SetActiveSet { pool, pg, set: Some(ActiveSet { since: set.since, osds }) });
         }
     }
     for (&(pool, pg), pin) in &map.pg_temp {
         if pin.contains(&osd) {
-            let osds = pin.iter().copied().filter(|o| *o != osd).collect();
-            changes.push(Change::SetPgTemp { pool, pg, osds });
+            changes.push(Change::SetPgTemp { pool, pg, osds: without(pool, pin) });
         }
     }
     changes

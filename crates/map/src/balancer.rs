@@ -171,7 +171,9 @@ impl<'a> Cluster<'a> {
     fn new(map: &'a ClusterMap, usage: &'a BTreeMap<OsdId, OsdUsage>) -> Cluster<'a> {
         let hierarchy = map.hierarchy();
         let mut mapped = BTreeMap::new();
-        for pool in map.pools.values() {
+        // Erasure-coded PGs are not moved yet: a moved shard is rebuilt,
+        // not copied, and their pins keep positions (issue 26).
+        for pool in map.pools.values().filter(|pool| !pool.is_erasure()) {
             for pg in 0..pool.pg_num {
                 mapped.insert((pool.id, pg), map.pg_osds(&hierarchy, pool, pg));
             }

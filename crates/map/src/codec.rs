@@ -15,8 +15,9 @@ use serde::{de::DeserializeOwned, Serialize};
 use crate::{ClusterMap, MapDelta};
 
 /// 2: temporary acting sets (`pg_temp`); 3: last active sets (`active_sets`);
-/// 4: fullness; 5: upmap items and the balancer's spread.
-pub const FORMAT_VERSION: u16 = 5;
+/// 4: fullness; 5: upmap items and the balancer's spread; 6: erasure-coded
+/// pools.
+pub const FORMAT_VERSION: u16 = 6;
 const MAP_MAGIC: [u8; 4] = *b"DPXM";
 const DELTA_MAGIC: [u8; 4] = *b"DPXD";
 

@@ -1,5 +1,7 @@
 //! The monitor's commands, as a pure function from (map, command) to delta.
 
+use std::collections::BTreeSet;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -52,6 +54,15 @@ pub enum Command {
     },
     PoolDelete {
         name: String,
+    },
+    /// An erasure-coded pool: `k + m` shards a PG, on as many hosts
+    /// (refused while fewer hosts have an OSD that is in); `min_size`
+    /// defaults to `k + 1`.
+    PoolCreateErasure {
+        name: String,
+        code: crate::ErasureCode,
+        min_size: Option<u8>,
+        pg_num: u32,
     },
     /// Grow the PG count (PGs split; shrinking is not supported yet).
     PoolSetPgNum {
@@ -138,6 +149,12 @@ fn check_name(what: &str, name: &str) -> Result<(), CommandError> {
 }
 
 impl ClusterMap {
+    /// Hosts with at least one OSD that is in: the failure domains an
+    /// erasure-coded PG can spread its shards over.
+    pub fn hosts_with_in_osds(&self) -> usize {
+        self.osds.values().filter(|osd| osd.is_in).map(|osd| osd.host.as_str()).collect::<BTreeSet<_>>().len()
+    }
+
     /// The delta that carries out `command` on this map. `Ok(None)`: the
     /// command changes nothing (marking an up OSD up, say), so no new epoch.
     pub fn execute(&self, command: &Command) -> Result<Option<MapDelta>, CommandError> {
@@ -146,6 +163,9 @@ impl ClusterMap {
         let changes = match command {
             Command::OsdBoot { id, addr, host, weight } => {
                 check_name("host", host)?;
+                if *id == crate::NO_OSD {
+                    return Err(CommandError::Invalid(format!("OSD id {id} is reserved")));
+                }
                 if addr.is_empty() || addr.len() > MAX_NAME_LEN {
                     return Err(CommandError::Invalid(format!("OSD address '{addr}' is not valid")));
                 }
@@ -276,6 +296,44 @@ impl ClusterMap {
                     size: *size,
                     min_size: *min_size,
                     pg_num: *pg_num,
+                    erasure: None,
+                })]
+            }
+            Command::PoolCreateErasure { name, code, min_size, pg_num } => {
+                check_name("pool", name)?;
+                if self.pool_by_name(name).is_some() {
+                    return Err(CommandError::PoolExists(name.clone()));
+                }
+                if let Some(why) = code.invalid_because() {
+                    return Err(CommandError::Invalid(why));
+                }
+                let size = code.k + code.m;
+                let min_size = min_size.unwrap_or(code.k + 1).min(size);
+                if min_size < code.k {
+                    return Err(CommandError::Invalid(format!(
+                        "min_size {min_size} is below k = {}: a PG could take writes it cannot read back",
+                        code.k
+                    )));
+                }
+                if *pg_num == 0 || *pg_num > MAX_PG_NUM {
+                    return Err(CommandError::Invalid(format!("pg_num must be 1..={MAX_PG_NUM}")));
+                }
+                let hosts = self.hosts_with_in_osds();
+                if hosts < usize::from(size) {
+                    return Err(CommandError::Invalid(format!(
+                        "{}+{} puts each PG's {size} shards on {size} hosts, and {hosts} host{} an OSD that is in",
+                        code.k,
+                        code.m,
+                        if hosts == 1 { " has" } else { "s have" }
+                    )));
+                }
+                vec![Change::SetPool(Pool {
+                    id: self.next_pool_id,
+                    name: name.clone(),
+                    size,
+                    min_size,
+                    pg_num: *pg_num,
+                    erasure: Some(*code),
                 })]
             }
             Command::PoolDelete { name } => {

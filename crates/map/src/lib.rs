@@ -37,6 +37,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use active_set::ActiveSet;
+
 pub use command::{Command, CommandError, MAX_PGS_PER_COMMAND};
 pub use failure::{FailureConfig, FailureDetector};
 
@@ -117,12 +118,71 @@ impl FullRatios {
 pub struct Pool {
     pub id: PoolId,
     pub name: String,
-    /// Replicas per PG.
+    /// Replicas per PG; shards (`k + m`) in an erasure-coded pool.
     pub size: u8,
-    /// Below this many up replicas a PG stops accepting writes.
+    /// Below this many up replicas (shards) a PG stops accepting writes.
     pub min_size: u8,
     pub pg_num: u32,
+    /// `Some`: the pool is erasure-coded, and its PGs' sets are positional
+    /// (see [`ClusterMap::pg_osds`]).
+    pub erasure: Option<ErasureCode>,
 }
+
+impl Pool {
+    pub fn is_erasure(&self) -> bool {
+        self.erasure.is_some()
+    }
+}
+
+/// An erasure-coded pool's code: each PG holds `k` data shards and `m`
+/// coding shards on `k + m` hosts, and an object is cut into stripes of
+/// `k` units of `stripe_unit` bytes (the `duplex-ec` crate's `Profile`,
+/// which the OSDs and clients build from this).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ErasureCode {
+    pub k: u8,
+    pub m: u8,
+    pub stripe_unit: u32,
+}
+
+impl ErasureCode {
+    /// The smallest and the largest stripe unit (powers of two between).
+    pub const MIN_STRIPE_UNIT: u32 = 4 << 10;
+    pub const MAX_STRIPE_UNIT: u32 = 64 << 10;
+
+    /// Why this code cannot make a pool (`None`: it can).
+    pub fn invalid_because(&self) -> Option<String> {
+        let shards = u16::from(self.k) + u16::from(self.m);
+        if self.k < 2 || self.m < 1 {
+            return Some(format!(
+                "an erasure code needs k >= 2 data shards and m >= 1 coding shards (got {}+{})",
+                self.k, self.m
+            ));
+        }
+        if shards > u16::from(command::MAX_POOL_SIZE) {
+            return Some(format!(
+                "{}+{} is {shards} shards; a PG holds at most {}",
+                self.k,
+                self.m,
+                command::MAX_POOL_SIZE
+            ));
+        }
+        let unit = self.stripe_unit;
+        if !unit.is_power_of_two() || !(Self::MIN_STRIPE_UNIT..=Self::MAX_STRIPE_UNIT).contains(&unit) {
+            return Some(format!("a stripe unit is a power of two from 4 to 64 KiB (got {unit} bytes)"));
+        }
+        None
+    }
+
+    pub fn shards(&self) -> usize {
+        usize::from(self.k) + usize::from(self.m)
+    }
+}
+
+/// The hole in an erasure-coded PG's positional set: no OSD holds that
+/// shard now (its OSD is down, or placement found no host for it). Never
+/// an OSD's id (the monitor refuses it at boot).
+pub const NO_OSD: OsdId = OsdId::MAX;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterMap {
@@ -303,6 +363,17 @@ impl ClusterMap {
             if *id != pool.id || *id >= self.next_pool_id {
                 return Err(format!("pool key {id} holds pool {} (next id {})", pool.id, self.next_pool_id));
             }
+            if let Some(code) = &pool.erasure {
+                if let Some(why) = code.invalid_because() {
+                    return Err(format!("pool '{}': {why}", pool.name));
+                }
+                if code.shards() != pool.size as usize || pool.min_size < code.k {
+                    return Err(format!(
+                        "erasure-coded pool '{}' has size {} and min_size {} for {}+{}",
+                        pool.name, pool.size, pool.min_size, code.k, code.m
+                    ));
+                }
+            }
             if pool.size == 0
                 || pool.size > command::MAX_POOL_SIZE
                 || pool.min_size == 0
@@ -340,10 +411,14 @@ impl ClusterMap {
     /// Whether a per-PG entry (a pin, a last active set) names an existing
     /// PG and at most a pool's worth of distinct, known OSDs.
     fn names_pg_and_osds(&self, (pool, pg): (PoolId, u32), osds: &[OsdId]) -> bool {
-        self.pools.get(&pool).is_some_and(|p| pg < p.pg_num)
+        // An erasure-coded pool's sets are positional, with holes.
+        let Some(info) = self.pools.get(&pool) else { return false };
+        let hole = |id: &OsdId| info.is_erasure() && *id == NO_OSD;
+        pg < info.pg_num
             && osds.len() <= command::MAX_POOL_SIZE as usize
-            && osds.iter().all(|id| self.osds.contains_key(id))
-            && osds.iter().enumerate().all(|(i, id)| !osds[..i].contains(id))
+            && (!info.is_erasure() || osds.len() == info.size as usize)
+            && osds.iter().all(|id| hole(id) || self.osds.contains_key(id))
+            && osds.iter().enumerate().all(|(i, id)| hole(id) || !osds[..i].contains(id))
     }
 
     pub fn pool_by_name(&self, name: &str) -> Option<&Pool> {
@@ -375,23 +450,52 @@ impl ClusterMap {
         osds
     }
 
-    /// The OSDs placement alone maps a PG to (no upmap items).
+    /// The OSDs placement alone maps a PG to (no upmap items). An
+    /// erasure-coded pool's are positional: entry `i` holds shard `i`, and
+    /// a position placement found no host for is [`NO_OSD`]
+    /// ([`duplex_placement::Hierarchy::place_indep`]).
     pub fn placed_osds(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
-        hierarchy.place(duplex_placement::pg_seed(pool.id, pg), pool.size as usize)
+        let seed = duplex_placement::pg_seed(pool.id, pg);
+        if pool.is_erasure() {
+            hierarchy.place_indep(seed, pool.size as usize).into_iter().map(|osd| osd.unwrap_or(NO_OSD)).collect()
+        } else {
+            hierarchy.place(seed, pool.size as usize)
+        }
     }
 
     /// The up set: the mapped OSDs that are up, in order. It is where the
-    /// PG's data belongs, and its acting set once backfill is done.
+    /// PG's data belongs, and its acting set once backfill is done. An
+    /// erasure-coded pool's keeps its positions: a down OSD's is [`NO_OSD`].
     pub fn up_set(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
-        self.pg_osds(hierarchy, pool, pg).into_iter().filter(|id| self.is_up(*id)).collect()
+        let mut osds = self.pg_osds(hierarchy, pool, pg);
+        self.keep_up(pool, &mut osds);
+        osds
+    }
+
+    /// Drops the OSDs that are not up (an erasure-coded pool: leaves a hole).
+    fn keep_up(&self, pool: &Pool, osds: &mut Vec<OsdId>) {
+        if pool.is_erasure() {
+            for osd in osds.iter_mut() {
+                if !self.is_up(*osd) {
+                    *osd = NO_OSD;
+                }
+            }
+        } else {
+            osds.retain(|id| self.is_up(*id));
+        }
     }
 
     /// The acting set, which serves the PG (the first is the primary): the
     /// up members of its temporary set if it has one (none: the PG waits for
-    /// one to come back, see [`pg_temp`]), else the up set.
+    /// one to come back, see [`pg_temp`]), else the up set. Positional
+    /// for an erasure-coded pool (see [`primary_of`] for its primary).
     pub fn acting(&self, hierarchy: &duplex_placement::Hierarchy, pool: &Pool, pg: u32) -> Vec<OsdId> {
         match self.pg_temp.get(&(pool.id, pg)) {
-            Some(temp) => temp.iter().copied().filter(|id| self.is_up(*id)).collect(),
+            Some(temp) => {
+                let mut osds = temp.clone();
+                self.keep_up(pool, &mut osds);
+                osds
+            }
             None => self.up_set(hierarchy, pool, pg),
         }
     }
@@ -405,14 +509,23 @@ impl ClusterMap {
         }
         let acting = self.acting(hierarchy, pool, pg);
         // A pin with no OSD up leaves the PG without a primary to fill anyone.
-        let backfill =
-            if acting.is_empty() { Vec::new() } else { up.iter().copied().filter(|id| !acting.contains(id)).collect() };
+        let backfill = if primary_of(&acting).is_none() {
+            Vec::new()
+        } else {
+            up.iter().copied().filter(|id| *id != NO_OSD && !acting.contains(id)).collect()
+        };
         PgSets { up, acting, backfill, pinned: true }
     }
 
     pub fn is_up(&self, id: OsdId) -> bool {
         self.osds.get(&id).is_some_and(|o| o.up)
     }
+}
+
+/// The primary of an acting set: its first OSD (an erasure-coded PG's
+/// first position that has one). `None`: no OSD of it is up.
+pub fn primary_of(acting: &[OsdId]) -> Option<OsdId> {
+    acting.iter().copied().find(|osd| *osd != NO_OSD)
 }
 
 /// A per-PG entry set to `value`, or removed when it is empty.

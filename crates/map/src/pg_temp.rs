@@ -83,6 +83,11 @@ fn moved_pins(old: &ClusterMap, new: &ClusterMap, new_hierarchy: &duplex_placeme
         let old_hierarchy = old.hierarchy();
         for pool in new.pools.values() {
             let Some(old_pool) = old.pools.get(&pool.id) else { continue };
+            if pool.is_erasure() {
+                // A moved shard is rebuilt from the others by the EC PG's
+                // own recovery, not served from a pin (issue 26).
+                continue;
+            }
             // PGs a split just made have no acting set to keep.
             for pg in 0..pool.pg_num.min(old_pool.pg_num) {
                 let current = new.pg_temp.get(&(pool.id, pg)).cloned().unwrap_or_default();

@@ -3,7 +3,7 @@
 //! reject corruption, placement follows up/down and in/out.
 
 use duplex_map::codec::{decode_delta, decode_map, encode_delta, encode_map};
-use duplex_map::{ActiveSet, ClusterMap, Command, CommandError, MapDelta};
+use duplex_map::{primary_of, ActiveSet, ClusterMap, Command, CommandError, ErasureCode, MapDelta, NO_OSD};
 use proptest::prelude::*;
 
 const ONE: u32 = 1 << 16;
@@ -102,6 +102,14 @@ fn command_strategy() -> impl Strategy<Value = Command> {
             min_size,
             pg_num
         }),
+        (0u8..3, 0u8..5, 0u8..3, 0u32..3, proptest::option::of(0u8..6), 0u32..300).prop_map(
+            |(n, k, m, unit, min_size, pg_num)| Command::PoolCreateErasure {
+                name: format!("p{n}"),
+                code: ErasureCode { k, m, stripe_unit: [4096, 65536, 6144][unit as usize] },
+                min_size,
+                pg_num
+            }
+        ),
         (0u8..3).prop_map(|n| Command::PoolDelete { name: format!("p{n}") }),
         (0u8..3, 0u32..600).prop_map(|(n, pg_num)| Command::PoolSetPgNum { name: format!("p{n}"), pg_num }),
         (0u64..40, 1u32..4, 0u32..300, proptest::collection::vec(0u32..9, 0..3))
@@ -477,4 +485,91 @@ fn osds_report_their_fullness_against_ratios_the_operator_sets() {
     assert_eq!(map.full_ratios, FullRatios { nearfull: 500, backfillfull: 600, full: 700 });
     let decoded = decode_map(&encode_map(&map)).unwrap();
     assert_eq!(decoded, map, "fullness and ratios round-trip");
+}
+
+fn ec(k: u8, m: u8) -> ErasureCode {
+    ErasureCode { k, m, stripe_unit: 4096 }
+}
+
+#[test]
+fn an_erasure_coded_pool_is_refused_with_the_reason_before_anything_is_created() {
+    let mut map = small_cluster(); // 6 OSDs on 3 hosts
+    let refused = |map: &mut ClusterMap, code: ErasureCode, min_size: Option<u8>| {
+        let epoch = map.epoch;
+        let command = Command::PoolCreateErasure { name: "cold".into(), code, min_size, pg_num: 16 };
+        let err = map.run(&command).expect_err("refused");
+        assert_eq!(map.epoch, epoch, "a refused pool made an epoch");
+        assert!(map.pool_by_name("cold").is_none());
+        err.to_string()
+    };
+    let too_wide = refused(&mut map, ec(2, 2), None);
+    assert!(too_wide.contains("2+2") && too_wide.contains("3 hosts have"), "{too_wide}");
+    assert!(refused(&mut map, ec(1, 1), None).contains("k >= 2"));
+    assert!(refused(&mut map, ec(2, 0), None).contains("m >= 1"));
+    assert!(refused(&mut map, ec(8, 4), None).contains("at most 10"));
+    let unit = refused(&mut map, ErasureCode { k: 2, m: 1, stripe_unit: 6144 }, None);
+    assert!(unit.contains("power of two"), "{unit}");
+    assert!(refused(&mut map, ec(2, 1), Some(1)).contains("below k"));
+    // Out OSDs are no failure domain: a host of only out OSDs does not count.
+    let mut out = map.clone();
+    out.run(&Command::MarkOut { id: 4 }).unwrap();
+    out.run(&Command::MarkOut { id: 5 }).unwrap();
+    assert!(refused(&mut out, ec(2, 1), None).contains("2 hosts have"));
+
+    map.run(&Command::PoolCreateErasure { name: "cold".into(), code: ec(2, 1), min_size: None, pg_num: 16 }).unwrap();
+    let pool = map.pool_by_name("cold").unwrap().clone();
+    assert_eq!((pool.size, pool.min_size, pool.erasure), (3, 3, Some(ec(2, 1))), "min_size defaults to k + 1");
+    let encoded = encode_map(&map);
+    assert_eq!(decode_map(&encoded).unwrap(), map);
+}
+
+#[test]
+fn an_erasure_coded_pgs_sets_keep_their_positions_through_down_and_out() {
+    let mut map = ClusterMap::new([1; 16]);
+    for id in 0..5 {
+        map.run(&boot(id, &format!("host-{id}"))).unwrap();
+    }
+    map.run(&Command::PoolCreateErasure { name: "cold".into(), code: ec(2, 1), min_size: None, pg_num: 32 }).unwrap();
+    let pool = map.pool_by_name("cold").unwrap().clone();
+    let hierarchy = map.hierarchy();
+    let before: Vec<Vec<u32>> = (0..32).map(|pg| map.acting(&hierarchy, &pool, pg)).collect();
+    for set in &before {
+        assert_eq!(set.len(), 3);
+        assert!(!set.contains(&NO_OSD), "5 hosts fill every position: {set:?}");
+    }
+    // Down: the position becomes a hole, the others stay; the primary is
+    // the first position that has an OSD.
+    let victim = before[0][0];
+    let mut down = map.clone();
+    down.run(&Command::MarkDown { id: victim }).unwrap();
+    let hierarchy = down.hierarchy();
+    for (pg, old) in before.iter().enumerate() {
+        let now = down.acting(&hierarchy, &pool, pg as u32);
+        let expected: Vec<u32> = old.iter().map(|o| if *o == victim { NO_OSD } else { *o }).collect();
+        assert_eq!(now, expected, "PG {pg}");
+        assert_eq!(primary_of(&now), expected.iter().copied().find(|o| *o != NO_OSD));
+        let sets = down.pg_sets(&hierarchy, &pool, pg as u32);
+        assert!(sets.backfill.is_empty());
+    }
+    // Out: only the positions it held move, to OSDs the PG did not use.
+    down.run(&Command::MarkOut { id: victim }).unwrap();
+    let hierarchy = down.hierarchy();
+    for (pg, old) in before.iter().enumerate() {
+        let now = down.acting(&hierarchy, &pool, pg as u32);
+        for (position, (o, n)) in old.iter().zip(&now).enumerate() {
+            if *o == victim {
+                assert!(*n != victim && *n != NO_OSD && !old.contains(n), "PG {pg} position {position}: {now:?}");
+            } else {
+                assert_eq!(o, n, "PG {pg} position {position} moved: {old:?} -> {now:?}");
+            }
+        }
+    }
+    // Every position of a PG whose OSDs are all down is a hole.
+    let mut dark = map.clone();
+    for id in 0..5 {
+        dark.run(&Command::MarkDown { id }).unwrap();
+    }
+    let acting = dark.acting(&dark.hierarchy(), &pool, 0);
+    assert_eq!(acting, vec![NO_OSD; 3]);
+    assert_eq!(primary_of(&acting), None);
 }

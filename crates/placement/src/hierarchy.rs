@@ -36,6 +36,13 @@ pub struct Hierarchy {
     in_osds: usize,
 }
 
+/// Rounds [`Hierarchy::place_indep`] tries for each position before it
+/// leaves it empty (CRUSH's `choose_total_tries`).
+const INDEP_TRIES: usize = 50;
+
+/// `place_indep` draws in rounds from here on, apart from `place`'s 0 and 1.
+const INDEP_ROUNDS: u32 = 16;
+
 /// Larger draw wins; on a tie the smaller id wins, whatever the input order.
 fn better(a: (i64, u32), b: (i64, u32)) -> bool {
     a.0 > b.0 || (a.0 == b.0 && a.1 < b.1)
@@ -129,6 +136,101 @@ impl Hierarchy {
             sorted.sort_unstable();
             sorted.windows(2).all(|w| w[0] != w[1])
         });
+    }
+
+    /// The OSDs of an erasure-coded PG's shards, by position: position `i`
+    /// holds shard `i`, and a position no usable host is left for is `None`
+    /// (the PG is degraded there; two shards never share a host). Like
+    /// Ceph's CRUSH `indep` mode, an OSD going out moves only the positions
+    /// it held, where [`Hierarchy::place`] would shift every later replica
+    /// along: a shard's position is part of what it holds, so a shift would
+    /// mean rebuilding every later shard.
+    ///
+    /// Position `p` draws a host in rounds `p, p + size, p + 2·size, …`
+    /// (all rounds in position order, so a host two positions draw goes to
+    /// the one that drew it in the earlier round) by host weights, out OSDs
+    /// included, so in/out never changes which host a position gets. Then
+    /// the host's best in OSD for that round holds the shard; a host with
+    /// no in OSD sends its position on to further rounds, among the hosts
+    /// no other position holds.
+    pub fn place_indep(&self, seed: u32, size: usize) -> Vec<Option<u32>> {
+        let mut hosts: Vec<Option<(usize, u32)>> = vec![None; size];
+        if self.in_osds == 0 {
+            return vec![None; size];
+        }
+        let mut next_round = 0;
+        for attempt in 0..INDEP_TRIES {
+            let mut open = false;
+            for position in 0..size {
+                if hosts[position].is_some() {
+                    continue;
+                }
+                let round = (position + size * attempt) as u32;
+                let host = self.best_host(seed, round);
+                if hosts.iter().flatten().any(|(h, _)| *h == host) {
+                    open = true;
+                } else {
+                    hosts[position] = Some((host, round));
+                }
+            }
+            next_round = attempt + 1;
+            if !open {
+                break;
+            }
+        }
+        let mut out: Vec<Option<u32>> = hosts
+            .iter()
+            .map(|chosen| chosen.and_then(|(host, round)| self.best_in_osd_in_round(seed, host, round)))
+            .collect();
+        // Positions on hosts with no in OSD: later rounds, hosts no one holds.
+        for position in 0..size {
+            if out[position].is_some() || hosts[position].is_none() {
+                continue;
+            }
+            for attempt in next_round..next_round + INDEP_TRIES {
+                let round = (position + size * attempt) as u32;
+                let host = self.best_host(seed, round);
+                if hosts.iter().flatten().any(|(h, _)| *h == host) {
+                    continue;
+                }
+                if let Some(osd) = self.best_in_osd_in_round(seed, host, round) {
+                    hosts.push(Some((host, round)));
+                    out[position] = Some(osd);
+                    break;
+                }
+            }
+        }
+        debug_assert!({
+            let mut ids: Vec<u32> = out.iter().flatten().copied().collect();
+            ids.sort_unstable();
+            ids.windows(2).all(|w| w[0] != w[1])
+        });
+        out
+    }
+
+    /// The host with the best draw in round `round` of [`Hierarchy::place_indep`].
+    fn best_host(&self, seed: u32, round: u32) -> usize {
+        let mut winner: Option<((i64, u32), usize)> = None;
+        for (index, host) in self.hosts.iter().enumerate() {
+            let d = (draw(seed, host.id, INDEP_ROUNDS + 2 * round, host.weight), host.id);
+            if winner.is_none_or(|(w, _)| better(d, w)) {
+                winner = Some((d, index));
+            }
+        }
+        winner.expect("a hierarchy with in OSDs has hosts").1
+    }
+
+    /// The host's best in OSD in round `round` of [`Hierarchy::place_indep`]
+    /// (`None`: all of its OSDs are out).
+    fn best_in_osd_in_round(&self, seed: u32, index: usize, round: u32) -> Option<u32> {
+        let mut winner: Option<(i64, u32)> = None;
+        for osd in self.hosts[index].osds.iter().filter(|o| o.is_in) {
+            let d = (draw(seed, osd.id, INDEP_ROUNDS + 2 * round + 1, osd.weight as u64), osd.id);
+            if winner.is_none_or(|w| better(d, w)) {
+                winner = Some(d);
+            }
+        }
+        winner.map(|(_, id)| id)
     }
 
     /// Indexes of the `count` best hosts by draw, best first.

@@ -130,3 +130,83 @@ fn an_osds_share_follows_its_weight() {
     assert!((1.8..=2.2).contains(&double), "weight 2 holds {double:.2}x");
     assert!((0.42..=0.58).contains(&half), "weight 0.5 holds {half:.2}x");
 }
+
+/// `place_indep` with `out` OSDs marked out.
+fn indep_with_out(hosts: u32, per_host: u32, out: &[u32], seed: u32, size: usize) -> Vec<Option<u32>> {
+    let mut spec = cluster(hosts, per_host);
+    for osd in spec.iter_mut().flat_map(|h| &mut h.osds) {
+        osd.is_in = !out.contains(&osd.id);
+    }
+    Hierarchy::new(&spec).place_indep(seed, size)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Erasure-coded positions: deterministic, one shard a host, every
+    /// position filled while enough hosts have an in OSD, no out OSD.
+    #[test]
+    fn indep_positions_are_distinct_hosts_and_full_when_hosts_allow(hosts in 1u32..10, per_host in 1u32..4, size in 1usize..7, out_mask in any::<u64>(), seed in any::<u32>()) {
+        let out: Vec<u32> = (0..hosts * per_host).filter(|id| out_mask >> (id % 64) & 1 == 1 && *id != 0).collect();
+        let set = indep_with_out(hosts, per_host, &out, seed, size);
+        prop_assert_eq!(&set, &indep_with_out(hosts, per_host, &out, seed, size), "deterministic");
+        prop_assert_eq!(set.len(), size);
+        prop_assert!(set.iter().flatten().all(|osd| !out.contains(osd)), "an out OSD was chosen: {:?}", set);
+        let mut host_ids: Vec<u32> = set.iter().flatten().map(|osd| osd / per_host).collect();
+        host_ids.sort_unstable();
+        let placed = host_ids.len();
+        host_ids.dedup();
+        prop_assert_eq!(host_ids.len(), placed, "two shards on one host: {:?}", set);
+        let usable_hosts = (0..hosts).filter(|h| (0..per_host).any(|o| !out.contains(&(h * per_host + o)))).count();
+        prop_assert_eq!(placed, size.min(usable_hosts), "positions left empty: {:?}", set);
+    }
+
+    /// An OSD marked out moves only the positions it held: every other
+    /// shard stays where it is (with `place`, every later one would shift).
+    #[test]
+    fn indep_out_moves_only_the_positions_of_that_osd(hosts in 4u32..12, per_host in 1u32..4, size in 2usize..6, seed in any::<u32>(), victim_pick in any::<u32>()) {
+        prop_assume!((size as u32) < hosts);
+        let before = indep_with_out(hosts, per_host, &[], seed, size);
+        let held: Vec<u32> = before.iter().flatten().copied().collect();
+        let victim = held[victim_pick as usize % held.len()];
+        let after = indep_with_out(hosts, per_host, &[victim], seed, size);
+        for (position, (b, a)) in before.iter().zip(&after).enumerate() {
+            if *b == Some(victim) {
+                prop_assert!(a.is_some() && *a != Some(victim), "position {} not refilled: {:?} -> {:?}", position, before, after);
+            } else {
+                prop_assert_eq!(b, a, "position {} moved: {:?} -> {:?}", position, before, after);
+            }
+        }
+    }
+}
+
+#[test]
+fn indep_positions_balance_and_a_new_host_takes_only_its_share() {
+    let h = Hierarchy::new(&cluster(8, 2));
+    let sets: Vec<Vec<Option<u32>>> = (0..4000).map(|pg| h.place_indep(pg_seed(2, pg), 3)).collect();
+    let mut counts: HashMap<u32, u64> = HashMap::new();
+    for osd in sets.iter().flatten().flatten() {
+        *counts.entry(*osd).or_insert(0) += 1;
+    }
+    let mean = counts.values().sum::<u64>() as f64 / counts.len() as f64;
+    assert_eq!(counts.len(), 16);
+    for (osd, count) in &counts {
+        let ratio = *count as f64 / mean;
+        assert!((0.85..=1.15).contains(&ratio), "osd.{osd} holds {count} shards, mean {mean:.0}");
+    }
+    // A ninth host should take about 1/9 of the shards, and nothing else moves.
+    let grown = Hierarchy::new(&cluster(9, 2));
+    let after: Vec<Vec<Option<u32>>> = (0..4000).map(|pg| grown.place_indep(pg_seed(2, pg), 3)).collect();
+    let moved = sets.iter().zip(&after).flat_map(|(b, a)| b.iter().zip(a)).filter(|(b, a)| b != a).count();
+    let onto_new = after.iter().flatten().flatten().filter(|osd| **osd >= 16).count();
+    assert!(moved as f64 <= onto_new as f64 * 1.25, "{moved} positions moved for {onto_new} taken by the new host");
+    let share = onto_new as f64 / (4000.0 * 3.0);
+    assert!((0.08..=0.14).contains(&share), "the new host took {share:.3} of the shards");
+}
+
+/// A change here moves every shard of every erasure-coded pool.
+#[test]
+fn indep_placement_is_pinned() {
+    let h = Hierarchy::new(&cluster(5, 2));
+    assert_eq!(h.place_indep(pg_seed(1, 7), 4), vec![Some(5), Some(0), Some(8), Some(7)]);
+}

@@ -228,7 +228,7 @@ impl SimClient {
             let pool = view.map.pools.values().find(|p| p.name == POOL)?;
             let (object, offset) = object_of(op.block);
             let pg = duplex_placement::pg_of(&object, pool.pg_num);
-            let primary = *view.map.acting(&view.hierarchy, pool, pg).first()?;
+            let primary = duplex_map::primary_of(&view.map.acting(&view.hierarchy, pool, pg))?;
             let request = OpRequest {
                 kind: if op.write.is_some() { OpKind::Write } else { OpKind::Read },
                 pool: pool.id,

@@ -94,7 +94,9 @@ pub fn is_stray(view: &MapView, me: OsdId, key: u32) -> bool {
     if !osd.is_in {
         return false; // out: drained, its copies kept for when it is in again
     }
-    if pg >= pool.pg_num || map.pg_temp.contains_key(&(pool_id, pg)) {
+    if pg >= pool.pg_num || map.pg_temp.contains_key(&(pool_id, pg)) || pool.is_erasure() {
+        // An erasure-coded PG's copies are shards: kept until its own
+        // recovery knows which are whole (issue 26).
         return false;
     }
     let mapped = map.pg_osds(&view.hierarchy, pool, pg);

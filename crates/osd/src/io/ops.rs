@@ -42,6 +42,14 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     let Some(pool) = view.pool(request.pool) else {
         return reply(&op, Status::Invalid, epoch, format!("no pool {}", request.pool));
     };
+    if pool.is_erasure() {
+        return reply(
+            &op,
+            Status::Invalid,
+            epoch,
+            format!("pool {} is erasure-coded, and this OSD does not serve erasure-coded PGs yet", pool.name),
+        );
+    }
     if request.pg >= pool.pg_num {
         return reply(&op, Status::WrongOsd, epoch, format!("pool {} has {} PGs", request.pool, pool.pg_num));
     }

@@ -145,7 +145,9 @@ fn restart_due(machine: Option<MachineState<'_>>, want: &Wanted, locally_active:
 /// and backfill targets.
 pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
     let mut wanted = BTreeMap::new();
-    for pool in view.map.pools.values() {
+    // Erasure-coded PGs peer with a machine of their own, not built yet
+    // (issue 26): until then they never go active (their I/O is refused).
+    for pool in view.map.pools.values().filter(|pool| !pool.is_erasure()) {
         for number in 0..pool.pg_num {
             let duplex_map::PgSets { up, acting, backfill: targets, pinned } =
                 view.map.pg_sets(&view.hierarchy, pool, number);
