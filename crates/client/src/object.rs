@@ -102,6 +102,12 @@ impl ObjectClient {
         self.execute(pool, OpKind::Truncate, object, size, 0, Bytes::new()).map(|_| ())
     }
 
+    /// Makes bytes `[offset, offset + len)` read as zeros.
+    pub fn zero(&mut self, pool: u32, object: &[u8], offset: u64, len: u64) -> Result<(), ClientError> {
+        let data = Bytes::copy_from_slice(&len.to_le_bytes());
+        self.execute(pool, OpKind::Zero, object, offset, 8, data).map(|_| ())
+    }
+
     pub fn delete(&mut self, pool: u32, object: &[u8]) -> Result<(), ClientError> {
         self.execute(pool, OpKind::Delete, object, 0, 0, Bytes::new()).map(|_| ())
     }

@@ -168,6 +168,61 @@ pub enum Outcome {
     Full(ClientOp),
     /// Replica side: send these acknowledgements, all with `status`.
     Acks { pg: u32, acks: Vec<Ack>, status: Status },
+    /// An erasure-coded PG's operation at its primary: send its shard
+    /// reads, then carry on with `then` (`crate::backend::erasure`).
+    Erasure(Box<EcTask>),
+}
+
+/// An erasure-coded PG's client operation at its primary, from its
+/// admission to its reply: the shard reads it waits for, and what follows
+/// them.
+pub struct EcTask {
+    /// The transaction id of its shard reads and writes (one per task).
+    pub id: u64,
+    pub op: ClientOp,
+    pub pg: u32,
+    /// The map epoch it was admitted under.
+    pub map_epoch: u64,
+    /// A `ShardRead` for each member, in the order `then` takes the answers.
+    pub reads: Vec<(OsdId, OpRequest)>,
+    pub then: EcThen,
+}
+
+/// What an [`EcTask`] does once its reads are in.
+pub enum EcThen {
+    /// A client read: its reply is these pieces of the reads' answers, in
+    /// order (an answer shorter than asked, or `NotFound`, reads as zeros).
+    Read { pieces: Vec<EcPiece> },
+    /// A mutation: it becomes one entry on every shard.
+    Write(Box<EcWrite>),
+}
+
+/// Bytes `[at, at + len)` of read `read`'s answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EcPiece {
+    pub read: usize,
+    pub at: usize,
+    pub len: usize,
+}
+
+/// A mutation of an erasure-coded object, planned at admission.
+pub struct EcWrite {
+    pub profile: duplex_ec::Profile,
+    /// The PG's members by shard position (the acting set it was admitted in).
+    pub shards: Vec<OsdId>,
+    pub request: RequestId,
+    pub change: EcChange,
+}
+
+/// What each shard of an object logs for one mutation.
+pub enum EcChange {
+    /// New data: the plan's shard reads, then each shard's new bytes (a
+    /// partial stripe's parity from the data's change).
+    Data { plan: duplex_ec::WritePlan, offset: u64, data: Bytes },
+    /// The same operation on every shard, over the shard range that
+    /// stands for the object's (a delete, a whole-stripe zero, a
+    /// truncation to a stripe boundary, a preallocation).
+    Same { op: duplex_oplog::OpKind, offset: u64, data: Vec<u8> },
 }
 
 /// Scrubs asked for (by an operator, or by a read that met a damaged
@@ -212,6 +267,9 @@ pub enum Completion {
     Accepted(mio::net::TcpStream),
     /// Pool mode: a worker ran a request; the thread does the I/O it asks for.
     Worked(Box<Outcome>),
+    /// An erasure-coded object this thread's client waited on is free: run
+    /// the operation again (`crate::pg::object_queue`).
+    Resume(ClientOp),
 }
 
 impl Completion {

@@ -39,6 +39,9 @@ pub struct Shared {
     /// The snapshot trimmer's queue (`crate::trimmer`; unset: nobody trims,
     /// as in the simulator).
     pub snap_trims: OnceLock<crossbeam_channel::Sender<crate::trimmer::TrimJob>>,
+    /// Erasure-coded objects with a mutation under way, and the client
+    /// operations waiting for each (`crate::pg::object_queue`).
+    pub ec_objects: std::sync::Mutex<crate::pg::object_queue::ObjectQueue<crate::messages::ClientOp>>,
     next_txid: AtomicU64,
 }
 
@@ -64,6 +67,7 @@ impl Shared {
             suspects: OnceLock::new(),
             watchers: Default::default(),
             snap_trims: OnceLock::new(),
+            ec_objects: Default::default(),
             next_txid: AtomicU64::new(1),
         }
     }

@@ -125,6 +125,12 @@ pub enum OpKind {
     /// most [`MAX_LIVE_SNAPS`]. Answered once queued: `snap remove` sends
     /// one to every PG's primary and returns.
     TrimSnaps = 18,
+    /// An erasure-coded PG's primary reads `length` bytes at `offset` of
+    /// the receiving member's shard of the object (shard coordinates; past
+    /// the shard's end, or an absent object, reads zeros). Served by any
+    /// member of the PG's active interval, in the order it took the
+    /// primary's earlier entries on that connection.
+    ShardRead = 19,
 }
 
 /// Live snapshot ids a [`OpKind::TrimSnaps`] carries at most.
@@ -312,6 +318,9 @@ impl OpRequest {
         }
         if kind == OpKind::TrimClone && offset == 0 {
             return Err(DecodeError::Inconsistent("a trim names a clone's sequence"));
+        }
+        if kind == OpKind::ShardRead && snap != 0 {
+            return Err(DecodeError::Inconsistent("a shard read reads the head"));
         }
         if kind == OpKind::Watch && (offset > MAX_WATCH_MS || snap != 0) {
             return Err(DecodeError::Inconsistent("a watch waits at most MAX_WATCH_MS, on the head"));
@@ -743,7 +752,7 @@ mod tests {
 
     fn request_strategy() -> impl Strategy<Value = OpRequest> {
         (
-            1u8..19,
+            1u8..20,
             any::<u32>(),
             any::<u32>(),
             any::<u64>(),
@@ -754,14 +763,16 @@ mod tests {
             (any::<u64>(), any::<u64>()),
         )
             .prop_map(|(kind, pool, pg, map_epoch, mut object, offset, length, mut data, (client, snap))| {
-                let kind = OpKind::from_u8(kind).expect("1..19");
+                let kind = OpKind::from_u8(kind).expect("1..20");
                 // Reserved names are refused; that has its own test.
                 object.iter_mut().for_each(|b| *b |= 1);
                 if let Some(first) = data.first_mut() {
                     *first |= 1;
                 }
-                let snap = if matches!(kind, OpKind::List | OpKind::TrimClone | OpKind::Watch | OpKind::TrimSnaps)
-                    || object.len() > MAX_SNAP_OBJECT_NAME
+                let snap = if matches!(
+                    kind,
+                    OpKind::List | OpKind::TrimClone | OpKind::Watch | OpKind::TrimSnaps | OpKind::ShardRead
+                ) || object.len() > MAX_SNAP_OBJECT_NAME
                 {
                     0
                 } else {
@@ -779,7 +790,7 @@ mod tests {
                         (ids.len() as u32, Bytes::copy_from_slice(ids))
                     }
                     _ if kind.carries_data() => (data.len() as u32, Bytes::from(data)),
-                    OpKind::Read => (length, Bytes::new()),
+                    OpKind::Read | OpKind::ShardRead => (length, Bytes::new()),
                     _ => (0, Bytes::new()),
                 };
                 let offset = if kind == OpKind::SetAttr { offset % (data.len() as u64 + 1) } else { offset };

@@ -421,6 +421,12 @@ impl SimOsd {
                     self.finish(ctx, write);
                 }
             }
+            Outcome::Erasure(task) => {
+                // The simulated cluster's pools are replicated (issue 26 adds
+                // erasure-coded ones to it): answer rather than hang.
+                let reply = OpReply::error(Status::Invalid, task.map_epoch, "no erasure-coded pools in the simulator");
+                ctx.send(Node::Client(task.op.token as u32), Msg::Frame(reply.to_frame(task.op.slot)));
+            }
             Outcome::Queued => {}
             Outcome::Full(op) => live.parked.push_back(op),
             Outcome::Acks { pg, acks, status } => {
@@ -499,8 +505,11 @@ impl SimOsd {
                 }
                 // Its tick fails outlived writes every TICK_US (50 ms) already.
                 Completion::Fenced => live.flusher.mailboxes[0].took_fenced(),
-                Completion::LocalApplied { .. } | Completion::Accepted(_) | Completion::Worked(_) => {
-                    unreachable!("the simulator runs neither the sync path nor the pool")
+                Completion::LocalApplied { .. }
+                | Completion::Accepted(_)
+                | Completion::Worked(_)
+                | Completion::Resume(_) => {
+                    unreachable!("the simulator runs neither the sync path, the pool nor erasure-coded pools")
                 }
             }
         }

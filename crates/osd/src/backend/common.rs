@@ -99,6 +99,7 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
         | OpKind::ListAttrs
         | OpKind::Watch
         | OpKind::TrimSnaps
+        | OpKind::ShardRead
         | OpKind::List
         | OpKind::ListSnaps
         | OpKind::Diff => return None,

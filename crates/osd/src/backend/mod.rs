@@ -4,8 +4,9 @@
 //! erasure-coded or an eventually consistent pool is a new implementation,
 //! not branches through the I/O path.
 //!
-//! - [`replicated`]: every member holds the whole object (today's only
-//!   kind).
+//! - [`replicated`]: every member holds the whole object.
+//! - [`erasure`]: each member holds one shard of every object (an
+//!   erasure-coded pool).
 //! - [`write_path`]: inside the replicated backend, the write-path ablation
 //!   (`oplog`, `sync`, `ideal`) as a seam of its own.
 //! - [`common`]: what every backend's operations share.
@@ -16,7 +17,7 @@
 //! peers a PG ([`PeeringBackend`]).
 
 use bytes::Bytes;
-use duplex_map::PoolId;
+use duplex_map::Pool;
 use duplex_oplog::RequestId;
 use duplex_proto::osd::OpReply;
 
@@ -31,6 +32,7 @@ use crate::pg::{ReplyTo, SharedPg};
 use crate::shared::Shared;
 
 pub mod common;
+pub mod erasure;
 pub mod replicated;
 pub mod write_path;
 
@@ -43,6 +45,9 @@ pub struct Primary<'a> {
     pub key: u32,
     /// The map epoch the operation is answered under.
     pub epoch: u64,
+    /// An erasure-coded mutation whose turn came: it holds its object
+    /// already (`crate::pg::object_queue`).
+    pub resumed: bool,
 }
 
 /// What a pool kind does with a PG's operations.
@@ -76,15 +81,26 @@ pub trait PgBackend: PeeringBackend {
     ) -> Result<Outcome, String>;
 }
 
-static REPLICATED_OPLOG: Replicated<Logged> = Replicated(Logged);
+pub(crate) static REPLICATED_OPLOG: Replicated<Logged> = Replicated(Logged);
 static REPLICATED_SYNC: Replicated<SyncApply> = Replicated(SyncApply);
 static REPLICATED_IDEAL: Replicated<Ideal> = Replicated(Ideal);
 
-/// The backend of pool `pool`'s PGs, on an OSD running `write_path`.
-/// Replicated is the only pool kind so far; an erasure-coded pool picks its
-/// own here (by the pool's kind, which the map will then carry). It is on
-/// every operation's path, so it looks nothing up that costs.
-pub fn for_pool(write_path: WritePath, _pool: PoolId) -> &'static dyn PgBackend {
+static ERASURE: erasure::Erasure = erasure::Erasure;
+
+/// The backend of pool `pool`'s PGs, on an OSD running `write_path` (an
+/// erasure-coded pool's always logs). It is on every operation's path, so
+/// it looks nothing up that costs.
+pub fn for_pool(write_path: WritePath, pool: &Pool) -> &'static dyn PgBackend {
+    if pool.is_erasure() {
+        return &ERASURE;
+    }
+    for_replicated(write_path)
+}
+
+/// The replicated backend on `write_path`: replicas' entries and
+/// replicated writes' ends, which name no pool kind (an erasure-coded
+/// PG's shard entries are log entries like a replica's).
+pub fn for_replicated(write_path: WritePath) -> &'static dyn PgBackend {
     match write_path {
         WritePath::Oplog => &REPLICATED_OPLOG,
         WritePath::Sync => &REPLICATED_SYNC,
@@ -93,7 +109,10 @@ pub fn for_pool(write_path: WritePath, _pool: PoolId) -> &'static dyn PgBackend 
 }
 
 /// The peering backend of a pool's PGs (the peering schedule's view of [`for_pool`]).
-pub fn peering_for(_pool: PoolId) -> &'static dyn PeeringBackend {
+pub fn peering_for(pool: &Pool) -> &'static dyn PeeringBackend {
+    if pool.is_erasure() {
+        return &ERASURE;
+    }
     // Peering does not depend on the write path.
     &REPLICATED_OPLOG
 }

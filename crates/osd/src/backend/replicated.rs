@@ -252,7 +252,7 @@ fn metadata_read(
 }
 
 fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
-    let Primary { shared, histograms, pg, ref interval, key, epoch } = *at;
+    let Primary { shared, histograms, pg, ref interval, key, epoch, .. } = *at;
     let metrics = &shared.metrics;
     let request = &op.request;
     let log_op = log_op_of(request.kind).expect("only mutations come here");

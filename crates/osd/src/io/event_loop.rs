@@ -19,11 +19,13 @@ use mio::{Events, Interest, Poll, Token};
 
 use crate::cluster::ActingCache;
 use crate::io::conn::{Conn, ConnError, Role, WarnLimit, MAX_IN_FLIGHT};
+use crate::io::erasure::{EcTasks, Settled};
 use crate::io::ops;
 use crate::io::pending::{Finished, PendingWrites, WriteInfo, REPLICATION_TIMEOUT};
 use crate::io::pool::Pool;
 use crate::messages::{
-    ClientOp, ClientSlot, Completion, Job, Mailbox, Outcome, PeerReplyTo, ScrubAsk, SyncDone, MAX_SCRUB_ASKS,
+    ClientOp, ClientSlot, Completion, EcTask, EcThen, Job, Mailbox, Outcome, PeerReplyTo, ScrubAsk, SyncDone,
+    MAX_SCRUB_ASKS,
 };
 use crate::metrics::{record, Histograms, Stage};
 use crate::pg::{pg_number, pool_of, ReplyTo};
@@ -50,6 +52,10 @@ pub struct PriorityThread {
     next_token: usize,
     peers: HashMap<OsdId, usize>,
     pending: PendingWrites<ClientSlot>,
+    /// Erasure-coded operations waiting for their shards.
+    ec: EcTasks,
+    /// Erasure-coded mutations whose object came free, to run again.
+    resumes: Vec<ClientOp>,
     cache: ActingCache,
     histograms: Histograms,
     next_accept: usize,
@@ -84,6 +90,8 @@ impl PriorityThread {
             next_token: FIRST_CONN,
             peers: HashMap::new(),
             pending: PendingWrites::default(),
+            ec: EcTasks::default(),
+            resumes: Vec::new(),
             cache,
             histograms,
             next_accept: 0,
@@ -103,7 +111,7 @@ impl PriorityThread {
         let mut events = Events::with_capacity(256);
         let mut next_check = Instant::now() + PENDING_CHECK;
         loop {
-            let timeout = (!self.pending.is_empty() || self.shared.watchers.any())
+            let timeout = (!self.pending.is_empty() || !self.ec.is_empty() || self.shared.watchers.any())
                 .then(|| next_check.saturating_duration_since(Instant::now()));
             if let Err(err) = self.poll.poll(&mut events, timeout) {
                 if err.kind() == std::io::ErrorKind::Interrupted {
@@ -127,6 +135,9 @@ impl PriorityThread {
             while let Ok(completion) = self.inbox.try_recv() {
                 self.on_completion(completion);
             }
+            while let Some(op) = self.resumes.pop() {
+                self.resume(op);
+            }
             // Connections paused at their in-flight limit that have room again.
             while let Some(token) = self.resume.pop() {
                 if self.conns.get(&token).is_some_and(|c| c.paused) {
@@ -148,10 +159,15 @@ impl PriorityThread {
     /// `REPLICATION_TIMEOUT`, or whose PG peering has moved to a newer
     /// interval; late acknowledgements find nothing and are ignored.
     fn expire_pending(&mut self, now: Instant) {
-        let shared = &self.shared;
+        let shared = self.shared.clone();
+        let shared = &shared;
         let expired = self.pending.expire(now, REPLICATION_TIMEOUT, |pg, epoch| ops::write_outlived(shared, pg, epoch));
         for write in expired {
             self.finish(write);
+        }
+        let given_up = self.ec.expire(now, REPLICATION_TIMEOUT, |pg, epoch| ops::write_outlived(shared, pg, epoch));
+        for settled in given_up {
+            self.on_settled(settled);
         }
     }
 
@@ -301,7 +317,20 @@ impl PriorityThread {
             }
             (Some(MessageType::RepOpReply), Role::Peer(osd)) => {
                 let ack = RepReply::decode(&frame.payload).map_err(|e| format!("bad replication reply: {e}"))?;
-                self.on_ack(txid, osd, ack.status == Status::Ok);
+                if self.ec.waits(txid) {
+                    if let Some(settled) = self.ec.on_ack(txid, osd, ack.status == Status::Ok) {
+                        self.on_settled(settled);
+                    }
+                } else {
+                    self.on_ack(txid, osd, ack.status == Status::Ok);
+                }
+            }
+            (Some(MessageType::OsdOpReply), Role::Peer(osd)) => {
+                // A member's answer to an erasure-coded task's shard read.
+                let reply = OpReply::decode(&frame.payload).map_err(|e| format!("bad shard read reply: {e}"))?;
+                if let Some(settled) = self.ec.on_read(txid, osd, reply) {
+                    self.on_settled(settled);
+                }
             }
             (Some(MessageType::PeerRequest), Role::Accepted) => {
                 let request = PeerRequest::decode(&frame.payload).map_err(|e| e.to_string())?;
@@ -435,6 +464,7 @@ impl PriorityThread {
                     self.finish(write);
                 }
             }
+            Outcome::Erasure(task) => self.start_ec(task),
             Outcome::Queued => {}
             Outcome::Full(op) => {
                 // run_client parks these itself and pool workers wait for room,
@@ -508,7 +538,97 @@ impl PriorityThread {
             }
             Completion::Accepted(stream) => self.adopt(stream),
             Completion::Worked(outcome) => self.execute(*outcome),
+            Completion::Resume(op) => self.resumes.push(op),
         }
+    }
+
+    /// Sends an erasure-coded task's shard reads.
+    fn start_ec(&mut self, task: Box<EcTask>) {
+        let id = task.id;
+        let mut ec = std::mem::take(&mut self.ec);
+        let settled = ec.start(task, Instant::now(), |osd, request| {
+            let Some(peer) = self.peer(osd) else { return false };
+            if let Some(conn) = self.conns.get_mut(&peer) {
+                conn.push(&request.to_frame(id));
+                self.touched.push(peer);
+            }
+            true
+        });
+        self.ec = ec;
+        if let Some(settled) = settled {
+            self.on_settled(settled);
+        }
+    }
+
+    /// An erasure-coded task's answers are in (or it was given up on).
+    fn on_settled(&mut self, settled: Settled) {
+        match settled {
+            Settled::Read { task, answers } => match &task.then {
+                EcThen::Read { pieces } => {
+                    let reply = crate::backend::erasure::assemble(pieces, &answers, task.map_epoch);
+                    self.shared.metrics.read_bytes.add(reply.data.len() as u64);
+                    record(&self.histograms, Stage::Read, task.op.arrived.elapsed().as_micros() as u64);
+                    self.reply(task.op.token, task.op.slot, &reply);
+                }
+                EcThen::Write(_) => match crate::backend::erasure::commit(&self.shared, &task, &answers) {
+                    Ok(sends) => {
+                        let members: Vec<OsdId> = sends.iter().map(|(osd, _)| *osd).collect();
+                        let id = task.id;
+                        let mut ec = std::mem::take(&mut self.ec);
+                        let settled = ec.wait_for_acks(task, members, Instant::now(), |osd| {
+                            let Some((_, entry)) = sends.iter().find(|(o, _)| *o == osd) else { return false };
+                            let Some(peer) = self.peer(osd) else { return false };
+                            if let Some(conn) = self.conns.get_mut(&peer) {
+                                conn.push(&Frame::new(MessageType::RepOp, id, entry.clone()));
+                                self.touched.push(peer);
+                            }
+                            true
+                        });
+                        self.ec = ec;
+                        if let Some(settled) = settled {
+                            self.on_settled(settled);
+                        }
+                    }
+                    Err((status, why)) => {
+                        let next = crate::backend::erasure::release(&self.shared, task.pg, &task.op.request.object);
+                        self.reply(task.op.token, task.op.slot, &OpReply::error(status, task.map_epoch, why));
+                        self.hand_on(next);
+                    }
+                },
+            },
+            Settled::ReadFailed { task } => {
+                let why = "a member holding a shard did not answer; resend";
+                if matches!(task.then, EcThen::Write(_)) {
+                    let next = crate::backend::erasure::release(&self.shared, task.pg, &task.op.request.object);
+                    self.hand_on(next);
+                }
+                self.reply(task.op.token, task.op.slot, &OpReply::error(Status::Retry, task.map_epoch, why));
+            }
+            Settled::Written { task, failed } => {
+                let (reply, next) = crate::backend::erasure::finish(&self.shared, &task, true, failed);
+                record(&self.histograms, Stage::Write, task.op.arrived.elapsed().as_micros() as u64);
+                self.reply(task.op.token, task.op.slot, &reply);
+                self.hand_on(next);
+            }
+        }
+    }
+
+    /// An erasure-coded object came free and `next` holds it now: it runs
+    /// on the thread that owns its connection.
+    fn hand_on(&mut self, next: Option<ClientOp>) {
+        let Some(op) = next else { return };
+        if op.thread == self.index {
+            self.resumes.push(op);
+        } else {
+            self.mailboxes[op.thread].post_and_wake(Completion::Resume(op));
+        }
+    }
+
+    /// Runs again an erasure-coded mutation whose object came free.
+    fn resume(&mut self, op: ClientOp) {
+        let (outcome, next) = ops::resume(&self.shared, &mut self.cache, &self.histograms, op);
+        self.execute(outcome);
+        self.hand_on(next);
     }
 
     fn on_local(&mut self, txid: u64, ok: bool) {
@@ -581,6 +701,9 @@ impl PriorityThread {
             }
             for write in self.pending.peer_lost(osd) {
                 self.finish(write);
+            }
+            for settled in self.ec.peer_lost(osd) {
+                self.on_settled(settled);
             }
         }
     }

@@ -8,9 +8,12 @@
 //! - [`ops`]: the write and read paths, whichever thread runs them.
 //! - [`pending`]: replicated writes waiting for their replicas (sans I/O:
 //!   the simulator drives the same table).
+//! - [`erasure`]: erasure-coded operations waiting for their shards'
+//!   reads and acknowledgements (sans I/O, as `pending`).
 //! - [`pool`]: the `threading = pool` ablation's workers.
 
 pub mod conn;
+pub mod erasure;
 pub mod event_loop;
 pub mod ops;
 pub mod pending;

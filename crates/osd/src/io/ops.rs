@@ -19,11 +19,36 @@ use crate::backend::{self, Primary};
 use crate::cluster::ActingCache;
 use crate::messages::{ClientOp, Outcome};
 use crate::metrics::{record, Histograms, Stage};
-use crate::pg::{pg_key, pool_of, ReplyTo};
+use crate::pg::{pg_key, ReplyTo};
 use crate::shared::Shared;
 
 /// Runs a client operation as far as this OSD can without network I/O.
 pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histograms, op: ClientOp) -> Outcome {
+    run(shared, cache, histograms, op, false)
+}
+
+/// Runs again an erasure-coded mutation whose object it waited for, and
+/// which holds it now (`crate::pg::object_queue`). Returns the outcome,
+/// and the next operation waiting for the object if this one ended here
+/// without starting (it hands the object on).
+pub fn resume(
+    shared: &Shared,
+    cache: &mut ActingCache,
+    histograms: &Histograms,
+    op: ClientOp,
+) -> (Outcome, Option<ClientOp>) {
+    let key = pg_key(op.request.pool, op.request.pg);
+    let object = op.request.object.clone();
+    let outcome = run(shared, cache, histograms, op, true);
+    let started = matches!(&outcome, Outcome::Erasure(task) if matches!(task.then, crate::messages::EcThen::Write(_)));
+    let next = match key {
+        Some(key) if !started => backend::erasure::release(shared, key, &object),
+        _ => None,
+    };
+    (outcome, next)
+}
+
+fn run(shared: &Shared, cache: &mut ActingCache, histograms: &Histograms, op: ClientOp, resumed: bool) -> Outcome {
     let view = cache.view(&shared.map).clone();
     let epoch = view.epoch();
     if !shared.serving.load(Ordering::Acquire) {
@@ -42,14 +67,6 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     let Some(pool) = view.pool(request.pool) else {
         return reply(&op, Status::Invalid, epoch, format!("no pool {}", request.pool));
     };
-    if pool.is_erasure() {
-        return reply(
-            &op,
-            Status::Invalid,
-            epoch,
-            format!("pool {} is erasure-coded, and this OSD does not serve erasure-coded PGs yet", pool.name),
-        );
-    }
     if request.pg >= pool.pg_num {
         return reply(&op, Status::WrongOsd, epoch, format!("pool {} has {} PGs", request.pool, pool.pg_num));
     }
@@ -60,8 +77,14 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     let Some(acting) = cache.acting(&shared.map, request.pool, request.pg) else {
         return reply(&op, Status::Invalid, epoch, format!("no pool {}", request.pool));
     };
-    if acting.first() != Some(&shared.config.id) {
-        return reply(&op, Status::WrongOsd, epoch, format!("OSD {} is not the primary of this PG", shared.config.id));
+    let me = shared.config.id;
+    if request.kind == OpKind::ShardRead {
+        // A member's own shard, for its primary: any member serves it.
+        if !pool.is_erasure() || !acting.contains(&me) {
+            return reply(&op, Status::WrongOsd, epoch, format!("OSD {me} holds no shard of this PG"));
+        }
+    } else if duplex_map::primary_of(&acting) != Some(me) {
+        return reply(&op, Status::WrongOsd, epoch, format!("OSD {me} is not the primary of this PG"));
     }
     // A listing's object field is a cursor, and a trim's a name prefix,
     // not one of the PG's objects.
@@ -116,17 +139,19 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
         Ok(pg) => pg,
         Err(err) => return reply(&op, Status::Io, epoch, err),
     };
-    let backend = backend::for_pool(shared.config.write_path, pool.id);
+    let backend = backend::for_pool(shared.config.write_path, pool);
+    // An erasure-coded PG's set has holes where a shard's OSD is down.
+    let up_members = acting.iter().filter(|osd| **osd != duplex_map::NO_OSD).count();
     let interval = Interval { acting: &acting, view: &view };
-    let at = Primary { shared, histograms, pg: &pg, interval, key, epoch };
+    let at = Primary { shared, histograms, pg: &pg, interval, key, epoch, resumed };
     let (token, slot) = (op.token, op.slot);
     let outcome = match request.kind {
         kind if !kind.is_mutation() => backend.read(&at, op),
-        _ if acting.len() < min_size => reply(
+        _ if up_members < min_size => reply(
             &op,
             Status::Retry,
             epoch,
-            format!("only {} of the PG's replicas are up; writes need {min_size}", acting.len()),
+            format!("only {up_members} of the PG's replicas are up; writes need {min_size}"),
         ),
         _ => {
             // The watches it wakes are taken before the request moves on (one
@@ -142,6 +167,7 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
             Outcome::Reply { token: t, slot: s, .. } | Outcome::Replicate { token: t, slot: s, .. } =>
                 (*t, *s) == (token, slot),
             Outcome::Full(back) => (back.token, back.slot) == (token, slot),
+            Outcome::Erasure(task) => (task.op.token, task.op.slot) == (token, slot),
             Outcome::Queued => true,
             Outcome::Acks { .. } => false,
         },
@@ -172,7 +198,7 @@ fn answered(op: &ClientOp, reply: OpReply) -> Outcome {
 /// (or the wait timed out): its PG's backend settles it and returns the
 /// client's reply.
 pub fn finish_write(shared: &Shared, pg: u32, write: u64, request: RequestId, map_epoch: u64, failed: bool) -> OpReply {
-    let backend = backend::for_pool(shared.config.write_path, pool_of(pg));
+    let backend = backend::for_replicated(shared.config.write_path);
     backend.finish_write(shared, pg, write, request, map_epoch, failed)
 }
 
@@ -180,8 +206,8 @@ pub fn finish_write(shared: &Shared, pg: u32, write: u64, request: RequestId, ma
 /// the payload is not an entry this OSD could ever apply, and the
 /// connection that sent it is dropped.
 pub fn replica_op(shared: &Shared, histograms: &Histograms, payload: &Bytes, to: ReplyTo) -> Result<Outcome, String> {
-    let pg = duplex_oplog::entry::peek_pg(payload).ok_or("replication payload is not a valid log entry")?;
-    let backend = backend::for_pool(shared.config.write_path, pool_of(pg));
+    duplex_oplog::entry::peek_pg(payload).ok_or("replication payload is not a valid log entry")?;
+    let backend = backend::for_replicated(shared.config.write_path);
     backend.replica_op(shared, histograms, payload, to)
 }
 

@@ -79,7 +79,7 @@ pub trait PeeringBackend: Send + Sync {
 }
 
 /// Which [`PeeringBackend`] peers a pool's PGs.
-pub type PeeringBackendOf = fn(duplex_map::PoolId) -> &'static dyn PeeringBackend;
+pub type PeeringBackendOf = fn(&duplex_map::Pool) -> &'static dyn PeeringBackend;
 
 /// A replicated PG's peering machine for `want`'s interval, which began at map epoch
 /// `interval`, followed by a deep scrub if `scrub` is `Some(repair)`.
@@ -145,13 +145,11 @@ fn restart_due(machine: Option<MachineState<'_>>, want: &Wanted, locally_active:
 /// and backfill targets.
 pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
     let mut wanted = BTreeMap::new();
-    // Erasure-coded PGs peer with a machine of their own, not built yet
-    // (issue 26): until then they never go active (their I/O is refused).
-    for pool in view.map.pools.values().filter(|pool| !pool.is_erasure()) {
+    for pool in view.map.pools.values() {
         for number in 0..pool.pg_num {
             let duplex_map::PgSets { up, acting, backfill: targets, pinned } =
                 view.map.pg_sets(&view.hierarchy, pool, number);
-            if acting.first() != Some(&me) {
+            if duplex_map::primary_of(&acting) != Some(me) {
                 continue;
             }
             let Some(key) = pg_key(pool.id, number) else { continue };
@@ -386,7 +384,8 @@ impl Schedule {
                 || machine.is_some_and(|m| !m.peering.filled_in_background().is_empty()))
                 && !machine.and_then(|m| m.backfill.as_ref()).is_some_and(Backfill::is_complete);
             if restart {
-                let backend = (self.backend_of)(pool_of(key));
+                let Some(pool) = view.pool(pool_of(key)) else { continue };
+                let backend = (self.backend_of)(pool);
                 self.start(backend, key, view.epoch(), want, scrub, now);
             } else if let Some(machine) = self.machines.get_mut(&key) {
                 // The monitor recorded the members a machine waits on.

@@ -6,6 +6,7 @@
 //! sits behind its own mutex: the "PG log lock" of DESIGN.md §4, held for an
 //! append or a trim, never across I/O other than the log region's own.
 
+pub mod object_queue;
 pub mod replay;
 pub mod requests;
 pub mod stored_interval;

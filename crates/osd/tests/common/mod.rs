@@ -9,6 +9,7 @@ use std::time::Duration;
 use duplex_client::ObjectClient;
 use duplex_testkit::{credentials, LocalCluster, LocalOptions};
 
+#[allow(unused_imports)]
 pub use duplex_testkit::fsid;
 
 pub struct TestCluster(LocalCluster);

@@ -113,6 +113,11 @@ pub struct Peering {
     /// them was behind by history (the rest of their copy is the
     /// authority's already); `None`, every object.
     fill_only: Option<BTreeSet<Vec<u8>>>,
+    /// An erasure-coded PG: its members hold different shards, so none may
+    /// be recovered from another's copy. Until shards are rebuilt (issue
+    /// 26), it goes active only with every member level and in the shard
+    /// position it held when last active; otherwise it stays stuck.
+    erasure: bool,
 }
 
 enum Phase {
@@ -268,6 +273,7 @@ impl Peering {
             background_min: None,
             filled_in_background: Vec::new(),
             fill_only: Some(BTreeSet::new()),
+            erasure: false,
         };
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
@@ -278,6 +284,28 @@ impl Peering {
             actions.push(Action::Send { to: osd, tag, op: PeerOp::Query });
         }
         peering.phase = Phase::Querying { waiting, infos: BTreeMap::new() };
+        (peering, actions)
+    }
+
+    /// Peering of an erasure-coded PG (see `erasure` in [`Peering`]):
+    /// `members` by shard position, `active_set` as in
+    /// [`Peering::start_with_targets`].
+    pub fn start_erasure(
+        pg: u32,
+        interval: u64,
+        members: Vec<OsdId>,
+        active_set: Option<Vec<OsdId>>,
+    ) -> (Peering, Vec<Action>) {
+        let (mut peering, actions) = Peering::start_with_targets(pg, interval, members, Vec::new(), None, active_set);
+        peering.erasure = true;
+        (peering, actions)
+    }
+
+    /// A machine that cannot peer this interval at all, for `why`: it is
+    /// stuck from the start (the schedule tries again later).
+    pub fn refused(pg: u32, interval: u64, members: Vec<OsdId>, why: String) -> (Peering, Vec<Action>) {
+        let (mut peering, _) = Peering::start_with_targets(pg, interval, members, Vec::new(), None, None);
+        let actions = peering.stuck(why);
         (peering, actions)
     }
 

@@ -57,6 +57,16 @@ impl Peering {
                 Some(plan) => targets.push_back((*osd, plan)),
             }
         }
+        if self.erasure {
+            // No member ever logged an entry: every shard is empty, level.
+            let fresh = infos.values().all(|i| i.last_seq == 0 && !i.position_lost && !i.backfilling);
+            if fresh {
+                on_history.extend(targets.drain(..).map(|(osd, _)| osd));
+            }
+            if let Some(why) = self.erasure_refusal(&targets, &info) {
+                return self.stuck(why);
+            }
+        }
         // A PG never written to (seq 0) has nothing to fill: comparing the
         // lists inside peering is quicker than a second peering.
         let history_in_background = match self.plan_background(authority, info.last_seq, infos.len(), &mut targets) {
@@ -87,6 +97,30 @@ impl Peering {
             history_in_background,
         });
         self.step(recovery, None)
+    }
+
+    /// Why an erasure-coded PG cannot go active now (`None`: it can): a
+    /// member behind or diverged, or a member in another shard position
+    /// than when the PG last took writes. Its shards would have to be
+    /// rebuilt from the others, which is not built yet (issue 26); copying
+    /// one member's object over another's would mix shards.
+    fn erasure_refusal(&self, targets: &VecDeque<(OsdId, Plan)>, authority: &PeerInfo) -> Option<String> {
+        if let Some((osd, _)) = targets.front() {
+            return Some(format!(
+                "PG {:#x} is erasure-coded and osd.{osd}'s shard is not level with the others; rebuilding shards \
+                 is not built yet",
+                self.pg
+            ));
+        }
+        let moved = self.active_set.as_ref().is_some_and(|set| *set != self.members);
+        if moved && (authority.last_seq > 0 || authority.position_lost) {
+            return Some(format!(
+                "PG {:#x} is erasure-coded and its shards moved (last active on {:?}, now {:?}); rebuilding shards \
+                 is not built yet",
+                self.pg, self.active_set, self.members
+            ));
+        }
+        None
     }
 
     /// Which recovery goes to the background ([`Peering::fill_in_background`]),
