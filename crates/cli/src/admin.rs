@@ -203,15 +203,24 @@ pub fn pg(client: &Client, pool_name: &str, command: PgCommand) -> Result<()> {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum PoolCommand {
-    /// Create a replicated pool.
+    /// Create a pool: replicated, or erasure-coded with --ec.
     Create {
         name: String,
-        /// Copies of each object.
-        #[arg(long, default_value_t = 2)]
+        /// Copies of each object (a replicated pool).
+        #[arg(long, default_value_t = 2, conflicts_with = "ec")]
         size: u8,
-        /// Copies that must be up for writes (default: size − size/2).
+        /// Copies (shards) that must be up for writes (default: size −
+        /// size/2; erasure-coded: k + 1).
         #[arg(long)]
         min_size: Option<u8>,
+        /// Erasure-code the pool as k+m: k data and m coding shards per
+        /// object, on k+m hosts (2+1, 2+2, 4+2). Experimental: see
+        /// docs/OSD.md, "Erasure-coded pools".
+        #[arg(long)]
+        ec: Option<String>,
+        /// The bytes of one shard in one stripe: a power of two from 4K to 64K.
+        #[arg(long, default_value = "4K", value_parser = duplex_store::units::parse_size, requires = "ec")]
+        stripe_unit: u64,
         /// Placement groups (a power of two is best; it can only grow).
         #[arg(long, default_value_t = 32)]
         pg_num: u32,
@@ -233,7 +242,23 @@ pub enum PoolCommand {
 pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
     let mut mon = client.monitor();
     match command {
-        PoolCommand::Create { name, size, min_size, pg_num } => {
+        PoolCommand::Create { name, min_size, ec: Some(code), stripe_unit, pg_num, .. } => {
+            let profile = duplex_ec::Profile::parse(&code, stripe_unit)?;
+            let code = duplex_map::ErasureCode {
+                k: profile.k() as u8,
+                m: profile.m() as u8,
+                stripe_unit: profile.stripe_unit(),
+            };
+            let command = MapCommand::PoolCreateErasure { name: name.clone(), code, min_size, pg_num };
+            let epoch = run_command(&mut mon, command)?;
+            let min_size = client.map().pool_by_name(&name).map_or(profile.default_min_size() as u8, |p| p.min_size);
+            println!(
+                "created erasure-coded pool '{name}' ({profile}, min_size {min_size}, {pg_num} PGs, {:.2} bytes stored \
+                 per byte written) at map epoch {epoch}",
+                profile.overhead()
+            );
+        }
+        PoolCommand::Create { name, size, min_size, ec: None, pg_num, .. } => {
             let min_size = min_size.unwrap_or(size - size / 2);
             let epoch = run_command(&mut mon, MapCommand::PoolCreate { name: name.clone(), size, min_size, pg_num })?;
             println!("created pool '{name}' (size {size}, min_size {min_size}, {pg_num} PGs) at map epoch {epoch}");
@@ -244,13 +269,20 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
                 let pools: Vec<_> = map
                     .pools
                     .values()
-                    .map(|p| serde_json::json!({"id": p.id, "name": p.name, "size": p.size, "min_size": p.min_size, "pg_num": p.pg_num}))
+                    .map(|p| {
+                        let erasure = p.erasure.map(|c| serde_json::json!({"k": c.k, "m": c.m, "stripe_unit": c.stripe_unit}));
+                        serde_json::json!({"id": p.id, "name": p.name, "size": p.size, "min_size": p.min_size, "pg_num": p.pg_num, "erasure": erasure})
+                    })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&pools)?);
             } else {
-                println!("{:<6} {:<20} {:>5} {:>9} {:>7}", "ID", "NAME", "SIZE", "MIN_SIZE", "PG_NUM");
+                println!("{:<6} {:<20} {:>5} {:>9} {:>7}  {}", "ID", "NAME", "SIZE", "MIN_SIZE", "PG_NUM", "KIND");
                 for p in map.pools.values() {
-                    println!("{:<6} {:<20} {:>5} {:>9} {:>7}", p.id, p.name, p.size, p.min_size, p.pg_num);
+                    let kind = match p.erasure {
+                        Some(c) => format!("erasure {}+{}, {} KiB stripe unit", c.k, c.m, c.stripe_unit >> 10),
+                        None => "replicated".into(),
+                    };
+                    println!("{:<6} {:<20} {:>5} {:>9} {:>7}  {kind}", p.id, p.name, p.size, p.min_size, p.pg_num);
                 }
             }
         }
@@ -279,6 +311,10 @@ pub enum ImageCommand {
         /// Reserve every object's extent now: no allocation on the write path later.
         #[arg(long)]
         preallocate: bool,
+        /// Keep the data objects in this pool (an erasure-coded one); the
+        /// header stays in the image's pool.
+        #[arg(long)]
+        data_pool: Option<String>,
     },
     /// List images.
     List {
@@ -325,6 +361,9 @@ pub enum ImageCommand {
         /// Reserve every object's extent first.
         #[arg(long)]
         preallocate: bool,
+        /// Keep the data objects in this pool (an erasure-coded one).
+        #[arg(long)]
+        data_pool: Option<String>,
     },
     /// The byte ranges of IMAGE[@SNAP] that changed since --from-snap (all
     /// written ranges without it), from the OSDs' block maps.
@@ -366,10 +405,12 @@ pub enum ImageCommand {
 pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<()> {
     let pool = client.pool_id(pool_name)?;
     match command {
-        ImageCommand::Create { name, size, object_size, preallocate } => {
+        ImageCommand::Create { name, size, object_size, preallocate, data_pool } => {
             let object_size = u32::try_from(object_size).context("--object-size is too large")?;
+            let data_pool = data_pool.map(|name| client.pool_id(&name)).transpose()?;
             let started = Instant::now();
-            let info = client.create_image(pool, &name, size, CreateOptions { object_size, preallocate })?;
+            let options = CreateOptions { object_size, preallocate, data_pool };
+            let info = client.create_image(pool, &name, size, options)?;
             println!(
                 "created image '{}' in pool '{pool_name}': {} in {} objects of {}{} ({:.1?})",
                 info.name,
@@ -407,6 +448,12 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
                 println!("object size:  {}", format_size(info.object_size as u64));
                 println!("objects:      {}", info.object_count());
                 println!("preallocated: {}", info.preallocated);
+                if let Some(data_pool) = info.data_pool {
+                    let map = client.map();
+                    let name =
+                        map.pools.get(&data_pool).map_or(format!("id {data_pool} (deleted)"), |p| p.name.clone());
+                    println!("data pool:    {name}");
+                }
                 let snaps = client.list_snapshots(pool, &name)?;
                 let names: Vec<&str> = snaps.iter().map(|s| s.name.as_str()).collect();
                 println!("snapshots:    {}", if names.is_empty() { "none".to_string() } else { names.join(", ") });
@@ -488,9 +535,10 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
                 format_size((moved.bytes as f64 / moved.took.as_secs_f64().max(1e-6)) as u64)
             );
         }
-        ImageCommand::Import { path, name, size, object_size, preallocate } => {
+        ImageCommand::Import { path, name, size, object_size, preallocate, data_pool } => {
             let object_size = u32::try_from(object_size).context("--object-size is too large")?;
-            let options = CreateOptions { object_size, preallocate };
+            let data_pool = data_pool.map(|name| client.pool_id(&name)).transpose()?;
+            let options = CreateOptions { object_size, preallocate, data_pool };
             let moved = crate::transfer::import(client, pool, &path, &name, size, options)?;
             println!(
                 "imported {} into image '{name}' in pool '{pool_name}': {} ({} of zeros not written) in {:.1?}",

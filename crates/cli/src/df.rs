@@ -179,9 +179,15 @@ fn compute(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> Df {
             id: pool.id,
             size: pool.size,
             pgs: pool.pg_num,
-            available_bytes: raw_available / u64::from(pool.size.max(1)),
+            // An erasure-coded pool stores (k + m) / k bytes per byte.
+            available_bytes: match pool.erasure {
+                Some(code) => raw_available / u64::from(pool.size.max(1)) * u64::from(code.k),
+                None => raw_available / u64::from(pool.size.max(1)),
+            },
             ..PoolUsage::default()
         };
+        // The primary's copy is one shard of k in an erasure-coded pool.
+        let shares = pool.erasure.map_or(1, |code| u64::from(code.k));
         for pg in 0..pool.pg_num {
             let Some(key) = duplex_osd::pg::pg_key(pool.id, pg) else { continue };
             let primary = duplex_map::primary_of(&map.acting(&hierarchy, pool, pg));
@@ -189,7 +195,7 @@ fn compute(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> Df {
                 Some(report) => {
                     let (objects, stored, _) = report.pgs.get(&key).copied().unwrap_or_default();
                     usage.objects += objects;
-                    usage.stored_bytes += stored;
+                    usage.stored_bytes += stored * shares;
                 }
                 None => usage.pgs_unreported += 1,
             }

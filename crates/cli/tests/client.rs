@@ -95,7 +95,14 @@ fn objects_images_and_resends() {
         client.create_image(pool, "bad/name", MIB, CreateOptions::default()),
         Err(ClientError::Invalid(_))
     ));
-    client.create_image(pool, "vm2", 32 * MIB, CreateOptions { object_size: MIB as u32, preallocate: true }).unwrap();
+    client
+        .create_image(
+            pool,
+            "vm2",
+            32 * MIB,
+            CreateOptions { object_size: MIB as u32, preallocate: true, data_pool: None },
+        )
+        .unwrap();
     assert_eq!(client.list_images(pool).unwrap(), vec!["vm1".to_string(), "vm2".to_string()]);
     let image = client.open_image(pool, "vm1").unwrap();
     let data: Vec<u8> = (0..3 * MIB as usize + 1000).map(|i| (i % 253) as u8).collect();

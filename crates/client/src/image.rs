@@ -13,6 +13,11 @@
 //! creation with `preallocate` (each reserves its whole extent). A missing
 //! object, or bytes past an object's end, read as zeros.
 //!
+//! An image may keep its data objects in another pool than its header and
+//! directory entry (its *data pool*, as Ceph's `--data-pool`): an
+//! erasure-coded pool holds the data, a replicated one the rest (an
+//! erasure-coded pool takes no attributes, watches or snapshots yet).
+//!
 //! I/O that crosses object boundaries is split and the pieces issued in
 //! parallel; the I/O completes when all of them have. Management
 //! operations (create, resize, remove) assume one administrator at a time.
@@ -45,9 +50,11 @@ const MANAGEMENT_DEPTH: usize = 64;
 const RUN_WINDOW: usize = 64;
 
 const HEADER_MAGIC: &[u8; 4] = b"DPXI";
-const HEADER_VERSION: u32 = 1;
+/// 2: a data pool (bytes 48..52); version 1 headers (none) still read.
+const HEADER_VERSION: u32 = 2;
 const HEADER_LEN: usize = 64;
 const FLAG_PREALLOCATED: u64 = 1;
+const FLAG_DATA_POOL: u64 = 2;
 
 pub type Done<T> = Box<dyn FnOnce(Result<T, ClientError>) + Send + 'static>;
 
@@ -62,9 +69,16 @@ pub struct ImageInfo {
     pub preallocated: bool,
     /// Seconds since the Unix epoch.
     pub created: u64,
+    /// The pool holding its data objects, when not its own.
+    pub data_pool: Option<u32>,
 }
 
 impl ImageInfo {
+    /// The pool holding its data objects, for an image whose header is in `pool`.
+    pub fn data_pool_in(&self, pool: u32) -> u32 {
+        self.data_pool.unwrap_or(pool)
+    }
+
     pub fn object_count(&self) -> u64 {
         self.size.div_ceil(self.object_size as u64)
     }
@@ -75,7 +89,11 @@ impl ImageInfo {
         out[4..8].copy_from_slice(&HEADER_VERSION.to_le_bytes());
         out[8..16].copy_from_slice(&self.size.to_le_bytes());
         out[16..20].copy_from_slice(&self.object_size.to_le_bytes());
-        let flags = if self.preallocated { FLAG_PREALLOCATED } else { 0 };
+        let mut flags = if self.preallocated { FLAG_PREALLOCATED } else { 0 };
+        if let Some(data_pool) = self.data_pool {
+            flags |= FLAG_DATA_POOL;
+            out[48..52].copy_from_slice(&data_pool.to_le_bytes());
+        }
         out[24..32].copy_from_slice(&flags.to_le_bytes());
         out[32..40].copy_from_slice(&self.created.to_le_bytes());
         let id = u64::from_str_radix(&self.id, 16).expect("ids are 16 hex digits");
@@ -98,8 +116,8 @@ impl ImageInfo {
         if crc32c::crc32c(&bytes[..60]) != word(60) {
             return Err(corrupt("checksum mismatch"));
         }
-        if word(4) != HEADER_VERSION {
-            return Err(corrupt("unknown version"));
+        if !(1..=HEADER_VERSION).contains(&word(4)) {
+            return Err(corrupt("unknown version (a newer client made this image)"));
         }
         let object_size = word(16);
         if !valid_object_size(object_size) {
@@ -112,6 +130,7 @@ impl ImageInfo {
             object_size,
             preallocated: long(24) & FLAG_PREALLOCATED != 0,
             created: long(32),
+            data_pool: (long(24) & FLAG_DATA_POOL != 0).then(|| word(48)),
         })
     }
 }
@@ -126,11 +145,13 @@ pub struct CreateOptions {
     pub object_size: u32,
     /// Reserve every object's extent now (no allocation on the write path later).
     pub preallocate: bool,
+    /// Keep the data objects in this pool (an erasure-coded one, say).
+    pub data_pool: Option<u32>,
 }
 
 impl Default for CreateOptions {
     fn default() -> Self {
-        CreateOptions { object_size: DEFAULT_OBJECT_SIZE, preallocate: false }
+        CreateOptions { object_size: DEFAULT_OBJECT_SIZE, preallocate: false, data_pool: None }
     }
 }
 
@@ -191,6 +212,10 @@ impl Client {
                 "object size must be a power of two from {MIN_OBJECT_SIZE} to {MAX_OBJECT_SIZE} bytes"
             )));
         }
+        self.check_pools(pool, options.data_pool, options.object_size)?;
+        if parent.is_some() && options.data_pool.is_some() {
+            return Err(ClientError::Invalid("a clone keeps its data in its own pool".into()));
+        }
         match self.read(pool, &directory_object(name), 0, 16) {
             Ok(_) => return Err(ClientError::ImageExists(name.into())),
             Err(ClientError::NotFound) => {}
@@ -210,6 +235,7 @@ impl Client {
             object_size: options.object_size,
             preallocated: options.preallocate,
             created,
+            data_pool: options.data_pool.filter(|data_pool| *data_pool != pool),
         };
         if options.preallocate {
             self.preallocate(pool, &info, 0..info.object_count())?;
@@ -224,7 +250,36 @@ impl Client {
         Ok(info)
     }
 
+    /// An image's header goes in a replicated pool (it takes attributes
+    /// and watches); its data may go in an erasure-coded one, whose stripes
+    /// must tile its objects.
+    fn check_pools(&self, pool: u32, data_pool: Option<u32>, object_size: u32) -> Result<(), ClientError> {
+        let map = self.map();
+        let info = map.pools.get(&pool).ok_or_else(|| ClientError::NoSuchPool(format!("id {pool}")))?;
+        if info.is_erasure() {
+            return Err(ClientError::Invalid(format!(
+                "pool '{}' is erasure-coded: an image's header needs a replicated pool; create the image in one \
+                 with --data-pool {}",
+                info.name, info.name
+            )));
+        }
+        let Some(data_pool) = data_pool else { return Ok(()) };
+        let data = map.pools.get(&data_pool).ok_or_else(|| ClientError::NoSuchPool(format!("id {data_pool}")))?;
+        if let Some(code) = &data.erasure {
+            let width = u64::from(code.k) * u64::from(code.stripe_unit);
+            if !u64::from(object_size).is_multiple_of(width) {
+                return Err(ClientError::Invalid(format!(
+                    "pool '{}' stripes {} x {} bytes ({width}), which does not divide the object size ({object_size} \
+                     bytes): choose a smaller stripe unit, a k that divides it, or another object size",
+                    data.name, code.k, code.stripe_unit
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn preallocate(&self, pool: u32, info: &ImageInfo, objects: std::ops::Range<u64>) -> Result<(), ClientError> {
+        let pool = info.data_pool_in(pool);
         let ops = objects.map(|n| ObjectOp {
             offset: info.object_size as u64,
             ..ObjectOp::new(pool, OpKind::CreatePreallocated, data_object(&info.id, n))
@@ -335,9 +390,10 @@ impl Client {
         if new_size < info.size {
             // Data first, header last: a crash in between leaves the old size
             // with zeros past the new end, never stale data a later grow could expose.
+            let data_pool = info.data_pool_in(pool);
             let ops = (new_objects..old_objects).map(|n| ObjectOp {
                 snap: write_snap,
-                ..ObjectOp::new(pool, OpKind::Delete, data_object(&info.id, n))
+                ..ObjectOp::new(data_pool, OpKind::Delete, data_object(&info.id, n))
             });
             self.run_all(ops, true)?;
             let tail = new_size % object_size;
@@ -345,7 +401,7 @@ impl Client {
                 let last = data_object(&info.id, new_objects - 1);
                 let zero = (tail, object_size - tail);
                 let hides_parent = link.as_ref().is_some_and(|link| link.overlap > (new_objects - 1) * object_size);
-                let ops = zero_ops(pool, &info, last, zero.0, zero.1, hides_parent);
+                let ops = zero_ops(data_pool, &info, last, zero.0, zero.1, hides_parent);
                 self.run_all(ops.into_iter().map(|op| ObjectOp { snap: write_snap, ..op }), true)?;
             }
         } else if info.preallocated && new_objects > old_objects {
@@ -394,6 +450,11 @@ impl Client {
         }
         let link = crate::layering::read_link(self, pool, &info.id)?;
         let prefix = format!("{}.", info.id);
+        if let Some(data_pool) = info.data_pool {
+            let objects = self.list_objects(data_pool, prefix.as_bytes())?;
+            let ops = objects.into_iter().map(|n| ObjectOp::new(data_pool, OpKind::Delete, Bytes::from(n)));
+            self.run_all(ops, true)?;
+        }
         let objects = self.list_objects(pool, prefix.as_bytes())?;
         let ops = objects.into_iter().map(|n| ObjectOp::new(pool, OpKind::Delete, Bytes::from(n)));
         self.run_all(ops, true)?;
@@ -709,7 +770,7 @@ impl Image {
             // A clone's object emptied whole must still hide its parent's.
             let through = self.layer.as_ref().is_some_and(|layer| layer.through(number) > 0);
             let object = data_object(&self.info.id, number);
-            ops.extend(zero_ops(self.pool, &self.info, object, in_object, piece, through));
+            ops.extend(zero_ops(self.info.data_pool_in(self.pool), &self.info, object, in_object, piece, through));
             at += piece;
         }
         self.run_writes(ops, true, done);
@@ -732,7 +793,7 @@ impl Image {
             length: if read { piece.len as u32 } else { 0 },
             // A read of a snapshot names it; writes get theirs from the watch.
             snap: if read { self.read_snap.as_ref().map_or(0, |s| s.id) } else { 0 },
-            ..ObjectOp::new(self.pool, kind, piece.object.clone())
+            ..ObjectOp::new(self.info.data_pool_in(self.pool), kind, piece.object.clone())
         }
     }
 
@@ -882,7 +943,8 @@ mod tests {
     proptest! {
         #[test]
         fn header_round_trips_and_rejects_damage(size in any::<u64>(), order in 12u32..27, prealloc in any::<bool>(), id in 1u64.., flip in 0usize..64) {
-            let info = ImageInfo { name: "disk".into(), id: format!("{id:016x}"), size, object_size: 1 << order, preallocated: prealloc, created: 5 };
+            let data_pool = (id % 3 == 0).then_some((id >> 8) as u32);
+            let info = ImageInfo { name: "disk".into(), id: format!("{id:016x}"), size, object_size: 1 << order, preallocated: prealloc, created: 5, data_pool };
             let bytes = info.encode();
             prop_assert_eq!(ImageInfo::decode("disk", &bytes), Ok(info));
             let mut bad = bytes.to_vec();

@@ -334,7 +334,7 @@ impl Client {
             parent_object_size: parent_info.object_size,
         };
         let object_size = parent_info.object_size.min(MAX_CLONE_OBJECT);
-        let options = crate::image::CreateOptions { object_size, preallocate: false };
+        let options = crate::image::CreateOptions { object_size, preallocate: false, data_pool: None };
         let info = self.create_image_with(pool, child, snapshot.size, options, Some(&link))?;
         // Known to the parent once made: a crash before leaves a child the
         // parent does not list, which `image remove` then takes away.
@@ -493,6 +493,7 @@ mod tests {
             object_size: 1 << 20,
             preallocated: false,
             created: 0,
+            data_pool: None,
         };
         let layer = Layer::new(link, &info, 1);
         assert_eq!((layer.through(0), layer.through(9), layer.through(10)), (1 << 20, 1 << 20, 0));

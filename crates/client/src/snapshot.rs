@@ -224,6 +224,11 @@ impl Client {
     pub fn create_snapshot(&self, pool: u32, image: &str, snap: &str) -> Result<(SnapInfo, Quiesced), ClientError> {
         check_name_of("snapshot", snap)?;
         let info = self.image_info(pool, image)?;
+        if info.data_pool.is_some_and(|data_pool| self.map().pools.get(&data_pool).is_some_and(|p| p.is_erasure())) {
+            return Err(ClientError::Invalid(format!(
+                "{image} keeps its data in an erasure-coded pool, whose objects take no snapshots yet"
+            )));
+        }
         let header = header_object(&info.id);
         let mut table = read_table(self, pool, &header)?;
         if table.find(snap).is_some() {
