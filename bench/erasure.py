@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Erasure-coded pool figures (issue 26), recorded in docs/BENCHMARKS.md.
+
+Three OSDs on this machine, on each side:
+
+- Duplex: `duplex dev up --osds 3` (one host each), a replicated pool of
+  size 2 and an erasure-coded pool 2+1 (4 KiB stripe unit), an image in
+  each (`--data-pool` for the second: its header stays replicated),
+  served by `duplex nbd serve`, driven by fio's nbd engine;
+- Ceph (--ceph): the suite's BlueStore cluster (bench/duplexbench/ceph.py)
+  with 3 OSDs, a replicated pool of size 2 and an erasure-coded pool 2+1
+  (`crush-failure-domain=osd`, `allow_ec_overwrites true`, 4 KiB stripe
+  unit), an image in each (`rbd create --data-pool`), fio's rbd engine.
+
+Per image: filled whole (1 MiB writes), then 4 KiB random writes and
+reads (2 jobs x queue depth 16) and 128 KiB sequential writes and reads
+(1 job x queue depth 8), --seconds each; the OSD processes' CPU seconds
+(utime + stime from /proc) over each run, per operation; and the raw
+bytes the OSDs hold per byte of image written (`duplex df`; Ceph: `ceph
+df`'s raw used).
+
+    cargo build --release -p duplex-cli && bench/erasure.py [--seconds 15] [--ceph]
+
+Prints the figures as JSON. Stops and wipes its clusters at the end, also
+on failure.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import snapshots  # noqa: E402  (the same cluster helpers and fio runs)
+from duplexbench import procs  # noqa: E402
+
+GIB = 1 << 30
+
+RUNS = [
+    # name, fio rw, block size, jobs, queue depth
+    ("randwrite_4k", "randwrite", "4k", 2, 16),
+    ("randread_4k", "randread", "4k", 2, 16),
+    ("seqwrite_128k", "write", "128k", 1, 8),
+    ("seqread_128k", "read", "128k", 1, 8),
+]
+
+
+def cpu(pids):
+    return sum(procs.cpu_seconds(pid) for pid in pids)
+
+
+def fio_args(rw, bs, jobs, depth, seconds, size):
+    return ["--output-format=json", f"--rw={rw}", f"--bs={bs}", f"--iodepth={depth}", f"--numjobs={jobs}",
+            "--group_reporting=1", "--direct=1", "--time_based=1", f"--runtime={seconds}",
+            f"--size={size // jobs}", f"--offset_increment={size // jobs}"]
+
+
+def measure(run_fio, pids, seconds, size):
+    """Each run: operations per second, MiB/s, and OSD CPU µs per operation."""
+    figures = {}
+    for name, rw, bs, jobs, depth in RUNS:
+        before = cpu(pids)
+        out = run_fio(name, fio_args(rw, bs, jobs, depth, seconds, size))
+        used = cpu(pids) - before
+        job = out["jobs"][0]
+        side = job["write"] if "write" in rw else job["read"]
+        ops = side["total_ios"] if "total_ios" in side else side["iops"] * job["job_runtime"] / 1000.0
+        figures[name] = {
+            "iops": round(side["iops"]),
+            "mib_s": round(side["bw_bytes"] / (1 << 20), 1),
+            "osd_cpu_us_per_op": round(used / max(ops, 1) * 1e6, 1),
+            "p99_us": round(side["clat_ns"]["percentile"].get("99.000000", 0) / 1000),
+        }
+        print(f"  {name}: {figures[name]}", file=sys.stderr)
+    return figures
+
+
+def duplex_side(directory, seconds, size):
+    cluster = snapshots.Cluster(directory)
+    results = {}
+    try:
+        cluster.duplex("dev", "up", "--dir", directory, "--osds", "3", "--replicas", "2", "--min-size", "1",
+                       "--pg-num", "32", "--osd-size", "6G")
+        cluster.duplex("pool", "create", "cold", "--ec", "2+1", "--pg-num", "32")
+        state = json.load(open(os.path.join(directory, "state.json")))
+        pids = [p["pid"] for p in state["processes"] if p["name"].startswith("osd.")]
+        for image, options in [("rep2", []), ("ec21", ["--data-pool", "cold"])]:
+            raw_before = json.loads(cluster.duplex("df", "--json", capture=True))["raw"]["used_bytes"]
+            cluster.duplex("image", "create", image, "--size", str(size), *options)
+            uri, server = cluster.serve(image)
+            snapshots.fill(uri, size)
+            # The stores hold it once flushed.
+            time.sleep(3)
+            raw_after = json.loads(cluster.duplex("df", "--json", capture=True))["raw"]["used_bytes"]
+            print(f"duplex {image}:", file=sys.stderr)
+
+            def run_fio(name, args, uri=uri):
+                extra = ["--readonly"] if "read" in name else []
+                command = ["fio", f"--name={name}", "--ioengine=nbd", f"--uri={uri}", *args, *extra]
+                return snapshots.fio_json(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+
+            results[image] = measure(run_fio, pids, seconds, size)
+            results[image]["raw_bytes_per_byte_written"] = round((raw_after - raw_before) / size, 3)
+            cluster.stop(server)
+    finally:
+        cluster.down()
+    return results
+
+
+def ceph_side(work_dir, seconds, size):
+    from duplexbench.ceph import CephCluster
+
+    ceph = CephCluster(work_dir, osds=3, osd_size_gib=4, image_size_gib=size / GIB, pg_num=32)
+    results = {}
+    try:
+        ceph.up()
+        ceph.ceph("osd", "erasure-code-profile", "set", "ec21", "k=2", "m=1", "crush-failure-domain=osd",
+                  "stripe_unit=4K")
+        ceph.ceph("osd", "pool", "create", "ecpool", "32", "32", "erasure", "ec21")
+        ceph.ceph("osd", "pool", "set", "ecpool", "allow_ec_overwrites", "true")
+        ceph.run("rbd", "pool", "init", "ecpool")
+        ceph.run("rbd", "create", "--size", f"{size >> 20}M", "--data-pool", "ecpool", "--image-feature", "layering",
+                 "rbd/ec21")
+        snapshots_wait = time.monotonic() + 180
+        while not ceph._pgs_clean():
+            if time.monotonic() > snapshots_wait:
+                raise RuntimeError("Ceph's EC PGs did not go active+clean")
+            time.sleep(1)
+        pids = ceph.server_pids()
+        env = {"CEPH_CONF": str(ceph.conf)}
+        for image in ["bench", "ec21"]:
+            raw_before = json.loads(ceph.ceph("df", "-f", "json"))["stats"]["total_used_raw_bytes"]
+            fill = ["fio", "--name=fill", "--ioengine=rbd", "--clientname=admin", "--pool=rbd", f"--rbdname={image}",
+                    "--rw=write", "--bs=1m", "--iodepth=8", f"--size={size}", "--direct=1"]
+            subprocess.run(fill, check=True, capture_output=True, env={**os.environ, **env})
+            time.sleep(3)
+            raw_after = json.loads(ceph.ceph("df", "-f", "json"))["stats"]["total_used_raw_bytes"]
+            name = "rep2" if image == "bench" else "ec21"
+            print(f"ceph {name}:", file=sys.stderr)
+
+            def run_fio(job, args, image=image):
+                command = ["fio", f"--name={job}", "--ioengine=rbd", "--clientname=admin", "--pool=rbd",
+                           f"--rbdname={image}", *args]
+                out = subprocess.run(command, check=True, capture_output=True, text=True, env={**os.environ, **env})
+                return snapshots.fio_json(out.stdout)
+
+            results[name] = measure(run_fio, pids, seconds, size)
+            results[name]["raw_bytes_per_byte_written"] = round((raw_after - raw_before) / size, 3)
+        results["version"] = ceph.version()
+    finally:
+        ceph.down()
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", default="/tmp/duplex-ecbench")
+    parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--size-gib", type=float, default=1.0)
+    parser.add_argument("--ceph", action="store_true", help="Ceph's figures too (installs Ceph)")
+    parser.add_argument("--ceph-only", action="store_true")
+    args = parser.parse_args()
+    size = int(args.size_gib * GIB)
+    results = {}
+    if args.ceph or args.ceph_only:
+        snapshots.ensure_ceph()
+    if not args.ceph_only:
+        results["duplex"] = duplex_side(args.dir, args.seconds, size)
+    if args.ceph or args.ceph_only:
+        results["ceph"] = ceph_side(args.dir + "-ceph", args.seconds, size)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
