@@ -183,6 +183,8 @@ pub struct EcTask {
     pub pg: u32,
     /// The map epoch it was admitted under.
     pub map_epoch: u64,
+    /// A mutation's seq in its PG's log, once its entries are logged (0: not yet).
+    pub seq: u64,
     /// A `ShardRead` for each member, in the order `then` takes the answers.
     pub reads: Vec<(OsdId, OpRequest)>,
     pub then: EcThen,

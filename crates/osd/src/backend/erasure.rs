@@ -182,6 +182,7 @@ fn client_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
         op,
         pg: at.key,
         map_epoch: at.epoch,
+        seq: 0,
         reads,
         then: EcThen::Read { pieces: ec_pieces },
     }))
@@ -333,6 +334,7 @@ fn mutate(at: &Primary<'_>, op: ClientOp) -> Outcome {
         op,
         pg: key,
         map_epoch: epoch,
+        seq: 0,
         reads,
         then: EcThen::Write(Box::new(EcWrite { profile, shards, request, change })),
     }))
@@ -341,7 +343,11 @@ fn mutate(at: &Primary<'_>, op: ClientOp) -> Outcome {
 /// The entries of a mutation whose reads are in: this OSD's shard's is
 /// logged here; the others' are returned, encoded, for their OSDs. `Err`:
 /// the mutation ends with this answer (nothing was logged).
-pub fn commit(shared: &Shared, task: &EcTask, answers: &[OpReply]) -> Result<Vec<(OsdId, Bytes)>, (Status, String)> {
+pub fn commit(
+    shared: &Shared,
+    task: &mut EcTask,
+    answers: &[OpReply],
+) -> Result<Vec<(OsdId, Bytes)>, (Status, String)> {
     let EcThen::Write(write) = &task.then else { unreachable!("only mutations are committed") };
     let retry = |why: &str| Err((Status::Retry, why.to_string()));
     if answers.iter().any(|a| !matches!(a.status, Status::Ok | Status::NotFound)) {
@@ -381,12 +387,16 @@ pub fn commit(shared: &Shared, task: &EcTask, answers: &[OpReply]) -> Result<Vec
         return retry("the PG is peering (its members are being brought up to date)");
     }
     let seq = guard.log.next_seq();
+    // Every shard has logged every entry through here: what each member
+    // may apply (an entry's version, see `Pg::apply_limit`).
+    let watermark = guard.ec_watermark();
+    debug_assert!(watermark < seq, "the watermark passes an entry not yet logged");
     let entry_of = |shard: usize| {
         let (op, offset, data) = &per_shard[shard];
         EntryRef {
             pg: task.pg,
             epoch: task.map_epoch as u32,
-            version: seq,
+            version: watermark,
             seq,
             op: *op,
             object,
@@ -422,6 +432,7 @@ pub fn commit(shared: &Shared, task: &EcTask, answers: &[OpReply]) -> Result<Vec
         Err(err) => return Err((Status::Io, err.to_string())),
     }
     guard.uncommitted.begin(task.id, object.clone(), 0, u64::MAX);
+    guard.ec_pending.insert(seq);
     let sends: Vec<(OsdId, Bytes)> = write
         .shards
         .iter()
@@ -432,6 +443,7 @@ pub fn commit(shared: &Shared, task: &EcTask, answers: &[OpReply]) -> Result<Vec
     let depth = guard.log.len();
     let was_dirty = std::mem::replace(&mut guard.dirty, true);
     drop(guard);
+    task.seq = seq;
     crate::backend::common::notify_flusher(shared, task.pg, depth, was_dirty);
     let metrics = &shared.metrics;
     match task.op.request.kind {
@@ -458,6 +470,14 @@ pub fn finish(shared: &Shared, task: &EcTask, logged: bool, failed: bool) -> (Op
             let mut guard: MutexGuard<'_, Pg> = pg.lock().expect("PG lock");
             guard.uncommitted.end(task.id);
             guard.requests.finish(write.request, !failed);
+            if !failed {
+                // On every shard now: the primary may apply it, and what
+                // precedes it (a failed one holds the watermark back until
+                // peering settles it).
+                guard.ec_pending.remove(&task.seq);
+                let watermark = guard.ec_watermark();
+                guard.apply_limit = guard.apply_limit.max(watermark);
+            }
             let current = guard.active.as_ref().is_some_and(|a| task.map_epoch >= a.interval);
             if failed && current && guard.active.take().is_some() {
                 tracing::warn!(pg = task.pg, "an erasure-coded write failed on a shard; the PG peers again");

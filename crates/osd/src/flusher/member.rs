@@ -126,6 +126,16 @@ impl Flusher {
                 if target {
                     self.begin_backfill(key)?;
                 }
+                {
+                    // Level members hold every entry through `last_seq`:
+                    // an erasure-coded tail held back until now is applied.
+                    let mut guard = pg.lock().expect("PG lock");
+                    if guard.last_seq() == last_seq && guard.apply_limit < last_seq {
+                        guard.apply_limit = last_seq;
+                        drop(guard);
+                        self.flush_pg(key)?;
+                    }
+                }
                 let replaced = {
                     let mut guard = pg.lock().expect("PG lock");
                     if last_seq == u64::MAX {
@@ -271,7 +281,8 @@ impl Flusher {
         let pg = self.pgs.get(key).ok_or("the PG vanished")?;
         let stored = stored_interval::read(&mut self.partition, key).map_err(|e| e.to_string())?;
         let mut guard = pg.lock().expect("PG lock");
-        if !guard.log.is_empty() {
+        // An erasure-coded tail past the apply limit stays (Pg::apply_limit).
+        if guard.has_applicable_entries() {
             return Err("the log could not be flushed (a damaged entry?)".into());
         }
         if stored_interval::backfilling(&mut self.partition, key).map_err(|e| e.to_string())? {
@@ -579,6 +590,67 @@ mod tests {
         let encoded = entry.encode();
         let decoded = duplex_oplog::EntryRef::decode(&encoded).unwrap();
         pg.lock().unwrap().append_encoded(&decoded, &encoded, crate::pg::requests::RequestState::Committed)
+    }
+
+    /// An erasure-coded shard's tail (entries whose version, the primary's
+    /// watermark, is behind them) stays in the log through a flush, a
+    /// query and a restart's replay, where peering could still roll it
+    /// back; a later entry's watermark, or an activation at its seq,
+    /// applies it.
+    #[test]
+    fn an_erasure_coded_tail_waits_in_the_log_until_every_shard_holds_it() {
+        let store = crate::TestStore::new(1);
+        let logs = tempfile::tempdir().unwrap();
+        let (mut member, _poll) = flusher(&store, logs.path());
+        let key = pg_key(2, 1).unwrap();
+        let pg = active_pg(&member, key);
+        let stored = |member: &mut Flusher, object: &[u8]| {
+            let key = Key::in_group(key, object).unwrap();
+            member.partition.read(key.as_bytes(), 0, 4).is_ok()
+        };
+        // Seqs 1 and 2 sent while nothing was on every shard yet; 3 says 1 is.
+        for (seq, version) in [(1, 0), (2, 0), (3, 1)] {
+            let entry = duplex_oplog::Entry {
+                version,
+                ..write_entry(key, seq, format!("o{seq}").into_bytes(), vec![seq as u8; 4])
+            };
+            log(&pg, &entry).unwrap();
+        }
+        assert_eq!(pg.lock().unwrap().apply_limit, 1);
+        member.flush(BTreeSet::from([key])).unwrap();
+        assert!(stored(&mut member, b"o1"), "seq 1 is on every shard: applied");
+        assert!(!stored(&mut member, b"o2") && !stored(&mut member, b"o3"), "the tail was applied");
+        assert_eq!(pg.lock().unwrap().log.len(), 2, "the tail left the log");
+        let (queried, _) = info(ask(&mut member, key, 2, PeerOp::Query));
+        assert_eq!(queried.last_seq, 3, "a query reports the tail it keeps");
+        assert!(!stored(&mut member, b"o2"), "the query applied the tail");
+
+        // A restart: the tail comes back into the log, not into the store.
+        drop(pg);
+        drop(member);
+        let (mut member, _poll) = flusher(&store, logs.path());
+        for (pg, entries) in member.pgs.recover().unwrap() {
+            crate::pg::replay::replay_recovered_pg(&pg, &entries, &mut member.partition).unwrap();
+        }
+        let pg = member.pgs.get(key).unwrap();
+        let held = pg.lock().unwrap().log.len();
+        assert_eq!((held, pg.lock().unwrap().apply_limit), (2, 1));
+        assert!(!stored(&mut member, b"o2"), "the restart's replay applied the tail");
+
+        // Activation at seq 3 (every member level there) applies it.
+        let activate = PeerOp::Activate {
+            last_seq: 3,
+            last_epoch: 1,
+            members: vec![1],
+            rebuilt: false,
+            requests: Vec::new(),
+            backfill: Vec::new(),
+        };
+        let (level, _) = info(ask(&mut member, key, 3, PeerOp::Query));
+        assert_eq!(level.last_seq, 3);
+        assert_eq!(ask(&mut member, key, 3, activate), PeerReply::Done);
+        assert!(stored(&mut member, b"o2") && stored(&mut member, b"o3"), "activation left the tail unapplied");
+        assert!(pg.lock().unwrap().log.is_empty());
     }
 
     #[test]

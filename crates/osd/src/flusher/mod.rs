@@ -365,9 +365,14 @@ impl Flusher {
             let before = ops.len();
             // The log holds the entries after the store's newest.
             let (first, mut last) = (guard.flushed_through() + 1, 0);
+            // An erasure-coded tail not every shard holds waits (Pg::apply_limit).
+            let limit = guard.apply_limit;
             let mut fence = false;
             for entry in guard.log.entries() {
                 let seq = last.max(first - 1) + 1;
+                if seq > limit {
+                    break;
+                }
                 let entry = match entry {
                     Ok(entry) => entry,
                     Err(err) => {
@@ -670,12 +675,19 @@ impl Flusher {
         let mut wake = vec![false; self.mailboxes.len()];
         for (read, key) in data.iter().zip(&keys) {
             let epoch = read.map_epoch;
+            // The head's entries an erasure-coded PG holds back (Pg::apply_limit).
+            let held =
+                if read.flush_first && read.snap == 0 { self.held_entries(read.pg, &read.object) } else { vec![] };
             let reply = match key {
                 Err(err @ StoreError::InvalidArgument(_)) => OpReply::error(Status::Invalid, epoch, err),
                 Err(err) => OpReply::error(Status::Io, epoch, err),
                 Ok(None) => OpReply::error(Status::NotFound, epoch, "no such object at that snapshot"),
                 Ok(Some(_)) => match results.next() {
                     Some(Err(err @ StoreError::ChecksumMismatch { .. })) => self.damaged(read.pg, epoch, &err),
+                    Some(result) if !held.is_empty() => {
+                        let result = overlay_held(result, read.offset, u64::from(read.len), &held);
+                        reply_of(epoch, result.map(Bytes::from))
+                    }
                     Some(result) => reply_of(epoch, result.map(Bytes::from)),
                     None => OpReply::error(Status::Io, epoch, "store returned too few results"),
                 },
@@ -692,6 +704,26 @@ impl Flusher {
                 mailbox.wake();
             }
         }
+    }
+
+    /// The entries of `object` PG `pg`'s log holds back from the store
+    /// (past its apply limit), in seq order: none for a replicated PG.
+    fn held_entries(&self, pg: u32, object: &[u8]) -> Vec<Entry> {
+        let Some(pg) = self.pgs.get(pg) else { return Vec::new() };
+        let guard = pg.lock().expect("PG lock");
+        if guard.apply_limit >= guard.last_seq() {
+            return Vec::new();
+        }
+        let limit = guard.apply_limit;
+        let first = guard.flushed_through() + 1;
+        guard
+            .log
+            .entries()
+            .enumerate()
+            .filter(|(i, _)| first + *i as u64 > limit)
+            .filter_map(|(_, entry)| entry.ok())
+            .filter(|entry| entry.object == object)
+            .collect()
     }
 
     /// A read found a block of this OSD's copy damaged: the PG stops
@@ -878,6 +910,66 @@ impl Flusher {
     }
 }
 
+/// A read of bytes `[offset, offset + len)` of an object from the store,
+/// with the entries of it the log still holds back applied on top, in
+/// order (`held`: an erasure-coded shard's tail, see `Pg::apply_limit`).
+/// The result is the whole range (zeros past the object's end), or
+/// `NotFound` if the entries leave the object absent.
+fn overlay_held(
+    base: Result<Vec<u8>, StoreError>,
+    offset: u64,
+    len: u64,
+    held: &[Entry],
+) -> Result<Vec<u8>, StoreError> {
+    let (mut exists, mut bytes) = match base {
+        Ok(bytes) => (true, bytes),
+        Err(StoreError::NotFound) => (false, Vec::new()),
+        Err(err) => return Err(err),
+    };
+    bytes.resize(len as usize, 0);
+    let end = offset.saturating_add(len);
+    // The part of `[from, to)` inside the read, as buffer indexes.
+    let within = |from: u64, to: u64| {
+        let (from, to) = (from.max(offset), to.min(end));
+        (from < to).then(|| ((from - offset) as usize, (to - offset) as usize))
+    };
+    for entry in held {
+        match entry.op {
+            duplex_oplog::OpKind::Write | duplex_oplog::OpKind::CopyUp => {
+                exists = true;
+                let to = entry.offset.saturating_add(entry.data.len() as u64);
+                if let Some((a, b)) = within(entry.offset, to) {
+                    let at = (offset + a as u64 - entry.offset) as usize;
+                    bytes[a..b].copy_from_slice(&entry.data[at..at + (b - a)]);
+                }
+            }
+            duplex_oplog::OpKind::Zero => {
+                let zero_len = duplex_oplog::zero_length(&entry.data).unwrap_or(0);
+                if let Some((a, b)) = within(entry.offset, entry.offset.saturating_add(zero_len)) {
+                    bytes[a..b].fill(0);
+                }
+            }
+            duplex_oplog::OpKind::Truncate => {
+                exists = true;
+                if let Some((a, b)) = within(entry.offset, u64::MAX) {
+                    bytes[a..b].fill(0);
+                }
+            }
+            duplex_oplog::OpKind::Delete => {
+                exists = false;
+                bytes.fill(0);
+            }
+            duplex_oplog::OpKind::CreatePreallocated => exists = true,
+            duplex_oplog::OpKind::SetAttr | duplex_oplog::OpKind::RemoveAttr => {}
+        }
+    }
+    if exists {
+        Ok(bytes)
+    } else {
+        Err(StoreError::NotFound)
+    }
+}
+
 fn reply_of(epoch: u64, result: Result<Bytes, StoreError>) -> OpReply {
     match result {
         Ok(data) => OpReply { status: Status::Ok, map_epoch: epoch, data },
@@ -885,5 +977,47 @@ fn reply_of(epoch: u64, result: Result<Bytes, StoreError>) -> OpReply {
         Err(StoreError::AttrNotFound) => OpReply::error(Status::NotFound, epoch, "no such attribute"),
         Err(err @ StoreError::InvalidArgument(_)) => OpReply::error(Status::Invalid, epoch, err),
         Err(err) => OpReply::error(Status::Io, epoch, err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(seq: u64, op: duplex_oplog::OpKind, offset: u64, data: Vec<u8>) -> Entry {
+        Entry {
+            pg: 1,
+            epoch: 1,
+            version: 0,
+            seq,
+            op,
+            object: b"o".to_vec(),
+            offset,
+            data,
+            request: Default::default(),
+            snap: 0,
+        }
+    }
+
+    #[test]
+    fn held_entries_land_on_the_stores_bytes_in_order() {
+        use duplex_oplog::OpKind::{Delete, Truncate, Write, Zero};
+        let stored = || Ok(vec![1u8; 6]);
+        let ok = |result: Result<Vec<u8>, StoreError>| result.ok();
+        // The store's 6 bytes of the read at 2 (bytes 2..8); a write across
+        // the read's start, a zero inside, a write past the stored end.
+        let held = [
+            entry(1, Write, 0, vec![2; 4]),
+            entry(2, Zero, 3, 2u64.to_le_bytes().to_vec()),
+            entry(3, Write, 7, vec![3; 5]),
+        ];
+        assert_eq!(ok(overlay_held(stored(), 2, 8, &held)), Some(vec![2, 0, 0, 1, 1, 3, 3, 3]));
+        // A truncation zeroes what follows it; a delete leaves nothing, a later write makes it again.
+        assert_eq!(ok(overlay_held(stored(), 0, 6, &[entry(1, Truncate, 2, vec![])])), Some(vec![1, 1, 0, 0, 0, 0]));
+        assert!(matches!(overlay_held(stored(), 0, 4, &[entry(1, Delete, 0, vec![])]), Err(StoreError::NotFound)));
+        let remade = [entry(1, Delete, 0, vec![]), entry(2, Write, 1, vec![9])];
+        assert_eq!(ok(overlay_held(stored(), 0, 3, &remade)), Some(vec![0, 9, 0]));
+        // An object only the log holds.
+        assert_eq!(ok(overlay_held(Err(StoreError::NotFound), 0, 2, &[entry(1, Write, 1, vec![5])])), Some(vec![0, 5]));
     }
 }

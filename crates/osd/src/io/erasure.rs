@@ -218,6 +218,7 @@ mod tests {
             op: ClientOp { thread: 0, token: 5, slot: 1, txid: 9, request: request(), arrived: Instant::now() },
             pg: 3,
             map_epoch: 4,
+            seq: 0,
             reads: reads.iter().map(|osd| (*osd, request())).collect(),
             then: EcThen::Read { pieces: vec![EcPiece { read: 0, at: 0, len: 4 }] },
         })

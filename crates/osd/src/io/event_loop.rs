@@ -563,14 +563,14 @@ impl PriorityThread {
     /// An erasure-coded task's answers are in (or it was given up on).
     fn on_settled(&mut self, settled: Settled) {
         match settled {
-            Settled::Read { task, answers } => match &task.then {
+            Settled::Read { mut task, answers } => match &task.then {
                 EcThen::Read { pieces } => {
                     let reply = crate::backend::erasure::assemble(pieces, &answers, task.map_epoch);
                     self.shared.metrics.read_bytes.add(reply.data.len() as u64);
                     record(&self.histograms, Stage::Read, task.op.arrived.elapsed().as_micros() as u64);
                     self.reply(task.op.token, task.op.slot, &reply);
                 }
-                EcThen::Write(_) => match crate::backend::erasure::commit(&self.shared, &task, &answers) {
+                EcThen::Write(_) => match crate::backend::erasure::commit(&self.shared, &mut task, &answers) {
                     Ok(sends) => {
                         let members: Vec<OsdId> = sends.iter().map(|(osd, _)| *osd).collect();
                         let id = task.id;

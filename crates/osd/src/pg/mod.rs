@@ -12,7 +12,7 @@ pub mod requests;
 pub mod stored_interval;
 pub mod stored_requests;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
@@ -148,6 +148,18 @@ pub struct Pg {
     /// bytes kept in memory until it is installed whole in one store batch
     /// (at most `duplex_store::MAX_OBJECT_SIZE`). A fence drops it.
     pub staged: Option<StagedCopy>,
+    /// The newest seq the flusher may apply to the store: the newest
+    /// `version` among the entries taken (or the activation's seq). A
+    /// replicated entry's version is its own seq, so its whole log is
+    /// applied; an erasure-coded shard entry's is the seq through which
+    /// every shard had logged when it was sent (its primary's watermark),
+    /// so the entries after it wait in the log, where peering can still
+    /// roll back one that fewer than k shards hold (`crate::backend::erasure`).
+    pub apply_limit: u64,
+    /// Primary of an erasure-coded PG: the seqs of its mutations that not
+    /// every shard has acknowledged yet (one that failed stays until the
+    /// next interval's fence).
+    pub ec_pending: BTreeSet<u64>,
 }
 
 /// An object copy peering's recovery is staging on this member.
@@ -264,7 +276,21 @@ impl Pg {
             history: VecDeque::new(),
             backfill_lock: None,
             staged: None,
+            apply_limit: 0,
+            ec_pending: BTreeSet::new(),
         }
+    }
+
+    /// Primary of an erasure-coded PG: the seq through which every shard
+    /// has logged every entry (an entry's `version`).
+    pub fn ec_watermark(&self) -> u64 {
+        self.ec_pending.first().map_or(self.last_seq(), |seq| seq - 1)
+    }
+
+    /// Whether live entries the flusher may apply remain in the log (the
+    /// ones after [`Pg::apply_limit`] wait there).
+    pub fn has_applicable_entries(&self) -> bool {
+        !self.log.is_empty() && self.flushed_through() < self.apply_limit
     }
 
     /// Primary side: whether this PG is active for the acting set `acting`
@@ -306,6 +332,7 @@ impl Pg {
         self.staged = None;
         self.gap_since = None;
         self.gap_reported = false;
+        self.ec_pending.clear();
         std::mem::take(&mut self.early).into_iter().map(|(seq, (_, to))| Ack { seq, to }).collect()
     }
 
@@ -411,6 +438,8 @@ impl Pg {
             self.history.clear();
         }
         self.log.set_position(last_seq + 1, last_epoch, activation.interval)?;
+        // Every member holds every entry through the activation's seq.
+        self.apply_limit = self.apply_limit.max(last_seq);
         debug_assert_eq!(self.last_seq(), last_seq, "the log continues after the authority's last entry");
         self.sync_seq = last_seq;
         self.newest_epoch = None;
@@ -434,6 +463,8 @@ impl Pg {
         debug_assert_eq!(entry.pg, self.key, "entry for another PG");
         debug_assert_eq!(entry.seq, self.log.next_seq(), "entries are appended in seq order");
         let at = self.log.append_encoded(entry.seq, encoded)?;
+        debug_assert!(entry.version <= entry.seq, "an entry may be applied only once logged");
+        self.apply_limit = self.apply_limit.max(entry.version);
         crate::metrics::copies::count(crate::metrics::copies::Site::LogAppend, entry.data.len());
         self.remember(entry.seq, entry.epoch, entry.object, entry.snap);
         self.index.insert_ref(entry, at);
@@ -675,6 +706,7 @@ impl PgTable {
         debug_assert_eq!(offsets.len(), entries.len(), "one offset per live entry");
         assert!(entries.last().is_none_or(|e| e.seq == pg.last_seq()), "the recovered entries end at the log's end");
         for (entry, at) in entries.iter().zip(offsets) {
+            pg.apply_limit = pg.apply_limit.max(entry.version);
             pg.index.insert(entry, at);
             pg.requests.set(entry.request, RequestState::Committed, entry.seq);
             pg.remember(entry.seq, entry.epoch, &entry.object, entry.snap);

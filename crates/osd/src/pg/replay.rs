@@ -93,27 +93,37 @@ pub fn replay(entries: &[Entry], partition: &mut Partition) -> Result<usize, Rep
 pub fn replay_recovered(recovered: &[(SharedPg, Vec<Entry>)], store: &mut Store) -> anyhow::Result<usize> {
     let mut replayed = 0usize;
     for (pg, entries) in recovered {
-        let mut guard = pg.lock().expect("PG lock");
-        let key = guard.key;
+        let key = pg.lock().expect("PG lock").key;
         let partition = store.partition_mut(store.partition_of(&key.to_be_bytes()));
-        // The ids of entries flushed before the stop join the log's
-        // (stored_requests.rs): the table is what later flushes record.
-        let last = guard.last_seq();
-        // A copy a recovery changed holds ids past its log's end (stored_interval.rs).
-        let recovered = crate::pg::stored_interval::recovered(partition, key)
-            .with_context(|| format!("reading the recovery mark of PG {key:#x}"))?;
-        let ids_through = if recovered { u64::MAX } else { last };
-        guard
-            .load_stored_ids(partition, ids_through)
-            .with_context(|| format!("reading the request ids of PG {key:#x}"))?;
-        replayed += replay(entries, partition).with_context(|| format!("replaying the log of PG {key:#x}"))?;
-        if let (Some(first), Some(newest)) = (entries.first(), entries.last()) {
-            // Their ids outlive the trim too.
-            let batch = Batch { ops: guard.record_flushed_ids(partition.index(), first.seq..=newest.seq) };
-            partition.apply(&batch).with_context(|| format!("recording the request ids of PG {key:#x}"))?;
-        }
-        guard.trim(last).with_context(|| format!("trimming the log of PG {key:#x}"))?;
-        assert!(guard.log.is_empty(), "PG {key:#x} serves with entries its replay left in the log");
+        replayed += replay_recovered_pg(pg, entries, partition)?;
     }
+    Ok(replayed)
+}
+
+/// [`replay_recovered`] of one PG, whose objects `partition` holds.
+pub fn replay_recovered_pg(pg: &SharedPg, entries: &[Entry], partition: &mut Partition) -> anyhow::Result<usize> {
+    let mut guard = pg.lock().expect("PG lock");
+    let key = guard.key;
+    // The ids of entries flushed before the stop join the log's
+    // (stored_requests.rs): the table is what later flushes record.
+    let last = guard.last_seq();
+    // A copy a recovery changed holds ids past its log's end (stored_interval.rs).
+    let recovered = crate::pg::stored_interval::recovered(partition, key)
+        .with_context(|| format!("reading the recovery mark of PG {key:#x}"))?;
+    let ids_through = if recovered { u64::MAX } else { last };
+    guard.load_stored_ids(partition, ids_through).with_context(|| format!("reading the request ids of PG {key:#x}"))?;
+    // An erasure-coded tail past the apply limit stays in the log (and
+    // its index) for peering to settle (Pg::apply_limit).
+    let limit = guard.apply_limit;
+    let applicable = entries.partition_point(|entry| entry.seq <= limit);
+    let entries = &entries[..applicable];
+    let replayed = replay(entries, partition).with_context(|| format!("replaying the log of PG {key:#x}"))?;
+    if let (Some(first), Some(newest)) = (entries.first(), entries.last()) {
+        // Their ids outlive the trim too.
+        let batch = Batch { ops: guard.record_flushed_ids(partition.index(), first.seq..=newest.seq) };
+        partition.apply(&batch).with_context(|| format!("recording the request ids of PG {key:#x}"))?;
+        guard.trim(newest.seq).with_context(|| format!("trimming the log of PG {key:#x}"))?;
+    }
+    assert!(!guard.has_applicable_entries(), "PG {key:#x} serves with entries its replay left in the log");
     Ok(replayed)
 }
