@@ -80,14 +80,16 @@ def duplex_side(directory, seconds, size):
     cluster = snapshots.Cluster(directory)
     results = {}
     try:
-        cluster.duplex("dev", "up", "--dir", directory, "--osds", "3", "--replicas", "2", "--min-size", "1",
-                       "--pg-num", "32", "--osd-size", "6G")
-        cluster.duplex("pool", "create", "cold", "--ec", "2+1", "--pg-num", "32")
+        # Their reports go to stderr: stdout is the figures' JSON.
+        say = lambda *args: print(cluster.duplex(*args, capture=True), file=sys.stderr, end="")  # noqa: E731
+        say("dev", "up", "--dir", directory, "--osds", "3", "--replicas", "2", "--min-size", "1",
+            "--pg-num", "32", "--osd-size", "6G")
+        say("pool", "create", "cold", "--ec", "2+1", "--pg-num", "32")
         state = json.load(open(os.path.join(directory, "state.json")))
         pids = [p["pid"] for p in state["processes"] if p["name"].startswith("osd.")]
         for image, options in [("rep2", []), ("ec21", ["--data-pool", "cold"])]:
             raw_before = json.loads(cluster.duplex("df", "--json", capture=True))["raw"]["used_bytes"]
-            cluster.duplex("image", "create", image, "--size", str(size), *options)
+            say("image", "create", image, "--size", str(size), *options)
             uri, server = cluster.serve(image)
             snapshots.fill(uri, size)
             # The stores hold it once flushed.
