@@ -46,6 +46,14 @@ impl IndexCache {
         });
     }
 
+    /// Forgets entries with seq > `after` (rolled back from the log).
+    pub fn truncate_after(&mut self, after: u64) {
+        self.objects.retain(|_, list| {
+            list.retain(|e| e.seq <= after);
+            !list.is_empty()
+        });
+    }
+
     pub fn contains(&self, object: &[u8]) -> bool {
         self.objects.contains_key(object)
     }

@@ -274,6 +274,28 @@ impl<R: Region> PgLog<R> {
         Ok(())
     }
 
+    /// Drops every live entry with seq > `seq` (an erasure-coded PG's
+    /// entries fewer than k shards logged: peering rolls them back), and
+    /// returns how many. Durable when it returns: the first dropped
+    /// entry's header is overwritten, so recovery, which reads entries
+    /// while each carries the next seq, stops before it; the next append
+    /// takes its place.
+    pub fn truncate_after(&mut self, seq: u64) -> Result<usize, LogError> {
+        let keep = self.live.iter().position(|(s, ..)| *s > seq).unwrap_or(self.live.len());
+        let dropped = self.live.len() - keep;
+        if dropped == 0 {
+            return Ok(0);
+        }
+        let (first, at, _) = self.live[keep];
+        debug_assert_eq!(first, seq + 1, "live entries are consecutive");
+        self.region.write(at, &[0u8; ENTRY_HEADER_LEN])?;
+        self.live.truncate(keep);
+        self.head = at;
+        self.next_seq = first;
+        debug_assert_eq!(self.live.len() as u64, self.next_seq - self.tail_seq, "live entries are tail_seq..next_seq");
+        Ok(dropped)
+    }
+
     fn write_header(&mut self, header: Header) -> Result<(), LogError> {
         // Recovery ignores a header whose tail decode_header refuses.
         debug_assert!(header.tail >= RING_START && header.tail.is_multiple_of(8), "header tail {}", header.tail);

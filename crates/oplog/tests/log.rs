@@ -1,6 +1,8 @@
 //! The log against a model: random appends (the ring wraps many times),
-//! trims, "full" back-pressure and reopens after a crash recover exactly
-//! the live entries, on both region kinds. The index cache reads from the
+//! trims, rollbacks of the newest entries, "full" back-pressure and
+//! reopens after a crash recover exactly the live entries, on both region
+//! kinds (a rolled-back entry never comes back, even when the next append
+//! is smaller than the entry it replaces). The index cache reads from the
 //! log exactly the bytes the log determines.
 
 use std::collections::VecDeque;
@@ -27,12 +29,19 @@ fn entry(seq: u64, size: usize, fill: u8) -> Entry {
 enum Step {
     Append(usize),
     Trim(usize),
+    /// Drop this many of the newest live entries.
+    Truncate(usize),
     Reopen,
 }
 
 fn steps() -> impl Strategy<Value = Vec<Step>> {
     proptest::collection::vec(
-        prop_oneof![6 => (0usize..1500).prop_map(Step::Append), 2 => (0usize..8).prop_map(Step::Trim), 1 => Just(Step::Reopen)],
+        prop_oneof![
+            6 => (0usize..1500).prop_map(Step::Append),
+            2 => (0usize..8).prop_map(Step::Trim),
+            1 => (0usize..4).prop_map(Step::Truncate),
+            1 => Just(Step::Reopen)
+        ],
         1..120,
     )
 }
@@ -71,6 +80,14 @@ fn run<R: Region>(open: impl Fn() -> R, steps: Vec<Step>) -> Result<(), TestCase
                     log.trim(through).unwrap();
                     model.retain(|m| m.seq > through);
                 }
+            }
+            Step::Truncate(count) => {
+                let keep = model.len().saturating_sub(count);
+                let after = model.get(keep).map_or(log.next_seq() - 1, |e| e.seq - 1);
+                let dropped = log.truncate_after(after).unwrap();
+                prop_assert_eq!(dropped, model.len() - keep);
+                model.truncate(keep);
+                prop_assert_eq!(log.next_seq(), after + 1);
             }
             Step::Reopen => {
                 drop(log);

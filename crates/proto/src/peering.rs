@@ -160,6 +160,13 @@ pub enum PeerOp {
     Scrub {
         repair: bool,
     },
+    /// An erasure-coded PG's recovery: drop the log's entries after seq
+    /// `to` (fewer than k shards logged them: they are rolled back), and
+    /// apply the rest through `to` (every shard that matters holds them).
+    /// Refused if an entry after `to` was applied already.
+    Settle {
+        to: u64,
+    },
 }
 
 /// What a member reports when queried.
@@ -354,6 +361,7 @@ mod tests {
             Just(PeerOp::BackfillDone),
             (name(), any::<u64>(), name()).prop_map(|(object, offset, data)| PeerOp::Stage { object, offset, data }),
             name().prop_map(|object| PeerOp::ObjectRequests { object }),
+            any::<u64>().prop_map(|to| PeerOp::Settle { to }),
             (
                 name(),
                 proptest::option::of((any::<u64>(), any::<bool>(), proptest::collection::vec((name(), name()), 0..3))),

@@ -102,17 +102,23 @@ impl PeeringBackend for Erasure {
             );
         }
         if want.acting.contains(&NO_OSD) {
+            // The machine's members start with its primary: the first
+            // position that has an OSD.
+            let up: Vec<OsdId> = want.acting.iter().copied().filter(|osd| *osd != NO_OSD).collect();
             return Peering::refused(
                 key,
                 interval,
-                want.acting,
+                up,
                 format!(
                     "PG {key:#x} is erasure-coded and a shard's OSD is down: degraded erasure-coded PGs are not \
                      served yet"
                 ),
             );
         }
-        Peering::start_erasure(key, interval, want.acting, want.active_set)
+        let Some(profile) = want.erasure.as_ref().and_then(profile_of) else {
+            return Peering::refused(key, interval, want.acting, format!("PG {key:#x}: no erasure code in the map"));
+        };
+        Peering::start_erasure(key, interval, want.acting, want.active_set, profile)
     }
 }
 

@@ -166,6 +166,19 @@ impl Flusher {
                 }
                 Ok(PeerReply::Done)
             }
+            PeerOp::Settle { to } => {
+                let dropped = pg.lock().expect("PG lock").settle(to)?;
+                if dropped > 0 {
+                    tracing::warn!(
+                        pg = key,
+                        to,
+                        dropped,
+                        "rolled back erasure-coded entries fewer than k shards logged"
+                    );
+                }
+                self.flush_pg(key)?;
+                Ok(PeerReply::Done)
+            }
             PeerOp::List { cursor } => self.list_names(key, &cursor),
             PeerOp::BackfillLock { object, start, end } => self.backfill_lock(pg, key, interval, object, start, end),
             PeerOp::BackfillDone => {

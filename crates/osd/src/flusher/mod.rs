@@ -706,24 +706,19 @@ impl Flusher {
         }
     }
 
-    /// The entries of `object` PG `pg`'s log holds back from the store
-    /// (past its apply limit), in seq order: none for a replicated PG.
+    /// The entries of `object` PG `pg`'s log still holds, in seq order:
+    /// none once a flush applied them all (a replicated PG's, read after
+    /// the flush it asked for). An erasure-coded PG's log holds back the
+    /// entries past its apply limit, and the limit may have risen since
+    /// this flush (an entry came in with a newer watermark): every entry
+    /// left in the log is one the store lacks, so all of them count.
     fn held_entries(&self, pg: u32, object: &[u8]) -> Vec<Entry> {
         let Some(pg) = self.pgs.get(pg) else { return Vec::new() };
         let guard = pg.lock().expect("PG lock");
-        if guard.apply_limit >= guard.last_seq() {
+        if !guard.holds_back || guard.log.is_empty() || !guard.index.contains(object) {
             return Vec::new();
         }
-        let limit = guard.apply_limit;
-        let first = guard.flushed_through() + 1;
-        guard
-            .log
-            .entries()
-            .enumerate()
-            .filter(|(i, _)| first + *i as u64 > limit)
-            .filter_map(|(_, entry)| entry.ok())
-            .filter(|entry| entry.object == object)
-            .collect()
+        guard.log.entries().filter_map(|entry| entry.ok()).filter(|entry| entry.object == object).collect()
     }
 
     /// A read found a block of this OSD's copy damaged: the PG stops

@@ -50,6 +50,8 @@ pub struct Wanted {
     pub min_size: usize,
     /// The map pins the PG (`duplex_map::ClusterMap::pg_temp`).
     pub pinned: bool,
+    /// An erasure-coded pool's code (`None`: replicated).
+    pub erasure: Option<duplex_map::ErasureCode>,
 }
 
 impl Wanted {
@@ -158,7 +160,9 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
             let active_set = recorded.map(|set| set.osds.clone());
             let recorded_since = recorded.map(|set| set.since);
             let min_size = usize::from(pool.min_size);
-            wanted.insert(key, Wanted { identity, acting, targets, up, active_set, recorded_since, min_size, pinned });
+            let erasure = pool.erasure;
+            let want = Wanted { identity, acting, targets, up, active_set, recorded_since, min_size, pinned, erasure };
+            wanted.insert(key, want);
         }
     }
     wanted

@@ -156,6 +156,9 @@ pub struct Pg {
     /// so the entries after it wait in the log, where peering can still
     /// roll back one that fewer than k shards hold (`crate::backend::erasure`).
     pub apply_limit: u64,
+    /// An entry was held back here once (its version behind its seq: an
+    /// erasure-coded PG's): reads of the store overlay what the log holds.
+    pub holds_back: bool,
     /// Primary of an erasure-coded PG: the seqs of its mutations that not
     /// every shard has acknowledged yet (one that failed stays until the
     /// next interval's fence).
@@ -277,6 +280,7 @@ impl Pg {
             backfill_lock: None,
             staged: None,
             apply_limit: 0,
+            holds_back: false,
             ec_pending: BTreeSet::new(),
         }
     }
@@ -285,6 +289,32 @@ impl Pg {
     /// has logged every entry (an entry's `version`).
     pub fn ec_watermark(&self) -> u64 {
         self.ec_pending.first().map_or(self.last_seq(), |seq| seq - 1)
+    }
+
+    /// Peering of an erasure-coded PG: drops the log's entries after seq
+    /// `to` (fewer than k shards logged them), with their index, request
+    /// ids and history, and lets the flusher apply the rest through `to`.
+    /// `Err`: an entry after `to` reached the store already (it cannot be
+    /// rolled back; the apply limit exists so that this never happens).
+    pub fn settle(&mut self, to: u64) -> Result<usize, String> {
+        if self.flushed_through() > to {
+            return Err(format!(
+                "entries through seq {} were applied here, past the seq {to} to settle at",
+                self.flushed_through()
+            ));
+        }
+        let dropped = self.log.truncate_after(to).map_err(|e| e.to_string())?;
+        if dropped > 0 {
+            self.index.truncate_after(to);
+            self.requests.forget_after(to);
+            while self.history.back().is_some_and(|(seq, ..)| *seq > to) {
+                self.history.pop_back();
+            }
+            self.early.clear();
+        }
+        self.apply_limit = self.apply_limit.max(to.min(self.last_seq()));
+        debug_assert!(self.last_seq() <= to, "entries past the settled seq remain");
+        Ok(dropped)
     }
 
     /// Whether live entries the flusher may apply remain in the log (the
@@ -465,6 +495,7 @@ impl Pg {
         let at = self.log.append_encoded(entry.seq, encoded)?;
         debug_assert!(entry.version <= entry.seq, "an entry may be applied only once logged");
         self.apply_limit = self.apply_limit.max(entry.version);
+        self.holds_back |= entry.version < entry.seq;
         crate::metrics::copies::count(crate::metrics::copies::Site::LogAppend, entry.data.len());
         self.remember(entry.seq, entry.epoch, entry.object, entry.snap);
         self.index.insert_ref(entry, at);
@@ -707,6 +738,7 @@ impl PgTable {
         assert!(entries.last().is_none_or(|e| e.seq == pg.last_seq()), "the recovered entries end at the log's end");
         for (entry, at) in entries.iter().zip(offsets) {
             pg.apply_limit = pg.apply_limit.max(entry.version);
+            pg.holds_back |= entry.version < entry.seq;
             pg.index.insert(entry, at);
             pg.requests.set(entry.request, RequestState::Committed, entry.seq);
             pg.remember(entry.seq, entry.epoch, &entry.object, entry.snap);

@@ -69,6 +69,15 @@ impl RequestTable {
         debug_assert!(self.by_seq.len() <= TRACKED_REQUESTS, "the table outgrew its bound");
     }
 
+    /// Forgets the ids of entries after seq `after` (rolled back: a resend
+    /// of one of them runs again).
+    pub fn forget_after(&mut self, after: u64) {
+        for (_, id) in self.by_seq.split_off(&(after + 1)) {
+            self.states.remove(&id);
+        }
+        debug_assert_eq!(self.states.len(), self.by_seq.len(), "every tracked id is at one seq");
+    }
+
     /// Ends an in-flight request (a later state, set meanwhile, wins).
     pub fn finish(&mut self, id: RequestId, committed: bool) {
         if let Some((state, _)) = self.states.get_mut(&id) {

@@ -44,6 +44,7 @@ use duplex_proto::peering::{
 use crate::pg::requests::merge_logged;
 
 mod authority;
+mod erasure;
 mod recovery;
 mod scrub;
 #[cfg(test)]
@@ -113,11 +114,9 @@ pub struct Peering {
     /// them was behind by history (the rest of their copy is the
     /// authority's already); `None`, every object.
     fill_only: Option<BTreeSet<Vec<u8>>>,
-    /// An erasure-coded PG: its members hold different shards, so none may
-    /// be recovered from another's copy. Until shards are rebuilt (issue
-    /// 26), it goes active only with every member level and in the shard
-    /// position it held when last active; otherwise it stays stuck.
-    erasure: bool,
+    /// An erasure-coded PG's code: its members hold different shards, so
+    /// none is recovered from another's copy (`erasure.rs`).
+    erasure: Option<duplex_ec::Profile>,
 }
 
 enum Phase {
@@ -167,6 +166,8 @@ struct Recovery {
     /// Members behind by history to fill in the background, once the
     /// authority has named the objects they lack.
     history_in_background: BTreeSet<OsdId>,
+    /// An erasure-coded PG's recovery (`erasure.rs`).
+    ec: Option<Box<erasure::EcRecovery>>,
 }
 
 /// A deep scrub after recovery: every member's digests, compared.
@@ -273,7 +274,7 @@ impl Peering {
             background_min: None,
             filled_in_background: Vec::new(),
             fill_only: Some(BTreeSet::new()),
-            erasure: false,
+            erasure: None,
         };
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
@@ -295,9 +296,11 @@ impl Peering {
         interval: u64,
         members: Vec<OsdId>,
         active_set: Option<Vec<OsdId>>,
+        profile: duplex_ec::Profile,
     ) -> (Peering, Vec<Action>) {
+        assert_eq!(members.len(), profile.shards(), "an erasure-coded PG peers with every shard");
         let (mut peering, actions) = Peering::start_with_targets(pg, interval, members, Vec::new(), None, active_set);
-        peering.erasure = true;
+        peering.erasure = Some(profile);
         (peering, actions)
     }
 

@@ -34,6 +34,9 @@ impl Peering {
                 ));
             }
         }
+        if let Some(profile) = self.erasure {
+            return self.recover_erasure(profile, infos, logged);
+        }
         let Some((authority, info)) = choose_authority(primary, &infos, lost) else {
             return self.stuck(format!(
                 "PG {:#x}: every member's copy is an unfinished backfill; waiting for an OSD that holds the whole PG",
@@ -55,16 +58,6 @@ impl Peering {
                     on_history.insert(*osd);
                 }
                 Some(plan) => targets.push_back((*osd, plan)),
-            }
-        }
-        if self.erasure {
-            // No member ever logged an entry: every shard is empty, level.
-            let fresh = infos.values().all(|i| i.last_seq == 0 && !i.position_lost && !i.backfilling);
-            if fresh {
-                on_history.extend(targets.drain(..).map(|(osd, _)| osd));
-            }
-            if let Some(why) = self.erasure_refusal(&targets, &info) {
-                return self.stuck(why);
             }
         }
         // A PG never written to (seq 0) has nothing to fill: comparing the
@@ -95,32 +88,9 @@ impl Peering {
             waiting: None,
             scrub,
             history_in_background,
+            ec: None,
         });
         self.step(recovery, None)
-    }
-
-    /// Why an erasure-coded PG cannot go active now (`None`: it can): a
-    /// member behind or diverged, or a member in another shard position
-    /// than when the PG last took writes. Its shards would have to be
-    /// rebuilt from the others, which is not built yet (issue 26); copying
-    /// one member's object over another's would mix shards.
-    fn erasure_refusal(&self, targets: &VecDeque<(OsdId, Plan)>, authority: &PeerInfo) -> Option<String> {
-        if let Some((osd, _)) = targets.front() {
-            return Some(format!(
-                "PG {:#x} is erasure-coded and osd.{osd}'s shard is not level with the others; rebuilding shards \
-                 is not built yet",
-                self.pg
-            ));
-        }
-        let moved = self.active_set.as_ref().is_some_and(|set| *set != self.members);
-        if moved && (authority.last_seq > 0 || authority.position_lost) {
-            return Some(format!(
-                "PG {:#x} is erasure-coded and its shards moved (last active on {:?}, now {:?}); rebuilding shards \
-                 is not built yet",
-                self.pg, self.active_set, self.members
-            ));
-        }
-        None
     }
 
     /// Which recovery goes to the background ([`Peering::fill_in_background`]),
@@ -201,6 +171,13 @@ impl Peering {
     /// below finds it first: a copy, a target's listing, a scrub listing.
     pub(super) fn step(&mut self, mut recovery: Box<Recovery>, mut reply: Option<PeerReply>) -> Vec<Action> {
         debug_assert!(recovery.waiting.is_none(), "recovery steps on while a request is out");
+        if recovery.ec.is_some() {
+            match self.ec_step(&mut recovery, reply.take()) {
+                Ok(Some((to, op))) => return self.send(recovery, to, op),
+                Ok(None) => {}
+                Err(why) => return self.stuck(why),
+            }
+        }
         loop {
             if let Some(copy) = recovery.copy.take() {
                 match self.copy_step(&mut recovery, copy, reply.take()) {
@@ -409,7 +386,8 @@ impl Peering {
         // progress: there must be exactly one.
         let in_progress = usize::from(recovery.copy.is_some())
             + usize::from(recovery.listing.is_some())
-            + usize::from(recovery.scrub.as_ref().is_some_and(|s| s.listing.is_some()));
+            + usize::from(recovery.scrub.as_ref().is_some_and(|s| s.listing.is_some()))
+            + usize::from(recovery.ec.as_ref().is_some_and(|ec| ec.waits()));
         debug_assert_eq!(in_progress, 1, "one recovery stage waits for each answer");
         debug_assert!(self.members.contains(&to), "requests go to the PG's members only");
         let tag = self.tag();

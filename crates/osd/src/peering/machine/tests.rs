@@ -169,6 +169,7 @@ impl Member {
                 PeerReply::Done
             }
             PeerOp::Scrub { .. } => PeerReply::Refused("not a member's request".into()),
+            PeerOp::Settle { .. } => PeerReply::Refused("only an erasure-coded PG's members settle".into()),
             PeerOp::PushStart { .. } | PeerOp::PushData { .. } | PeerOp::Remove { .. } => {
                 PeerReply::Refused("peering installs objects whole; pushes are background backfill's".into())
             }
