@@ -14,8 +14,9 @@
 //! write's do. The entries are ordinary log entries of the shard objects:
 //! replicas take, flush and replay them as any other.
 //!
-//! **Reads** gather the data shards' bytes of the range from the members
-//! that hold them and put them in object order.
+//! **Reads** take the object as mutations do (so a read never meets half
+//! of a write), then gather the data shards' bytes of the range from the
+//! members that hold them and put them in object order.
 //!
 //! Not yet (issue 26): degraded reads and writes (a PG with a shard's OSD
 //! down does not serve), rebuilding a shard that missed entries or moved
@@ -156,6 +157,22 @@ fn client_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
             return uncommitted_reply(at.shared, &op, at.epoch);
         }
     }
+    // A read takes its object too: a write admitted after it could
+    // otherwise reach one shard before the read does and another after,
+    // and the read would return half of a write that may yet be rolled
+    // back. One operation of an object at a time closes that.
+    let op = if at.resumed {
+        op
+    } else {
+        let object = op.request.object.clone();
+        match at.shared.ec_objects.lock().expect("object queue lock").enter(at.key, &object, op) {
+            Entered::Run(op) => op,
+            Entered::Queued => return Outcome::Queued,
+            Entered::Full(op) => {
+                return reply(&op, Status::Retry, at.epoch, "too many operations wait for this object; resend later")
+            }
+        }
+    };
     let (offset, len) = (op.request.offset, u64::from(op.request.length));
     let layout = Layout::new(&profile);
     // One shard read per data shard: its pieces are contiguous in it.

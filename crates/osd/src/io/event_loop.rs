@@ -569,6 +569,8 @@ impl PriorityThread {
                     self.shared.metrics.read_bytes.add(reply.data.len() as u64);
                     record(&self.histograms, Stage::Read, task.op.arrived.elapsed().as_micros() as u64);
                     self.reply(task.op.token, task.op.slot, &reply);
+                    let next = crate::backend::erasure::release(&self.shared, task.pg, &task.op.request.object);
+                    self.hand_on(next);
                 }
                 EcThen::Write(_) => match crate::backend::erasure::commit(&self.shared, &mut task, &answers) {
                     Ok(sends) => {
@@ -598,10 +600,8 @@ impl PriorityThread {
             },
             Settled::ReadFailed { task } => {
                 let why = "a member holding a shard did not answer; resend";
-                if matches!(task.then, EcThen::Write(_)) {
-                    let next = crate::backend::erasure::release(&self.shared, task.pg, &task.op.request.object);
-                    self.hand_on(next);
-                }
+                let next = crate::backend::erasure::release(&self.shared, task.pg, &task.op.request.object);
+                self.hand_on(next);
                 self.reply(task.op.token, task.op.slot, &OpReply::error(Status::Retry, task.map_epoch, why));
             }
             Settled::Written { task, failed } => {

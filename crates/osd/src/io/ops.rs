@@ -40,7 +40,8 @@ pub fn resume(
     let key = pg_key(op.request.pool, op.request.pg);
     let object = op.request.object.clone();
     let outcome = run(shared, cache, histograms, op, true);
-    let started = matches!(&outcome, Outcome::Erasure(task) if matches!(task.then, crate::messages::EcThen::Write(_)));
+    // An erasure-coded task under way holds the object until it ends.
+    let started = matches!(&outcome, Outcome::Erasure(_));
     let next = match key {
         Some(key) if !started => backend::erasure::release(shared, key, &object),
         _ => None,
