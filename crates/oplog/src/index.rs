@@ -54,6 +54,11 @@ impl IndexCache {
         });
     }
 
+    /// Where `object`'s live entries lie in the log, oldest first.
+    pub fn log_offsets<'a>(&'a self, object: &[u8]) -> impl Iterator<Item = u64> + 'a {
+        self.objects.get(object).into_iter().flatten().map(|e| e.log_offset)
+    }
+
     pub fn contains(&self, object: &[u8]) -> bool {
         self.objects.contains_key(object)
     }

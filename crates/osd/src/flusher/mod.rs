@@ -715,10 +715,14 @@ impl Flusher {
     fn held_entries(&self, pg: u32, object: &[u8]) -> Vec<Entry> {
         let Some(pg) = self.pgs.get(pg) else { return Vec::new() };
         let guard = pg.lock().expect("PG lock");
-        if !guard.holds_back || guard.log.is_empty() || !guard.index.contains(object) {
+        if !guard.holds_back {
             return Vec::new();
         }
-        guard.log.entries().filter_map(|entry| entry.ok()).filter(|entry| entry.object == object).collect()
+        // The index names this object's entries: no walk of the whole log.
+        let held: Vec<Entry> = guard.index.log_offsets(object).filter_map(|at| guard.log.read(at)).collect();
+        debug_assert!(held.windows(2).all(|w| w[0].seq < w[1].seq), "an object's entries out of order");
+        debug_assert!(held.iter().all(|e| e.object == object), "the index named another object's entry");
+        held
     }
 
     /// A read found a block of this OSD's copy damaged: the PG stops

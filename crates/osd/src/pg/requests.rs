@@ -72,7 +72,8 @@ impl RequestTable {
     /// Forgets the ids of entries after seq `after` (rolled back: a resend
     /// of one of them runs again).
     pub fn forget_after(&mut self, after: u64) {
-        for (_, id) in self.by_seq.split_off(&(after + 1)) {
+        let Some(first) = after.checked_add(1) else { return };
+        for (_, id) in self.by_seq.split_off(&first) {
             self.states.remove(&id);
         }
         debug_assert_eq!(self.states.len(), self.by_seq.len(), "every tracked id is at one seq");
