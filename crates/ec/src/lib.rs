@@ -16,11 +16,13 @@
 //! Pure functions: the OSD's EC backend calls them.
 
 pub mod codec;
+pub mod degraded;
 pub mod layout;
 pub mod plan;
 pub mod profile;
 
 pub use codec::{Codec, CodecError};
+pub use degraded::{ReadPlan, TooFewShards};
 pub use layout::{Layout, Piece};
 pub use plan::{ShardRange, ShardWrite, WritePlan};
 pub use profile::{Profile, ProfileError};

@@ -17,6 +17,7 @@
 //! a stripe whose data and parity disagree.
 
 use crate::codec::{align, apply_delta, Codec, CodecError};
+use crate::degraded::{ReadPlan, TooFewShards};
 use crate::layout::Layout;
 use crate::profile::Profile;
 
@@ -45,6 +46,9 @@ pub struct WritePlan {
     len: u64,
     /// The shard bytes to read first, in the order [`WritePlan::shard_writes`] takes them.
     pub reads: Vec<ShardRange>,
+    /// A degraded write's stripes, read whole and decoded (`None`: a
+    /// read-modify-write of the changed columns, or whole stripes).
+    stripes: Option<ReadPlan>,
 }
 
 impl WritePlan {
@@ -58,7 +62,26 @@ impl WritePlan {
             let (from, to) = parity_columns(&touched);
             reads.extend((0..profile.m()).map(|j| ShardRange { shard: profile.k() + j, offset: from, len: to - from }));
         }
-        WritePlan { profile, offset, len, reads }
+        WritePlan { profile, offset, len, reads, stripes: None }
+    }
+
+    /// The plan of a write to an object whose shards `present[shard]` says
+    /// are there: [`WritePlan::new`]'s when it reads no missing shard, else
+    /// a rewrite of the stripes it touches, decoded from `k` present shards
+    /// (`crate::degraded`). Its writes cover every shard, missing ones too:
+    /// the caller drops those.
+    pub fn degraded(profile: Profile, offset: u64, len: u64, present: &[bool]) -> Result<WritePlan, TooFewShards> {
+        let plan = WritePlan::new(profile, offset, len);
+        if plan.reads.iter().all(|r| present.get(r.shard) == Some(&true)) {
+            return Ok(plan);
+        }
+        let stripes = ReadPlan::new(profile, offset, len, present)?;
+        Ok(WritePlan { reads: stripes.reads.clone(), stripes: Some(stripes), ..plan })
+    }
+
+    /// Whether it rewrites whole stripes decoded from the shards present.
+    pub fn is_degraded(&self) -> bool {
+        self.stripes.is_some()
     }
 
     /// Whether the write covers whole stripes (and reads nothing).
@@ -88,8 +111,16 @@ impl WritePlan {
             return Ok(Vec::new());
         }
         let layout = Layout::new(&self.profile);
+        if let Some(stripes) = &self.stripes {
+            let (from, to) = stripes.span();
+            let mut object = stripes.stripes(codec, read)?;
+            debug_assert_eq!(object.len() as u64, to - from);
+            let at = (self.offset - from) as usize;
+            object[at..at + data.len()].copy_from_slice(data);
+            return self.encode_stripes(codec, &layout, from, &object);
+        }
         if self.whole_stripes() {
-            return self.encode_stripes(codec, &layout, data);
+            return self.encode_stripes(codec, &layout, self.offset, data);
         }
         let (k, m) = (self.profile.k(), self.profile.m());
         let padded = |bytes: &[u8], len: u64| {
@@ -133,15 +164,26 @@ impl WritePlan {
         Ok(writes)
     }
 
-    /// Whole stripes: each data shard's run of units, and their code.
-    fn encode_stripes(&self, codec: &mut Codec, layout: &Layout, data: &[u8]) -> Result<Vec<ShardWrite>, CodecError> {
+    /// Whole stripes `data` at object offset `offset`: each data shard's
+    /// run of units, and their code.
+    fn encode_stripes(
+        &self,
+        codec: &mut Codec,
+        layout: &Layout,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<Vec<ShardWrite>, CodecError> {
         let k = self.profile.k();
         let unit = self.profile.stripe_unit() as u64;
-        let stripes = self.len / self.profile.stripe_width();
-        let shard_offset = self.offset / self.profile.stripe_width() * unit;
+        let len = data.len() as u64;
+        debug_assert!(
+            offset.is_multiple_of(self.profile.stripe_width()) && len.is_multiple_of(self.profile.stripe_width())
+        );
+        let stripes = len / self.profile.stripe_width();
+        let shard_offset = offset / self.profile.stripe_width() * unit;
         let mut shards = vec![Vec::with_capacity((stripes * unit) as usize); k];
-        for piece in layout.pieces(self.offset, self.len) {
-            let from = (piece.object_offset - self.offset) as usize;
+        for piece in layout.pieces(offset, len) {
+            let from = (piece.object_offset - offset) as usize;
             shards[piece.shard].extend_from_slice(&data[from..from + piece.len as usize]);
         }
         let refs: Vec<&[u8]> = shards.iter().map(Vec::as_slice).collect();
@@ -236,6 +278,62 @@ mod tests {
             plan
         }
 
+        /// A write with the shards `present` says are missing left alone,
+        /// and the plan (which never reads a missing shard).
+        fn write_degraded(&mut self, offset: u64, data: &[u8], present: &[bool]) -> WritePlan {
+            let plan = WritePlan::degraded(self.profile, offset, data.len() as u64, present).unwrap();
+            assert!(plan.reads.iter().all(|r| present[r.shard]), "a degraded plan reads a missing shard");
+            let read: Vec<Vec<u8>> = plan.reads.iter().map(|r| self.read(r)).collect();
+            let mut codec = Codec::new(self.profile);
+            for write in plan.shard_writes(&mut codec, data, &read).unwrap() {
+                if !present[write.shard] {
+                    continue;
+                }
+                let shard = &mut self.shards[write.shard];
+                let end = write.offset as usize + write.data.len();
+                if shard.len() < end {
+                    shard.resize(end, 0);
+                }
+                shard[write.offset as usize..end].copy_from_slice(&write.data);
+            }
+            let end = offset as usize + data.len();
+            if self.object.len() < end {
+                self.object.resize(end, 0);
+            }
+            self.object[offset as usize..end].copy_from_slice(data);
+            plan
+        }
+
+        /// The missing shards, decoded whole from the present ones (as
+        /// recovery rebuilds them).
+        fn rebuild(&mut self, present: &[bool]) {
+            let len = self.shards.iter().map(Vec::len).max().unwrap_or(0);
+            let len = len.div_ceil(self.profile.stripe_unit() as usize) * self.profile.stripe_unit() as usize;
+            if len == 0 {
+                return;
+            }
+            let mut shards: Vec<Option<Vec<u8>>> = self
+                .shards
+                .iter()
+                .zip(present)
+                .map(|(s, p)| {
+                    p.then(|| {
+                        let mut s = s.clone();
+                        s.resize(len, 0);
+                        s
+                    })
+                })
+                .collect();
+            Codec::new(self.profile).reconstruct(&mut shards).unwrap();
+            for (shard, bytes) in self.shards.iter_mut().zip(shards) {
+                *shard = bytes.unwrap();
+            }
+            let stripes = Layout::new(&self.profile).shard_size(self.object.len() as u64) as usize;
+            for shard in &mut self.shards {
+                shard.truncate(stripes.max(shard.iter().rposition(|b| *b != 0).map_or(0, |p| p + 1)));
+            }
+        }
+
         /// The object through the layout, and whether every stripe's
         /// parity is the code of its data (shards padded with zeros).
         fn check(&self) -> Result<(), TestCaseError> {
@@ -291,6 +389,62 @@ mod tests {
                 model.check()?;
             }
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// With up to `m` shards missing, reads decode the object and
+        /// writes keep the present shards such that the missing ones,
+        /// decoded from them, complete consistent stripes.
+        #[test]
+        fn degraded_reads_and_writes_match_the_model(
+            profile in codes(),
+            size in 0u64..60_000,
+            seed in any::<u64>(),
+            missing in prop::collection::vec(0usize..6, 1..3),
+            writes in prop::collection::vec((0u64..70_000, 1u64..20_000, any::<u8>()), 1..5),
+            reads in prop::collection::vec((0u64..80_000, 0u64..20_000), 1..4),
+        ) {
+            let mut model = Model::new(profile, size, seed);
+            let mut present = vec![true; profile.shards()];
+            for shard in missing.iter().take(profile.m()) {
+                present[shard % profile.shards()] = false;
+            }
+            for (offset, len, fill) in writes {
+                let data: Vec<u8> = (0..len).map(|i| fill ^ (i as u8)).collect();
+                model.write_degraded(offset, &data, &present);
+            }
+            for (offset, len) in reads {
+                let plan = ReadPlan::new(profile, offset, len, &present).unwrap();
+                prop_assert!(plan.reads.iter().all(|r| present[r.shard]));
+                let read: Vec<Vec<u8>> = plan.reads.iter().map(|r| model.read(r)).collect();
+                let got = plan.range(&mut Codec::new(profile), &read, offset, len).unwrap();
+                let mut want = model.object.get(offset as usize..).unwrap_or(&[]).to_vec();
+                want.truncate(len as usize);
+                want.resize(len as usize, 0);
+                prop_assert!(got == want, "a degraded read of {}+{} differs from the object", offset, len);
+            }
+            model.rebuild(&present);
+            model.check()?;
+        }
+    }
+
+    #[test]
+    fn a_degraded_write_reads_the_stripe_from_k_present_shards_only_when_it_must() {
+        let profile = Profile::new(2, 1, 4096).unwrap();
+        // Data shard 1 missing: a write to it rewrites its stripe from shards 0 and 2.
+        let plan = WritePlan::degraded(profile, 12 << 10, 4096, &[true, false, true]).unwrap();
+        assert!(plan.is_degraded());
+        assert_eq!(
+            plan.reads,
+            vec![ShardRange { shard: 0, offset: 4096, len: 4096 }, ShardRange { shard: 2, offset: 4096, len: 4096 }]
+        );
+        // Shard 0 missing: a write to shard 1 reads only shard 1 and parity, as usual.
+        assert!(!WritePlan::degraded(profile, 12 << 10, 4096, &[false, true, true]).unwrap().is_degraded());
+        // Fewer than k: no plan.
+        let err = WritePlan::degraded(profile, 12 << 10, 4096, &[false, false, true]).unwrap_err();
+        assert_eq!(err, TooFewShards { present: 1, shards: 3, k: 2 });
     }
 
     #[test]

@@ -75,6 +75,13 @@ pub(crate) fn may_record(
         return false;
     }
     let acting = map.acting(hierarchy, info, pg);
+    // An erasure-coded PG's sets are positional: holes repeat, and every
+    // OSD recorded is at its acting position.
+    if info.is_erasure() {
+        return osds.len() == acting.len()
+            && osds.iter().any(|osd| *osd != crate::NO_OSD)
+            && osds.iter().zip(&acting).all(|(osd, at)| *osd == crate::NO_OSD || osd == at);
+    }
     acting.first() == osds.first()
         && osds.iter().all(|osd| acting.contains(osd))
         && osds.iter().enumerate().all(|(i, osd)| !osds[..i].contains(osd))

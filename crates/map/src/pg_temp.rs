@@ -84,8 +84,13 @@ fn moved_pins(old: &ClusterMap, new: &ClusterMap, new_hierarchy: &duplex_placeme
         for pool in new.pools.values() {
             let Some(old_pool) = old.pools.get(&pool.id) else { continue };
             if pool.is_erasure() {
-                // A moved shard is rebuilt from the others by the EC PG's
-                // own recovery, not served from a pin (issue 26).
+                for pg in 0..pool.pg_num.min(old_pool.pg_num) {
+                    let current = new.pg_temp.get(&(pool.id, pg)).cloned().unwrap_or_default();
+                    let wanted = erasure_pin(old, new, (&old_hierarchy, new_hierarchy), pool, pg);
+                    if wanted != current {
+                        changes.push(Change::SetPgTemp { pool: pool.id, pg, osds: wanted });
+                    }
+                }
                 continue;
             }
             // PGs a split just made have no acting set to keep.
@@ -120,6 +125,50 @@ fn moved_pins(old: &ClusterMap, new: &ClusterMap, new_hierarchy: &duplex_placeme
         }
     }
     changes
+}
+
+/// An erasure-coded PG's pin once placement moved: each shard position
+/// stays on the OSD that holds it while that OSD is up (a shard's data is
+/// its position's: a member moved to another position would hold the
+/// wrong one, and adding a host can shift two positions at once). A
+/// position whose holder is down goes to its new placement, whose shard
+/// the PG's recovery rebuilds from `k` others. Empty (no pin) when that is
+/// the placement itself. Shards do not move to new OSDs in the background
+/// yet (issue 26): a PG pinned this way stays on its OSDs.
+fn erasure_pin(
+    old: &ClusterMap,
+    new: &ClusterMap,
+    (old_hierarchy, new_hierarchy): (&duplex_placement::Hierarchy, &duplex_placement::Hierarchy),
+    pool: &crate::Pool,
+    pg: u32,
+) -> Vec<OsdId> {
+    let Some(old_pool) = old.pools.get(&pool.id) else { return Vec::new() };
+    let placed = new.pg_osds(new_hierarchy, pool, pg);
+    let size = pool.size as usize;
+    // Who holds each position: its pin, else the acting set that served
+    // it, else its last active set (whose OSDs may be down).
+    let pinned = old.pg_temp.get(&(pool.id, pg)).filter(|pin| pin.len() == size).cloned();
+    let acting = old.acting(old_hierarchy, old_pool, pg);
+    let recorded = old.active_sets.get(&(pool.id, pg)).map(|set| set.osds.clone()).filter(|set| set.len() == size);
+    let holder = |p: usize| {
+        let from_pin = pinned.as_ref().map(|pin| pin[p]).filter(|osd| *osd != crate::NO_OSD);
+        let from_acting = acting.get(p).copied().filter(|osd| *osd != crate::NO_OSD);
+        let from_record = recorded.as_ref().map(|set| set[p]).filter(|osd| *osd != crate::NO_OSD);
+        from_pin.or(from_acting).or(from_record)
+    };
+    let kept: Vec<Option<OsdId>> = (0..size).map(|p| holder(p).filter(|osd| new.is_up(*osd))).collect();
+    let wanted: Vec<OsdId> = (0..size)
+        .map(|p| match kept[p] {
+            Some(osd) => osd,
+            // The new placement's OSD, unless it holds another position
+            // (then a hole: the PG serves degraded there).
+            None => placed.get(p).copied().filter(|osd| !kept.contains(&Some(*osd))).unwrap_or(crate::NO_OSD),
+        })
+        .collect();
+    if wanted == placed {
+        return Vec::new();
+    }
+    wanted
 }
 
 /// Whether a primary may hand a PG over ([`Command::HandOver`]): `osds`

@@ -573,3 +573,46 @@ fn an_erasure_coded_pgs_sets_keep_their_positions_through_down_and_out() {
     assert_eq!(acting, vec![NO_OSD; 3]);
     assert_eq!(primary_of(&acting), None);
 }
+
+#[test]
+fn an_erasure_coded_pg_keeps_its_shards_on_their_holders_when_an_osd_joins() {
+    let mut map = ClusterMap::new([1; 16]);
+    for id in 0..3 {
+        map.run(&boot(id, &format!("host-{id}"))).unwrap();
+    }
+    map.run(&Command::PoolCreateErasure { name: "cold".into(), code: ec(2, 1), min_size: Some(2), pg_num: 64 })
+        .unwrap();
+    let pool = map.pool_by_name("cold").unwrap().clone();
+    let before: Vec<Vec<u32>> = (0..64).map(|pg| map.acting(&map.hierarchy(), &pool, pg)).collect();
+    // A fourth host: placement moves positions (some PGs two at once), but
+    // every shard stays where its data is, pinned.
+    map.run(&boot(3, "host-3")).unwrap();
+    let hierarchy = map.hierarchy();
+    let mut moved = 0;
+    for (pg, old) in before.iter().enumerate() {
+        let placed = map.pg_osds(&hierarchy, &pool, pg as u32);
+        moved += usize::from(placed != *old);
+        assert_eq!(map.acting(&hierarchy, &pool, pg as u32), *old, "PG {pg}: a shard left its holder");
+    }
+    assert!(moved > 0, "the new host took no position");
+    // A holder dies and is marked out: its position goes to placement's
+    // OSD (whose shard recovery rebuilds); the others stay pinned.
+    let victim = before[0][0];
+    map.run(&Command::MarkDown { id: victim }).unwrap();
+    map.run(&Command::MarkOut { id: victim }).unwrap();
+    let hierarchy = map.hierarchy();
+    for (pg, old) in before.iter().enumerate() {
+        let acting = map.acting(&hierarchy, &pool, pg as u32);
+        let placed = map.pg_osds(&hierarchy, &pool, pg as u32);
+        for (position, osd) in acting.iter().enumerate() {
+            if old[position] == victim {
+                assert!(*osd == placed[position] || *osd == NO_OSD, "PG {pg}: {acting:?} (placed {placed:?})");
+            } else {
+                assert_eq!(*osd, old[position], "PG {pg}: a live holder moved: {old:?} -> {acting:?}");
+            }
+            assert!(*osd != victim);
+        }
+        let distinct = acting.iter().enumerate().all(|(i, o)| *o == NO_OSD || !acting[..i].contains(o));
+        assert!(distinct, "PG {pg}: {acting:?}");
+    }
+}

@@ -195,6 +195,9 @@ pub enum EcThen {
     /// A client read: its reply is these pieces of the reads' answers, in
     /// order (an answer shorter than asked, or `NotFound`, reads as zeros).
     Read { pieces: Vec<EcPiece> },
+    /// A client read that needs a missing data shard: object bytes
+    /// `[offset, offset + len)` of the stripes the plan decodes.
+    DegradedRead { plan: duplex_ec::ReadPlan, offset: u64, len: u64 },
     /// A mutation: it becomes one entry on every shard.
     Write(Box<EcWrite>),
 }

@@ -4,7 +4,10 @@
 //! each OSD holds them; kill -9 of each OSD in turn while partial
 //! overwrites are in flight, the PG settling its shards when it is back
 //! (entries fewer than k logged rolled back, shards that missed entries
-//! rebuilt), with no acknowledged write lost and no torn stripe.
+//! rebuilt), with no acknowledged write lost and no torn stripe; a shard
+//! down (the PG serving degraded), back (rebuilt), an OSD joining under
+//! load (shards pinned to their holders) and one marked out (its shards
+//! rebuilt whole on the OSDs that take its positions).
 
 mod common;
 
@@ -306,5 +309,168 @@ fn kill_9_of_a_shard_during_partial_overwrites_loses_no_acknowledged_write_and_t
                 map.acting(&map.hierarchy(), info, pg)
             );
         }
+    }
+}
+
+/// Writers over `objects`, each one's own, until `stop`: every write
+/// acknowledged is in the model; one that failed takes its object out of
+/// the check (its bytes may or may not have landed). Returns those.
+fn start_writers(
+    cluster: &TestCluster,
+    pool: u32,
+    objects: &[Vec<u8>],
+    span: u64,
+    model: &std::sync::Arc<std::sync::Mutex<Model>>,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    written: &std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> Vec<std::thread::JoinHandle<Vec<Vec<u8>>>> {
+    (0..2)
+        .map(|w| {
+            let (model, stop, written) = (model.clone(), stop.clone(), written.clone());
+            let mine: Vec<Vec<u8>> = objects.iter().skip(w).step_by(2).cloned().collect();
+            let mut client = cluster.client();
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(300 + w as u64);
+                let mut round = 0usize;
+                let mut given_up: Vec<Vec<u8>> = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let object = &mine[round % mine.len()];
+                    round += 1;
+                    if given_up.contains(object) {
+                        continue;
+                    }
+                    // Partial units, whole units and whole stripes.
+                    let offset = rng.gen_range(0..span / UNIT) * UNIT + rng.gen_range(0..2) * 1000;
+                    let len = [UNIT as usize, 1500, WIDTH as usize][rng.gen_range(0..3)];
+                    let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+                    match client.write(pool, object, offset, &data) {
+                        Ok(()) => {
+                            model.lock().unwrap().write(object, offset, &data);
+                            written.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        Err(err) => {
+                            eprintln!("a write failed ({err}); its object leaves the check");
+                            given_up.push(object.clone());
+                        }
+                    }
+                    // Reads of the writer's own objects, against the model.
+                    if round.is_multiple_of(5) {
+                        let (at, len) = (rng.gen_range(0..span), rng.gen_range(1..3 * WIDTH as u32));
+                        let expected = model.lock().unwrap().read(object, at, len);
+                        match client.read(pool, object, at, len) {
+                            Ok(data) => assert!(
+                                expected.as_deref() == Some(data.as_ref()),
+                                "{:?} @{at}+{len}: a stale or torn read",
+                                String::from_utf8_lossy(object)
+                            ),
+                            Err(err) => eprintln!("a read failed ({err})"),
+                        }
+                    }
+                }
+                given_up
+            })
+        })
+        .collect()
+}
+
+fn wait_for_writes(written: &std::sync::atomic::AtomicU64, more: u64, what: &str) {
+    let before = written.load(std::sync::atomic::Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while written.load(std::sync::atomic::Ordering::Relaxed) < before + more {
+        assert!(std::time::Instant::now() < deadline, "writes did not go on {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every object not given up reads as the model, and each stripe's parity
+/// is the code of its data shards as the PG's members now hold them.
+fn check_all(cluster: &TestCluster, pool: u32, model: &Model, objects: &[Vec<u8>], span: u64, k: usize, m: usize) {
+    let mut client = cluster.client();
+    let profile = Profile::new(k as u32, m as u32, UNIT).unwrap();
+    let layout = Layout::new(&profile);
+    let mut codec = Codec::new(profile);
+    let map = client.map().clone();
+    for object in objects {
+        check(&mut client, pool, model, object, 0, span as u32 + 8192);
+        let pg = duplex_placement::pg_of(object, map.pools[&pool].pg_num);
+        if map.acting(&map.hierarchy(), &map.pools[&pool], pg).contains(&duplex_map::NO_OSD) {
+            continue; // degraded: its parity is checked where every shard is
+        }
+        let held = shards(cluster, pool, object, layout.shard_size(span + 8192));
+        let data: Vec<&[u8]> = held[..k].iter().map(Vec::as_slice).collect();
+        let parity = codec.encode(&data).unwrap();
+        assert!(
+            parity[..] == held[k..],
+            "{:?}: a torn stripe (parity differs from its data)",
+            String::from_utf8_lossy(object)
+        );
+    }
+}
+
+#[test]
+fn a_pg_with_a_shard_down_serves_degraded_and_the_shard_is_rebuilt_when_it_returns_or_moves() {
+    // 2+1 with min_size 2 (an operator's choice: the default, k+1, stops
+    // the PG with one shard down), on three OSDs; a fourth joins later.
+    let mut cluster = TestCluster::new(3, 8, &["--flush-timeout-us", "200000"]);
+    cluster.wait_all_up();
+    let code = ErasureCode { k: 2, m: 1, stripe_unit: UNIT as u32 };
+    let command = Command::PoolCreateErasure { name: "cold".into(), code, min_size: Some(2), pg_num: 8 };
+    cluster.mon_client().command(&command).unwrap();
+    let mut client = cluster.client();
+    client.refresh_map();
+    let pool = client.pool_id("cold").unwrap();
+    let objects: Vec<Vec<u8>> = (0..12).map(|i| format!("deg.{i}").into_bytes()).collect();
+    let span = 16 * WIDTH;
+    let model = std::sync::Arc::new(std::sync::Mutex::new(Model::default()));
+    for object in &objects {
+        let data: Vec<u8> = (0..span).map(|i| (i % 251) as u8).collect();
+        client.write(pool, object, 0, &data).unwrap();
+        model.lock().unwrap().write(object, 0, &data);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let writers = start_writers(&cluster, pool, &objects, span, &model, &stop, &written);
+    wait_for_writes(&written, 100, "at first");
+    // osd.1 dies and the map says so: every PG has a hole, and serves.
+    cluster.kill_osd(1);
+    cluster.mon_client().command(&Command::MarkDown { id: 1 }).unwrap();
+    wait_for_writes(&written, 300, "with a shard down");
+    let degraded = cluster.metric_sum("duplex_osd_ec_degraded_total{op=\"read\"}")
+        + cluster.metric_sum("duplex_osd_ec_degraded_total{op=\"write\"}");
+    assert!(degraded > 0.0, "no operation decoded around the missing shard");
+    // Back: it missed writes, and its shards are rebuilt before it serves.
+    cluster.start_osd(1);
+    cluster.wait_all_up();
+    wait_for_writes(&written, 200, "after the shard came back");
+    // A fourth OSD joins under load: placement moves positions to it, and
+    // the map pins each shard to the OSD that holds it (I/O goes on).
+    cluster.start_osd(3);
+    wait_until_up(&cluster, 3);
+    wait_for_writes(&written, 200, "after an OSD joined");
+    // osd.0 dies and is marked out: its positions go to placement's OSDs,
+    // whose shards are rebuilt whole from the others.
+    cluster.kill_osd(0);
+    cluster.mon_client().command(&Command::MarkDown { id: 0 }).unwrap();
+    cluster.mon_client().command(&Command::MarkOut { id: 0 }).unwrap();
+    wait_for_writes(&written, 300, "after an OSD was marked out");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let given_up: Vec<Vec<u8>> = writers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    assert!(given_up.len() < objects.len() / 2, "most writes failed: {given_up:?}");
+    let kept: Vec<Vec<u8>> = objects.iter().filter(|o| !given_up.contains(o)).cloned().collect();
+    let mut client = cluster.client();
+    client.refresh_map();
+    let map = client.map().clone();
+    let rebuilt = (0..8).filter(|pg| map.acting(&map.hierarchy(), &map.pools[&pool], *pg).contains(&3)).count();
+    assert!(rebuilt > 0, "no shard was rebuilt on the new OSD");
+    check_all(&cluster, pool, &model.lock().unwrap(), &kept, span, 2, 1);
+}
+
+fn wait_until_up(cluster: &TestCluster, osd: u32) {
+    let mut client = cluster.client();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !client.map().is_up(osd) {
+        assert!(std::time::Instant::now() < deadline, "osd.{osd} did not come up in the map");
+        std::thread::sleep(Duration::from_millis(100));
+        client.refresh_map();
     }
 }

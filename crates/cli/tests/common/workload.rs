@@ -105,8 +105,18 @@ pub struct Verifying {
 impl Verifying {
     /// Creates image `name` of `size` bytes in pool `rbd` and starts writing.
     pub fn start(client: &duplex_client::Client, name: &str, size: u64) -> Verifying {
+        Verifying::start_with(client, name, size, duplex_client::CreateOptions::default())
+    }
+
+    /// As [`Verifying::start`], the image created with `options` (a data pool).
+    pub fn start_with(
+        client: &duplex_client::Client,
+        name: &str,
+        size: u64,
+        options: duplex_client::CreateOptions,
+    ) -> Verifying {
         let pool = client.pool_id("rbd").unwrap();
-        client.create_image(pool, name, size, duplex_client::CreateOptions::default()).unwrap();
+        client.create_image(pool, name, size, options).unwrap();
         let image = Arc::new(client.open_image(pool, name).unwrap());
         let recorder = Arc::new(duplex_verify::Recorder::new());
         let counters =

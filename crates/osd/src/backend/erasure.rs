@@ -18,16 +18,22 @@
 //! of a write), then gather the data shards' bytes of the range from the
 //! members that hold them and put them in object order.
 //!
-//! Not yet (issue 26): degraded reads and writes (a PG with a shard's OSD
-//! down does not serve), rebuilding a shard that missed entries or moved
-//! (peering stops instead of copying one shard over another), scrub,
-//! snapshots and attributes on erasure-coded objects. An object's size is
-//! its shards' rounded up to whole stripes.
+//! **Degraded** (a shard's OSD down, its position a hole, the PG above
+//! its min_size): a read that needs the missing data shard reads its
+//! stripes from `k` present shards and decodes them; a write whose
+//! read-modify-write would read it rewrites its stripes whole, decoded
+//! the same way (`duplex_ec::degraded`). The missing shard's entries are
+//! dropped; recovery rebuilds its objects when it returns
+//! (`crate::peering::machine::erasure`).
+//!
+//! Not yet (issue 26): scrub of each stripe's parity, snapshots and
+//! attributes on erasure-coded objects, shards moved to new OSDs in the
+//! background. An object's size is its shards' rounded up to whole stripes.
 
 use std::sync::MutexGuard;
 
 use bytes::Bytes;
-use duplex_ec::{Codec, Layout, Profile, WritePlan};
+use duplex_ec::{Codec, Layout, Profile, ReadPlan, WritePlan};
 use duplex_map::{ErasureCode, OsdId, Pool, NO_OSD};
 use duplex_oplog::{EntryRef, LogError, OpKind as LogOp, RequestId};
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
@@ -102,23 +108,26 @@ impl PeeringBackend for Erasure {
                 "scrubbing an erasure-coded PG (each stripe's parity) is not built yet; peering only"
             );
         }
-        if want.acting.contains(&NO_OSD) {
-            // The machine's members start with its primary: the first
-            // position that has an OSD.
+        let Some(profile) = want.erasure.as_ref().and_then(profile_of) else {
+            return Peering::refused(key, interval, want.acting, format!("PG {key:#x}: no erasure code in the map"));
+        };
+        // Served with shards missing (degraded) down to min_size, never
+        // below k (min_size is at least k in a valid map).
+        let present = want.acting.iter().filter(|osd| **osd != NO_OSD).count();
+        let needed = want.min_size.max(profile.k());
+        if present < needed {
+            // The machine's members start with its primary.
             let up: Vec<OsdId> = want.acting.iter().copied().filter(|osd| *osd != NO_OSD).collect();
             return Peering::refused(
                 key,
                 interval,
                 up,
                 format!(
-                    "PG {key:#x} is erasure-coded and a shard's OSD is down: degraded erasure-coded PGs are not \
-                     served yet"
+                    "PG {key:#x} is erasure-coded ({profile}) and {present} of its {} shards are up, below its                      pool's min_size {needed}: it waits for its OSDs",
+                    profile.shards()
                 ),
             );
         }
-        let Some(profile) = want.erasure.as_ref().and_then(profile_of) else {
-            return Peering::refused(key, interval, want.acting, format!("PG {key:#x}: no erasure code in the map"));
-        };
         Peering::start_erasure(key, interval, want.acting, want.active_set, profile)
     }
 }
@@ -146,6 +155,9 @@ fn client_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
     if op.request.snap != 0 {
         return unsupported(&op, OpKind::Read, at.epoch);
     }
+    if let Err(why) = check_decodable(&profile, at.interval.acting) {
+        return reply(&op, Status::Retry, at.epoch, why);
+    }
     {
         let Some(pg) = lock_served(at.pg, &at.interval) else { return peering_reply(at.shared, &op, at.epoch) };
         if pg.uncommitted.touches(&op.request.object, 0, u64::MAX) {
@@ -169,7 +181,11 @@ fn client_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
         }
     };
     let (offset, len) = (op.request.offset, u64::from(op.request.length));
+    let present = present_shards(at.interval.acting);
     let layout = Layout::new(&profile);
+    if layout.pieces(offset, len).iter().any(|piece| !present[piece.shard]) {
+        return degraded_read(at, op, profile, &present);
+    }
     // One shard read per data shard: its pieces are contiguous in it.
     let mut ranges: Vec<Option<(u64, u64)>> = vec![None; profile.k()];
     let pieces = layout.pieces(offset, len);
@@ -204,6 +220,64 @@ fn client_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
         reads,
         then: EcThen::Read { pieces: ec_pieces },
     }))
+}
+
+/// A PG serves only while `k` of its shards are there (peering checks
+/// min_size, which is at least `k`; this guards the decoding).
+fn check_decodable(profile: &Profile, acting: &[OsdId]) -> Result<(), String> {
+    let present = acting.iter().filter(|osd| **osd != NO_OSD).count();
+    if acting.len() != profile.shards() || present < profile.k() {
+        return Err(format!(
+            "{present} of the PG's {} shards are up; {} are needed; resend later",
+            profile.shards(),
+            profile.k()
+        ));
+    }
+    Ok(())
+}
+
+/// Which shard positions have an OSD in `acting` (a down one leaves a hole).
+fn present_shards(acting: &[OsdId]) -> Vec<bool> {
+    acting.iter().map(|osd| *osd != NO_OSD).collect()
+}
+
+/// A client read that needs a missing data shard: the stripes under it
+/// from `k` present shards, decoded (`duplex_ec::degraded`).
+fn degraded_read(at: &Primary<'_>, op: ClientOp, profile: Profile, present: &[bool]) -> Outcome {
+    let (offset, len) = (op.request.offset, u64::from(op.request.length));
+    // (A PG with fewer than k shards is not served: `check_decodable`.)
+    let plan = ReadPlan::new(profile, offset, len, present).expect("a served PG has k shards");
+    let reads = plan
+        .reads
+        .iter()
+        .map(|range| {
+            (at.interval.acting[range.shard], shard_read_request(&op.request, at.epoch, range.offset, range.len))
+        })
+        .collect();
+    at.shared.metrics.reads.add(1);
+    at.shared.metrics.degraded_reads.add(1);
+    Outcome::Erasure(Box::new(EcTask {
+        id: at.shared.txid(),
+        op,
+        pg: at.key,
+        map_epoch: at.epoch,
+        seq: 0,
+        reads,
+        then: EcThen::DegradedRead { plan, offset, len },
+    }))
+}
+
+/// A degraded read's reply from its shard reads' answers.
+pub fn assemble_degraded(plan: &ReadPlan, offset: u64, len: u64, answers: &[OpReply], epoch: u64) -> OpReply {
+    if !answers.is_empty() && answers.iter().all(|a| a.status == Status::NotFound) {
+        return OpReply::error(Status::NotFound, epoch, "no such object");
+    }
+    let read: Vec<Vec<u8>> =
+        answers.iter().map(|a| if a.status == Status::Ok { a.data.to_vec() } else { Vec::new() }).collect();
+    match plan.range(&mut Codec::new(*plan.profile()), &read, offset, len) {
+        Ok(data) => OpReply { status: Status::Ok, map_epoch: epoch, data: Bytes::from(data) },
+        Err(err) => OpReply::error(Status::Io, epoch, format!("decoding a degraded read failed: {err}")),
+    }
 }
 
 fn shard_read_request(request: &OpRequest, epoch: u64, offset: u64, len: u64) -> OpRequest {
@@ -243,13 +317,14 @@ pub fn assemble(pieces: &[EcPiece], answers: &[OpReply], epoch: u64) -> OpReply 
 }
 
 /// What each shard logs for `request`, or why it cannot be done here.
-fn change_of(profile: &Profile, request: &OpRequest) -> Result<EcChange, String> {
+fn change_of(profile: &Profile, request: &OpRequest, present: &[bool]) -> Result<EcChange, String> {
     let layout = Layout::new(profile);
     let width = profile.stripe_width();
     let unit = u64::from(profile.stripe_unit());
     Ok(match request.kind {
         OpKind::Write => EcChange::Data {
-            plan: WritePlan::new(*profile, request.offset, request.data.len() as u64),
+            plan: WritePlan::degraded(*profile, request.offset, request.data.len() as u64, present)
+                .map_err(|e| e.to_string())?,
             offset: request.offset,
             data: request.data.clone(),
         },
@@ -269,7 +344,7 @@ fn change_of(profile: &Profile, request: &OpRequest) -> Result<EcChange, String>
                     return Err(format!("a zero of {len} bytes reaches past any object"));
                 }
                 EcChange::Data {
-                    plan: WritePlan::new(*profile, request.offset, len),
+                    plan: WritePlan::degraded(*profile, request.offset, len, present).map_err(|e| e.to_string())?,
                     offset: request.offset,
                     data: Bytes::from(vec![0; len as usize]),
                 }
@@ -302,7 +377,11 @@ fn mutate(at: &Primary<'_>, op: ClientOp) -> Outcome {
     if op.request.snap != 0 {
         return unsupported(&op, op.request.kind, epoch);
     }
-    let change = match change_of(&profile, &op.request) {
+    if let Err(why) = check_decodable(&profile, interval.acting) {
+        return reply(&op, Status::Retry, epoch, why);
+    }
+    let present = present_shards(interval.acting);
+    let change = match change_of(&profile, &op.request, &present) {
         Ok(change) => change,
         Err(why) => return reply(&op, Status::Invalid, epoch, why),
     };
@@ -338,7 +417,10 @@ fn mutate(at: &Primary<'_>, op: ClientOp) -> Outcome {
         }
     };
     let shards = interval.acting.to_vec();
-    debug_assert_eq!(shards.len(), profile.shards(), "a served erasure-coded PG has every shard");
+    debug_assert_eq!(shards.len(), profile.shards(), "a served erasure-coded PG's set is positional");
+    if matches!(&change, EcChange::Data { plan, .. } if plan.is_degraded()) {
+        shared.metrics.degraded_writes.add(1);
+    }
     let reads = match &change {
         EcChange::Data { plan, .. } => plan
             .reads
@@ -455,7 +537,8 @@ pub fn commit(
         .shards
         .iter()
         .enumerate()
-        .filter(|(shard, _)| *shard != own)
+        // A missing shard's entry is dropped: it is rebuilt when it returns.
+        .filter(|(shard, osd)| *shard != own && **osd != NO_OSD)
         .map(|(shard, osd)| (*osd, Bytes::from(entry_of(shard).encode())))
         .collect();
     let depth = guard.log.len();
@@ -541,8 +624,9 @@ mod tests {
 
     #[test]
     fn whole_stripes_are_the_same_op_on_every_shard_and_the_rest_a_read_modify_write() {
-        let zero =
-            |offset: u64, len: u64| change_of(&profile(), &request(OpKind::Zero, offset, len.to_le_bytes().to_vec()));
+        let zero = |offset: u64, len: u64| {
+            change_of(&profile(), &request(OpKind::Zero, offset, len.to_le_bytes().to_vec()), &[true; 3])
+        };
         match zero(8192, 16384).unwrap() {
             EcChange::Same { op: LogOp::Zero, offset, data } => {
                 assert_eq!((offset, duplex_oplog::zero_length(&data)), (4096, Some(8192)));
@@ -558,12 +642,12 @@ mod tests {
             _ => panic!("a part of a stripe is written with zeros"),
         }
         assert!(matches!(
-            change_of(&profile(), &request(OpKind::Truncate, 8192 * 3, vec![])).unwrap(),
+            change_of(&profile(), &request(OpKind::Truncate, 8192 * 3, vec![]), &[true; 3]).unwrap(),
             EcChange::Same { op: LogOp::Truncate, offset: 12288, .. }
         ));
-        let torn = change_of(&profile(), &request(OpKind::Truncate, 4096, vec![])).err().unwrap();
+        let torn = change_of(&profile(), &request(OpKind::Truncate, 4096, vec![]), &[true; 3]).err().unwrap();
         assert!(torn.contains("whole stripes"), "{torn}");
-        assert!(change_of(&profile(), &request(OpKind::SetAttr, 1, vec![1, 2])).is_err());
+        assert!(change_of(&profile(), &request(OpKind::SetAttr, 1, vec![1, 2]), &[true; 3]).is_err());
     }
 
     #[test]

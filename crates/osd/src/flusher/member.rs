@@ -119,7 +119,9 @@ impl Flusher {
             PeerOp::Activate { last_seq, last_epoch, members, rebuilt, requests, backfill } => {
                 // Members may be among them (filled in the background, see
                 // `Peering::fill_in_background`), but never the primary.
-                if members.first().is_none_or(|primary| backfill.contains(primary)) {
+                // (An erasure-coded PG's are positional: its primary is the
+                // first position with an OSD.)
+                if duplex_map::primary_of(&members).is_none_or(|primary| backfill.contains(&primary)) {
                     return Err(format!("backfill targets {backfill:?} include the primary of {members:?}"));
                 }
                 let target = backfill.contains(&self.id);

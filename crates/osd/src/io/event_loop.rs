@@ -564,8 +564,14 @@ impl PriorityThread {
     fn on_settled(&mut self, settled: Settled) {
         match settled {
             Settled::Read { mut task, answers } => match &task.then {
-                EcThen::Read { pieces } => {
-                    let reply = crate::backend::erasure::assemble(pieces, &answers, task.map_epoch);
+                EcThen::Read { .. } | EcThen::DegradedRead { .. } => {
+                    let reply = match &task.then {
+                        EcThen::Read { pieces } => crate::backend::erasure::assemble(pieces, &answers, task.map_epoch),
+                        EcThen::DegradedRead { plan, offset, len } => {
+                            crate::backend::erasure::assemble_degraded(plan, *offset, *len, &answers, task.map_epoch)
+                        }
+                        EcThen::Write(_) => unreachable!("matched above"),
+                    };
                     self.shared.metrics.read_bytes.add(reply.data.len() as u64);
                     record(&self.histograms, Stage::Read, task.op.arrived.elapsed().as_micros() as u64);
                     self.reply(task.op.token, task.op.slot, &reply);

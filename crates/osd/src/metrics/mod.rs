@@ -73,6 +73,10 @@ pub struct Metrics {
     pub zeroes: Counter,
     pub deletes: Counter,
     pub reads_r1: Counter,
+    /// Erasure-coded reads that decoded a missing data shard.
+    pub degraded_reads: Counter,
+    /// Erasure-coded writes that rewrote whole stripes around a missing shard.
+    pub degraded_writes: Counter,
     pub reads_r2: Counter,
     pub reads_r3: Counter,
     pub replica_entries: Counter,
@@ -230,6 +234,12 @@ impl Metrics {
                 ("{path=\"r2\"}", self.reads_r2.get()),
                 ("{path=\"r3\"}", self.reads_r3.get()),
             ],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_ec_degraded_total",
+            "Erasure-coded operations that decoded around a missing shard.",
+            &[("{op=\"read\"}", self.degraded_reads.get()), ("{op=\"write\"}", self.degraded_writes.get())],
         );
         counter(
             &mut out,

@@ -341,7 +341,8 @@ impl Pg {
     pub fn serves(&self, acting: &[u32], state_epoch: impl Fn(u32) -> u64, recorded_since: Option<u64>) -> bool {
         self.active.as_ref().is_some_and(|active| {
             active.members == acting
-                && acting.iter().all(|osd| state_epoch(*osd) <= active.interval)
+                // (An erasure-coded PG's hole is no OSD to have restarted.)
+                && acting.iter().filter(|osd| **osd != duplex_map::NO_OSD).all(|osd| state_epoch(*osd) <= active.interval)
                 && recorded_since.is_none_or(|since| since <= active.interval)
         })
     }
@@ -460,7 +461,7 @@ impl Pg {
         assert!(self.log.is_empty(), "activation follows a flush");
         assert_eq!(activation.interval, self.asked_interval, "activation in another interval than the one queried");
         assert!(
-            activation.members.first().is_some_and(|primary| !activation.backfill.contains(primary)),
+            duplex_map::primary_of(&activation.members).is_some_and(|primary| !activation.backfill.contains(&primary)),
             "an activation without a primary, or backfilling it: {activation:?}"
         );
         let replaced = rebuilt || (last_seq, last_epoch) != (self.last_seq(), self.log.last_epoch());

@@ -1,42 +1,56 @@
 //! An erasure-coded PG's recovery: its members hold different shards, so
-//! none is recovered from another's copy. Every member was active in the
-//! PG's last interval at its shard position (peering refuses otherwise),
-//! so their logs are prefixes of one primary's sequence, and each shard
-//! applied only what every shard had logged (`Pg::apply_limit`).
+//! none is recovered from another's copy. Each shard applied only what
+//! every shard of its interval had logged (`Pg::apply_limit`).
 //!
-//! 1. **Where the PG resumes**: `S`, the newest seq at least `k` members
-//!    logged (the k-th highest `last_seq`). An entry past it is held by
-//!    fewer than `k` shards: its stripe cannot be decoded, and its write
-//!    was never acknowledged (that needs every shard), so it is rolled
-//!    back. Every entry through `S` is held by `k` or more: it stays.
-//! 2. **Settle** every member at `S` (`PeerOp::Settle`): drop its entries
-//!    after `S` (never applied: they were past every watermark), apply the
-//!    rest.
-//! 3. **Rebuild** each member behind `S`: the authority (a member whose
-//!    log ends at `S`) names the objects its missing entries touched; each
-//!    one's shard is decoded, chunk by chunk, from `k` members that hold
-//!    `S`, and installed whole on the member (as a replicated copy is).
-//! 4. Activate every member at `S`.
+//! 1. **Who holds the newest state**: a member is *current* when its copy
+//!    is whole (not a lost log nor an unfinished copy), the map's last
+//!    active set names it at its position, and it was active in the
+//!    newest interval any such member was. Current members logged
+//!    prefixes of one primary's sequence, and every write that PG
+//!    acknowledged is on each of them (an acknowledgement needs every
+//!    shard of the interval). Fewer than `k` current members: the PG
+//!    cannot decode its newest state and waits.
+//! 2. **Where the PG resumes**: `S`, the k-th highest `last_seq` of the
+//!    current members. An entry past it is held by fewer than `k` of them:
+//!    it was never acknowledged, and is rolled back. Every entry through
+//!    `S` is held by `k` or more: it stays.
+//! 3. **Settle** (`PeerOp::Settle`): each current member drops its entries
+//!    after `S` (never applied: they were past every watermark) and
+//!    applies the rest; any other member applies its whole log, since each
+//!    of its objects is compared and rebuilt next.
+//! 4. **Rebuild**: a current member behind `S` whose last entry the
+//!    authority's history reaches gets the objects its missing entries
+//!    touched; any other (older interval, moved position, new OSD, lost
+//!    log) is rebuilt whole: every object either holds (both object lists)
+//!    is decoded, chunk by chunk, from `k` members that hold `S`,
+//!    compared with its copy, and installed whole if it differs (as a
+//!    replicated copy is). The PG waits meanwhile (not yet in the
+//!    background).
+//! 5. Record the positional set, and activate every member at `S`.
 
 use duplex_ec::codec::COLUMN;
 use duplex_ec::{Codec, Profile};
+use duplex_map::NO_OSD;
 
 use super::*;
 
 /// The erasure-coded part of a [`Recovery`].
 pub(super) struct EcRecovery {
     profile: Profile,
-    /// The members by shard position.
+    /// The members by shard position (a missing one is `NO_OSD`).
     shards: Vec<OsdId>,
     /// The seq every member settles at.
     settle_to: u64,
-    /// Members with `last_seq >= settle_to`: the rebuilds' sources.
+    /// Current members with `last_seq >= settle_to`: the rebuilds' sources.
     whole: Vec<OsdId>,
-    to_settle: VecDeque<OsdId>,
-    /// Members behind `settle_to`: (member, its last seq, that entry's epoch).
+    /// Members to settle, and the seq each settles at.
+    to_settle: VecDeque<(OsdId, u64)>,
+    /// Current members behind `settle_to`: (member, its last seq, that entry's epoch).
     behind: VecDeque<(OsdId, u64, u32)>,
-    /// Objects whose shard a member needs rebuilt.
-    rebuilds: VecDeque<(Vec<u8>, OsdId)>,
+    /// Members to rebuild whole.
+    to_rebuild_whole: VecDeque<OsdId>,
+    /// Objects whose shard a member needs rebuilt (`true`: compare first).
+    rebuilds: VecDeque<(Vec<u8>, OsdId, bool)>,
     /// The step with a request out.
     stage: Option<EcStage>,
 }
@@ -44,6 +58,12 @@ pub(super) struct EcRecovery {
 pub(super) enum EcStage {
     Settle,
     Touched(OsdId),
+    /// Listing `on` for the whole rebuild of `target`: the names so far.
+    List {
+        target: OsdId,
+        on: OsdId,
+        names: BTreeSet<Vec<u8>>,
+    },
     Rebuild(Box<Rebuild>),
 }
 
@@ -54,17 +74,28 @@ pub(super) struct Rebuild {
     sources: Vec<OsdId>,
     /// Each source's shard size (`None`: it has no such object).
     sizes: Vec<Option<u64>>,
+    /// Compare with the target's copy before installing it (a whole
+    /// rebuild), while its size and every chunk so far matched.
+    compare: bool,
     stage: RebuildStage,
 }
 
 enum RebuildStage {
     /// Asked source `sizes.len()` for its shard's size.
     Stat,
+    /// Asked the target for its copy's size.
+    StatTarget,
     /// Pulling the chunk at `offset`: the answers so far, by source.
     Pull {
         offset: u64,
         chunks: Vec<Vec<u8>>,
         staged: u64,
+    },
+    /// Asked the target for its chunk's digest; the next chunk starts at
+    /// `next`, and the decoded one's digest is `crc`.
+    Compare {
+        next: u64,
+        crc: u32,
     },
     /// Staged a chunk; the next one starts at `next`.
     Stage {
@@ -76,6 +107,13 @@ enum RebuildStage {
         staged: u64,
     },
     Install,
+}
+
+/// What the next step of one object's rebuild is.
+enum ChunkStep {
+    Send(RebuildStage, OsdId, PeerOp),
+    /// The target's copy is the decoded one already.
+    Same,
 }
 
 impl EcRecovery {
@@ -93,9 +131,7 @@ impl EcRecovery {
 
 impl Peering {
     /// Recovery of an erasure-coded PG whose members all answered (see the
-    /// module's steps). Stuck when the members cannot be placed on one
-    /// history yet (a lost log, an unfinished backfill, a member of an
-    /// older interval).
+    /// module's steps).
     pub(super) fn recover_erasure(
         &mut self,
         profile: Profile,
@@ -103,59 +139,65 @@ impl Peering {
         mut logged: BTreeMap<OsdId, Vec<LoggedRequest>>,
     ) -> Vec<Action> {
         let pg = self.pg;
-        if let Some((osd, _)) = infos.iter().find(|(_, i)| i.backfilling || i.position_lost) {
+        let k = profile.k();
+        debug_assert_eq!(self.shards.len(), profile.shards(), "an erasure-coded machine knows its positions");
+        let position = |osd: OsdId| self.shards.iter().position(|s| *s == osd);
+        // Named at its position by the last active set (none recorded: a
+        // new PG, whose every member starts empty).
+        let recorded = |osd: OsdId| {
+            self.active_set.as_ref().is_none_or(|set| position(osd).is_some_and(|p| set.get(p) == Some(&osd)))
+        };
+        let fresh = self.active_set.is_none() && infos.values().all(|i| i.last_seq == 0);
+        let candidates: Vec<OsdId> = self
+            .members
+            .iter()
+            .copied()
+            .filter(|m| !infos[m].backfilling && !infos[m].position_lost && recorded(*m))
+            .collect();
+        let newest = candidates.iter().map(|m| infos[m].last_active).max().unwrap_or(0);
+        let current: Vec<OsdId> = candidates.into_iter().filter(|m| fresh || infos[m].last_active == newest).collect();
+        if current.len() < k {
             return self.stuck(format!(
-                "PG {pg:#x} is erasure-coded and osd.{osd} lost its log or holds an unfinished copy; rebuilding a \
-                 whole shard is not built yet"
+                "PG {pg:#x} is erasure-coded ({profile}) and only {} of its members ({current:?}) hold its newest \
+                 state; {k} are needed to decode it: it waits for more of its last active OSDs",
+                current.len()
             ));
         }
-        let newest = infos.values().map(|i| i.last_active).max().unwrap_or(0);
-        let fresh = infos.values().all(|i| i.last_seq == 0);
-        if !fresh {
-            if let Some((osd, _)) = infos.iter().find(|(_, i)| i.last_active != newest) {
-                return self.stuck(format!(
-                    "PG {pg:#x} is erasure-coded and osd.{osd} missed its last interval; rebuilding a whole shard \
-                     is not built yet"
-                ));
-            }
-            let moved = self.active_set.as_ref().is_some_and(|set| *set != self.members);
-            if moved {
-                return self.stuck(format!(
-                    "PG {pg:#x} is erasure-coded and its shards moved (last active on {:?}, now {:?}); rebuilding \
-                     shards is not built yet",
-                    self.active_set, self.members
-                ));
-            }
-        }
-        let k = profile.k();
-        if self.members.len() < k {
-            return self.stuck(format!("PG {pg:#x}: {} members of a {profile} code", self.members.len()));
-        }
-        let mut seqs: Vec<u64> = self.members.iter().map(|m| infos[m].last_seq).collect();
+        let mut seqs: Vec<u64> = current.iter().map(|m| infos[m].last_seq).collect();
         seqs.sort_unstable_by(|a, b| b.cmp(a));
         let settle_to = seqs[k - 1];
         let primary = self.members[0];
-        let authority = *self
-            .members
+        let authority = *current
             .iter()
             .filter(|m| infos[*m].last_seq == settle_to)
             .min_by_key(|m| **m != primary)
             .expect("the k-th seq is some member's");
         let info = infos[&authority];
-        let whole: Vec<OsdId> = self.members.iter().copied().filter(|m| infos[m].last_seq >= settle_to).collect();
-        let behind: VecDeque<(OsdId, u64, u32)> = self
-            .members
-            .iter()
-            .filter(|m| infos[*m].last_seq < settle_to)
-            .map(|m| (*m, infos[m].last_seq, infos[m].last_epoch))
-            .collect();
+        let whole: Vec<OsdId> = current.iter().copied().filter(|m| infos[m].last_seq >= settle_to).collect();
+        let mut behind = VecDeque::new();
+        let mut to_rebuild_whole = VecDeque::new();
+        for member in self.members.iter().copied() {
+            let member_info = &infos[&member];
+            if current.contains(&member) {
+                if member_info.last_seq >= settle_to {
+                    continue;
+                }
+                // Its last entry is in the authority's history: only behind.
+                if member_info.last_epoch > 0 && info.history_from <= member_info.last_seq {
+                    behind.push_back((member, member_info.last_seq, member_info.last_epoch));
+                    continue;
+                }
+            }
+            to_rebuild_whole.push_back(member);
+        }
         let rolled_back: Vec<OsdId> = whole.iter().copied().filter(|m| infos[m].last_seq > settle_to).collect();
-        if !rolled_back.is_empty() || !behind.is_empty() {
+        if !rolled_back.is_empty() || !behind.is_empty() || !to_rebuild_whole.is_empty() {
             tracing::info!(
                 pg,
                 settle_to,
                 rolled_back = ?rolled_back,
                 behind = ?behind.iter().map(|(m, ..)| *m).collect::<Vec<_>>(),
+                rebuilt_whole = ?to_rebuild_whole,
                 "an erasure-coded PG settles its members"
             );
         }
@@ -163,14 +205,21 @@ impl Peering {
         for ids in logged.values_mut() {
             ids.retain(|id| id.seq <= settle_to);
         }
+        // A member rebuilt whole applies its own log (every object of it is
+        // compared next); the others settle at `S`.
+        let to_settle = self
+            .members
+            .iter()
+            .map(|m| (*m, if to_rebuild_whole.contains(m) { u64::MAX } else { settle_to }))
+            .collect();
         let ec = EcRecovery {
             profile,
-            shards: self.members.clone(),
+            shards: self.shards.clone(),
             settle_to,
             whole: whole.clone(),
-            // Every member: the behind ones apply their own (final) tails too.
-            to_settle: self.members.iter().copied().collect(),
+            to_settle,
             behind,
+            to_rebuild_whole,
             rebuilds: VecDeque::new(),
             stage: None,
         };
@@ -205,14 +254,32 @@ impl Peering {
                 (Some(EcStage::Settle), Some(PeerReply::Done)) => {}
                 (Some(EcStage::Touched(target)), Some(PeerReply::Touched(Some(objects)))) => {
                     recovery.changed.insert(target);
-                    ec.rebuilds.extend(objects.into_iter().map(|object| (object, target)));
+                    ec.rebuilds.extend(objects.into_iter().map(|object| (object, target, false)));
                 }
                 (Some(EcStage::Touched(target)), Some(PeerReply::Touched(None))) => {
-                    return Err(format!(
-                        "PG {:#x}: osd.{target}'s shard is further behind than the history reaches; rebuilding a \
-                         whole shard is not built yet",
-                        self.pg
-                    ));
+                    // Its last entry is not the authority's after all: whole.
+                    ec.to_rebuild_whole.push_back(target);
+                }
+                (Some(EcStage::List { target, on, mut names, .. }), Some(PeerReply::Names { objects, more })) => {
+                    let cursor = objects.last().cloned();
+                    names.extend(objects);
+                    match cursor {
+                        Some(cursor) if more => {
+                            let op = PeerOp::List { cursor };
+                            ec.stage = Some(EcStage::List { target, on, names });
+                            return Ok(Some((on, op)));
+                        }
+                        _ if on != target => {
+                            // The authority's list is in; the target's next.
+                            let op = PeerOp::List { cursor: Vec::new() };
+                            ec.stage = Some(EcStage::List { target, on: target, names });
+                            return Ok(Some((target, op)));
+                        }
+                        _ => {
+                            recovery.changed.insert(target);
+                            ec.rebuilds.extend(names.into_iter().map(|object| (object, target, true)));
+                        }
+                    }
                 }
                 (Some(EcStage::Rebuild(rebuild)), answer) => {
                     if let Some(next) = self.rebuild_step(ec, authority, *rebuild, answer)? {
@@ -220,16 +287,16 @@ impl Peering {
                     }
                 }
                 (None, None) => {
-                    let to = ec.settle_to;
-                    if let Some(osd) = ec.to_settle.pop_front() {
+                    if let Some((osd, to)) = ec.to_settle.pop_front() {
                         ec.stage = Some(EcStage::Settle);
                         return Ok(Some((osd, PeerOp::Settle { to })));
                     }
+                    let to = ec.settle_to;
                     if let Some((target, after, after_epoch)) = ec.behind.pop_front() {
                         ec.stage = Some(EcStage::Touched(target));
                         return Ok(Some((authority, PeerOp::Touched { after, after_epoch, through: to })));
                     }
-                    if let Some((object, to)) = ec.rebuilds.pop_front() {
+                    if let Some((object, to, compare)) = ec.rebuilds.pop_front() {
                         let k = ec.profile.k();
                         let sources: Vec<OsdId> =
                             ec.shards.iter().copied().filter(|m| *m != to && ec.whole.contains(m)).take(k).collect();
@@ -238,9 +305,16 @@ impl Peering {
                         }
                         let first = sources[0];
                         let op = PeerOp::Stat { object: object.clone() };
-                        let rebuild = Rebuild { object, to, sources, sizes: Vec::new(), stage: RebuildStage::Stat };
+                        let rebuild =
+                            Rebuild { object, to, sources, sizes: Vec::new(), compare, stage: RebuildStage::Stat };
                         ec.stage = Some(EcStage::Rebuild(Box::new(rebuild)));
                         return Ok(Some((first, op)));
+                    }
+                    if let Some(target) = ec.to_rebuild_whole.pop_front() {
+                        // Every object the authority or the target holds.
+                        let names = BTreeSet::new();
+                        ec.stage = Some(EcStage::List { target, on: authority, names });
+                        return Ok(Some((authority, PeerOp::List { cursor: Vec::new() })));
                     }
                     return Ok(None);
                 }
@@ -248,6 +322,7 @@ impl Peering {
                     let stage = match stage {
                         Some(EcStage::Settle) => "settling",
                         Some(EcStage::Touched(_)) => "naming objects",
+                        Some(EcStage::List { .. }) => "listing objects",
                         Some(EcStage::Rebuild(_)) => "rebuilding",
                         None => "no step",
                     };
@@ -257,7 +332,8 @@ impl Peering {
         }
     }
 
-    /// The next request of one object's rebuild (`None`: installed).
+    /// The next request of one object's rebuild (`None`: installed, or the
+    /// target's copy was right).
     fn rebuild_step(
         &mut self,
         ec: &mut EcRecovery,
@@ -267,29 +343,50 @@ impl Peering {
     ) -> Result<Option<(OsdId, PeerOp)>, String> {
         let k = rebuild.sources.len();
         let object = rebuild.object.clone();
-        let (next, to, op) = match (std::mem::replace(&mut rebuild.stage, RebuildStage::Install), answer) {
+        let step = match (std::mem::replace(&mut rebuild.stage, RebuildStage::Install), answer) {
             (RebuildStage::Stat, Some(PeerReply::Meta(meta))) => {
                 rebuild.sizes.push(meta.map(|m| m.size));
                 if rebuild.sizes.len() < k {
                     let to = rebuild.sources[rebuild.sizes.len()];
-                    (RebuildStage::Stat, to, PeerOp::Stat { object })
-                } else if rebuild.sizes.iter().all(Option::is_none) {
-                    // Gone at the settled seq: removed on the member too.
-                    (RebuildStage::Ids { meta: None, staged: 0 }, authority, PeerOp::ObjectRequests { object })
+                    ChunkStep::Send(RebuildStage::Stat, to, PeerOp::Stat { object })
+                } else if rebuild.compare {
+                    ChunkStep::Send(RebuildStage::StatTarget, rebuild.to, PeerOp::Stat { object })
                 } else {
-                    self.chunk_step(ec, &mut rebuild, authority, 0, Vec::new(), 0)?
+                    self.first_step(ec, &mut rebuild, authority)?
+                }
+            }
+            (RebuildStage::StatTarget, Some(PeerReply::Meta(meta))) => {
+                let theirs = meta.map(|m| m.size);
+                let absent = rebuild.sizes.iter().all(Option::is_none);
+                let ours = (!absent).then(|| EcRecovery::size(&rebuild));
+                if theirs == ours && absent {
+                    ChunkStep::Same
+                } else {
+                    // A copy of another size differs: no need to compare.
+                    rebuild.compare = theirs == ours;
+                    self.first_step(ec, &mut rebuild, authority)?
                 }
             }
             (RebuildStage::Pull { offset, mut chunks, staged }, Some(PeerReply::Data(data))) => {
                 chunks.push(data);
                 self.chunk_step(ec, &mut rebuild, authority, offset, chunks, staged)?
             }
+            (RebuildStage::Compare { next, crc }, Some(PeerReply::ChunkDigest(theirs))) => {
+                if theirs != Some(crc) {
+                    // It differs: the object is installed whole, from its start.
+                    rebuild.compare = false;
+                    self.chunk_step(ec, &mut rebuild, authority, 0, Vec::new(), 0)?
+                } else {
+                    self.chunk_step(ec, &mut rebuild, authority, next, Vec::new(), 0)?
+                }
+            }
             (RebuildStage::Stage { next, staged }, Some(PeerReply::Done)) => {
                 self.chunk_step(ec, &mut rebuild, authority, next, Vec::new(), staged)?
             }
             (RebuildStage::Ids { meta, staged }, Some(PeerReply::Requests(mut requests))) => {
                 requests.retain(|id| id.seq <= ec.settle_to);
-                (RebuildStage::Install, rebuild.to, PeerOp::Install { object, meta, staged_bytes: staged, requests })
+                let op = PeerOp::Install { object, meta, staged_bytes: staged, requests };
+                ChunkStep::Send(RebuildStage::Install, rebuild.to, op)
             }
             (RebuildStage::Install, Some(PeerReply::Done)) => {
                 self.progress.objects_copied += 1;
@@ -297,16 +394,37 @@ impl Peering {
             }
             (_, other) => return Err(format!("unexpected answer {other:?} while rebuilding a shard")),
         };
-        rebuild.stage = next;
-        ec.stage = Some(EcStage::Rebuild(Box::new(rebuild)));
-        Ok(Some((to, op)))
+        match step {
+            ChunkStep::Same => Ok(None),
+            ChunkStep::Send(next, to, op) => {
+                rebuild.stage = next;
+                ec.stage = Some(EcStage::Rebuild(Box::new(rebuild)));
+                Ok(Some((to, op)))
+            }
+        }
+    }
+
+    /// Once the sizes are in: an object gone at the settled seq is removed
+    /// on the target too; any other is decoded from its first chunk.
+    fn first_step(&mut self, ec: &EcRecovery, rebuild: &mut Rebuild, authority: OsdId) -> Result<ChunkStep, String> {
+        if rebuild.sizes.iter().all(Option::is_none) {
+            let object = rebuild.object.clone();
+            return Ok(ChunkStep::Send(
+                RebuildStage::Ids { meta: None, staged: 0 },
+                authority,
+                PeerOp::ObjectRequests { object },
+            ));
+        }
+        self.chunk_step(ec, rebuild, authority, 0, Vec::new(), 0)
     }
 
     /// The chunk at `offset`, with `chunks` pulled of it so far: the next
     /// source's pull (a source whose shard ends before it gives zeros, with
-    /// no request), or with all `k` in, the member's chunk decoded and
-    /// staged (a chunk of zeros is skipped: holes stay holes). Past the
-    /// shard's end: the object's request ids, for its install.
+    /// no request), or with all `k` in, the member's chunk decoded, and
+    /// compared with the target's (a whole rebuild) or staged (a chunk of
+    /// zeros is skipped: holes stay holes). Past the shard's end: the
+    /// object's request ids, for its install, or nothing if every chunk
+    /// compared equal.
     fn chunk_step(
         &mut self,
         ec: &EcRecovery,
@@ -315,15 +433,22 @@ impl Peering {
         mut offset: u64,
         mut chunks: Vec<Vec<u8>>,
         staged: u64,
-    ) -> Result<(RebuildStage, OsdId, PeerOp), String> {
+    ) -> Result<ChunkStep, String> {
         let k = rebuild.sources.len();
         let size = EcRecovery::size(rebuild);
         let mut staged = staged;
         loop {
             if offset >= size {
+                if rebuild.compare {
+                    return Ok(ChunkStep::Same);
+                }
                 let meta = Some(ObjectMeta { size, preallocated: false, attrs: Vec::new() });
                 let object = rebuild.object.clone();
-                return Ok((RebuildStage::Ids { meta, staged }, authority, PeerOp::ObjectRequests { object }));
+                return Ok(ChunkStep::Send(
+                    RebuildStage::Ids { meta, staged },
+                    authority,
+                    PeerOp::ObjectRequests { object },
+                ));
             }
             let len = (size - offset).min(u64::from(CHUNK_BYTES));
             while chunks.len() < k {
@@ -334,7 +459,7 @@ impl Peering {
                     continue;
                 }
                 let op = PeerOp::Pull { object: rebuild.object.clone(), offset, len: held as u32 };
-                return Ok((RebuildStage::Pull { offset, chunks, staged }, rebuild.sources[index], op));
+                return Ok(ChunkStep::Send(RebuildStage::Pull { offset, chunks, staged }, rebuild.sources[index], op));
             }
             // Whole 64-byte columns, zeros past each source's end.
             let columns = len.div_ceil(COLUMN) * COLUMN;
@@ -346,18 +471,24 @@ impl Peering {
                 shards[position] = Some(bytes);
             }
             let target = ec.shards.iter().position(|m| *m == rebuild.to).expect("the target is a member");
+            debug_assert_ne!(rebuild.to, NO_OSD);
             Codec::new(ec.profile).reconstruct(&mut shards).map_err(|e| format!("decoding a shard: {e}"))?;
             let mut data = shards[target].take().expect("reconstructed");
             data.truncate(len as usize);
             let at = offset;
             offset += len;
+            if rebuild.compare {
+                let crc = crc32c::crc32c(&data);
+                let op = PeerOp::ChunkDigest { object: rebuild.object.clone(), offset: at, len: len as u32 };
+                return Ok(ChunkStep::Send(RebuildStage::Compare { next: offset, crc }, rebuild.to, op));
+            }
             if data.iter().all(|b| *b == 0) {
                 continue;
             }
             self.progress.bytes_copied += data.len() as u64;
             staged += data.len() as u64;
             let op = PeerOp::Stage { object: rebuild.object.clone(), offset: at, data };
-            return Ok((RebuildStage::Stage { next: offset, staged }, rebuild.to, op));
+            return Ok(ChunkStep::Send(RebuildStage::Stage { next: offset, staged }, rebuild.to, op));
         }
     }
 }
@@ -478,20 +609,198 @@ mod tests {
         assert!(actions.iter().all(|a| matches!(a, Action::Send { op: PeerOp::Activate { last_seq: 10, .. }, .. })));
     }
 
+    /// The shards a test cluster holds: per OSD, per object, its shard
+    /// bytes; and what each member is asked, answered as its store would.
+    #[derive(Default)]
+    struct Shards {
+        held: BTreeMap<OsdId, BTreeMap<Vec<u8>, Vec<u8>>>,
+        staged: BTreeMap<OsdId, Vec<(u64, Vec<u8>)>>,
+        installs: Vec<(OsdId, Vec<u8>)>,
+        settled: Vec<(OsdId, u64)>,
+        activated: Vec<(OsdId, Vec<OsdId>, u64)>,
+    }
+
+    impl Shards {
+        fn answer(&mut self, to: OsdId, op: PeerOp) -> PeerReply {
+            let held = self.held.entry(to).or_default();
+            match op {
+                PeerOp::Settle { to: seq } => {
+                    self.settled.push((to, seq));
+                    PeerReply::Done
+                }
+                PeerOp::List { cursor } => {
+                    // Pages of one name, to walk the paging too.
+                    let next = held.keys().find(|name| cursor.is_empty() || **name > cursor).cloned();
+                    let more = next.as_ref().is_some_and(|n| held.keys().any(|o| o > n));
+                    PeerReply::Names { objects: next.into_iter().collect(), more }
+                }
+                PeerOp::Stat { object } => PeerReply::Meta(held.get(&object).map(|b| ObjectMeta {
+                    size: b.len() as u64,
+                    preallocated: false,
+                    attrs: vec![],
+                })),
+                PeerOp::Pull { object, offset, len } => {
+                    let bytes = &held[&object];
+                    let from = (offset as usize).min(bytes.len());
+                    let to = (from + len as usize).min(bytes.len());
+                    PeerReply::Data(bytes[from..to].to_vec())
+                }
+                PeerOp::ChunkDigest { object, offset, len } => PeerReply::ChunkDigest(held.get(&object).map(|b| {
+                    let from = (offset as usize).min(b.len());
+                    crc32c::crc32c(&b[from..(from + len as usize).min(b.len())])
+                })),
+                PeerOp::Stage { offset, data, .. } => {
+                    self.staged.entry(to).or_default().push((offset, data));
+                    PeerReply::Done
+                }
+                PeerOp::ObjectRequests { .. } => PeerReply::Requests(vec![id(10)]),
+                PeerOp::Install { object, meta, .. } => {
+                    let staged = self.staged.remove(&to).unwrap_or_default();
+                    match meta {
+                        None => {
+                            held.remove(&object);
+                        }
+                        Some(meta) => {
+                            let mut bytes = vec![0; meta.size as usize];
+                            for (offset, data) in staged {
+                                bytes[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
+                            }
+                            held.insert(object.clone(), bytes);
+                        }
+                    }
+                    self.installs.push((to, object));
+                    PeerReply::Done
+                }
+                PeerOp::Activate { members, last_seq, .. } => {
+                    self.activated.push((to, members, last_seq));
+                    PeerReply::Done
+                }
+                other => panic!("osd.{to} asked {other:?}"),
+            }
+        }
+
+        /// Runs the machine to its end from `actions`, answering every
+        /// request; returns its last actions.
+        fn run(&mut self, machine: &mut Peering, mut actions: Vec<Action>) -> Vec<Action> {
+            loop {
+                let mut next = Vec::new();
+                for action in &actions {
+                    match action {
+                        Action::Send { to, tag, op } => {
+                            next.extend(machine.on_reply(*tag, self.answer(*to, op.clone())))
+                        }
+                        Action::Record { members } => next.extend(machine.on_recorded(Some(members))),
+                        _ => {}
+                    }
+                }
+                if next.is_empty() {
+                    return actions;
+                }
+                actions = next;
+            }
+        }
+    }
+
+    /// Two 4 KiB-unit objects of a 2+1 code, encoded: each shard's bytes.
+    fn encoded(objects: &[(&[u8], [u8; 2])]) -> [BTreeMap<Vec<u8>, Vec<u8>>; 3] {
+        let profile = Profile::new(2, 1, 4096).unwrap();
+        let mut shards: [BTreeMap<Vec<u8>, Vec<u8>>; 3] = Default::default();
+        for (name, fill) in objects {
+            let data = [vec![fill[0]; 4096], vec![fill[1]; 4096]];
+            let parity = Codec::new(profile).encode(&[&data[0], &data[1]]).unwrap();
+            for (shard, bytes) in data.into_iter().chain(parity).enumerate() {
+                shards[shard].insert(name.to_vec(), bytes);
+            }
+        }
+        shards
+    }
+
+    /// Starts a 2+1 PG on `shards` (positional), last active on [0, 1, 2],
+    /// with these infos.
+    fn start(shards: Vec<OsdId>, infos: &BTreeMap<OsdId, PeerInfo>) -> (Peering, Vec<Action>) {
+        let profile = Profile::new(2, 1, 4096).unwrap();
+        let (mut machine, actions) = Peering::start_erasure(7, 9, shards, Some(vec![0, 1, 2]), profile);
+        let mut next = Vec::new();
+        for action in actions {
+            let Action::Send { to, tag, op: PeerOp::Query } = action else { panic!("{action:?}") };
+            next = machine.on_reply(tag, PeerReply::Info { info: infos[&to], requests: vec![id(10)] });
+        }
+        (machine, next)
+    }
+
     #[test]
-    fn a_member_of_an_older_interval_or_a_lost_log_leaves_the_pg_waiting() {
+    fn a_member_of_an_older_interval_is_rebuilt_whole_and_only_what_differs_is_installed() {
+        let truth = encoded(&[(b"a", [1, 2]), (b"b", [3, 4])]);
+        let mut cluster = Shards::default();
+        for osd in [0, 1] {
+            cluster.held.insert(osd, truth[osd as usize].clone());
+        }
+        // osd.2 missed an interval: "a" changed meanwhile, "c" was removed.
+        let stale = encoded(&[(b"a", [9, 9]), (b"b", [3, 4]), (b"c", [5, 5])]);
+        cluster.held.insert(2, stale[2].clone());
+        let infos = BTreeMap::from([(0, info(10)), (1, info(10)), (2, PeerInfo { last_active: 2, ..info(4) })]);
+        let (mut machine, actions) = start(vec![0, 1, 2], &infos);
+        let last = cluster.run(&mut machine, actions);
+        assert!(matches!(last.as_slice(), [Action::Active { last_seq: 10, .. }]), "{last:?}");
+        assert_eq!(cluster.held[&2], truth[2], "the rebuilt shard is not the code of the others");
+        assert_eq!(
+            cluster.installs,
+            vec![(2, b"a".to_vec()), (2, b"c".to_vec())],
+            "only the objects that differ are written"
+        );
+        // The stale member applies its own log; the current ones settle at 10.
+        assert_eq!(cluster.settled, vec![(0, 10), (1, 10), (2, u64::MAX)]);
+    }
+
+    #[test]
+    fn a_degraded_pg_activates_with_a_hole_and_a_lost_log_is_rebuilt_when_back() {
+        let truth = encoded(&[(b"a", [1, 2])]);
+        // osd.1 down: the others serve, positionally, with a hole.
+        let mut cluster = Shards::default();
+        cluster.held.insert(0, truth[0].clone());
+        cluster.held.insert(2, truth[2].clone());
+        let infos = BTreeMap::from([(0, info(10)), (2, info(10))]);
+        let (mut machine, actions) = start(vec![0, NO_OSD, 2], &infos);
+        assert_eq!(machine.record_members(), vec![0, NO_OSD, 2]);
+        let last = cluster.run(&mut machine, actions);
+        assert!(matches!(last.as_slice(), [Action::Active { last_seq: 10, .. }]), "{last:?}");
+        assert!(cluster.activated.iter().all(|(_, members, _)| *members == vec![0, NO_OSD, 2]));
+        // Back, with its log lost (and a damaged shard): rebuilt whole.
+        let mut cluster = Shards::default();
+        cluster.held.insert(0, truth[0].clone());
+        cluster.held.insert(1, encoded(&[(b"a", [0, 7])])[1].clone());
+        cluster.held.insert(2, truth[2].clone());
+        let infos = BTreeMap::from([(0, info(10)), (1, PeerInfo { position_lost: true, ..info(10) }), (2, info(10))]);
+        let (mut machine, actions) = start(vec![0, 1, 2], &infos);
+        let last = cluster.run(&mut machine, actions);
+        assert!(matches!(last.as_slice(), [Action::Active { last_seq: 10, .. }]), "{last:?}");
+        assert_eq!(cluster.held[&1], truth[1]);
+    }
+
+    #[test]
+    fn fewer_than_k_current_members_leave_the_pg_waiting() {
         let profile = Profile::new(2, 1, 4096).unwrap();
         for (osd, changed) in
             [(2u32, PeerInfo { last_active: 2, ..info(10) }), (1, PeerInfo { position_lost: true, ..info(10) })]
         {
-            let (mut machine, actions) = Peering::start_erasure(7, 9, vec![0, 1, 2], Some(vec![0, 1, 2]), profile);
+            // The other current member is down.
+            let shards = if osd == 2 { vec![NO_OSD, 1, 2] } else { vec![0, 1, NO_OSD] };
+            let (mut machine, actions) = Peering::start_erasure(7, 9, shards, Some(vec![0, 1, 2]), profile);
             let mut last = Vec::new();
             for action in actions {
                 let Action::Send { to, tag, .. } = action else { panic!() };
                 let answer = if to == osd { changed } else { info(10) };
                 last = machine.on_reply(tag, PeerReply::Info { info: answer, requests: vec![] });
             }
-            assert!(matches!(last.as_slice(), [Action::Stuck(why)] if why.contains("not built yet")), "{last:?}");
+            assert!(matches!(last.as_slice(), [Action::Stuck(why)] if why.contains("needed to decode")), "{last:?}");
         }
+        // A member the last active set names at another position is not current.
+        let (mut machine, actions) = Peering::start_erasure(7, 9, vec![0, 2, 1], Some(vec![0, 1, 2]), profile);
+        let mut last = Vec::new();
+        for action in actions {
+            let Action::Send { tag, .. } = action else { panic!() };
+            last = machine.on_reply(tag, PeerReply::Info { info: info(10), requests: vec![] });
+        }
+        assert!(matches!(last.as_slice(), [Action::Stuck(_)]), "{last:?}");
     }
 }

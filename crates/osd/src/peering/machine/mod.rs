@@ -117,6 +117,10 @@ pub struct Peering {
     /// An erasure-coded PG's code: its members hold different shards, so
     /// none is recovered from another's copy (`erasure.rs`).
     erasure: Option<duplex_ec::Profile>,
+    /// An erasure-coded PG's members by shard position, a missing one
+    /// [`duplex_map::NO_OSD`]: what it records and activates (empty:
+    /// replicated).
+    shards: Vec<OsdId>,
 }
 
 enum Phase {
@@ -275,6 +279,7 @@ impl Peering {
             filled_in_background: Vec::new(),
             fill_only: Some(BTreeSet::new()),
             erasure: None,
+            shards: Vec::new(),
         };
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
@@ -289,18 +294,22 @@ impl Peering {
     }
 
     /// Peering of an erasure-coded PG (see `erasure` in [`Peering`]):
-    /// `members` by shard position, `active_set` as in
-    /// [`Peering::start_with_targets`].
+    /// `shards`, its acting set by shard position (a missing one
+    /// [`duplex_map::NO_OSD`], at least `k` present), `active_set` as in
+    /// [`Peering::start_with_targets`] (positional too).
     pub fn start_erasure(
         pg: u32,
         interval: u64,
-        members: Vec<OsdId>,
+        shards: Vec<OsdId>,
         active_set: Option<Vec<OsdId>>,
         profile: duplex_ec::Profile,
     ) -> (Peering, Vec<Action>) {
-        assert_eq!(members.len(), profile.shards(), "an erasure-coded PG peers with every shard");
+        assert_eq!(shards.len(), profile.shards(), "an erasure-coded PG's set is positional");
+        let members: Vec<OsdId> = shards.iter().copied().filter(|osd| *osd != duplex_map::NO_OSD).collect();
+        assert!(members.len() >= profile.k(), "an erasure-coded PG peers with at least k shards");
         let (mut peering, actions) = Peering::start_with_targets(pg, interval, members, Vec::new(), None, active_set);
         peering.erasure = Some(profile);
+        peering.shards = shards;
         (peering, actions)
     }
 
@@ -324,6 +333,10 @@ impl Peering {
     /// members died before its activation marked it (simulator seed 1280:
     /// ten acknowledged writes lost).
     pub fn record_members(&self) -> Vec<OsdId> {
+        if self.erasure.is_some() {
+            // Positional, and every member is whole once recovered.
+            return self.shards.clone();
+        }
         let record: Vec<OsdId> =
             self.members.iter().copied().filter(|m| !self.filled_in_background.contains(m)).collect();
         debug_assert_eq!(record.first(), self.members.first(), "the primary is whole: it is never filled");

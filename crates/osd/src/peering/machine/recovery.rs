@@ -415,10 +415,12 @@ impl Peering {
         );
         let requests =
             merge_logged(recovery.on_history.iter().filter_map(|osd| recovery.logged.get(osd)).map(Vec::as_slice));
+        // An erasure-coded PG's members are positional in its activation.
+        let named = if self.erasure.is_some() { self.shards.clone() } else { members.clone() };
         let activate = |osd: OsdId| PeerOp::Activate {
             last_seq: recovery.info.last_seq,
             last_epoch: recovery.info.last_epoch,
-            members: members.clone(),
+            members: named.clone(),
             // A target's store is being refilled: its own history no longer holds.
             rebuilt: recovery.changed.contains(&osd) || targets.contains(&osd),
             requests: requests.clone(),
