@@ -186,7 +186,7 @@ pub fn pg(client: &Client, pool_name: &str, command: PgCommand) -> Result<()> {
         for bad in &report.inconsistent {
             let osds: Vec<String> = bad.bad.iter().map(|o| format!("osd.{o}")).collect();
             let state = match (bad.unrepairable, repair) {
-                (true, _) => "no good copy left",
+                (true, _) => "no good copy left, or its shards disagree and the code cannot tell which is wrong",
                 (false, true) => "repaired",
                 (false, false) => "run `duplex pg repair` to fix",
             };

@@ -188,6 +188,10 @@ pub struct EcTask {
     /// A `ShardRead` for each member, in the order `then` takes the answers.
     pub reads: Vec<(OsdId, OpRequest)>,
     pub then: EcThen,
+    /// The pool's code, and the PG's acting set by shard position as it
+    /// was admitted (a read that meets a damaged shard decodes around it).
+    pub profile: duplex_ec::Profile,
+    pub shards: Vec<OsdId>,
 }
 
 /// What an [`EcTask`] does once its reads are in.

@@ -147,6 +147,12 @@ impl OpKind {
 }
 
 impl OpKind {
+    /// Reads an object's bytes: a client's, or a member's shard of an
+    /// erasure-coded object.
+    pub fn is_data_read(self) -> bool {
+        matches!(self, OpKind::Read | OpKind::ShardRead)
+    }
+
     /// Changes the object (goes through the log and the replicas).
     pub fn is_mutation(self) -> bool {
         matches!(

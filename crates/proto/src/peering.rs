@@ -265,6 +265,9 @@ pub enum PeerReply {
     Requests(Vec<LoggedRequest>),
     /// The member could not (or would not) do it; the primary starts over later.
     Refused(String),
+    /// A block of the range failed its checksum ([`PeerOp::Pull`]): this
+    /// member's copy is damaged there.
+    Damaged(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -442,6 +445,7 @@ mod tests {
                     repaired,
                 })),
             ".{0,20}".prop_map(PeerReply::Refused),
+            ".{0,20}".prop_map(PeerReply::Damaged),
             requests().prop_map(PeerReply::Requests),
         ]
     }

@@ -26,7 +26,7 @@
 //! dropped; recovery rebuilds its objects when it returns
 //! (`crate::peering::machine::erasure`).
 //!
-//! Not yet (issue 26): scrub of each stripe's parity, snapshots and
+//! Not yet (issue 26): snapshots and
 //! attributes on erasure-coded objects, shards moved to new OSDs in the
 //! background. An object's size is its shards' rounded up to whole stripes.
 
@@ -101,13 +101,6 @@ impl PgBackend for Erasure {
 
 impl PeeringBackend for Erasure {
     fn start_peering(&self, key: u32, interval: u64, want: Wanted, scrub: Option<bool>) -> (Peering, Vec<Action>) {
-        if scrub.is_some() {
-            // Comparing members' digests would find every shard differing.
-            tracing::info!(
-                pg = key,
-                "scrubbing an erasure-coded PG (each stripe's parity) is not built yet; peering only"
-            );
-        }
         let Some(profile) = want.erasure.as_ref().and_then(profile_of) else {
             return Peering::refused(key, interval, want.acting, format!("PG {key:#x}: no erasure code in the map"));
         };
@@ -128,7 +121,7 @@ impl PeeringBackend for Erasure {
                 ),
             );
         }
-        Peering::start_erasure(key, interval, want.acting, want.active_set, profile)
+        Peering::start_erasure(key, interval, want.acting, want.active_set, profile, scrub)
     }
 }
 
@@ -144,8 +137,8 @@ fn code_of(at: &Primary<'_>) -> Option<Profile> {
 
 /// Member side: this OSD's shard bytes, as a read of the shard object
 /// (from the log, or the store), in the order the connection brought it.
-fn shard_read(at: &Primary<'_>, mut op: ClientOp) -> Outcome {
-    op.request.kind = OpKind::Read;
+/// A damaged block is answered `Io` (the primary decodes around it).
+fn shard_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
     REPLICATED_OPLOG.read(at, op)
 }
 
@@ -219,6 +212,8 @@ fn client_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
         seq: 0,
         reads,
         then: EcThen::Read { pieces: ec_pieces },
+        profile,
+        shards: at.interval.acting.to_vec(),
     }))
 }
 
@@ -264,6 +259,8 @@ fn degraded_read(at: &Primary<'_>, op: ClientOp, profile: Profile, present: &[bo
         seq: 0,
         reads,
         then: EcThen::DegradedRead { plan, offset, len },
+        profile,
+        shards: at.interval.acting.to_vec(),
     }))
 }
 
@@ -278,6 +275,27 @@ pub fn assemble_degraded(plan: &ReadPlan, offset: u64, len: u64, answers: &[OpRe
         Ok(data) => OpReply { status: Status::Ok, map_epoch: epoch, data: Bytes::from(data) },
         Err(err) => OpReply::error(Status::Io, epoch, format!("decoding a degraded read failed: {err}")),
     }
+}
+
+/// A client read some of whose shard reads found damaged blocks (`Io`
+/// from the members in `damaged`): the same read, decoded from the other
+/// shards (it keeps its object). `Err`: fewer than `k` shards are left.
+pub fn decode_around(shared: &Shared, mut task: Box<EcTask>, damaged: &[OsdId]) -> Result<Box<EcTask>, Box<EcTask>> {
+    let (offset, len) = (task.op.request.offset, u64::from(task.op.request.length));
+    let present: Vec<bool> = task.shards.iter().map(|osd| *osd != NO_OSD && !damaged.contains(osd)).collect();
+    let Ok(plan) = ReadPlan::new(task.profile, offset, len, &present) else { return Err(task) };
+    task.reads = plan
+        .reads
+        .iter()
+        .map(|range| {
+            (task.shards[range.shard], shard_read_request(&task.op.request, task.map_epoch, range.offset, range.len))
+        })
+        .collect();
+    task.then = EcThen::DegradedRead { plan, offset, len };
+    // New shard reads: answers to the old ones must not count.
+    task.id = shared.txid();
+    shared.metrics.degraded_reads.add(1);
+    Ok(task)
 }
 
 fn shard_read_request(request: &OpRequest, epoch: u64, offset: u64, len: u64) -> OpRequest {
@@ -436,7 +454,9 @@ fn mutate(at: &Primary<'_>, op: ClientOp) -> Outcome {
         map_epoch: epoch,
         seq: 0,
         reads,
-        then: EcThen::Write(Box::new(EcWrite { profile, shards, request, change })),
+        then: EcThen::Write(Box::new(EcWrite { profile, shards: shards.clone(), request, change })),
+        profile,
+        shards,
     }))
 }
 
@@ -450,6 +470,10 @@ pub fn commit(
 ) -> Result<Vec<(OsdId, Bytes)>, (Status, String)> {
     let EcThen::Write(write) = &task.then else { unreachable!("only mutations are committed") };
     let retry = |why: &str| Err((Status::Retry, why.to_string()));
+    if answers.iter().any(|a| a.status == Status::Io) {
+        // (Its event loop asks for the PG's repair.)
+        return retry("a shard's old bytes are damaged; the PG is being repaired; resend");
+    }
     if answers.iter().any(|a| !matches!(a.status, Status::Ok | Status::NotFound)) {
         return retry("a shard could not be read");
     }

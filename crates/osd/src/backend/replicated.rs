@@ -150,7 +150,7 @@ impl<P: WritePath> PeeringBackend for Replicated<P> {
 fn read(shared: &Shared, pg: &SharedPg, interval: &Interval<'_>, key: u32, op: ClientOp, epoch: u64) -> Outcome {
     let metrics = &shared.metrics;
     let request = &op.request;
-    if request.kind != OpKind::Read {
+    if !request.kind.is_data_read() {
         return metadata_read(shared, pg, interval, key, op, epoch);
     }
     let mut flush_first = false;
@@ -198,7 +198,7 @@ fn read(shared: &Shared, pg: &SharedPg, interval: &Interval<'_>, key: u32, op: C
 fn queue_read(shared: &Shared, key: u32, op: &ClientOp, epoch: u64, flush_first: bool) -> Outcome {
     let request = &op.request;
     debug_assert!(!request.kind.is_mutation(), "a mutation queued as a read");
-    let data = request.kind == OpKind::Read;
+    let data = request.kind.is_data_read();
     shared.send_job(
         key,
         Job::Read(ReadJob {
@@ -231,7 +231,7 @@ fn metadata_read(
     epoch: u64,
 ) -> Outcome {
     let request = &op.request;
-    debug_assert_ne!(request.kind, OpKind::Read, "a data read is no metadata read");
+    debug_assert!(!request.kind.is_data_read(), "a data read is no metadata read");
     let flush_first = {
         let Some(pg) = lock_served(pg, interval) else { return peering_reply(shared, &op, epoch) };
         if request.kind == OpKind::List {

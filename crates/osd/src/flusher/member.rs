@@ -74,7 +74,14 @@ impl Flusher {
             PeerOp::Pull { object, offset, len } => {
                 let key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
                 let len = len.min(CHUNK_BYTES) as u64;
-                self.partition.read(key.as_bytes(), offset, len).map(PeerReply::Data).map_err(|e| e.to_string())
+                match self.partition.read(key.as_bytes(), offset, len) {
+                    Ok(data) => Ok(PeerReply::Data(data)),
+                    Err(err @ StoreError::ChecksumMismatch { .. }) => {
+                        self.metrics.damaged_objects.add(1);
+                        Ok(PeerReply::Damaged(err.to_string()))
+                    }
+                    Err(err) => Err(err.to_string()),
+                }
             }
             PeerOp::PushStart { object, size, preallocated, attrs } => {
                 // A backfill target takes writes while it is filled: those

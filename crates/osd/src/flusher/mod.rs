@@ -659,7 +659,7 @@ impl Flusher {
 
     fn read(&mut self, reads: Vec<ReadJob>) {
         debug_assert!(reads.iter().all(|r| !r.kind.is_mutation()), "a mutation queued as a read");
-        let (data, other): (Vec<ReadJob>, Vec<ReadJob>) = reads.into_iter().partition(|r| r.kind == OpKind::Read);
+        let (data, other): (Vec<ReadJob>, Vec<ReadJob>) = reads.into_iter().partition(|r| r.kind.is_data_read());
         // A read at a snapshot reads a clone, the head, or nothing (`None`).
         let keys: Vec<Result<Option<Key>, StoreError>> =
             data.iter().map(|r| self.key_at(r.pg, &r.object, r.snap)).collect();
@@ -683,6 +683,13 @@ impl Flusher {
                 Err(err) => OpReply::error(Status::Io, epoch, err),
                 Ok(None) => OpReply::error(Status::NotFound, epoch, "no such object at that snapshot"),
                 Ok(Some(_)) => match results.next() {
+                    Some(Err(err @ StoreError::ChecksumMismatch { .. })) if read.kind == OpKind::ShardRead => {
+                        // A shard of an erasure-coded object: the primary
+                        // decodes around it and asks for the PG's repair.
+                        self.metrics.damaged_objects.add(1);
+                        tracing::error!(pg = read.pg, %err, "a shard read found a damaged block");
+                        OpReply::error(Status::Io, epoch, err)
+                    }
                     Some(Err(err @ StoreError::ChecksumMismatch { .. })) => self.damaged(read.pg, epoch, &err),
                     Some(result) if !held.is_empty() => {
                         let result = overlay_held(result, read.offset, u64::from(read.len), &held);
@@ -752,7 +759,7 @@ impl Flusher {
 
     /// A stat, an attribute read, or a listing, from the store.
     fn metadata(&mut self, read: &ReadJob) -> Result<Bytes, StoreError> {
-        debug_assert_ne!(read.kind, OpKind::Read, "a data read is no metadata read");
+        debug_assert!(!read.kind.is_data_read(), "a data read is no metadata read");
         match read.kind {
             OpKind::List => return Ok(self.list(read)),
             OpKind::ListSnaps => return self.list_snaps(read.pg, &read.object).map(|list| list.encode()),

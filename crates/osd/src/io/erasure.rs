@@ -76,7 +76,10 @@ impl EcTasks {
     pub fn on_read(&mut self, id: u64, osd: OsdId, reply: OpReply) -> Option<Settled> {
         let waiting = self.tasks.get_mut(&id).filter(|w| !w.writing)?;
         let index = waiting.task.reads.iter().position(|(o, _)| *o == osd)?;
-        if !matches!(reply.status, Status::Ok | Status::NotFound) {
+        // `Io`: a damaged block there. The answers still settle the task,
+        // whose reply decodes around it (or whose mutation waits for the
+        // PG's repair).
+        if !matches!(reply.status, Status::Ok | Status::NotFound | Status::Io) {
             let waiting = self.tasks.remove(&id).expect("just found");
             return Some(Settled::ReadFailed { task: waiting.task });
         }
@@ -221,6 +224,8 @@ mod tests {
             seq: 0,
             reads: reads.iter().map(|osd| (*osd, request())).collect(),
             then: EcThen::Read { pieces: vec![EcPiece { read: 0, at: 0, len: 4 }] },
+            profile: duplex_ec::Profile::new(2, 1, 4096).unwrap(),
+            shards: vec![0, 1, 2],
         })
     }
 

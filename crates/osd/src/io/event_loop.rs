@@ -31,6 +31,9 @@ use crate::metrics::{record, Histograms, Stage};
 use crate::pg::{pg_number, pool_of, ReplyTo};
 use crate::shared::Shared;
 
+/// An erasure-coded PG's repair is asked at most this often per thread.
+const REPAIR_BACKOFF: Duration = Duration::from_secs(10);
+
 pub const LISTENER: Token = Token(0);
 pub const WAKER: Token = Token(1);
 const FIRST_CONN: usize = 2;
@@ -56,6 +59,9 @@ pub struct PriorityThread {
     ec: EcTasks,
     /// Erasure-coded mutations whose object came free, to run again.
     resumes: Vec<ClientOp>,
+    /// When this thread last asked for each erasure-coded PG's repair (a
+    /// damaged shard block a read met).
+    repairs_asked: HashMap<u32, Instant>,
     cache: ActingCache,
     histograms: Histograms,
     next_accept: usize,
@@ -92,6 +98,7 @@ impl PriorityThread {
             pending: PendingWrites::default(),
             ec: EcTasks::default(),
             resumes: Vec::new(),
+            repairs_asked: HashMap::new(),
             cache,
             histograms,
             next_accept: 0,
@@ -563,6 +570,9 @@ impl PriorityThread {
     /// An erasure-coded task's answers are in (or it was given up on).
     fn on_settled(&mut self, settled: Settled) {
         match settled {
+            Settled::Read { task, answers } if answers.iter().any(|a| a.status == Status::Io) => {
+                self.on_damaged_shard(task, &answers);
+            }
             Settled::Read { mut task, answers } => match &task.then {
                 EcThen::Read { .. } | EcThen::DegradedRead { .. } => {
                     let reply = match &task.then {
@@ -617,6 +627,39 @@ impl PriorityThread {
                 self.hand_on(next);
             }
         }
+    }
+
+    /// Shard reads of `task` met damaged blocks (`Io`): the PG's repair is
+    /// asked for (a scrub that rebuilds them, at most once per
+    /// [`REPAIR_BACKOFF`] from this thread), and a client read is decoded
+    /// from the other shards, once. A mutation is resent by its client
+    /// (it needs the old bytes whole).
+    fn on_damaged_shard(&mut self, task: Box<EcTask>, answers: &[OpReply]) {
+        let damaged: Vec<OsdId> = task
+            .reads
+            .iter()
+            .zip(answers)
+            .filter(|(_, answer)| answer.status == Status::Io)
+            .map(|((osd, _), _)| *osd)
+            .collect();
+        tracing::error!(pg = task.pg, ?damaged, "erasure-coded shard reads met damaged blocks; repairing the PG");
+        let now = Instant::now();
+        if self.repairs_asked.get(&task.pg).is_none_or(|at| now.duration_since(*at) >= REPAIR_BACKOFF) {
+            self.repairs_asked.insert(task.pg, now);
+            let ask = crate::messages::ScrubAsk { pg: task.pg, repair: true, reply: None };
+            self.shared.scrub_requests.lock().expect("scrub requests lock").push(ask);
+        }
+        let why = match &task.then {
+            EcThen::Read { .. } => match crate::backend::erasure::decode_around(&self.shared, task, &damaged) {
+                Ok(task) => return self.start_ec(task),
+                Err(task) => (task, "too few undamaged shards to decode; the PG is being repaired; resend"),
+            },
+            _ => (task, "a shard's bytes are damaged; the PG is being repaired; resend"),
+        };
+        let (task, why) = why;
+        let next = crate::backend::erasure::release(&self.shared, task.pg, &task.op.request.object);
+        self.reply(task.op.token, task.op.slot, &OpReply::error(Status::Retry, task.map_epoch, why));
+        self.hand_on(next);
     }
 
     /// An erasure-coded object came free and `next` holds it now: it runs

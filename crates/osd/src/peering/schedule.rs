@@ -236,6 +236,9 @@ struct Machine {
     started: u64,
     /// A scrub's requester, answered when the machine ends.
     scrub_reply: Option<ReplyTo>,
+    /// It scrubs with repair (a newer scrub that replaces it unfinished
+    /// repairs too: a repair a damaged read asked for is not lost).
+    repairing: bool,
     /// When the PG's next scheduled deep scrub is due.
     scrub_due: u64,
     /// Background backfill of the targets the machine activated.
@@ -474,9 +477,11 @@ impl Schedule {
         let spread = (u64::from(key).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as f64 / (1u64 << 24) as f64;
         let mut scrub_due = now + (self.scrub_interval_us as f64 * (1.0 - spread)) as u64;
         let mut scrub_reply = None;
+        let mut unfinished_repair = false;
         if let Some(old) = self.machines.get(&key) {
             scrub_due = old.scrub_due;
             scrub_reply = old.scrub_reply;
+            unfinished_repair = old.repairing && !old.peering.is_active();
         }
         let repair = match scrub {
             Some(ask) => {
@@ -485,9 +490,12 @@ impl Schedule {
                 }
                 scrub_reply = ask.reply.or(scrub_reply);
                 scrub_due = now + self.scrub_interval_us;
-                tracing::info!(pg = key, repair = ask.repair, "deep scrub");
-                Some(ask.repair)
+                let repair = ask.repair || unfinished_repair;
+                tracing::info!(pg = key, repair, "deep scrub");
+                Some(repair)
             }
+            // A repair cut short (a new interval) runs again.
+            None if unfinished_repair => Some(true),
             None => None,
         };
         let (peering, actions) = backend.start_peering(key, interval, want, repair);
@@ -501,6 +509,7 @@ impl Schedule {
             retry_at: None,
             started: now,
             scrub_reply,
+            repairing: repair == Some(true),
             scrub_due,
             backfill: None,
             record_due: None,

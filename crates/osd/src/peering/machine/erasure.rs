@@ -32,13 +32,14 @@ use duplex_ec::codec::COLUMN;
 use duplex_ec::{Codec, Profile};
 use duplex_map::NO_OSD;
 
+use super::ec_scrub::{EcScrub, ObjectScrub};
 use super::*;
 
 /// The erasure-coded part of a [`Recovery`].
 pub(super) struct EcRecovery {
-    profile: Profile,
+    pub(super) profile: Profile,
     /// The members by shard position (a missing one is `NO_OSD`).
-    shards: Vec<OsdId>,
+    pub(super) shards: Vec<OsdId>,
     /// The seq every member settles at.
     settle_to: u64,
     /// Current members with `last_seq >= settle_to`: the rebuilds' sources.
@@ -49,10 +50,22 @@ pub(super) struct EcRecovery {
     behind: VecDeque<(OsdId, u64, u32)>,
     /// Members to rebuild whole.
     to_rebuild_whole: VecDeque<OsdId>,
-    /// Objects whose shard a member needs rebuilt (`true`: compare first).
-    rebuilds: VecDeque<(Vec<u8>, OsdId, bool)>,
+    /// Objects whose shard a member needs rebuilt.
+    pub(super) rebuilds: VecDeque<RebuildJob>,
     /// The step with a request out.
-    stage: Option<EcStage>,
+    pub(super) stage: Option<EcStage>,
+    /// A deep scrub of every stripe, after the rest (`ec_scrub.rs`).
+    pub(super) scrub: Option<EcScrub>,
+}
+
+/// One object's shard to rebuild on `to`.
+pub(super) struct RebuildJob {
+    pub(super) object: Vec<u8>,
+    pub(super) to: OsdId,
+    /// Compare with its copy first, and install only if it differs.
+    pub(super) compare: bool,
+    /// Members not to decode from (their shard of it is bad).
+    pub(super) avoid: Vec<OsdId>,
 }
 
 pub(super) enum EcStage {
@@ -65,6 +78,11 @@ pub(super) enum EcStage {
         names: BTreeSet<Vec<u8>>,
     },
     Rebuild(Box<Rebuild>),
+    /// Listing the authority's objects for a scrub: the names so far.
+    ScrubList {
+        names: BTreeSet<Vec<u8>>,
+    },
+    ScrubObject(Box<ObjectScrub>),
 }
 
 pub(super) struct Rebuild {
@@ -222,6 +240,7 @@ impl Peering {
             to_rebuild_whole,
             rebuilds: VecDeque::new(),
             stage: None,
+            scrub: self.scrub.map(EcScrub::new),
         };
         let recovery = Box::new(Recovery {
             authority,
@@ -254,7 +273,13 @@ impl Peering {
                 (Some(EcStage::Settle), Some(PeerReply::Done)) => {}
                 (Some(EcStage::Touched(target)), Some(PeerReply::Touched(Some(objects)))) => {
                     recovery.changed.insert(target);
-                    ec.rebuilds.extend(objects.into_iter().map(|object| (object, target, false)));
+                    let jobs = objects.into_iter().map(|object| RebuildJob {
+                        object,
+                        to: target,
+                        compare: false,
+                        avoid: vec![],
+                    });
+                    ec.rebuilds.extend(jobs);
                 }
                 (Some(EcStage::Touched(target)), Some(PeerReply::Touched(None))) => {
                     // Its last entry is not the authority's after all: whole.
@@ -277,8 +302,19 @@ impl Peering {
                         }
                         _ => {
                             recovery.changed.insert(target);
-                            ec.rebuilds.extend(names.into_iter().map(|object| (object, target, true)));
+                            let jobs = names.into_iter().map(|object| RebuildJob {
+                                object,
+                                to: target,
+                                compare: true,
+                                avoid: vec![],
+                            });
+                            ec.rebuilds.extend(jobs);
                         }
+                    }
+                }
+                (Some(stage @ (EcStage::ScrubList { .. } | EcStage::ScrubObject(_))), answer) => {
+                    if let Some(next) = self.ec_scrub_answer(ec, authority, stage, answer)? {
+                        return Ok(Some(next));
                     }
                 }
                 (Some(EcStage::Rebuild(rebuild)), answer) => {
@@ -296,10 +332,15 @@ impl Peering {
                         ec.stage = Some(EcStage::Touched(target));
                         return Ok(Some((authority, PeerOp::Touched { after, after_epoch, through: to })));
                     }
-                    if let Some((object, to, compare)) = ec.rebuilds.pop_front() {
+                    if let Some(RebuildJob { object, to, compare, avoid }) = ec.rebuilds.pop_front() {
                         let k = ec.profile.k();
-                        let sources: Vec<OsdId> =
-                            ec.shards.iter().copied().filter(|m| *m != to && ec.whole.contains(m)).take(k).collect();
+                        let sources: Vec<OsdId> = ec
+                            .shards
+                            .iter()
+                            .copied()
+                            .filter(|m| *m != to && ec.whole.contains(m) && !avoid.contains(m))
+                            .take(k)
+                            .collect();
                         if sources.len() < k {
                             return Err(format!("PG {:#x}: fewer than {k} whole shards to rebuild from", self.pg));
                         }
@@ -316,6 +357,12 @@ impl Peering {
                         ec.stage = Some(EcStage::List { target, on: authority, names });
                         return Ok(Some((authority, PeerOp::List { cursor: Vec::new() })));
                     }
+                    if let Some(next) = self.ec_scrub_next(ec, authority)? {
+                        return Ok(Some(next));
+                    }
+                    if !ec.rebuilds.is_empty() {
+                        continue; // the scrub's repairs
+                    }
                     return Ok(None);
                 }
                 (stage, answer) => {
@@ -324,6 +371,7 @@ impl Peering {
                         Some(EcStage::Touched(_)) => "naming objects",
                         Some(EcStage::List { .. }) => "listing objects",
                         Some(EcStage::Rebuild(_)) => "rebuilding",
+                        Some(EcStage::ScrubList { .. } | EcStage::ScrubObject(_)) => "scrubbing",
                         None => "no step",
                     };
                     return Err(format!("unexpected answer {answer:?} while {stage}"));
@@ -496,6 +544,7 @@ impl Peering {
 #[cfg(test)]
 mod tests {
     use duplex_ec::{Codec, Profile};
+    use duplex_proto::peering::ScrubReport;
 
     use super::*;
 
@@ -519,7 +568,7 @@ mod tests {
     /// queries with these last seqs, and returns the machine and its next actions.
     fn queried(seqs: [u64; 3]) -> (Peering, Vec<Action>) {
         let profile = Profile::new(2, 1, 4096).unwrap();
-        let (mut machine, actions) = Peering::start_erasure(7, 9, vec![0, 1, 2], Some(vec![0, 1, 2]), profile);
+        let (mut machine, actions) = Peering::start_erasure(7, 9, vec![0, 1, 2], Some(vec![0, 1, 2]), profile, None);
         let mut next = Vec::new();
         for action in actions {
             let Action::Send { to, tag, op: PeerOp::Query } = action else { panic!("{action:?}") };
@@ -616,6 +665,8 @@ mod tests {
         held: BTreeMap<OsdId, BTreeMap<Vec<u8>, Vec<u8>>>,
         staged: BTreeMap<OsdId, Vec<(u64, Vec<u8>)>>,
         installs: Vec<(OsdId, Vec<u8>)>,
+        /// Shards whose blocks fail their checksum where they are read.
+        damaged: BTreeSet<(OsdId, Vec<u8>)>,
         settled: Vec<(OsdId, u64)>,
         activated: Vec<(OsdId, Vec<OsdId>, u64)>,
     }
@@ -640,6 +691,9 @@ mod tests {
                     attrs: vec![],
                 })),
                 PeerOp::Pull { object, offset, len } => {
+                    if self.damaged.contains(&(to, object.clone())) {
+                        return PeerReply::Damaged("checksum mismatch".into());
+                    }
                     let bytes = &held[&object];
                     let from = (offset as usize).min(bytes.len());
                     let to = (from + len as usize).min(bytes.len());
@@ -668,6 +722,7 @@ mod tests {
                             held.insert(object.clone(), bytes);
                         }
                     }
+                    self.damaged.remove(&(to, object.clone()));
                     self.installs.push((to, object));
                     PeerReply::Done
                 }
@@ -701,10 +756,14 @@ mod tests {
         }
     }
 
-    /// Two 4 KiB-unit objects of a 2+1 code, encoded: each shard's bytes.
+    /// Objects of a 2+1 code (4 KiB unit), one stripe each, encoded: each
+    /// shard's bytes.
     fn encoded(objects: &[(&[u8], [u8; 2])]) -> [BTreeMap<Vec<u8>, Vec<u8>>; 3] {
-        let profile = Profile::new(2, 1, 4096).unwrap();
-        let mut shards: [BTreeMap<Vec<u8>, Vec<u8>>; 3] = Default::default();
+        encoded_as(Profile::new(2, 1, 4096).unwrap(), objects).try_into().unwrap()
+    }
+
+    fn encoded_as(profile: Profile, objects: &[(&[u8], [u8; 2])]) -> Vec<BTreeMap<Vec<u8>, Vec<u8>>> {
+        let mut shards: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = vec![BTreeMap::new(); profile.shards()];
         for (name, fill) in objects {
             let data = [vec![fill[0]; 4096], vec![fill[1]; 4096]];
             let parity = Codec::new(profile).encode(&[&data[0], &data[1]]).unwrap();
@@ -715,11 +774,70 @@ mod tests {
         shards
     }
 
+    /// Scrubs (with repair) a level PG of `profile` on OSDs 0.. holding
+    /// `cluster`'s shards; returns its report.
+    fn scrub(profile: Profile, cluster: &mut Shards) -> ScrubReport {
+        let shards: Vec<OsdId> = (0..profile.shards() as u32).collect();
+        let (mut machine, actions) =
+            Peering::start_erasure(7, 9, shards.clone(), Some(shards.clone()), profile, Some(true));
+        let mut next = Vec::new();
+        for action in actions {
+            let Action::Send { tag, op: PeerOp::Query, .. } = action else { panic!("{action:?}") };
+            next.extend(machine.on_reply(tag, PeerReply::Info { info: info(10), requests: vec![id(10)] }));
+        }
+        let last = cluster.run(&mut machine, next);
+        assert!(matches!(last.as_slice(), [Action::Active { last_seq: 10, .. }]), "{last:?}");
+        machine.scrub_report().expect("a scrub ran").clone()
+    }
+
+    #[test]
+    fn a_scrub_rebuilds_a_damaged_shard_block_and_locates_a_silent_liar_when_the_code_can() {
+        let objects: &[(&[u8], [u8; 2])] = &[(b"a", [1, 2]), (b"b", [3, 4])];
+        // 2+1: osd.1's block of "a" fails its checksum.
+        let profile = Profile::new(2, 1, 4096).unwrap();
+        let truth = encoded_as(profile, objects);
+        let mut cluster = Shards::default();
+        for (osd, held) in truth.iter().enumerate() {
+            cluster.held.insert(osd as OsdId, held.clone());
+        }
+        cluster.held.get_mut(&1).unwrap().insert(b"a".to_vec(), vec![0xee; 4096]);
+        cluster.damaged.insert((1, b"a".to_vec()));
+        let report = scrub(profile, &mut cluster);
+        assert_eq!((report.objects, report.repaired), (2, 1), "{report:?}");
+        assert_eq!(report.inconsistent.len(), 1);
+        assert_eq!((report.inconsistent[0].bad.clone(), report.inconsistent[0].unrepairable), (vec![1], false));
+        assert_eq!(cluster.held[&1], truth[1], "the damaged shard was not rebuilt");
+        // 2+2: osd.3's parity of "b" silently wrong: the other three agree.
+        let profile = Profile::new(2, 2, 4096).unwrap();
+        let truth = encoded_as(profile, objects);
+        let mut cluster = Shards::default();
+        for (osd, held) in truth.iter().enumerate() {
+            cluster.held.insert(osd as OsdId, held.clone());
+        }
+        cluster.held.get_mut(&3).unwrap().get_mut(&b"b"[..]).unwrap()[100] ^= 1;
+        let report = scrub(profile, &mut cluster);
+        assert_eq!(report.repaired, 1, "{report:?}");
+        assert_eq!(report.inconsistent[0].bad, vec![3]);
+        assert_eq!(cluster.held[&3], truth[3]);
+        // 2+1: a silent disagreement no single shard explains: reported, not repaired.
+        let profile = Profile::new(2, 1, 4096).unwrap();
+        let truth = encoded_as(profile, objects);
+        let mut cluster = Shards::default();
+        for (osd, held) in truth.iter().enumerate() {
+            cluster.held.insert(osd as OsdId, held.clone());
+        }
+        cluster.held.get_mut(&0).unwrap().get_mut(&b"a"[..]).unwrap()[7] ^= 1;
+        let report = scrub(profile, &mut cluster);
+        assert_eq!(report.repaired, 0);
+        assert!(report.inconsistent[0].unrepairable, "{report:?}");
+        assert!(cluster.installs.is_empty());
+    }
+
     /// Starts a 2+1 PG on `shards` (positional), last active on [0, 1, 2],
     /// with these infos.
     fn start(shards: Vec<OsdId>, infos: &BTreeMap<OsdId, PeerInfo>) -> (Peering, Vec<Action>) {
         let profile = Profile::new(2, 1, 4096).unwrap();
-        let (mut machine, actions) = Peering::start_erasure(7, 9, shards, Some(vec![0, 1, 2]), profile);
+        let (mut machine, actions) = Peering::start_erasure(7, 9, shards, Some(vec![0, 1, 2]), profile, None);
         let mut next = Vec::new();
         for action in actions {
             let Action::Send { to, tag, op: PeerOp::Query } = action else { panic!("{action:?}") };
@@ -785,7 +903,7 @@ mod tests {
         {
             // The other current member is down.
             let shards = if osd == 2 { vec![NO_OSD, 1, 2] } else { vec![0, 1, NO_OSD] };
-            let (mut machine, actions) = Peering::start_erasure(7, 9, shards, Some(vec![0, 1, 2]), profile);
+            let (mut machine, actions) = Peering::start_erasure(7, 9, shards, Some(vec![0, 1, 2]), profile, None);
             let mut last = Vec::new();
             for action in actions {
                 let Action::Send { to, tag, .. } = action else { panic!() };
@@ -795,7 +913,7 @@ mod tests {
             assert!(matches!(last.as_slice(), [Action::Stuck(why)] if why.contains("needed to decode")), "{last:?}");
         }
         // A member the last active set names at another position is not current.
-        let (mut machine, actions) = Peering::start_erasure(7, 9, vec![0, 2, 1], Some(vec![0, 1, 2]), profile);
+        let (mut machine, actions) = Peering::start_erasure(7, 9, vec![0, 2, 1], Some(vec![0, 1, 2]), profile, None);
         let mut last = Vec::new();
         for action in actions {
             let Action::Send { tag, .. } = action else { panic!() };

@@ -44,6 +44,7 @@ use duplex_proto::peering::{
 use crate::pg::requests::merge_logged;
 
 mod authority;
+mod ec_scrub;
 mod erasure;
 mod recovery;
 mod scrub;
@@ -296,18 +297,20 @@ impl Peering {
     /// Peering of an erasure-coded PG (see `erasure` in [`Peering`]):
     /// `shards`, its acting set by shard position (a missing one
     /// [`duplex_map::NO_OSD`], at least `k` present), `active_set` as in
-    /// [`Peering::start_with_targets`] (positional too).
+    /// [`Peering::start_with_targets`] (positional too), followed by a
+    /// scrub of every stripe's parity if `scrub` is `Some(repair)`.
     pub fn start_erasure(
         pg: u32,
         interval: u64,
         shards: Vec<OsdId>,
         active_set: Option<Vec<OsdId>>,
         profile: duplex_ec::Profile,
+        scrub: Option<bool>,
     ) -> (Peering, Vec<Action>) {
         assert_eq!(shards.len(), profile.shards(), "an erasure-coded PG's set is positional");
         let members: Vec<OsdId> = shards.iter().copied().filter(|osd| *osd != duplex_map::NO_OSD).collect();
         assert!(members.len() >= profile.k(), "an erasure-coded PG peers with at least k shards");
-        let (mut peering, actions) = Peering::start_with_targets(pg, interval, members, Vec::new(), None, active_set);
+        let (mut peering, actions) = Peering::start_with_targets(pg, interval, members, Vec::new(), scrub, active_set);
         peering.erasure = Some(profile);
         peering.shards = shards;
         (peering, actions)
