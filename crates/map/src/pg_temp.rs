@@ -127,14 +127,16 @@ fn moved_pins(old: &ClusterMap, new: &ClusterMap, new_hierarchy: &duplex_placeme
     changes
 }
 
-/// An erasure-coded PG's pin once placement moved: each shard position
-/// stays on the OSD that holds it while that OSD is up (a shard's data is
-/// its position's: a member moved to another position would hold the
-/// wrong one, and adding a host can shift two positions at once). A
-/// position whose holder is down goes to its new placement, whose shard
-/// the PG's recovery rebuilds from `k` others. Empty (no pin) when that is
-/// the placement itself. Shards do not move to new OSDs in the background
-/// yet (issue 26): a PG pinned this way stays on its OSDs.
+/// An erasure-coded PG's pin once placement moved. A shard's data is its
+/// position's, and adding a host can shift two positions of a PG at once
+/// (a member moved to another position holds the wrong shard). When
+/// placement keeps at least `k` shards on their holders, the PG goes to
+/// it and its recovery rebuilds the moved shards from those (no pin).
+/// Otherwise each position stays on the OSD that holds it while that OSD
+/// is up, and a position whose holder is down goes to its new placement
+/// (rebuilt the same way). Shards do not move in the background yet
+/// (issue 26): a PG pinned this way stays on its OSDs until placement
+/// moves again.
 fn erasure_pin(
     old: &ClusterMap,
     new: &ClusterMap,
@@ -157,6 +159,14 @@ fn erasure_pin(
         from_pin.or(from_acting).or(from_record)
     };
     let kept: Vec<Option<OsdId>> = (0..size).map(|p| holder(p).filter(|osd| new.is_up(*osd))).collect();
+    // Placement keeps at least `k` shards where they are: the PG can go
+    // there, decode from those, and rebuild the moved ones (its recovery
+    // does, before it serves). Fewer: it stays pinned to its holders.
+    let k = pool.erasure.map_or(1, |code| usize::from(code.k));
+    let unmoved = (0..size).filter(|p| kept[*p].is_some() && kept[*p] == placed.get(*p).copied()).count();
+    if unmoved >= k {
+        return Vec::new();
+    }
     let wanted: Vec<OsdId> = (0..size)
         .map(|p| match kept[p] {
             Some(osd) => osd,

@@ -59,6 +59,17 @@ struct Cli {
     /// reads of them are checked as of the instant each was taken.
     #[arg(long)]
     snapshots: bool,
+    /// An erasure-coded pool, `k+m` (4 KiB stripe unit), instead of a
+    /// replicated one: degraded I/O, shard rebuilds and rollbacks under
+    /// the faults. Its min_size is --min-size (default 2), at least k.
+    #[arg(long, value_parser = parse_code, conflicts_with_all = ["snapshots", "pool_size"])]
+    ec: Option<(u8, u8)>,
+}
+
+fn parse_code(code: &str) -> Result<(u8, u8), String> {
+    let (k, m) = code.split_once('+').ok_or_else(|| format!("'{code}' is no k+m code"))?;
+    let parse = |n: &str| n.trim().parse::<u8>().map_err(|e| format!("'{code}': {e}"));
+    Ok((parse(k)?, parse(m)?))
 }
 
 fn parse_fault(name: &str) -> Result<FaultKind, String> {
@@ -80,6 +91,7 @@ impl Cli {
         config.min_size = self.min_size.unwrap_or(config.min_size);
         config.balancer = self.balancer;
         config.snapshots = self.snapshots;
+        config.erasure = self.ec;
         config
     }
 
@@ -102,6 +114,9 @@ impl Cli {
         }
         if self.snapshots {
             line += " --snapshots";
+        }
+        if let Some((k, m)) = self.ec {
+            line += &format!(" --ec {k}+{m}");
         }
         line
     }

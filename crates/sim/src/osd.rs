@@ -20,7 +20,9 @@ use duplex_osd::cluster::{ActingCache, Lease, MapCell};
 use duplex_osd::config::OsdConfig;
 use duplex_osd::flusher::strays::StrayWatch;
 use duplex_osd::flusher::{Flusher, Pending};
-use duplex_osd::io::ops::{client_op, replica_op, write_outlived};
+use duplex_osd::io::ec_settle::{self, EcIo};
+use duplex_osd::io::erasure::EcTasks;
+use duplex_osd::io::ops::{client_op, replica_op, resume, write_outlived};
 use duplex_osd::io::pending::{Finished, PendingWrites, WriteInfo, REPLICATION_TIMEOUT};
 use duplex_osd::messages::{ClientOp, Completion, Job, Mailbox, Outcome, PeerReplyTo, ScrubRequests};
 use duplex_osd::metrics::{Histograms, Metrics};
@@ -62,6 +64,19 @@ pub const REPORTED_CAPACITY: u64 = 1 << 20;
 /// Where a simulated client's reply goes: its node and transaction id.
 type SimReplyTo = (u32, u64);
 
+/// A client operation's `token` names its sender: a client's node id, or
+/// this plus an OSD's id for a primary's shard read (erasure-coded pools).
+const OSD_TOKEN: usize = 1 << 20;
+
+/// Where the answer to an operation from `token` goes.
+fn sender_of(token: usize) -> Node {
+    if token >= OSD_TOKEN {
+        Node::Osd((token - OSD_TOKEN) as OsdId)
+    } else {
+        Node::Client(token as u32)
+    }
+}
+
 pub struct Live {
     shared: Shared,
     flusher: Flusher,
@@ -73,6 +88,11 @@ pub struct Live {
     histograms: Histograms,
     /// Replicated writes waiting for their replicas: the OSD's own table.
     writes: PendingWrites<SimReplyTo>,
+    /// Erasure-coded operations waiting for their shards.
+    ec: EcTasks,
+    /// Erasure-coded operations whose object came free, to run again.
+    resumes: Vec<ClientOp>,
+    repairs_asked: HashMap<u32, std::time::Instant>,
     parked: VecDeque<ClientOp>,
     lease_until: u64,
     revoked_at: u64,
@@ -183,6 +203,9 @@ impl SimOsd {
             _poll: poll,
             faults,
             writes: PendingWrites::default(),
+            ec: EcTasks::default(),
+            resumes: Vec::new(),
+            repairs_asked: HashMap::new(),
             parked: VecDeque::new(),
             lease_until: 0,
             revoked_at: 0,
@@ -240,7 +263,11 @@ impl SimOsd {
     /// primary of active, with nothing in flight.
     pub fn is_settled(&self, now: u64) -> bool {
         self.live.as_ref().is_some_and(|live| {
-            !live.booting && now < live.lease_until && live.schedule.all_active() && live.writes.is_empty()
+            !live.booting
+                && now < live.lease_until
+                && live.schedule.all_active()
+                && live.writes.is_empty()
+                && live.ec.is_empty()
         })
     }
 
@@ -352,12 +379,37 @@ impl SimOsd {
         let txid = frame.header.transaction_id;
         match (MessageType::from_u8(frame.header.message_type), from) {
             (Some(MessageType::OsdOp), Node::Client(client)) => match OpRequest::decode(&frame.payload) {
-                Ok(request) => self.client_request(ctx, client, txid, request),
+                Ok(request) => self.client_request(ctx, client as usize, txid, request),
                 Err(_) => ctx.out.push(Output::Disconnect { peer: from }),
             },
             (Some(MessageType::RepOp), Node::Osd(primary)) => self.replica_entry(ctx, primary, txid, &frame.payload),
             (Some(MessageType::RepOpReply), Node::Osd(replica)) => match RepReply::decode(&frame.payload) {
+                Ok(ack) if self.live.as_ref().is_some_and(|l| l.ec.waits(txid)) => {
+                    let ok = ack.status == Status::Ok;
+                    self.with_ec(ctx, |io, ec| {
+                        if let Some(settled) = ec.on_ack(txid, replica, ok) {
+                            ec_settle::settle(io, ec, settled);
+                        }
+                    });
+                    self.drain(ctx);
+                }
                 Ok(ack) => self.on_ack(ctx, txid, replica, ack.status == Status::Ok),
+                Err(_) => ctx.out.push(Output::Disconnect { peer: from }),
+            },
+            // A primary's shard read of an erasure-coded object.
+            (Some(MessageType::OsdOp), Node::Osd(primary)) => match OpRequest::decode(&frame.payload) {
+                Ok(request) => self.client_request(ctx, OSD_TOKEN + primary as usize, txid, request),
+                Err(_) => ctx.out.push(Output::Disconnect { peer: from }),
+            },
+            (Some(MessageType::OsdOpReply), Node::Osd(member)) => match OpReply::decode(&frame.payload) {
+                Ok(reply) => {
+                    self.with_ec(ctx, |io, ec| {
+                        if let Some(settled) = ec.on_read(txid, member, reply) {
+                            ec_settle::settle(io, ec, settled);
+                        }
+                    });
+                    self.drain(ctx);
+                }
                 Err(_) => ctx.out.push(Output::Disconnect { peer: from }),
             },
             (Some(MessageType::PeerRequest), Node::Osd(primary)) => match PeerRequest::decode(&frame.payload) {
@@ -385,9 +437,9 @@ impl SimOsd {
         }
     }
 
-    fn client_request(&mut self, ctx: &mut Ctx, client: u32, tid: u64, request: OpRequest) {
+    fn client_request(&mut self, ctx: &mut Ctx, client: usize, tid: u64, request: OpRequest) {
         tracing::trace!(at = ctx.now, osd = self.id, client, tid, kind = ?request.kind, pg = request.pg, "client op");
-        let op = ClientOp { thread: 0, token: client as usize, slot: tid, txid: tid, request, arrived: ctx.instant() };
+        let op = ClientOp { thread: 0, token: client, slot: tid, txid: tid, request, arrived: ctx.instant() };
         self.run_client_op(ctx, op);
         self.drain(ctx);
     }
@@ -404,7 +456,7 @@ impl SimOsd {
         let live = self.live.as_mut().expect("running");
         match outcome {
             Outcome::Reply { token, slot, reply, .. } => {
-                ctx.send(Node::Client(token as u32), Msg::Frame(reply.to_frame(slot)));
+                ctx.send(sender_of(token), Msg::Frame(reply.to_frame(slot)));
             }
             Outcome::Replicate { write, token, slot, entry, replicas, local, arrived, map_epoch, pg, request } => {
                 assert!(local.is_none(), "the simulator runs the oplog write path");
@@ -421,12 +473,7 @@ impl SimOsd {
                     self.finish(ctx, write);
                 }
             }
-            Outcome::Erasure(task) => {
-                // The simulated cluster's pools are replicated (issue 26 adds
-                // erasure-coded ones to it): answer rather than hang.
-                let reply = OpReply::error(Status::Invalid, task.map_epoch, "no erasure-coded pools in the simulator");
-                ctx.send(Node::Client(task.op.token as u32), Msg::Frame(reply.to_frame(task.op.slot)));
-            }
+            Outcome::Erasure(task) => self.with_ec(ctx, |io, ec| ec_settle::start(io, ec, task)),
             Outcome::Queued => {}
             Outcome::Full(op) => live.parked.push_back(op),
             Outcome::Acks { pg, acks, status } => {
@@ -435,6 +482,28 @@ impl SimOsd {
                     ctx.send(Node::Osd(ack.to.token as u32), Msg::Frame(ack.frame(pg, status)));
                 }
             }
+        }
+    }
+
+    /// Runs `f` with the OSD's erasure-coded tasks and the simulator as
+    /// their I/O, then the operations it handed objects on to.
+    fn with_ec(&mut self, ctx: &mut Ctx, f: impl FnOnce(&mut SimEcIo<'_>, &mut EcTasks)) {
+        let Some(live) = self.live.as_mut() else { return };
+        let mut ec = std::mem::take(&mut live.ec);
+        {
+            let mut io = SimEcIo { live, ctx };
+            f(&mut io, &mut ec);
+        }
+        let live = self.live.as_mut().expect("still running");
+        debug_assert!(live.ec.is_empty(), "an erasure-coded task registered while its table was out");
+        live.ec = ec;
+        while let Some(op) = self.live.as_mut().and_then(|l| l.resumes.pop()) {
+            let live = self.live.as_mut().expect("running");
+            let (outcome, next) = resume(&live.shared, &mut live.cache, &live.histograms, op);
+            if let Some(next) = next {
+                live.resumes.push(next);
+            }
+            self.execute(ctx, outcome);
         }
     }
 
@@ -474,6 +543,13 @@ impl SimOsd {
         for write in expired {
             self.finish(ctx, write);
         }
+        let Some(live) = self.live.as_mut() else { return };
+        let shared = &live.shared;
+        let given_up =
+            live.ec.expire(ctx.instant(), REPLICATION_TIMEOUT, |pg, epoch| write_outlived(shared, pg, epoch));
+        for settled in given_up {
+            self.with_ec(ctx, |io, ec| ec_settle::settle(io, ec, settled));
+        }
     }
 
     /// Runs the flusher until it has nothing to do now, then routes what it
@@ -496,7 +572,7 @@ impl SimOsd {
         for completion in completions {
             match completion {
                 Completion::Reply { token, slot, reply } => {
-                    ctx.send(Node::Client(token as u32), Msg::Frame(reply.to_frame(slot)));
+                    ctx.send(sender_of(token), Msg::Frame(reply.to_frame(slot)));
                 }
                 Completion::Send { token, frame } => ctx.send(Node::Osd(token as u32), Msg::Frame(frame)),
                 Completion::Flushed => {
@@ -600,5 +676,43 @@ impl SimOsd {
                 ctx.timer(at, Timer::OsdBackfill);
             }
         }
+    }
+}
+
+/// The simulator as an erasure-coded task's I/O: frames go over the
+/// simulated network, to this OSD too.
+struct SimEcIo<'a> {
+    live: &'a mut Live,
+    ctx: &'a mut Ctx,
+}
+
+impl EcIo for SimEcIo<'_> {
+    fn shared(&self) -> &Shared {
+        &self.live.shared
+    }
+
+    fn histograms(&self) -> &Histograms {
+        &self.live.histograms
+    }
+
+    fn now(&self) -> std::time::Instant {
+        self.ctx.instant()
+    }
+
+    fn send_to(&mut self, osd: OsdId, frame: &Frame) -> bool {
+        self.ctx.send(Node::Osd(osd), Msg::Frame(frame.clone()));
+        true
+    }
+
+    fn answer(&mut self, op: &ClientOp, reply: &OpReply) {
+        self.ctx.send(sender_of(op.token), Msg::Frame(reply.to_frame(op.slot)));
+    }
+
+    fn run_next(&mut self, next: ClientOp) {
+        self.live.resumes.push(next);
+    }
+
+    fn repairs_asked(&mut self) -> &mut HashMap<u32, std::time::Instant> {
+        &mut self.live.repairs_asked
     }
 }

@@ -125,6 +125,10 @@ pub struct SimConfig {
     /// Snapshots are taken under the load, every few seconds; writes carry
     /// the newest, and reads of the snapshots are checked (crate::client).
     pub snapshots: bool,
+    /// The pool is erasure-coded, `(k, m)` with a 4 KiB stripe unit, and
+    /// `pool_size` is ignored (`k + m` shards a PG): each client block is
+    /// a stripe unit, so its writes are partial-stripe read-modify-writes.
+    pub erasure: Option<(u8, u8)>,
 }
 
 impl SimConfig {
@@ -152,6 +156,7 @@ impl SimConfig {
             dir: None,
             balancer: false,
             snapshots: false,
+            erasure: None,
         }
     }
 }
@@ -305,12 +310,31 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
         osds.push(osd);
     }
     let mut monitor = SimMonitor::new([7; 16], config.failure);
-    monitor.run(&Command::PoolCreate {
-        name: POOL.into(),
-        size: config.pool_size,
-        min_size: config.min_size,
-        pg_num: config.pg_num,
-    });
+    if config.erasure.is_some() {
+        // An erasure-coded pool needs its hosts known: the OSDs are in the
+        // map (down) before they start, as an operator's would be.
+        for id in 0..config.osds {
+            monitor.boot(id);
+            monitor.run(&Command::MarkDown { id });
+        }
+    }
+    let created = match config.erasure {
+        Some((k, m)) => monitor.run(&Command::PoolCreateErasure {
+            name: POOL.into(),
+            code: duplex_map::ErasureCode { k, m, stripe_unit: 4096 },
+            min_size: Some(config.min_size.max(k)),
+            pg_num: config.pg_num,
+        }),
+        None => monitor.run(&Command::PoolCreate {
+            name: POOL.into(),
+            size: config.pool_size,
+            min_size: config.min_size,
+            pg_num: config.pg_num,
+        }),
+    };
+    if !created {
+        return Err(broken(format!("the monitor refused the pool of {config:?}")));
+    }
     let verifier_id = config.clients;
     let clients = (0..=config.clients).map(|id| SimClient::new(id, config.blocks, config.give_up_us)).collect();
     let mut world = World {

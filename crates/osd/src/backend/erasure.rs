@@ -116,7 +116,7 @@ impl PeeringBackend for Erasure {
                 interval,
                 up,
                 format!(
-                    "PG {key:#x} is erasure-coded ({profile}) and {present} of its {} shards are up, below its                      pool's min_size {needed}: it waits for its OSDs",
+                    "PG {key:#x} is erasure-coded ({profile}) and {present} of its {} shards are up, below its pool's min_size {needed}: it waits for its OSDs",
                     profile.shards()
                 ),
             );

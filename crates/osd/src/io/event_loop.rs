@@ -19,20 +19,17 @@ use mio::{Events, Interest, Poll, Token};
 
 use crate::cluster::ActingCache;
 use crate::io::conn::{Conn, ConnError, Role, WarnLimit, MAX_IN_FLIGHT};
+use crate::io::ec_settle::{self, EcIo};
 use crate::io::erasure::{EcTasks, Settled};
 use crate::io::ops;
 use crate::io::pending::{Finished, PendingWrites, WriteInfo, REPLICATION_TIMEOUT};
 use crate::io::pool::Pool;
 use crate::messages::{
-    ClientOp, ClientSlot, Completion, EcTask, EcThen, Job, Mailbox, Outcome, PeerReplyTo, ScrubAsk, SyncDone,
-    MAX_SCRUB_ASKS,
+    ClientOp, ClientSlot, Completion, EcTask, Job, Mailbox, Outcome, PeerReplyTo, ScrubAsk, SyncDone, MAX_SCRUB_ASKS,
 };
 use crate::metrics::{record, Histograms, Stage};
 use crate::pg::{pg_number, pool_of, ReplyTo};
 use crate::shared::Shared;
-
-/// An erasure-coded PG's repair is asked at most this often per thread.
-const REPAIR_BACKOFF: Duration = Duration::from_secs(10);
 
 pub const LISTENER: Token = Token(0);
 pub const WAKER: Token = Token(1);
@@ -551,115 +548,16 @@ impl PriorityThread {
 
     /// Sends an erasure-coded task's shard reads.
     fn start_ec(&mut self, task: Box<EcTask>) {
-        let id = task.id;
         let mut ec = std::mem::take(&mut self.ec);
-        let settled = ec.start(task, Instant::now(), |osd, request| {
-            let Some(peer) = self.peer(osd) else { return false };
-            if let Some(conn) = self.conns.get_mut(&peer) {
-                conn.push(&request.to_frame(id));
-                self.touched.push(peer);
-            }
-            true
-        });
+        ec_settle::start(self, &mut ec, task);
         self.ec = ec;
-        if let Some(settled) = settled {
-            self.on_settled(settled);
-        }
     }
 
     /// An erasure-coded task's answers are in (or it was given up on).
     fn on_settled(&mut self, settled: Settled) {
-        match settled {
-            Settled::Read { task, answers } if answers.iter().any(|a| a.status == Status::Io) => {
-                self.on_damaged_shard(task, &answers);
-            }
-            Settled::Read { mut task, answers } => match &task.then {
-                EcThen::Read { .. } | EcThen::DegradedRead { .. } => {
-                    let reply = match &task.then {
-                        EcThen::Read { pieces } => crate::backend::erasure::assemble(pieces, &answers, task.map_epoch),
-                        EcThen::DegradedRead { plan, offset, len } => {
-                            crate::backend::erasure::assemble_degraded(plan, *offset, *len, &answers, task.map_epoch)
-                        }
-                        EcThen::Write(_) => unreachable!("matched above"),
-                    };
-                    self.shared.metrics.read_bytes.add(reply.data.len() as u64);
-                    record(&self.histograms, Stage::Read, task.op.arrived.elapsed().as_micros() as u64);
-                    self.reply(task.op.token, task.op.slot, &reply);
-                    let next = crate::backend::erasure::release(&self.shared, task.pg, &task.op.request.object);
-                    self.hand_on(next);
-                }
-                EcThen::Write(_) => match crate::backend::erasure::commit(&self.shared, &mut task, &answers) {
-                    Ok(sends) => {
-                        let members: Vec<OsdId> = sends.iter().map(|(osd, _)| *osd).collect();
-                        let id = task.id;
-                        let mut ec = std::mem::take(&mut self.ec);
-                        let settled = ec.wait_for_acks(task, members, Instant::now(), |osd| {
-                            let Some((_, entry)) = sends.iter().find(|(o, _)| *o == osd) else { return false };
-                            let Some(peer) = self.peer(osd) else { return false };
-                            if let Some(conn) = self.conns.get_mut(&peer) {
-                                conn.push(&Frame::new(MessageType::RepOp, id, entry.clone()));
-                                self.touched.push(peer);
-                            }
-                            true
-                        });
-                        self.ec = ec;
-                        if let Some(settled) = settled {
-                            self.on_settled(settled);
-                        }
-                    }
-                    Err((status, why)) => {
-                        let next = crate::backend::erasure::release(&self.shared, task.pg, &task.op.request.object);
-                        self.reply(task.op.token, task.op.slot, &OpReply::error(status, task.map_epoch, why));
-                        self.hand_on(next);
-                    }
-                },
-            },
-            Settled::ReadFailed { task } => {
-                let why = "a member holding a shard did not answer; resend";
-                let next = crate::backend::erasure::release(&self.shared, task.pg, &task.op.request.object);
-                self.hand_on(next);
-                self.reply(task.op.token, task.op.slot, &OpReply::error(Status::Retry, task.map_epoch, why));
-            }
-            Settled::Written { task, failed } => {
-                let (reply, next) = crate::backend::erasure::finish(&self.shared, &task, true, failed);
-                record(&self.histograms, Stage::Write, task.op.arrived.elapsed().as_micros() as u64);
-                self.reply(task.op.token, task.op.slot, &reply);
-                self.hand_on(next);
-            }
-        }
-    }
-
-    /// Shard reads of `task` met damaged blocks (`Io`): the PG's repair is
-    /// asked for (a scrub that rebuilds them, at most once per
-    /// [`REPAIR_BACKOFF`] from this thread), and a client read is decoded
-    /// from the other shards, once. A mutation is resent by its client
-    /// (it needs the old bytes whole).
-    fn on_damaged_shard(&mut self, task: Box<EcTask>, answers: &[OpReply]) {
-        let damaged: Vec<OsdId> = task
-            .reads
-            .iter()
-            .zip(answers)
-            .filter(|(_, answer)| answer.status == Status::Io)
-            .map(|((osd, _), _)| *osd)
-            .collect();
-        tracing::error!(pg = task.pg, ?damaged, "erasure-coded shard reads met damaged blocks; repairing the PG");
-        let now = Instant::now();
-        if self.repairs_asked.get(&task.pg).is_none_or(|at| now.duration_since(*at) >= REPAIR_BACKOFF) {
-            self.repairs_asked.insert(task.pg, now);
-            let ask = crate::messages::ScrubAsk { pg: task.pg, repair: true, reply: None };
-            self.shared.scrub_requests.lock().expect("scrub requests lock").push(ask);
-        }
-        let why = match &task.then {
-            EcThen::Read { .. } => match crate::backend::erasure::decode_around(&self.shared, task, &damaged) {
-                Ok(task) => return self.start_ec(task),
-                Err(task) => (task, "too few undamaged shards to decode; the PG is being repaired; resend"),
-            },
-            _ => (task, "a shard's bytes are damaged; the PG is being repaired; resend"),
-        };
-        let (task, why) = why;
-        let next = crate::backend::erasure::release(&self.shared, task.pg, &task.op.request.object);
-        self.reply(task.op.token, task.op.slot, &OpReply::error(Status::Retry, task.map_epoch, why));
-        self.hand_on(next);
+        let mut ec = std::mem::take(&mut self.ec);
+        ec_settle::settle(self, &mut ec, settled);
+        self.ec = ec;
     }
 
     /// An erasure-coded object came free and `next` holds it now: it runs
@@ -755,5 +653,42 @@ impl PriorityThread {
                 self.on_settled(settled);
             }
         }
+    }
+}
+
+/// A priority thread carries its erasure-coded tasks' frames on its own
+/// connections.
+impl EcIo for PriorityThread {
+    fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    fn histograms(&self) -> &Histograms {
+        &self.histograms
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn send_to(&mut self, osd: OsdId, frame: &Frame) -> bool {
+        let Some(peer) = self.peer(osd) else { return false };
+        if let Some(conn) = self.conns.get_mut(&peer) {
+            conn.push(frame);
+            self.touched.push(peer);
+        }
+        true
+    }
+
+    fn answer(&mut self, op: &ClientOp, reply: &OpReply) {
+        self.reply(op.token, op.slot, reply);
+    }
+
+    fn run_next(&mut self, next: ClientOp) {
+        self.hand_on(Some(next));
+    }
+
+    fn repairs_asked(&mut self) -> &mut HashMap<u32, Instant> {
+        &mut self.repairs_asked
     }
 }

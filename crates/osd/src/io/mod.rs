@@ -9,10 +9,13 @@
 //! - [`pending`]: replicated writes waiting for their replicas (sans I/O:
 //!   the simulator drives the same table).
 //! - [`erasure`]: erasure-coded operations waiting for their shards'
-//!   reads and acknowledgements (sans I/O, as `pending`).
+//!   reads and acknowledgements (sans I/O, as `pending`), and
+//!   [`ec_settle`]: what each does once its answers are in, for the event
+//!   loop and the simulator alike.
 //! - [`pool`]: the `threading = pool` ablation's workers.
 
 pub mod conn;
+pub mod ec_settle;
 pub mod erasure;
 pub mod event_loop;
 pub mod ops;

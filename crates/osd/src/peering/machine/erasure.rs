@@ -5,7 +5,9 @@
 //! 1. **Who holds the newest state**: a member is *current* when its copy
 //!    is whole (not a lost log nor an unfinished copy), the map's last
 //!    active set names it at its position, and it was active in the
-//!    newest interval any such member was. Current members logged
+//!    newest interval any such member was (or its log ends where such a
+//!    member's does: that interval's activation stopped before it, and
+//!    took no write). Current members logged
 //!    prefixes of one primary's sequence, and every write that PG
 //!    acknowledged is on each of them (an acknowledgement needs every
 //!    shard of the interval). Fewer than `k` current members: the PG
@@ -159,6 +161,7 @@ impl Peering {
         let pg = self.pg;
         let k = profile.k();
         debug_assert_eq!(self.shards.len(), profile.shards(), "an erasure-coded machine knows its positions");
+        tracing::debug!(pg, shards = ?self.shards, active_set = ?self.active_set, ?infos, "erasure-coded members answered");
         let position = |osd: OsdId| self.shards.iter().position(|s| *s == osd);
         // Named at its position by the last active set (none recorded: a
         // new PG, whose every member starts empty).
@@ -173,12 +176,45 @@ impl Peering {
             .filter(|m| !infos[m].backfilling && !infos[m].position_lost && recorded(*m))
             .collect();
         let newest = candidates.iter().map(|m| infos[m].last_active).max().unwrap_or(0);
-        let current: Vec<OsdId> = candidates.into_iter().filter(|m| fresh || infos[m].last_active == newest).collect();
+        // A member the last active set names at its position but that was
+        // not activated in the newest interval (that interval's activation
+        // stopped before it) is current too if its log ends where a newest
+        // member's does: the interval took no write (its primary activates
+        // last), so they hold one history (simulator, `--ec 2+1` seed 6).
+        // One that ends elsewhere may lack acknowledged writes: it must not
+        // count towards `S`, and is rebuilt.
+        let end = |m: &OsdId| (infos[m].last_seq, infos[m].last_epoch);
+        let newest_ends: BTreeSet<(u64, u32)> =
+            candidates.iter().filter(|m| infos[*m].last_active == newest).map(end).collect();
+        let current: Vec<OsdId> = candidates
+            .into_iter()
+            .filter(|m| fresh || infos[m].last_active == newest || newest_ends.contains(&end(m)))
+            .collect();
         if current.len() < k {
+            // Why each other member is not current, for the operator.
+            let others: Vec<String> = self
+                .members
+                .iter()
+                .filter(|m| !current.contains(m))
+                .map(|m| {
+                    let i = &infos[m];
+                    let why = if i.backfilling {
+                        "an unfinished copy".to_string()
+                    } else if i.position_lost {
+                        "lost its log".to_string()
+                    } else if !recorded(*m) {
+                        format!("not at its position in the last active set {:?}", self.active_set)
+                    } else {
+                        format!("last active in interval {}, not {newest}", i.last_active)
+                    };
+                    format!("osd.{m}: {why}")
+                })
+                .collect();
             return self.stuck(format!(
                 "PG {pg:#x} is erasure-coded ({profile}) and only {} of its members ({current:?}) hold its newest \
-                 state; {k} are needed to decode it: it waits for more of its last active OSDs",
-                current.len()
+                 state; {k} are needed to decode it: it waits for more of its last active OSDs ({})",
+                current.len(),
+                others.join("; ")
             ));
         }
         let mut seqs: Vec<u64> = current.iter().map(|m| infos[m].last_seq).collect();
@@ -896,10 +932,31 @@ mod tests {
     }
 
     #[test]
+    fn members_an_activation_missed_are_current_if_their_logs_end_where_the_newest_ones_do() {
+        // Interval 3's activation reached osd.2 only (then a member failed):
+        // it took no write, so osd.0 and osd.1 (last active in 2) hold the
+        // same history. Simulator `--ec 2+1` seed 6 waited for good.
+        let truth = encoded(&[(b"a", [1, 2])]);
+        let mut cluster = Shards::default();
+        for osd in 0..3 {
+            cluster.held.insert(osd, truth[osd as usize].clone());
+        }
+        let older = PeerInfo { last_active: 2, ..info(10) };
+        let infos = BTreeMap::from([(0, older), (1, older), (2, PeerInfo { last_active: 3, ..info(10) })]);
+        let (mut machine, actions) = start(vec![0, 1, 2], &infos);
+        let last = cluster.run(&mut machine, actions);
+        assert!(matches!(last.as_slice(), [Action::Active { last_seq: 10, .. }]), "{last:?}");
+        assert!(cluster.installs.is_empty(), "a member was rebuilt: {:?}", cluster.installs);
+        assert_eq!(cluster.settled, vec![(0, 10), (1, 10), (2, 10)]);
+    }
+
+    #[test]
     fn fewer_than_k_current_members_leave_the_pg_waiting() {
         let profile = Profile::new(2, 1, 4096).unwrap();
+        // (A member of an older interval whose log ends elsewhere than the
+        // newest members' may lack acknowledged writes.)
         for (osd, changed) in
-            [(2u32, PeerInfo { last_active: 2, ..info(10) }), (1, PeerInfo { position_lost: true, ..info(10) })]
+            [(2u32, PeerInfo { last_active: 2, ..info(7) }), (1, PeerInfo { position_lost: true, ..info(10) })]
         {
             // The other current member is down.
             let shards = if osd == 2 { vec![NO_OSD, 1, 2] } else { vec![0, 1, NO_OSD] };
