@@ -21,6 +21,17 @@ df`'s raw used).
 
     cargo build --release -p duplex-cli && bench/erasure.py [--seconds 15] [--ceph]
 
+With --rebuild instead: four OSDs, an image of --size-gib in a replicated
+pool (size 2) and one in an erasure-coded pool (2+1, min_size 2), both
+filled; then osd.3 is killed and marked out, and the script times how long
+each pool takes to hold all its data whole again on the three others: the
+replicated PGs until the map pins none (their backfill ends; they serve
+throughout), the erasure-coded ones until a full read of the image, begun
+at once, ends (a PG rebuilds its moved shards inside peering, and its I/O
+waits meanwhile), less that read's own time beforehand.
+
+    bench/erasure.py --rebuild [--size-gib 0.5]
+
 Prints the figures as JSON. Stops and wipes its clusters at the end, also
 on failure.
 """
@@ -155,6 +166,59 @@ def ceph_side(work_dir, seconds, size):
     return results
 
 
+def rebuild_side(directory, size):
+    """Time to hold every byte whole again after an OSD is lost and marked out."""
+    cluster = snapshots.Cluster(directory)
+    try:
+        say = lambda *args: print(cluster.duplex(*args, capture=True), file=sys.stderr, end="")  # noqa: E731
+        say("dev", "up", "--dir", directory, "--osds", "4", "--replicas", "2", "--min-size", "1",
+            "--pg-num", "32", "--osd-size", "4G")
+        say("pool", "create", "cold", "--ec", "2+1", "--min-size", "2", "--pg-num", "32")
+        uris = {}
+        for image, options in [("rep2", []), ("ec21", ["--data-pool", "cold"])]:
+            say("image", "create", image, "--size", str(size), *options)
+            uri, _server = cluster.serve(image)
+            snapshots.fill(uri, size)
+            uris[image] = uri
+        time.sleep(3)
+
+        def read_all(uri):
+            started = time.monotonic()
+            subprocess.run(["fio", "--name=probe", "--ioengine=nbd", f"--uri={uri}", "--rw=read", "--bs=1m",
+                            "--iodepth=8", f"--size={size}", "--direct=1", "--readonly"],
+                           check=True, capture_output=True)
+            return time.monotonic() - started
+
+        plain_read = read_all(uris["ec21"])
+        state = json.load(open(os.path.join(directory, "state.json")))
+        victim = next(p for p in state["processes"] if p["name"] == "osd.3")
+        os.kill(victim["pid"], 9)
+        lost_at = time.monotonic()
+        say("mark", "out", "3")
+        ec_read = read_all(uris["ec21"])
+        ec_done = time.monotonic() - lost_at
+        while True:
+            status = json.loads(cluster.duplex("status", "--json", capture=True))
+            moving = {state: n for state, n in status["pgs"].items() if state != "active+clean"}
+            if not moving:
+                break
+            if time.monotonic() - lost_at > 1800:
+                raise RuntimeError(f"the PGs did not settle: {moving}")
+            time.sleep(0.5)
+        rep_done = time.monotonic() - lost_at
+        figures = {
+            "image_bytes": size,
+            "rep2_whole_again_s": round(rep_done, 1),
+            "ec21_whole_again_s": round(max(ec_done - plain_read, 0.0), 1),
+            "ec21_read_after_loss_s": round(ec_read, 1),
+            "ec21_plain_read_s": round(plain_read, 1),
+        }
+        print(f"  rebuild: {figures}", file=sys.stderr)
+        return figures
+    finally:
+        cluster.down()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", default="/tmp/duplex-ecbench")
@@ -162,8 +226,12 @@ def main():
     parser.add_argument("--size-gib", type=float, default=1.0)
     parser.add_argument("--ceph", action="store_true", help="Ceph's figures too (installs Ceph)")
     parser.add_argument("--ceph-only", action="store_true")
+    parser.add_argument("--rebuild", action="store_true", help="time rebuilding a lost OSD's data instead")
     args = parser.parse_args()
     size = int(args.size_gib * GIB)
+    if args.rebuild:
+        print(json.dumps({"duplex_rebuild": rebuild_side(args.dir, size)}, indent=2))
+        return
     results = {}
     if args.ceph or args.ceph_only:
         snapshots.ensure_ceph()

@@ -54,6 +54,17 @@ fn placement_inputs(map: &ClusterMap) -> PlacementInputs<'_> {
 pub(crate) fn settle(old: &ClusterMap, new: &ClusterMap) -> Vec<Change> {
     let new_hierarchy = new.hierarchy();
     let mut changes = moved_pins(old, new, &new_hierarchy);
+    // Erasure-coded PGs' pins follow their recorded holders, whatever the
+    // command changed (placement, an OSD down or up, a record).
+    for pool in new.pools.values().filter(|pool| pool.is_erasure()) {
+        for pg in 0..pool.pg_num {
+            let current = new.pg_temp.get(&(pool.id, pg)).cloned().unwrap_or_default();
+            let wanted = erasure_pin(new, &new_hierarchy, pool, pg);
+            if wanted != current {
+                changes.push(Change::SetPgTemp { pool: pool.id, pg, osds: wanted });
+            }
+        }
+    }
     // The pins once these changes apply too.
     let mut pins = new.pg_temp.clone();
     for change in &changes {
@@ -84,14 +95,7 @@ fn moved_pins(old: &ClusterMap, new: &ClusterMap, new_hierarchy: &duplex_placeme
         for pool in new.pools.values() {
             let Some(old_pool) = old.pools.get(&pool.id) else { continue };
             if pool.is_erasure() {
-                for pg in 0..pool.pg_num.min(old_pool.pg_num) {
-                    let current = new.pg_temp.get(&(pool.id, pg)).cloned().unwrap_or_default();
-                    let wanted = erasure_pin(old, new, (&old_hierarchy, new_hierarchy), pool, pg);
-                    if wanted != current {
-                        changes.push(Change::SetPgTemp { pool: pool.id, pg, osds: wanted });
-                    }
-                }
-                continue;
+                continue; // `settle` pins them by their records
             }
             // PGs a split just made have no acting set to keep.
             for pg in 0..pool.pg_num.min(old_pool.pg_num) {
@@ -127,41 +131,26 @@ fn moved_pins(old: &ClusterMap, new: &ClusterMap, new_hierarchy: &duplex_placeme
     changes
 }
 
-/// An erasure-coded PG's pin once placement moved. A shard's data is its
-/// position's, and adding a host can shift two positions of a PG at once
-/// (a member moved to another position holds the wrong shard). When
-/// placement keeps at least `k` shards on their holders, the PG goes to
-/// it and its recovery rebuilds the moved shards from those (no pin).
-/// Otherwise each position stays on the OSD that holds it while that OSD
-/// is up, and a position whose holder is down goes to its new placement
-/// (rebuilt the same way). Shards do not move in the background yet
-/// (issue 26): a PG pinned this way stays on its OSDs until placement
-/// moves again.
-fn erasure_pin(
-    old: &ClusterMap,
-    new: &ClusterMap,
-    (old_hierarchy, new_hierarchy): (&duplex_placement::Hierarchy, &duplex_placement::Hierarchy),
-    pool: &crate::Pool,
-    pg: u32,
-) -> Vec<OsdId> {
-    let Some(old_pool) = old.pools.get(&pool.id) else { return Vec::new() };
-    let placed = new.pg_osds(new_hierarchy, pool, pg);
+/// An erasure-coded PG's pin in `map`. A shard's data is its position's,
+/// and the PG's last active set names who holds each position (its
+/// positional record, `crate::active_set`); adding a host can shift two
+/// positions of a PG at once, so a member moved to another position would
+/// hold the wrong shard. When placement keeps at least `k` recorded
+/// holders that are up at their positions, the PG goes to placement and
+/// its recovery rebuilds the other shards from those (no pin). Otherwise
+/// each position stays on its recorded holder while it is up, and one
+/// whose holder is down goes to placement's OSD (rebuilt there), or is a
+/// hole if that OSD holds another position. Shards do not move in the
+/// background yet (issue 26): a PG pinned this way stays on its holders
+/// until the map changes again.
+fn erasure_pin(map: &ClusterMap, hierarchy: &duplex_placement::Hierarchy, pool: &crate::Pool, pg: u32) -> Vec<OsdId> {
+    let placed = map.pg_osds(hierarchy, pool, pg);
     let size = pool.size as usize;
-    // Who holds each position: its pin, else the acting set that served
-    // it, else its last active set (whose OSDs may be down).
-    let pinned = old.pg_temp.get(&(pool.id, pg)).filter(|pin| pin.len() == size).cloned();
-    let acting = old.acting(old_hierarchy, old_pool, pg);
-    let recorded = old.active_sets.get(&(pool.id, pg)).map(|set| set.osds.clone()).filter(|set| set.len() == size);
-    let holder = |p: usize| {
-        let from_pin = pinned.as_ref().map(|pin| pin[p]).filter(|osd| *osd != crate::NO_OSD);
-        let from_acting = acting.get(p).copied().filter(|osd| *osd != crate::NO_OSD);
-        let from_record = recorded.as_ref().map(|set| set[p]).filter(|osd| *osd != crate::NO_OSD);
-        from_pin.or(from_acting).or(from_record)
+    let Some(recorded) = map.active_sets.get(&(pool.id, pg)).filter(|set| set.osds.len() == size) else {
+        return Vec::new(); // never active: no shard to keep anywhere
     };
-    let kept: Vec<Option<OsdId>> = (0..size).map(|p| holder(p).filter(|osd| new.is_up(*osd))).collect();
-    // Placement keeps at least `k` shards where they are: the PG can go
-    // there, decode from those, and rebuild the moved ones (its recovery
-    // does, before it serves). Fewer: it stays pinned to its holders.
+    let kept: Vec<Option<OsdId>> =
+        recorded.osds.iter().map(|osd| Some(*osd).filter(|osd| *osd != crate::NO_OSD && map.is_up(*osd))).collect();
     let k = pool.erasure.map_or(1, |code| usize::from(code.k));
     let unmoved = (0..size).filter(|p| kept[*p].is_some() && kept[*p] == placed.get(*p).copied()).count();
     if unmoved >= k {
@@ -170,8 +159,6 @@ fn erasure_pin(
     let wanted: Vec<OsdId> = (0..size)
         .map(|p| match kept[p] {
             Some(osd) => osd,
-            // The new placement's OSD, unless it holds another position
-            // (then a hole: the PG serves degraded there).
             None => placed.get(p).copied().filter(|osd| !kept.contains(&Some(*osd))).unwrap_or(crate::NO_OSD),
         })
         .collect();
@@ -218,7 +205,11 @@ pub(crate) fn may_clear(
     interval: u64,
 ) -> bool {
     let (Some(temp), Some(info)) = (map.pg_temp.get(&(pool, pg)), map.pools.get(&pool)) else { return false };
-    if pg >= info.pg_num || map.up_set(hierarchy, info, pg) != up {
+    // An erasure-coded PG's up set holds other shards than its pin's
+    // positions: recording it as the last active set would name OSDs for
+    // shards they do not hold (simulator `--ec 2+1` seed 246 read one data
+    // shard's bytes for another's). Its pin goes by `settle` only.
+    if pg >= info.pg_num || info.is_erasure() || map.up_set(hierarchy, info, pg) != up {
         return false;
     }
     temp.iter().chain(up).all(|osd| map.osds.get(osd).is_some_and(|o| o.state_epoch <= interval))

@@ -584,6 +584,9 @@ fn an_erasure_coded_pg_keeps_its_shards_on_their_holders_when_an_osd_joins() {
         .unwrap();
     let pool = map.pool_by_name("cold").unwrap().clone();
     let before: Vec<Vec<u32>> = (0..64).map(|pg| map.acting(&map.hierarchy(), &pool, pg)).collect();
+    // Each PG went active on its placement: the records name its holders.
+    let pgs = (0..64).map(|pg| (pool.id, pg, map.epoch, before[pg as usize].clone())).collect();
+    map.run(&Command::RecordActive { pgs }).unwrap();
     // A fourth host: placement moves positions. A PG that keeps k shards
     // in place goes to placement (the moved ones are rebuilt); one that
     // would keep fewer (two positions shifted at once) stays pinned to its
@@ -604,10 +607,35 @@ fn an_erasure_coded_pg_keeps_its_shards_on_their_holders_when_an_osd_joins() {
         }
     }
     assert!(moved > 0 && pinned > 0, "{moved} PGs moved, {pinned} pinned: the test does not cover both");
-    // A holder dies and is marked out: no PG keeps it, and a pinned PG's
-    // other positions stay on their holders.
-    let victim = before[0][0];
+    // Its primary cannot ask the pin to go (as a replicated hand-over's
+    // does): the up set's OSDs do not hold the pinned positions' shards.
+    let pinned_pg = (0..64u32).find(|pg| map.pg_temp.contains_key(&(pool.id, *pg))).unwrap();
+    let up = map.up_set(&map.hierarchy(), &pool, pinned_pg);
+    let record_before = map.active_sets.get(&(pool.id, pinned_pg)).cloned();
+    let cleared = map.run(&Command::ClearPgTemp { interval: map.epoch, pgs: vec![(pool.id, pinned_pg, up)] }).unwrap();
+    assert!(cleared.is_none(), "an erasure-coded pin went by ClearPgTemp");
+    assert_eq!(map.active_sets.get(&(pool.id, pinned_pg)).cloned(), record_before);
+    // A pinned holder goes down (not out): placement did not move, yet its
+    // position goes to placement's OSD, whose shard recovery rebuilds, or
+    // stays a hole when that OSD holds another position.
+    let pinned_pg = (0..64u32).find(|pg| map.pg_temp.contains_key(&(pool.id, *pg))).unwrap();
+    let holder = map.acting(&map.hierarchy(), &pool, pinned_pg)[0];
+    let mut down = map.clone();
+    down.run(&Command::MarkDown { id: holder }).unwrap();
+    let hierarchy = down.hierarchy();
+    let acting = down.acting(&hierarchy, &pool, pinned_pg);
+    let placed = down.pg_osds(&hierarchy, &pool, pinned_pg);
+    assert!(!acting.contains(&holder), "{acting:?}");
+    assert!(acting[0] == NO_OSD || acting[0] == placed[0], "{acting:?} (placed {placed:?})");
+    let in_place = acting.iter().zip(&placed).filter(|(a, p)| a == p).count();
+    assert!(acting[0] == placed[0] || in_place < 2, "{acting:?}: the hole at 0 was placement's to fill");
+    // Each PG peers on its acting set (rebuilding the moved shards) and
+    // records it. Then a holder dies and is marked out: no PG keeps it, and
+    // a pinned PG's other positions stay on their holders.
     let holders: Vec<Vec<u32>> = (0..64).map(|pg| map.acting(&map.hierarchy(), &pool, pg)).collect();
+    let pgs = (0..64).map(|pg| (pool.id, pg, map.epoch, holders[pg as usize].clone())).collect();
+    map.run(&Command::RecordActive { pgs }).unwrap();
+    let victim = before[0][0];
     map.run(&Command::MarkDown { id: victim }).unwrap();
     map.run(&Command::MarkOut { id: victim }).unwrap();
     let hierarchy = map.hierarchy();

@@ -26,9 +26,9 @@
 //! dropped; recovery rebuilds its objects when it returns
 //! (`crate::peering::machine::erasure`).
 //!
-//! Not yet (issue 26): snapshots and
-//! attributes on erasure-coded objects, shards moved to new OSDs in the
-//! background. An object's size is its shards' rounded up to whole stripes.
+//! Not yet (issue 26): snapshots and attributes on erasure-coded objects,
+//! shards moved to new OSDs in the background. An object's size is its
+//! shards' rounded up to whole stripes.
 
 use std::sync::MutexGuard;
 

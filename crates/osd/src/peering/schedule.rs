@@ -68,7 +68,8 @@ impl Wanted {
     /// asks again after a first request was refused (a member restarted
     /// between the backfill and the request), or never made.
     pub fn pin_may_go_once_active(&self, backfill: &[OsdId]) -> bool {
-        backfill.is_empty() && self.targets.is_empty() && self.is_pinned()
+        // An erasure-coded PG's pin is the map's to drop (`duplex_map::pg_temp`).
+        backfill.is_empty() && self.targets.is_empty() && self.is_pinned() && self.erasure.is_none()
     }
 }
 
