@@ -206,7 +206,24 @@ def rebuild_side(directory, size):
                 raise RuntimeError(f"the PGs did not settle: {moving}")
             time.sleep(0.5)
         rep_done = time.monotonic() - lost_at
+        # What the EC primaries' logs say of their rebuilds since the loss.
+        rebuilt_pgs, rebuilt_objects, longest_ms = 0, 0, 0
+        for name in os.listdir(directory):
+            if not (name.startswith("osd.") and name.endswith(".log")):
+                continue
+            for line in open(os.path.join(directory, name), errors="replace"):
+                if "PG recovered and active" not in line or "pg=" not in line:
+                    continue
+                fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+                if int(fields.get("pg", "0")) >> 20 != 2:  # the EC pool's PGs
+                    continue
+                rebuilt_pgs += 1
+                rebuilt_objects += int(fields.get("objects", "0"))
+                longest_ms = max(longest_ms, int(fields.get("took_ms", "0")))
         figures = {
+            "ec21_pg_rebuilds": rebuilt_pgs,
+            "ec21_objects_rebuilt": rebuilt_objects,
+            "ec21_longest_pg_rebuild_ms": longest_ms,
             "image_bytes": size,
             "rep2_whole_again_s": round(rep_done, 1),
             "ec21_whole_again_s": round(max(ec_done - plain_read, 0.0), 1),
