@@ -215,10 +215,8 @@ pub struct EcPiece {
 }
 
 /// A mutation of an erasure-coded object, planned at admission.
+/// (Its code and the PG's members by shard position are its task's.)
 pub struct EcWrite {
-    pub profile: duplex_ec::Profile,
-    /// The PG's members by shard position (the acting set it was admitted in).
-    pub shards: Vec<OsdId>,
     pub request: RequestId,
     pub change: EcChange,
 }

@@ -454,7 +454,7 @@ fn mutate(at: &Primary<'_>, op: ClientOp) -> Outcome {
         map_epoch: epoch,
         seq: 0,
         reads,
-        then: EcThen::Write(Box::new(EcWrite { profile, shards: shards.clone(), request, change })),
+        then: EcThen::Write(Box::new(EcWrite { request, change })),
         profile,
         shards,
     }))
@@ -482,12 +482,12 @@ pub fn commit(
     // write leaves alone logs a write of no bytes: every shard's log holds
     // every seq, and every shard holds the object once it exists (an
     // absent object is absent on all of them).
-    let mut per_shard: Vec<(LogOp, u64, Vec<u8>)> = vec![(LogOp::Write, 0, Vec::new()); write.profile.shards()];
+    let mut per_shard: Vec<(LogOp, u64, Vec<u8>)> = vec![(LogOp::Write, 0, Vec::new()); task.profile.shards()];
     match &write.change {
         EcChange::Data { plan, data, .. } => {
             let read: Vec<Vec<u8>> =
                 answers.iter().map(|a| if a.status == Status::Ok { a.data.to_vec() } else { Vec::new() }).collect();
-            let mut codec = Codec::new(write.profile);
+            let mut codec = Codec::new(task.profile);
             let writes = plan.shard_writes(&mut codec, data, &read).map_err(|e| (Status::Io, e.to_string()))?;
             for shard_write in writes {
                 per_shard[shard_write.shard] = (LogOp::Write, shard_write.offset, shard_write.data);
@@ -500,14 +500,14 @@ pub fn commit(
         }
     }
     let me = shared.config.id;
-    let Some(own) = write.shards.iter().position(|osd| *osd == me) else {
+    let Some(own) = task.shards.iter().position(|osd| *osd == me) else {
         return retry("this OSD is no longer a member of the PG");
     };
     let Some(pg) = shared.pgs.get(task.pg) else { return retry("the PG is gone") };
     let mut guard = pg.lock().expect("PG lock");
     // Still the interval it was admitted in (a fence since would refuse
     // its entries at the members anyway).
-    if guard.active.as_ref().is_none_or(|a| a.members != write.shards) || guard.asked_interval > task.map_epoch {
+    if guard.active.as_ref().is_none_or(|a| a.members != task.shards) || guard.asked_interval > task.map_epoch {
         return retry("the PG is peering (its members are being brought up to date)");
     }
     let seq = guard.log.next_seq();
@@ -557,7 +557,7 @@ pub fn commit(
     }
     guard.uncommitted.begin(task.id, object.clone(), 0, u64::MAX);
     guard.ec_pending.insert(seq);
-    let sends: Vec<(OsdId, Bytes)> = write
+    let sends: Vec<(OsdId, Bytes)> = task
         .shards
         .iter()
         .enumerate()
