@@ -151,6 +151,9 @@ fn client_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
     if let Err(why) = check_decodable(&profile, at.interval.acting) {
         return reply(&op, Status::Retry, at.epoch, why);
     }
+    if let Err(why) = check_range(op.request.offset, u64::from(op.request.length)) {
+        return reply(&op, Status::Invalid, at.epoch, why);
+    }
     {
         let Some(pg) = lock_served(at.pg, &at.interval) else { return peering_reply(at.shared, &op, at.epoch) };
         if pg.uncommitted.touches(&op.request.object, 0, u64::MAX) {
@@ -229,6 +232,15 @@ fn check_decodable(profile: &Profile, acting: &[OsdId]) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Object bytes `[offset, offset + len)` lie within the largest object
+/// (the stripe arithmetic rounds past the end of the range).
+fn check_range(offset: u64, len: u64) -> Result<(), String> {
+    match offset.checked_add(len) {
+        Some(end) if end <= duplex_store::MAX_OBJECT_SIZE => Ok(()),
+        _ => Err(format!("bytes {offset}+{len} reach past the largest object")),
+    }
 }
 
 /// Which shard positions have an OSD in `acting` (a down one leaves a hole).
@@ -340,14 +352,18 @@ fn change_of(profile: &Profile, request: &OpRequest, present: &[bool]) -> Result
     let width = profile.stripe_width();
     let unit = u64::from(profile.stripe_unit());
     Ok(match request.kind {
-        OpKind::Write => EcChange::Data {
-            plan: WritePlan::degraded(*profile, request.offset, request.data.len() as u64, present)
-                .map_err(|e| e.to_string())?,
-            offset: request.offset,
-            data: request.data.clone(),
-        },
+        OpKind::Write => {
+            check_range(request.offset, request.data.len() as u64)?;
+            EcChange::Data {
+                plan: WritePlan::degraded(*profile, request.offset, request.data.len() as u64, present)
+                    .map_err(|e| e.to_string())?,
+                offset: request.offset,
+                data: request.data.clone(),
+            }
+        }
         OpKind::Zero => {
             let len = duplex_oplog::zero_length(&request.data).ok_or("a zero carries its length in 8 bytes")?;
+            check_range(request.offset, len)?;
             if request.offset.is_multiple_of(width) && len.is_multiple_of(width) {
                 // Whole stripes: zeros code to zeros, so every shard zeroes
                 // the same shard range (holes stay holes).

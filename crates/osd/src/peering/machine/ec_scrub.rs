@@ -68,6 +68,9 @@ impl Peering {
                 return Ok(None);
             }
             let Some(objects) = scrub.objects.as_mut() else {
+                // Recovery's rebuilds are done: every member holds the PG
+                // at its seq, and may be a repair's source.
+                ec.whole = ec.shards.iter().copied().filter(|osd| *osd != NO_OSD).collect();
                 ec.stage = Some(EcStage::ScrubList { names: BTreeSet::new() });
                 return Ok(Some((authority, PeerOp::List { cursor: Vec::new() })));
             };
@@ -210,6 +213,10 @@ impl Peering {
         } else {
             report_bad(&mut scrub.bad.iter().copied())
         };
+        // A repair decodes from `k` members it does not blame.
+        let sources = ec.whole.iter().filter(|osd| !bad.contains(osd)).count();
+        let unrepairable = scrub.unrepairable || sources < ec.profile.k();
+        let scrub = ObjectScrub { unrepairable, ..scrub };
         let state = ec.scrub.as_mut().expect("a scrub runs");
         state.report.objects += 1;
         if bad.is_empty() {

@@ -44,8 +44,9 @@ pub(super) struct EcRecovery {
     pub(super) shards: Vec<OsdId>,
     /// The seq every member settles at.
     settle_to: u64,
-    /// Current members with `last_seq >= settle_to`: the rebuilds' sources.
-    whole: Vec<OsdId>,
+    /// Current members with `last_seq >= settle_to`: the rebuilds' sources
+    /// (every member, once the rebuilds are done: the scrub's).
+    pub(super) whole: Vec<OsdId>,
     /// Members to settle, and the seq each settles at.
     to_settle: VecDeque<(OsdId, u64)>,
     /// Current members behind `settle_to`: (member, its last seq, that entry's epoch).
@@ -97,6 +98,10 @@ pub(super) struct Rebuild {
     /// Compare with the target's copy before installing it (a whole
     /// rebuild), while its size and every chunk so far matched.
     compare: bool,
+    /// As the job asked (`compare` may turn off on a difference), and the
+    /// members it avoids: a damaged source restarts it without that one.
+    compare_asked: bool,
+    avoid: Vec<OsdId>,
     stage: RebuildStage,
 }
 
@@ -142,10 +147,16 @@ impl EcRecovery {
         self.stage.is_some()
     }
 
-    /// The rebuilt shard's size: its sources' largest (a shard the last
-    /// writes left short reads as zeros past its end either way).
+    /// The rebuilt shard's size: its sources' largest, in whole 64-byte
+    /// columns (a shard the last writes left short reads as zeros past its
+    /// end either way). A data shard may end mid-column while the parity
+    /// over it always spans whole columns: a parity shard rebuilt from data
+    /// shards alone is then as long as the one it replaces, and a compare
+    /// with a good one finds them equal. (Its bytes past the data's end are
+    /// zeros with this code, but the size must not depend on that.)
     fn size(rebuild: &Rebuild) -> u64 {
-        rebuild.sizes.iter().flatten().copied().max().unwrap_or(0)
+        let largest = rebuild.sizes.iter().flatten().copied().max().unwrap_or(0);
+        largest.div_ceil(COLUMN).saturating_mul(COLUMN)
     }
 }
 
@@ -382,8 +393,16 @@ impl Peering {
                         }
                         let first = sources[0];
                         let op = PeerOp::Stat { object: object.clone() };
-                        let rebuild =
-                            Rebuild { object, to, sources, sizes: Vec::new(), compare, stage: RebuildStage::Stat };
+                        let rebuild = Rebuild {
+                            object,
+                            to,
+                            sources,
+                            sizes: Vec::new(),
+                            compare,
+                            compare_asked: compare,
+                            avoid,
+                            stage: RebuildStage::Stat,
+                        };
                         ec.stage = Some(EcStage::Rebuild(Box::new(rebuild)));
                         return Ok(Some((first, op)));
                     }
@@ -474,6 +493,17 @@ impl Peering {
             }
             (RebuildStage::Install, Some(PeerReply::Done)) => {
                 self.progress.objects_copied += 1;
+                return Ok(None);
+            }
+            (RebuildStage::Pull { offset, chunks, .. }, Some(PeerReply::Damaged(why))) => {
+                // That source's block is damaged: the object starts over
+                // from others (peering stops if fewer than k are left).
+                let source = rebuild.sources[chunks.len()];
+                tracing::warn!(pg = self.pg, osd = source, offset, %why, "a rebuild's source is damaged; decoding from others");
+                let mut avoid = rebuild.avoid.clone();
+                avoid.push(source);
+                let job = RebuildJob { object, to: rebuild.to, compare: rebuild.compare_asked, avoid };
+                ec.rebuilds.push_front(job);
                 return Ok(None);
             }
             (_, other) => return Err(format!("unexpected answer {other:?} while rebuilding a shard")),
@@ -929,6 +959,58 @@ mod tests {
         let last = cluster.run(&mut machine, actions);
         assert!(matches!(last.as_slice(), [Action::Active { last_seq: 10, .. }]), "{last:?}");
         assert_eq!(cluster.held[&1], truth[1]);
+    }
+
+    #[test]
+    fn a_parity_shard_rebuilt_from_data_shards_that_end_mid_column_keeps_its_whole_columns() {
+        // A 101-byte write to a 2+2 object: data shard 0 holds 101 bytes,
+        // shard 1 none, and each parity whole 64-byte columns (128 bytes).
+        // The rebuilt parity is as long as the one it replaces, so a later
+        // compare finds them equal instead of rewriting it every time.
+        let profile = Profile::new(2, 2, 4096).unwrap();
+        let data: Vec<u8> = (1..=101).collect();
+        let mut padded = data.clone();
+        padded.resize(128, 0);
+        let parity = Codec::new(profile).encode(&[&padded, &[0u8; 128]]).unwrap();
+        let mut cluster = Shards::default();
+        cluster.held.insert(0, BTreeMap::from([(b"t".to_vec(), data)]));
+        cluster.held.insert(1, BTreeMap::from([(b"t".to_vec(), Vec::new())]));
+        cluster.held.insert(2, BTreeMap::from([(b"t".to_vec(), parity[0].clone())]));
+        cluster.held.insert(3, BTreeMap::new()); // a new OSD at the second parity's position
+        let shards: Vec<OsdId> = vec![0, 1, 2, 3];
+        let (mut machine, actions) = Peering::start_erasure(7, 9, shards.clone(), Some(shards), profile, None);
+        let mut next = Vec::new();
+        for action in actions {
+            let Action::Send { to, tag, op: PeerOp::Query } = action else { panic!("{action:?}") };
+            let answer = if to == 3 { PeerInfo { last_active: 2, ..info(4) } } else { info(10) };
+            next.extend(machine.on_reply(tag, PeerReply::Info { info: answer, requests: vec![id(10)] }));
+        }
+        let last = cluster.run(&mut machine, next);
+        assert!(matches!(last.as_slice(), [Action::Active { .. }]), "{last:?}");
+        assert_eq!(cluster.held[&3][&b"t"[..]], parity[1], "the rebuilt parity lost bytes past the data's end");
+    }
+
+    #[test]
+    fn a_damaged_source_is_avoided_and_the_shard_decoded_from_others() {
+        let profile = Profile::new(2, 2, 4096).unwrap();
+        let truth = encoded_as(profile, &[(b"a", [1, 2]), (b"b", [3, 4])]);
+        let mut cluster = Shards::default();
+        for osd in 0..3u32 {
+            cluster.held.insert(osd, truth[osd as usize].clone());
+        }
+        cluster.held.insert(3, BTreeMap::new());
+        cluster.damaged.insert((0, b"a".to_vec()));
+        let shards: Vec<OsdId> = vec![0, 1, 2, 3];
+        let (mut machine, actions) = Peering::start_erasure(7, 9, shards.clone(), Some(shards), profile, None);
+        let mut next = Vec::new();
+        for action in actions {
+            let Action::Send { to, tag, op: PeerOp::Query } = action else { panic!("{action:?}") };
+            let answer = if to == 3 { PeerInfo { last_active: 2, ..info(4) } } else { info(10) };
+            next.extend(machine.on_reply(tag, PeerReply::Info { info: answer, requests: vec![id(10)] }));
+        }
+        let last = cluster.run(&mut machine, next);
+        assert!(matches!(last.as_slice(), [Action::Active { .. }]), "{last:?}");
+        assert_eq!(cluster.held[&3], truth[3], "the shard was not rebuilt around the damaged source");
     }
 
     #[test]
