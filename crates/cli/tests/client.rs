@@ -514,6 +514,26 @@ fn wait_until_dead(pid: i32, what: &str) -> Duration {
     }
 }
 
+/// After a power cut of `osd`: its `shm` log goes too (the files it
+/// held, returned), I/O goes on without it, it restarts with its store
+/// alone and I/O goes on again; how long each took.
+fn back_without_its_log(
+    cluster: &DevCluster,
+    osd: u32,
+    trigger: &std::path::Path,
+    run: &Verifying,
+) -> (usize, Duration, Duration) {
+    let log_dir = log_dir_of(cluster, osd);
+    let lost = std::fs::read_dir(&log_dir).unwrap().count();
+    std::fs::remove_dir_all(&log_dir).unwrap();
+    std::fs::remove_file(trigger).unwrap();
+    let resumed = run.wait_for_progress(&format!("after osd.{osd} lost power"));
+    restart_osd(cluster, osd);
+    let rejoined = run.wait_for_progress(&format!("after osd.{osd} came back without its log"));
+    std::thread::sleep(Duration::from_secs(2));
+    (lost, resumed, rejoined)
+}
+
 /// The operation-log directory of `osd` in a dev cluster.
 fn log_dir_of(cluster: &DevCluster, osd: u32) -> std::path::PathBuf {
     dev_state(cluster)["oplog_dirs"]
@@ -550,14 +570,7 @@ fn a_node_that_loses_power_is_repaired_from_its_peers() {
         .and_then(|n| n.parse().ok())
         .expect("the cut logs what it dropped");
     assert!(unflushed > 0, "a flush was due, so writes were waiting for it: {cut}");
-    let log_dir = log_dir_of(&cluster, 1);
-    let lost = std::fs::read_dir(&log_dir).unwrap().count();
-    std::fs::remove_dir_all(&log_dir).unwrap();
-    std::fs::remove_file(&trigger).unwrap();
-    let resumed = run.wait_for_progress("after osd.1 lost power");
-    restart_osd(&cluster, 1);
-    let rejoined = run.wait_for_progress("after osd.1 came back without its log");
-    std::thread::sleep(Duration::from_secs(2));
+    let (lost, resumed, rejoined) = back_without_its_log(&cluster, 1, &trigger, &run);
     let report = run.finish();
     eprintln!(
         "power loss of osd.1 ({lost} log files and {unflushed} bytes of unflushed device writes dropped): \
@@ -584,13 +597,7 @@ fn a_shard_that_loses_power_is_rebuilt_from_the_others() {
     let run = Verifying::start_with(&client, "vm1", 64 * MIB, options);
     run.wait_for_progress("before the fault");
     arm_until_dead(&cluster, 1, &trigger, "power-cut");
-    let log_dir = log_dir_of(&cluster, 1);
-    std::fs::remove_dir_all(&log_dir).unwrap();
-    std::fs::remove_file(&trigger).unwrap();
-    let resumed = run.wait_for_progress("after osd.1 lost power");
-    restart_osd(&cluster, 1);
-    let rejoined = run.wait_for_progress("after osd.1 came back without its log");
-    std::thread::sleep(Duration::from_secs(2));
+    let (_, resumed, rejoined) = back_without_its_log(&cluster, 1, &trigger, &run);
     let report = run.finish();
     eprintln!(
         "power loss of shard osd.1: I/O resumed (degraded) after {resumed:?}, went on {rejoined:?} after it came \

@@ -508,8 +508,10 @@ impl ClusterMap {
             return PgSets { acting: up.clone(), up, backfill: Vec::new(), pinned: false };
         }
         let acting = self.acting(hierarchy, pool, pg);
-        // A pin with no OSD up leaves the PG without a primary to fill anyone.
-        let backfill = if primary_of(&acting).is_none() {
+        // A pin with no OSD up leaves the PG without a primary to fill
+        // anyone; an erasure-coded PG's pin keeps shards on their holders,
+        // and nothing fills the others in the background (yet).
+        let backfill = if primary_of(&acting).is_none() || pool.is_erasure() {
             Vec::new()
         } else {
             up.iter().copied().filter(|id| *id != NO_OSD && !acting.contains(id)).collect()

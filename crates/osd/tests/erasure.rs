@@ -230,41 +230,8 @@ fn kill_9_of_a_shard_during_partial_overwrites_loses_no_acknowledged_write_and_t
         client.write(pool, object, 0, &[1; 8192]).unwrap();
         model.lock().unwrap().write(object, 0, &[1; 8192]);
     }
-    // Two writers, each with objects of its own: every write acknowledged
-    // is in the model; one that failed is left out of it, and its object
-    // with it (its bytes may or may not have landed).
-    let writers: Vec<_> = (0..2)
-        .map(|w| {
-            let (model, stop, written) = (model.clone(), stop.clone(), written.clone());
-            let mine: Vec<Vec<u8>> = objects.iter().skip(w).step_by(2).cloned().collect();
-            let mut client = cluster.client();
-            std::thread::spawn(move || {
-                let mut rng = rand::rngs::StdRng::seed_from_u64(100 + w as u64);
-                let mut round = 0usize;
-                let mut given_up: Vec<Vec<u8>> = Vec::new();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let object = &mine[round % mine.len()];
-                    round += 1;
-                    if given_up.contains(object) {
-                        continue;
-                    }
-                    let offset = rng.gen_range(0..span / UNIT) * UNIT + rng.gen_range(0..2) * 1000;
-                    let data: Vec<u8> = (0..UNIT).map(|_| rng.gen()).collect();
-                    match client.write(pool, object, offset, &data) {
-                        Ok(()) => {
-                            model.lock().unwrap().write(object, offset, &data);
-                            written.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        }
-                        Err(err) => {
-                            eprintln!("a write failed ({err}); its object leaves the check");
-                            given_up.push(object.clone());
-                        }
-                    }
-                }
-                given_up
-            })
-        })
-        .collect();
+    // Two writers, each with objects of its own (`start_writers`).
+    let writers = start_writers(&cluster, pool, &objects, span, &model, &stop, &written);
     for victim in [2u32, 0, 1] {
         let before = written.load(std::sync::atomic::Ordering::Relaxed);
         while written.load(std::sync::atomic::Ordering::Relaxed) < before + 150 {

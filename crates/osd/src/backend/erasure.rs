@@ -33,7 +33,7 @@
 use std::sync::MutexGuard;
 
 use bytes::Bytes;
-use duplex_ec::{Codec, Layout, Profile, ReadPlan, WritePlan};
+use duplex_ec::{Codec, Layout, Profile, ReadPlan, ShardRange, WritePlan};
 use duplex_map::{ErasureCode, OsdId, Pool, NO_OSD};
 use duplex_oplog::{EntryRef, LogError, OpKind as LogOp, RequestId};
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
@@ -177,14 +177,12 @@ fn client_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
         }
     };
     let (offset, len) = (op.request.offset, u64::from(op.request.length));
-    let present = present_shards(at.interval.acting);
-    let layout = Layout::new(&profile);
-    if layout.pieces(offset, len).iter().any(|piece| !present[piece.shard]) {
-        return degraded_read(at, op, profile, &present);
+    let pieces = Layout::new(&profile).pieces(offset, len);
+    if pieces.iter().any(|piece| at.interval.acting[piece.shard] == NO_OSD) {
+        return degraded_read(at, op, profile);
     }
     // One shard read per data shard: its pieces are contiguous in it.
     let mut ranges: Vec<Option<(u64, u64)>> = vec![None; profile.k()];
-    let pieces = layout.pieces(offset, len);
     for piece in &pieces {
         let range = &mut ranges[piece.shard];
         let end = piece.shard_offset + piece.len;
@@ -250,17 +248,12 @@ fn present_shards(acting: &[OsdId]) -> Vec<bool> {
 
 /// A client read that needs a missing data shard: the stripes under it
 /// from `k` present shards, decoded (`duplex_ec::degraded`).
-fn degraded_read(at: &Primary<'_>, op: ClientOp, profile: Profile, present: &[bool]) -> Outcome {
+fn degraded_read(at: &Primary<'_>, op: ClientOp, profile: Profile) -> Outcome {
     let (offset, len) = (op.request.offset, u64::from(op.request.length));
     // (A PG with fewer than k shards is not served: `check_decodable`.)
-    let plan = ReadPlan::new(profile, offset, len, present).expect("a served PG has k shards");
-    let reads = plan
-        .reads
-        .iter()
-        .map(|range| {
-            (at.interval.acting[range.shard], shard_read_request(&op.request, at.epoch, range.offset, range.len))
-        })
-        .collect();
+    let plan =
+        ReadPlan::new(profile, offset, len, &present_shards(at.interval.acting)).expect("a served PG has k shards");
+    let reads = shard_reads(at.interval.acting, &op.request, at.epoch, &plan.reads);
     at.shared.metrics.reads.add(1);
     at.shared.metrics.degraded_reads.add(1);
     Outcome::Erasure(Box::new(EcTask {
@@ -296,18 +289,23 @@ pub fn decode_around(shared: &Shared, mut task: Box<EcTask>, damaged: &[OsdId]) 
     let (offset, len) = (task.op.request.offset, u64::from(task.op.request.length));
     let present: Vec<bool> = task.shards.iter().map(|osd| *osd != NO_OSD && !damaged.contains(osd)).collect();
     let Ok(plan) = ReadPlan::new(task.profile, offset, len, &present) else { return Err(task) };
-    task.reads = plan
-        .reads
-        .iter()
-        .map(|range| {
-            (task.shards[range.shard], shard_read_request(&task.op.request, task.map_epoch, range.offset, range.len))
-        })
-        .collect();
+    task.reads = shard_reads(&task.shards, &task.op.request, task.map_epoch, &plan.reads);
     task.then = EcThen::DegradedRead { plan, offset, len };
     // New shard reads: answers to the old ones must not count.
     task.id = shared.txid();
     shared.metrics.degraded_reads.add(1);
     Ok(task)
+}
+
+/// A `ShardRead` of each range, to the member at its shard's position.
+fn shard_reads(shards: &[OsdId], request: &OpRequest, epoch: u64, ranges: &[ShardRange]) -> Vec<(OsdId, OpRequest)> {
+    ranges
+        .iter()
+        .map(|range| {
+            debug_assert_ne!(shards[range.shard], NO_OSD, "a shard read planned from a missing shard");
+            (shards[range.shard], shard_read_request(request, epoch, range.offset, range.len))
+        })
+        .collect()
 }
 
 fn shard_read_request(request: &OpRequest, epoch: u64, offset: u64, len: u64) -> OpRequest {
@@ -456,11 +454,7 @@ fn mutate(at: &Primary<'_>, op: ClientOp) -> Outcome {
         shared.metrics.degraded_writes.add(1);
     }
     let reads = match &change {
-        EcChange::Data { plan, .. } => plan
-            .reads
-            .iter()
-            .map(|range| (shards[range.shard], shard_read_request(&op.request, epoch, range.offset, range.len)))
-            .collect(),
+        EcChange::Data { plan, .. } => shard_reads(&shards, &op.request, epoch, &plan.reads),
         EcChange::Same { .. } => Vec::new(),
     };
     Outcome::Erasure(Box::new(EcTask {

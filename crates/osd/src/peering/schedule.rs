@@ -150,13 +150,8 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
     let mut wanted = BTreeMap::new();
     for pool in view.map.pools.values() {
         for number in 0..pool.pg_num {
-            let duplex_map::PgSets { up, acting, backfill: mut targets, pinned } =
+            let duplex_map::PgSets { up, acting, backfill: targets, pinned } =
                 view.map.pg_sets(&view.hierarchy, pool, number);
-            if pool.is_erasure() {
-                // A pin keeps each shard on its holder; nothing is filled
-                // in the background yet (`duplex_map::pg_temp`).
-                targets.clear();
-            }
             if duplex_map::primary_of(&acting) != Some(me) {
                 continue;
             }

@@ -844,13 +844,7 @@ mod tests {
     /// `cluster`'s shards; returns its report.
     fn scrub(profile: Profile, cluster: &mut Shards) -> ScrubReport {
         let shards: Vec<OsdId> = (0..profile.shards() as u32).collect();
-        let (mut machine, actions) =
-            Peering::start_erasure(7, 9, shards.clone(), Some(shards.clone()), profile, Some(true));
-        let mut next = Vec::new();
-        for action in actions {
-            let Action::Send { tag, op: PeerOp::Query, .. } = action else { panic!("{action:?}") };
-            next.extend(machine.on_reply(tag, PeerReply::Info { info: info(10), requests: vec![id(10)] }));
-        }
+        let (mut machine, next) = started(profile, shards.clone(), shards, Some(true), |_| info(10));
         let last = cluster.run(&mut machine, next);
         assert!(matches!(last.as_slice(), [Action::Active { last_seq: 10, .. }]), "{last:?}");
         machine.scrub_report().expect("a scrub ran").clone()
@@ -903,11 +897,24 @@ mod tests {
     /// with these infos.
     fn start(shards: Vec<OsdId>, infos: &BTreeMap<OsdId, PeerInfo>) -> (Peering, Vec<Action>) {
         let profile = Profile::new(2, 1, 4096).unwrap();
-        let (mut machine, actions) = Peering::start_erasure(7, 9, shards, Some(vec![0, 1, 2]), profile, None);
+        started(profile, shards, vec![0, 1, 2], None, |osd| infos[&osd])
+    }
+
+    /// Starts a PG of `profile` on `shards` (positional), last active on
+    /// `active_set`, answers its queries with `info_of` each member, and
+    /// returns the machine and what follows.
+    fn started(
+        profile: Profile,
+        shards: Vec<OsdId>,
+        active_set: Vec<OsdId>,
+        scrub: Option<bool>,
+        info_of: impl Fn(OsdId) -> PeerInfo,
+    ) -> (Peering, Vec<Action>) {
+        let (mut machine, actions) = Peering::start_erasure(7, 9, shards, Some(active_set), profile, scrub);
         let mut next = Vec::new();
         for action in actions {
             let Action::Send { to, tag, op: PeerOp::Query } = action else { panic!("{action:?}") };
-            next = machine.on_reply(tag, PeerReply::Info { info: infos[&to], requests: vec![id(10)] });
+            next.extend(machine.on_reply(tag, PeerReply::Info { info: info_of(to), requests: vec![id(10)] }));
         }
         (machine, next)
     }
@@ -977,14 +984,9 @@ mod tests {
         cluster.held.insert(1, BTreeMap::from([(b"t".to_vec(), Vec::new())]));
         cluster.held.insert(2, BTreeMap::from([(b"t".to_vec(), parity[0].clone())]));
         cluster.held.insert(3, BTreeMap::new()); // a new OSD at the second parity's position
-        let shards: Vec<OsdId> = vec![0, 1, 2, 3];
-        let (mut machine, actions) = Peering::start_erasure(7, 9, shards.clone(), Some(shards), profile, None);
-        let mut next = Vec::new();
-        for action in actions {
-            let Action::Send { to, tag, op: PeerOp::Query } = action else { panic!("{action:?}") };
-            let answer = if to == 3 { PeerInfo { last_active: 2, ..info(4) } } else { info(10) };
-            next.extend(machine.on_reply(tag, PeerReply::Info { info: answer, requests: vec![id(10)] }));
-        }
+                                                 // osd.3 missed an interval: rebuilt whole.
+        let older = |osd: OsdId| if osd == 3 { PeerInfo { last_active: 2, ..info(4) } } else { info(10) };
+        let (mut machine, next) = started(profile, vec![0, 1, 2, 3], vec![0, 1, 2, 3], None, older);
         let last = cluster.run(&mut machine, next);
         assert!(matches!(last.as_slice(), [Action::Active { .. }]), "{last:?}");
         assert_eq!(cluster.held[&3][&b"t"[..]], parity[1], "the rebuilt parity lost bytes past the data's end");
@@ -1000,14 +1002,9 @@ mod tests {
         }
         cluster.held.insert(3, BTreeMap::new());
         cluster.damaged.insert((0, b"a".to_vec()));
-        let shards: Vec<OsdId> = vec![0, 1, 2, 3];
-        let (mut machine, actions) = Peering::start_erasure(7, 9, shards.clone(), Some(shards), profile, None);
-        let mut next = Vec::new();
-        for action in actions {
-            let Action::Send { to, tag, op: PeerOp::Query } = action else { panic!("{action:?}") };
-            let answer = if to == 3 { PeerInfo { last_active: 2, ..info(4) } } else { info(10) };
-            next.extend(machine.on_reply(tag, PeerReply::Info { info: answer, requests: vec![id(10)] }));
-        }
+        // osd.3 missed an interval: rebuilt whole.
+        let older = |osd: OsdId| if osd == 3 { PeerInfo { last_active: 2, ..info(4) } } else { info(10) };
+        let (mut machine, next) = started(profile, vec![0, 1, 2, 3], vec![0, 1, 2, 3], None, older);
         let last = cluster.run(&mut machine, next);
         assert!(matches!(last.as_slice(), [Action::Active { .. }]), "{last:?}");
         assert_eq!(cluster.held[&3], truth[3], "the shard was not rebuilt around the damaged source");
