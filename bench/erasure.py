@@ -67,13 +67,33 @@ def fio_args(rw, bs, jobs, depth, seconds, size):
             f"--size={size // jobs}", f"--offset_increment={size // jobs}"]
 
 
-def measure(run_fio, pids, seconds, size):
-    """Each run: operations per second, MiB/s, and OSD CPU µs per operation."""
+def written(pids):
+    return sum(procs.write_bytes(pid) for pid in pids)
+
+
+def shard_bytes(layout, bs, user):
+    """The bytes of shards (or copies) that `user` bytes of `bs`-sized
+    writes change: what a store with no amplification writes. A replica
+    is a whole copy; an erasure-coded write of at most one stripe unit
+    changes that unit and the m parity units, a whole-stripe write every
+    shard's unit of it."""
+    if layout[0] == "copies":
+        return user * layout[1]
+    k, m, unit = layout[1:]
+    return user * (1 + m) if bs <= unit else user * (k + m) / k
+
+
+def measure(run_fio, pids, seconds, size, layout=None):
+    """Each run: operations per second, MiB/s, OSD CPU µs per operation,
+    and for writes the OSDs' bytes sent to storage per byte written and per
+    byte of shards changed (`waf_per_shard`; `layout`: ("copies", n) or
+    ("ec", k, m, stripe unit)). The operation log's writes go to tmpfs and
+    are not counted (procs.write_bytes)."""
     figures = {}
     for name, rw, bs, jobs, depth in RUNS:
-        before = cpu(pids)
+        before, written_before = cpu(pids), written(pids)
         out = run_fio(name, fio_args(rw, bs, jobs, depth, seconds, size))
-        used = cpu(pids) - before
+        used, stored = cpu(pids) - before, written(pids) - written_before
         job = out["jobs"][0]
         side = job["write"] if "write" in rw else job["read"]
         ops = side["total_ios"] if "total_ios" in side else side["iops"] * job["job_runtime"] / 1000.0
@@ -83,6 +103,11 @@ def measure(run_fio, pids, seconds, size):
             "osd_cpu_us_per_op": round(used / max(ops, 1) * 1e6, 1),
             "p99_us": round(side["clat_ns"]["percentile"].get("99.000000", 0) / 1000),
         }
+        user = side.get("io_bytes", 0)
+        if "write" in rw and user and layout:
+            block = int(bs.rstrip("k")) << 10
+            figures[name]["stored_bytes_per_byte"] = round(stored / user, 3)
+            figures[name]["waf_per_shard"] = round(stored / shard_bytes(layout, block, user), 3)
         print(f"  {name}: {figures[name]}", file=sys.stderr)
     return figures
 
@@ -113,7 +138,8 @@ def duplex_side(directory, seconds, size):
                 command = ["fio", f"--name={name}", "--ioengine=nbd", f"--uri={uri}", *args, *extra]
                 return snapshots.fio_json(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
 
-            results[image] = measure(run_fio, pids, seconds, size)
+            layout = ("copies", 2) if image == "rep2" else ("ec", 2, 1, 4096)
+            results[image] = measure(run_fio, pids, seconds, size, layout)
             results[image]["raw_bytes_per_byte_written"] = round((raw_after - raw_before) / size, 3)
             cluster.stop(server)
     finally:
@@ -158,7 +184,8 @@ def ceph_side(work_dir, seconds, size):
                 out = subprocess.run(command, check=True, capture_output=True, text=True, env={**os.environ, **env})
                 return snapshots.fio_json(out.stdout)
 
-            results[name] = measure(run_fio, pids, seconds, size)
+            layout = ("copies", 2) if name == "rep2" else ("ec", 2, 1, 4096)
+            results[name] = measure(run_fio, pids, seconds, size, layout)
             results[name]["raw_bytes_per_byte_written"] = round((raw_after - raw_before) / size, 3)
         results["version"] = ceph.version()
     finally:

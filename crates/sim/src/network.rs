@@ -57,6 +57,18 @@ struct Lane {
     last_arrival: u64,
 }
 
+/// Why a message did not go out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lost {
+    /// The pair is cut (a partition): nothing tells either end; their
+    /// requests time out.
+    Cut,
+    /// Its connection broke (a reset): both ends see the error at once, as
+    /// a socket read or write that fails, and a request waiting on it fails
+    /// without waiting for its deadline.
+    ConnectionBroke,
+}
+
 /// Where a sent message is, for the event queue.
 #[derive(Clone, Copy, Debug)]
 pub struct InFlight {
@@ -87,20 +99,20 @@ impl Network {
         Network { config, lanes: BTreeMap::new(), cut: BTreeSet::new(), sent: 0, lost: 0 }
     }
 
-    /// Sends a message at `now`: when and on what it arrives, or `None` if
-    /// it is lost (the pair is cut, or the seeded network drops it and its
+    /// Sends a message at `now`: when and on what it arrives, or why it
+    /// is lost (the pair is cut, or the seeded network drops it and its
     /// connection).
-    pub fn send(&mut self, rng: &mut StdRng, now: u64, from: Node, to: Node) -> Option<InFlight> {
+    pub fn send(&mut self, rng: &mut StdRng, now: u64, from: Node, to: Node) -> Result<InFlight, Lost> {
         self.sent += 1;
         let lane = LaneId { from, to, lane: rng.gen_range(0..self.config.lanes.max(1)) };
         if self.is_cut(from, to) {
             self.lost += 1;
-            return None;
+            return Err(Lost::Cut);
         }
         if rng.gen_bool(self.config.drop_chance) {
             self.lost += 1;
             self.break_lane(lane);
-            return None;
+            return Err(Lost::ConnectionBroke);
         }
         let mut delay = rng.gen_range(self.config.min_delay_us..=self.config.max_delay_us);
         if rng.gen_bool(self.config.spike_chance) {
@@ -109,7 +121,7 @@ impl Network {
         let state = self.lanes.entry(lane).or_default();
         let arrives = (now + delay).max(state.last_arrival);
         state.last_arrival = arrives;
-        Some(InFlight { lane, generation: state.generation, arrives })
+        Ok(InFlight { lane, generation: state.generation, arrives })
     }
 
     /// Whether a message sent as `flight` still arrives (its connection
@@ -184,7 +196,7 @@ mod tests {
         let later = net.send(&mut rng, 1_000, a, b).unwrap();
         assert!(net.arrives(&later), "a new connection carries later messages");
         net.cut(a, b);
-        assert!(net.send(&mut rng, 2_000, b, a).is_none(), "a cut pair reaches nothing");
+        assert!(matches!(net.send(&mut rng, 2_000, b, a), Err(Lost::Cut)), "a cut pair reaches nothing");
         assert!(!net.arrives(&later), "nor does what was in flight");
         net.heal(a, b);
         let healed = net.send(&mut rng, 3_000, b, a).unwrap();

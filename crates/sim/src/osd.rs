@@ -271,6 +271,14 @@ impl SimOsd {
         })
     }
 
+    /// Whether this OSD has booted, holds a lease, has map `epoch`, and
+    /// has every PG it is primary of active on it (writes may be in flight).
+    pub fn pgs_active_at(&self, epoch: u64, now: u64) -> bool {
+        self.live.as_ref().is_some_and(|live| {
+            !live.booting && now < live.lease_until && live.shared.map.epoch() == epoch && live.schedule.all_active()
+        })
+    }
+
     /// Damaged copies of objects this OSD found in its store, over all its incarnations.
     pub fn damaged_objects(&self) -> u64 {
         self.damaged_before + self.live.as_ref().map_or(0, |l| l.shared.metrics.damaged_objects.get())
@@ -353,6 +361,15 @@ impl SimOsd {
             Msg::Map(map) => self.on_map(ctx, map),
             Msg::Frame(frame) => self.on_frame(ctx, from, frame),
             Msg::Heartbeat { .. } | Msg::Boot | Msg::Command(_) | Msg::Usage(_) => {}
+        }
+    }
+
+    /// The connection to `peer` broke: a peering request out to it fails
+    /// now (`Driver::call` sees the socket error), and peering goes on.
+    pub fn on_connection_broke(&mut self, ctx: &mut Ctx, peer: u32) {
+        let Some(live) = self.live.as_mut() else { return };
+        if live.schedule.connection_broke(peer, &live.shared.metrics) {
+            self.pump_peering(ctx);
         }
     }
 

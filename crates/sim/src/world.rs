@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::client::{SimClient, POOL};
 use crate::monitor::SimMonitor;
-use crate::network::{InFlight, NetConfig, Network};
+use crate::network::{InFlight, Lost, NetConfig, Network};
 use crate::osd::SimOsd;
 use crate::{Ctx, Msg, Node, Output, Timer};
 
@@ -225,6 +225,13 @@ enum Event {
         to: Node,
         flight: InFlight,
         msg: Msg,
+    },
+    /// A connection between two OSDs broke: `node` (in `incarnation`)
+    /// learns of it, as a socket error on its side.
+    ConnectionBroke {
+        node: u32,
+        incarnation: u64,
+        peer: u32,
     },
     /// `node` None: the world's own (faults).
     Timer {
@@ -451,8 +458,20 @@ impl World {
         for output in outputs {
             match output {
                 Output::Send { to, msg } => {
-                    if let Some(flight) = self.net.send(&mut self.rng, self.now, from, to) {
-                        self.push(flight.arrives, Event::Deliver { from, to, flight, msg });
+                    match self.net.send(&mut self.rng, self.now, from, to) {
+                        Ok(flight) => self.push(flight.arrives, Event::Deliver { from, to, flight, msg }),
+                        Err(Lost::ConnectionBroke) => {
+                            // Between OSDs, both ends see the reset (clients
+                            // and monitors resend on their own timers).
+                            if let (Node::Osd(a), Node::Osd(b)) = (from, to) {
+                                let at = self.now + self.net.config.max_delay_us;
+                                for (node, peer) in [(a, b), (b, a)] {
+                                    let incarnation = self.incarnation(Node::Osd(node));
+                                    self.push(at, Event::ConnectionBroke { node, incarnation, peer });
+                                }
+                            }
+                        }
+                        Err(Lost::Cut) => {}
                     }
                 }
                 Output::Timer { at, timer } => {
@@ -496,6 +515,14 @@ impl World {
                 self.delivered += 1;
                 (self.now, from, to, kind_of(&msg)).hash(&mut self.digest);
                 self.deliver(from, to, msg)?;
+            }
+            Event::ConnectionBroke { node, incarnation, peer } => {
+                let osd = &self.osds[node as usize];
+                if osd.is_live() && osd.incarnation == incarnation {
+                    let mut ctx = self.ctx(0);
+                    self.osd_call(node, &mut ctx, |osd, ctx| osd.on_connection_broke(ctx, peer))?;
+                    self.apply(Node::Osd(node), ctx.out);
+                }
             }
             Event::Timer { node: None, timer, .. } => self.world_timer(timer)?,
             Event::Timer { node: Some(node), incarnation, timer } => {
@@ -641,6 +668,23 @@ impl World {
         let power_kind = matches!(kind, FaultKind::PowerLoss | FaultKind::PowerLossInCommit);
         if self.faulty.values().any(|(active, _)| power(active)) || (power_kind && !self.faulty.is_empty()) {
             return Ok(());
+        }
+        // An erasure-coded shard that missed writes (its OSD was down or
+        // cut off) or lost its log counts as lost until it is rebuilt: a
+        // power loss before that loses a second shard's newest state, past
+        // what a 2+1 pool (m = 1) promises with `shm` logs, and the PG
+        // rightly waits for good (docs/OSD.md). So for such a pool a power
+        // fault comes only when every PG is active on the current map with
+        // every OSD up: each shard rebuilt.
+        if power_kind && self.config.erasure.is_some() {
+            let epoch = self.monitor.map.epoch;
+            let map = &self.monitor.map;
+            let clean = map.osds.values().all(|o| o.up && o.is_in)
+                && map.active_sets.values().all(|set| !set.osds.contains(&duplex_map::NO_OSD))
+                && self.osds.iter().all(|o| o.pgs_active_at(epoch, self.now));
+            if !clean {
+                return Ok(());
+            }
         }
         let node = Node::Osd(id);
         let (low, high) = self.config.fault_length_us;

@@ -646,6 +646,15 @@ impl Schedule {
         true
     }
 
+    /// The connection to `peer` broke (a socket error): a request out to
+    /// it fails now, as the runtime's call would, rather than at its
+    /// deadline (which held every PG of this OSD for 10 s). `false` when
+    /// none was out to it.
+    pub fn connection_broke(&mut self, peer: OsdId, metrics: &Metrics) -> bool {
+        let Some(out) = self.outstanding.filter(|o| o.to == peer) else { return false };
+        self.on_answer(out.txid, peer, Err("the connection broke".into()), metrics)
+    }
+
     /// Fails the request out if its deadline has passed.
     pub fn timed_out(&mut self, now: u64, metrics: &Metrics) {
         if let Some(out) = self.outstanding.filter(|o| now >= o.deadline) {
@@ -1024,6 +1033,25 @@ mod tests {
         map.run(&duplex_map::Command::MarkDown { id: member }).unwrap();
         schedule.reconcile(&MapView::new(map.clone()), 30, Vec::new(), &metrics, |_| false);
         assert!(!schedule.awaits(txid), "its PG's interval moved: the request is over");
+    }
+
+    /// A broken connection fails the request out to that peer at once (the
+    /// simulator found a dropped answer holding every PG of an OSD for the
+    /// whole 10 s deadline while its peers lost power one after another),
+    /// and only that one.
+    #[test]
+    fn a_broken_connection_fails_the_request_out_to_that_peer() {
+        let metrics = Metrics::default();
+        let map = crate::test_map(4, 16);
+        let (mut schedule, pg, want) = osd0_schedule(&map, &metrics);
+        let member = want.acting[1];
+        let txid = schedule.send(pg, 1, member, 10, false);
+        let other = (1..4).find(|o| *o != member).expect("4 OSDs");
+        assert!(!schedule.connection_broke(other, &metrics), "no request was out to osd.{other}");
+        assert!(schedule.awaits(txid));
+        assert!(schedule.connection_broke(member, &metrics));
+        assert!(!schedule.awaits(txid), "the request failed: peering goes on");
+        assert!(!schedule.connection_broke(member, &metrics), "nothing is out any more");
     }
 
     /// A request to an OSD outside its PG's interval (as a query of an
