@@ -59,6 +59,11 @@ impl IndexCache {
         self.objects.get(object).into_iter().flatten().map(|e| e.log_offset)
     }
 
+    /// The objects with live entries, in no order.
+    pub fn objects(&self) -> impl Iterator<Item = &[u8]> {
+        self.objects.keys().map(Vec::as_slice)
+    }
+
     pub fn contains(&self, object: &[u8]) -> bool {
         self.objects.contains_key(object)
     }

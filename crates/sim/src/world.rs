@@ -257,6 +257,9 @@ enum Active {
     Cut,
     /// A power cut armed at the OSD's next flush (it becomes `PowerLost` when it fires).
     PowerCutArmed,
+    /// A power cut disarmed before it fired (an erasure-coded shard stopped
+    /// being whole first): nothing left to heal.
+    Disarmed,
     /// Marked out by the operator: marked in again when healed.
     Out,
 }
@@ -676,15 +679,10 @@ impl World {
         // rightly waits for good (docs/OSD.md). So for such a pool a power
         // fault comes only when every PG is active on the current map with
         // every OSD up: each shard rebuilt.
-        if power_kind && self.config.erasure.is_some() {
-            let epoch = self.monitor.map.epoch;
-            let map = &self.monitor.map;
-            let clean = map.osds.values().all(|o| o.up && o.is_in)
-                && map.active_sets.values().all(|set| !set.osds.contains(&duplex_map::NO_OSD))
-                && self.osds.iter().all(|o| o.pgs_active_at(epoch, self.now));
-            if !clean {
-                return Ok(());
-            }
+        // (A cut armed for a commit is disarmed if a shard stops being
+        // whole before the commit comes: `disarm_cuts_past_erasure_margin`.)
+        if power_kind && self.config.erasure.is_some() && !self.erasure_shards_whole() {
+            return Ok(());
         }
         let node = Node::Osd(id);
         let (low, high) = self.config.fault_length_us;
@@ -742,6 +740,37 @@ impl World {
         Ok(())
     }
 
+    /// Every PG active on the current map, with every OSD up and in and
+    /// no hole in any active set: every erasure-coded shard whole.
+    fn erasure_shards_whole(&self) -> bool {
+        let map = &self.monitor.map;
+        map.osds.values().all(|o| o.up && o.is_in)
+            && map.active_sets.values().all(|set| !set.osds.contains(&duplex_map::NO_OSD))
+            && self.osds.iter().all(|o| o.pgs_active_at(map.epoch, self.now))
+    }
+
+    /// An erasure-coded pool: a power cut armed for an OSD's next commit
+    /// is disarmed if a shard stopped being whole before that commit came
+    /// (the reason `inject` waits for whole shards). Checked before each
+    /// call into the armed OSD, the only place the cut fires.
+    fn disarm_cuts_past_erasure_margin(&mut self) {
+        if self.config.erasure.is_none() {
+            return;
+        }
+        let armed: Vec<u32> =
+            self.faulty.iter().filter(|(_, (a, _))| matches!(a, Active::PowerCutArmed)).map(|(id, _)| *id).collect();
+        if armed.is_empty() || self.erasure_shards_whole() {
+            return;
+        }
+        for id in armed {
+            tracing::info!(at = self.now, osd = id, "a shard is being rebuilt: the armed power cut is disarmed");
+            self.osds[id as usize].disarm_power_cut();
+            if let Some((active, _)) = self.faulty.get_mut(&id) {
+                *active = Active::Disarmed;
+            }
+        }
+    }
+
     fn recover(&mut self, id: u32) -> Result<(), SimFailure> {
         let Some((active, cut)) = self.faulty.remove(&id) else { return Ok(()) };
         for other in cut {
@@ -750,7 +779,7 @@ impl World {
         match active {
             Active::Down | Active::PowerLost => self.start_osd(id)?,
             Active::PowerCutArmed => self.osds[id as usize].disarm_power_cut(),
-            Active::Cut => {}
+            Active::Cut | Active::Disarmed => {}
             Active::Out => {
                 if self.monitor.run(&Command::MarkIn { id }) {
                     self.broadcast_map();
@@ -765,6 +794,9 @@ impl World {
     /// loss, with the device's cache torn. What the OSD sent before the cut
     /// was sent.
     fn osd_call(&mut self, id: u32, ctx: &mut Ctx, call: impl FnOnce(&mut SimOsd, &mut Ctx)) -> Result<(), SimFailure> {
+        if matches!(self.faulty.get(&id), Some((Active::PowerCutArmed, _))) {
+            self.disarm_cuts_past_erasure_margin();
+        }
         let osd = &mut self.osds[id as usize];
         // Every log line the OSD's code writes names the simulated OSD.
         let span = tracing::info_span!("osd", id).entered();

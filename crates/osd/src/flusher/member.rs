@@ -72,9 +72,21 @@ impl Flusher {
                 }
             }
             PeerOp::Pull { object, offset, len } => {
-                let key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
+                let held = self.held_entries(key, &object);
+                let store_key = Key::in_group(key, &object).map_err(|e| e.to_string())?;
                 let len = len.min(CHUNK_BYTES) as u64;
-                match self.partition.read(key.as_bytes(), offset, len) {
+                let read = self.partition.read(store_key.as_bytes(), offset, len);
+                let read = if held.is_empty() {
+                    read
+                } else {
+                    // As the store would read it once they apply (held.rs).
+                    let size = self.held_meta(key, &object, &held)?.map_or(0, |meta| meta.size);
+                    crate::flusher::overlay_held(read, offset, len, &held).map(|mut bytes| {
+                        bytes.truncate(size.saturating_sub(offset) as usize);
+                        bytes
+                    })
+                };
+                match read {
                     Ok(data) => Ok(PeerReply::Data(data)),
                     Err(err @ StoreError::ChecksumMismatch { .. }) => {
                         self.metrics.damaged_objects.add(1);
@@ -283,9 +295,31 @@ impl Flusher {
         (keys, more)
     }
 
+    /// A page of the PG's object names after `cursor`: the store's, and
+    /// those only entries its log holds back create (held.rs). A name whose
+    /// held entries delete it stays listed: its stat says it is absent.
     fn list_names(&mut self, key: u32, cursor: &[u8]) -> Result<PeerReply, String> {
         let (keys, more) = self.page_after(key, cursor);
-        let objects = keys.iter().map(|k| k.as_bytes()[4..].to_vec()).collect();
+        let mut objects: Vec<Vec<u8>> = keys.iter().map(|k| k.as_bytes()[4..].to_vec()).collect();
+        let held: Vec<Vec<u8>> = self.pgs.get(key).map_or_else(Vec::new, |pg| {
+            let guard = pg.lock().expect("PG lock");
+            if guard.holds_back {
+                guard.index.objects().map(<[u8]>::to_vec).collect()
+            } else {
+                Vec::new()
+            }
+        });
+        if !held.is_empty() {
+            // Within this page's span: after the cursor, and up to its last
+            // name unless it is the last page.
+            let last = more.then(|| objects.last().cloned()).flatten();
+            let within = |name: &Vec<u8>| {
+                (cursor.is_empty() || name[..] > *cursor) && last.as_ref().is_none_or(|last| name <= last)
+            };
+            objects.extend(held.into_iter().filter(within));
+            objects.sort_unstable();
+            objects.dedup();
+        }
         Ok(PeerReply::Names { objects, more })
     }
 
@@ -419,14 +453,28 @@ impl Flusher {
     }
 
     fn stat(&mut self, key: u32, object: &[u8]) -> Result<PeerReply, String> {
+        let held = self.held_entries(key, object);
+        Ok(PeerReply::Meta(self.held_meta(key, object, &held)?))
+    }
+
+    /// An object's metadata in the store, with `held` (its entries the log
+    /// holds back) on top (held.rs).
+    fn held_meta(
+        &mut self,
+        key: u32,
+        object: &[u8],
+        held: &[duplex_oplog::Entry],
+    ) -> Result<Option<ObjectMeta>, String> {
         let key = Key::in_group(key, object).map_err(|e| e.to_string())?;
-        let info = match self.partition.stat(key.as_bytes()) {
-            Ok(info) => info,
-            Err(StoreError::NotFound) => return Ok(PeerReply::Meta(None)),
+        let stored = match self.partition.stat(key.as_bytes()) {
+            Ok(info) => {
+                let attrs = self.partition.list_attrs(key.as_bytes()).map_err(|e| e.to_string())?;
+                Some(ObjectMeta { size: info.size, preallocated: info.preallocated, attrs })
+            }
+            Err(StoreError::NotFound) => None,
             Err(err) => return Err(err.to_string()),
         };
-        let attrs = self.partition.list_attrs(key.as_bytes()).map_err(|e| e.to_string())?;
-        Ok(PeerReply::Meta(Some(ObjectMeta { size: info.size, preallocated: info.preallocated, attrs })))
+        Ok(crate::flusher::held::meta_after(stored, held))
     }
 
     /// Peering's recovery: replaces `object` whole, in one store batch,
@@ -673,6 +721,78 @@ mod tests {
         assert_eq!(ask(&mut member, key, 3, activate), PeerReply::Done);
         assert!(stored(&mut member, b"o2") && stored(&mut member, b"o3"), "activation left the tail unapplied");
         assert!(pg.lock().unwrap().log.is_empty());
+    }
+
+    /// Simulator `--ec 2+1` seed 350: a member settled at `S` holds its
+    /// entries through `S` back, so that the next peering may still roll
+    /// them back, and peering's reads of it (names, sizes, bytes) see them
+    /// on top of its store; settling at `u64::MAX` (a member rebuilt next)
+    /// applies its log at once.
+    #[test]
+    fn a_settled_shard_holds_its_entries_back_and_peering_reads_them_on_top() {
+        let store = crate::TestStore::new(1);
+        let logs = tempfile::tempdir().unwrap();
+        let (mut member, _poll) = flusher(&store, logs.path());
+        let key = pg_key(2, 1).unwrap();
+        let pg = active_pg(&member, key);
+        // Seq 1 on every shard (applied); seq 2 extends "a", seq 3 creates
+        // "b", seq 4 deletes "a": none of them known to be on every shard.
+        let mut a2 = write_entry(key, 2, b"a".to_vec(), vec![2; 10]);
+        a2.offset = 4;
+        let entries = [
+            write_entry(key, 1, b"a".to_vec(), vec![1; 8]),
+            duplex_oplog::Entry { version: 1, ..a2 },
+            duplex_oplog::Entry { version: 1, ..write_entry(key, 3, b"b".to_vec(), vec![3; 5]) },
+            duplex_oplog::Entry {
+                version: 1,
+                op: duplex_oplog::OpKind::Delete,
+                ..write_entry(key, 4, b"a".to_vec(), Vec::new())
+            },
+        ];
+        for entry in &entries {
+            log(&pg, entry).unwrap();
+        }
+        let (queried, _) = info(ask(&mut member, key, 2, PeerOp::Query));
+        assert_eq!(queried.last_seq, 4);
+        // Settled at 3: seq 4 is dropped, 2 and 3 stay in the log.
+        assert_eq!(ask(&mut member, key, 2, PeerOp::Settle { to: 3 }), PeerReply::Done);
+        assert_eq!(pg.lock().unwrap().log.len(), 2, "the entries through S wait for the activation");
+        let in_store = |member: &mut Flusher, object: &[u8]| {
+            member.partition.stat(Key::in_group(key, object).unwrap().as_bytes()).map(|info| info.size).ok()
+        };
+        assert_eq!((in_store(&mut member, b"a"), in_store(&mut member, b"b")), (Some(8), None));
+        let names = ask(&mut member, key, 2, PeerOp::List { cursor: Vec::new() });
+        assert_eq!(names, PeerReply::Names { objects: vec![b"a".to_vec(), b"b".to_vec()], more: false });
+        let after_a = ask(&mut member, key, 2, PeerOp::List { cursor: b"a".to_vec() });
+        assert_eq!(after_a, PeerReply::Names { objects: vec![b"b".to_vec()], more: false });
+        let size = |reply: PeerReply| match reply {
+            PeerReply::Meta(meta) => meta.map(|m| m.size),
+            other => panic!("a stat answered {other:?}"),
+        };
+        assert_eq!(size(ask(&mut member, key, 2, PeerOp::Stat { object: b"a".to_vec() })), Some(14));
+        assert_eq!(size(ask(&mut member, key, 2, PeerOp::Stat { object: b"b".to_vec() })), Some(5));
+        let pull = |member: &mut Flusher, object: &[u8], len| {
+            ask(member, key, 2, PeerOp::Pull { object: object.to_vec(), offset: 0, len })
+        };
+        let mut a = vec![1u8; 4];
+        a.extend([2u8; 10]);
+        assert_eq!(pull(&mut member, b"a", 4096), PeerReply::Data(a), "the store's bytes, the held write on top");
+        assert_eq!(pull(&mut member, b"b", 5), PeerReply::Data(vec![3; 5]));
+
+        // The next peering settles lower: the held entries roll back.
+        let (again, _) = info(ask(&mut member, key, 3, PeerOp::Query));
+        assert_eq!(again.last_seq, 3, "a query keeps the held entries too");
+        assert_eq!(ask(&mut member, key, 3, PeerOp::Settle { to: 1 }), PeerReply::Done);
+        assert!(pg.lock().unwrap().log.is_empty());
+        assert_eq!(size(ask(&mut member, key, 3, PeerOp::Stat { object: b"a".to_vec() })), Some(8));
+        assert_eq!(size(ask(&mut member, key, 3, PeerOp::Stat { object: b"b".to_vec() })), None);
+
+        // A member rebuilt next applies what it logged at once.
+        log(&pg, &duplex_oplog::Entry { version: 1, ..write_entry(key, 2, b"c".to_vec(), vec![4; 3]) }).unwrap();
+        info(ask(&mut member, key, 4, PeerOp::Query));
+        assert_eq!(ask(&mut member, key, 4, PeerOp::Settle { to: u64::MAX }), PeerReply::Done);
+        assert!(pg.lock().unwrap().log.is_empty());
+        assert_eq!(in_store(&mut member, b"c"), Some(3));
     }
 
     #[test]

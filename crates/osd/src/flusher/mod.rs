@@ -6,6 +6,7 @@
 //! store in batches (one device flush each), trims the logs and index
 //! caches, and posts completions to the priority threads.
 
+pub mod held;
 pub mod member;
 pub mod strays;
 
@@ -921,7 +922,7 @@ impl Flusher {
 /// order (`held`: an erasure-coded shard's tail, see `Pg::apply_limit`).
 /// The result is the whole range (zeros past the object's end), or
 /// `NotFound` if the entries leave the object absent.
-fn overlay_held(
+pub(crate) fn overlay_held(
     base: Result<Vec<u8>, StoreError>,
     offset: u64,
     len: u64,

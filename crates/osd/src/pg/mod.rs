@@ -293,9 +293,12 @@ impl Pg {
 
     /// Peering of an erasure-coded PG: drops the log's entries after seq
     /// `to` (fewer than k shards logged them), with their index, request
-    /// ids and history, and lets the flusher apply the rest through `to`.
-    /// `Err`: an entry after `to` reached the store already (it cannot be
-    /// rolled back; the apply limit exists so that this never happens).
+    /// ids and history. The rest stay held back until the activation
+    /// applies them (`flusher/held.rs` says why, and how the rebuild reads
+    /// them meanwhile); `to == u64::MAX` (a member rebuilt next) applies
+    /// its whole log now instead. `Err`: an entry after `to` reached the
+    /// store already (it cannot be rolled back; the apply limit exists so
+    /// that this never happens).
     pub fn settle(&mut self, to: u64) -> Result<usize, String> {
         if self.flushed_through() > to {
             return Err(format!(
@@ -312,7 +315,10 @@ impl Pg {
             }
             self.early.clear();
         }
-        self.apply_limit = self.apply_limit.max(to.min(self.last_seq()));
+        if to == u64::MAX {
+            // Rebuilt next (or behind): its own log applies first.
+            self.apply_limit = self.apply_limit.max(self.last_seq());
+        }
         debug_assert!(self.last_seq() <= to, "entries past the settled seq remain");
         Ok(dropped)
     }

@@ -16,10 +16,12 @@
 //!    current members. An entry past it is held by fewer than `k` of them:
 //!    it was never acknowledged, and is rolled back. Every entry through
 //!    `S` is held by `k` or more: it stays.
-//! 3. **Settle** (`PeerOp::Settle`): each current member drops its entries
-//!    after `S` (never applied: they were past every watermark) and
-//!    applies the rest; any other member applies its whole log, since each
-//!    of its objects is compared and rebuilt next.
+//! 3. **Settle** (`PeerOp::Settle`): each member holding `S` drops its
+//!    entries after `S` (never applied: they were past every watermark)
+//!    and holds the rest back until activation, so that a peering cut
+//!    short can still roll them back (`flusher/held.rs`; the rebuild reads
+//!    its log on top of its store); any other member applies its whole
+//!    log, since its objects are compared and rebuilt next.
 //! 4. **Rebuild**: a current member behind `S` whose last entry the
 //!    authority's history reaches gets the objects its missing entries
 //!    touched; any other (older interval, moved position, new OSD, lost
@@ -270,13 +272,12 @@ impl Peering {
         for ids in logged.values_mut() {
             ids.retain(|id| id.seq <= settle_to);
         }
-        // A member rebuilt whole applies its own log (every object of it is
-        // compared next); the others settle at `S`.
-        let to_settle = self
-            .members
-            .iter()
-            .map(|m| (*m, if to_rebuild_whole.contains(m) { u64::MAX } else { settle_to }))
-            .collect();
+        // A member rebuilt, whole or in part, applies its own log first
+        // (what it holds is compared or replaced next); the sources settle
+        // at `S`, holding their entries through it back until activation
+        // (flusher/held.rs).
+        let to_settle =
+            self.members.iter().map(|m| (*m, if whole.contains(m) { settle_to } else { u64::MAX })).collect();
         let ec = EcRecovery {
             profile,
             shards: self.shards.clone(),
@@ -651,10 +652,12 @@ mod tests {
         }
     }
 
-    /// Answers `Done` to the settles and returns what follows them.
-    fn settle_all(machine: &mut Peering, mut actions: Vec<Action>, to: u64) -> Vec<Action> {
+    /// Answers `Done` to the settles (each member's seq in `to`) and
+    /// returns what follows them.
+    fn settle_all(machine: &mut Peering, mut actions: Vec<Action>, to: [u64; 3]) -> Vec<Action> {
         for osd in [0, 1, 2] {
             let (at, tag, op) = send(&actions);
+            let to = to[osd as usize];
             assert_eq!((at, op), (osd, PeerOp::Settle { to }), "every member settles, in position order");
             actions = machine.on_reply(tag, PeerReply::Done);
         }
@@ -665,7 +668,7 @@ mod tests {
     fn an_entry_fewer_than_k_shards_logged_is_rolled_back_and_forgotten() {
         // The primary logged seq 11; the others never got it.
         let (mut machine, actions) = queried([11, 10, 10]);
-        let actions = settle_all(&mut machine, actions, 10);
+        let actions = settle_all(&mut machine, actions, [10; 3]);
         // No one behind: the members activate at 10, without 11's id.
         let activations: Vec<&PeerOp> = actions
             .iter()
@@ -685,7 +688,9 @@ mod tests {
     #[test]
     fn a_shard_that_missed_an_entry_k_logged_is_rebuilt_from_the_others() {
         let (mut machine, actions) = queried([10, 10, 9]);
-        let actions = settle_all(&mut machine, actions, 10);
+        // The sources hold seq 10 back until activation; osd.2, rebuilt
+        // next, applies its log first.
+        let actions = settle_all(&mut machine, actions, [10, 10, u64::MAX]);
         // The authority (the primary) names what osd.2 missed.
         let (to, tag, op) = send(&actions);
         assert_eq!((to, op), (0, PeerOp::Touched { after: 9, after_epoch: 5, through: 10 }));
