@@ -517,9 +517,7 @@ impl SimOsd {
         while let Some(op) = self.live.as_mut().and_then(|l| l.resumes.pop()) {
             let live = self.live.as_mut().expect("running");
             let (outcome, next) = resume(&live.shared, &mut live.cache, &live.histograms, op);
-            if let Some(next) = next {
-                live.resumes.push(next);
-            }
+            live.resumes.extend(next);
             self.execute(ctx, outcome);
         }
     }

@@ -44,7 +44,7 @@ use crate::messages::{ClientOp, EcChange, EcPiece, EcTask, EcThen, EcWrite, Outc
 use crate::metrics::Histograms;
 use crate::peering::schedule::{PeeringBackend, Wanted};
 use crate::peering::{Action, Peering};
-use crate::pg::object_queue::Entered;
+use crate::pg::object_queue::{Access, Entered};
 use crate::pg::requests::RequestState;
 use crate::pg::{Pg, ReplyTo};
 use crate::shared::Shared;
@@ -168,7 +168,7 @@ fn client_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
         op
     } else {
         let object = op.request.object.clone();
-        match at.shared.ec_objects.lock().expect("object queue lock").enter(at.key, &object, op) {
+        match at.shared.ec_objects.lock().expect("object queue lock").enter(at.key, &object, op, Access::Shared) {
             Entered::Run(op) => op,
             Entered::Queued => return Outcome::Queued,
             Entered::Full(op) => {
@@ -439,7 +439,7 @@ fn mutate(at: &Primary<'_>, op: ClientOp) -> Outcome {
     let op = if at.resumed {
         op
     } else {
-        let entered = shared.ec_objects.lock().expect("object queue lock").enter(key, &object, op);
+        let entered = shared.ec_objects.lock().expect("object queue lock").enter(key, &object, op, Access::Exclusive);
         match entered {
             Entered::Run(op) => op,
             Entered::Queued => return Outcome::Queued,
@@ -598,7 +598,7 @@ pub fn commit(
 /// or timed out; `logged`: its entries went out). Settles it in its PG and
 /// returns the client's reply, and the next operation waiting for its
 /// object (which now holds it).
-pub fn finish(shared: &Shared, task: &EcTask, logged: bool, failed: bool) -> (OpReply, Option<ClientOp>) {
+pub fn finish(shared: &Shared, task: &EcTask, logged: bool, failed: bool) -> (OpReply, Vec<ClientOp>) {
     let EcThen::Write(write) = &task.then else { unreachable!("only mutations finish here") };
     if logged {
         if let Some(pg) = shared.pgs.get(task.pg) {
@@ -628,8 +628,8 @@ pub fn finish(shared: &Shared, task: &EcTask, logged: bool, failed: bool) -> (Op
     (reply, next)
 }
 
-/// The mutation holding `object` ended: the next one waiting, which holds it now.
-pub fn release(shared: &Shared, pg: u32, object: &Bytes) -> Option<ClientOp> {
+/// An operation holding `object` ended: those waiting that hold it now.
+pub fn release(shared: &Shared, pg: u32, object: &Bytes) -> Vec<ClientOp> {
     shared.ec_objects.lock().expect("object queue lock").leave(pg, object)
 }
 

@@ -1006,6 +1006,37 @@ mod tests {
         }
     }
 
+    /// `held::meta_after`: the entries an erasure-coded shard holds back
+    /// change an object's size and existence as the store would apply them.
+    #[test]
+    fn held_entries_change_an_objects_size_and_existence_as_the_store_would() {
+        use duplex_oplog::OpKind::{CopyUp, Delete, RemoveAttr, SetAttr, Truncate, Write, Zero};
+        use duplex_proto::peering::ObjectMeta;
+        let stored = Some(ObjectMeta { size: 8192, preallocated: false, attrs: vec![(b"a".to_vec(), b"1".to_vec())] });
+        let size = |store: &Option<ObjectMeta>, held: &[Entry]| held::meta_after(store.clone(), held).map(|m| m.size);
+        assert_eq!(held::meta_after(stored.clone(), &[]), stored, "nothing held: the store's");
+        // A write of no bytes (a shard a write left alone) creates it.
+        assert_eq!(size(&None, &[entry(1, Write, 0, Vec::new())]), Some(0));
+        assert_eq!(size(&stored, &[entry(1, Write, 8192, vec![7; 4096])]), Some(12288));
+        assert_eq!(size(&stored, &[entry(1, Write, 0, vec![7; 4096])]), Some(8192));
+        assert_eq!(size(&stored, &[entry(1, Zero, 0, vec![0; 8])]), Some(8192));
+        assert_eq!(size(&None, &[entry(1, Zero, 0, vec![0; 8])]), None, "a zero creates nothing");
+        assert_eq!(size(&stored, &[entry(1, Truncate, 4096, Vec::new())]), Some(4096));
+        assert_eq!(size(&stored, &[entry(1, Delete, 0, Vec::new())]), None);
+        let again =
+            held::meta_after(stored.clone(), &[entry(1, Delete, 0, Vec::new()), entry(2, Write, 0, vec![1; 10])]);
+        assert_eq!(again, Some(ObjectMeta { size: 10, preallocated: false, attrs: Vec::new() }), "attributes go too");
+        assert_eq!(
+            size(&stored, &[entry(1, CopyUp, 0, vec![1; 65536])]),
+            Some(8192),
+            "a copy-up of an object is dropped"
+        );
+        assert_eq!(size(&None, &[entry(1, CopyUp, 0, vec![1; 100])]), Some(100));
+        let attrs =
+            held::meta_after(stored, &[entry(1, SetAttr, 1, b"b2".to_vec()), entry(2, RemoveAttr, 0, b"a".to_vec())]);
+        assert_eq!(attrs.map(|m| m.attrs), Some(vec![(b"b".to_vec(), b"2".to_vec())]));
+    }
+
     #[test]
     fn held_entries_land_on_the_stores_bytes_in_order() {
         use duplex_oplog::OpKind::{Delete, Truncate, Write, Zero};

@@ -92,7 +92,7 @@ pub fn settle(io: &mut impl EcIo, ec: &mut EcTasks, settled: Settled) {
             let (reply, next) = erasure::finish(io.shared(), &task, true, failed);
             record(io.histograms(), Stage::Write, task.op.arrived.elapsed().as_micros() as u64);
             io.answer(&task.op, &reply);
-            if let Some(next) = next {
+            for next in next {
                 io.run_next(next);
             }
         }
@@ -103,7 +103,7 @@ pub fn settle(io: &mut impl EcIo, ec: &mut EcTasks, settled: Settled) {
 fn end(io: &mut impl EcIo, task: &EcTask, reply: &OpReply) {
     let next = erasure::release(io.shared(), task.pg, &task.op.request.object);
     io.answer(&task.op, reply);
-    if let Some(next) = next {
+    for next in next {
         io.run_next(next);
     }
 }

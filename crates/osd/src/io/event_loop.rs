@@ -562,12 +562,13 @@ impl PriorityThread {
 
     /// An erasure-coded object came free and `next` holds it now: it runs
     /// on the thread that owns its connection.
-    fn hand_on(&mut self, next: Option<ClientOp>) {
-        let Some(op) = next else { return };
-        if op.thread == self.index {
-            self.resumes.push(op);
-        } else {
-            self.mailboxes[op.thread].post_and_wake(Completion::Resume(op));
+    fn hand_on(&mut self, next: Vec<ClientOp>) {
+        for op in next {
+            if op.thread == self.index {
+                self.resumes.push(op);
+            } else {
+                self.mailboxes[op.thread].post_and_wake(Completion::Resume(op));
+            }
         }
     }
 
@@ -685,7 +686,7 @@ impl EcIo for PriorityThread {
     }
 
     fn run_next(&mut self, next: ClientOp) {
-        self.hand_on(Some(next));
+        self.hand_on(vec![next]);
     }
 
     fn repairs_asked(&mut self) -> &mut HashMap<u32, Instant> {

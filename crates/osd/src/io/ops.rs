@@ -27,16 +27,16 @@ pub fn client_op(shared: &Shared, cache: &mut ActingCache, histograms: &Histogra
     run(shared, cache, histograms, op, false)
 }
 
-/// Runs again an erasure-coded mutation whose object it waited for, and
+/// Runs again an erasure-coded operation whose object it waited for, and
 /// which holds it now (`crate::pg::object_queue`). Returns the outcome,
-/// and the next operation waiting for the object if this one ended here
-/// without starting (it hands the object on).
+/// and the operations waiting for the object that hold it now if this one
+/// ended here without starting (it hands the object on).
 pub fn resume(
     shared: &Shared,
     cache: &mut ActingCache,
     histograms: &Histograms,
     op: ClientOp,
-) -> (Outcome, Option<ClientOp>) {
+) -> (Outcome, Vec<ClientOp>) {
     let key = pg_key(op.request.pool, op.request.pg);
     let object = op.request.object.clone();
     let outcome = run(shared, cache, histograms, op, true);
@@ -44,7 +44,7 @@ pub fn resume(
     let started = matches!(&outcome, Outcome::Erasure(_));
     let next = match key {
         Some(key) if !started => backend::erasure::release(shared, key, &object),
-        _ => None,
+        _ => Vec::new(),
     };
     (outcome, next)
 }
