@@ -57,11 +57,7 @@ pub(super) struct ObjectScrub {
 impl Peering {
     /// The scrub's next request once recovery's own work is done (`None`:
     /// no scrub, or it is finished, its repairs queued and its report kept).
-    pub(super) fn ec_scrub_next(
-        &mut self,
-        ec: &mut EcRecovery,
-        authority: OsdId,
-    ) -> Result<Option<(OsdId, PeerOp)>, String> {
+    pub(super) fn ec_scrub_next(&mut self, ec: &mut EcRecovery) -> Result<Option<(OsdId, PeerOp)>, String> {
         loop {
             let Some(scrub) = ec.scrub.as_mut() else { return Ok(None) };
             if scrub.finished {
@@ -71,8 +67,11 @@ impl Peering {
                 // Recovery's rebuilds are done: every member holds the PG
                 // at its seq, and may be a repair's source.
                 ec.whole = ec.shards.iter().copied().filter(|osd| *osd != NO_OSD).collect();
-                ec.stage = Some(EcStage::ScrubList { names: BTreeSet::new() });
-                return Ok(Some((authority, PeerOp::List { cursor: Vec::new() })));
+                // Every member's names: an object only some hold (fewer
+                // than `k`: it cannot be decoded) is found and reported too.
+                let at = ec.shards.iter().position(|osd| *osd != NO_OSD).expect("a PG with a member");
+                ec.stage = Some(EcStage::ScrubList { names: BTreeSet::new(), at });
+                return Ok(Some((ec.shards[at], PeerOp::List { cursor: Vec::new() })));
             };
             let Some(object) = objects.pop_front() else {
                 scrub.finished = true;
@@ -99,17 +98,20 @@ impl Peering {
     pub(super) fn ec_scrub_answer(
         &mut self,
         ec: &mut EcRecovery,
-        authority: OsdId,
         stage: EcStage,
         answer: Option<PeerReply>,
     ) -> Result<Option<(OsdId, PeerOp)>, String> {
         match (stage, answer) {
-            (EcStage::ScrubList { mut names }, Some(PeerReply::Names { objects, more })) => {
+            (EcStage::ScrubList { mut names, at }, Some(PeerReply::Names { objects, more })) => {
                 let cursor = objects.last().cloned();
                 names.extend(objects);
                 if let (Some(cursor), true) = (cursor, more) {
-                    ec.stage = Some(EcStage::ScrubList { names });
-                    return Ok(Some((authority, PeerOp::List { cursor })));
+                    ec.stage = Some(EcStage::ScrubList { names, at });
+                    return Ok(Some((ec.shards[at], PeerOp::List { cursor })));
+                }
+                if let Some(next) = (at + 1..ec.shards.len()).find(|p| ec.shards[*p] != NO_OSD) {
+                    ec.stage = Some(EcStage::ScrubList { names, at: next });
+                    return Ok(Some((ec.shards[next], PeerOp::List { cursor: Vec::new() })));
                 }
                 let scrub = ec.scrub.as_mut().expect("a scrub lists");
                 scrub.objects = Some(names.into_iter().collect());

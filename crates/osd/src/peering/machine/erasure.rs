@@ -83,9 +83,11 @@ pub(super) enum EcStage {
         names: BTreeSet<Vec<u8>>,
     },
     Rebuild(Box<Rebuild>),
-    /// Listing the authority's objects for a scrub: the names so far.
+    /// Listing every member's objects for a scrub, position by position:
+    /// the names so far, and the position being listed.
     ScrubList {
         names: BTreeSet<Vec<u8>>,
+        at: usize,
     },
     ScrubObject(Box<ObjectScrub>),
 }
@@ -361,7 +363,7 @@ impl Peering {
                     }
                 }
                 (Some(stage @ (EcStage::ScrubList { .. } | EcStage::ScrubObject(_))), answer) => {
-                    if let Some(next) = self.ec_scrub_answer(ec, authority, stage, answer)? {
+                    if let Some(next) = self.ec_scrub_answer(ec, stage, answer)? {
                         return Ok(Some(next));
                     }
                 }
@@ -413,7 +415,7 @@ impl Peering {
                         ec.stage = Some(EcStage::List { target, on: authority, names });
                         return Ok(Some((authority, PeerOp::List { cursor: Vec::new() })));
                     }
-                    if let Some(next) = self.ec_scrub_next(ec, authority)? {
+                    if let Some(next) = self.ec_scrub_next(ec)? {
                         return Ok(Some(next));
                     }
                     if !ec.rebuilds.is_empty() {
@@ -895,6 +897,26 @@ mod tests {
         let report = scrub(profile, &mut cluster);
         assert_eq!(report.repaired, 0);
         assert!(report.inconsistent[0].unrepairable, "{report:?}");
+        assert!(cluster.installs.is_empty());
+    }
+
+    /// The scrub lists every member, not the authority alone: an object
+    /// only one member holds (fewer than `k`, so no stripe of it decodes)
+    /// is found and reported, and left alone.
+    #[test]
+    fn a_scrub_finds_an_object_only_another_member_holds() {
+        let profile = Profile::new(2, 1, 4096).unwrap();
+        let truth = encoded_as(profile, &[(b"a", [1, 2])]);
+        let mut cluster = Shards::default();
+        for (osd, held) in truth.iter().enumerate() {
+            cluster.held.insert(osd as OsdId, held.clone());
+        }
+        cluster.held.get_mut(&2).unwrap().insert(b"z".to_vec(), vec![5; 4096]);
+        let report = scrub(profile, &mut cluster);
+        assert_eq!(report.objects, 2, "{report:?}");
+        assert_eq!(report.inconsistent.len(), 1, "{report:?}");
+        assert_eq!(report.inconsistent[0].object, b"z".to_vec());
+        assert!(report.inconsistent[0].unrepairable, "one shard of two needed: {report:?}");
         assert!(cluster.installs.is_empty());
     }
 
