@@ -269,6 +269,16 @@ fn degraded_read(at: &Primary<'_>, op: ClientOp, profile: Profile) -> Outcome {
     }))
 }
 
+/// Which shard reads' answers name a damaged shard: `Io` (a block failed
+/// its checksum), or the object absent where another of its shards holds
+/// it. An object exists on all its shards or on none, so that absence is a
+/// lost shard object, and reading it as zeros would return wrong bytes (a
+/// read) or compute parity from them (a write).
+pub fn damaged_answers(answers: &[OpReply]) -> Vec<bool> {
+    let held_somewhere = answers.iter().any(|a| a.status == Status::Ok);
+    answers.iter().map(|a| a.status == Status::Io || (held_somewhere && a.status == Status::NotFound)).collect()
+}
+
 /// A degraded read's reply from its shard reads' answers.
 pub fn assemble_degraded(plan: &ReadPlan, offset: u64, len: u64, answers: &[OpReply], epoch: u64) -> OpReply {
     if !answers.is_empty() && answers.iter().all(|a| a.status == Status::NotFound) {
@@ -697,5 +707,11 @@ mod tests {
         assert_eq!(assemble(&pieces, &absent, 1).status, Status::NotFound);
         let one_absent = [answers[0].clone(), OpReply::error(Status::NotFound, 1, "no")];
         assert_eq!(&assemble(&pieces, &one_absent, 1).data[..], b"\0\0\0cd\0\0");
+        // Which the settle never assembles: that absence is a damaged shard.
+        assert_eq!(damaged_answers(&one_absent), [false, true]);
+        assert_eq!(damaged_answers(&absent), [false, false], "absent everywhere: no such object");
+        assert_eq!(damaged_answers(&answers), [false, false]);
+        let io = [answers[0].clone(), OpReply::error(Status::Io, 1, "checksum")];
+        assert_eq!(damaged_answers(&io), [false, true]);
     }
 }

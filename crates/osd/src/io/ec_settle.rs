@@ -51,7 +51,7 @@ pub fn start(io: &mut impl EcIo, ec: &mut EcTasks, task: Box<EcTask>) {
 /// A task's answers are in (or it was given up on): what follows.
 pub fn settle(io: &mut impl EcIo, ec: &mut EcTasks, settled: Settled) {
     match settled {
-        Settled::Read { task, answers } if answers.iter().any(|a| a.status == Status::Io) => {
+        Settled::Read { task, answers } if erasure::damaged_answers(&answers).contains(&true) => {
             on_damaged_shard(io, ec, task, &answers);
         }
         Settled::Read { mut task, answers } => {
@@ -108,7 +108,8 @@ fn end(io: &mut impl EcIo, task: &EcTask, reply: &OpReply) {
     }
 }
 
-/// Shard reads of `task` met damaged blocks (`Io`): the PG's repair is
+/// Shard reads of `task` met damaged shards (`Io`, or the object absent
+/// where another shard holds it: `erasure::damaged_answers`): the PG's repair is
 /// asked for (a scrub that rebuilds them, at most once per
 /// [`REPAIR_BACKOFF`]), and a client read is decoded from the other
 /// shards, once. A mutation is resent by its client (it needs the old
@@ -117,8 +118,8 @@ fn on_damaged_shard(io: &mut impl EcIo, ec: &mut EcTasks, task: Box<EcTask>, ans
     let damaged: Vec<OsdId> = task
         .reads
         .iter()
-        .zip(answers)
-        .filter(|(_, answer)| answer.status == Status::Io)
+        .zip(erasure::damaged_answers(answers))
+        .filter(|(_, damaged)| *damaged)
         .map(|((osd, _), _)| *osd)
         .collect();
     tracing::error!(pg = task.pg, ?damaged, "erasure-coded shard reads met damaged blocks; repairing the PG");
