@@ -364,11 +364,12 @@ impl SimOsd {
         }
     }
 
-    /// The connection to `peer` broke: a peering request out to it fails
-    /// now (`Driver::call` sees the socket error), and peering goes on.
-    pub fn on_connection_broke(&mut self, ctx: &mut Ctx, peer: u32) {
+    /// The connection to `peer` broke at `at`: a peering request sent to
+    /// it by then fails now (`Driver::call` sees the socket error), and
+    /// peering goes on.
+    pub fn on_connection_broke(&mut self, ctx: &mut Ctx, peer: u32, at: u64) {
         let Some(live) = self.live.as_mut() else { return };
-        if live.schedule.connection_broke(peer, &live.shared.metrics) {
+        if live.schedule.connection_broke(peer, at, &live.shared.metrics) {
             self.pump_peering(ctx);
         }
     }

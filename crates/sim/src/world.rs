@@ -232,6 +232,8 @@ enum Event {
         node: u32,
         incarnation: u64,
         peer: u32,
+        /// When it broke: requests sent later went over a new connection.
+        at: u64,
     },
     /// `node` None: the world's own (faults).
     Timer {
@@ -467,10 +469,10 @@ impl World {
                             // Between OSDs, both ends see the reset (clients
                             // and monitors resend on their own timers).
                             if let (Node::Osd(a), Node::Osd(b)) = (from, to) {
-                                let at = self.now + self.net.config.max_delay_us;
+                                let (at, heard) = (self.now, self.now + self.net.config.max_delay_us);
                                 for (node, peer) in [(a, b), (b, a)] {
                                     let incarnation = self.incarnation(Node::Osd(node));
-                                    self.push(at, Event::ConnectionBroke { node, incarnation, peer });
+                                    self.push(heard, Event::ConnectionBroke { node, incarnation, peer, at });
                                 }
                             }
                         }
@@ -519,11 +521,11 @@ impl World {
                 (self.now, from, to, kind_of(&msg)).hash(&mut self.digest);
                 self.deliver(from, to, msg)?;
             }
-            Event::ConnectionBroke { node, incarnation, peer } => {
+            Event::ConnectionBroke { node, incarnation, peer, at } => {
                 let osd = &self.osds[node as usize];
                 if osd.is_live() && osd.incarnation == incarnation {
                     let mut ctx = self.ctx(0);
-                    self.osd_call(node, &mut ctx, |osd, ctx| osd.on_connection_broke(ctx, peer))?;
+                    self.osd_call(node, &mut ctx, |osd, ctx| osd.on_connection_broke(ctx, peer, at))?;
                     self.apply(Node::Osd(node), ctx.out);
                 }
             }

@@ -615,15 +615,17 @@ pub fn finish(shared: &Shared, task: &EcTask, logged: bool, failed: bool) -> (Op
             let mut guard: MutexGuard<'_, Pg> = pg.lock().expect("PG lock");
             guard.uncommitted.end(task.id);
             guard.requests.finish(write.request, !failed);
-            if !failed {
+            let current = guard.active.as_ref().is_some_and(|a| task.map_epoch >= a.interval);
+            if !failed && current {
                 // On every shard now: the primary may apply it, and what
                 // precedes it (a failed one holds the watermark back until
-                // peering settles it).
+                // peering settles it). Not once a fence cleared the pending
+                // set: the watermark would read as the log's end, and the
+                // limit let through entries peering may still roll back.
                 guard.ec_pending.remove(&task.seq);
                 let watermark = guard.ec_watermark();
                 guard.apply_limit = guard.apply_limit.max(watermark);
             }
-            let current = guard.active.as_ref().is_some_and(|a| task.map_epoch >= a.interval);
             if failed && current && guard.active.take().is_some() {
                 tracing::warn!(pg = task.pg, "an erasure-coded write failed on a shard; the PG peers again");
             }

@@ -18,8 +18,9 @@ use duplex_proto::peering::ObjectMeta;
 /// An object's metadata once `held` (its entries, in log order) apply on
 /// top of `store` (None: absent), as the store applies them
 /// (`pg::replay::store_op`): a write creates and extends, a truncation
-/// creates and sets the size, a zero changes no size, a copy-up writes only
-/// an absent object, a deletion removes it with its attributes.
+/// creates and sets the size, a zero changes no size, a copy-up and a
+/// pre-allocation create only an absent object, an attribute creates it
+/// too, a deletion removes it with its attributes.
 pub fn meta_after(store: Option<ObjectMeta>, held: &[Entry]) -> Option<ObjectMeta> {
     debug_assert!(held.windows(2).all(|w| w[0].seq < w[1].seq), "held entries out of order");
     let mut meta = store;
@@ -37,21 +38,22 @@ pub fn meta_after(store: Option<ObjectMeta>, held: &[Entry]) -> Option<ObjectMet
                 }
             }
             OpKind::Truncate => meta.get_or_insert_with(fresh).size = entry.offset,
+            // The store pre-allocates an absent object only.
             OpKind::CreatePreallocated => {
-                let object = meta.get_or_insert_with(fresh);
-                object.size = entry.offset;
-                object.preallocated = true;
+                if meta.is_none() {
+                    meta = Some(ObjectMeta { size: entry.offset, preallocated: true, ..fresh() });
+                }
             }
             OpKind::Delete => meta = None,
             OpKind::Zero => {}
             OpKind::SetAttr => {
-                if let Some(object) = meta.as_mut() {
-                    let split = (entry.offset as usize).min(entry.data.len());
-                    let (name, value) = entry.data.split_at(split);
-                    object.attrs.retain(|(n, _)| n[..] != *name);
-                    object.attrs.push((name.to_vec(), value.to_vec()));
-                    object.attrs.sort();
-                }
+                // (It creates an absent object, as a write does.)
+                let object = meta.get_or_insert_with(fresh);
+                let split = (entry.offset as usize).min(entry.data.len());
+                let (name, value) = entry.data.split_at(split);
+                object.attrs.retain(|(n, _)| n[..] != *name);
+                object.attrs.push((name.to_vec(), value.to_vec()));
+                object.attrs.sort();
             }
             OpKind::RemoveAttr => {
                 if let Some(object) = meta.as_mut() {

@@ -1032,6 +1032,11 @@ mod tests {
             "a copy-up of an object is dropped"
         );
         assert_eq!(size(&None, &[entry(1, CopyUp, 0, vec![1; 100])]), Some(100));
+        use duplex_oplog::OpKind::CreatePreallocated;
+        assert_eq!(size(&stored, &[entry(1, CreatePreallocated, 1 << 20, Vec::new())]), Some(8192), "it exists");
+        let preallocated = held::meta_after(None, &[entry(1, CreatePreallocated, 1 << 20, Vec::new())]);
+        assert_eq!(preallocated.map(|m| (m.size, m.preallocated)), Some((1 << 20, true)));
+        assert_eq!(size(&None, &[entry(1, SetAttr, 1, b"b2".to_vec())]), Some(0), "an attribute creates it");
         let attrs =
             held::meta_after(stored, &[entry(1, SetAttr, 1, b"b2".to_vec()), entry(2, RemoveAttr, 0, b"a".to_vec())]);
         assert_eq!(attrs.map(|m| m.attrs), Some(vec![(b"b".to_vec(), b"2".to_vec())]));

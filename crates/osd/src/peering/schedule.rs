@@ -646,12 +646,13 @@ impl Schedule {
         true
     }
 
-    /// The connection to `peer` broke (a socket error): a request out to
-    /// it fails now, as the runtime's call would, rather than at its
-    /// deadline (which held every PG of this OSD for 10 s). `false` when
-    /// none was out to it.
-    pub fn connection_broke(&mut self, peer: OsdId, metrics: &Metrics) -> bool {
-        let Some(out) = self.outstanding.filter(|o| o.to == peer) else { return false };
+    /// The connection to `peer` broke at `broke_at` (a socket error): a
+    /// request out to it, sent by then, fails now, as the runtime's call
+    /// would, rather than at its deadline (which held every PG of this OSD
+    /// for 10 s). `false` when none was.
+    pub fn connection_broke(&mut self, peer: OsdId, broke_at: u64, metrics: &Metrics) -> bool {
+        let sent_by_then = |o: &Outstanding| o.deadline.saturating_sub(REQUEST_TIMEOUT_US) <= broke_at;
+        let Some(out) = self.outstanding.filter(|o| o.to == peer && sent_by_then(o)) else { return false };
         self.on_answer(out.txid, peer, Err("the connection broke".into()), metrics)
     }
 
@@ -1047,11 +1048,12 @@ mod tests {
         let member = want.acting[1];
         let txid = schedule.send(pg, 1, member, 10, false);
         let other = (1..4).find(|o| *o != member).expect("4 OSDs");
-        assert!(!schedule.connection_broke(other, &metrics), "no request was out to osd.{other}");
+        assert!(!schedule.connection_broke(other, 20, &metrics), "no request was out to osd.{other}");
+        assert!(!schedule.connection_broke(member, 5, &metrics), "it broke before the request went out");
         assert!(schedule.awaits(txid));
-        assert!(schedule.connection_broke(member, &metrics));
+        assert!(schedule.connection_broke(member, 10, &metrics));
         assert!(!schedule.awaits(txid), "the request failed: peering goes on");
-        assert!(!schedule.connection_broke(member, &metrics), "nothing is out any more");
+        assert!(!schedule.connection_broke(member, 20, &metrics), "nothing is out any more");
     }
 
     /// A request to an OSD outside its PG's interval (as a query of an

@@ -315,6 +315,11 @@ impl Pg {
             }
             self.early.clear();
         }
+        // A limit past `to` (raised for entries now dropped) must not let
+        // the next interval's entries be applied before their watermark.
+        // (It may lie below what the store holds: after a restart the
+        // limit counts from the replayed entries only.)
+        self.apply_limit = self.apply_limit.min(to);
         if to == u64::MAX {
             // Rebuilt next (or behind): its own log applies first.
             self.apply_limit = self.apply_limit.max(self.last_seq());

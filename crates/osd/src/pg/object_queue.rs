@@ -113,8 +113,8 @@ impl<T> ObjectQueue<T> {
             Some((op, Access::Exclusive)) => next.push(op),
             Some((op, Access::Shared)) => {
                 next.push(op);
-                while let Some((op, _)) = held.waiting.pop_front_if(|(_, access)| *access == Access::Shared) {
-                    next.push(op);
+                while held.waiting.front().is_some_and(|(_, access)| *access == Access::Shared) {
+                    next.extend(held.waiting.pop_front().map(|(op, _)| op));
                 }
                 held.readers = next.len();
             }
