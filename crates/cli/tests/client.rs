@@ -315,7 +315,17 @@ fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
     thin.write(0, Bytes::from(vec![7u8; 16384])).unwrap();
     drop(thin);
     // `duplex df`: one copy stored, every copy used, room, and what the thin image promises.
-    let before = cli_json(&cluster, &["df"]);
+    // (From the OSDs' usage reports: the ones after the writes reached the
+    // stores; CI under load once read a report from before them.)
+    let reported = |df: &serde_json::Value| {
+        df["pools"][0]["stored_bytes"].as_u64() >= Some(4096) && df["pools"][0]["objects"].as_u64() >= Some(2)
+    };
+    let mut before = cli_json(&cluster, &["df"]);
+    let asked = Instant::now();
+    while !reported(&before) && asked.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(200));
+        before = cli_json(&cluster, &["df"]);
+    }
     let rbd = &before["pools"][0];
     eprintln!("df: {before}");
     let (stored, used, copies) =
