@@ -162,10 +162,14 @@ pub enum PeerOp {
     },
     /// An erasure-coded PG's recovery: drop the log's entries after seq
     /// `to` (fewer than k shards logged them: they are rolled back), and
-    /// apply the rest through `to` (every shard that matters holds them).
-    /// Refused if an entry after `to` was applied already.
+    /// hold the rest back until activation (`to == u64::MAX`: a member
+    /// rebuilt next applies its whole log). Refused if an entry after `to`
+    /// was applied already. With `replaced`, the member's copy is compared
+    /// and replaced whole next: until an activation ends, it reports its
+    /// position as unknown (its log's end is not what its store holds).
     Settle {
         to: u64,
+        replaced: bool,
     },
 }
 
@@ -364,7 +368,7 @@ mod tests {
             Just(PeerOp::BackfillDone),
             (name(), any::<u64>(), name()).prop_map(|(object, offset, data)| PeerOp::Stage { object, offset, data }),
             name().prop_map(|object| PeerOp::ObjectRequests { object }),
-            any::<u64>().prop_map(|to| PeerOp::Settle { to }),
+            (any::<u64>(), any::<bool>()).prop_map(|(to, replaced)| PeerOp::Settle { to, replaced }),
             (
                 name(),
                 proptest::option::of((any::<u64>(), any::<bool>(), proptest::collection::vec((name(), name()), 0..3))),

@@ -64,6 +64,10 @@ struct Cli {
     /// the faults. Its min_size is --min-size (default 2), at least k.
     #[arg(long, value_parser = parse_code, conflicts_with_all = ["snapshots", "pool_size"])]
     ec: Option<(u8, u8)>,
+    /// OSDs in the cluster, one host each [default: 4, or k+m of --ec if
+    /// more].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..=64))]
+    osds: Option<u32>,
 }
 
 fn parse_code(code: &str) -> Result<(u8, u8), String> {
@@ -92,6 +96,8 @@ impl Cli {
         config.balancer = self.balancer;
         config.snapshots = self.snapshots;
         config.erasure = self.ec;
+        let shards = self.ec.map_or(0, |(k, m)| u32::from(k) + u32::from(m));
+        config.osds = self.osds.unwrap_or(config.osds.max(shards));
         config
     }
 
@@ -117,6 +123,9 @@ impl Cli {
         }
         if let Some((k, m)) = self.ec {
             line += &format!(" --ec {k}+{m}");
+        }
+        if let Some(osds) = self.osds {
+            line += &format!(" --osds {osds}");
         }
         line
     }
@@ -190,6 +199,12 @@ fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let (Some((k, m)), Some(osds)) = (cli.ec, cli.osds) {
+        if u32::from(k) + u32::from(m) > osds {
+            eprintln!("--ec {k}+{m} places {} shards on distinct hosts: it needs at least that many --osds", k + m);
+            return ExitCode::FAILURE;
+        }
+    }
     if let Some(filter) = &cli.log {
         tracing_subscriber::fmt().with_env_filter(filter.as_str()).with_writer(std::io::stderr).init();
     }

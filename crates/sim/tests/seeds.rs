@@ -326,16 +326,16 @@ fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
     }
 }
 
-/// Known gap (session 23's closing sweep, `--ec 2+2` with every fault two
-/// at once, 1 seed of 2,000 from 230000): PG 1.5 waits for good because a
-/// member refuses to settle at seq 27 with entries through 29 applied (no
-/// power loss in this run: crashes, marks out and an isolation). A member
-/// behind `S` applies its log before its objects are replaced, and a later
-/// peering may resume before that member's end (docs/RELIABILITY.md). Run
-/// with `-- --ignored` to see where it stands.
+/// An erasure-coded member rebuilt whole applied its log, with entries
+/// the others rolled back (seqs 28 and 29), and the peering ended before
+/// activation but after the map recorded it at its position. The next
+/// peering took it for current, and it refused to settle at 27 for good
+/// (PG 1.5 waited; no power loss in this run: crashes, marks out and an
+/// isolation). Now a member rebuilt whole reports its position as unknown
+/// until an activation ends. (Session 23's closing sweep, `--ec 2+2` with
+/// every fault two at once, 1 seed of 2,000 from 230000.)
 #[test]
-#[ignore = "known gap: an EC member that applied past a later settle point (docs/RELIABILITY.md)"]
-fn known_gap_an_erasure_coded_member_applied_past_a_later_settle_point() {
+fn regression_seed_230675_an_erasure_coded_member_rebuilt_whole_is_not_current_until_activated() {
     let mut config = SimConfig::new(230675);
     config.faults = duplex_sim::FaultKind::ALL.to_vec();
     config.concurrent_faults = 2;

@@ -187,7 +187,7 @@ impl Flusher {
                 }
                 Ok(PeerReply::Done)
             }
-            PeerOp::Settle { to } => {
+            PeerOp::Settle { to, replaced } => {
                 let dropped = pg.lock().expect("PG lock").settle(to)?;
                 if dropped > 0 {
                     tracing::warn!(
@@ -198,6 +198,14 @@ impl Flusher {
                     );
                 }
                 self.flush_pg(key)?;
+                if replaced {
+                    // Its log's end is no longer what its store holds (it
+                    // applied entries the others may roll back), and the
+                    // rebuild may stop before it compared every object.
+                    let mut batch = Batch::new();
+                    batch.push(stored_interval::mark_recovered(self.partition.index(), key, true));
+                    self.apply(&batch).map_err(|e| e.to_string())?;
+                }
                 Ok(PeerReply::Done)
             }
             PeerOp::List { cursor } => self.list_names(key, &cursor),
@@ -755,7 +763,7 @@ mod tests {
         let (queried, _) = info(ask(&mut member, key, 2, PeerOp::Query));
         assert_eq!(queried.last_seq, 4);
         // Settled at 3: seq 4 is dropped, 2 and 3 stay in the log.
-        assert_eq!(ask(&mut member, key, 2, PeerOp::Settle { to: 3 }), PeerReply::Done);
+        assert_eq!(ask(&mut member, key, 2, PeerOp::Settle { to: 3, replaced: false }), PeerReply::Done);
         assert_eq!(pg.lock().unwrap().log.len(), 2, "the entries through S wait for the activation");
         let in_store = |member: &mut Flusher, object: &[u8]| {
             member.partition.stat(Key::in_group(key, object).unwrap().as_bytes()).map(|info| info.size).ok()
@@ -782,7 +790,7 @@ mod tests {
         // The next peering settles lower: the held entries roll back.
         let (again, _) = info(ask(&mut member, key, 3, PeerOp::Query));
         assert_eq!(again.last_seq, 3, "a query keeps the held entries too");
-        assert_eq!(ask(&mut member, key, 3, PeerOp::Settle { to: 1 }), PeerReply::Done);
+        assert_eq!(ask(&mut member, key, 3, PeerOp::Settle { to: 1, replaced: false }), PeerReply::Done);
         assert!(pg.lock().unwrap().log.is_empty());
         assert_eq!(size(ask(&mut member, key, 3, PeerOp::Stat { object: b"a".to_vec() })), Some(8));
         assert_eq!(size(ask(&mut member, key, 3, PeerOp::Stat { object: b"b".to_vec() })), None);
@@ -790,9 +798,22 @@ mod tests {
         // A member rebuilt next applies what it logged at once.
         log(&pg, &duplex_oplog::Entry { version: 1, ..write_entry(key, 2, b"c".to_vec(), vec![4; 3]) }).unwrap();
         info(ask(&mut member, key, 4, PeerOp::Query));
-        assert_eq!(ask(&mut member, key, 4, PeerOp::Settle { to: u64::MAX }), PeerReply::Done);
+        assert_eq!(ask(&mut member, key, 4, PeerOp::Settle { to: u64::MAX, replaced: false }), PeerReply::Done);
         assert!(pg.lock().unwrap().log.is_empty());
         assert_eq!(in_store(&mut member, b"c"), Some(3));
+        let (behind, _) = info(ask(&mut member, key, 4, PeerOp::Query));
+        assert!(!behind.position_lost, "a member only behind keeps its position");
+
+        // One rebuilt whole applies its log too, and its position is
+        // unknown until an activation ends: entries it applied may be
+        // rolled back elsewhere, and the compare may stop half-way.
+        log(&pg, &duplex_oplog::Entry { version: 1, ..write_entry(key, 3, b"c".to_vec(), vec![5; 6]) }).unwrap();
+        info(ask(&mut member, key, 5, PeerOp::Query));
+        assert_eq!(ask(&mut member, key, 5, PeerOp::Settle { to: u64::MAX, replaced: true }), PeerReply::Done);
+        assert_eq!(in_store(&mut member, b"c"), Some(6));
+        let (replaced, _) = info(ask(&mut member, key, 6, PeerOp::Query));
+        assert!(replaced.position_lost, "a member rebuilt whole reports a known position: {replaced:?}");
+        assert_eq!(replaced.last_epoch, 0);
     }
 
     #[test]

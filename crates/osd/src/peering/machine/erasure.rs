@@ -49,8 +49,9 @@ pub(super) struct EcRecovery {
     /// Current members with `last_seq >= settle_to`: the rebuilds' sources
     /// (every member, once the rebuilds are done: the scrub's).
     pub(super) whole: Vec<OsdId>,
-    /// Members to settle, and the seq each settles at.
-    to_settle: VecDeque<(OsdId, u64)>,
+    /// Members to settle: the seq each settles at, and whether it is
+    /// rebuilt whole (`PeerOp::Settle::replaced`).
+    to_settle: VecDeque<(OsdId, u64, bool)>,
     /// Current members behind `settle_to`: (member, its last seq, that entry's epoch).
     behind: VecDeque<(OsdId, u64, u32)>,
     /// Members to rebuild whole.
@@ -277,9 +278,21 @@ impl Peering {
         // A member rebuilt, whole or in part, applies its own log first
         // (what it holds is compared or replaced next); the sources settle
         // at `S`, holding their entries through it back until activation
-        // (flusher/held.rs).
-        let to_settle =
-            self.members.iter().map(|m| (*m, if whole.contains(m) { settle_to } else { u64::MAX })).collect();
+        // (flusher/held.rs). A member rebuilt whole may so apply entries
+        // past `S` that the others roll back, and its store is the
+        // authority's only once every object is compared: until an
+        // activation ends, it reports its position as unknown. (Else a
+        // peering cut short after the map recorded it at its position took
+        // it for current, with entries past the next `S` applied, and it
+        // refused to settle for good: `--ec 2+2` seed 230675.)
+        let to_settle = self
+            .members
+            .iter()
+            .map(|m| {
+                let to = if whole.contains(m) { settle_to } else { u64::MAX };
+                (*m, to, to_rebuild_whole.contains(m))
+            })
+            .collect();
         let ec = EcRecovery {
             profile,
             shards: self.shards.clone(),
@@ -373,9 +386,9 @@ impl Peering {
                     }
                 }
                 (None, None) => {
-                    if let Some((osd, to)) = ec.to_settle.pop_front() {
+                    if let Some((osd, to, replaced)) = ec.to_settle.pop_front() {
                         ec.stage = Some(EcStage::Settle);
-                        return Ok(Some((osd, PeerOp::Settle { to })));
+                        return Ok(Some((osd, PeerOp::Settle { to, replaced })));
                     }
                     let to = ec.settle_to;
                     if let Some((target, after, after_epoch)) = ec.behind.pop_front() {
@@ -660,7 +673,11 @@ mod tests {
         for osd in [0, 1, 2] {
             let (at, tag, op) = send(&actions);
             let to = to[osd as usize];
-            assert_eq!((at, op), (osd, PeerOp::Settle { to }), "every member settles, in position order");
+            assert_eq!(
+                (at, op),
+                (osd, PeerOp::Settle { to, replaced: false }),
+                "every member settles, in position order"
+            );
             actions = machine.on_reply(tag, PeerReply::Done);
         }
         actions
@@ -740,7 +757,7 @@ mod tests {
         installs: Vec<(OsdId, Vec<u8>)>,
         /// Shards whose blocks fail their checksum where they are read.
         damaged: BTreeSet<(OsdId, Vec<u8>)>,
-        settled: Vec<(OsdId, u64)>,
+        settled: Vec<(OsdId, u64, bool)>,
         activated: Vec<(OsdId, Vec<OsdId>, u64)>,
     }
 
@@ -748,8 +765,8 @@ mod tests {
         fn answer(&mut self, to: OsdId, op: PeerOp) -> PeerReply {
             let held = self.held.entry(to).or_default();
             match op {
-                PeerOp::Settle { to: seq } => {
-                    self.settled.push((to, seq));
+                PeerOp::Settle { to: seq, replaced } => {
+                    self.settled.push((to, seq, replaced));
                     PeerReply::Done
                 }
                 PeerOp::List { cursor } => {
@@ -966,8 +983,9 @@ mod tests {
             vec![(2, b"a".to_vec()), (2, b"c".to_vec())],
             "only the objects that differ are written"
         );
-        // The stale member applies its own log; the current ones settle at 10.
-        assert_eq!(cluster.settled, vec![(0, 10), (1, 10), (2, u64::MAX)]);
+        // The stale member applies its own log and reports its position
+        // unknown until activation; the current ones settle at 10.
+        assert_eq!(cluster.settled, vec![(0, 10, false), (1, 10, false), (2, u64::MAX, true)]);
     }
 
     #[test]
@@ -1053,7 +1071,7 @@ mod tests {
         let last = cluster.run(&mut machine, actions);
         assert!(matches!(last.as_slice(), [Action::Active { last_seq: 10, .. }]), "{last:?}");
         assert!(cluster.installs.is_empty(), "a member was rebuilt: {:?}", cluster.installs);
-        assert_eq!(cluster.settled, vec![(0, 10), (1, 10), (2, 10)]);
+        assert_eq!(cluster.settled, vec![(0, 10, false), (1, 10, false), (2, 10, false)]);
     }
 
     #[test]
