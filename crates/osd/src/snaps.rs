@@ -217,8 +217,9 @@ fn follow(head: &mut Head, op: &Op) {
         | Op::WriteJournaled { .. }
         | Op::Truncate { .. }
         | Op::CreatePreallocated { .. }
-        | Op::SetAttr { .. } => head.exists = true,
-        Op::Zero { .. } | Op::RemoveAttr { .. } => {}
+        | Op::SetAttr { .. }
+        | Op::OmapSet { .. } => head.exists = true,
+        Op::Zero { .. } | Op::RemoveAttr { .. } | Op::OmapRemove { .. } | Op::OmapRemoveRange { .. } => {}
         // A head made from a snapshot (a rollback): its sequence comes next.
         Op::Clone { .. } => head.exists = true,
     }

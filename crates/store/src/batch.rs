@@ -39,7 +39,17 @@ pub enum Op {
     SetAttr { key: Key, name: Vec<u8>, value: Vec<u8> },
     /// Remove an attribute (no-op if absent or if the object is absent).
     RemoveAttr { key: Key, name: Vec<u8> },
-    /// Make `key` a copy of `source` (size, data, attributes) that shares
+    /// Set omap entries (each replaces the one with its key), creating the
+    /// object if needed. Limits: [`crate::MAX_OMAP_KEY_LEN`],
+    /// [`crate::MAX_OMAP_VALUE_LEN`], [`crate::MAX_OMAP_BYTES`].
+    OmapSet { key: Key, entries: Vec<(Vec<u8>, Vec<u8>)> },
+    /// Remove the omap entries of `keys` (absent ones, or an absent
+    /// object, are no-ops).
+    OmapRemove { key: Key, keys: Vec<Vec<u8>> },
+    /// Remove the omap entries with keys in `[start, end)` (`end = None`:
+    /// to the last; an empty `start` and no `end` clears the omap).
+    OmapRemoveRange { key: Key, start: Vec<u8>, end: Option<Vec<u8>> },
+    /// Make `key` a copy of `source` (size, data, attributes, omap) that shares
     /// its data blocks: O(its extents), no data copied. A later write to a
     /// shared block of either object copies that one 4 KiB block first
     /// (copy-on-write), so the other keeps its contents. Both keys are in
@@ -62,6 +72,9 @@ impl Op {
             | Op::CreatePreallocated { key, .. }
             | Op::SetAttr { key, .. }
             | Op::RemoveAttr { key, .. }
+            | Op::OmapSet { key, .. }
+            | Op::OmapRemove { key, .. }
+            | Op::OmapRemoveRange { key, .. }
             | Op::Clone { key, .. } => key,
         }
     }
@@ -114,6 +127,18 @@ impl Batch {
 
     pub fn remove_attr(&mut self, key: Key, name: impl Into<Vec<u8>>) -> &mut Self {
         self.push(Op::RemoveAttr { key, name: name.into() })
+    }
+
+    pub fn omap_set(&mut self, key: Key, entries: Vec<(Vec<u8>, Vec<u8>)>) -> &mut Self {
+        self.push(Op::OmapSet { key, entries })
+    }
+
+    pub fn omap_remove(&mut self, key: Key, keys: Vec<Vec<u8>>) -> &mut Self {
+        self.push(Op::OmapRemove { key, keys })
+    }
+
+    pub fn omap_remove_range(&mut self, key: Key, start: impl Into<Vec<u8>>, end: Option<Vec<u8>>) -> &mut Self {
+        self.push(Op::OmapRemoveRange { key, start: start.into(), end })
     }
 
     /// `key` becomes a copy of `source` sharing its blocks ([`Op::Clone`]).

@@ -108,6 +108,14 @@ pub const MAX_ATTR_NAME_LEN: usize = 255;
 pub const MAX_ATTR_VALUE_LEN: usize = 4096;
 /// All attribute names and values of one object together.
 pub const MAX_ATTR_BYTES: usize = 16 << 10;
+/// Longest omap key (omap keys are never empty).
+pub const MAX_OMAP_KEY_LEN: usize = 255;
+/// Longest omap value.
+pub const MAX_OMAP_VALUE_LEN: usize = 4096;
+/// All omap keys and values of one object together: a 4 MiB object's
+/// chunk map at 16 KiB chunks (256 entries) fits with room to spare, and
+/// with the largest attributes and extents the blob still fits one chain.
+pub const MAX_OMAP_BYTES: usize = 64 << 10;
 /// Most partitions in one store. The superblock has room for more (an
 /// 88-byte header, then 12 u64s of geometry per partition, in one block);
 /// 28 bounds the threads and the per-partition metric arrays.

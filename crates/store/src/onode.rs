@@ -13,14 +13,25 @@
 //! key length u8, key, size u64, flags u8 (1 = preallocated),
 //! extent count u32, extents (logical block u32, physical data block u32, block count u32)...,
 //! attribute count u16, attributes (name length u8, name, value length u16, value)...
+//! [omap count u32, omap entries (key length u8, key, value length u16, value)...]
 //! ```
+//! The omap section (an object's ordered key-value pairs) is present only
+//! when the object has entries: a blob without it is one from before omaps
+//! existed, and a binary from then refuses one with it (trailing bytes)
+//! rather than dropping it. It lives in the blob, not in chains of its own,
+//! because what reads it (the dedup tier's chunk maps) reads or rewrites it
+//! whole, a few KiB per object, and an object's data writes that change no
+//! extent never rewrite the blob.
 //! A deleted object keeps its chain (flag on the head) until its space is
 //! reclaimed: that is the delayed deallocation of DESIGN.md §7.
 
 use crate::codec::{seal, verify_seal, Reader, Writer};
 use crate::error::{Result, StoreError};
 use crate::key::Key;
-use crate::{BLOCK_SIZE, MAX_ATTR_BYTES, MAX_ATTR_NAME_LEN, MAX_ATTR_VALUE_LEN, MAX_OBJECT_SIZE, SLOT_SIZE};
+use crate::{
+    BLOCK_SIZE, MAX_ATTR_BYTES, MAX_ATTR_NAME_LEN, MAX_ATTR_VALUE_LEN, MAX_OBJECT_SIZE, MAX_OMAP_BYTES,
+    MAX_OMAP_KEY_LEN, MAX_OMAP_VALUE_LEN, SLOT_SIZE,
+};
 
 pub const SLOT_MAGIC: u16 = 0xD0DE;
 pub const KIND_HEAD: u8 = 1;
@@ -64,17 +75,23 @@ pub struct ObjectMeta {
     pub extents: Vec<Extent>,
     /// Sorted by name, names unique.
     pub attrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The omap: sorted by key, keys unique.
+    pub omap: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl ObjectMeta {
     pub fn new(key: Key) -> ObjectMeta {
-        ObjectMeta { key, size: 0, flags: 0, extents: Vec::new(), attrs: Vec::new() }
+        ObjectMeta { key, size: 0, flags: 0, extents: Vec::new(), attrs: Vec::new(), omap: Vec::new() }
     }
 
     /// Bytes of [`ObjectMeta::encode`]'s blob.
     pub fn encoded_len(&self) -> usize {
         let attr_bytes: usize = self.attrs.iter().map(|(n, v)| 3 + n.len() + v.len()).sum();
-        1 + self.key.as_bytes().len() + 8 + 1 + 4 + 12 * self.extents.len() + 2 + attr_bytes
+        let omap_bytes: usize = match self.omap.is_empty() {
+            true => 0,
+            false => 4 + self.omap.iter().map(|(k, v)| 3 + k.len() + v.len()).sum::<usize>(),
+        };
+        1 + self.key.as_bytes().len() + 8 + 1 + 4 + 12 * self.extents.len() + 2 + attr_bytes + omap_bytes
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -86,6 +103,7 @@ impl ObjectMeta {
             self.extents
         );
         debug_assert!(self.attrs.windows(2).all(|w| w[0].0 < w[1].0), "attributes unsorted or duplicated");
+        debug_assert!(self.omap.windows(2).all(|w| w[0].0 < w[1].0), "omap keys unsorted or duplicated");
         let key = self.key.as_bytes();
         let mut blob = vec![0u8; self.encoded_len()];
         let mut w = Writer::new(&mut blob);
@@ -105,6 +123,15 @@ impl ObjectMeta {
             w.bytes(name);
             w.u16(value.len() as u16);
             w.bytes(value);
+        }
+        if !self.omap.is_empty() {
+            w.u32(self.omap.len() as u32);
+            for (key, value) in &self.omap {
+                w.u8(key.len() as u8);
+                w.bytes(key);
+                w.u16(value.len() as u16);
+                w.bytes(value);
+            }
         }
         debug_assert_eq!(w.pos(), blob.len());
         debug_assert!(
@@ -154,10 +181,35 @@ impl ObjectMeta {
             }
             attrs.push((name, value));
         }
+        let mut omap: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        if r.remaining() != 0 {
+            let count = r.u32()? as usize;
+            // Each entry takes 4 bytes at least: a count past that is a lie.
+            if count == 0 || count.saturating_mul(4) > r.remaining() {
+                return Err(StoreError::corrupt("onode: bad omap entry count"));
+            }
+            omap.reserve(count);
+            let mut bytes = 0usize;
+            for _ in 0..count {
+                let key_len = r.u8()? as usize;
+                let key = r.bytes(key_len)?.to_vec();
+                let value_len = r.u16()? as usize;
+                let value = r.bytes(value_len)?.to_vec();
+                bytes += key.len() + value.len();
+                if key.is_empty()
+                    || value.len() > MAX_OMAP_VALUE_LEN
+                    || bytes > MAX_OMAP_BYTES
+                    || omap.last().is_some_and(|(p, _)| *p >= key)
+                {
+                    return Err(StoreError::corrupt("onode: omap unsorted, duplicated or oversized"));
+                }
+                omap.push((key, value));
+            }
+        }
         if r.remaining() != 0 {
             return Err(StoreError::corrupt("onode: trailing bytes"));
         }
-        let meta = ObjectMeta { key, size, flags, extents, attrs };
+        let meta = ObjectMeta { key, size, flags, extents, attrs, omap };
         // Every field read back is one the encoder writes: the sizes agree.
         debug_assert_eq!(meta.encoded_len(), blob.len());
         Ok(meta)
@@ -297,6 +349,73 @@ impl ObjectMeta {
     pub fn attr(&self, name: &[u8]) -> Option<&[u8]> {
         self.attrs.iter().find(|(n, _)| n.as_slice() == name).map(|(_, v)| v.as_slice())
     }
+
+    /// Validates one omap entry against the limits.
+    pub fn check_omap_entry(key: &[u8], value: &[u8]) -> Result<()> {
+        if key.is_empty() || key.len() > MAX_OMAP_KEY_LEN {
+            return Err(StoreError::invalid(format!(
+                "omap key length {} is outside 1..={MAX_OMAP_KEY_LEN}",
+                key.len()
+            )));
+        }
+        if value.len() > MAX_OMAP_VALUE_LEN {
+            return Err(StoreError::invalid(format!(
+                "omap value of {} bytes exceeds {MAX_OMAP_VALUE_LEN}",
+                value.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Key and value bytes of the omap.
+    pub fn omap_bytes(&self) -> usize {
+        self.omap.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+
+    /// Sets omap entries (each replaces one with its key). All or none:
+    /// an entry past the limits, or a total past [`MAX_OMAP_BYTES`],
+    /// changes nothing.
+    pub fn set_omap(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        for (key, value) in entries {
+            Self::check_omap_entry(key, value)?;
+        }
+        let mut next = self.omap.clone();
+        for (key, value) in entries {
+            match next.binary_search_by(|(k, _)| k.as_slice().cmp(key)) {
+                Ok(i) => next[i].1 = value.clone(),
+                Err(i) => next.insert(i, (key.clone(), value.clone())),
+            }
+        }
+        if next.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > MAX_OMAP_BYTES {
+            return Err(StoreError::invalid(format!("an object's omap may total at most {MAX_OMAP_BYTES} bytes")));
+        }
+        debug_assert!(next.windows(2).all(|w| w[0].0 < w[1].0), "omap keys unsorted or duplicated");
+        self.omap = next;
+        Ok(())
+    }
+
+    /// Removes the omap entries of `keys` (absent ones are skipped);
+    /// whether any was there.
+    pub fn remove_omap(&mut self, keys: &[Vec<u8>]) -> bool {
+        let before = self.omap.len();
+        self.omap.retain(|(k, _)| !keys.contains(k));
+        self.omap.len() != before
+    }
+
+    /// Removes the omap entries with keys in `[start, end)` (`end = None`:
+    /// to the last); whether any was there.
+    pub fn remove_omap_range(&mut self, start: &[u8], end: Option<&[u8]>) -> bool {
+        let before = self.omap.len();
+        self.omap.retain(|(k, _)| k.as_slice() < start || end.is_some_and(|end| k.as_slice() >= end));
+        self.omap.len() != before
+    }
+
+    /// The omap entries with keys in `[start, end)`, at most `limit`.
+    pub fn omap_range(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> &[(Vec<u8>, Vec<u8>)] {
+        let from = self.omap.partition_point(|(k, _)| k.as_slice() < start);
+        let to = end.map_or(self.omap.len(), |end| self.omap.partition_point(|(k, _)| k.as_slice() < end));
+        &self.omap[from..to.max(from).min(from.saturating_add(limit))]
+    }
 }
 
 /// The header fields of a slot.
@@ -411,8 +530,13 @@ mod tests {
                 0..12,
             ),
             proptest::collection::vec(0u32..4, 0..40),
+            proptest::collection::btree_map(
+                proptest::collection::vec(any::<u8>(), 1..40),
+                proptest::collection::vec(any::<u8>(), 0..200),
+                0..20,
+            ),
         )
-            .prop_map(|(key, attrs, gaps)| {
+            .prop_map(|(key, attrs, gaps, omap)| {
                 let mut meta = ObjectMeta::new(Key::new(&key).unwrap());
                 let mut logical = 0;
                 for (i, gap) in gaps.into_iter().enumerate() {
@@ -422,8 +546,30 @@ mod tests {
                 }
                 meta.size = logical as u64 * BLOCK_SIZE as u64;
                 meta.attrs = attrs.into_iter().collect();
+                meta.omap = omap.into_iter().collect();
                 meta
             })
+    }
+
+    /// An omap against a model: sets, removals and ranges.
+    #[derive(Debug, Clone)]
+    enum OmapChange {
+        Set(Vec<(Vec<u8>, Vec<u8>)>),
+        Remove(Vec<Vec<u8>>),
+        RemoveRange(Vec<u8>, Option<Vec<u8>>),
+    }
+
+    fn omap_key() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(0u8..4, 1..4)
+    }
+
+    fn omap_change() -> impl Strategy<Value = OmapChange> {
+        prop_oneof![
+            proptest::collection::vec((omap_key(), proptest::collection::vec(any::<u8>(), 0..8)), 1..5)
+                .prop_map(OmapChange::Set),
+            proptest::collection::vec(omap_key(), 1..4).prop_map(OmapChange::Remove),
+            (omap_key(), proptest::option::of(omap_key())).prop_map(|(s, e)| OmapChange::RemoveRange(s, e)),
+        ]
     }
 
     proptest! {
@@ -441,6 +587,52 @@ mod tests {
                 rebuilt.extend_from_slice(fragment);
             }
             prop_assert_eq!(rebuilt, blob);
+        }
+
+        #[test]
+        fn omap_changes_match_a_model_and_ranges_read_it_in_order(
+            changes in proptest::collection::vec(omap_change(), 1..30),
+            start in proptest::collection::vec(0u8..4, 0..3),
+            end in proptest::option::of(proptest::collection::vec(0u8..4, 0..3)),
+            limit in 0usize..8,
+        ) {
+            let mut meta = ObjectMeta::new(Key::new(b"o").unwrap());
+            let mut model = std::collections::BTreeMap::new();
+            for change in changes {
+                match change {
+                    OmapChange::Set(entries) => {
+                        meta.set_omap(&entries).unwrap();
+                        model.extend(entries);
+                    }
+                    OmapChange::Remove(keys) => {
+                        let had = keys.iter().any(|k| model.contains_key(k));
+                        prop_assert_eq!(meta.remove_omap(&keys), had);
+                        for k in &keys {
+                            model.remove(k);
+                        }
+                    }
+                    OmapChange::RemoveRange(s, e) => {
+                        let gone: Vec<Vec<u8>> = model
+                            .keys()
+                            .filter(|k| **k >= s && e.as_ref().is_none_or(|e| *k < e))
+                            .cloned()
+                            .collect();
+                        prop_assert_eq!(meta.remove_omap_range(&s, e.as_deref()), !gone.is_empty());
+                        for k in gone {
+                            model.remove(&k);
+                        }
+                    }
+                }
+                let flat: Vec<(Vec<u8>, Vec<u8>)> = model.clone().into_iter().collect();
+                prop_assert_eq!(&meta.omap, &flat);
+                prop_assert_eq!(ObjectMeta::decode(&meta.encode(), 1).unwrap(), meta.clone());
+            }
+            let expected: Vec<(Vec<u8>, Vec<u8>)> = model
+                .into_iter()
+                .filter(|(k, _)| *k >= start && end.as_ref().is_none_or(|e| k < e))
+                .take(limit)
+                .collect();
+            prop_assert_eq!(meta.omap_range(&start, end.as_deref(), limit), &expected[..]);
         }
 
         #[test]
@@ -484,6 +676,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn omap_limits_are_refused_whole_and_bad_omap_sections_are_corrupt() {
+        let mut meta = ObjectMeta::new(Key::new(b"o").unwrap());
+        assert!(meta.set_omap(&[(Vec::new(), b"v".to_vec())]).is_err(), "an empty key");
+        assert!(meta.set_omap(&[(vec![1; MAX_OMAP_KEY_LEN + 1], Vec::new())]).is_err());
+        assert!(meta.set_omap(&[(b"k".to_vec(), vec![0; MAX_OMAP_VALUE_LEN + 1])]).is_err());
+        // 16 full values are 64 KiB of values alone: past the total.
+        let big: Vec<(Vec<u8>, Vec<u8>)> = (0..16u8).map(|i| (vec![b'k', i], vec![i; MAX_OMAP_VALUE_LEN])).collect();
+        assert!(meta.set_omap(&big).is_err());
+        assert!(meta.omap.is_empty(), "a refused set changed the omap");
+        meta.set_omap(&big[..15]).unwrap();
+        assert_eq!(meta.omap.len(), 15);
+        // A blob without an omap section (as before omaps) decodes to none.
+        let plain = ObjectMeta::new(Key::new(b"p").unwrap());
+        let blob = plain.encode();
+        assert!(ObjectMeta::decode(&blob, 1).unwrap().omap.is_empty());
+        // An omap section that claims no entries, or is unsorted, is corrupt.
+        let mut zero = blob.clone();
+        zero.extend_from_slice(&0u32.to_le_bytes());
+        assert!(ObjectMeta::decode(&zero, 1).is_err());
+        let mut two = ObjectMeta::new(Key::new(b"p").unwrap());
+        two.set_omap(&[(b"a".to_vec(), b"1".to_vec()), (b"b".to_vec(), b"2".to_vec())]).unwrap();
+        let mut unsorted = two.encode();
+        let at = unsorted.len() - 4; // key "b" of the second entry, then its value
+        assert_eq!(unsorted[at], b'b');
+        unsorted[at] = b'a';
+        assert!(matches!(ObjectMeta::decode(&unsorted, 1), Err(StoreError::Corrupt(m)) if m.contains("omap unsorted")));
     }
 
     #[test]

@@ -84,7 +84,8 @@ fn crash_child() {
     }
 }
 
-type Snapshot = BTreeMap<Vec<u8>, (Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>, bool)>;
+/// Per object: data, attributes, omap, pre-allocated.
+type Snapshot = BTreeMap<Vec<u8>, (Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>, BTreeMap<Vec<u8>, Vec<u8>>, bool)>;
 
 /// Blocks (key, index) that failed their checksum.
 type Torn = std::collections::BTreeSet<(Vec<u8>, usize)>;
@@ -108,7 +109,8 @@ fn snapshot_tolerant(store: &mut Store) -> (Snapshot, Torn) {
             }
         }
         let attrs = partition.list_attrs(key.as_bytes()).unwrap().into_iter().collect();
-        out.insert(key.as_bytes().to_vec(), (data, attrs, info.preallocated));
+        let omap = partition.omap_range(key.as_bytes(), &[], None, usize::MAX).unwrap().into_iter().collect();
+        out.insert(key.as_bytes().to_vec(), (data, attrs, omap, info.preallocated));
     }
     (out, torn)
 }
@@ -120,13 +122,14 @@ fn snapshot(store: &mut Store) -> Snapshot {
     snapshot
 }
 
-/// Whether the objects' sizes and attributes are those of `model`.
+/// Whether the objects' sizes, attributes and omaps are those of `model`.
 fn meta_matches(actual: &Snapshot, model: &Model) -> bool {
     model.objects.len() == actual.len()
-        && model
-            .objects
-            .iter()
-            .all(|(k, o)| actual.get(k).is_some_and(|(data, attrs, _)| data.len() == o.data.len() && *attrs == o.attrs))
+        && model.objects.iter().all(|(k, o)| {
+            actual.get(k).is_some_and(|(data, attrs, omap, _)| {
+                data.len() == o.data.len() && *attrs == o.attrs && *omap == o.omap
+            })
+        })
 }
 
 fn block_of(data: Option<&Vec<u8>>, index: usize) -> Vec<u8> {
@@ -174,7 +177,7 @@ fn check_crash_state(actual: &Snapshot, before: &Model, after: &Model, in_flight
         meta_matches(before) || meta_matches(after),
         "{context}: metadata is neither the state before nor after the in-flight batch"
     );
-    for (key, (data, _, _)) in actual {
+    for (key, (data, ..)) in actual {
         for index in 0..data.len().div_ceil(BLOCK) {
             if torn.contains(&(key.clone(), index)) {
                 continue;
@@ -339,6 +342,9 @@ fn run_crash_test_with(cache: Option<&str>, churn: bool) {
                 for (name, value) in &object.attrs {
                     repair.set_attr(key.clone(), name.clone(), value.clone());
                 }
+                if !object.omap.is_empty() {
+                    repair.omap_set(key.clone(), object.omap.clone().into_iter().collect());
+                }
             }
             store.partition_mut(0).apply(&repair).unwrap();
             actual = snapshot(&mut store);
@@ -350,7 +356,7 @@ fn run_crash_test_with(cache: Option<&str>, churn: bool) {
         // Continue from what the store holds; the in-flight batch is settled.
         model.objects = actual
             .into_iter()
-            .map(|(k, (data, attrs, preallocated))| (k, ModelObject { data, attrs, preallocated }))
+            .map(|(k, (data, attrs, omap, preallocated))| (k, ModelObject { data, attrs, omap, preallocated }))
             .collect();
         next_batch += 1;
     }

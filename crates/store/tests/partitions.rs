@@ -84,7 +84,10 @@ fn set_key(op: &mut duplex_store::Op, new: duplex_store::Key) {
         | Delete { key }
         | CreatePreallocated { key, .. }
         | SetAttr { key, .. }
-        | RemoveAttr { key, .. } => *key = new,
+        | RemoveAttr { key, .. }
+        | OmapSet { key, .. }
+        | OmapRemove { key, .. }
+        | OmapRemoveRange { key, .. } => *key = new,
         Clone { key, source } => {
             let name = &source.as_bytes()[4..];
             *source = duplex_store::Key::in_group(new.group(), name).unwrap();

@@ -49,7 +49,7 @@ pub(crate) struct PatchedBlock {
 struct Working {
     /// The object now (`None`: absent at this point of the batch).
     current: Option<ObjectMeta>,
-    /// Whether `current.attrs` holds the stored attributes.
+    /// Whether `current.attrs` and `current.omap` hold the stored ones.
     attrs_loaded: bool,
     /// Head slot of the object as it was before the batch.
     original_head: Option<u32>,
@@ -239,6 +239,31 @@ impl Partition {
                         }
                     }
                 }
+                Op::OmapSet { key, entries } => {
+                    self.ensure_attrs(plan, key)?;
+                    let w = plan.objects.get_mut(key).expect("loaded");
+                    let meta = w.current.get_or_insert_with(|| ObjectMeta::new(key.clone()));
+                    meta.set_omap(entries)?;
+                    w.meta_dirty = true;
+                }
+                Op::OmapRemove { key, keys } => {
+                    if plan.objects[key].current.is_some() {
+                        self.ensure_attrs(plan, key)?;
+                        let w = plan.objects.get_mut(key).expect("loaded");
+                        if w.current.as_mut().expect("present").remove_omap(keys) {
+                            w.meta_dirty = true;
+                        }
+                    }
+                }
+                Op::OmapRemoveRange { key, start, end } => {
+                    if plan.objects[key].current.is_some() {
+                        self.ensure_attrs(plan, key)?;
+                        let w = plan.objects.get_mut(key).expect("loaded");
+                        if w.current.as_mut().expect("present").remove_omap_range(start, end.as_deref()) {
+                            w.meta_dirty = true;
+                        }
+                    }
+                }
             }
         }
         Ok(())
@@ -265,6 +290,7 @@ impl Partition {
                     flags: entry.flags,
                     extents: Vec::new(),
                     attrs: Vec::new(),
+                    omap: Vec::new(),
                 }),
                 extents_in_index: true,
                 attrs_loaded: false,
@@ -315,7 +341,8 @@ impl Partition {
         }
     }
 
-    /// Makes `current.attrs` hold the stored attributes (reads the onode).
+    /// Makes `current.attrs` and `current.omap` hold the stored ones
+    /// (reads the onode).
     fn ensure_attrs(&mut self, plan: &mut Plan, key: &Key) -> Result<()> {
         let w = &plan.objects[key];
         if w.attrs_loaded || !w.original_alive {
@@ -324,7 +351,9 @@ impl Partition {
         let head = w.original_head.expect("alive original has a head");
         let (_, _, stored) = self.read_chain(head)?;
         let w = plan.objects.get_mut(key).expect("loaded");
-        w.current.as_mut().expect("alive").attrs = stored.attrs;
+        let current = w.current.as_mut().expect("alive");
+        current.attrs = stored.attrs;
+        current.omap = stored.omap;
         w.attrs_loaded = true;
         Ok(())
     }
@@ -841,7 +870,11 @@ impl Partition {
     ) -> Result<Vec<u32>> {
         let needed = slots_needed(blob.len());
         if needed > MAX_CHAIN_SLOTS {
-            return Err(StoreError::invalid(format!("an object's metadata may not exceed {} bytes", blob.len())));
+            return Err(StoreError::invalid(format!(
+                "an object's metadata may not exceed {} bytes ({} asked)",
+                MAX_CHAIN_SLOTS * crate::onode::FRAGMENT_CAPACITY,
+                blob.len()
+            )));
         }
         if chain.len() > needed {
             plan.freed_slots.extend(chain.split_off(needed));

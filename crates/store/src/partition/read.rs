@@ -226,6 +226,28 @@ impl Partition {
         Ok(meta.attrs)
     }
 
+    /// The omap value of `name` in `key` (`Ok(None)`: no such entry).
+    pub fn omap_get(&mut self, key: &[u8], name: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.omap_range(key, name, None, 1)?.into_iter().next().filter(|(k, _)| k == name).map(|(_, v)| v))
+    }
+
+    /// The omap entries of `key` with keys in `[start, end)` in order
+    /// (`end = None`: to the last), at most `limit`. A listing continues
+    /// after its last key `k` from `k` followed by a zero byte.
+    pub fn omap_range(
+        &mut self,
+        key: &[u8],
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.check_usable()?;
+        let head = self.objects.get(key).ok_or(StoreError::NotFound)?.head_slot;
+        let (_, _, meta) = self.read_chain(head)?;
+        self.pages.trim();
+        Ok(meta.omap_range(start, end, limit).to_vec())
+    }
+
     /// Keys in `[start, end)` in order (`end = None`: to the last key), at most `limit`.
     pub fn list(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Vec<Key> {
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
