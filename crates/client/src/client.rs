@@ -30,6 +30,7 @@ use crossbeam_channel::Sender;
 use duplex_map::ClusterMap;
 use duplex_mon_client::Credentials;
 use duplex_mon_client::MonClient;
+use duplex_proto::omap;
 use duplex_proto::osd::{decode_attrs, decode_names, Attrs, ObjectStat, OpKind};
 
 use crate::error::ClientError;
@@ -295,6 +296,130 @@ impl Client {
         decode_attrs(&data).map_err(|e| ClientError::Corrupt(format!("attribute list: {e}")))
     }
 
+    /// Sets omap entries (keys of 1 to 255 bytes, values up to 4 KiB, one
+    /// object's omap up to 64 KiB in all), creating the object if needed.
+    /// A key given twice takes its last value.
+    pub fn omap_set(&self, pool: u32, object: &[u8], entries: &[(Vec<u8>, Vec<u8>)]) -> Result<(), ClientError> {
+        let entries: omap::Entries =
+            entries.iter().cloned().collect::<std::collections::BTreeMap<_, _>>().into_iter().collect();
+        if entries.is_empty() {
+            return Ok(());
+        }
+        if let Some((key, value)) =
+            entries.iter().find(|(k, v)| k.is_empty() || k.len() > omap::MAX_KEY_LEN || v.len() > omap::MAX_VALUE_LEN)
+        {
+            return Err(ClientError::Invalid(format!(
+                "omap keys are 1 to {} bytes and values at most {} (a key of {}, a value of {})",
+                omap::MAX_KEY_LEN,
+                omap::MAX_VALUE_LEN,
+                key.len(),
+                value.len()
+            )));
+        }
+        // The OSD cannot check the object's total before logging: check it here.
+        let existing = match self.omap_list_all(pool, object) {
+            Ok(existing) => existing,
+            Err(ClientError::NotFound) => Vec::new(),
+            Err(err) => return Err(err),
+        };
+        let kept: usize = existing
+            .iter()
+            .filter(|(k, _)| entries.binary_search_by(|(n, _)| n.cmp(k)).is_err())
+            .map(|(k, v)| k.len() + v.len())
+            .sum();
+        let total = kept + entries.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+        if total > omap::MAX_BYTES {
+            return Err(ClientError::Invalid(format!(
+                "the object's omap would total {total} bytes; the limit is {}",
+                omap::MAX_BYTES
+            )));
+        }
+        let data = Bytes::from(omap::encode_entries(&entries));
+        self.call(ObjectOp { data, ..op(pool, OpKind::OmapSet, object) }).map(drop)
+    }
+
+    /// The omap entries of `keys` that exist, in key order.
+    pub fn omap_get(&self, pool: u32, object: &[u8], keys: &[Vec<u8>]) -> Result<omap::Entries, ClientError> {
+        let keys = checked_keys(keys)?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let data = Bytes::from(omap::encode_keys(&keys));
+        let reply = self.call(ObjectOp { data, ..op(pool, OpKind::OmapGet, object) })?;
+        omap::decode_entries(&reply).map_err(|e| ClientError::Corrupt(format!("omap reply: {e}")))
+    }
+
+    /// At most `limit` (1 to 1024) omap entries with keys in `[start, end)`
+    /// (`end = None`: to the last), in key order.
+    pub fn omap_list(
+        &self,
+        pool: u32,
+        object: &[u8],
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: u64,
+    ) -> Result<omap::Entries, ClientError> {
+        if limit == 0 || limit > duplex_proto::osd::MAX_OMAP_LIST {
+            return Err(ClientError::Invalid(format!(
+                "an omap listing returns 1 to {} entries, not {limit}",
+                duplex_proto::osd::MAX_OMAP_LIST
+            )));
+        }
+        if start.len() > omap::MAX_KEY_LEN || end.is_some_and(|end| end.len() > omap::MAX_KEY_LEN) {
+            return Err(ClientError::Invalid(format!("omap keys are at most {} bytes", omap::MAX_KEY_LEN)));
+        }
+        let range = omap::KeyRange { start: start.to_vec(), end: end.map(<[u8]>::to_vec) };
+        let data = Bytes::from(omap::encode_range(&range));
+        let reply = self.call(ObjectOp { data, offset: limit, ..op(pool, OpKind::OmapList, object) })?;
+        omap::decode_entries(&reply).map_err(|e| ClientError::Corrupt(format!("omap listing: {e}")))
+    }
+
+    /// The object's whole omap, listed a page at a time.
+    pub fn omap_list_all(&self, pool: u32, object: &[u8]) -> Result<omap::Entries, ClientError> {
+        let page = duplex_proto::osd::MAX_OMAP_LIST;
+        let mut all = Vec::new();
+        let mut start = Vec::new();
+        loop {
+            let got = self.omap_list(pool, object, &start, None, page)?;
+            let full = got.len() as u64 == page;
+            if let Some((last, _)) = got.last() {
+                start = last.clone();
+                start.push(0);
+            }
+            all.extend(got);
+            if !full {
+                return Ok(all);
+            }
+        }
+    }
+
+    /// Removes the omap entries of `keys` (absent ones are skipped).
+    pub fn omap_remove(&self, pool: u32, object: &[u8], keys: &[Vec<u8>]) -> Result<(), ClientError> {
+        let keys = checked_keys(keys)?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let data = Bytes::from(omap::encode_keys(&keys));
+        self.call(ObjectOp { data, ..op(pool, OpKind::OmapRemove, object) }).map(drop)
+    }
+
+    /// Removes the omap entries with keys in `[start, end)` (`end = None`:
+    /// to the last; an empty start and no end clear the omap).
+    pub fn omap_remove_range(
+        &self,
+        pool: u32,
+        object: &[u8],
+        start: &[u8],
+        end: Option<&[u8]>,
+    ) -> Result<(), ClientError> {
+        if start.len() > omap::MAX_KEY_LEN || end.is_some_and(|end| end.len() > omap::MAX_KEY_LEN) {
+            return Err(ClientError::Invalid(format!("omap keys are at most {} bytes", omap::MAX_KEY_LEN)));
+        }
+        let range = omap::KeyRange { start: start.to_vec(), end: end.map(<[u8]>::to_vec) };
+        let data = Bytes::from(omap::encode_range(&range));
+        self.call(ObjectOp { data, ..op(pool, OpKind::OmapRemoveRange, object) }).map(drop)
+    }
+
     /// Every object of the pool whose name starts with `prefix` (one listing
     /// per PG; the order is by PG, then by name).
     pub fn list_objects(&self, pool: u32, prefix: &[u8]) -> Result<Vec<Vec<u8>>, ClientError> {
@@ -329,6 +454,14 @@ impl Client {
 
 /// The store's limit on one object's attributes together.
 pub const MAX_ATTR_TOTAL: usize = 16 << 10;
+
+/// `keys` sorted, without repeats, each 1 to 255 bytes.
+fn checked_keys(keys: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, ClientError> {
+    if let Some(bad) = keys.iter().find(|k| k.is_empty() || k.len() > omap::MAX_KEY_LEN) {
+        return Err(ClientError::Invalid(format!("omap keys are 1 to {} bytes, not {}", omap::MAX_KEY_LEN, bad.len())));
+    }
+    Ok(keys.iter().cloned().collect::<std::collections::BTreeSet<_>>().into_iter().collect())
+}
 
 fn op(pool: u32, kind: OpKind, object: &[u8]) -> ObjectOp {
     ObjectOp::new(pool, kind, Bytes::copy_from_slice(object))

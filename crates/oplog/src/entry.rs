@@ -55,6 +55,12 @@ pub enum OpKind {
     /// A write applied only if the object is absent when the entry is
     /// applied (a clone's copy-up of its parent's data).
     CopyUp = 8,
+    /// Set omap entries (the data: `duplex_proto::omap` entries).
+    OmapSet = 9,
+    /// Remove omap entries by key (the data: `duplex_proto::omap` keys).
+    OmapRemove = 10,
+    /// Remove the omap entries in a key range (the data: a `duplex_proto::omap` range).
+    OmapRemoveRange = 11,
 }
 
 /// A zero entry's (or request's) length, from its 8 bytes of data; `None`

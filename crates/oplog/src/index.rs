@@ -128,8 +128,9 @@ impl IndexCache {
                 // which the store knows.)
                 // (A copy-up's bytes count only if the store lacked the object.)
                 OpKind::Truncate | OpKind::Delete | OpKind::CreatePreallocated | OpKind::Zero | OpKind::CopyUp => break,
-                // Attributes are not data.
+                // Attributes and omaps are not data.
                 OpKind::SetAttr | OpKind::RemoveAttr => {}
+                OpKind::OmapSet | OpKind::OmapRemove | OpKind::OmapRemoveRange => {}
             }
         }
         debug_assert!(missing.is_empty() || out.is_empty() || out.len() as u64 == len);

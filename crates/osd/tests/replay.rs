@@ -11,11 +11,16 @@ use proptest::prelude::*;
 type Attrs = BTreeMap<Vec<u8>, Vec<u8>>;
 
 fn model_apply(model: &mut BTreeMap<Vec<u8>, Vec<u8>>, entry: &Entry) {
-    model_apply_attrs(model, &mut BTreeMap::new(), entry)
+    model_apply_attrs(model, &mut BTreeMap::new(), &mut BTreeMap::new(), entry)
 }
 
-/// The model: object data by name, and attributes by object name.
-fn model_apply_attrs(model: &mut BTreeMap<Vec<u8>, Vec<u8>>, attrs: &mut BTreeMap<Vec<u8>, Attrs>, entry: &Entry) {
+/// The model: object data by name, and attributes and omaps by object name.
+fn model_apply_attrs(
+    model: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+    attrs: &mut BTreeMap<Vec<u8>, Attrs>,
+    omaps: &mut BTreeMap<Vec<u8>, Attrs>,
+    entry: &Entry,
+) {
     match entry.op {
         OpKind::Write => {
             let object = model.entry(entry.object.clone()).or_default();
@@ -29,6 +34,25 @@ fn model_apply_attrs(model: &mut BTreeMap<Vec<u8>, Vec<u8>>, attrs: &mut BTreeMa
         OpKind::Delete => {
             model.remove(&entry.object);
             attrs.remove(&entry.object);
+            omaps.remove(&entry.object);
+        }
+        OpKind::OmapSet => {
+            model.entry(entry.object.clone()).or_default();
+            let set = duplex_proto::omap::decode_entries(&entry.data).unwrap();
+            omaps.entry(entry.object.clone()).or_default().extend(set);
+        }
+        OpKind::OmapRemove => {
+            if let Some(omap) = omaps.get_mut(&entry.object) {
+                for key in duplex_proto::omap::decode_keys(&entry.data).unwrap() {
+                    omap.remove(&key);
+                }
+            }
+        }
+        OpKind::OmapRemoveRange => {
+            if let Some(omap) = omaps.get_mut(&entry.object) {
+                let range = duplex_proto::omap::decode_range(&entry.data).unwrap();
+                omap.retain(|key, _| !range.contains(key));
+            }
         }
         OpKind::SetAttr => {
             model.entry(entry.object.clone()).or_default();
@@ -135,7 +159,7 @@ proptest! {
 /// crash leaves a prefix of the flush batches applied (the store commits a
 /// batch's metadata all or nothing, batches in order).
 fn all_kinds() -> impl Strategy<Value = Vec<Entry>> {
-    proptest::collection::vec((0u8..7, 0u8..3, 0u64..20_000, 1usize..9000, any::<u8>()), 1..40).prop_map(|ops| {
+    proptest::collection::vec((0u8..10, 0u8..3, 0u64..20_000, 1usize..9000, any::<u8>()), 1..40).prop_map(|ops| {
         ops.into_iter()
             .enumerate()
             .map(|(i, (name, kind, offset, len, fill))| {
@@ -147,6 +171,18 @@ fn all_kinds() -> impl Strategy<Value = Vec<Entry>> {
                     3 => (OpKind::SetAttr, 1, vec![b'a' + fill % 3, fill, fill]),
                     4 => (OpKind::RemoveAttr, 0, vec![b'a' + fill % 3]),
                     5 => (OpKind::CopyUp, offset, vec![fill; len]),
+                    6 => {
+                        let set = [(vec![b'k', fill % 5], vec![fill; len % 100]), (vec![b'l'], vec![fill])];
+                        (OpKind::OmapSet, 0, duplex_proto::omap::encode_entries(&set))
+                    }
+                    7 => (OpKind::OmapRemove, 0, duplex_proto::omap::encode_keys(&[vec![b'k', fill % 5]])),
+                    8 => {
+                        let range = duplex_proto::omap::KeyRange {
+                            start: vec![b'k', fill % 5],
+                            end: (fill % 2 == 0).then(|| vec![b'k', 4]),
+                        };
+                        (OpKind::OmapRemoveRange, 0, duplex_proto::omap::encode_range(&range))
+                    }
                     _ => (OpKind::CreatePreallocated, (len as u64).div_ceil(4096) * 4096, vec![]),
                 };
                 entry(seq, name, op, offset, data)
@@ -172,9 +208,9 @@ proptest! {
         // object is absent then).
         replay(&log[..applied], partition).unwrap();
         replay(&log[trimmed..], partition).unwrap();
-        let (mut model, mut attrs) = (BTreeMap::new(), BTreeMap::new());
+        let (mut model, mut attrs, mut omaps) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
         for entry in &log {
-            model_apply_attrs(&mut model, &mut attrs, entry);
+            model_apply_attrs(&mut model, &mut attrs, &mut omaps, entry);
         }
         for name in b'0'..b'3' {
             let object = vec![b'o', name];
@@ -187,6 +223,8 @@ proptest! {
                     let stored: Attrs = partition.list_attrs(key.as_bytes()).unwrap().into_iter().collect();
                     let expected = attrs.get(&object).cloned().unwrap_or_default();
                     prop_assert_eq!(stored, expected);
+                    let stored: Attrs = partition.omap_range(key.as_bytes(), &[], None, usize::MAX).unwrap().into_iter().collect();
+                    prop_assert_eq!(stored, omaps.get(&object).cloned().unwrap_or_default());
                 }
                 (expected, actual) => prop_assert!(false, "object o{}: model {:?} bytes, store {:?}", name as char, expected.map(|d| d.len()), actual),
             }

@@ -131,7 +131,29 @@ pub enum OpKind {
     /// member of the PG's active interval, in the order it took the
     /// primary's earlier entries on that connection.
     ShardRead = 19,
+    /// Sets omap entries (the data: [`crate::omap`] entries, sorted, at
+    /// most [`crate::omap::MAX_BYTES`]), creating the object if needed.
+    /// The primary cannot see the stored omap's total: a set that would
+    /// take it past [`crate::omap::MAX_BYTES`] is dropped when applied,
+    /// loudly (an error log and `duplex_osd_dropped_entries_total`), as an
+    /// attribute past its object's budget is. Keep omaps well within it.
+    OmapSet = 20,
+    /// Removes the omap entries of the keys in the data ([`crate::omap`] keys).
+    OmapRemove = 21,
+    /// Removes the omap entries in the key range of the data
+    /// ([`crate::omap`] range; an empty start and no end clear it).
+    OmapRemoveRange = 22,
+    /// The omap entries of the keys in the data ([`crate::omap`] keys);
+    /// the reply's data holds those found ([`crate::omap`] entries).
+    OmapGet = 23,
+    /// At most `offset` (1 to [`MAX_OMAP_LIST`]) omap entries in the key
+    /// range of the data, in key order ([`crate::omap`] entries). Fewer
+    /// than asked: the range holds no more.
+    OmapList = 24,
 }
+
+/// Omap entries an [`OpKind::OmapList`] returns at most.
+pub const MAX_OMAP_LIST: u64 = 1024;
 
 /// Live snapshot ids a [`OpKind::TrimSnaps`] carries at most.
 pub const MAX_LIVE_SNAPS: usize = 4096;
@@ -166,6 +188,9 @@ impl OpKind {
                 | OpKind::Zero
                 | OpKind::TrimClone
                 | OpKind::CopyUp
+                | OpKind::OmapSet
+                | OpKind::OmapRemove
+                | OpKind::OmapRemoveRange
         )
     }
 
@@ -182,6 +207,11 @@ impl OpKind {
                 | OpKind::CopyUp
                 | OpKind::Watch
                 | OpKind::TrimSnaps
+                | OpKind::OmapSet
+                | OpKind::OmapRemove
+                | OpKind::OmapRemoveRange
+                | OpKind::OmapGet
+                | OpKind::OmapList
         )
     }
 }
@@ -318,6 +348,18 @@ impl OpRequest {
         };
         if attr_name_first == Some(&RESERVED_NAME_BYTE) {
             return Err(DecodeError::Inconsistent("attribute names starting with a zero byte are reserved"));
+        }
+        match kind {
+            OpKind::OmapSet => drop(crate::omap::decode_entries_to_set(&data)?),
+            OpKind::OmapRemove | OpKind::OmapGet => drop(crate::omap::decode_keys(&data)?),
+            OpKind::OmapRemoveRange => drop(crate::omap::decode_range(&data)?),
+            OpKind::OmapList => {
+                crate::omap::decode_range(&data)?;
+                if offset == 0 || offset > MAX_OMAP_LIST {
+                    return Err(DecodeError::Inconsistent("an omap listing asks for 1 to 1024 entries"));
+                }
+            }
+            _ => {}
         }
         if kind == OpKind::Zero && data.len() != 8 {
             return Err(DecodeError::Inconsistent("a zero carries its length in 8 bytes"));

@@ -70,13 +70,14 @@ pub enum PeerOp {
         offset: u64,
         len: u32,
     },
-    /// Replace the object with an empty one of this size and these
-    /// attributes; the data follows in `PushData`.
+    /// Replace the object with an empty one of this size, these
+    /// attributes and this omap; the data follows in `PushData`.
     PushStart {
         object: Vec<u8>,
         size: u64,
         preallocated: bool,
         attrs: Vec<(Vec<u8>, Vec<u8>)>,
+        omap: Vec<(Vec<u8>, Vec<u8>)>,
     },
     PushData {
         object: Vec<u8>,
@@ -279,6 +280,8 @@ pub struct ObjectMeta {
     pub size: u64,
     pub preallocated: bool,
     pub attrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Sorted by key ([`crate::omap`]).
+    pub omap: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -345,9 +348,20 @@ mod tests {
                 offset,
                 len
             }),
-            (name(), any::<u64>(), any::<bool>(), proptest::collection::vec((name(), name()), 0..4)).prop_map(
-                |(object, size, preallocated, attrs)| PeerOp::PushStart { object, size, preallocated, attrs }
-            ),
+            (
+                name(),
+                any::<u64>(),
+                any::<bool>(),
+                proptest::collection::vec((name(), name()), 0..4),
+                proptest::collection::vec((name(), name()), 0..4)
+            )
+                .prop_map(|(object, size, preallocated, attrs, omap)| PeerOp::PushStart {
+                    object,
+                    size,
+                    preallocated,
+                    attrs,
+                    omap
+                }),
             (name(), any::<u64>(), name()).prop_map(|(object, offset, data)| PeerOp::PushData { object, offset, data }),
             name().prop_map(|object| PeerOp::Remove { object }),
             any::<bool>().prop_map(|repair| PeerOp::Scrub { repair }),
@@ -377,7 +391,12 @@ mod tests {
             )
                 .prop_map(|(object, meta, staged_bytes, requests)| PeerOp::Install {
                     object,
-                    meta: meta.map(|(size, preallocated, attrs)| ObjectMeta { size, preallocated, attrs }),
+                    meta: meta.map(|(size, preallocated, attrs)| ObjectMeta {
+                        size,
+                        preallocated,
+                        omap: attrs.clone(),
+                        attrs
+                    }),
                     staged_bytes,
                     requests,
                 }),
@@ -427,6 +446,7 @@ mod tests {
                 .prop_map(|meta| PeerReply::Meta(meta.map(|(size, preallocated, attrs)| ObjectMeta {
                     size,
                     preallocated,
+                    omap: attrs.iter().rev().cloned().collect(),
                     attrs
                 }))),
             name().prop_map(PeerReply::Data),

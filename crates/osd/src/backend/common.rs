@@ -93,6 +93,9 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
         // Rewritten at admission into a delete of the clone's own name.
         OpKind::TrimClone => LogOp::Delete,
         OpKind::CopyUp => LogOp::CopyUp,
+        OpKind::OmapSet => LogOp::OmapSet,
+        OpKind::OmapRemove => LogOp::OmapRemove,
+        OpKind::OmapRemoveRange => LogOp::OmapRemoveRange,
         OpKind::Read
         | OpKind::Stat
         | OpKind::GetAttr
@@ -102,6 +105,8 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
         | OpKind::ShardRead
         | OpKind::List
         | OpKind::ListSnaps
+        | OpKind::OmapGet
+        | OpKind::OmapList
         | OpKind::Diff => return None,
     })
 }
@@ -111,7 +116,7 @@ pub(crate) fn log_fields(request: &OpRequest) -> (u64, &[u8]) {
     match request.kind {
         OpKind::Write | OpKind::SetAttr | OpKind::Zero | OpKind::CopyUp => (request.offset, &request.data),
         OpKind::Truncate | OpKind::CreatePreallocated => (request.offset, &[]),
-        OpKind::RemoveAttr => (0, &request.data),
+        OpKind::RemoveAttr | OpKind::OmapSet | OpKind::OmapRemove | OpKind::OmapRemoveRange => (0, &request.data),
         _ => (0, &[]),
     }
 }
@@ -153,6 +158,21 @@ pub(crate) fn check_limits(op: LogOp, offset: u64, data: &[u8]) -> Result<(), St
             }
             0
         }
+        // (Request decoding checked the payload; a replica's entry is
+        // checked again here. Whether a set keeps the object's whole omap
+        // within its total, only the store knows: see the flusher.)
+        LogOp::OmapSet => match duplex_proto::omap::decode_entries_to_set(data) {
+            Ok(_) => 0,
+            Err(err) => return Err(format!("an omap set: {err}")),
+        },
+        LogOp::OmapRemove => match duplex_proto::omap::decode_keys(data) {
+            Ok(_) => 0,
+            Err(err) => return Err(format!("an omap removal: {err}")),
+        },
+        LogOp::OmapRemoveRange => match duplex_proto::omap::decode_range(data) {
+            Ok(_) => 0,
+            Err(err) => return Err(format!("an omap range removal: {err}")),
+        },
     };
     if end > limit {
         return Err(format!("the operation reaches byte {end}; objects end at {limit}"));

@@ -207,8 +207,9 @@ fn queue_read(shared: &Shared, key: u32, op: &ClientOp, epoch: u64, flush_first:
             object: request.object.clone(),
             // An attribute's name, or a listing's prefix.
             arg: if data { Bytes::new() } else { request.data.clone() },
-            // A diff's starting snapshot travels in its offset.
-            offset: if data || request.kind == OpKind::Diff { request.offset } else { 0 },
+            // A diff's starting snapshot, and an omap listing's limit,
+            // travel in its offset.
+            offset: if data || matches!(request.kind, OpKind::Diff | OpKind::OmapList) { request.offset } else { 0 },
             len: if data { request.length } else { 0 },
             flush_first,
             reply: ClientSlot { thread: op.thread, token: op.token, slot: op.slot },

@@ -26,7 +26,7 @@ pub fn meta_after(store: Option<ObjectMeta>, held: &[Entry]) -> Option<ObjectMet
     let mut meta = store;
     for entry in held {
         let end = entry.offset.saturating_add(entry.data.len() as u64);
-        let fresh = || ObjectMeta { size: 0, preallocated: false, attrs: Vec::new() };
+        let fresh = || ObjectMeta { size: 0, preallocated: false, attrs: Vec::new(), omap: Vec::new() };
         match entry.op {
             OpKind::Write => {
                 let object = meta.get_or_insert_with(fresh);
@@ -58,6 +58,27 @@ pub fn meta_after(store: Option<ObjectMeta>, held: &[Entry]) -> Option<ObjectMet
             OpKind::RemoveAttr => {
                 if let Some(object) = meta.as_mut() {
                     object.attrs.retain(|(n, _)| n[..] != entry.data[..]);
+                }
+            }
+            // (Erasure-coded pools refuse omap requests; a logged entry
+            // still reads as the store would apply it. A payload that does
+            // not decode was never admitted.)
+            OpKind::OmapSet => {
+                let object = meta.get_or_insert_with(fresh);
+                let mut omap: std::collections::BTreeMap<Vec<u8>, Vec<u8>> =
+                    std::mem::take(&mut object.omap).into_iter().collect();
+                omap.extend(duplex_proto::omap::decode_entries(&entry.data).unwrap_or_default());
+                object.omap = omap.into_iter().collect();
+            }
+            OpKind::OmapRemove => {
+                if let Some(object) = meta.as_mut() {
+                    let keys = duplex_proto::omap::decode_keys(&entry.data).unwrap_or_default();
+                    object.omap.retain(|(k, _)| !keys.contains(k));
+                }
+            }
+            OpKind::OmapRemoveRange => {
+                if let (Some(object), Ok(range)) = (meta.as_mut(), duplex_proto::omap::decode_range(&entry.data)) {
+                    object.omap.retain(|(k, _)| !range.contains(k));
                 }
             }
         }

@@ -95,7 +95,7 @@ impl Flusher {
                     Err(err) => Err(err.to_string()),
                 }
             }
-            PeerOp::PushStart { object, size, preallocated, attrs } => {
+            PeerOp::PushStart { object, size, preallocated, attrs, omap } => {
                 // A backfill target takes writes while it is filled: those
                 // its log holds for this object are older than the copy, and
                 // must land before it, not after.
@@ -110,6 +110,9 @@ impl Flusher {
                 }
                 for (name, value) in attrs {
                     batch.set_attr(key.clone(), name, value);
+                }
+                if !omap.is_empty() {
+                    batch.omap_set(key.clone(), omap);
                 }
                 self.apply_recovery(&batch)
             }
@@ -440,7 +443,9 @@ impl Flusher {
         Ok(PeerReply::Digests { objects, more })
     }
 
-    /// crc32c over the size, the data (holes read as zeros) and the attributes.
+    /// crc32c over the size, the data (holes read as zeros), the attributes
+    /// and the omap (when it has entries: so that the digests of objects
+    /// without one are those from before omaps).
     fn digest(&mut self, key: &[u8]) -> Result<u32, StoreError> {
         let info = self.partition.stat(key)?;
         let mut crc = crc32c::crc32c(&info.size.to_le_bytes());
@@ -456,6 +461,11 @@ impl Flusher {
             crc = crc32c::crc32c_append(crc, &name);
             crc = crc32c::crc32c_append(crc, &(value.len() as u32).to_le_bytes());
             crc = crc32c::crc32c_append(crc, &value);
+        }
+        let omap = self.partition.omap_range(key, &[], None, usize::MAX)?;
+        if !omap.is_empty() {
+            crc = crc32c::crc32c_append(crc, b"\0omap");
+            crc = crc32c::crc32c_append(crc, &duplex_proto::omap::encode_entries(&omap));
         }
         Ok(crc)
     }
@@ -477,7 +487,9 @@ impl Flusher {
         let stored = match self.partition.stat(key.as_bytes()) {
             Ok(info) => {
                 let attrs = self.partition.list_attrs(key.as_bytes()).map_err(|e| e.to_string())?;
-                Some(ObjectMeta { size: info.size, preallocated: info.preallocated, attrs })
+                let omap =
+                    self.partition.omap_range(key.as_bytes(), &[], None, usize::MAX).map_err(|e| e.to_string())?;
+                Some(ObjectMeta { size: info.size, preallocated: info.preallocated, attrs, omap })
             }
             Err(StoreError::NotFound) => None,
             Err(err) => return Err(err.to_string()),
@@ -535,6 +547,9 @@ impl Flusher {
                 }
                 for (name, value) in &meta.attrs {
                     batch.set_attr(store_key.clone(), name.clone(), value.clone());
+                }
+                if !meta.omap.is_empty() {
+                    batch.omap_set(store_key.clone(), meta.omap.clone());
                 }
                 for (offset, data) in staged.chunks {
                     if offset.saturating_add(data.len() as u64) > meta.size {
@@ -833,7 +848,12 @@ mod tests {
         let stage = |offset, data| PeerOp::Stage { object: object.clone(), offset, data };
         assert_eq!(ask(&mut member, pg, 5, stage(0, first.clone())), PeerReply::Done);
         assert_eq!(ask(&mut member, pg, 5, stage(CHUNK_BYTES as u64, second.clone())), PeerReply::Done);
-        let meta = ObjectMeta { size, preallocated: false, attrs: vec![(b"a".to_vec(), b"1".to_vec())] };
+        let meta = ObjectMeta {
+            size,
+            preallocated: false,
+            attrs: vec![(b"a".to_vec(), b"1".to_vec())],
+            omap: vec![(b"chunk.0".to_vec(), b"id".to_vec())],
+        };
         let install = |staged_bytes, requests| PeerOp::Install {
             object: object.clone(),
             meta: Some(meta.clone()),

@@ -782,6 +782,24 @@ impl Flusher {
                 attrs.retain(|(name, _)| name.first() != Some(&RESERVED_NAME_BYTE));
                 encode_attrs(&attrs)
             }
+            OpKind::OmapGet => {
+                let keys = duplex_proto::omap::decode_keys(&read.arg)
+                    .map_err(|e| StoreError::InvalidArgument(format!("an omap read: {e}")))?;
+                let mut found = Vec::with_capacity(keys.len());
+                for name in keys {
+                    if let Some(value) = self.partition.omap_get(key, &name)? {
+                        found.push((name, value));
+                    }
+                }
+                Bytes::from(duplex_proto::omap::encode_entries(&found))
+            }
+            OpKind::OmapList => {
+                let range = duplex_proto::omap::decode_range(&read.arg)
+                    .map_err(|e| StoreError::InvalidArgument(format!("an omap listing: {e}")))?;
+                let limit = read.offset.min(duplex_proto::osd::MAX_OMAP_LIST) as usize;
+                let entries = self.partition.omap_range(key, &range.start, range.end.as_deref(), limit)?;
+                Bytes::from(duplex_proto::omap::encode_entries(&entries))
+            }
             kind => return Err(StoreError::InvalidArgument(format!("{kind:?} is not a store read"))),
         })
     }
@@ -967,7 +985,11 @@ pub(crate) fn overlay_held(
                 bytes.fill(0);
             }
             duplex_oplog::OpKind::CreatePreallocated => exists = true,
-            duplex_oplog::OpKind::SetAttr | duplex_oplog::OpKind::RemoveAttr => {}
+            duplex_oplog::OpKind::SetAttr
+            | duplex_oplog::OpKind::RemoveAttr
+            | duplex_oplog::OpKind::OmapSet
+            | duplex_oplog::OpKind::OmapRemove
+            | duplex_oplog::OpKind::OmapRemoveRange => {}
         }
     }
     if exists {
@@ -1012,7 +1034,12 @@ mod tests {
     fn held_entries_change_an_objects_size_and_existence_as_the_store_would() {
         use duplex_oplog::OpKind::{CopyUp, Delete, RemoveAttr, SetAttr, Truncate, Write, Zero};
         use duplex_proto::peering::ObjectMeta;
-        let stored = Some(ObjectMeta { size: 8192, preallocated: false, attrs: vec![(b"a".to_vec(), b"1".to_vec())] });
+        let stored = Some(ObjectMeta {
+            size: 8192,
+            preallocated: false,
+            attrs: vec![(b"a".to_vec(), b"1".to_vec())],
+            omap: Vec::new(),
+        });
         let size = |store: &Option<ObjectMeta>, held: &[Entry]| held::meta_after(store.clone(), held).map(|m| m.size);
         assert_eq!(held::meta_after(stored.clone(), &[]), stored, "nothing held: the store's");
         // A write of no bytes (a shard a write left alone) creates it.
@@ -1025,7 +1052,11 @@ mod tests {
         assert_eq!(size(&stored, &[entry(1, Delete, 0, Vec::new())]), None);
         let again =
             held::meta_after(stored.clone(), &[entry(1, Delete, 0, Vec::new()), entry(2, Write, 0, vec![1; 10])]);
-        assert_eq!(again, Some(ObjectMeta { size: 10, preallocated: false, attrs: Vec::new() }), "attributes go too");
+        assert_eq!(
+            again,
+            Some(ObjectMeta { size: 10, preallocated: false, attrs: Vec::new(), omap: Vec::new() }),
+            "attributes go too"
+        );
         assert_eq!(
             size(&stored, &[entry(1, CopyUp, 0, vec![1; 65536])]),
             Some(8192),

@@ -316,6 +316,7 @@ impl Backfill {
                         size: meta.size,
                         preallocated: meta.preallocated,
                         attrs: meta.attrs.clone(),
+                        omap: meta.omap.clone(),
                     };
                     self.stage = Stage::Starting { object, meta, next };
                     self.send(self.targets[next], op)
@@ -625,7 +626,7 @@ mod tests {
     }
 
     fn meta(data: &[u8]) -> ObjectMeta {
-        ObjectMeta { size: data.len() as u64, preallocated: false, attrs: Vec::new() }
+        ObjectMeta { size: data.len() as u64, preallocated: false, attrs: Vec::new(), omap: Vec::new() }
     }
 
     fn page(objects: &Objects, cursor: &[u8]) -> PeerReply {

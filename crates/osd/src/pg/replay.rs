@@ -34,6 +34,8 @@ pub enum ReplayError {
     BadKey { seq: u64 },
     #[error("log entry {seq}: a zero without its 8-byte length")]
     BadZero { seq: u64 },
+    #[error("log entry {seq}: an omap payload that does not decode: {why}")]
+    BadOmap { seq: u64, why: String },
     #[error("applying log entries up to seq {seq}: {source}")]
     Store { seq: u64, source: StoreError },
 }
@@ -62,6 +64,19 @@ pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
         OpKind::Zero => {
             let len = duplex_oplog::zero_length(&entry.data).ok_or(ReplayError::BadZero { seq: entry.seq })?;
             Op::Zero { key, offset: entry.offset, len }
+        }
+        OpKind::OmapSet => {
+            let bad = |e: duplex_proto::osd::DecodeError| ReplayError::BadOmap { seq: entry.seq, why: e.to_string() };
+            Op::OmapSet { key, entries: duplex_proto::omap::decode_entries(&entry.data).map_err(bad)? }
+        }
+        OpKind::OmapRemove => {
+            let bad = |e: duplex_proto::osd::DecodeError| ReplayError::BadOmap { seq: entry.seq, why: e.to_string() };
+            Op::OmapRemove { key, keys: duplex_proto::omap::decode_keys(&entry.data).map_err(bad)? }
+        }
+        OpKind::OmapRemoveRange => {
+            let bad = |e: duplex_proto::osd::DecodeError| ReplayError::BadOmap { seq: entry.seq, why: e.to_string() };
+            let range = duplex_proto::omap::decode_range(&entry.data).map_err(bad)?;
+            Op::OmapRemoveRange { key, start: range.start, end: range.end }
         }
     })
 }

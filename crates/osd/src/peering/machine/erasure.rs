@@ -572,7 +572,7 @@ impl Peering {
                 if rebuild.compare {
                     return Ok(ChunkStep::Same);
                 }
-                let meta = Some(ObjectMeta { size, preallocated: false, attrs: Vec::new() });
+                let meta = Some(ObjectMeta { size, preallocated: false, attrs: Vec::new(), omap: Vec::new() });
                 let object = rebuild.object.clone();
                 return Ok(ChunkStep::Send(
                     RebuildStage::Ids { meta, staged },
@@ -718,7 +718,8 @@ mod tests {
         let data: [Vec<u8>; 2] = [(0..4096).map(|i| i as u8).collect(), vec![7; 3000]];
         let (to, tag, op) = send(&actions);
         assert_eq!((to, op), (0, PeerOp::Stat { object: b"o".to_vec() }));
-        let meta = |size: usize| Some(ObjectMeta { size: size as u64, preallocated: false, attrs: vec![] });
+        let meta =
+            |size: usize| Some(ObjectMeta { size: size as u64, preallocated: false, attrs: vec![], omap: vec![] });
         let actions = machine.on_reply(tag, PeerReply::Meta(meta(data[0].len())));
         let (to, tag, _) = send(&actions);
         assert_eq!(to, 1);
@@ -779,6 +780,7 @@ mod tests {
                     size: b.len() as u64,
                     preallocated: false,
                     attrs: vec![],
+                    omap: vec![],
                 })),
                 PeerOp::Pull { object, offset, len } => {
                     if self.damaged.contains(&(to, object.clone())) {

@@ -107,6 +107,7 @@ impl Member {
                 size: data.len() as u64,
                 preallocated: false,
                 attrs: attrs.clone(),
+                omap: Vec::new(),
             })),
             PeerOp::Pull { object, offset, len } => {
                 if self.damaged.contains(&object) {
