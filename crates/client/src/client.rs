@@ -420,6 +420,30 @@ impl Client {
         self.call(ObjectOp { data, ..op(pool, OpKind::OmapRemoveRange, object) }).map(drop)
     }
 
+    /// A dedup tier's chunk object `object` gains the reference `reference`
+    /// (1 to 255 bytes); `chunk` (1 byte to 1 MiB) is written only if the
+    /// object does not exist yet (docs/DEDUP.md). Idempotent.
+    pub fn chunk_put(&self, pool: u32, object: &[u8], reference: &[u8], chunk: &[u8]) -> Result<(), ClientError> {
+        if reference.is_empty() || reference.len() > omap::MAX_KEY_LEN {
+            return Err(ClientError::Invalid(format!("a chunk reference is 1 to {} bytes", omap::MAX_KEY_LEN)));
+        }
+        if chunk.is_empty() || chunk.len() > duplex_proto::osd::MAX_CHUNK {
+            return Err(ClientError::Invalid(format!("a chunk is 1 to {} bytes", duplex_proto::osd::MAX_CHUNK)));
+        }
+        let data = Bytes::from([reference, chunk].concat());
+        self.call(ObjectOp { offset: reference.len() as u64, data, ..op(pool, OpKind::ChunkPut, object) }).map(drop)
+    }
+
+    /// A chunk object loses the reference `reference`, and is deleted if
+    /// that was its last. Idempotent.
+    pub fn chunk_unref(&self, pool: u32, object: &[u8], reference: &[u8]) -> Result<(), ClientError> {
+        if reference.is_empty() || reference.len() > omap::MAX_KEY_LEN {
+            return Err(ClientError::Invalid(format!("a chunk reference is 1 to {} bytes", omap::MAX_KEY_LEN)));
+        }
+        let data = Bytes::copy_from_slice(reference);
+        self.call(ObjectOp { data, ..op(pool, OpKind::ChunkUnref, object) }).map(drop)
+    }
+
     /// Every object of the pool whose name starts with `prefix` (one listing
     /// per PG; the order is by PG, then by name).
     pub fn list_objects(&self, pool: u32, prefix: &[u8]) -> Result<Vec<Vec<u8>>, ClientError> {

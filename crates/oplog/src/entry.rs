@@ -61,6 +61,14 @@ pub enum OpKind {
     OmapRemove = 10,
     /// Remove the omap entries in a key range (the data: a `duplex_proto::omap` range).
     OmapRemoveRange = 11,
+    /// A dedup tier's chunk object gains a reference: the data is the
+    /// reference (its first `offset` bytes, an omap key) then the chunk's
+    /// bytes, written only if the object is absent (a duplicate writes
+    /// nothing); both in one store batch.
+    ChunkPut = 12,
+    /// A chunk object loses the reference in the data, and is deleted if
+    /// that was its last (`Op::DeleteIfOmapEmpty`).
+    ChunkUnref = 13,
 }
 
 /// A zero entry's (or request's) length, from its 8 bytes of data; `None`

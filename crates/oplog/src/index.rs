@@ -127,7 +127,14 @@ impl IndexCache {
                 // (A zero reads as zeros only where the object reaches,
                 // which the store knows.)
                 // (A copy-up's bytes count only if the store lacked the object.)
-                OpKind::Truncate | OpKind::Delete | OpKind::CreatePreallocated | OpKind::Zero | OpKind::CopyUp => break,
+                // (A chunk put's bytes too; an unref may delete.)
+                OpKind::Truncate
+                | OpKind::Delete
+                | OpKind::CreatePreallocated
+                | OpKind::Zero
+                | OpKind::CopyUp
+                | OpKind::ChunkPut
+                | OpKind::ChunkUnref => break,
                 // Attributes and omaps are not data.
                 OpKind::SetAttr | OpKind::RemoveAttr => {}
                 OpKind::OmapSet | OpKind::OmapRemove | OpKind::OmapRemoveRange => {}

@@ -123,6 +123,10 @@ pub struct Planner {
     heads: HeadCache,
     /// A clone was planned: batches must be cut before it (see [`Batches`]).
     pub cloned: bool,
+    /// Objects a conditional delete (`Op::DeleteIfOmapEmpty`) of this run
+    /// may have removed: whether they exist is known only once the run's
+    /// operations are applied ([`Planner::needs_apply`]).
+    uncertain: HashSet<Key>,
 }
 
 /// Heads as the store holds them after the last run applied whole: kept
@@ -138,7 +142,16 @@ pub const HEAD_CACHE_LIMIT: usize = 1 << 16;
 impl Planner {
     /// A planner that starts from what `cache` knows of the heads.
     pub fn with_cache(cache: HeadCache) -> Planner {
-        Planner { heads: cache, cloned: false }
+        Planner { heads: cache, cloned: false, uncertain: HashSet::new() }
+    }
+
+    /// Whether an operation on `key` (`if_absent`, under snapshot `snap`)
+    /// must wait until the run so far is applied: it depends on whether
+    /// the object exists, and a conditional delete of this run left that
+    /// to the store. The caller applies what it planned and starts a new
+    /// run with that entry.
+    pub fn needs_apply(&self, key: &Key, if_absent: bool, snap: u64) -> bool {
+        (if_absent || snap != 0) && self.uncertain.contains(key)
     }
 
     /// What it knows of the heads, once its run is applied whole.
@@ -160,6 +173,14 @@ impl Planner {
         if_absent: bool,
         ops: &mut Vec<Op>,
     ) -> Result<(), StoreError> {
+        debug_assert!(!self.needs_apply(op.key(), if_absent, snap), "{op:?} planned on an object of unknown existence");
+        if let Op::DeleteIfOmapEmpty { key } = &op {
+            // The store decides: until the run is applied, nothing here knows.
+            self.heads.remove(key);
+            self.uncertain.insert(key.clone());
+            ops.push(op);
+            return Ok(());
+        }
         if if_absent && self.head(partition, op.key())?.exists {
             return Ok(());
         }
@@ -220,6 +241,7 @@ fn follow(head: &mut Head, op: &Op) {
         | Op::SetAttr { .. }
         | Op::OmapSet { .. } => head.exists = true,
         Op::Zero { .. } | Op::RemoveAttr { .. } | Op::OmapRemove { .. } | Op::OmapRemoveRange { .. } => {}
+        Op::DeleteIfOmapEmpty { .. } => unreachable!("Planner::push follows no conditional delete"),
         // A head made from a snapshot (a rollback): its sequence comes next.
         Op::Clone { .. } => head.exists = true,
     }

@@ -155,3 +155,47 @@ fn omaps_replicate_and_a_replica_that_missed_changes_serves_them_after_recovery(
     assert!(matches!(client.omap_list(pool, object, &[], None, 0), Err(ClientError::Invalid(_))));
     check(&client, pool, &model);
 }
+
+/// The dedup tier's chunk objects (docs/DEDUP.md): a put writes the chunk
+/// once and adds its reference; a second put of the same chunk only adds a
+/// reference; unrefs remove them, and the last one deletes the object; a
+/// put after that makes it whole again. Replicated in the log's order: the
+/// replica, serving alone, holds the same.
+#[test]
+fn chunk_objects_keep_their_references_and_go_with_the_last() {
+    let mut cluster = TestCluster::new(2, 8, &[]);
+    cluster.wait_all_up();
+    let client = connect(&cluster);
+    let pool = client.pool_id("test").unwrap();
+    let chunk = vec![0x5Au8; 32 << 10];
+    let name = b"chunk.5a5a";
+    client.chunk_put(pool, name, b"vm1/obj.0000@0", &chunk).unwrap();
+    // The same chunk again, from another object: its bytes go nowhere.
+    client.chunk_put(pool, name, b"vm2/obj.0007@32768", &chunk[..100]).unwrap();
+    client.chunk_put(pool, name, b"vm2/obj.0007@32768", &chunk).unwrap(); // a retry: no second reference
+    assert_eq!(client.read(pool, name, 0, 64 << 10).unwrap().len(), chunk.len(), "the first put's bytes");
+    assert!(client.read(pool, name, 0, 64 << 10).unwrap()[..] == chunk[..]);
+    let refs: Vec<Vec<u8>> = client.omap_list_all(pool, name).unwrap().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(refs, vec![b"vm1/obj.0000@0".to_vec(), b"vm2/obj.0007@32768".to_vec()]);
+
+    client.chunk_unref(pool, name, b"vm1/obj.0000@0").unwrap();
+    client.chunk_unref(pool, name, b"vm1/obj.0000@0").unwrap(); // again: nothing
+    assert_eq!(client.stat(pool, name).unwrap().size, chunk.len() as u64, "one reference is left");
+    client.chunk_unref(pool, name, b"vm2/obj.0007@32768").unwrap();
+    assert!(matches!(client.stat(pool, name), Err(ClientError::NotFound)), "the last reference went");
+    // Put and unref back to back, then a put with other bytes: it is new.
+    client.chunk_put(pool, name, b"a", &chunk).unwrap();
+    client.chunk_unref(pool, name, b"a").unwrap();
+    client.chunk_put(pool, name, b"b", &[7u8; 4096]).unwrap();
+    assert!(client.read(pool, name, 0, 64 << 10).unwrap()[..] == [7u8; 4096][..]);
+
+    // The replica holds the same once it serves alone.
+    let map = client.map();
+    let primary = map.acting(&map.hierarchy(), &map.pools[&pool], duplex_placement::pg_of(name, 8))[0];
+    cluster.kill_osd(primary);
+    cluster.mon_client().command(&duplex_map::Command::MarkDown { id: primary }).unwrap();
+    let client = connect(&cluster);
+    assert!(client.read(pool, name, 0, 64 << 10).unwrap()[..] == [7u8; 4096][..]);
+    assert_eq!(client.omap_list_all(pool, name).unwrap(), vec![(b"b".to_vec(), Vec::new())]);
+    assert!(matches!(client.chunk_put(pool, name, b"", &chunk), Err(ClientError::Invalid(_))));
+}

@@ -54,6 +54,21 @@ fn model_apply_attrs(
                 omap.retain(|key, _| !range.contains(key));
             }
         }
+        OpKind::ChunkPut => {
+            let (reference, chunk) = entry.data.split_at(entry.offset as usize);
+            model.entry(entry.object.clone()).or_insert_with(|| chunk.to_vec());
+            omaps.entry(entry.object.clone()).or_default().insert(reference.to_vec(), Vec::new());
+        }
+        OpKind::ChunkUnref => {
+            if let Some(omap) = omaps.get_mut(&entry.object) {
+                omap.remove(&entry.data);
+            }
+            if model.contains_key(&entry.object) && omaps.get(&entry.object).is_none_or(|o| o.is_empty()) {
+                model.remove(&entry.object);
+                attrs.remove(&entry.object);
+                omaps.remove(&entry.object);
+            }
+        }
         OpKind::SetAttr => {
             model.entry(entry.object.clone()).or_default();
             let (name, value) = entry.data.split_at(entry.offset as usize);
@@ -159,7 +174,7 @@ proptest! {
 /// crash leaves a prefix of the flush batches applied (the store commits a
 /// batch's metadata all or nothing, batches in order).
 fn all_kinds() -> impl Strategy<Value = Vec<Entry>> {
-    proptest::collection::vec((0u8..10, 0u8..3, 0u64..20_000, 1usize..9000, any::<u8>()), 1..40).prop_map(|ops| {
+    proptest::collection::vec((0u8..12, 0u8..3, 0u64..20_000, 1usize..9000, any::<u8>()), 1..40).prop_map(|ops| {
         ops.into_iter()
             .enumerate()
             .map(|(i, (name, kind, offset, len, fill))| {
@@ -176,6 +191,13 @@ fn all_kinds() -> impl Strategy<Value = Vec<Entry>> {
                         (OpKind::OmapSet, 0, duplex_proto::omap::encode_entries(&set))
                     }
                     7 => (OpKind::OmapRemove, 0, duplex_proto::omap::encode_keys(&[vec![b'k', fill % 5]])),
+                    9 => {
+                        // A chunk put: a reference, then the chunk's bytes.
+                        let mut data = vec![b'r', fill % 3];
+                        data.extend(vec![fill; len % 300 + 1]);
+                        (OpKind::ChunkPut, 2, data)
+                    }
+                    10 => (OpKind::ChunkUnref, 0, vec![b'r', fill % 3]),
                     8 => {
                         let range = duplex_proto::omap::KeyRange {
                             start: vec![b'k', fill % 5],

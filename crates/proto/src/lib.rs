@@ -83,7 +83,7 @@ mod wire_enum_tests {
     #[test]
     fn from_u8_inverts_the_discriminants() {
         check(MessageType::from_u8, |v| v as u8, 18);
-        check(OpKind::from_u8, |v| v as u8, 24);
+        check(OpKind::from_u8, |v| v as u8, 26);
         check(Status::from_u8, |v| v as u8, 7);
     }
 }

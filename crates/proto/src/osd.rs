@@ -150,7 +150,18 @@ pub enum OpKind {
     /// range of the data, in key order ([`crate::omap`] entries). Fewer
     /// than asked: the range holds no more.
     OmapList = 24,
+    /// A dedup tier's chunk object gains a reference (docs/DEDUP.md): the
+    /// data is the reference (its first `offset` bytes: 1 to 255, an omap
+    /// key) then the chunk (1 byte to [`MAX_CHUNK`]), written only if the
+    /// object is absent, so a duplicate costs no data write. Idempotent.
+    ChunkPut = 25,
+    /// A chunk object loses the reference in the data (1 to 255 bytes),
+    /// and is deleted if that was its last. Idempotent.
+    ChunkUnref = 26,
 }
+
+/// The largest chunk a [`OpKind::ChunkPut`] carries.
+pub const MAX_CHUNK: usize = 1 << 20;
 
 /// Omap entries an [`OpKind::OmapList`] returns at most.
 pub const MAX_OMAP_LIST: u64 = 1024;
@@ -191,6 +202,8 @@ impl OpKind {
                 | OpKind::OmapSet
                 | OpKind::OmapRemove
                 | OpKind::OmapRemoveRange
+                | OpKind::ChunkPut
+                | OpKind::ChunkUnref
         )
     }
 
@@ -212,6 +225,8 @@ impl OpKind {
                 | OpKind::OmapRemoveRange
                 | OpKind::OmapGet
                 | OpKind::OmapList
+                | OpKind::ChunkPut
+                | OpKind::ChunkUnref
         )
     }
 }
@@ -359,7 +374,22 @@ impl OpRequest {
                     return Err(DecodeError::Inconsistent("an omap listing asks for 1 to 1024 entries"));
                 }
             }
+            OpKind::ChunkPut => {
+                let chunk = data.len().saturating_sub(offset as usize);
+                if offset == 0 || offset > crate::omap::MAX_KEY_LEN as u64 || offset >= data.len() as u64 {
+                    return Err(DecodeError::Inconsistent("a chunk put carries a 1 to 255-byte reference, then bytes"));
+                }
+                if chunk > MAX_CHUNK {
+                    return Err(DecodeError::Inconsistent("a chunk larger than 1 MiB"));
+                }
+            }
+            OpKind::ChunkUnref if data.is_empty() || data.len() > crate::omap::MAX_KEY_LEN => {
+                return Err(DecodeError::Inconsistent("a chunk unref carries a 1 to 255-byte reference"));
+            }
             _ => {}
+        }
+        if matches!(kind, OpKind::ChunkPut | OpKind::ChunkUnref) && snap != 0 {
+            return Err(DecodeError::Inconsistent("chunk objects have no snapshots"));
         }
         if kind == OpKind::Zero && data.len() != 8 {
             return Err(DecodeError::Inconsistent("a zero carries its length in 8 bytes"));

@@ -49,6 +49,11 @@ pub enum Op {
     /// Remove the omap entries with keys in `[start, end)` (`end = None`:
     /// to the last; an empty `start` and no `end` clears the omap).
     OmapRemoveRange { key: Key, start: Vec<u8>, end: Option<Vec<u8>> },
+    /// Delete the object if it exists and its omap is empty at this point
+    /// of the batch (a chunk object whose last reference went: the dedup
+    /// tier's). Evaluated when the batch is planned, against what the
+    /// operations before it left, so replaying it in order ends the same.
+    DeleteIfOmapEmpty { key: Key },
     /// Make `key` a copy of `source` (size, data, attributes, omap) that shares
     /// its data blocks: O(its extents), no data copied. A later write to a
     /// shared block of either object copies that one 4 KiB block first
@@ -75,6 +80,7 @@ impl Op {
             | Op::OmapSet { key, .. }
             | Op::OmapRemove { key, .. }
             | Op::OmapRemoveRange { key, .. }
+            | Op::DeleteIfOmapEmpty { key }
             | Op::Clone { key, .. } => key,
         }
     }

@@ -87,7 +87,8 @@ fn set_key(op: &mut duplex_store::Op, new: duplex_store::Key) {
         | RemoveAttr { key, .. }
         | OmapSet { key, .. }
         | OmapRemove { key, .. }
-        | OmapRemoveRange { key, .. } => *key = new,
+        | OmapRemoveRange { key, .. }
+        | DeleteIfOmapEmpty { key } => *key = new,
         Clone { key, source } => {
             let name = &source.as_bytes()[4..];
             *source = duplex_store::Key::in_group(new.group(), name).unwrap();

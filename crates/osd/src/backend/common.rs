@@ -96,6 +96,8 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
         OpKind::OmapSet => LogOp::OmapSet,
         OpKind::OmapRemove => LogOp::OmapRemove,
         OpKind::OmapRemoveRange => LogOp::OmapRemoveRange,
+        OpKind::ChunkPut => LogOp::ChunkPut,
+        OpKind::ChunkUnref => LogOp::ChunkUnref,
         OpKind::Read
         | OpKind::Stat
         | OpKind::GetAttr
@@ -114,9 +116,13 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
 /// A mutation's log entry `offset` and `data` (the table in the oplog's entry docs).
 pub(crate) fn log_fields(request: &OpRequest) -> (u64, &[u8]) {
     match request.kind {
-        OpKind::Write | OpKind::SetAttr | OpKind::Zero | OpKind::CopyUp => (request.offset, &request.data),
+        OpKind::Write | OpKind::SetAttr | OpKind::Zero | OpKind::CopyUp | OpKind::ChunkPut => {
+            (request.offset, &request.data)
+        }
         OpKind::Truncate | OpKind::CreatePreallocated => (request.offset, &[]),
-        OpKind::RemoveAttr | OpKind::OmapSet | OpKind::OmapRemove | OpKind::OmapRemoveRange => (0, &request.data),
+        OpKind::RemoveAttr | OpKind::OmapSet | OpKind::OmapRemove | OpKind::OmapRemoveRange | OpKind::ChunkUnref => {
+            (0, &request.data)
+        }
         _ => (0, &[]),
     }
 }
@@ -173,6 +179,23 @@ pub(crate) fn check_limits(op: LogOp, offset: u64, data: &[u8]) -> Result<(), St
             Ok(_) => 0,
             Err(err) => return Err(format!("an omap range removal: {err}")),
         },
+        LogOp::ChunkPut => {
+            let reference = offset as usize;
+            if reference == 0 || reference > duplex_proto::omap::MAX_KEY_LEN || reference >= data.len() {
+                return Err("a chunk put carries a 1 to 255-byte reference, then bytes".into());
+            }
+            let chunk = (data.len() - reference) as u64;
+            if chunk > duplex_proto::osd::MAX_CHUNK as u64 {
+                return Err(format!("a chunk of {chunk} bytes; chunks are at most {}", duplex_proto::osd::MAX_CHUNK));
+            }
+            chunk
+        }
+        LogOp::ChunkUnref => {
+            if data.is_empty() || data.len() > duplex_proto::omap::MAX_KEY_LEN {
+                return Err("a chunk unref carries a 1 to 255-byte reference".into());
+            }
+            0
+        }
     };
     if end > limit {
         return Err(format!("the operation reaches byte {end}; objects end at {limit}"));

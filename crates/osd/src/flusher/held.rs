@@ -81,6 +81,23 @@ pub fn meta_after(store: Option<ObjectMeta>, held: &[Entry]) -> Option<ObjectMet
                     object.omap.retain(|(k, _)| !range.contains(k));
                 }
             }
+            OpKind::ChunkPut => {
+                let reference = (entry.offset as usize).min(entry.data.len());
+                let object =
+                    meta.get_or_insert_with(|| ObjectMeta { size: (entry.data.len() - reference) as u64, ..fresh() });
+                let (key, _) = entry.data.split_at(reference);
+                if let Err(at) = object.omap.binary_search_by(|(k, _)| k.as_slice().cmp(key)) {
+                    object.omap.insert(at, (key.to_vec(), Vec::new()));
+                }
+            }
+            OpKind::ChunkUnref => {
+                if let Some(object) = meta.as_mut() {
+                    object.omap.retain(|(k, _)| k[..] != entry.data[..]);
+                    if object.omap.is_empty() {
+                        meta = None;
+                    }
+                }
+            }
         }
     }
     meta

@@ -29,7 +29,7 @@ use crate::messages::{
     FLUSHER_QUEUE,
 };
 use crate::metrics::{record, Metrics, Stage};
-use crate::pg::replay::store_op;
+use crate::pg::replay::store_ops;
 use crate::pg::{Ack, PgTable};
 use crate::snaps::{Batches, Planner};
 
@@ -353,9 +353,28 @@ impl Flusher {
     /// Returns the PGs whose logs took waiting replica entries after the
     /// trim, and whether more still wait; or, when the store failed, the
     /// PGs to flush again (nothing was trimmed).
-    pub(crate) fn flush(&mut self, dirty: BTreeSet<u32>) -> Result<Vec<(u32, bool)>, Vec<u32>> {
+    pub(crate) fn flush(&mut self, mut dirty: BTreeSet<u32>) -> Result<Vec<(u32, bool)>, Vec<u32>> {
+        // A pass stops a PG's entries where one needs the store to have
+        // applied the ones before (Planner::needs_apply): it goes on with
+        // those PGs at once, so that a flush leaves no live entry (reads
+        // after a flush, and peering, count on it).
+        let mut refilled = Vec::new();
+        loop {
+            let (more, cut) = self.flush_pass(dirty)?;
+            refilled.extend(more);
+            if cut.is_empty() {
+                return Ok(refilled);
+            }
+            dirty = cut;
+        }
+    }
+
+    /// One pass of [`Flusher::flush`]; also returns the PGs it stopped
+    /// short of their log's end.
+    fn flush_pass(&mut self, dirty: BTreeSet<u32>) -> Result<FlushPass, Vec<u32>> {
         // Per PG: the last seq taken; the entries themselves become store ops.
         let mut taken = Vec::new();
+        let mut cut = BTreeSet::new();
         let mut ops = Vec::new();
         // Taken: a flush that fails leaves it empty.
         let mut planner = Planner::with_cache(std::mem::take(&mut self.snap_heads));
@@ -387,10 +406,20 @@ impl Flusher {
                 crate::metrics::copies::count(crate::metrics::copies::Site::Flush, entry.data.len());
                 // The primary and replica paths checked every entry before
                 // logging it: only a bug makes one the store cannot take.
-                let (snap, if_absent) = (entry.snap, entry.op == duplex_oplog::OpKind::CopyUp);
-                let planned = store_op(entry).map_err(|err| err.to_string()).and_then(|op| {
-                    planner.push(&mut self.partition, op, snap, if_absent, &mut ops).map_err(|err| err.to_string())
-                });
+                let snap = entry.snap;
+                let planned = match store_ops(entry) {
+                    Ok(planned) => {
+                        if planned.iter().any(|(op, if_absent)| planner.needs_apply(op.key(), *if_absent, snap)) {
+                            cut.insert(key);
+                            break;
+                        }
+                        planned.into_iter().try_for_each(|(op, if_absent)| {
+                            planner.push(&mut self.partition, op, snap, if_absent, &mut ops)
+                        })
+                    }
+                    Err(err) => Err(StoreError::InvalidArgument(err.to_string())),
+                }
+                .map_err(|err| err.to_string());
                 match planned {
                     Ok(()) => last = seq,
                     Err(err) => {
@@ -521,7 +550,7 @@ impl Flusher {
                 mailbox.wake();
             }
         }
-        Ok(refilled)
+        Ok((refilled, cut))
     }
 
     /// Every store write of the OSD goes through here. A device write or
@@ -587,14 +616,27 @@ impl Flusher {
             let mut planner = Planner::with_cache(std::mem::take(&mut self.snap_heads));
             let mut dones = Vec::new();
             let mut refused = Vec::new();
-            for (entry, done) in syncs.by_ref().take(FLUSH_BATCH) {
+            let mut count = 0;
+            while count < FLUSH_BATCH {
+                let Some((entry, _)) = syncs.peek() else { break };
                 let (pg, seq, snap) = (entry.pg, entry.seq, entry.snap);
-                let if_absent = entry.op == duplex_oplog::OpKind::CopyUp;
                 // Checked before it was queued, as a logged entry would be:
                 // only a bug makes one the store cannot take.
-                let planned = store_op(entry).map_err(|err| err.to_string()).and_then(|op| {
-                    planner.push(&mut self.partition, op, snap, if_absent, &mut ops).map_err(|err| err.to_string())
-                });
+                let planned = match store_ops(entry.clone()) {
+                    Ok(planned) => {
+                        // After a conditional delete of this run: apply it first.
+                        if planned.iter().any(|(op, if_absent)| planner.needs_apply(op.key(), *if_absent, snap)) {
+                            break;
+                        }
+                        planned.into_iter().try_for_each(|(op, if_absent)| {
+                            planner.push(&mut self.partition, op, snap, if_absent, &mut ops)
+                        })
+                    }
+                    Err(err) => Err(StoreError::InvalidArgument(err.to_string())),
+                }
+                .map_err(|err| err.to_string());
+                let (_, done) = syncs.next().expect("peeked");
+                count += 1;
                 match planned {
                     Ok(()) => dones.push((pg, seq, done)),
                     Err(err) => {
@@ -990,6 +1032,11 @@ pub(crate) fn overlay_held(
             | duplex_oplog::OpKind::OmapSet
             | duplex_oplog::OpKind::OmapRemove
             | duplex_oplog::OpKind::OmapRemoveRange => {}
+            // Erasure-coded pools refuse chunk operations: only the chunk
+            // pool's replicated PGs take them, whose reads flush first.
+            duplex_oplog::OpKind::ChunkPut | duplex_oplog::OpKind::ChunkUnref => {
+                return Err(StoreError::InvalidArgument("a chunk operation held in an erasure-coded log".into()))
+            }
         }
     }
     if exists {
@@ -1008,6 +1055,11 @@ fn reply_of(epoch: u64, result: Result<Bytes, StoreError>) -> OpReply {
         Err(err) => OpReply::error(Status::Io, epoch, err),
     }
 }
+
+/// What one flush pass did: the PGs whose logs took waiting replica
+/// entries after its trim (and whether more still wait), and the PGs it
+/// stopped short of their log's end.
+type FlushPass = (Vec<(u32, bool)>, BTreeSet<u32>);
 
 #[cfg(test)]
 mod tests {

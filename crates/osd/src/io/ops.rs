@@ -122,8 +122,15 @@ fn run(shared: &Shared, cache: &mut ActingCache, histograms: &Histograms, op: Cl
         // A write that adds data to a PG one of whose members is full is
         // refused at once; what frees space (deletes, truncates, removing
         // attributes or omap entries, discards) always goes on.
-        if matches!(log_op, LogOp::Write | LogOp::SetAttr | LogOp::CreatePreallocated | LogOp::CopyUp | LogOp::OmapSet)
-        {
+        if matches!(
+            log_op,
+            LogOp::Write
+                | LogOp::SetAttr
+                | LogOp::CreatePreallocated
+                | LogOp::CopyUp
+                | LogOp::OmapSet
+                | LogOp::ChunkPut
+        ) {
             let here = shared.config.id;
             let full = view.full_osds.iter().find(|osd| acting.contains(osd)).copied().or_else(|| {
                 // Full here before the map says so (the monitor is a round trip away).

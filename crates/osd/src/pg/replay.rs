@@ -45,7 +45,34 @@ pub fn store_key(entry: &Entry) -> Result<Key, ReplayError> {
     Key::in_group(entry.pg, &entry.object).map_err(|_| ReplayError::BadKey { seq: entry.seq })
 }
 
-/// The store operation an entry stands for (its data moves into the op).
+/// The store operations an entry stands for, in order, each with whether
+/// it applies only to an absent object (a copy-up's write, a chunk put's):
+/// one for every kind but a chunk put's and unref's two.
+pub fn store_ops(entry: Entry) -> Result<Vec<(Op, bool)>, ReplayError> {
+    let (seq, kind) = (entry.seq, entry.op);
+    Ok(match kind {
+        OpKind::ChunkPut => {
+            let key = store_key(&entry)?;
+            let mut data = entry.data;
+            let reference = (entry.offset as usize).min(data.len());
+            let chunk = data.split_off(reference);
+            if data.is_empty() {
+                return Err(ReplayError::BadOmap { seq, why: "a chunk put without its reference".into() });
+            }
+            let write = Op::Write { key: key.clone(), offset: 0, data: chunk };
+            vec![(write, true), (Op::OmapSet { key, entries: vec![(data, Vec::new())] }, false)]
+        }
+        OpKind::ChunkUnref => {
+            let key = store_key(&entry)?;
+            let remove = Op::OmapRemove { key: key.clone(), keys: vec![entry.data] };
+            vec![(remove, false), (Op::DeleteIfOmapEmpty { key }, false)]
+        }
+        _ => vec![(store_op(entry)?, kind == OpKind::CopyUp)],
+    })
+}
+
+/// The store operation an entry of a one-operation kind stands for (its
+/// data moves into the op); [`store_ops`] for any kind.
 pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
     let key = store_key(&entry)?;
     Ok(match entry.op {
@@ -78,6 +105,12 @@ pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
             let range = duplex_proto::omap::decode_range(&entry.data).map_err(bad)?;
             Op::OmapRemoveRange { key, start: range.start, end: range.end }
         }
+        OpKind::ChunkPut | OpKind::ChunkUnref => {
+            return Err(ReplayError::BadOmap {
+                seq: entry.seq,
+                why: "a chunk operation is two store operations".into(),
+            })
+        }
     })
 }
 
@@ -86,18 +119,31 @@ pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
 /// log may be trimmed through the last one. Returns how many were applied.
 pub fn replay(entries: &[Entry], partition: &mut Partition) -> Result<usize, ReplayError> {
     debug_assert!(entries.windows(2).all(|w| w[0].seq < w[1].seq), "replay wants entries in log order");
-    for chunk in entries.chunks(REPLAY_BATCH) {
-        let last = chunk.last().map_or(0, |e| e.seq);
+    let mut rest = entries;
+    while !rest.is_empty() {
         let mut planner = Planner::default();
-        let mut ops = Vec::with_capacity(chunk.len());
-        for entry in chunk {
-            planner
-                .push(partition, store_op(entry.clone())?, entry.snap, entry.op == OpKind::CopyUp, &mut ops)
-                .map_err(|source| ReplayError::Store { seq: entry.seq, source })?;
+        let mut ops = Vec::with_capacity(REPLAY_BATCH.min(rest.len()));
+        let mut taken = 0;
+        for entry in rest.iter().take(REPLAY_BATCH) {
+            let planned = store_ops(entry.clone())?;
+            // Whether the object exists is up to the store after a
+            // conditional delete of this run: apply the run first.
+            if planned.iter().any(|(op, if_absent)| planner.needs_apply(op.key(), *if_absent, entry.snap)) {
+                break;
+            }
+            for (op, if_absent) in planned {
+                planner
+                    .push(partition, op, entry.snap, if_absent, &mut ops)
+                    .map_err(|source| ReplayError::Store { seq: entry.seq, source })?;
+            }
+            taken += 1;
         }
+        debug_assert!(taken > 0, "a fresh planner needs nothing applied first");
+        let last = rest[taken - 1].seq;
         for batch in Batches::new(ops.into_iter(), REPLAY_BATCH, planner.cloned) {
             partition.apply(&batch).map_err(|source| ReplayError::Store { seq: last, source })?;
         }
+        rest = &rest[taken..];
     }
     Ok(entries.len())
 }

@@ -255,6 +255,14 @@ impl Partition {
                         }
                     }
                 }
+                Op::DeleteIfOmapEmpty { key } => {
+                    if plan.objects[key].current.is_some() {
+                        self.ensure_attrs(plan, key)?;
+                        if plan.objects[key].current.as_ref().expect("present").omap.is_empty() {
+                            self.plan_delete(plan, key);
+                        }
+                    }
+                }
                 Op::OmapRemoveRange { key, start, end } => {
                     if plan.objects[key].current.is_some() {
                         self.ensure_attrs(plan, key)?;

@@ -98,6 +98,11 @@ impl Model {
                     o.omap.retain(|k, _| k < start || end.as_ref().is_some_and(|end| k >= end));
                 }
             }
+            Op::DeleteIfOmapEmpty { .. } => {
+                if self.objects.get(&key).is_some_and(|o| o.omap.is_empty()) {
+                    self.objects.remove(&key);
+                }
+            }
             Op::Clone { source, .. } => {
                 if !self.objects.contains_key(&key) {
                     if let Some(original) = self.objects.get(source.as_bytes()).cloned() {
@@ -180,6 +185,7 @@ pub fn random_batch(rng: &mut StdRng, groups: u32, names: u8, max_ops: usize) ->
                     .collect();
                 Op::OmapSet { key: k, entries }
             }
+            87 if rng.gen_bool(0.3) => Op::DeleteIfOmapEmpty { key: k },
             87 => {
                 if rng.gen_bool(0.5) {
                     let keys =
