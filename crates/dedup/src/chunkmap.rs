@@ -1,0 +1,169 @@
+//! The omap records of the tier (docs/DEDUP.md).
+//!
+//! A base object's **chunk map** entry, one per deduplicated chunk:
+//! ```text
+//! key    'c', offset u64 big-endian          (9 bytes: key order is offset order)
+//! value  version u8 = 1, flags u8 (1 = cached), length u32 LE, fingerprint [32]
+//! ```
+//! A chunk object's **reference**, one per (base pool, object, offset)
+//! using it, an omap key with an empty value:
+//! ```text
+//! key    pool u32 BE, offset u64 BE, object name (1 to 243 bytes)
+//! ```
+//! Both decoders meet bytes from disk and peers: they return `None` on
+//! anything malformed, never panic.
+
+use crate::Fingerprint;
+
+/// The first byte of every chunk map key (other omap keys of a base object
+/// stay free for other uses).
+pub const ENTRY_PREFIX: u8 = b'c';
+const ENTRY_VERSION: u8 = 1;
+const FLAG_CACHED: u8 = 1;
+/// Bytes of an encoded [`ChunkEntry`].
+pub const ENTRY_LEN: usize = 38;
+/// Longest object name a reference holds (an omap key is at most 255 bytes).
+pub const MAX_REFERENCED_NAME: usize = 255 - 12;
+
+/// A chunk map entry: the chunk at its key's offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkEntry {
+    pub len: u32,
+    pub fingerprint: Fingerprint,
+    /// The base object still holds the chunk's bytes (else its range is a
+    /// hole and reads go to the chunk object).
+    pub cached: bool,
+}
+
+impl ChunkEntry {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(ENTRY_LEN);
+        out.push(ENTRY_VERSION);
+        out.push(if self.cached { FLAG_CACHED } else { 0 });
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&self.fingerprint.0);
+        debug_assert_eq!(out.len(), ENTRY_LEN);
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<ChunkEntry> {
+        if bytes.len() != ENTRY_LEN || bytes[0] != ENTRY_VERSION || bytes[1] & !FLAG_CACHED != 0 {
+            return None;
+        }
+        let len = u32::from_le_bytes(bytes[2..6].try_into().ok()?);
+        if len == 0 {
+            return None;
+        }
+        Some(ChunkEntry {
+            len,
+            fingerprint: Fingerprint(bytes[6..].try_into().ok()?),
+            cached: bytes[1] & FLAG_CACHED != 0,
+        })
+    }
+}
+
+/// The chunk map key of the chunk at `offset`.
+pub fn entry_key(offset: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(9);
+    key.push(ENTRY_PREFIX);
+    key.extend_from_slice(&offset.to_be_bytes());
+    key
+}
+
+/// The offset a chunk map key names (`None`: not a chunk map key).
+pub fn entry_offset(key: &[u8]) -> Option<u64> {
+    match key {
+        [ENTRY_PREFIX, rest @ ..] if rest.len() == 8 => Some(u64::from_be_bytes(rest.try_into().ok()?)),
+        _ => None,
+    }
+}
+
+/// The key range holding every chunk map entry at or past `offset`.
+pub fn entries_from(offset: u64) -> (Vec<u8>, Vec<u8>) {
+    (entry_key(offset), vec![ENTRY_PREFIX + 1])
+}
+
+/// Who uses a chunk: a chunk object's reference.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Reference {
+    pub pool: u32,
+    pub offset: u64,
+    pub object: Vec<u8>,
+}
+
+impl Reference {
+    /// The omap key (`None`: a name too long to reference; such an object
+    /// is not deduplicated).
+    pub fn encode(&self) -> Option<Vec<u8>> {
+        if self.object.is_empty() || self.object.len() > MAX_REFERENCED_NAME {
+            return None;
+        }
+        let mut key = Vec::with_capacity(12 + self.object.len());
+        key.extend_from_slice(&self.pool.to_be_bytes());
+        key.extend_from_slice(&self.offset.to_be_bytes());
+        key.extend_from_slice(&self.object);
+        Some(key)
+    }
+
+    pub fn decode(key: &[u8]) -> Option<Reference> {
+        if key.len() < 13 || key.len() > 12 + MAX_REFERENCED_NAME {
+            return None;
+        }
+        Some(Reference {
+            pool: u32::from_be_bytes(key[..4].try_into().ok()?),
+            offset: u64::from_be_bytes(key[4..12].try_into().ok()?),
+            object: key[12..].to_vec(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn records_round_trip(len in 1u32.., print in any::<[u8; 32]>(), cached in any::<bool>(), offset in any::<u64>(), pool in any::<u32>(), object in proptest::collection::vec(any::<u8>(), 1..=MAX_REFERENCED_NAME)) {
+            let entry = ChunkEntry { len, fingerprint: Fingerprint(print), cached };
+            prop_assert_eq!(ChunkEntry::decode(&entry.encode()), Some(entry));
+            prop_assert_eq!(entry_offset(&entry_key(offset)), Some(offset));
+            let reference = Reference { pool, offset, object };
+            let key = reference.encode().unwrap();
+            prop_assert!(key.len() <= 255);
+            prop_assert_eq!(Reference::decode(&key), Some(reference));
+        }
+
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = ChunkEntry::decode(&bytes);
+            let _ = entry_offset(&bytes);
+            let _ = Reference::decode(&bytes);
+        }
+
+        #[test]
+        fn chunk_map_keys_sort_as_their_offsets(a in any::<u64>(), b in any::<u64>()) {
+            prop_assert_eq!(entry_key(a).cmp(&entry_key(b)), a.cmp(&b));
+            let (start, end) = entries_from(a.min(b));
+            prop_assert!(entry_key(a.max(b)) >= start && entry_key(a.max(b)) < end);
+        }
+    }
+
+    #[test]
+    fn malformed_records_are_refused() {
+        let entry = ChunkEntry { len: 4096, fingerprint: Fingerprint::of(b"x"), cached: true }.encode();
+        let mut bad_version = entry.clone();
+        bad_version[0] = 2;
+        let mut bad_flags = entry.clone();
+        bad_flags[1] = 2;
+        let mut empty = entry.clone();
+        empty[2..6].copy_from_slice(&0u32.to_le_bytes());
+        for bad in [&bad_version[..], &bad_flags[..], &empty[..], &entry[..37]] {
+            assert_eq!(ChunkEntry::decode(bad), None);
+        }
+        assert_eq!(entry_offset(b"d\0\0\0\0\0\0\0\0"), None);
+        assert_eq!(Reference { pool: 1, offset: 0, object: vec![] }.encode(), None);
+        assert_eq!(Reference { pool: 1, offset: 0, object: vec![b'a'; 244] }.encode(), None);
+        assert_eq!(Reference::decode(&[0; 12]), None);
+    }
+}
