@@ -17,15 +17,9 @@ pub struct DataSet {
 impl DataSet {
     /// `objects` objects of `chunks` chunks each; each chunk is, with
     /// probability `duplicate`, one of `common` shared contents, else a
-    /// content of its own. A tiny xorshift keeps it reproducible by `seed`.
+    /// content of its own; reproducible by `seed`.
     pub fn synthetic(objects: usize, chunks: usize, duplicate: f64, common: u64, seed: u64) -> DataSet {
-        let mut state = seed | 1;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = xorshift(seed);
         let mut unique = common;
         let objects = (0..objects)
             .map(|i| {
@@ -49,13 +43,7 @@ impl DataSet {
     /// 2.1 workload): each chunk is, with probability `duplicate`, a copy of
     /// a chunk written before it, else new.
     pub fn copies(objects: usize, chunks: usize, duplicate: f64, seed: u64) -> DataSet {
-        let mut state = seed | 1;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = xorshift(seed);
         let mut written: Vec<u64> = Vec::with_capacity(objects * chunks);
         let objects = (0..objects)
             .map(|i| {
@@ -99,6 +87,17 @@ impl DataSet {
         }
         let stored: usize = per_osd.iter().map(HashSet::len).sum();
         self.chunks() as f64 / stored as f64
+    }
+}
+
+/// A tiny reproducible generator (xorshift64): the data sets need no more.
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut state = seed | 1;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
     }
 }
 
