@@ -79,6 +79,13 @@ pub struct SimClient {
     pub reads: u64,
     /// Answers that say the simulator (or the OSD) is wrong, not the network.
     pub errors: Vec<String>,
+    /// Blocks live in omap entries, not object data (`SimConfig::omap`).
+    pub omap: bool,
+}
+
+/// A block's omap key in its object (the omap mode).
+fn omap_key(offset: u64) -> Vec<u8> {
+    format!("b{offset}").into_bytes()
 }
 
 /// A read at a snapshot: its times are the snapshot's span, known at the end.
@@ -116,6 +123,7 @@ impl SimClient {
             unknown: 0,
             reads: 0,
             errors: Vec::new(),
+            omap: false,
         }
     }
 
@@ -229,15 +237,26 @@ impl SimClient {
             let (object, offset) = object_of(op.block);
             let pg = duplex_placement::pg_of(&object, pool.pg_num);
             let primary = duplex_map::primary_of(&view.map.acting(&view.hierarchy, pool, pg))?;
+            let (kind, offset, length, data) = match (self.omap, op.write) {
+                (false, Some(stamp)) => (OpKind::Write, offset, 0, Bytes::from(stamp.encode(BLOCK))),
+                (false, None) => (OpKind::Read, offset, BLOCK as u32, Bytes::new()),
+                (true, Some(stamp)) => {
+                    let entries = [(omap_key(offset), stamp.encode(BLOCK))];
+                    (OpKind::OmapSet, 0, 0, Bytes::from(duplex_proto::omap::encode_entries(&entries)))
+                }
+                (true, None) => {
+                    (OpKind::OmapGet, 0, 0, Bytes::from(duplex_proto::omap::encode_keys(&[omap_key(offset)])))
+                }
+            };
             let request = OpRequest {
-                kind: if op.write.is_some() { OpKind::Write } else { OpKind::Read },
+                kind,
                 pool: pool.id,
                 pg,
                 map_epoch: view.epoch(),
                 object,
                 offset,
-                length: if op.write.is_some() { 0 } else { BLOCK as u32 },
-                data: op.write.map_or_else(Bytes::new, |stamp| Bytes::from(stamp.encode(BLOCK))),
+                length,
+                data,
                 client: 1000 + self.id as u64,
                 snap: op.snap,
             };
@@ -302,6 +321,18 @@ impl SimClient {
             }
             (None, Some(data)) => {
                 self.reads += 1;
+                let data = if self.omap && !data.is_empty() {
+                    // The entry's value, or nothing (never written).
+                    match duplex_proto::omap::decode_entries(&data) {
+                        Ok(entries) => entries.into_iter().next().map(|(_, value)| value).unwrap_or_default().into(),
+                        Err(err) => {
+                            self.errors.push(format!("client.{}: an undecodable omap reply: {err}", self.id));
+                            Bytes::new()
+                        }
+                    }
+                } else {
+                    data
+                };
                 let mut block = data.to_vec();
                 block.resize(BLOCK, 0);
                 let result = Stamp::decode(&block, op.block);

@@ -64,6 +64,10 @@ struct Cli {
     /// the faults. Its min_size is --min-size (default 2), at least k.
     #[arg(long, value_parser = parse_code, conflicts_with_all = ["snapshots", "pool_size"])]
     ec: Option<(u8, u8)>,
+    /// Client blocks live in omap entries (a key per block in its
+    /// object) instead of object data: omap sets and gets under the faults.
+    #[arg(long, conflicts_with = "ec")]
+    omap: bool,
     /// OSDs in the cluster, one host each [default: 4, or k+m of --ec if
     /// more].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=64))]
@@ -96,6 +100,7 @@ impl Cli {
         config.balancer = self.balancer;
         config.snapshots = self.snapshots;
         config.erasure = self.ec;
+        config.omap = self.omap;
         let shards = self.ec.map_or(0, |(k, m)| u32::from(k) + u32::from(m));
         config.osds = self.osds.unwrap_or(config.osds.max(shards));
         config
@@ -123,6 +128,9 @@ impl Cli {
         }
         if let Some((k, m)) = self.ec {
             line += &format!(" --ec {k}+{m}");
+        }
+        if self.omap {
+            line += " --omap";
         }
         if let Some(osds) = self.osds {
             line += &format!(" --osds {osds}");

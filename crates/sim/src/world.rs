@@ -129,6 +129,11 @@ pub struct SimConfig {
     /// `pool_size` is ignored (`k + m` shards a PG): each client block is
     /// a stripe unit, so its writes are partial-stripe read-modify-writes.
     pub erasure: Option<(u8, u8)>,
+    /// Each client block lives in its object's omap (key `b<offset>`, the
+    /// stamped 4 KiB block as the value) instead of its data: omap sets
+    /// and gets are logged, replicated, recovered and checked as the
+    /// blocks are (issue 27's chunk maps live in omaps).
+    pub omap: bool,
 }
 
 impl SimConfig {
@@ -157,6 +162,7 @@ impl SimConfig {
             balancer: false,
             snapshots: false,
             erasure: None,
+            omap: false,
         }
     }
 }
@@ -348,7 +354,13 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
         return Err(broken(format!("the monitor refused the pool of {config:?}")));
     }
     let verifier_id = config.clients;
-    let clients = (0..=config.clients).map(|id| SimClient::new(id, config.blocks, config.give_up_us)).collect();
+    let clients = (0..=config.clients)
+        .map(|id| {
+            let mut client = SimClient::new(id, config.blocks, config.give_up_us);
+            client.omap = config.omap;
+            client
+        })
+        .collect();
     let mut world = World {
         config: config.clone(),
         rng: StdRng::seed_from_u64(seed),
