@@ -14,7 +14,11 @@ use crate::Fingerprint;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Put the chunk at `offset` (its bytes) into the chunk pool with this
-    /// object's reference at that offset.
+    /// object's reference at that offset. Its answer comes once it is
+    /// logged; the store may yet drop the reference (a chunk object whose
+    /// reference set is full: the flusher drops an omap set past its
+    /// object's total, loudly), so before the `SetEntry` that follows, the
+    /// engine reads the reference back, and sets no entry without it.
     Put { offset: u64, fingerprint: Fingerprint, data: Vec<u8> },
     /// Set the chunk map entry at `offset`.
     SetEntry { offset: u64, entry: ChunkEntry },

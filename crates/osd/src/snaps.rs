@@ -146,12 +146,21 @@ impl Planner {
     }
 
     /// Whether an operation on `key` (`if_absent`, under snapshot `snap`)
-    /// must wait until the run so far is applied: it depends on whether
-    /// the object exists, and a conditional delete of this run left that
-    /// to the store. The caller applies what it planned and starts a new
-    /// run with that entry.
-    pub fn needs_apply(&self, key: &Key, if_absent: bool, snap: u64) -> bool {
-        (if_absent || snap != 0) && self.uncertain.contains(key)
+    /// must wait until the run so far (`planned`) is applied: it depends on
+    /// whether the object exists (and on its snapshot sequence), and either
+    /// a conditional delete of this run left that to the store, or an
+    /// operation of this run on an object the heads did not know changed
+    /// it where the store does not show it yet (a write creating an object
+    /// followed by a copy-up of it, or by a write under a snapshot, in one
+    /// flush: the copy-up would land over the write, the snapshot would
+    /// miss its clone). The caller applies what it planned and starts a
+    /// new run with that entry. Only copy-ups and writes under snapshots
+    /// ask, and only the first time for an object the heads do not know.
+    pub fn needs_apply(&self, key: &Key, if_absent: bool, snap: u64, planned: &[Op]) -> bool {
+        if !(if_absent || snap != 0) {
+            return false;
+        }
+        self.uncertain.contains(key) || (!self.heads.contains_key(key) && planned.iter().any(|op| op.key() == key))
     }
 
     /// What it knows of the heads, once its run is applied whole.
@@ -173,7 +182,10 @@ impl Planner {
         if_absent: bool,
         ops: &mut Vec<Op>,
     ) -> Result<(), StoreError> {
-        debug_assert!(!self.needs_apply(op.key(), if_absent, snap), "{op:?} planned on an object of unknown existence");
+        debug_assert!(
+            !self.needs_apply(op.key(), if_absent, snap, ops),
+            "{op:?} planned on an object of unknown existence"
+        );
         if let Op::DeleteIfOmapEmpty { key } = &op {
             // The store decides: until the run is applied, nothing here knows.
             self.heads.remove(key);
@@ -360,6 +372,38 @@ mod tests {
             .filter_map(|k| split_clone_name(&k.as_bytes()[4..]).map(|(_, seq)| seq))
             .collect();
         assert_eq!(clones, vec![1, 3, 4]);
+    }
+
+    /// A new object written before a snapshot and again under it, in one
+    /// flush: the heads did not know it, and the store did not hold it yet,
+    /// so the planner took it for absent and made no clone (the snapshot
+    /// read the later write). The run is now cut before the second write
+    /// (`Planner::needs_apply`), as the flusher and replay do.
+    #[test]
+    fn an_object_made_and_written_under_a_snapshot_in_one_flush_keeps_its_clone() {
+        let store = crate::TestStore::new(1);
+        let mut store = store.open();
+        let partition = store.partition_mut(0);
+        let run = vec![(write(b"p", 0, b"before00"), 0), (write(b"p", 0, b"after111"), 1)];
+        let mut planner = Planner::default();
+        let mut ops = Vec::new();
+        let mut cuts = 0;
+        for (op, snap) in run {
+            if planner.needs_apply(op.key(), false, snap, &ops) {
+                cuts += 1;
+                for batch in Batches::new(std::mem::take(&mut ops).into_iter(), 64, planner.cloned) {
+                    partition.apply(&batch).expect("apply");
+                }
+                planner = Planner::default();
+            }
+            planner.push(partition, op, snap, false, &mut ops).expect("plan");
+        }
+        for batch in Batches::new(ops.into_iter(), 64, planner.cloned) {
+            partition.apply(&batch).expect("apply");
+        }
+        assert_eq!(cuts, 1, "the write under the snapshot waits for the one before");
+        assert_eq!(read_at(partition, b"p", 1).as_deref(), Some(&b"before00"[..]));
+        assert_eq!(read_at(partition, b"p", 0).as_deref(), Some(&b"after111"[..]));
     }
 
     #[test]

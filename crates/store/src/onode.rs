@@ -398,7 +398,8 @@ impl ObjectMeta {
     /// whether any was there.
     pub fn remove_omap(&mut self, keys: &[Vec<u8>]) -> bool {
         let before = self.omap.len();
-        self.omap.retain(|(k, _)| !keys.contains(k));
+        let keys: std::collections::HashSet<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        self.omap.retain(|(k, _)| !keys.contains(k.as_slice()));
         self.omap.len() != before
     }
 

@@ -191,6 +191,15 @@ impl Flusher {
                 Ok(PeerReply::Done)
             }
             PeerOp::Settle { to, replaced } => {
+                if replaced {
+                    // Its log's end is no longer what its store holds once
+                    // it applies entries the others may roll back, and the
+                    // rebuild may stop before it compared every object:
+                    // marked first, so that no crash comes between.
+                    let mut batch = Batch::new();
+                    batch.push(stored_interval::mark_recovered(self.partition.index(), key, true));
+                    self.apply(&batch).map_err(|e| e.to_string())?;
+                }
                 let dropped = pg.lock().expect("PG lock").settle(to)?;
                 if dropped > 0 {
                     tracing::warn!(
@@ -201,14 +210,6 @@ impl Flusher {
                     );
                 }
                 self.flush_pg(key)?;
-                if replaced {
-                    // Its log's end is no longer what its store holds (it
-                    // applied entries the others may roll back), and the
-                    // rebuild may stop before it compared every object.
-                    let mut batch = Batch::new();
-                    batch.push(stored_interval::mark_recovered(self.partition.index(), key, true));
-                    self.apply(&batch).map_err(|e| e.to_string())?;
-                }
                 Ok(PeerReply::Done)
             }
             PeerOp::List { cursor } => self.list_names(key, &cursor),

@@ -29,7 +29,7 @@ use crate::messages::{
     FLUSHER_QUEUE,
 };
 use crate::metrics::{record, Metrics, Stage};
-use crate::pg::replay::store_ops;
+use crate::pg::replay::{entry_needs_apply, store_ops};
 use crate::pg::{Ack, PgTable};
 use crate::snaps::{Batches, Planner};
 
@@ -358,9 +358,18 @@ impl Flusher {
         // applied the ones before (Planner::needs_apply): it goes on with
         // those PGs at once, so that a flush leaves no live entry (reads
         // after a flush, and peering, count on it).
-        let mut refilled = Vec::new();
+        let mut refilled: Vec<(u32, bool)> = Vec::new();
         loop {
-            let (more, cut) = self.flush_pass(dirty)?;
+            let (more, cut) = match self.flush_pass(dirty) {
+                Ok(pass) => pass,
+                Err(mut failed) => {
+                    // Earlier passes' refilled logs need their flush too.
+                    failed.extend(refilled.iter().map(|(pg, _)| *pg));
+                    failed.sort_unstable();
+                    failed.dedup();
+                    return Err(failed);
+                }
+            };
             refilled.extend(more);
             if cut.is_empty() {
                 return Ok(refilled);
@@ -406,17 +415,17 @@ impl Flusher {
                 crate::metrics::copies::count(crate::metrics::copies::Site::Flush, entry.data.len());
                 // The primary and replica paths checked every entry before
                 // logging it: only a bug makes one the store cannot take.
+                if entry_needs_apply(&planner, &entry, &ops) {
+                    // It depends on a conditional delete of this pass: the
+                    // next pass takes it, once the store applied that.
+                    cut.insert(key);
+                    break;
+                }
                 let snap = entry.snap;
                 let planned = match store_ops(entry) {
-                    Ok(planned) => {
-                        if planned.iter().any(|(op, if_absent)| planner.needs_apply(op.key(), *if_absent, snap)) {
-                            cut.insert(key);
-                            break;
-                        }
-                        planned.into_iter().try_for_each(|(op, if_absent)| {
-                            planner.push(&mut self.partition, op, snap, if_absent, &mut ops)
-                        })
-                    }
+                    Ok(planned) => planned.into_iter().try_for_each(|(op, if_absent)| {
+                        planner.push(&mut self.partition, op, snap, if_absent, &mut ops)
+                    }),
                     Err(err) => Err(StoreError::InvalidArgument(err.to_string())),
                 }
                 .map_err(|err| err.to_string());
@@ -520,7 +529,12 @@ impl Flusher {
             match guard.trim(last) {
                 // Only the flusher trims, and it holds what it took: the log now starts after it.
                 Ok(()) => debug_assert_eq!(guard.flushed_through(), last, "a flush trimmed other than what it applied"),
-                Err(err) => tracing::error!(pg = guard.key, %err, "trimming the log failed"),
+                Err(err) => {
+                    tracing::error!(pg = guard.key, %err, "trimming the log failed");
+                    // Another pass would take the same entries and stop at
+                    // the same place, for ever: leave it to the next flush.
+                    cut.remove(&guard.key);
+                }
             }
             if std::mem::take(&mut guard.waiters) {
                 broadcast = true;
@@ -619,24 +633,22 @@ impl Flusher {
             let mut count = 0;
             while count < FLUSH_BATCH {
                 let Some((entry, _)) = syncs.peek() else { break };
+                // After a conditional delete of this run: apply it first.
+                if entry_needs_apply(&planner, entry, &ops) {
+                    break;
+                }
+                let (entry, done) = syncs.next().expect("peeked");
+                count += 1;
                 let (pg, seq, snap) = (entry.pg, entry.seq, entry.snap);
                 // Checked before it was queued, as a logged entry would be:
                 // only a bug makes one the store cannot take.
-                let planned = match store_ops(entry.clone()) {
-                    Ok(planned) => {
-                        // After a conditional delete of this run: apply it first.
-                        if planned.iter().any(|(op, if_absent)| planner.needs_apply(op.key(), *if_absent, snap)) {
-                            break;
-                        }
-                        planned.into_iter().try_for_each(|(op, if_absent)| {
-                            planner.push(&mut self.partition, op, snap, if_absent, &mut ops)
-                        })
-                    }
+                let planned = match store_ops(entry) {
+                    Ok(planned) => planned.into_iter().try_for_each(|(op, if_absent)| {
+                        planner.push(&mut self.partition, op, snap, if_absent, &mut ops)
+                    }),
                     Err(err) => Err(StoreError::InvalidArgument(err.to_string())),
                 }
                 .map_err(|err| err.to_string());
-                let (_, done) = syncs.next().expect("peeked");
-                count += 1;
                 match planned {
                     Ok(()) => dones.push((pg, seq, done)),
                     Err(err) => {
@@ -827,12 +839,10 @@ impl Flusher {
             OpKind::OmapGet => {
                 let keys = duplex_proto::omap::decode_keys(&read.arg)
                     .map_err(|e| StoreError::InvalidArgument(format!("an omap read: {e}")))?;
-                let mut found = Vec::with_capacity(keys.len());
-                for name in keys {
-                    if let Some(value) = self.partition.omap_get(key, &name)? {
-                        found.push((name, value));
-                    }
-                }
+                // One read of the omap, however many keys are asked (both sorted).
+                let omap = self.partition.omap_range(key, &[], None, usize::MAX)?;
+                let found: Vec<(Vec<u8>, Vec<u8>)> =
+                    omap.into_iter().filter(|(k, _)| keys.binary_search(k).is_ok()).collect();
                 Bytes::from(duplex_proto::omap::encode_entries(&found))
             }
             OpKind::OmapList => {

@@ -71,6 +71,18 @@ pub fn store_ops(entry: Entry) -> Result<Vec<(Op, bool)>, ReplayError> {
     })
 }
 
+/// Whether `entry` must wait until the run planned so far is applied
+/// ([`Planner::needs_apply`] for the operations it stands for), told
+/// without converting it (its data stays where it is).
+pub fn entry_needs_apply(planner: &Planner, entry: &Entry, planned: &[Op]) -> bool {
+    let if_absent = matches!(entry.op, OpKind::CopyUp | OpKind::ChunkPut);
+    if !if_absent && entry.snap == 0 {
+        return false;
+    }
+    let Ok(key) = store_key(entry) else { return false };
+    planner.needs_apply(&key, if_absent, entry.snap, planned)
+}
+
 /// The store operation an entry of a one-operation kind stands for (its
 /// data moves into the op); [`store_ops`] for any kind.
 pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
@@ -125,20 +137,19 @@ pub fn replay(entries: &[Entry], partition: &mut Partition) -> Result<usize, Rep
         let mut ops = Vec::with_capacity(REPLAY_BATCH.min(rest.len()));
         let mut taken = 0;
         for entry in rest.iter().take(REPLAY_BATCH) {
-            let planned = store_ops(entry.clone())?;
             // Whether the object exists is up to the store after a
             // conditional delete of this run: apply the run first.
-            if planned.iter().any(|(op, if_absent)| planner.needs_apply(op.key(), *if_absent, entry.snap)) {
+            if entry_needs_apply(&planner, entry, &ops) {
                 break;
             }
-            for (op, if_absent) in planned {
+            for (op, if_absent) in store_ops(entry.clone())? {
                 planner
                     .push(partition, op, entry.snap, if_absent, &mut ops)
                     .map_err(|source| ReplayError::Store { seq: entry.seq, source })?;
             }
             taken += 1;
         }
-        debug_assert!(taken > 0, "a fresh planner needs nothing applied first");
+        debug_assert!(taken > 0, "a fresh planner with nothing planned needs nothing applied first");
         let last = rest[taken - 1].seq;
         for batch in Batches::new(ops.into_iter(), REPLAY_BATCH, planner.cloned) {
             partition.apply(&batch).map_err(|source| ReplayError::Store { seq: last, source })?;
