@@ -44,8 +44,32 @@ pub const OBJECT_FLAG_PREALLOCATED: u8 = 1;
 /// Some of the object's blocks may be shared with other objects (it was
 /// cloned, or is a clone): mount counts the references of such objects only.
 pub const OBJECT_FLAG_SHARES: u8 = 2;
-/// Longest chain: bounds the blob (and so one object's metadata).
-pub const MAX_CHAIN_SLOTS: usize = 512;
+/// Longest chain: bounds the blob (and so one object's metadata). It holds
+/// the largest blob the limits allow (`worst_case_blob_len`), so that no
+/// metadata change of an object within them can be refused for its size:
+/// a logged write the store could not apply would stop its PG. (It was 512
+/// before omaps; a build from then refuses a longer chain as corrupt.)
+pub const MAX_CHAIN_SLOTS: usize = 1024;
+
+/// The largest blob the limits allow: the longest key, a 64 MiB object
+/// mapped one block per extent, and the attribute and omap budgets spent
+/// on as many entries as they can name uniquely (the 256 one-byte names,
+/// then two-byte ones, with empty values), each paying its 3 bytes of
+/// framing.
+pub const fn worst_case_blob_len() -> usize {
+    const fn most_entries(budget: usize) -> usize {
+        256 + (budget - 256) / 2
+    }
+    let extents = (MAX_OBJECT_SIZE as usize / BLOCK_SIZE) * 12;
+    let attrs = MAX_ATTR_BYTES + most_entries(MAX_ATTR_BYTES) * 3;
+    let omap = 4 + MAX_OMAP_BYTES + most_entries(MAX_OMAP_BYTES) * 3;
+    1 + crate::MAX_KEY_LEN + 8 + 1 + 4 + extents + 2 + attrs + omap
+}
+
+const _: () = assert!(
+    worst_case_blob_len() <= MAX_CHAIN_SLOTS * FRAGMENT_CAPACITY,
+    "an object within every limit could outgrow its onode chain"
+);
 
 /// `len` data blocks mapped contiguously: logical block `logical + i` of the
 /// object lives in partition data block `physical + i`.
@@ -706,6 +730,31 @@ mod tests {
         assert_eq!(unsorted[at], b'b');
         unsorted[at] = b'a';
         assert!(matches!(ObjectMeta::decode(&unsorted, 1), Err(StoreError::Corrupt(m)) if m.contains("omap unsorted")));
+    }
+
+    /// The worst case `MAX_CHAIN_SLOTS` is sized for is a real blob: built,
+    /// it is that long, decodes, and fits a chain.
+    #[test]
+    fn the_largest_blob_the_limits_allow_fits_one_chain() {
+        fn names(budget: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+            let one = (0..=255u8).map(|b| vec![b]);
+            let two = (0..(budget - 256) / 2).map(|i| (i as u16 + 256).to_be_bytes().to_vec());
+            let mut all: Vec<(Vec<u8>, Vec<u8>)> = one.chain(two).map(|n| (n, Vec::new())).collect();
+            all.sort();
+            all
+        }
+        let mut meta = ObjectMeta::new(Key::new(&[b'k'; crate::MAX_KEY_LEN]).unwrap());
+        meta.size = MAX_OBJECT_SIZE;
+        let blocks = (MAX_OBJECT_SIZE / BLOCK_SIZE as u64) as u32;
+        meta.extents = (0..blocks).map(|i| Extent { logical: i, physical: i * 2, len: 1 }).collect();
+        meta.attrs = names(MAX_ATTR_BYTES);
+        meta.omap = names(MAX_OMAP_BYTES);
+        assert_eq!(meta.attr_bytes(), MAX_ATTR_BYTES);
+        assert_eq!(meta.omap_bytes(), MAX_OMAP_BYTES);
+        let blob = meta.encode();
+        assert_eq!(blob.len(), worst_case_blob_len());
+        assert!(slots_needed(blob.len()) <= MAX_CHAIN_SLOTS);
+        assert_eq!(ObjectMeta::decode(&blob, u64::from(blocks) * 2).unwrap(), meta);
     }
 
     #[test]
