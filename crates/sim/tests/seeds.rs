@@ -135,9 +135,7 @@ fn placement_changes_under_load_are_backfilled_in_the_background() {
 fn the_balancer_moves_pgs_under_faults() {
     let mut moves = 0;
     for seed in 0..4 {
-        let mut config = SimConfig::new(seed);
-        config.faults = duplex_sim::FaultKind::ALL.to_vec();
-        config.concurrent_faults = 2;
+        let mut config = every_fault_config(seed);
         config.balancer = true;
         match run(&config) {
             Ok(report) => moves += report.balancer_moves,
@@ -336,9 +334,7 @@ fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
 /// every fault two at once, 1 seed of 2,000 from 230000.)
 #[test]
 fn regression_seed_230675_an_erasure_coded_member_rebuilt_whole_is_not_current_until_activated() {
-    let mut config = SimConfig::new(230675);
-    config.faults = duplex_sim::FaultKind::ALL.to_vec();
-    config.concurrent_faults = 2;
+    let mut config = every_fault_config(230675);
     config.erasure = Some((2, 2));
     if let Err(failure) = run(&config) {
         panic!("{failure}\n  reproduce: duplex-sim --seed 230675 --ec 2+2 --concurrent-faults 2 --faults <all>");
@@ -419,10 +415,16 @@ fn regression_seed_73_a_lost_request_to_drop_a_pin_is_sent_again() {
 /// Every fault kind (mark-out too), up to two OSDs under a fault at once,
 /// the default size 3, min_size 2 pool: the mode of the 5,000-seed sweep
 /// in docs/RELIABILITY.md.
-fn run_every_fault_two_at_once(seed: u64) -> RunReport {
+/// Seed `seed`'s configuration with every fault, two at once.
+fn every_fault_config(seed: u64) -> SimConfig {
     let mut config = SimConfig::new(seed);
     config.faults = duplex_sim::FaultKind::ALL.to_vec();
     config.concurrent_faults = 2;
+    config
+}
+
+fn run_every_fault_two_at_once(seed: u64) -> RunReport {
+    let config = every_fault_config(seed);
     let names: Vec<&str> = config.faults.iter().map(|k| k.name()).collect();
     match run(&config) {
         Ok(report) => report,
@@ -453,9 +455,7 @@ fn every_fault_two_at_once() {
 fn omap_entries_under_every_fault_two_at_once() {
     let mut acknowledged = 0;
     for seed in 0..ci_seeds().min(2) {
-        let mut config = SimConfig::new(seed);
-        config.faults = duplex_sim::FaultKind::ALL.to_vec();
-        config.concurrent_faults = 2;
+        let mut config = every_fault_config(seed);
         config.omap = true;
         match run(&config) {
             Ok(report) => acknowledged += report.acknowledged_writes,

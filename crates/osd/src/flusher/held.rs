@@ -60,43 +60,11 @@ pub fn meta_after(store: Option<ObjectMeta>, held: &[Entry]) -> Option<ObjectMet
                     object.attrs.retain(|(n, _)| n[..] != entry.data[..]);
                 }
             }
-            // (Erasure-coded pools refuse omap requests; a logged entry
-            // still reads as the store would apply it. A payload that does
-            // not decode was never admitted.)
-            OpKind::OmapSet => {
-                let object = meta.get_or_insert_with(fresh);
-                let mut omap: std::collections::BTreeMap<Vec<u8>, Vec<u8>> =
-                    std::mem::take(&mut object.omap).into_iter().collect();
-                omap.extend(duplex_proto::omap::decode_entries(&entry.data).unwrap_or_default());
-                object.omap = omap.into_iter().collect();
-            }
-            OpKind::OmapRemove => {
-                if let Some(object) = meta.as_mut() {
-                    let keys = duplex_proto::omap::decode_keys(&entry.data).unwrap_or_default();
-                    object.omap.retain(|(k, _)| !keys.contains(k));
-                }
-            }
-            OpKind::OmapRemoveRange => {
-                if let (Some(object), Ok(range)) = (meta.as_mut(), duplex_proto::omap::decode_range(&entry.data)) {
-                    object.omap.retain(|(k, _)| !range.contains(k));
-                }
-            }
-            OpKind::ChunkPut => {
-                let reference = (entry.offset as usize).min(entry.data.len());
-                let object =
-                    meta.get_or_insert_with(|| ObjectMeta { size: (entry.data.len() - reference) as u64, ..fresh() });
-                let (key, _) = entry.data.split_at(reference);
-                if let Err(at) = object.omap.binary_search_by(|(k, _)| k.as_slice().cmp(key)) {
-                    object.omap.insert(at, (key.to_vec(), Vec::new()));
-                }
-            }
-            OpKind::ChunkUnref => {
-                if let Some(object) = meta.as_mut() {
-                    object.omap.retain(|(k, _)| k[..] != entry.data[..]);
-                    if object.omap.is_empty() {
-                        meta = None;
-                    }
-                }
+            // Only an erasure-coded PG holds entries back, and its backend
+            // logs none of these (`backend::erasure::change_of` refuses
+            // omap and chunk requests): nothing to mirror here.
+            OpKind::OmapSet | OpKind::OmapRemove | OpKind::OmapRemoveRange | OpKind::ChunkPut | OpKind::ChunkUnref => {
+                debug_assert!(false, "an erasure-coded log holds a {:?} entry", entry.op);
             }
         }
     }

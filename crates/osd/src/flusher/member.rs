@@ -457,13 +457,13 @@ impl Flusher {
             crc = crc32c::crc32c_append(crc, &data);
             offset += len;
         }
-        for (name, value) in self.partition.list_attrs(key)? {
+        let (attrs, omap) = self.partition.attrs_and_omap(key)?;
+        for (name, value) in attrs {
             crc = crc32c::crc32c_append(crc, &(name.len() as u32).to_le_bytes());
             crc = crc32c::crc32c_append(crc, &name);
             crc = crc32c::crc32c_append(crc, &(value.len() as u32).to_le_bytes());
             crc = crc32c::crc32c_append(crc, &value);
         }
-        let omap = self.partition.omap_range(key, &[], None, usize::MAX)?;
         if !omap.is_empty() {
             crc = crc32c::crc32c_append(crc, b"\0omap");
             crc = crc32c::crc32c_append(crc, &duplex_proto::omap::encode_entries(&omap));
@@ -487,9 +487,7 @@ impl Flusher {
         let key = Key::in_group(key, object).map_err(|e| e.to_string())?;
         let stored = match self.partition.stat(key.as_bytes()) {
             Ok(info) => {
-                let attrs = self.partition.list_attrs(key.as_bytes()).map_err(|e| e.to_string())?;
-                let omap =
-                    self.partition.omap_range(key.as_bytes(), &[], None, usize::MAX).map_err(|e| e.to_string())?;
+                let (attrs, omap) = self.partition.attrs_and_omap(key.as_bytes()).map_err(|e| e.to_string())?;
                 Some(ObjectMeta { size: info.size, preallocated: info.preallocated, attrs, omap })
             }
             Err(StoreError::NotFound) => None,

@@ -226,6 +226,17 @@ impl Partition {
         Ok(meta.attrs)
     }
 
+    /// All attributes (sorted by name) and the whole omap (sorted by key)
+    /// of `key`, from one read of its onode.
+    #[allow(clippy::type_complexity)]
+    pub fn attrs_and_omap(&mut self, key: &[u8]) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, Vec<(Vec<u8>, Vec<u8>)>)> {
+        self.check_usable()?;
+        let head = self.objects.get(key).ok_or(StoreError::NotFound)?.head_slot;
+        let (_, _, meta) = self.read_chain(head)?;
+        self.pages.trim();
+        Ok((meta.attrs, meta.omap))
+    }
+
     /// The omap value of `name` in `key` (`Ok(None)`: no such entry).
     pub fn omap_get(&mut self, key: &[u8], name: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(self.omap_range(key, name, None, 1)?.into_iter().next().filter(|(k, _)| k == name).map(|(_, v)| v))
