@@ -87,6 +87,8 @@ pub fn entry_needs_apply(planner: &Planner, entry: &Entry, planned: &[Op]) -> bo
 /// data moves into the op); [`store_ops`] for any kind.
 pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
     let key = store_key(&entry)?;
+    let seq = entry.seq;
+    let bad = move |e: duplex_proto::osd::DecodeError| ReplayError::BadOmap { seq, why: e.to_string() };
     Ok(match entry.op {
         // A copy-up is a write the planner drops if the object exists.
         OpKind::Write | OpKind::CopyUp => Op::Write { key, offset: entry.offset, data: entry.data },
@@ -104,16 +106,9 @@ pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
             let len = duplex_oplog::zero_length(&entry.data).ok_or(ReplayError::BadZero { seq: entry.seq })?;
             Op::Zero { key, offset: entry.offset, len }
         }
-        OpKind::OmapSet => {
-            let bad = |e: duplex_proto::osd::DecodeError| ReplayError::BadOmap { seq: entry.seq, why: e.to_string() };
-            Op::OmapSet { key, entries: duplex_proto::omap::decode_entries(&entry.data).map_err(bad)? }
-        }
-        OpKind::OmapRemove => {
-            let bad = |e: duplex_proto::osd::DecodeError| ReplayError::BadOmap { seq: entry.seq, why: e.to_string() };
-            Op::OmapRemove { key, keys: duplex_proto::omap::decode_keys(&entry.data).map_err(bad)? }
-        }
+        OpKind::OmapSet => Op::OmapSet { key, entries: duplex_proto::omap::decode_entries(&entry.data).map_err(bad)? },
+        OpKind::OmapRemove => Op::OmapRemove { key, keys: duplex_proto::omap::decode_keys(&entry.data).map_err(bad)? },
         OpKind::OmapRemoveRange => {
-            let bad = |e: duplex_proto::osd::DecodeError| ReplayError::BadOmap { seq: entry.seq, why: e.to_string() };
             let range = duplex_proto::omap::decode_range(&entry.data).map_err(bad)?;
             Op::OmapRemoveRange { key, start: range.start, end: range.end }
         }
