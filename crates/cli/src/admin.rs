@@ -224,6 +224,28 @@ pub enum PoolCommand {
         /// Placement groups (a power of two is best; it can only grow).
         #[arg(long, default_value_t = 32)]
         pg_num: u32,
+        /// Deduplicate this pool: its objects' chunks go to this chunk pool
+        /// (docs/DEDUP.md). Set once.
+        #[arg(long, conflicts_with_all = ["ec", "chunk_pool"])]
+        dedup_tier: Option<String>,
+        /// The deduplicated pool's chunk size: a power of two from 16K to 128K.
+        #[arg(long, default_value = "32K", value_parser = duplex_store::units::parse_size, requires = "dedup_tier")]
+        chunk_size: u64,
+        /// A chunk pool: it holds a deduplicated pool's chunks, and nothing else.
+        #[arg(long, conflicts_with = "ec")]
+        chunk_pool: bool,
+        /// A chunk pool's compression: none, lz4 (the default) or zstd[:LEVEL]
+        /// (implies --chunk-pool).
+        #[arg(long, conflicts_with = "ec")]
+        compression: Option<String>,
+    },
+    /// Change pool settings, as KEY=VALUE: dedup_low_watermark and
+    /// dedup_high_watermark (a deduplicated pool's foreground operations a
+    /// second per OSD), compression and compression_min_saving (a chunk pool's).
+    Set {
+        name: String,
+        #[arg(required = true)]
+        settings: Vec<String>,
     },
     /// List pools.
     List {
@@ -258,10 +280,77 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
                 profile.overhead()
             );
         }
-        PoolCommand::Create { name, size, min_size, ec: None, pg_num, .. } => {
+        PoolCommand::Create {
+            name,
+            size,
+            min_size,
+            ec: None,
+            pg_num,
+            dedup_tier,
+            chunk_size,
+            chunk_pool,
+            compression,
+            ..
+        } => {
             let min_size = min_size.unwrap_or(size - size / 2);
+            if chunk_pool || compression.is_some() {
+                let mut store = duplex_map::ChunkStore::default();
+                if let Some(compression) = &compression {
+                    store.compression = duplex_map::Compression::parse(compression).map_err(anyhow::Error::msg)?;
+                }
+                let command = MapCommand::PoolCreateChunks { name: name.clone(), size, min_size, pg_num, store };
+                let epoch = run_command(&mut mon, command)?;
+                println!(
+                    "created chunk pool '{name}' (size {size}, min_size {min_size}, {pg_num} PGs, compression {}) at map epoch {epoch}",
+                    store.compression
+                );
+                return Ok(());
+            }
+            // Checked before the pool is made, so that a bad tier leaves nothing behind.
+            let tier = match &dedup_tier {
+                Some(chunk_pool) => {
+                    let map = client.map();
+                    let Some(chunks) = map.pool_by_name(chunk_pool) else { bail!("no chunk pool '{chunk_pool}'") };
+                    let chunk_size = u32::try_from(chunk_size)
+                        .map_err(|_| anyhow::anyhow!("chunk size {chunk_size} is too large"))?;
+                    let plain = duplex_map::Pool::new(0, name.clone(), size, min_size, pg_num, None);
+                    duplex_map::tier::set_tier(&plain, chunks, chunk_size)?;
+                    Some((chunk_pool.clone(), chunk_size))
+                }
+                None => None,
+            };
             let epoch = run_command(&mut mon, MapCommand::PoolCreate { name: name.clone(), size, min_size, pg_num })?;
-            println!("created pool '{name}' (size {size}, min_size {min_size}, {pg_num} PGs) at map epoch {epoch}");
+            match tier {
+                Some((chunk_pool, chunk_size)) => {
+                    let command =
+                        MapCommand::PoolSetTier { name: name.clone(), chunk_pool: chunk_pool.clone(), chunk_size };
+                    let epoch = run_command(&mut mon, command)?;
+                    println!(
+                        "created pool '{name}' (size {size}, min_size {min_size}, {pg_num} PGs), deduplicated into '{chunk_pool}' \
+                         in {} KiB chunks, at map epoch {epoch}",
+                        chunk_size >> 10
+                    );
+                }
+                None => println!(
+                    "created pool '{name}' (size {size}, min_size {min_size}, {pg_num} PGs) at map epoch {epoch}"
+                ),
+            }
+        }
+        PoolCommand::Set { name, settings } => {
+            let mut pairs = Vec::new();
+            for setting in &settings {
+                let Some((key, value)) = setting.split_once('=') else {
+                    bail!("a setting is KEY=VALUE, not '{setting}' (keys: {})", duplex_map::tier::POOL_SET_KEYS)
+                };
+                pairs.push((key.to_string(), value.to_string()));
+            }
+            for (key, value) in pairs {
+                let epoch = run_command(
+                    &mut mon,
+                    MapCommand::PoolSet { name: name.clone(), key: key.clone(), value: value.clone() },
+                )?;
+                println!("pool '{name}': {key}={value} (map epoch {epoch})");
+            }
         }
         PoolCommand::List { json } => {
             let map = client.map();
@@ -271,16 +360,32 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
                     .values()
                     .map(|p| {
                         let erasure = p.erasure.map(|c| serde_json::json!({"k": c.k, "m": c.m, "stripe_unit": c.stripe_unit}));
-                        serde_json::json!({"id": p.id, "name": p.name, "size": p.size, "min_size": p.min_size, "pg_num": p.pg_num, "erasure": erasure})
+                        let dedup = p.dedup.map(|t| serde_json::json!({
+                            "chunk_pool": map.pools.get(&t.chunk_pool).map(|c| c.name.clone()),
+                            "chunk_size": t.chunk_size,
+                            "low_watermark": t.low_watermark,
+                            "high_watermark": t.high_watermark,
+                        }));
+                        let chunks = p.chunks.map(|c| serde_json::json!({
+                            "compression": c.compression.to_string(),
+                            "min_saving_permille": c.min_saving_permille,
+                        }));
+                        serde_json::json!({"id": p.id, "name": p.name, "size": p.size, "min_size": p.min_size, "pg_num": p.pg_num, "erasure": erasure, "dedup": dedup, "chunks": chunks})
                     })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&pools)?);
             } else {
                 println!("{:<6} {:<20} {:>5} {:>9} {:>7}  {}", "ID", "NAME", "SIZE", "MIN_SIZE", "PG_NUM", "KIND");
                 for p in map.pools.values() {
-                    let kind = match p.erasure {
-                        Some(c) => format!("erasure {}+{}, {} KiB stripe unit", c.k, c.m, c.stripe_unit >> 10),
-                        None => "replicated".into(),
+                    let kind = match (p.erasure, p.dedup, p.chunks) {
+                        (Some(c), _, _) => format!("erasure {}+{}, {} KiB stripe unit", c.k, c.m, c.stripe_unit >> 10),
+                        (None, Some(t), _) => format!(
+                            "replicated, deduplicated into '{}' ({} KiB chunks)",
+                            map.pools.get(&t.chunk_pool).map_or("?", |c| c.name.as_str()),
+                            t.chunk_size >> 10
+                        ),
+                        (None, None, Some(c)) => format!("replicated, chunk pool ({} compression)", c.compression),
+                        (None, None, None) => "replicated".into(),
                     };
                     println!("{:<6} {:<20} {:>5} {:>9} {:>7}  {kind}", p.id, p.name, p.size, p.min_size, p.pg_num);
                 }

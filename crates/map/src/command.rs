@@ -64,6 +64,28 @@ pub enum Command {
         min_size: Option<u8>,
         pg_num: u32,
     },
+    /// A chunk pool (replicated, `size` copies): it holds a deduplicated
+    /// pool's chunk objects, and takes chunk operations only (crate::tier).
+    PoolCreateChunks {
+        name: String,
+        size: u8,
+        min_size: u8,
+        pg_num: u32,
+        store: crate::ChunkStore,
+    },
+    /// Give pool `name` a deduplication tier in chunk pool `chunk_pool`,
+    /// cut into `chunk_size`-byte chunks (set once: crate::tier::set_tier).
+    PoolSetTier {
+        name: String,
+        chunk_pool: String,
+        chunk_size: u32,
+    },
+    /// Set one of a pool's settings (crate::tier::POOL_SET_KEYS).
+    PoolSet {
+        name: String,
+        key: String,
+        value: String,
+    },
     /// Grow the PG count (PGs split; shrinking is not supported yet).
     PoolSetPgNum {
         name: String,
@@ -290,14 +312,34 @@ impl ClusterMap {
                 if *pg_num == 0 || *pg_num > MAX_PG_NUM {
                     return Err(CommandError::Invalid(format!("pg_num must be 1..={MAX_PG_NUM}")));
                 }
-                vec![Change::SetPool(Pool {
-                    id: self.next_pool_id,
-                    name: name.clone(),
-                    size: *size,
-                    min_size: *min_size,
-                    pg_num: *pg_num,
-                    erasure: None,
-                })]
+                vec![Change::SetPool(Pool::new(self.next_pool_id, name.clone(), *size, *min_size, *pg_num, None))]
+            }
+            Command::PoolCreateChunks { name, size, min_size, pg_num, store } => {
+                let plain =
+                    Command::PoolCreate { name: name.clone(), size: *size, min_size: *min_size, pg_num: *pg_num };
+                let Some(delta) = self.execute(&plain)? else { unreachable!("a pool creation always changes the map") };
+                let mut changes = delta.changes;
+                let [Change::SetPool(pool)] = changes.as_mut_slice() else {
+                    unreachable!("a pool creation is one change")
+                };
+                pool.chunks = Some(*store);
+                changes
+            }
+            Command::PoolSetTier { name, chunk_pool, chunk_size } => {
+                let pool = self.pool_by_name(name).ok_or_else(|| CommandError::NoSuchPool(name.clone()))?;
+                let chunks =
+                    self.pool_by_name(chunk_pool).ok_or_else(|| CommandError::NoSuchPool(chunk_pool.clone()))?;
+                match crate::tier::set_tier(pool, chunks, *chunk_size)? {
+                    Some(pool) => vec![Change::SetPool(pool)],
+                    None => return Ok(None),
+                }
+            }
+            Command::PoolSet { name, key, value } => {
+                let pool = self.pool_by_name(name).ok_or_else(|| CommandError::NoSuchPool(name.clone()))?;
+                match crate::tier::pool_set(pool, key, value)? {
+                    Some(pool) => vec![Change::SetPool(pool)],
+                    None => return Ok(None),
+                }
             }
             Command::PoolCreateErasure { name, code, min_size, pg_num } => {
                 check_name("pool", name)?;
@@ -327,17 +369,16 @@ impl ClusterMap {
                         if hosts == 1 { " has" } else { "s have" }
                     )));
                 }
-                vec![Change::SetPool(Pool {
-                    id: self.next_pool_id,
-                    name: name.clone(),
-                    size,
-                    min_size,
-                    pg_num: *pg_num,
-                    erasure: Some(*code),
-                })]
+                vec![Change::SetPool(Pool::new(self.next_pool_id, name.clone(), size, min_size, *pg_num, Some(*code)))]
             }
             Command::PoolDelete { name } => {
                 let pool = self.pool_by_name(name).ok_or_else(|| CommandError::NoSuchPool(name.clone()))?;
+                if let Some(base) = self.pools.values().find(|p| p.dedup.is_some_and(|t| t.chunk_pool == pool.id)) {
+                    return Err(CommandError::Invalid(format!(
+                        "pool '{name}' holds the chunks of pool '{}'; delete that pool first",
+                        base.name
+                    )));
+                }
                 vec![Change::RemovePool(pool.id)]
             }
             Command::PoolSetPgNum { name, pg_num } => {

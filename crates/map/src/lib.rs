@@ -30,6 +30,7 @@ pub mod codec;
 mod command;
 pub mod failure;
 pub mod pg_temp;
+pub mod tier;
 pub mod upmap;
 
 use std::collections::BTreeMap;
@@ -37,6 +38,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use active_set::ActiveSet;
+pub use tier::{ChunkStore, Compression, DedupTier};
 
 pub use command::{Command, CommandError, MAX_PGS_PER_COMMAND};
 pub use failure::{FailureConfig, FailureDetector};
@@ -126,11 +128,22 @@ pub struct Pool {
     /// `Some`: the pool is erasure-coded, and its PGs' sets are positional
     /// (see [`ClusterMap::pg_osds`]).
     pub erasure: Option<ErasureCode>,
+    /// `Some`: a deduplicated pool, whose objects' chunks go to a chunk
+    /// pool ([`tier`]).
+    pub dedup: Option<DedupTier>,
+    /// `Some`: a chunk pool, holding content-addressed chunk objects only.
+    pub chunks: Option<ChunkStore>,
 }
 
 impl Pool {
     pub fn is_erasure(&self) -> bool {
         self.erasure.is_some()
+    }
+
+    /// A pool of its kind with none of the options (a replicated pool
+    /// unless `erasure`).
+    pub fn new(id: PoolId, name: String, size: u8, min_size: u8, pg_num: u32, erasure: Option<ErasureCode>) -> Pool {
+        Pool { id, name, size, min_size, pg_num, erasure, dedup: None, chunks: None }
     }
 }
 

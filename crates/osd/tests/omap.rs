@@ -9,6 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use common::TestCluster;
 use duplex_client::{Client, ClientConfig, ClientError};
 
@@ -165,9 +166,22 @@ fn omaps_replicate_and_a_replica_that_missed_changes_serves_them_after_recovery(
 fn chunk_objects_keep_their_references_and_go_with_the_last() {
     let mut cluster = TestCluster::new(2, 8, &[]);
     cluster.wait_all_up();
+    let chunks = duplex_map::Command::PoolCreateChunks {
+        name: "chunks".into(),
+        size: 2,
+        min_size: 1,
+        pg_num: 8,
+        store: duplex_map::ChunkStore::default(),
+    };
+    cluster.mon_client().command(&chunks).unwrap();
     let client = connect(&cluster);
-    let pool = client.pool_id("test").unwrap();
+    let pool = client.pool_id("chunks").unwrap();
     let chunk = vec![0x5Au8; 32 << 10];
+    // Each pool kind takes its own operations only.
+    let test = client.pool_id("test").unwrap();
+    assert!(matches!(client.chunk_put(test, b"c", b"r", &chunk), Err(ClientError::Invalid(_))));
+    assert!(matches!(client.write(pool, b"c", 0, Bytes::from(chunk.clone())), Err(ClientError::Invalid(_))));
+    assert!(matches!(client.omap_set(pool, b"c", &[(b"k".to_vec(), Vec::new())]), Err(ClientError::Invalid(_))));
     let name = b"chunk.5a5a";
     client.chunk_put(pool, name, b"vm1/obj.0000@0", &chunk).unwrap();
     // The same chunk again, from another object: its bytes go nowhere.
