@@ -8,11 +8,13 @@
 //! - [`Fingerprint`]: a chunk's BLAKE3 hash, and the chunk object's name.
 //! - [`chunkmap`]: a base object's chunk map entries (omap key and value)
 //!   and a chunk object's references (omap keys), with their codecs.
+//! - [`frame`]: a chunk object's bytes, raw or compressed, checked on the way back.
 //! - [`plan`]: what one engine pass over one object must do, in order.
 //! - [`rate`]: how many engine I/Os the foreground load allows (§4.4.2).
 //! - [`locality`]: why dedup must be global (the dissertation's table 2.1).
 
 pub mod chunkmap;
+pub mod frame;
 pub mod locality;
 pub mod plan;
 pub mod rate;
