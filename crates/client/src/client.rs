@@ -210,7 +210,20 @@ impl Client {
     /// does not bound submissions: a caller keeps its own in-flight limit,
     /// as the NBD server (per connection), `bench` (its queue depth) and
     /// image management (64) do.
+    ///
+    /// A read of a deduplicated pool reads the chunks evicted from the
+    /// object in its chunk pool ([`crate::tier`]).
     pub fn submit(&self, op: ObjectOp, done: Callback) {
+        if op.kind == OpKind::Read {
+            if let Some(tier) = self.map().pools.get(&op.pool).and_then(|pool| pool.dedup) {
+                return crate::tier::submit_read(self, op, tier.chunk_pool, done);
+            }
+        }
+        self.submit_direct(op, done)
+    }
+
+    /// [`Client::submit`] as it is, to the object's PG.
+    pub(crate) fn submit_direct(&self, op: ObjectOp, done: Callback) {
         if let Err(crossbeam_channel::SendError(Command::Submit(_, done))) =
             self.handle.commands.send(Command::Submit(op, done))
         {
@@ -222,8 +235,17 @@ impl Client {
 
     /// Runs `op` and waits for it.
     pub fn call(&self, op: ObjectOp) -> Result<Bytes, ClientError> {
+        self.call_with(op, Client::submit)
+    }
+
+    fn call_direct(&self, op: ObjectOp) -> Result<Bytes, ClientError> {
+        self.call_with(op, Client::submit_direct)
+    }
+
+    fn call_with(&self, op: ObjectOp, submit: fn(&Client, ObjectOp, Callback)) -> Result<Bytes, ClientError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.submit(
+        submit(
+            self,
             op,
             Box::new(move |result| {
                 let _ = tx.send(result);
@@ -432,6 +454,33 @@ impl Client {
         }
         let data = Bytes::from([reference, chunk].concat());
         self.call(ObjectOp { offset: reference.len() as u64, data, ..op(pool, OpKind::ChunkPut, object) }).map(drop)
+    }
+
+    /// A deduplicated object's bytes `[offset, offset + len)` as stored
+    /// (evicted chunks read as holes), with its chunk map entries there and
+    /// its generation (the deduplication engine's read).
+    pub fn tier_read(
+        &self,
+        pool: u32,
+        object: &[u8],
+        offset: u64,
+        len: u32,
+    ) -> Result<duplex_proto::tier::TierReadReply, ClientError> {
+        let reply = self.call_direct(ObjectOp { offset, length: len, ..op(pool, OpKind::TierRead, object) })?;
+        duplex_proto::tier::TierReadReply::decode(&reply).map_err(|e| ClientError::Corrupt(format!("tier read: {e}")))
+    }
+
+    /// The deduplication engine's change of an object, made only if it is
+    /// still as `guard` says (else `Invalid`, naming the stale guard).
+    pub fn tier_update(
+        &self,
+        pool: u32,
+        object: &[u8],
+        guard: &duplex_proto::tier::Guard,
+        actions: &[duplex_proto::tier::Action],
+    ) -> Result<(), ClientError> {
+        let data = Bytes::from(duplex_proto::tier::encode_update(guard, actions));
+        self.call(ObjectOp { data, ..op(pool, OpKind::TierUpdate, object) }).map(drop)
     }
 
     /// A chunk object loses the reference `reference`, and is deleted if

@@ -35,6 +35,7 @@ pub mod object;
 mod placement;
 mod runtime;
 pub mod snapshot;
+pub mod tier;
 pub mod watch;
 
 pub use client::{parse_monitor, Client, ClientConfig};

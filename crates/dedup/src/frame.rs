@@ -18,7 +18,8 @@ use crate::Fingerprint;
 
 /// The largest chunk a frame holds (a `ChunkPut` carries at most 1 MiB).
 pub const MAX_CHUNK: usize = 1 << 20;
-const HEADER: usize = 5;
+/// Bytes of a frame before its payload.
+pub const HEADER: usize = 5;
 const RAW: u8 = 0;
 const LZ4: u8 = 1;
 const ZSTD: u8 = 2;

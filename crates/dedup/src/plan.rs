@@ -19,14 +19,14 @@ pub enum Step {
     /// reference set is full: the flusher drops an omap set past its
     /// object's total, loudly), so before the `SetEntry` that follows, the
     /// engine reads the reference back, and sets no entry without it.
-    Put { offset: u64, fingerprint: Fingerprint, data: Vec<u8> },
+    Put { offset: u64, nonce: u64, fingerprint: Fingerprint, data: Vec<u8> },
     /// Set the chunk map entry at `offset`.
     SetEntry { offset: u64, entry: ChunkEntry },
     /// Remove the chunk map entry at `offset`.
     RemoveEntry { offset: u64 },
-    /// Drop this object's reference at `offset` from the chunk object of
-    /// `fingerprint` (it goes with its last reference).
-    Unref { offset: u64, fingerprint: Fingerprint },
+    /// Drop this object's reference at `offset` of pass `nonce` from the
+    /// chunk object of `fingerprint` (it goes with its last reference).
+    Unref { offset: u64, nonce: u64, fingerprint: Fingerprint },
     /// Zero the base object's `offset..offset + len`: its chunk lives in
     /// the chunk pool only (after a `SetEntry` with `cached: false`).
     Evict { offset: u64, len: u32 },
@@ -36,7 +36,8 @@ pub enum Step {
 /// `entries` (offset → entry), level with its bytes, chunk by chunk
 /// (`chunk_size`). `cached_bytes(offset, len)` reads the base object's
 /// bytes of a cached chunk; `is_hot(offset)` says whether a chunk should
-/// stay cached.
+/// stay cached. The chunks it puts carry references of pass `nonce`
+/// (one the object's chunk map does not hold yet: each pass draws its own).
 ///
 /// - A chunk whose bytes hash to its entry is clean; a cold one is evicted.
 /// - A new or changed chunk is put, its entry set (cached), and the old
@@ -52,6 +53,7 @@ pub fn plan_object(
     size: u64,
     chunk_size: u32,
     entries: &BTreeMap<u64, ChunkEntry>,
+    nonce: u64,
     mut cached_bytes: impl FnMut(u64, u32) -> Vec<u8>,
     is_hot: impl Fn(u64) -> bool,
 ) -> Vec<Step> {
@@ -72,7 +74,7 @@ pub fn plan_object(
                     _ if data.iter().all(|b| *b == 0) => {
                         if let Some(old) = entry {
                             steps.push(Step::RemoveEntry { offset });
-                            steps.push(Step::Unref { offset, fingerprint: old.fingerprint });
+                            steps.push(Step::Unref { offset, nonce: old.nonce, fingerprint: old.fingerprint });
                         }
                     }
                     Some(old) if old.fingerprint == fingerprint && old.len == len => {
@@ -83,10 +85,16 @@ pub fn plan_object(
                         }
                     }
                     _ => {
-                        steps.push(Step::Put { offset, fingerprint, data });
-                        steps.push(Step::SetEntry { offset, entry: ChunkEntry { len, fingerprint, cached: true } });
-                        if let Some(old) = entry.filter(|old| old.fingerprint != fingerprint) {
-                            steps.push(Step::Unref { offset, fingerprint: old.fingerprint });
+                        debug_assert!(entry.is_none_or(|old| old.nonce != nonce), "a pass's nonce reused");
+                        steps.push(Step::Put { offset, nonce, fingerprint, data });
+                        steps.push(Step::SetEntry {
+                            offset,
+                            entry: ChunkEntry { len, nonce, fingerprint, cached: true },
+                        });
+                        if let Some(old) = entry {
+                            // (Even for the same bytes: the new entry names
+                            // the new pass's reference.)
+                            steps.push(Step::Unref { offset, nonce: old.nonce, fingerprint: old.fingerprint });
                         }
                     }
                 }
@@ -96,7 +104,7 @@ pub fn plan_object(
     }
     for (offset, old) in entries.range(size.div_ceil(chunk) * chunk..) {
         steps.push(Step::RemoveEntry { offset: *offset });
-        steps.push(Step::Unref { offset: *offset, fingerprint: old.fingerprint });
+        steps.push(Step::Unref { offset: *offset, nonce: old.nonce, fingerprint: old.fingerprint });
     }
     debug_assert!(entries.keys().all(|offset| offset % chunk == 0), "a chunk map entry off the {chunk}-byte grid");
     steps
@@ -110,13 +118,17 @@ mod tests {
 
     const CHUNK: u32 = 64;
 
+    /// A chunk's references: (offset, nonce).
+    type References = BTreeSet<(u64, u64)>;
+
     /// A base object, its chunk map, and the chunk pool (fingerprint →
     /// bytes and references), as the OSD would hold them.
     #[derive(Default, Clone)]
     struct Tier {
         data: Vec<u8>,
         entries: BTreeMap<u64, ChunkEntry>,
-        chunks: HashMap<Fingerprint, (Vec<u8>, BTreeSet<u64>)>,
+        chunks: HashMap<Fingerprint, (Vec<u8>, References)>,
+        passes: u64,
     }
 
     impl Tier {
@@ -136,30 +148,30 @@ mod tests {
         fn run(&mut self, steps: &[Step]) {
             for step in steps {
                 match step {
-                    Step::Put { offset, fingerprint, data } => {
+                    Step::Put { offset, nonce, fingerprint, data } => {
                         assert_eq!(Fingerprint::of(data), *fingerprint);
                         self.chunks
                             .entry(*fingerprint)
                             .or_insert_with(|| (data.clone(), BTreeSet::new()))
                             .1
-                            .insert(*offset);
+                            .insert((*offset, *nonce));
                     }
                     Step::SetEntry { offset, entry } => {
                         let (bytes, refs) = &self.chunks[&entry.fingerprint];
-                        assert!(refs.contains(offset), "an entry set before its chunk's reference");
+                        assert!(refs.contains(&(*offset, entry.nonce)), "an entry set before its chunk's reference");
                         assert!(bytes.len() >= entry.len as usize);
                         self.entries.insert(*offset, *entry);
                     }
                     Step::RemoveEntry { offset } => {
                         self.entries.remove(offset);
                     }
-                    Step::Unref { offset, fingerprint } => {
+                    Step::Unref { offset, nonce, fingerprint } => {
                         assert!(
-                            self.entries.get(offset).is_none_or(|e| e.fingerprint != *fingerprint),
+                            self.entries.get(offset).is_none_or(|e| e.fingerprint != *fingerprint || e.nonce != *nonce),
                             "a chunk unreferenced while an entry names it"
                         );
                         let (_, refs) = self.chunks.get_mut(fingerprint).expect("unref of a missing chunk");
-                        refs.remove(offset);
+                        refs.remove(&(*offset, *nonce));
                         if refs.is_empty() {
                             self.chunks.remove(fingerprint);
                         }
@@ -178,19 +190,21 @@ mod tests {
             let mut named = BTreeSet::new();
             for (offset, entry) in &self.entries {
                 let (_, refs) = self.chunks.get(&entry.fingerprint).expect("an entry names a missing chunk");
-                assert!(refs.contains(offset));
-                named.insert((entry.fingerprint, *offset));
+                assert!(refs.contains(&(*offset, entry.nonce)));
+                named.insert((entry.fingerprint, (*offset, entry.nonce)));
             }
-            let held: BTreeSet<(Fingerprint, u64)> =
+            let held: BTreeSet<(Fingerprint, (u64, u64))> =
                 self.chunks.iter().flat_map(|(f, (_, refs))| refs.iter().map(|o| (*f, *o))).collect();
             assert_eq!(held, named, "references and entries differ");
         }
 
-        fn plan(&self, hot: &BTreeSet<u64>) -> Vec<Step> {
+        fn plan(&mut self, hot: &BTreeSet<u64>) -> Vec<Step> {
+            self.passes += 1;
             plan_object(
                 self.data.len() as u64,
                 CHUNK,
                 &self.entries,
+                self.passes,
                 |offset, len| self.data[offset as usize..(offset + u64::from(len)) as usize].to_vec(),
                 |offset| hot.contains(&offset),
             )

@@ -69,6 +69,10 @@ pub enum OpKind {
     /// A chunk object loses the reference in the data, and is deleted if
     /// that was its last (`Op::DeleteIfOmapEmpty`).
     ChunkUnref = 13,
+    /// The deduplication engine's change of a base object (the data:
+    /// `duplex_proto::tier` actions): chunk map entries set and removed,
+    /// bytes zeroed and written, in one store batch.
+    TierUpdate = 14,
 }
 
 /// A zero entry's (or request's) length, from its 8 bytes of data; `None`

@@ -134,7 +134,8 @@ impl IndexCache {
                 | OpKind::Zero
                 | OpKind::CopyUp
                 | OpKind::ChunkPut
-                | OpKind::ChunkUnref => break,
+                | OpKind::ChunkUnref
+                | OpKind::TierUpdate => break,
                 // Attributes and omaps are not data.
                 OpKind::SetAttr | OpKind::RemoveAttr => {}
                 OpKind::OmapSet | OpKind::OmapRemove | OpKind::OmapRemoveRange => {}

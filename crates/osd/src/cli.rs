@@ -87,6 +87,11 @@ pub struct OsdArgs {
     /// limit).
     #[arg(long, default_value_t = crate::config::DEFAULT_RECOVERY_BYTES_PER_SEC)]
     recovery_bytes_per_sec: u64,
+    /// A deduplicated pool's object is deduplicated (its cold chunks moved
+    /// to the chunk pool) once it has not been written for this many
+    /// seconds.
+    #[arg(long, default_value_t = 30)]
+    dedup_cold_s: u64,
     /// Testing and failure rehearsals only: put the data device behind a
     /// simulated volatile write cache (unflushed writes die with the
     /// process) and arm the faults this file names when it appears, one
@@ -145,6 +150,7 @@ pub fn run(args: OsdArgs) -> Result<()> {
     config.pool_threads = args.pool_threads;
     config.scrub_interval = Duration::from_secs(args.scrub_interval_s);
     config.recovery_bytes_per_sec = args.recovery_bytes_per_sec;
+    config.dedup_cold_after = Duration::from_secs(args.dedup_cold_s);
 
     let faults = match &args.inject_device_faults {
         Some(trigger) => {

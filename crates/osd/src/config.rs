@@ -84,6 +84,10 @@ pub struct OsdConfig {
     /// I/O goes on meanwhile; a higher rate moves data sooner and takes
     /// more of the disks and the network from it.
     pub recovery_bytes_per_sec: u64,
+    /// The deduplication tier's hotness rule: an object of a deduplicated
+    /// pool is passed (its chunks moved to the chunk pool, evicted) once
+    /// it has not been written for this long (docs/DEDUP.md).
+    pub dedup_cold_after: Duration,
 }
 
 /// 128 MiB/s: a fraction of one NVMe drive's bandwidth, and a new OSD
@@ -117,6 +121,7 @@ impl OsdConfig {
             heartbeat_interval: Duration::from_secs(1),
             scrub_interval: Duration::from_secs(7 * 24 * 3600),
             recovery_bytes_per_sec: DEFAULT_RECOVERY_BYTES_PER_SEC,
+            dedup_cold_after: Duration::from_secs(30),
         }
     }
 }

@@ -143,6 +143,15 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             crate::trimmer::run(shared, jobs, mailboxes)
         })?;
     }
+    {
+        let (sender, wake) = crossbeam_channel::bounded(1);
+        let _ = shared.tier_wake.set(sender);
+        let (shared, cores) = (shared.clone(), shared_cores.clone());
+        std::thread::Builder::new().name("osd-dedup".into()).spawn(move || {
+            pin_to_cores(&cores);
+            crate::tier::agent::run(shared, wake)
+        })?;
+    }
 
     let pool = if config.threading == Threading::Pool {
         let pool = Pool::start(config.pool_threads, |worker, tasks| {

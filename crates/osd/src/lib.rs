@@ -22,6 +22,8 @@
 //!   interval changes, before the PG serves I/O: sans-I/O machines
 //!   (peering, recovery, scrub, backfill) run by the peering thread of the
 //!   PG's primary ([`peering::driver`]).
+//! - [`tier`]: a deduplicated pool's chunk index at its primaries, and the
+//!   agent that moves its objects' chunks to their chunk pool.
 //! - [`messages`]: every message between those threads; [`shared`]: the
 //!   state they share; [`cluster`]: the map, the lease and the monitors;
 //!   [`metrics`]; [`daemon`]: starts it all.
@@ -39,6 +41,7 @@ pub mod peering;
 pub mod pg;
 pub mod shared;
 pub mod snaps;
+pub mod tier;
 pub mod trimmer;
 pub mod watchers;
 

@@ -91,6 +91,23 @@ pub enum Job {
     Strays(std::sync::Arc<crate::cluster::MapView>),
     /// The snapshot trimmer asks for a PG's dead clones (after a flush).
     TrimScan(TrimScan),
+    /// The deduplication agent asks for a PG's evicted chunks (after a
+    /// flush): the primary's tier index (`crate::tier`).
+    TierLoad(TierLoad),
+}
+
+/// A deduplicated PG's evicted chunks and objects, from its store.
+pub struct TierLoad {
+    pub pg: u32,
+    pub reply: crossbeam_channel::Sender<Result<TierLoaded, String>>,
+}
+
+/// What [`TierLoad`] found.
+#[derive(Debug, Default)]
+pub struct TierLoaded {
+    /// Object → evicted chunk offset → its length.
+    pub evicted: std::collections::HashMap<Bytes, std::collections::BTreeMap<u64, u32>>,
+    pub objects: Vec<Bytes>,
 }
 
 /// Which clones of a PG's objects whose names start with `prefix` no

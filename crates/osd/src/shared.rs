@@ -42,6 +42,10 @@ pub struct Shared {
     /// Erasure-coded objects with a mutation under way, and the client
     /// operations waiting for each (`crate::pg::object_queue`).
     pub ec_objects: std::sync::Mutex<crate::pg::object_queue::ObjectQueue<crate::messages::ClientOp>>,
+    /// Wakes the deduplication agent (`crate::tier::agent`; unset: there
+    /// is none, as in the simulator): a deduplicated PG's index is wanted,
+    /// or a chunk waits to be promoted.
+    pub tier_wake: OnceLock<crossbeam_channel::Sender<()>>,
     next_txid: AtomicU64,
 }
 
@@ -68,6 +72,7 @@ impl Shared {
             watchers: Default::default(),
             snap_trims: OnceLock::new(),
             ec_objects: Default::default(),
+            tier_wake: OnceLock::new(),
             next_txid: AtomicU64::new(1),
         }
     }
@@ -88,6 +93,13 @@ impl Shared {
     pub fn suspect(&self, osd: OsdId) {
         if let Some(suspects) = self.suspects.get() {
             let _ = suspects.try_send(osd);
+        }
+    }
+
+    /// Wakes the deduplication agent, if there is one. Never blocks.
+    pub fn wake_tier(&self) {
+        if let Some(wake) = self.tier_wake.get() {
+            let _ = wake.try_send(());
         }
     }
 

@@ -69,6 +69,25 @@ fn model_apply_attrs(
                 omaps.remove(&entry.object);
             }
         }
+        OpKind::TierUpdate => {
+            // Each action as the kind it stands for.
+            for action in duplex_proto::tier::decode_actions(&entry.data).unwrap() {
+                let (op, offset, data) = match action {
+                    duplex_proto::tier::Action::SetEntry { key, value } => {
+                        (OpKind::OmapSet, 0, duplex_proto::omap::encode_entries(&[(key, value)]))
+                    }
+                    duplex_proto::tier::Action::RemoveEntry { key } => {
+                        (OpKind::OmapRemove, 0, duplex_proto::omap::encode_keys(&[key]))
+                    }
+                    duplex_proto::tier::Action::Zero { offset, len } => {
+                        (OpKind::Zero, offset, len.to_le_bytes().to_vec())
+                    }
+                    duplex_proto::tier::Action::Write { offset, data } => (OpKind::Write, offset, data),
+                };
+                let part = Entry { op, offset, data, ..entry.clone() };
+                model_apply_attrs(model, attrs, omaps, &part);
+            }
+        }
         OpKind::SetAttr => {
             model.entry(entry.object.clone()).or_default();
             let (name, value) = entry.data.split_at(entry.offset as usize);
@@ -174,7 +193,7 @@ proptest! {
 /// crash leaves a prefix of the flush batches applied (the store commits a
 /// batch's metadata all or nothing, batches in order).
 fn all_kinds() -> impl Strategy<Value = Vec<Entry>> {
-    proptest::collection::vec((0u8..12, 0u8..6, 0u64..20_000, 1usize..9000, any::<u8>()), 1..40).prop_map(|ops| {
+    proptest::collection::vec((0u8..13, 0u8..6, 0u64..20_000, 1usize..9000, any::<u8>()), 1..40).prop_map(|ops| {
         ops.into_iter()
             .enumerate()
             .map(|(i, (kind, name, offset, len, fill))| {
@@ -209,6 +228,18 @@ fn all_kinds() -> impl Strategy<Value = Vec<Entry>> {
                         (OpKind::ChunkPut, 2, data)
                     }
                     10 => (OpKind::ChunkUnref, 0, vec![b'r', fill % 3]),
+                    11 => {
+                        // The dedup engine's update: an entry, an eviction
+                        // (zero), a promotion (write back) in one entry.
+                        use duplex_proto::tier::Action;
+                        let actions = [
+                            Action::SetEntry { key: vec![b'c', fill % 4], value: vec![fill; 46] },
+                            Action::Zero { offset, len: len as u64 },
+                            Action::Write { offset: offset / 2, data: vec![fill; len % 5000] },
+                            Action::RemoveEntry { key: vec![b'c', fill.wrapping_add(1) % 4] },
+                        ];
+                        (OpKind::TierUpdate, 0, duplex_proto::tier::encode_actions(&actions))
+                    }
                     8 => {
                         let range = duplex_proto::omap::KeyRange {
                             start: vec![b'k', fill % 5],

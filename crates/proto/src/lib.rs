@@ -24,6 +24,7 @@ pub mod osd;
 pub mod peering;
 pub mod readbuf;
 pub mod session;
+pub mod tier;
 pub mod writev;
 
 pub use frame::{Frame, FrameDecoder, FrameError, FrameHeader, MessageType};
@@ -83,7 +84,7 @@ mod wire_enum_tests {
     #[test]
     fn from_u8_inverts_the_discriminants() {
         check(MessageType::from_u8, |v| v as u8, 18);
-        check(OpKind::from_u8, |v| v as u8, 26);
+        check(OpKind::from_u8, |v| v as u8, 28);
         check(Status::from_u8, |v| v as u8, 7);
     }
 }

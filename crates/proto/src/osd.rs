@@ -158,6 +158,16 @@ pub enum OpKind {
     /// A chunk object loses the reference in the data (1 to 255 bytes),
     /// and is deleted if that was its last. Idempotent.
     ChunkUnref = 26,
+    /// A deduplicated pool's read (docs/DEDUP.md): `length` bytes at
+    /// `offset`, with the chunk map entries of the chunks they overlap and
+    /// the object's generation ([`crate::tier::TierReadReply`]). The
+    /// bytes of a chunk whose entry is not cached are in its chunk object.
+    TierRead = 27,
+    /// The deduplication engine's change of a base object: chunk map
+    /// entries set or removed, bytes zeroed or written back, all in one
+    /// log entry, applied only if the object is as the guard says
+    /// ([`crate::tier`]; a stale guard is answered `Retry`).
+    TierUpdate = 28,
 }
 
 /// The largest chunk a [`OpKind::ChunkPut`] carries.
@@ -204,6 +214,7 @@ impl OpKind {
                 | OpKind::OmapRemoveRange
                 | OpKind::ChunkPut
                 | OpKind::ChunkUnref
+                | OpKind::TierUpdate
         )
     }
 
@@ -227,6 +238,7 @@ impl OpKind {
                 | OpKind::OmapList
                 | OpKind::ChunkPut
                 | OpKind::ChunkUnref
+                | OpKind::TierUpdate
         )
     }
 }
@@ -388,8 +400,11 @@ impl OpRequest {
             }
             _ => {}
         }
-        if matches!(kind, OpKind::ChunkPut | OpKind::ChunkUnref) && snap != 0 {
-            return Err(DecodeError::Inconsistent("chunk objects have no snapshots"));
+        if matches!(kind, OpKind::ChunkPut | OpKind::ChunkUnref | OpKind::TierRead | OpKind::TierUpdate) && snap != 0 {
+            return Err(DecodeError::Inconsistent("the deduplication tier's operations are on heads"));
+        }
+        if kind == OpKind::TierUpdate {
+            crate::tier::split_update(&data)?;
         }
         if kind == OpKind::Zero && data.len() != 8 {
             return Err(DecodeError::Inconsistent("a zero carries its length in 8 bytes"));

@@ -169,9 +169,10 @@ fn a_full_partition_takes_writes_again_after_deletes() {
     assert!(report.clean, "{report:#?}");
 }
 
-/// `Op::Zero`: blocks the object holds in the range read as zeros, holes
-/// stay holes, nothing is allocated, the size stays, and it works on a full
-/// partition (a TRIM on a full cluster).
+/// `Op::Zero`: blocks the object holds in the range read as zeros, whole
+/// ones given back (a discard frees space; the dedup tier's eviction
+/// relies on it), holes stay holes, nothing is allocated, the size stays,
+/// and it works on a full partition (a TRIM on a full cluster).
 #[test]
 fn zero_clears_held_blocks_and_takes_no_space_even_when_full() {
     let (_dir, path, config, mut store) = small_store();
@@ -187,8 +188,8 @@ fn zero_clears_held_blocks_and_takes_no_space_even_when_full() {
     // From the middle of block 0 to past the end: block 2 stays a hole.
     partition.apply(duplex_store::Batch::new().zero(object.clone(), 100, 1 << 20)).expect("zero on a full partition");
     let info = partition.stat(object.as_bytes()).unwrap();
-    assert_eq!((info.size, info.allocated_bytes), (4 * 4096, held), "no block taken or given, size kept");
-    assert_eq!(partition.free_blocks(), free_before);
+    assert_eq!((info.size, info.allocated_bytes), (4 * 4096, 4096), "blocks 1 and 3 given back, size kept");
+    assert!(partition.free_blocks() >= free_before, "no block taken");
     let data = partition.read(object.as_bytes(), 0, 4 * 4096).unwrap();
     assert_eq!(&data[..100], &[1u8; 100][..]);
     assert!(data[100..].iter().all(|b| *b == 0), "the rest reads as zeros");

@@ -98,6 +98,7 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
         OpKind::OmapRemoveRange => LogOp::OmapRemoveRange,
         OpKind::ChunkPut => LogOp::ChunkPut,
         OpKind::ChunkUnref => LogOp::ChunkUnref,
+        OpKind::TierUpdate => LogOp::TierUpdate,
         OpKind::Read
         | OpKind::Stat
         | OpKind::GetAttr
@@ -109,6 +110,7 @@ pub(crate) fn log_op_of(kind: OpKind) -> Option<LogOp> {
         | OpKind::ListSnaps
         | OpKind::OmapGet
         | OpKind::OmapList
+        | OpKind::TierRead
         | OpKind::Diff => return None,
     })
 }
@@ -120,6 +122,8 @@ pub(crate) fn log_fields(request: &OpRequest) -> (u64, &[u8]) {
             (request.offset, &request.data)
         }
         OpKind::Truncate | OpKind::CreatePreallocated => (request.offset, &[]),
+        // The guard is the primary's to check; the actions are logged.
+        OpKind::TierUpdate => (0, request.data.get(16..).unwrap_or_default()),
         OpKind::RemoveAttr | OpKind::OmapSet | OpKind::OmapRemove | OpKind::OmapRemoveRange | OpKind::ChunkUnref => {
             (0, &request.data)
         }
@@ -196,6 +200,21 @@ pub(crate) fn check_limits(op: LogOp, offset: u64, data: &[u8]) -> Result<(), St
             }
             0
         }
+        LogOp::TierUpdate => match duplex_proto::tier::decode_actions(data) {
+            Ok(actions) => {
+                let mut end = 0u64;
+                for action in &actions {
+                    end = end.max(match action {
+                        duplex_proto::tier::Action::Zero { offset, len } => offset.saturating_add(*len),
+                        duplex_proto::tier::Action::Write { offset, data } => offset.saturating_add(data.len() as u64),
+                        duplex_proto::tier::Action::SetEntry { .. }
+                        | duplex_proto::tier::Action::RemoveEntry { .. } => 0,
+                    });
+                }
+                end
+            }
+            Err(err) => return Err(format!("a tier update: {err}")),
+        },
     };
     if end > limit {
         return Err(format!("the operation reaches byte {end}; objects end at {limit}"));

@@ -48,6 +48,8 @@ pub struct Primary<'a> {
     /// An erasure-coded mutation whose turn came: it holds its object
     /// already (`crate::pg::object_queue`).
     pub resumed: bool,
+    /// The pool's deduplication tier (`crate::tier`), if it has one.
+    pub tier: Option<duplex_map::DedupTier>,
 }
 
 /// What a pool kind does with a PG's operations.

@@ -30,6 +30,9 @@ pub struct Replicated<P>(pub(crate) P);
 
 impl<P: WritePath> PgBackend for Replicated<P> {
     fn read(&self, at: &Primary<'_>, op: ClientOp) -> Outcome {
+        if op.request.kind == OpKind::TierRead {
+            return tier_read(at, op);
+        }
         read(at.shared, at.pg, &at.interval, at.key, op, at.epoch)
     }
 
@@ -194,6 +197,52 @@ fn read(shared: &Shared, pg: &SharedPg, interval: &Interval<'_>, key: u32, op: C
     queue_read(shared, key, &op, epoch, flush_first)
 }
 
+/// A deduplicated pool's read: from the store (after a flush when the
+/// log holds the object's entries), the bytes with the chunk map entries
+/// of their chunks, read there at one moment, and the object's
+/// generation now (`crate::tier`).
+fn tier_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
+    let (shared, epoch) = (at.shared, at.epoch);
+    let Some(tier) = at.tier else {
+        return reply(&op, Status::Invalid, epoch, "the pool has no deduplication tier");
+    };
+    let request = &op.request;
+    let (guard, flush_first) = {
+        let Some(mut pg) = lock_served(at.pg, &at.interval) else { return peering_reply(shared, &op, epoch) };
+        if pg.uncommitted.touches(&request.object, 0, u64::MAX) {
+            return uncommitted_reply(shared, &op, epoch);
+        }
+        let flush_first = pg.index.contains(&request.object);
+        let Some(state) = crate::tier::current(&mut pg) else {
+            drop(pg);
+            shared.wake_tier();
+            return reply(&op, Status::Retry, epoch, "the deduplication tier's index of this PG is loading; resend");
+        };
+        (crate::tier::guard_of(state, &request.object), flush_first)
+    };
+    let mut arg = Vec::with_capacity(20);
+    arg.extend_from_slice(&guard.interval.to_le_bytes());
+    arg.extend_from_slice(&guard.generation.to_le_bytes());
+    arg.extend_from_slice(&tier.chunk_size.to_le_bytes());
+    shared.metrics.reads.add(1);
+    shared.send_job(
+        at.key,
+        Job::Read(ReadJob {
+            kind: OpKind::TierRead,
+            pg: at.key,
+            object: request.object.clone(),
+            arg: Bytes::from(arg),
+            offset: request.offset,
+            len: request.length,
+            flush_first,
+            reply: ClientSlot { thread: op.thread, token: op.token, slot: op.slot },
+            map_epoch: epoch,
+            snap: 0,
+        }),
+    );
+    Outcome::Queued
+}
+
 /// Hands a read (data or metadata) to the PG's flusher, which answers it.
 fn queue_read(shared: &Shared, key: u32, op: &ClientOp, epoch: u64, flush_first: bool) -> Outcome {
     let request = &op.request;
@@ -266,7 +315,7 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
     let request_id = RequestId { client: request.client, tid: op.txid };
     let started = Instant::now();
     let write = shared.txid();
-    let Some(guard) = lock_served(pg, interval) else { return peering_reply(shared, &op, epoch) };
+    let Some(mut guard) = lock_served(pg, interval) else { return peering_reply(shared, &op, epoch) };
     match guard.requests.get(request_id) {
         Some(RequestState::Committed) => {
             drop(guard);
@@ -279,6 +328,16 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
             return reply(&op, Status::Retry, epoch, "this request is already in progress");
         }
         Some(RequestState::Failed) | None => {}
+    }
+    if at.tier.is_some() {
+        if let Err((status, why)) = crate::tier::admit(&mut guard, request, op.arrived) {
+            drop(guard);
+            if status == Status::Retry {
+                // An index to load, or a chunk to promote.
+                shared.wake_tier();
+            }
+            return reply(&op, status, epoch, why);
+        }
     }
     let (start, end) = changed_range(log_op, offset, data);
     if guard.backfill_lock.as_ref().is_some_and(|(locked, s, e)| *locked == request.object && *s < end && start < *e) {

@@ -63,7 +63,12 @@ pub fn meta_after(store: Option<ObjectMeta>, held: &[Entry]) -> Option<ObjectMet
             // Only an erasure-coded PG holds entries back, and its backend
             // logs none of these (`backend::erasure::change_of` refuses
             // omap and chunk requests): nothing to mirror here.
-            OpKind::OmapSet | OpKind::OmapRemove | OpKind::OmapRemoveRange | OpKind::ChunkPut | OpKind::ChunkUnref => {
+            OpKind::OmapSet
+            | OpKind::OmapRemove
+            | OpKind::OmapRemoveRange
+            | OpKind::ChunkPut
+            | OpKind::ChunkUnref
+            | OpKind::TierUpdate => {
                 debug_assert!(false, "an erasure-coded log holds a {:?} entry", entry.op);
             }
         }

@@ -85,6 +85,7 @@ pub struct Pending {
     strays: Option<strays::StrayWork>,
     /// The snapshot trimmer's scans, answered after the flush.
     trim_scans: Vec<crate::messages::TrimScan>,
+    tier_loads: Vec<crate::messages::TierLoad>,
 }
 
 impl Pending {
@@ -142,6 +143,7 @@ impl Flusher {
             usage: None,
             strays: None,
             trim_scans: Vec::new(),
+            tier_loads: Vec::new(),
         }
     }
 
@@ -268,6 +270,10 @@ impl Flusher {
             let dead = self.dead_clones(scan.pg, &scan.prefix, &scan.live).map_err(|err| err.to_string());
             let _ = scan.reply.send(dead);
         }
+        for load in std::mem::take(&mut pending.tier_loads) {
+            let loaded = self.tier_index(load.pg).map_err(|err| err.to_string());
+            let _ = load.reply.send(loaded);
+        }
         // After the client work: peering waits on no one else, and a
         // query flushes its PG itself.
         for (request, to) in std::mem::take(&mut pending.peering) {
@@ -331,6 +337,12 @@ impl Flusher {
                 pending.dirty.insert(scan.pg);
                 pending.flush_now = true;
                 pending.trim_scans.push(scan);
+            }
+            Job::TierLoad(load) => {
+                // After a flush: the store holds every entry's effect.
+                pending.dirty.insert(load.pg);
+                pending.flush_now = true;
+                pending.tier_loads.push(load);
             }
             Job::Usage(to) => {
                 let reply = self.usage(pending, now);
@@ -845,6 +857,7 @@ impl Flusher {
                     omap.into_iter().filter(|(k, _)| keys.binary_search(k).is_ok()).collect();
                 Bytes::from(duplex_proto::omap::encode_entries(&found))
             }
+            OpKind::TierRead => return self.tier_read(read, key),
             OpKind::OmapList => {
                 let range = duplex_proto::omap::decode_range(&read.arg)
                     .map_err(|e| StoreError::InvalidArgument(format!("an omap listing: {e}")))?;
@@ -854,6 +867,65 @@ impl Flusher {
             }
             kind => return Err(StoreError::InvalidArgument(format!("{kind:?} is not a store read"))),
         })
+    }
+
+    /// A deduplicated object's bytes with the chunk map entries of the
+    /// chunks they overlap, read at one moment (`crate::tier`).
+    fn tier_read(&mut self, read: &ReadJob, key: &[u8]) -> Result<Bytes, StoreError> {
+        let bad = || StoreError::InvalidArgument("a tier read's guard".into());
+        let arg: &[u8; 20] = read.arg.as_ref().try_into().map_err(|_| bad())?;
+        let guard = duplex_proto::tier::Guard {
+            interval: u64::from_le_bytes(arg[..8].try_into().expect("8 bytes")),
+            generation: u64::from_le_bytes(arg[8..16].try_into().expect("8 bytes")),
+        };
+        let chunk_size = u64::from(u32::from_le_bytes(arg[16..].try_into().expect("4 bytes")).max(1));
+        let size = self.partition.stat(key)?.size;
+        let data = self.partition.read(key, read.offset, u64::from(read.len))?;
+        let first = read.offset / chunk_size * chunk_size;
+        let end = read.offset.saturating_add(u64::from(read.len));
+        let (start, _) = duplex_dedup::chunkmap::entries_from(first);
+        let stop = duplex_dedup::chunkmap::entry_key(end);
+        let entries = self.partition.omap_range(key, &start, Some(&stop), usize::MAX)?;
+        let reply = duplex_proto::tier::TierReadReply { guard, size, entries, data };
+        Ok(Bytes::from(reply.encode()))
+    }
+
+    /// A deduplicated PG's objects and evicted chunks, as its store holds
+    /// them (after the flush its job asked for).
+    fn tier_index(&mut self, pg: u32) -> Result<crate::messages::TierLoaded, StoreError> {
+        const PAGE: usize = 1024;
+        let mut loaded = crate::messages::TierLoaded::default();
+        let mut start = pg.to_be_bytes().to_vec();
+        let end = pg.checked_add(1).map(u32::to_be_bytes);
+        let (first, last) = duplex_dedup::chunkmap::entries_from(0);
+        loop {
+            let keys = self.partition.list(&start, end.as_ref().map(|e| &e[..]), PAGE);
+            for key in &keys {
+                let name = Bytes::copy_from_slice(&key.as_bytes()[4..]);
+                if crate::snaps::is_clone_name(&name) {
+                    continue;
+                }
+                for (entry_key, value) in self.partition.omap_range(key.as_bytes(), &first, Some(&last), usize::MAX)? {
+                    let (Some(offset), Some(entry)) =
+                        (duplex_dedup::chunkmap::entry_offset(&entry_key), duplex_dedup::ChunkEntry::decode(&value))
+                    else {
+                        tracing::warn!(pg, object = %String::from_utf8_lossy(&name), "a malformed chunk map entry");
+                        continue;
+                    };
+                    if !entry.cached {
+                        loaded.evicted.entry(name.clone()).or_default().insert(offset, entry.len);
+                    }
+                }
+                loaded.objects.push(name);
+            }
+            let Some(last_key) = keys.last() else { break };
+            if keys.len() < PAGE {
+                break;
+            }
+            start = last_key.as_bytes().to_vec();
+            start.push(0);
+        }
+        Ok(loaded)
     }
 
     /// The key holding `object` as snapshot `snap` saw it (0: the head);
@@ -1044,8 +1116,8 @@ pub(crate) fn overlay_held(
             | duplex_oplog::OpKind::OmapRemoveRange => {}
             // Erasure-coded pools refuse chunk operations: only the chunk
             // pool's replicated PGs take them, whose reads flush first.
-            duplex_oplog::OpKind::ChunkPut | duplex_oplog::OpKind::ChunkUnref => {
-                return Err(StoreError::InvalidArgument("a chunk operation held in an erasure-coded log".into()))
+            duplex_oplog::OpKind::ChunkPut | duplex_oplog::OpKind::ChunkUnref | duplex_oplog::OpKind::TierUpdate => {
+                return Err(StoreError::InvalidArgument("a tier operation held in an erasure-coded log".into()))
             }
         }
     }

@@ -96,6 +96,15 @@ fn run(shared: &Shared, cache: &mut ActingCache, histograms: &Histograms, op: Cl
     // A chunk pool holds chunk objects only, changed by chunk operations
     // only (docs/DEDUP.md: its replay converges because nothing else
     // changes them); chunk operations go to chunk pools only.
+    if pool.dedup.is_some() || matches!(request.kind, OpKind::TierRead | OpKind::TierUpdate) {
+        let why = match pool.dedup {
+            Some(_) => crate::tier::refuses(request),
+            None => Some("the deduplication tier's operations go to a deduplicated pool"),
+        };
+        if let Some(why) = why {
+            return reply(&op, Status::Invalid, epoch, why);
+        }
+    }
     let chunk_op = matches!(request.kind, OpKind::ChunkPut | OpKind::ChunkUnref);
     if pool.chunks.is_some() != chunk_op
         && (chunk_op || request.kind.is_mutation() || request.kind == OpKind::TrimSnaps)
@@ -166,7 +175,7 @@ fn run(shared: &Shared, cache: &mut ActingCache, histograms: &Histograms, op: Cl
     // An erasure-coded PG's set has holes where a shard's OSD is down.
     let up_members = acting.iter().filter(|osd| **osd != duplex_map::NO_OSD).count();
     let interval = Interval { acting: &acting, view: &view };
-    let at = Primary { shared, histograms, pg: &pg, interval, key, epoch, resumed };
+    let at = Primary { shared, histograms, pg: &pg, interval, key, epoch, resumed, tier: pool.dedup };
     let (token, slot) = (op.token, op.slot);
     let outcome = match request.kind {
         kind if !kind.is_mutation() => backend.read(&at, op),

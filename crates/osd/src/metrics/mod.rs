@@ -86,6 +86,16 @@ pub struct Metrics {
     pub full_refusals: Counter,
     /// Dead snapshot clones the trimmer sent to be deleted.
     pub snap_trims: Counter,
+    /// The deduplication agent (crate::tier::agent): passes over objects,
+    /// its I/Os (the rate control's unit), chunks put, bytes evicted from
+    /// base objects, chunks promoted back, passes that found their object
+    /// changed (or failed) and wait for another turn.
+    pub dedup_passes: Counter,
+    pub dedup_ios: Counter,
+    pub dedup_chunks_put: Counter,
+    pub dedup_bytes_evicted: Counter,
+    pub dedup_promotions: Counter,
+    pub dedup_stale_passes: Counter,
     /// Jobs that found their flusher's queue full (their producer waited).
     pub flusher_queue_full: Counter,
     pub flushes: Counter,
@@ -271,6 +281,32 @@ impl Metrics {
             "Dead snapshot clones the background trimmer sent to be deleted.",
             &[("", self.snap_trims.get())],
         );
+        for (name, help, value) in [
+            ("duplex_osd_dedup_passes_total", "Deduplication engine passes over objects.", &self.dedup_passes),
+            (
+                "duplex_osd_dedup_ios_total",
+                "The deduplication engine's I/Os (the unit its rate control counts).",
+                &self.dedup_ios,
+            ),
+            ("duplex_osd_dedup_chunks_put_total", "Chunks the engine put into chunk pools.", &self.dedup_chunks_put),
+            (
+                "duplex_osd_dedup_bytes_evicted_total",
+                "Bytes the engine evicted from base objects (their chunks live in the chunk pool).",
+                &self.dedup_bytes_evicted,
+            ),
+            (
+                "duplex_osd_dedup_promotions_total",
+                "Evicted chunks written back into their objects before a client changed them.",
+                &self.dedup_promotions,
+            ),
+            (
+                "duplex_osd_dedup_stale_passes_total",
+                "Engine passes that found their object changed (or failed) and wait for another turn.",
+                &self.dedup_stale_passes,
+            ),
+        ] {
+            counter(&mut out, name, help, &[("", value.get())]);
+        }
         counter(
             &mut out,
             "duplex_osd_flusher_queue_full_total",

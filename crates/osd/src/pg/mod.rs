@@ -163,6 +163,10 @@ pub struct Pg {
     /// every shard has acknowledged yet (one that failed stays until the
     /// next interval's fence).
     pub ec_pending: BTreeSet<u64>,
+    /// Primary of a deduplicated PG: its tier's index, generations and
+    /// dirty list (`crate::tier`; stale in another interval than the one
+    /// it was loaded in).
+    pub tier: Option<Box<crate::tier::TierState>>,
 }
 
 /// An object copy peering's recovery is staging on this member.
@@ -282,6 +286,7 @@ impl Pg {
             apply_limit: 0,
             holds_back: false,
             ec_pending: BTreeSet::new(),
+            tier: None,
         }
     }
 

@@ -67,6 +67,28 @@ pub fn store_ops(entry: Entry) -> Result<Vec<(Op, bool)>, ReplayError> {
             let remove = Op::OmapRemove { key: key.clone(), keys: vec![entry.data] };
             vec![(remove, false), (Op::DeleteIfOmapEmpty { key }, false)]
         }
+        OpKind::TierUpdate => {
+            use duplex_proto::tier::Action;
+            let key = store_key(&entry)?;
+            let actions = duplex_proto::tier::decode_actions(&entry.data)
+                .map_err(|e| ReplayError::BadOmap { seq, why: e.to_string() })?;
+            // Each action is absolute (a set, a removal, bytes): replayed
+            // over a store that holds its effect, it changes nothing.
+            actions
+                .into_iter()
+                .map(|action| {
+                    let op = match action {
+                        Action::SetEntry { key: k, value } => {
+                            Op::OmapSet { key: key.clone(), entries: vec![(k, value)] }
+                        }
+                        Action::RemoveEntry { key: k } => Op::OmapRemove { key: key.clone(), keys: vec![k] },
+                        Action::Zero { offset, len } => Op::Zero { key: key.clone(), offset, len },
+                        Action::Write { offset, data } => Op::Write { key: key.clone(), offset, data },
+                    };
+                    (op, false)
+                })
+                .collect()
+        }
         _ => vec![(store_op(entry)?, kind == OpKind::CopyUp)],
     })
 }
@@ -112,10 +134,10 @@ pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
             let range = duplex_proto::omap::decode_range(&entry.data).map_err(bad)?;
             Op::OmapRemoveRange { key, start: range.start, end: range.end }
         }
-        OpKind::ChunkPut | OpKind::ChunkUnref => {
+        OpKind::ChunkPut | OpKind::ChunkUnref | OpKind::TierUpdate => {
             return Err(ReplayError::BadOmap {
                 seq: entry.seq,
-                why: "a chunk operation is two store operations".into(),
+                why: "a tier operation is several store operations".into(),
             })
         }
     })

@@ -535,8 +535,15 @@ impl Partition {
     /// Zeros the blocks the object maps in the range (clipped to its size)
     /// as writes of zeros in place; holes stay holes. Nothing is allocated
     /// and the size does not change.
+    /// Whole blocks of the range are unmapped (their space freed, as a
+    /// truncate frees the tail's), unless the object is preallocated;
+    /// the parts of blocks at its ends are written with zeros.
     fn plan_zero(&mut self, plan: &mut Plan, key: &Key, offset: u64, len: u64) -> Result<()> {
-        let Some(size) = plan.objects[key].current.as_ref().map(|meta| meta.size) else { return Ok(()) };
+        let Some((size, preallocated)) =
+            plan.objects[key].current.as_ref().map(|meta| (meta.size, meta.is_preallocated()))
+        else {
+            return Ok(());
+        };
         let end = offset.saturating_add(len).min(size);
         let block_size = BLOCK_SIZE as u64;
         let zeros = [0u8; BLOCK_SIZE];
@@ -544,7 +551,10 @@ impl Partition {
         while position < end {
             let logical = (position / block_size) as u32;
             let piece_end = end.min((logical as u64 + 1) * block_size);
-            if let Some(block) = self.mapped(plan, key, logical) {
+            let whole = position.is_multiple_of(block_size) && piece_end - position == block_size;
+            if whole && !preallocated {
+                self.unmap(plan, key, logical);
+            } else if let Some(block) = self.mapped(plan, key, logical) {
                 let reserved = plan.reserved_blocks.len();
                 // A block shared with a clone is copied first, as any write's.
                 let shared = !plan.objects[key].new_blocks.contains(&block) && self.is_shared(plan, block);
@@ -555,6 +565,27 @@ impl Partition {
         }
         debug_assert!(plan.objects[key].current.as_ref().is_some_and(|meta| meta.size == size), "a zero resized");
         Ok(())
+    }
+
+    /// Unmaps logical block `logical` of `key` (if mapped) and frees its
+    /// data block, as a truncate frees those past the end.
+    fn unmap(&mut self, plan: &mut Plan, key: &Key, logical: u32) {
+        if self.mapped(plan, key, logical).is_none() {
+            return;
+        }
+        self.own_extents(plan, key);
+        let w = plan.objects.get_mut(key).expect("loaded");
+        let meta = w.current.as_mut().expect("a mapped block's object is present");
+        let Some(block) = meta.unmap_block(logical) else { return };
+        w.meta_dirty = true;
+        if w.new_blocks.remove(&block) {
+            self.release_reserved(plan, block);
+        } else if self.drop_reference(plan, block) {
+            // A block a clone still maps only loses this reference.
+            plan.staged.remove(&block);
+            plan.patched.remove(&block);
+            plan.freed_blocks.push(block);
+        }
     }
 
     fn plan_truncate(&mut self, plan: &mut Plan, key: &Key, size: u64) -> Result<()> {
