@@ -113,6 +113,20 @@ pub struct Df {
 }
 
 pub fn df(client: &Client, json: bool) -> Result<()> {
+    let (usage, silent) = usage(client)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&usage)?);
+    } else {
+        print_text(&usage);
+    }
+    for line in &silent {
+        eprintln!("warning: {line}: its copies are not counted");
+    }
+    Ok(())
+}
+
+/// The cluster's usage, and the OSDs that did not answer (why).
+pub fn usage(client: &Client) -> Result<(Df, Vec<String>)> {
     let map = client.map();
     let mut reports = BTreeMap::new();
     let mut silent = Vec::new();
@@ -138,15 +152,7 @@ pub fn df(client: &Client, json: bool) -> Result<()> {
         let could_hold = pool.stored_bytes + pool.available_bytes;
         pool.overcommit = (could_hold > 0).then(|| pool.provisioned_bytes as f64 / could_hold as f64);
     }
-    if json {
-        println!("{}", serde_json::to_string_pretty(&usage)?);
-    } else {
-        print_text(&usage);
-    }
-    for line in &silent {
-        eprintln!("warning: {line}: its copies are not counted");
-    }
-    Ok(())
+    Ok((usage, silent))
 }
 
 /// Raw and per-pool figures from the OSDs' reports, under `map`.

@@ -15,6 +15,7 @@ macro_rules! println {
 mod admin;
 mod bench;
 mod daemons;
+mod dedup;
 mod dev;
 mod df;
 mod diff;
@@ -63,6 +64,9 @@ enum Top {
     /// Pools: create, list, delete.
     #[command(subcommand)]
     Pool(admin::PoolCommand),
+    /// The deduplication tier: status, run, pause, scrub (docs/DEDUP.md).
+    #[command(subcommand)]
+    Dedup(dedup::DedupCommand),
     /// Block images: create, list, info, resize, remove.
     #[command(subcommand)]
     Image(admin::ImageCommand),
@@ -254,6 +258,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Top::Dev(DevCommand::Demo { dir, seconds, image_size, up }) => demo(&dir, seconds, image_size, &up)?,
         Top::Pool(command) => admin::pool(&connect(cli.conf.as_deref())?, command)?,
+        Top::Dedup(command) => dedup::dedup(&connect(cli.conf.as_deref())?, command)?,
         Top::Image(command) => admin::image(&connect(cli.conf.as_deref())?, &cli.pool, command)?,
         Top::Snap(command) => snap::snap(&connect(cli.conf.as_deref())?, &cli.pool, command)?,
         Top::Nbd(NbdCommand::Serve(args)) => {

@@ -55,6 +55,9 @@ fn submit_attempt(client: Client, read: ObjectOp, chunk_pool: u32, done: Callbac
                 Ok(reply) => reply,
                 Err(err) => return done(Err(err)),
             };
+            if !reply.exists {
+                return done(Err(ClientError::NotFound));
+            }
             let evicted = match evicted(&reply) {
                 Ok(evicted) => evicted,
                 Err(err) => return done(Err(err)),
@@ -68,7 +71,8 @@ fn submit_attempt(client: Client, read: ObjectOp, chunk_pool: u32, done: Callbac
             if pieces.is_empty() {
                 return done(Ok(Bytes::from(data)));
             }
-            let gather = Arc::new(Mutex::new(Gather { data, left: pieces.len(), done: Some(done), failed: None }));
+            let gather =
+                Arc::new(Mutex::new(Gather { data, left: pieces.len(), done: Some(done), gone: false, failed: None }));
             for (offset, entry) in pieces {
                 let gather = gather.clone();
                 let (again, read) = (again.clone(), read.clone());
@@ -92,7 +96,11 @@ fn submit_attempt(client: Client, read: ObjectOp, chunk_pool: u32, done: Callbac
                                     .copy_from_slice(&chunk[(a - offset) as usize..(b - offset) as usize]);
                             }
                             Ok(_) => g.failed = Some(ClientError::Corrupt("a chunk of another length".into())),
-                            Err(err) => g.failed = Some(err),
+                            Err(ClientError::NotFound) => g.gone = true,
+                            // (The first error is the one told.)
+                            Err(err) => {
+                                g.failed.get_or_insert(err);
+                            }
                         }
                         g.left -= 1;
                         if g.left > 0 {
@@ -100,18 +108,19 @@ fn submit_attempt(client: Client, read: ObjectOp, chunk_pool: u32, done: Callbac
                         }
                         let done = g.done.take().expect("answered once");
                         let data = std::mem::take(&mut g.data);
-                        match g.failed.take() {
-                            None => done(Ok(Bytes::from(data))),
+                        let (gone, failed) = (g.gone, g.failed.take());
+                        drop(g);
+                        match (failed, gone) {
+                            (Some(err), _) => done(Err(err)),
+                            (None, false) => done(Ok(Bytes::from(data))),
                             // Gone since the tier read: read the object again.
-                            Some(ClientError::NotFound) if attempt < RESTARTS => {
-                                drop(g);
+                            (None, true) if attempt < RESTARTS => {
                                 submit_attempt(again, read, chunk_pool, done, attempt + 1)
                             }
-                            Some(ClientError::NotFound) => done(Err(ClientError::Corrupt(
+                            (None, true) => done(Err(ClientError::Corrupt(
                                 "a deduplicated chunk stayed missing: its chunk map names a chunk the chunk pool lacks"
                                     .into(),
                             ))),
-                            Some(err) => done(Err(err)),
                         }
                     }),
                 );
@@ -124,5 +133,123 @@ struct Gather {
     data: Vec<u8>,
     left: usize,
     done: Option<Callback>,
+    /// A chunk object was gone.
+    gone: bool,
     failed: Option<ClientError>,
+}
+
+/// What a tier scrub found and did ([`scrub`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ScrubReport {
+    pub chunks: u64,
+    /// References of this base pool found on chunk objects.
+    pub references: u64,
+    /// References no chunk map named, removed (with their chunk, if it
+    /// was its last).
+    pub leaks_removed: u64,
+    /// Leaked references left for the next scrub: their object changed
+    /// while the scrub looked.
+    pub leaks_busy: u64,
+    /// Chunk map entries checked.
+    pub entries: u64,
+    /// Entries whose chunk object, or their reference on it, is missing:
+    /// data the tier lost. Never expected; named for the operator.
+    pub missing: Vec<String>,
+    /// Chunk objects whose bytes do not open to their fingerprint
+    /// (with `deep`).
+    pub damaged: Vec<String>,
+}
+
+/// The tier scrub of deduplicated pool `pool` (docs/DEDUP.md): every
+/// reference of its objects on its chunk pool's objects that no chunk map
+/// names is removed, and never one a chunk map names; every chunk map
+/// entry is checked to name a chunk object holding its reference; with
+/// `deep`, every chunk object's bytes are checked against its name.
+///
+/// Before it removes a reference, it bumps the object's generation with
+/// an empty guarded update: an engine pass that put that reference and
+/// has not yet set its entry then finds its guard stale, sets nothing, and
+/// takes its own references back. So a reference an entry is about to
+/// name is never removed from under it.
+pub fn scrub(client: &Client, pool: u32, deep: bool) -> Result<ScrubReport, ClientError> {
+    let map = client.map();
+    let tier = map
+        .pools
+        .get(&pool)
+        .and_then(|p| p.dedup)
+        .ok_or_else(|| ClientError::Invalid(format!("pool {pool} has no deduplication tier")))?;
+    let chunk_pool = tier.chunk_pool;
+    let mut report = ScrubReport::default();
+    for name in client.list_objects(chunk_pool, b"")? {
+        let Some(fingerprint) = duplex_dedup::Fingerprint::from_object_name(&name) else {
+            report.damaged.push(format!("{} (not a chunk name)", String::from_utf8_lossy(&name)));
+            continue;
+        };
+        report.chunks += 1;
+        if deep {
+            match client.read(chunk_pool, &name, 0, (frame::MAX_CHUNK + frame::HEADER) as u32) {
+                Ok(bytes) if frame::open(&bytes, &fingerprint).is_ok() => {}
+                Ok(_) => report.damaged.push(String::from_utf8_lossy(&name).into_owned()),
+                Err(ClientError::NotFound) => continue, // its last reference went meanwhile
+                Err(err) => return Err(err),
+            }
+        }
+        let references = match client.omap_list_all(chunk_pool, &name) {
+            Ok(references) => references,
+            Err(ClientError::NotFound) => continue,
+            Err(err) => return Err(err),
+        };
+        for (key, _) in references {
+            let Some(reference) = duplex_dedup::Reference::decode(&key) else { continue };
+            if reference.pool != pool {
+                continue; // another pool's: its own scrub's
+            }
+            report.references += 1;
+            let read = client.tier_read(pool, &reference.object, reference.offset, 1)?;
+            let named = read.exists
+                && read.entries.iter().any(|(k, v)| {
+                    entry_offset(k) == Some(reference.offset)
+                        && ChunkEntry::decode(v)
+                            .is_some_and(|e| e.fingerprint == fingerprint && e.nonce == reference.nonce)
+                });
+            if named {
+                continue;
+            }
+            match client.tier_update(pool, &reference.object, &read.guard, &[]) {
+                Ok(()) => {
+                    client.chunk_unref(chunk_pool, &name, &key)?;
+                    report.leaks_removed += 1;
+                }
+                Err(ClientError::Invalid(why)) if why.contains("changed since") => report.leaks_busy += 1,
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    for object in client.list_objects(pool, b"")? {
+        let entries = match client.omap_list_all(pool, &object) {
+            Ok(entries) => entries,
+            Err(ClientError::NotFound) => continue,
+            Err(err) => return Err(err),
+        };
+        for (key, value) in entries {
+            let (Some(offset), Some(entry)) = (entry_offset(&key), ChunkEntry::decode(&value)) else { continue };
+            report.entries += 1;
+            let reference = duplex_dedup::Reference { pool, offset, nonce: entry.nonce, object: object.clone() };
+            let Some(reference) = reference.encode() else { continue };
+            let name = entry.fingerprint.object_name();
+            let held = match client.omap_get(chunk_pool, name.as_bytes(), std::slice::from_ref(&reference)) {
+                Ok(found) => !found.is_empty(),
+                Err(ClientError::NotFound) => false,
+                Err(err) => return Err(err),
+            };
+            if !held {
+                // Changed since it was listed? Look once more before naming it.
+                let again = client.omap_get(pool, &object, std::slice::from_ref(&key))?;
+                if again.first().is_some_and(|(_, v)| *v == value) {
+                    report.missing.push(format!("{}@{offset}", String::from_utf8_lossy(&object)));
+                }
+            }
+        }
+    }
+    Ok(report)
 }

@@ -22,6 +22,41 @@ pub struct DedupTier {
     /// Above this the engine issues one chunk I/O per 500 foreground I/Os
     /// (between the two, one per 100).
     pub high_watermark: u32,
+    /// The operator's override of the rate control (`duplex dedup run|pause|auto`).
+    pub mode: DedupMode,
+}
+
+/// Whether the engine runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DedupMode {
+    /// As the watermarks allow.
+    #[default]
+    Auto,
+    /// Unthrottled, whatever the foreground load.
+    Run,
+    /// No passes (promotions still run: writers wait on them).
+    Pause,
+}
+
+impl DedupMode {
+    pub fn parse(text: &str) -> Result<DedupMode, String> {
+        match text {
+            "auto" => Ok(DedupMode::Auto),
+            "run" => Ok(DedupMode::Run),
+            "pause" => Ok(DedupMode::Pause),
+            _ => Err(format!("dedup_mode is auto, run or pause, not '{text}'")),
+        }
+    }
+}
+
+impl std::fmt::Display for DedupMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DedupMode::Auto => "auto",
+            DedupMode::Run => "run",
+            DedupMode::Pause => "pause",
+        })
+    }
 }
 
 impl DedupTier {
@@ -37,6 +72,7 @@ impl DedupTier {
             chunk_size: Self::DEFAULT_CHUNK_SIZE,
             low_watermark: Self::DEFAULT_LOW_WATERMARK,
             high_watermark: Self::DEFAULT_HIGH_WATERMARK,
+            mode: DedupMode::Auto,
         }
     }
 }
@@ -94,7 +130,7 @@ impl Default for ChunkStore {
 
 /// The keys [`crate::Command::PoolSet`] takes.
 pub const POOL_SET_KEYS: &str =
-    "dedup_low_watermark, dedup_high_watermark (a deduplicated pool); compression, compression_min_saving (a chunk pool)";
+    "dedup_low_watermark, dedup_high_watermark, dedup_mode (a deduplicated pool); compression, compression_min_saving (a chunk pool)";
 
 /// Pool `pool` given a tier in `chunk_pool`, cut into `chunk_size` chunks.
 /// `Ok(None)`: it has that tier already. A tier is set once: the chunk
@@ -142,6 +178,12 @@ pub fn pool_set(pool: &Pool, key: &str, value: &str) -> Result<Option<Pool>, Com
                 "{key} is set once, with the tier (`duplex pool set-tier {} CHUNK_POOL --chunk-size SIZE`): the chunk maps written follow it",
                 pool.name
             )))
+        }
+        "dedup_mode" => {
+            let Some(tier) = new.dedup.as_mut() else {
+                return Err(invalid(format!("pool '{}' has no tier", pool.name)));
+            };
+            tier.mode = DedupMode::parse(value).map_err(invalid)?;
         }
         "dedup_low_watermark" | "dedup_high_watermark" => {
             let Some(tier) = new.dedup.as_mut() else {
@@ -267,6 +309,9 @@ mod tests {
         assert_eq!((tier.low_watermark, tier.high_watermark), (200, 5000));
         assert!(set(&mut map, "vms", "dedup_low_watermark", "6000").is_err(), "above the high one");
         assert!(set(&mut map, "vms", "dedup_low_watermark", "lots").is_err());
+        set(&mut map, "vms", "dedup_mode", "pause").unwrap();
+        assert_eq!(map.pool_by_name("vms").unwrap().dedup.unwrap().mode, DedupMode::Pause);
+        assert!(set(&mut map, "vms", "dedup_mode", "later").is_err());
         assert!(set(&mut map, "vms", "chunk_size", "64K").is_err(), "fixed with the tier");
         assert!(set(&mut map, "vms", "compression", "lz4").is_err(), "a chunk pool's setting");
         assert!(set(&mut map, "vms", "colour", "blue").is_err());

@@ -166,7 +166,7 @@ pub enum OpKind {
     /// The deduplication engine's change of a base object: chunk map
     /// entries set or removed, bytes zeroed or written back, all in one
     /// log entry, applied only if the object is as the guard says
-    /// ([`crate::tier`]; a stale guard is answered `Retry`).
+    /// ([`crate::tier`]; a stale guard is answered `Invalid`, naming it).
     TierUpdate = 28,
 }
 

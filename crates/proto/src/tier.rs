@@ -5,7 +5,7 @@
 //! replicas; every decoder answers an error on hostile input, never a
 //! panic. Little-endian:
 //! ```text
-//! read reply  interval u64, generation u64, size u64, entries length u32,
+//! read reply  interval u64, generation u64, exists u8 (0 or 1), size u64, entries length u32,
 //!             entries (crate::omap entries: the chunk map's records in
 //!             the range), then the object's bytes of the range
 //! update      interval u64, generation u64, then the actions:
@@ -38,6 +38,9 @@ const GUARD_LEN: usize = 16;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TierReadReply {
     pub guard: Guard,
+    /// The object exists (else the rest is empty: the guard is what an
+    /// engine or a tier scrub needs to act on a deleted object).
+    pub exists: bool,
     pub size: u64,
     pub entries: Entries,
     pub data: Vec<u8>,
@@ -46,8 +49,9 @@ pub struct TierReadReply {
 impl TierReadReply {
     pub fn encode(&self) -> Vec<u8> {
         let entries = crate::omap::encode_entries(&self.entries);
-        let mut out = Vec::with_capacity(GUARD_LEN + 12 + entries.len() + self.data.len());
+        let mut out = Vec::with_capacity(GUARD_LEN + 13 + entries.len() + self.data.len());
         encode_guard(&self.guard, &mut out);
+        out.push(u8::from(self.exists));
         out.extend_from_slice(&self.size.to_le_bytes());
         out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
         out.extend_from_slice(&entries);
@@ -57,9 +61,15 @@ impl TierReadReply {
 
     pub fn decode(bytes: &[u8]) -> Result<TierReadReply, DecodeError> {
         let (guard, rest) = decode_guard(bytes)?;
-        if rest.len() < 12 {
-            return Err(DecodeError::Short { need: GUARD_LEN + 12, got: bytes.len() });
+        if rest.len() < 13 {
+            return Err(DecodeError::Short { need: GUARD_LEN + 13, got: bytes.len() });
         }
+        let exists = match rest[0] {
+            0 => false,
+            1 => true,
+            _ => return Err(DecodeError::Inconsistent("a tier read's exists flag is 0 or 1")),
+        };
+        let rest = &rest[1..];
         let size = u64::from_le_bytes(rest[..8].try_into().expect("8 bytes"));
         let len = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes")) as usize;
         let rest = &rest[12..];
@@ -67,7 +77,11 @@ impl TierReadReply {
             return Err(DecodeError::Short { need: len, got: rest.len() });
         }
         let entries = crate::omap::decode_entries(&rest[..len])?;
-        Ok(TierReadReply { guard, size, entries, data: rest[len..].to_vec() })
+        let reply = TierReadReply { guard, exists, size, entries, data: rest[len..].to_vec() };
+        if !exists && (reply.size != 0 || !reply.entries.is_empty() || !reply.data.is_empty()) {
+            return Err(DecodeError::Inconsistent("an absent object with bytes or entries"));
+        }
+        Ok(reply)
     }
 }
 
@@ -245,7 +259,7 @@ mod tests {
             prop_assert_eq!(got, guard);
             prop_assert_eq!(decode_actions(logged).unwrap(), actions);
             let entries = vec![(b"c1".to_vec(), vec![1, 2]), (b"c2".to_vec(), vec![])];
-            let reply = TierReadReply { guard, size, entries, data };
+            let reply = TierReadReply { guard, exists: true, size, entries, data };
             prop_assert_eq!(TierReadReply::decode(&reply.encode()).unwrap(), reply);
         }
 
@@ -271,5 +285,15 @@ mod tests {
         trailing.push(0);
         assert!(decode_actions(&trailing).is_err());
         assert!(TierReadReply::decode(&[0; 20]).is_err());
+        let absent = TierReadReply {
+            guard: Guard { interval: 1, generation: 2 },
+            exists: false,
+            size: 0,
+            entries: vec![],
+            data: vec![],
+        };
+        assert_eq!(TierReadReply::decode(&absent.encode()).unwrap(), absent);
+        let lying = TierReadReply { size: 5, ..absent };
+        assert!(TierReadReply::decode(&lying.encode()).is_err());
     }
 }

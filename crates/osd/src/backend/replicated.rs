@@ -31,7 +31,7 @@ pub struct Replicated<P>(pub(crate) P);
 impl<P: WritePath> PgBackend for Replicated<P> {
     fn read(&self, at: &Primary<'_>, op: ClientOp) -> Outcome {
         if op.request.kind == OpKind::TierRead {
-            return tier_read(at, op);
+            return crate::tier::tier_read(at, op);
         }
         read(at.shared, at.pg, &at.interval, at.key, op, at.epoch)
     }
@@ -197,52 +197,6 @@ fn read(shared: &Shared, pg: &SharedPg, interval: &Interval<'_>, key: u32, op: C
     queue_read(shared, key, &op, epoch, flush_first)
 }
 
-/// A deduplicated pool's read: from the store (after a flush when the
-/// log holds the object's entries), the bytes with the chunk map entries
-/// of their chunks, read there at one moment, and the object's
-/// generation now (`crate::tier`).
-fn tier_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
-    let (shared, epoch) = (at.shared, at.epoch);
-    let Some(tier) = at.tier else {
-        return reply(&op, Status::Invalid, epoch, "the pool has no deduplication tier");
-    };
-    let request = &op.request;
-    let (guard, flush_first) = {
-        let Some(mut pg) = lock_served(at.pg, &at.interval) else { return peering_reply(shared, &op, epoch) };
-        if pg.uncommitted.touches(&request.object, 0, u64::MAX) {
-            return uncommitted_reply(shared, &op, epoch);
-        }
-        let flush_first = pg.index.contains(&request.object);
-        let Some(state) = crate::tier::current(&mut pg) else {
-            drop(pg);
-            shared.wake_tier();
-            return reply(&op, Status::Retry, epoch, "the deduplication tier's index of this PG is loading; resend");
-        };
-        (crate::tier::guard_of(state, &request.object), flush_first)
-    };
-    let mut arg = Vec::with_capacity(20);
-    arg.extend_from_slice(&guard.interval.to_le_bytes());
-    arg.extend_from_slice(&guard.generation.to_le_bytes());
-    arg.extend_from_slice(&tier.chunk_size.to_le_bytes());
-    shared.metrics.reads.add(1);
-    shared.send_job(
-        at.key,
-        Job::Read(ReadJob {
-            kind: OpKind::TierRead,
-            pg: at.key,
-            object: request.object.clone(),
-            arg: Bytes::from(arg),
-            offset: request.offset,
-            len: request.length,
-            flush_first,
-            reply: ClientSlot { thread: op.thread, token: op.token, slot: op.slot },
-            map_epoch: epoch,
-            snap: 0,
-        }),
-    );
-    Outcome::Queued
-}
-
 /// Hands a read (data or metadata) to the PG's flusher, which answers it.
 fn queue_read(shared: &Shared, key: u32, op: &ClientOp, epoch: u64, flush_first: bool) -> Outcome {
     let request = &op.request;
@@ -329,16 +283,24 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
         }
         Some(RequestState::Failed) | None => {}
     }
-    if at.tier.is_some() {
-        if let Err((status, why)) = crate::tier::admit(&mut guard, request, op.arrived) {
-            drop(guard);
-            if status == Status::Retry {
-                // An index to load, or a chunk to promote.
-                shared.wake_tier();
+    let tier = match at.tier {
+        None => None,
+        Some(_) => match crate::tier::admit(&mut guard, request, op.arrived) {
+            Ok(admitted) => Some(admitted),
+            Err((status, why)) => {
+                drop(guard);
+                if status == Status::Retry {
+                    // An index to load, or a chunk to promote.
+                    shared.wake_tier();
+                }
+                return reply(&op, status, epoch, why);
             }
-            return reply(&op, status, epoch, why);
-        }
-    }
+        },
+    };
+    debug_assert!(
+        tier.is_none() || crate::tier::current(&mut guard).is_some(),
+        "a deduplicated PG's mutation admitted without its index"
+    );
     let (start, end) = changed_range(log_op, offset, data);
     if guard.backfill_lock.as_ref().is_some_and(|(locked, s, e)| *locked == request.object && *s < end && start < *e) {
         drop(guard);
@@ -373,6 +335,7 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
         range: (start, end),
         replicated: !replicas.is_empty(),
         entry_at: &entry_at,
+        tier,
     };
     let (encoded, local) = match path.take(shared, guard, &mutation) {
         Ok(taken) => taken,

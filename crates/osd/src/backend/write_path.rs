@@ -31,6 +31,8 @@ pub(crate) struct Mutation<'a> {
     pub replicated: bool,
     /// The write as a log entry at a seq.
     pub entry_at: &'a dyn Fn(u64) -> EntryRef<'a>,
+    /// A deduplicated PG's tier state change, made with the append.
+    pub tier: Option<crate::tier::Admitted>,
 }
 
 /// A replicated entry a replica's PG accepts: decoded, its bytes as they
@@ -116,6 +118,9 @@ impl WritePath for Logged {
         }
         debug_assert_eq!(guard.log.len(), before + 1, "one entry appended");
         debug_assert_eq!(guard.last_seq(), entry.seq, "the entry is the log's newest");
+        if let Some(admitted) = &m.tier {
+            crate::tier::commit(&mut guard, admitted);
+        }
         if m.replicated {
             guard.uncommitted.begin(m.write, m.object.clone(), m.range.0, m.range.1);
         }
@@ -186,6 +191,9 @@ impl WritePath for SyncApply {
         debug_assert!(seq > guard.last_seq(), "the sync path reused seq {seq} of the log");
         guard.requests.set(m.request, RequestState::InFlight, seq);
         guard.uncommitted.begin(m.write, m.object.clone(), m.range.0, m.range.1);
+        if let Some(admitted) = &m.tier {
+            crate::tier::commit(&mut guard, admitted);
+        }
         drop(guard);
         let entry = (m.entry_at)(seq).to_owned();
         debug_assert_eq!(entry.seq, seq);
@@ -203,9 +211,12 @@ impl WritePath for SyncApply {
 }
 
 impl WritePath for Ideal {
-    fn take(&self, _shared: &Shared, guard: MutexGuard<'_, Pg>, m: &Mutation<'_>) -> Result<Taken, Refusal> {
+    fn take(&self, _shared: &Shared, mut guard: MutexGuard<'_, Pg>, m: &Mutation<'_>) -> Result<Taken, Refusal> {
         // Nothing is logged, tracked or stored: only the network and the
         // threads remain (the limit `bench/run` compares against).
+        if let Some(admitted) = &m.tier {
+            crate::tier::commit(&mut guard, admitted);
+        }
         drop(guard);
         let entry = (m.entry_at)(0);
         copies::count(Site::Encode, entry.data.len());

@@ -879,14 +879,22 @@ impl Flusher {
             generation: u64::from_le_bytes(arg[8..16].try_into().expect("8 bytes")),
         };
         let chunk_size = u64::from(u32::from_le_bytes(arg[16..].try_into().expect("4 bytes")).max(1));
-        let size = self.partition.stat(key)?.size;
+        let size = match self.partition.stat(key) {
+            Ok(info) => info.size,
+            Err(StoreError::NotFound) => {
+                let absent =
+                    duplex_proto::tier::TierReadReply { guard, exists: false, size: 0, entries: vec![], data: vec![] };
+                return Ok(Bytes::from(absent.encode()));
+            }
+            Err(err) => return Err(err),
+        };
         let data = self.partition.read(key, read.offset, u64::from(read.len))?;
         let first = read.offset / chunk_size * chunk_size;
         let end = read.offset.saturating_add(u64::from(read.len));
         let (start, _) = duplex_dedup::chunkmap::entries_from(first);
         let stop = duplex_dedup::chunkmap::entry_key(end);
         let entries = self.partition.omap_range(key, &start, Some(&stop), usize::MAX)?;
-        let reply = duplex_proto::tier::TierReadReply { guard, size, entries, data };
+        let reply = duplex_proto::tier::TierReadReply { guard, exists: true, size, entries, data };
         Ok(Bytes::from(reply.encode()))
     }
 

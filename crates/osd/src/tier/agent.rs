@@ -27,7 +27,7 @@
 //! only once its reference was read back, and a reference is dropped only
 //! after the update that stopped naming it was acknowledged.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,6 +52,12 @@ use crate::tier::TierState;
 const IDLE: Duration = Duration::from_millis(500);
 /// Objects one PG gets passed before the agent moves on to the next.
 const PASSES_PER_TURN: usize = 8;
+/// Chunks one pass update covers at most (two actions each, well inside
+/// `duplex_proto::tier::MAX_ACTIONS`).
+const CHUNKS_PER_UPDATE: usize = 1024;
+/// Bytes of chunks one promotion update writes back at most (inside one
+/// request's `MAX_IO_BYTES`).
+const UPDATE_BYTES: usize = 2 << 20;
 
 /// A deduplicated pool as the agent works on it.
 #[derive(Clone, Copy)]
@@ -100,7 +106,7 @@ enum Stop {
 impl From<ClientError> for Stop {
     fn from(err: ClientError) -> Stop {
         match err {
-            ClientError::Invalid(why) if why.contains("changed since the engine read it") => Stop::Stale,
+            ClientError::Invalid(why) if why.contains(crate::tier::STALE) => Stop::Stale,
             ClientError::NotFound => Stop::Gone,
             err => Stop::Failed(err.to_string()),
         }
@@ -138,12 +144,14 @@ impl Agent {
                 match crate::tier::current(&mut guard) {
                     None => Work::Load { key, interval },
                     Some(state) => {
-                        let promote: Vec<Bytes> = std::mem::take(&mut state.promote).into_iter().collect();
+                        let promote: Vec<(Bytes, BTreeSet<u64>)> =
+                            std::mem::take(&mut state.promote).into_iter().collect();
                         let now = Instant::now();
+                        let paused = tiered.tier.mode == duplex_map::DedupMode::Pause;
                         let cold: Vec<Bytes> = state
                             .dirty
                             .iter()
-                            .filter(|(_, at)| now.saturating_duration_since(**at) >= cold_after)
+                            .filter(|(_, at)| !paused && now.saturating_duration_since(**at) >= cold_after)
                             .map(|(object, _)| object.clone())
                             .take(PASSES_PER_TURN)
                             .collect();
@@ -162,8 +170,8 @@ impl Agent {
                 Work::Load { key, interval } => self.load(&pg, key, interval),
                 Work::Objects { key, tiered, promote, cold } => {
                     let pool = pool_of(key);
-                    for object in promote {
-                        if let Err(stop) = self.promote(&client, pool, &tiered, &object) {
+                    for (object, offsets) in promote {
+                        if let Err(stop) = self.promote(&client, pool, &tiered, &object, &offsets) {
                             tracing::debug!(
                                 pg = key,
                                 ?stop,
@@ -205,7 +213,11 @@ impl Agent {
             secret: config.secret.clone(),
             name: format!("osd.{}.dedup", config.id),
         };
-        match Client::connect(ClientConfig::new(config.monitors.clone(), credentials)) {
+        let mut client_config = ClientConfig::new(config.monitors.clone(), credentials);
+        // The agent works on one object at a time: one that cannot finish
+        // soon (its PG moving, say) waits for its next turn instead.
+        client_config.op_timeout = Duration::from_secs(10);
+        match Client::connect(client_config) {
             Ok(client) => {
                 self.client = Some(client.clone());
                 Some(client)
@@ -254,7 +266,10 @@ impl Agent {
                 let per_sec = (delta as f64 / elapsed.as_secs_f64()) as u64;
                 self.foreground = (Instant::now(), ops, per_sec);
             }
-            let allowance = rate.allowance(self.foreground.2);
+            let allowance = match tier.mode {
+                duplex_map::DedupMode::Run => Allowance::Unlimited,
+                _ => rate.allowance(self.foreground.2),
+            };
             if self.throttle.take(allowance) {
                 self.shared.metrics.dedup_ios.add(1);
                 return;
@@ -275,6 +290,9 @@ impl Agent {
     ) -> Result<TierReadReply, Stop> {
         self.gate(tier);
         let mut reply = client.tier_read(pool, object, 0, MAX_IO_BYTES)?;
+        if !reply.exists {
+            return Err(Stop::Gone);
+        }
         while (reply.data.len() as u64) < reply.size {
             let at = reply.data.len() as u64;
             self.gate(tier);
@@ -287,37 +305,77 @@ impl Agent {
         }
         reply.entries.sort();
         reply.entries.dedup_by(|a, b| a.0 == b.0);
+        debug_assert_eq!(reply.data.len() as u64, reply.size, "an object read whole");
         Ok(reply)
     }
 
-    /// Writes back every evicted chunk of `object`.
-    fn promote(&mut self, client: &Client, pool: u32, tiered: &Tiered, object: &[u8]) -> Result<(), Stop> {
-        let reply = self.read_object(client, pool, &tiered.tier, object)?;
+    /// Writes back the evicted chunks of `object` at `offsets` (those a
+    /// client waits to change), in updates of at most [`UPDATE_BYTES`].
+    fn promote(
+        &mut self,
+        client: &Client,
+        pool: u32,
+        tiered: &Tiered,
+        object: &[u8],
+        offsets: &BTreeSet<u64>,
+    ) -> Result<(), Stop> {
+        // A writer waits on it: no rate control (a foreground I/O).
+        let run = DedupTier { mode: duplex_map::DedupMode::Run, ..tiered.tier };
+        let reply = self.read_object(client, pool, &run, object)?;
+        let mut guard = reply.guard;
         let mut actions = Vec::new();
-        for (offset, entry) in entries(&reply)? {
-            if entry.cached {
-                continue;
-            }
-            self.gate(&tiered.tier);
-            let bytes = read_chunk(client, tiered.tier.chunk_pool, &entry)?;
+        let mut bytes = 0usize;
+        let wanted = entries(&reply)?.into_iter().filter(|(offset, e)| !e.cached && offsets.contains(offset));
+        for (offset, entry) in wanted {
+            self.gate(&run);
+            let chunk = read_chunk(client, tiered.tier.chunk_pool, &entry)?;
             let keep = (entry.len as u64).min(reply.size.saturating_sub(offset)) as usize;
-            actions.push(Action::Write { offset, data: bytes[..keep].to_vec() });
+            bytes += keep;
+            actions.push(Action::Write { offset, data: chunk[..keep].to_vec() });
             actions.push(Action::SetEntry {
                 key: entry_key(offset),
                 value: ChunkEntry { cached: true, ..entry }.encode(),
             });
+            debug_assert!(bytes < UPDATE_BYTES + duplex_proto::osd::MAX_CHUNK, "a promotion update past its budget");
+            if bytes >= UPDATE_BYTES {
+                self.update(client, pool, object, &mut guard, std::mem::take(&mut actions), &run)?;
+                bytes = 0;
+            }
         }
-        if actions.is_empty() {
-            return Ok(());
+        if !actions.is_empty() {
+            self.update(client, pool, object, &mut guard, actions, &run)?;
         }
-        self.gate(&tiered.tier);
-        client.tier_update(pool, object, &reply.guard, &actions)?;
-        self.shared.metrics.dedup_promotions.add((actions.len() / 2) as u64);
+        Ok(())
+    }
+
+    /// One guarded update; `guard` moves on with it (an admitted update
+    /// moves its object's generation on by one).
+    fn update(
+        &mut self,
+        client: &Client,
+        pool: u32,
+        object: &[u8],
+        guard: &mut duplex_proto::tier::Guard,
+        actions: Vec<Action>,
+        tier: &DedupTier,
+    ) -> Result<(), ClientError> {
+        debug_assert!(
+            !actions.is_empty() && actions.len() <= duplex_proto::tier::MAX_ACTIONS,
+            "{} actions",
+            actions.len()
+        );
+        let promotions = actions.iter().filter(|a| matches!(a, Action::Write { .. })).count();
+        self.gate(tier);
+        client.tier_update(pool, object, guard, &actions)?;
+        guard.generation += 1;
+        self.shared.metrics.dedup_promotions.add(promotions as u64);
         Ok(())
     }
 
     /// One engine pass over `object`; whether it put chunks (which the
-    /// next pass evicts).
+    /// next pass evicts). Chunks go in groups of [`CHUNKS_PER_UPDATE`]:
+    /// their puts, then one guarded update, then the unrefs of what they
+    /// replaced.
     fn pass(&mut self, client: &Client, pool: u32, tiered: &Tiered, object: &[u8]) -> Result<bool, Stop> {
         let reply = match self.read_object(client, pool, &tiered.tier, object) {
             Err(Stop::Gone) => return Ok(false), // deleted since it was written
@@ -342,13 +400,82 @@ impl Agent {
             |offset, len| data[offset as usize..(offset + u64::from(len)) as usize].to_vec(),
             |_| false,
         );
+        debug_assert!(
+            steps.iter().enumerate().all(|(i, step)| match step {
+                // An eviction comes right after its entry says so.
+                Step::Evict { offset, .. } => matches!(
+                    steps[..i].last(),
+                    Some(Step::SetEntry { offset: o, entry }) if o == offset && !entry.cached
+                ),
+                // A new entry right after its chunk's put.
+                Step::SetEntry { offset, entry } if entry.cached => matches!(
+                    steps[..i].last(),
+                    Some(Step::Put { offset: o, nonce, .. }) if o == offset && *nonce == entry.nonce
+                ),
+                _ => true,
+            }),
+            "a plan out of order: {steps:?}"
+        );
+        // An all-zero chunk, cached or never deduplicated, needs no chunk
+        // object: it becomes a hole (its blocks freed, if the writer wrote
+        // them). An evicted one reads as zeros here and is a hole already.
+        let chunk = u64::from(tiered.tier.chunk_size);
+        let mut zero = Vec::new();
+        for (i, bytes) in data.chunks(chunk as usize).enumerate() {
+            let offset = i as u64 * chunk;
+            let whole_blocks = bytes.len() as u64 / duplex_store::BLOCK_SIZE as u64 * duplex_store::BLOCK_SIZE as u64;
+            let evicted = entries.get(&offset).is_some_and(|e| !e.cached);
+            if whole_blocks > 0 && !evicted && bytes.iter().all(|b| *b == 0) {
+                zero.push(Action::Zero { offset, len: whole_blocks });
+            }
+        }
+        let mut guard = reply.guard;
+        let mut put_any = false;
+        // The steps of each chunk, in order, grouped.
+        let mut groups: Vec<Vec<&Step>> = Vec::new();
+        for step in &steps {
+            let offset = step_offset(step);
+            match groups.last_mut() {
+                Some(group) if step_offset(group[0]) == offset => group.push(step),
+                _ => groups.push(vec![step]),
+            }
+        }
+        debug_assert!(
+            groups.iter().all(|g| g.iter().all(|s| step_offset(s) == step_offset(g[0]))),
+            "a chunk's steps grouped with another's"
+        );
+        let batches: Vec<&[Vec<&Step>]> = groups.chunks(CHUNKS_PER_UPDATE).collect();
+        for (i, batch) in batches.iter().enumerate() {
+            let zero = if i + 1 == batches.len() { std::mem::take(&mut zero) } else { Vec::new() };
+            put_any |= self.pass_batch(client, pool, tiered, object, &mut guard, batch, zero)?;
+        }
+        if batches.is_empty() && !zero.is_empty() {
+            self.update(client, pool, object, &mut guard, zero, &tiered.tier)?;
+        }
+        self.shared.metrics.dedup_passes.add(1);
+        Ok(put_any)
+    }
+
+    /// The puts, the update and the unrefs of a pass's chunk groups (and
+    /// the zeroing of all-zero chunks, with the last).
+    #[allow(clippy::too_many_arguments)]
+    fn pass_batch(
+        &mut self,
+        client: &Client,
+        pool: u32,
+        tiered: &Tiered,
+        object: &[u8],
+        guard: &mut duplex_proto::tier::Guard,
+        batch: &[Vec<&Step>],
+        zero: Vec<Action>,
+    ) -> Result<bool, Stop> {
         let chunk_pool = tiered.tier.chunk_pool;
         let reference = |offset: u64, nonce: u64| {
             Reference { pool, offset, nonce, object: object.to_vec() }.encode().expect("the name fits (checked above)")
         };
         // Put the new chunks; an entry is set only for a reference read back.
         let mut put = Vec::new();
-        for step in &steps {
+        for step in batch.iter().flatten() {
             if let Step::Put { offset, nonce, fingerprint, data } = step {
                 let name = fingerprint.object_name();
                 let key = reference(*offset, *nonce);
@@ -370,63 +497,85 @@ impl Agent {
         let mut actions = Vec::new();
         let mut unrefs = Vec::new();
         let mut evicted = 0u64;
-        for step in &steps {
-            match step {
-                Step::Put { .. } => {}
-                Step::SetEntry { offset, entry } if was_put(*offset, entry) => {
-                    actions.push(Action::SetEntry { key: entry_key(*offset), value: entry.encode() });
-                }
-                Step::SetEntry { .. } => {}
-                Step::RemoveEntry { offset } => actions.push(Action::RemoveEntry { key: entry_key(*offset) }),
-                Step::Evict { offset, len } => {
-                    actions.push(Action::Zero { offset: *offset, len: u64::from(*len) });
-                    evicted += u64::from(*len);
-                }
-                Step::Unref { offset, nonce, fingerprint } => {
-                    // Only once nothing names it: its entry was replaced or removed.
-                    let replaced = put.iter().any(|(o, _, _)| o == offset)
-                        || steps.iter().any(|s| matches!(s, Step::RemoveEntry { offset: o } if o == offset));
-                    if replaced {
-                        unrefs.push((*offset, *nonce, *fingerprint));
+        for group in batch {
+            for step in group {
+                match step {
+                    Step::Put { .. } => {}
+                    Step::SetEntry { offset, entry } if was_put(*offset, entry) => {
+                        actions.push(Action::SetEntry { key: entry_key(*offset), value: entry.encode() });
+                    }
+                    Step::SetEntry { .. } => {}
+                    Step::RemoveEntry { offset } => actions.push(Action::RemoveEntry { key: entry_key(*offset) }),
+                    Step::Evict { offset, len } => {
+                        actions.push(Action::Zero { offset: *offset, len: u64::from(*len) });
+                        evicted += u64::from(*len);
+                    }
+                    Step::Unref { offset, nonce, fingerprint } => {
+                        // Only once nothing names it: its entry replaced or removed.
+                        let replaced = put.iter().any(|(o, _, _)| o == offset)
+                            || group.iter().any(|s| matches!(s, Step::RemoveEntry { .. }));
+                        if replaced {
+                            unrefs.push((*offset, *nonce, *fingerprint));
+                        }
                     }
                 }
             }
         }
-        // An all-zero chunk needs no chunk object: it becomes a hole (its
-        // blocks freed, if the writer wrote them).
+        actions.extend(zero);
         let chunk = u64::from(tiered.tier.chunk_size);
-        for (i, bytes) in data.chunks(chunk as usize).enumerate() {
-            let offset = i as u64 * chunk;
-            let whole_blocks = bytes.len() as u64 / duplex_store::BLOCK_SIZE as u64 * duplex_store::BLOCK_SIZE as u64;
-            let evicting = steps.iter().any(|s| matches!(s, Step::Evict { offset: o, .. } if *o == offset));
-            if whole_blocks > 0 && !evicting && bytes.iter().all(|b| *b == 0) {
-                actions.push(Action::Zero { offset, len: whole_blocks });
-            }
-        }
+        debug_assert!(
+            actions.iter().all(|a| match a {
+                Action::SetEntry { value, .. } => ChunkEntry::decode(value).is_some(),
+                Action::Zero { offset, len } => offset % chunk == 0 && *len <= chunk,
+                Action::RemoveEntry { key } => entry_offset(key).is_some(),
+                Action::Write { .. } => false,
+            }),
+            "a pass's update holds what a pass changes only: {actions:?}"
+        );
         if !actions.is_empty() {
-            self.gate(&tiered.tier);
-            if let Err(err) = client.tier_update(pool, object, &reply.guard, &actions) {
-                // Nothing names what this pass put: take its references back.
-                for (offset, fingerprint, nonce) in put {
-                    let _ =
-                        client.chunk_unref(chunk_pool, fingerprint.object_name().as_bytes(), &reference(offset, nonce));
+            if let Err(err) = self.update(client, pool, object, guard, actions, &tiered.tier) {
+                let stop = Stop::from(err);
+                // Refused before it was logged: nothing names what this
+                // batch put, so its references go now. (An error that
+                // leaves it unknown whether the update was logged, a
+                // timeout say, leaves them: an entry may name them, and
+                // the scrub removes them if none does.)
+                if matches!(stop, Stop::Stale) {
+                    for (offset, fingerprint, nonce) in &put {
+                        let name = fingerprint.object_name();
+                        let _ = client.chunk_unref(chunk_pool, name.as_bytes(), &reference(*offset, *nonce));
+                    }
                 }
-                return Err(err.into());
+                return Err(stop);
             }
             self.shared.metrics.dedup_bytes_evicted.add(evicted);
         }
+        debug_assert!(
+            unrefs.iter().all(|(offset, nonce, _)| !put.iter().any(|(o, _, n)| o == offset && n == nonce)),
+            "a pass unreferences what it put"
+        );
         for (offset, nonce, fingerprint) in unrefs {
             self.gate(&tiered.tier);
             client.chunk_unref(chunk_pool, fingerprint.object_name().as_bytes(), &reference(offset, nonce))?;
         }
-        self.shared.metrics.dedup_passes.add(1);
         Ok(!put.is_empty())
+    }
+}
+
+/// The chunk a plan's step is about.
+fn step_offset(step: &Step) -> u64 {
+    match step {
+        Step::Put { offset, .. }
+        | Step::SetEntry { offset, .. }
+        | Step::RemoveEntry { offset }
+        | Step::Unref { offset, .. }
+        | Step::Evict { offset, .. } => *offset,
     }
 }
 
 enum Work {
     Load { key: u32, interval: u64 },
-    Objects { key: u32, tiered: Tiered, promote: Vec<Bytes>, cold: Vec<Bytes> },
+    Objects { key: u32, tiered: Tiered, promote: Vec<(Bytes, BTreeSet<u64>)>, cold: Vec<Bytes> },
 }
 
 /// A pass that did not finish: the object waits its turn again.
@@ -453,5 +602,10 @@ fn entries(reply: &TierReadReply) -> Result<BTreeMap<u64, ChunkEntry>, Stop> {
 fn read_chunk(client: &Client, chunk_pool: u32, entry: &ChunkEntry) -> Result<Vec<u8>, Stop> {
     let name = entry.fingerprint.object_name();
     let sealed = client.read(chunk_pool, name.as_bytes(), 0, (entry.len as usize + frame::HEADER) as u32)?;
-    frame::open(&sealed, &entry.fingerprint).map_err(|e| Stop::Failed(format!("chunk {name}: {e}")))
+    let chunk = frame::open(&sealed, &entry.fingerprint).map_err(|e| Stop::Failed(format!("chunk {name}: {e}")))?;
+    // (The fingerprint covers the bytes; an entry of another length names another chunk.)
+    if chunk.len() != entry.len as usize {
+        return Err(Stop::Failed(format!("chunk {name} holds {} bytes, its entry {}", chunk.len(), entry.len)));
+    }
+    Ok(chunk)
 }

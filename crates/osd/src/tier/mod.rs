@@ -36,6 +36,9 @@ use duplex_dedup::chunkmap::{entry_offset, ChunkEntry};
 use duplex_proto::osd::{OpKind, OpRequest, Status};
 use duplex_proto::tier::{Action, Guard};
 
+use crate::backend::common::{lock_served, peering_reply, reply, uncommitted_reply};
+use crate::backend::Primary;
+use crate::messages::{ClientOp, ClientSlot, Job, Outcome, ReadJob};
 use crate::pg::Pg;
 
 /// What a deduplicated PG's primary keeps of its tier while it serves.
@@ -48,8 +51,8 @@ pub struct TierState {
     generations: HashMap<Bytes, u64>,
     /// Objects changed since their last pass, and when last.
     pub dirty: BTreeMap<Bytes, Instant>,
-    /// Objects with evicted chunks a client waits to change.
-    pub promote: BTreeSet<Bytes>,
+    /// Evicted chunks a client waits to change: object → chunk offsets.
+    pub promote: BTreeMap<Bytes, BTreeSet<u64>>,
 }
 
 impl TierState {
@@ -57,9 +60,10 @@ impl TierState {
     /// in `interval`; every object in `objects` is dirty (a new primary
     /// does not know which changed since their last pass).
     pub fn loaded(interval: u64, evicted: HashMap<Bytes, BTreeMap<u64, u32>>, objects: Vec<Bytes>) -> TierState {
+        debug_assert!(evicted.values().all(|chunks| !chunks.is_empty()), "an object with no evicted chunk indexed");
         let now = Instant::now();
         let dirty = objects.into_iter().map(|o| (o, now)).collect();
-        TierState { interval, evicted, generations: HashMap::new(), dirty, promote: BTreeSet::new() }
+        TierState { interval, evicted, generations: HashMap::new(), dirty, promote: BTreeMap::new() }
     }
 
     pub fn generation(&self, object: &[u8]) -> u64 {
@@ -69,7 +73,14 @@ impl TierState {
     /// The evicted chunks of `object` that overlap `[from, to)`.
     pub fn evicted_in(&self, object: &[u8], from: u64, to: u64) -> Vec<(u64, u32)> {
         let Some(chunks) = self.evicted.get(object) else { return Vec::new() };
-        chunks.range(..to).filter(|(offset, len)| **offset + u64::from(**len) > from).map(|(o, l)| (*o, *l)).collect()
+        debug_assert!(!chunks.is_empty(), "an object with no evicted chunk kept in the index");
+        let found: Vec<(u64, u32)> = chunks
+            .range(..to)
+            .filter(|(offset, len)| **offset + u64::from(**len) > from)
+            .map(|(o, l)| (*o, *l))
+            .collect();
+        debug_assert!(found.windows(2).all(|w| w[0].0 + u64::from(w[0].1) <= w[1].0), "evicted chunks overlap");
+        found
     }
 
     /// How many chunks are evicted (a gauge for `duplex dedup status`).
@@ -78,7 +89,8 @@ impl TierState {
     }
 
     fn changed(&mut self, object: &Bytes) {
-        *self.generations.entry(object.clone()).or_insert(0) += 1;
+        let generation = self.generations.entry(object.clone()).or_insert(0);
+        *generation = generation.checked_add(1).expect("an object's generation overflowed");
     }
 }
 
@@ -107,26 +119,51 @@ pub fn refuses(request: &OpRequest) -> Option<&'static str> {
 /// A refusal: the status and why.
 pub type Refused = (Status, String);
 
+/// What an admitted mutation of a deduplicated PG changes in its tier
+/// state, applied by [`commit`] once its entry is in the log (a mutation
+/// refused after admission, its log full say, changes nothing).
+#[derive(Debug)]
+pub struct Admitted {
+    object: Bytes,
+    at: Instant,
+    change: Change,
+}
+
+#[derive(Debug)]
+enum Change {
+    /// A client mutation: the object is dirty; a delete's evicted chunks go.
+    Client { delete: bool },
+    /// A tier update: chunks evicted, and chunks cached again or removed.
+    Update { evict: Vec<(u64, u32)>, keep: Vec<u64> },
+}
+
+/// The status of a tier update whose guard no longer holds: `Invalid`,
+/// so that the engine hears of it at once (a resend would not help).
+pub const STALE: &str = "the object changed since the engine read it";
+
 /// Admits a mutation of a deduplicated PG at its primary, under the PG
 /// lock and before its log append: a [`OpKind::TierUpdate`] whose guard
-/// still holds (its index changes made), or a client mutation that
-/// touches no evicted chunk (the object counted changed and dirty).
-pub fn admit(pg: &mut Pg, request: &OpRequest, now: Instant) -> Result<(), Refused> {
+/// still holds, or a client mutation that touches no evicted chunk. It
+/// changes nothing but the promotions wanted; [`commit`] applies the rest.
+pub fn admit(pg: &mut Pg, request: &OpRequest, now: Instant) -> Result<Admitted, Refused> {
+    debug_assert!(request.kind.is_mutation() && request.snap == 0, "{:?} admitted as a head's mutation", request.kind);
     let Some(tier) = current(pg) else {
+        if request.kind == OpKind::TierUpdate {
+            // Its guard names an interval whose index is gone.
+            return Err((Status::Invalid, STALE.into()));
+        }
         return Err((Status::Retry, "the deduplication tier's index of this PG is loading; resend".into()));
     };
     let object = &request.object;
     if request.kind == OpKind::TierUpdate {
-        let stale = || (Status::Retry, "the object changed since the engine read it".to_string());
         let (guard, actions) = duplex_proto::tier::split_update(&request.data)
             .map_err(|e| (Status::Invalid, format!("a tier update: {e}")))?;
-        if guard != (Guard { interval: tier.interval, generation: tier.generation(object) }) {
-            return Err(stale());
+        if guard != guard_of(tier, object) {
+            return Err((Status::Invalid, STALE.into()));
         }
         let actions = duplex_proto::tier::decode_actions(actions).expect("split_update decoded them");
-        apply_to_index(tier, object, &actions)?;
-        tier.changed(object);
-        return Ok(());
+        let (evict, keep) = index_changes(&actions)?;
+        return Ok(Admitted { object: object.clone(), at: now, change: Change::Update { evict, keep } });
     }
     let touched = match request.kind {
         OpKind::Write => Some((request.offset, request.offset.saturating_add(request.data.len() as u64))),
@@ -137,28 +174,63 @@ pub fn admit(pg: &mut Pg, request: &OpRequest, now: Instant) -> Result<(), Refus
         // Every chunk it cuts or passes: were one left evicted past the
         // end, bytes there would read as the chunk's if the object grew.
         OpKind::Truncate => Some((request.offset, u64::MAX)),
-        // (Its chunk map goes with it; the references it held are leaks
-        // the tier scrub reclaims.)
-        OpKind::Delete => {
-            tier.evicted.remove(object);
-            None
-        }
         _ => None,
     };
     if let Some((from, to)) = touched {
-        if !tier.evicted_in(object, from, to).is_empty() {
-            tier.promote.insert(object.clone());
+        let evicted = tier.evicted_in(object, from, to);
+        if !evicted.is_empty() {
+            tier.promote.entry(object.clone()).or_default().extend(evicted.iter().map(|(offset, _)| *offset));
             return Err((Status::Retry, "a deduplicated chunk this changes is being brought back; resend".into()));
         }
     }
-    tier.changed(object);
-    tier.dirty.insert(object.clone(), now);
-    Ok(())
+    // (A delete's chunk map goes with it; the references it held are
+    // leaks the tier scrub reclaims.)
+    let change = Change::Client { delete: request.kind == OpKind::Delete };
+    Ok(Admitted { object: object.clone(), at: now, change })
 }
 
-/// A tier update's changes of the evicted index; refused whole if it
-/// would leave an evicted chunk whose bytes it does not zero.
-fn apply_to_index(tier: &mut TierState, object: &Bytes, actions: &[Action]) -> Result<(), Refused> {
+/// Applies an admitted mutation to its PG's tier state, under the same
+/// PG lock as its log append, right after it.
+pub fn commit(pg: &mut Pg, admitted: &Admitted) {
+    let tier = current(pg).expect("the PG lock held since admission: the index is still current");
+    let object = &admitted.object;
+    match &admitted.change {
+        Change::Client { delete } => {
+            if *delete {
+                tier.evicted.remove(object);
+            }
+            tier.dirty.insert(object.clone(), admitted.at);
+            debug_assert!(
+                !*delete || tier.evicted_in(object, 0, u64::MAX).is_empty(),
+                "a deleted object's chunks stay"
+            );
+        }
+        Change::Update { evict, keep } => {
+            let chunks = tier.evicted.entry(object.clone()).or_default();
+            for offset in keep {
+                chunks.remove(offset);
+            }
+            chunks.extend(evict.iter().copied());
+            debug_assert!(chunks.values().all(|len| *len > 0), "an evicted chunk of no bytes");
+            debug_assert!(keep.iter().all(|offset| !chunks.contains_key(offset)), "a chunk kept stays evicted");
+            if chunks.is_empty() {
+                tier.evicted.remove(object);
+            }
+        }
+    }
+    let before = tier.generation(object);
+    tier.changed(object);
+    debug_assert_eq!(tier.generation(object), before + 1, "a logged mutation moves its object on once");
+}
+
+/// Chunks an update evicts (offset, length), and chunks it caches again or removes.
+type IndexChanges = (Vec<(u64, u32)>, Vec<u64>);
+
+/// A tier update's changes of the evicted index (chunks evicted, chunks
+/// cached again or removed); refused whole if it would leave an evicted
+/// chunk whose bytes it does not zero, or sets anything but chunk map
+/// entries.
+fn index_changes(actions: &[Action]) -> Result<IndexChanges, Refused> {
     let invalid = |why: &str| Err((Status::Invalid, why.to_string()));
     let mut evict = Vec::new();
     let mut keep = Vec::new();
@@ -187,15 +259,58 @@ fn apply_to_index(tier: &mut TierState, object: &Bytes, actions: &[Action]) -> R
             Action::Zero { .. } | Action::Write { .. } => {}
         }
     }
-    let chunks = tier.evicted.entry(object.clone()).or_default();
-    for offset in keep {
-        chunks.remove(&offset);
+    if evict.iter().any(|(offset, _)| keep.contains(offset)) {
+        return invalid("a tier update evicts and keeps one chunk");
     }
-    chunks.extend(evict);
-    if chunks.is_empty() {
-        tier.evicted.remove(object);
-    }
-    Ok(())
+    Ok((evict, keep))
+}
+
+/// A deduplicated pool's read: from the store (after a flush when the
+/// log holds the object's entries), the bytes with the chunk map entries
+/// of their chunks, read there at one moment, and the object's
+/// generation now (`crate::tier`).
+pub(crate) fn tier_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
+    let (shared, epoch) = (at.shared, at.epoch);
+    let Some(tier) = at.tier else {
+        return reply(&op, Status::Invalid, epoch, "the pool has no deduplication tier");
+    };
+    let request = &op.request;
+    let (guard, flush_first) = {
+        let Some(mut pg) = lock_served(at.pg, &at.interval) else { return peering_reply(shared, &op, epoch) };
+        if pg.uncommitted.touches(&request.object, 0, u64::MAX) {
+            return uncommitted_reply(shared, &op, epoch);
+        }
+        let flush_first = pg.index.contains(&request.object);
+        let Some(state) = crate::tier::current(&mut pg) else {
+            drop(pg);
+            shared.wake_tier();
+            return reply(&op, Status::Retry, epoch, "the deduplication tier's index of this PG is loading; resend");
+        };
+        let guard = crate::tier::guard_of(state, &request.object);
+        debug_assert_eq!(Some(guard.interval), pg.active.as_ref().map(|a| a.interval), "a guard of another interval");
+        (guard, flush_first)
+    };
+    let mut arg = Vec::with_capacity(20);
+    arg.extend_from_slice(&guard.interval.to_le_bytes());
+    arg.extend_from_slice(&guard.generation.to_le_bytes());
+    arg.extend_from_slice(&tier.chunk_size.to_le_bytes());
+    shared.metrics.reads.add(1);
+    shared.send_job(
+        at.key,
+        Job::Read(ReadJob {
+            kind: OpKind::TierRead,
+            pg: at.key,
+            object: request.object.clone(),
+            arg: Bytes::from(arg),
+            offset: request.offset,
+            len: request.length,
+            flush_first,
+            reply: ClientSlot { thread: op.thread, token: op.token, slot: op.slot },
+            map_epoch: epoch,
+            snap: 0,
+        }),
+    );
+    Outcome::Queued
 }
 
 /// The guard a tier read returns for `object`.
@@ -220,25 +335,43 @@ mod tests {
     }
 
     #[test]
-    fn the_index_follows_updates_and_refuses_an_eviction_that_keeps_its_bytes() {
+    fn updates_change_the_index_and_an_eviction_must_zero_its_bytes() {
         let mut tier = state();
         let object = Bytes::from_static(b"o");
+        let apply = |tier: &mut TierState, actions: &[Action]| -> Result<(), Refused> {
+            let (evict, keep) = index_changes(actions)?;
+            let chunks = tier.evicted.entry(object.clone()).or_default();
+            for offset in &keep {
+                chunks.remove(offset);
+            }
+            chunks.extend(evict);
+            if chunks.is_empty() {
+                tier.evicted.remove(&object);
+            }
+            Ok(())
+        };
         let evict =
             [Action::SetEntry { key: entry_key(0), value: entry(false) }, Action::Zero { offset: 0, len: 32768 }];
-        apply_to_index(&mut tier, &object, &evict).unwrap();
+        apply(&mut tier, &evict).unwrap();
         assert_eq!(tier.evicted_in(b"o", 0, u64::MAX), vec![(0, 32768), (32768, 32768)]);
         assert_eq!(tier.evicted_in(b"o", 32767, 32768), vec![(0, 32768)]);
         let promote = [
             Action::Write { offset: 32768, data: vec![1; 32768] },
             Action::SetEntry { key: entry_key(32768), value: entry(true) },
         ];
-        apply_to_index(&mut tier, &object, &promote).unwrap();
+        apply(&mut tier, &promote).unwrap();
         assert_eq!(tier.evicted_in(b"o", 0, u64::MAX), vec![(0, 32768)]);
         let unzeroed = [Action::SetEntry { key: entry_key(65536), value: entry(false) }];
-        assert_eq!(apply_to_index(&mut tier, &object, &unzeroed).unwrap_err().0, Status::Invalid);
+        assert_eq!(index_changes(&unzeroed).unwrap_err().0, Status::Invalid);
         let foreign = [Action::SetEntry { key: b"x".to_vec(), value: vec![] }];
-        assert!(apply_to_index(&mut tier, &object, &foreign).is_err());
-        apply_to_index(&mut tier, &object, &[Action::RemoveEntry { key: entry_key(0) }]).unwrap();
+        assert!(index_changes(&foreign).is_err());
+        let both = [
+            Action::SetEntry { key: entry_key(0), value: entry(false) },
+            Action::Zero { offset: 0, len: 32768 },
+            Action::RemoveEntry { key: entry_key(0) },
+        ];
+        assert!(index_changes(&both).is_err());
+        apply(&mut tier, &[Action::RemoveEntry { key: entry_key(0) }]).unwrap();
         assert_eq!(tier.evicted_chunks(), 0);
     }
 }

@@ -532,12 +532,11 @@ impl Partition {
         Ok(())
     }
 
-    /// Zeros the blocks the object maps in the range (clipped to its size)
-    /// as writes of zeros in place; holes stay holes. Nothing is allocated
-    /// and the size does not change.
-    /// Whole blocks of the range are unmapped (their space freed, as a
-    /// truncate frees the tail's), unless the object is preallocated;
-    /// the parts of blocks at its ends are written with zeros.
+    /// Makes `offset..offset + len` (clipped to the object's size, which
+    /// does not change) read as zeros without allocating: the
+    /// whole blocks of the range are unmapped (their space freed, as a
+    /// truncate frees the tail's) unless the object is preallocated, and
+    /// the mapped parts of blocks at its ends are written with zeros.
     fn plan_zero(&mut self, plan: &mut Plan, key: &Key, offset: u64, len: u64) -> Result<()> {
         let Some((size, preallocated)) =
             plan.objects[key].current.as_ref().map(|meta| (meta.size, meta.is_preallocated()))
