@@ -122,7 +122,19 @@ impl DevCluster {
 
     /// Starts `duplex nbd serve` for `image`; returns it with its URI.
     pub fn serve(&self, image: &str, socket: Option<&Path>) -> NbdServer {
+        self.serve_from(None, image, socket)
+    }
+
+    /// [`DevCluster::serve`] of an image in `pool`, over TCP.
+    pub fn serve_in(&self, pool: &str, image: &str) -> NbdServer {
+        self.serve_from(Some(pool), image, None)
+    }
+
+    fn serve_from(&self, pool: Option<&str>, image: &str, socket: Option<&Path>) -> NbdServer {
         let mut command = self.cli();
+        if let Some(pool) = pool {
+            command.args(["--pool", pool]);
+        }
         command.args(["nbd", "serve", "--image", image]);
         match socket {
             Some(path) => command.arg("--socket").arg(path),

@@ -180,6 +180,9 @@ pub fn admit(pg: &mut Pg, request: &OpRequest, now: Instant) -> Result<Admitted,
         let evicted = tier.evicted_in(object, from, to);
         if !evicted.is_empty() {
             tier.promote.entry(object.clone()).or_default().extend(evicted.iter().map(|(offset, _)| *offset));
+            // About to be written: hot, so that no pass evicts the chunks
+            // again before the writer's retry lands.
+            tier.dirty.insert(object.clone(), now);
             return Err((Status::Retry, "a deduplicated chunk this changes is being brought back; resend".into()));
         }
     }
