@@ -153,6 +153,10 @@ pub enum PeerOp {
         meta: Option<ObjectMeta>,
         staged_bytes: u64,
         requests: Vec<LoggedRequest>,
+        /// The last seq of the history the copy comes from: the member
+        /// forgets its own ids past it (writes that history does not hold,
+        /// whose effects the copies may overwrite).
+        authority_seq: u64,
     },
     /// Operator → the PG's primary (interval ignored): peer the PG again
     /// with a deep scrub, comparing every object's digest on every member;
@@ -387,9 +391,10 @@ mod tests {
                 name(),
                 proptest::option::of((any::<u64>(), any::<bool>(), proptest::collection::vec((name(), name()), 0..3))),
                 any::<u64>(),
-                requests()
+                requests(),
+                any::<u64>()
             )
-                .prop_map(|(object, meta, staged_bytes, requests)| PeerOp::Install {
+                .prop_map(|(object, meta, staged_bytes, requests, authority_seq)| PeerOp::Install {
                     object,
                     meta: meta.map(|(size, preallocated, attrs)| ObjectMeta {
                         size,
@@ -399,6 +404,7 @@ mod tests {
                     }),
                     staged_bytes,
                     requests,
+                    authority_seq,
                 }),
         ]
     }

@@ -558,3 +558,19 @@ fn regression_seeds_10222_and_10007_a_hand_over_back_to_the_up_sets_order_leaves
 fn regression_seed_30680_a_pin_keeps_the_osd_that_holds_the_pg() {
     run_every_fault_two_at_once(30680);
 }
+
+/// osd.0 lost its PG log with the power in a commit; its store held
+/// writes 199-204 (with their ids) that osd.1, the authority at 198,
+/// never logged. Recovery began installing osd.1's copies on osd.0 (sim-0
+/// went back to its state at 198) and was cut short when osd.1 lost its
+/// power too. In the next peering both had lost their logs, and osd.0 won
+/// with ids through 204: a client's resend of write 2/601, never applied
+/// at 198, was answered as done, and the block read back older. A member
+/// a recovery installs copies on now forgets its own ids past the
+/// authority's last seq, in the install's batch. (Session 25's closing
+/// sweep, one fault at a time, 1 seed of 1,500 from 500000; it failed at
+/// session 24's end too.)
+#[test]
+fn regression_seed_500221_a_copy_recovery_rolled_back_does_not_vouch_for_writes_it_lost() {
+    run_seed(500221);
+}

@@ -134,8 +134,8 @@ impl Flusher {
             PeerOp::ObjectRequests { object } => {
                 Ok(PeerReply::Requests(pg.lock().expect("PG lock").requests_touching(&object)))
             }
-            PeerOp::Install { object, meta, staged_bytes, requests } => {
-                self.install(pg, key, interval, object, meta, staged_bytes, requests)
+            PeerOp::Install { object, meta, staged_bytes, requests, authority_seq } => {
+                self.install(pg, key, interval, object, meta, staged_bytes, requests, authority_seq)
             }
             PeerOp::Scrub { .. } => Err("a scrub is asked of the PG's primary, not of a member's store".into()),
             PeerOp::Activate { last_seq, last_epoch, members, rebuilt, requests, backfill } => {
@@ -512,12 +512,27 @@ impl Flusher {
         meta: Option<ObjectMeta>,
         staged_bytes: u64,
         requests: Vec<LoggedRequest>,
+        authority_seq: u64,
     ) -> Result<PeerReply, String> {
         if requests.len() > crate::pg::requests::TRACKED_REQUESTS {
             return Err(format!("{} request ids for one object", requests.len()));
         }
+        if requests.iter().any(|r| r.seq > authority_seq) {
+            return Err(format!("ids past the authority's last seq {authority_seq} came with a copy"));
+        }
         self.flush_pg(key)?;
         let index = self.partition.index();
+        // This member's own ids past the authority's history name writes
+        // that history does not hold: a copy installed here may overwrite
+        // their effects, so none of them may be answered as applied, here
+        // or by this copy as a later authority (were this recovery cut
+        // short). Forgotten in the store's record, in the install's batch,
+        // and in the table (simulator seed 500221: an authority whose
+        // copy a cut-short recovery had rolled back answered a resend of
+        // a write it no longer held as done).
+        let stored = stored_requests::read(&mut self.partition, key).map_err(|e| e.to_string())?;
+        let forget = stored.iter().any(|r| r.seq > authority_seq);
+        let kept: Vec<LoggedRequest> = stored.into_iter().filter(|r| r.seq <= authority_seq).collect();
         let (staged, id_ops) = {
             let mut guard = pg.lock().expect("PG lock");
             let staged = guard.staged.take_if(|s| s.interval == interval && s.object == object).unwrap_or_default();
@@ -560,6 +575,9 @@ impl Flusher {
             None if staged.bytes > 0 => return Err("bytes were staged for an object to remove".into()),
             None => {}
         }
+        if forget {
+            batch.push(stored_requests::rewrite(index, key, &kept));
+        }
         for op in id_ops {
             batch.push(op);
         }
@@ -572,7 +590,13 @@ impl Flusher {
             ids = requests.len(),
             "installed an object peering's recovery copied"
         );
-        pg.lock().expect("PG lock").take_installed_ids(&requests);
+        let mut guard = pg.lock().expect("PG lock");
+        guard.requests.forget_after(authority_seq);
+        guard.take_installed_ids(&requests);
+        debug_assert!(
+            guard.requests.logged().iter().all(|r| r.seq <= authority_seq),
+            "an id past the authority's kept"
+        );
         Ok(reply)
     }
 
@@ -858,7 +882,16 @@ mod tests {
             meta: Some(meta.clone()),
             staged_bytes,
             requests,
+            authority_seq: 12,
         };
+        // This member's store vouches for writes 3 and 20 of its own; the
+        // authority's history ends at 12, so 20 must go with the first
+        // install (its copies may overwrite what 20 wrote).
+        let index = member.partition.index();
+        let own = Batch {
+            ops: vec![stored_requests::create(index, pg), stored_requests::rewrite(index, pg, &[id(3), id(20)])],
+        };
+        member.partition.apply(&own).unwrap();
         assert!(
             matches!(ask(&mut member, pg, 5, install(4096, vec![id(7)])), PeerReply::Refused(_)),
             "a byte count that does not match what was staged is refused"
@@ -873,10 +906,20 @@ mod tests {
         assert_eq!(&data[..first.len()], &first[..]);
         assert_eq!(&data[first.len()..], &second[..]);
 
-        // The changed copy: an unknown position past every id it holds.
+        // The changed copy: an unknown position past every id it holds,
+        // none of them past the authority's.
         let (changed, requests) = info(ask(&mut member, pg, 6, PeerOp::Query));
         assert_eq!((changed.last_seq, changed.last_epoch, changed.history_from), (9, 0, 10));
         assert!(requests.contains(&id(7)) && requests.contains(&id(9)), "{requests:?}");
+        assert!(!requests.contains(&id(20)), "an id past the authority's history survived the install: {requests:?}");
+        let past = PeerOp::Install {
+            object: object.clone(),
+            meta: None,
+            staged_bytes: 0,
+            requests: vec![id(13)],
+            authority_seq: 12,
+        };
+        assert!(matches!(ask(&mut member, pg, 6, past), PeerReply::Refused(_)), "ids past the authority's own");
 
         // A restart: the mark and the ids are in the store.
         drop(member);
@@ -884,6 +927,8 @@ mod tests {
         let (restarted, requests) = info(ask(&mut member, pg, 7, PeerOp::Query));
         assert_eq!((restarted.last_seq, restarted.last_epoch), (9, 0));
         assert!(requests.contains(&id(7)) && requests.contains(&id(9)), "{requests:?}");
+        // Its own id within the authority's history stays; the one past it went from the store too.
+        assert!(requests.contains(&id(3)) && !requests.contains(&id(20)), "{requests:?}");
 
         // Activation at the authority's position ends it.
         let activate = PeerOp::Activate {

@@ -140,6 +140,8 @@ enum RebuildStage {
 }
 
 /// What the next step of one object's rebuild is.
+// (One lives at a time, between two steps: its size costs nothing.)
+#[allow(clippy::large_enum_variant)]
 enum ChunkStep {
     Send(RebuildStage, OsdId, PeerOp),
     /// The target's copy is the decoded one already.
@@ -504,7 +506,7 @@ impl Peering {
             }
             (RebuildStage::Ids { meta, staged }, Some(PeerReply::Requests(mut requests))) => {
                 requests.retain(|id| id.seq <= ec.settle_to);
-                let op = PeerOp::Install { object, meta, staged_bytes: staged, requests };
+                let op = PeerOp::Install { object, meta, staged_bytes: staged, requests, authority_seq: ec.settle_to };
                 ChunkStep::Send(RebuildStage::Install, rebuild.to, op)
             }
             (RebuildStage::Install, Some(PeerReply::Done)) => {

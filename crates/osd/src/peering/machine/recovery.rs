@@ -369,7 +369,12 @@ impl Peering {
                 } else {
                     self.progress.objects_removed += 1;
                 }
-                (CopyStage::Install, copy.to, PeerOp::Install { object, meta, staged_bytes: staged, requests })
+                let authority_seq = recovery.info.last_seq;
+                (
+                    CopyStage::Install,
+                    copy.to,
+                    PeerOp::Install { object, meta, staged_bytes: staged, requests, authority_seq },
+                )
             }
             (CopyStage::Install, Some(PeerReply::Done)) => return Ok(None),
             (_, other) => return Err(format!("unexpected answer {other:?} while copying an object")),

@@ -132,7 +132,7 @@ impl Member {
                     .copied()
                     .collect(),
             ),
-            PeerOp::Install { object, meta, staged_bytes, requests } => {
+            PeerOp::Install { object, meta, staged_bytes, requests, .. } => {
                 let chunks = self.staged.take().filter(|(o, _)| *o == object).map(|(_, c)| c).unwrap_or_default();
                 if chunks.iter().map(|(_, d)| d.len() as u64).sum::<u64>() != staged_bytes {
                     return PeerReply::Refused("a staged chunk was lost".into());
