@@ -517,8 +517,12 @@ impl Flusher {
         if requests.len() > crate::pg::requests::TRACKED_REQUESTS {
             return Err(format!("{} request ids for one object", requests.len()));
         }
+        let mut requests = requests;
         if requests.iter().any(|r| r.seq > authority_seq) {
-            return Err(format!("ids past the authority's last seq {authority_seq} came with a copy"));
+            // (A scrub's repair may copy from a member past the authority:
+            // its ids past the history are not the history's.)
+            tracing::warn!(pg = key, authority_seq, "ids past the authority's history came with a copy; not taken");
+            requests.retain(|r| r.seq <= authority_seq);
         }
         self.flush_pg(key)?;
         let index = self.partition.index();
@@ -530,9 +534,15 @@ impl Flusher {
         // and in the table (simulator seed 500221: an authority whose
         // copy a cut-short recovery had rolled back answered a resend of
         // a write it no longer held as done).
-        let stored = stored_requests::read(&mut self.partition, key).map_err(|e| e.to_string())?;
-        let forget = stored.iter().any(|r| r.seq > authority_seq);
-        let kept: Vec<LoggedRequest> = stored.into_iter().filter(|r| r.seq <= authority_seq).collect();
+        // (Once per interval and history: the record is read whole.)
+        let purged = pg.lock().expect("PG lock").ids_purged_past;
+        let (forget, kept) = if purged == Some((interval, authority_seq)) {
+            (false, Vec::new())
+        } else {
+            let stored = stored_requests::read(&mut self.partition, key).map_err(|e| e.to_string())?;
+            let forget = stored.iter().any(|r| r.seq > authority_seq);
+            (forget, stored.into_iter().filter(|r| r.seq <= authority_seq).collect::<Vec<LoggedRequest>>())
+        };
         let (staged, id_ops) = {
             let mut guard = pg.lock().expect("PG lock");
             let staged = guard.staged.take_if(|s| s.interval == interval && s.object == object).unwrap_or_default();
@@ -592,6 +602,7 @@ impl Flusher {
         );
         let mut guard = pg.lock().expect("PG lock");
         guard.requests.forget_after(authority_seq);
+        guard.ids_purged_past = Some((interval, authority_seq));
         guard.take_installed_ids(&requests);
         debug_assert!(
             guard.requests.logged().iter().all(|r| r.seq <= authority_seq),
@@ -884,14 +895,26 @@ mod tests {
             requests,
             authority_seq: 12,
         };
-        // This member's store vouches for writes 3 and 20 of its own; the
-        // authority's history ends at 12, so 20 must go with the first
-        // install (its copies may overwrite what 20 wrote).
+        // This member's store vouches for writes 3 and 20 of its own, and
+        // its table holds them (loaded at its next query, as after a
+        // restart); the authority's history ends at 12, so 20 must go
+        // with the first install (its copies may overwrite what 20 wrote).
         let index = member.partition.index();
+        // (A copy an earlier recovery changed, as in seed 500221: its
+        // position is unknown, so its query takes every stored id.)
         let own = Batch {
-            ops: vec![stored_requests::create(index, pg), stored_requests::rewrite(index, pg, &[id(3), id(20)])],
+            ops: vec![
+                stored_requests::create(index, pg),
+                stored_requests::rewrite(index, pg, &[id(3), id(20)]),
+                stored_interval::mark_recovered(index, pg, true),
+            ],
         };
         member.partition.apply(&own).unwrap();
+        drop(member);
+        let (mut member, _poll) = flusher(&store, logs.path());
+        let (ahead, before) = info(ask(&mut member, pg, 5, PeerOp::Query));
+        assert!(before.contains(&id(3)) && before.contains(&id(20)), "{before:?}");
+        assert_eq!(ahead.last_seq, 20, "past every id it holds");
         assert!(
             matches!(ask(&mut member, pg, 5, install(4096, vec![id(7)])), PeerReply::Refused(_)),
             "a byte count that does not match what was staged is refused"
@@ -912,14 +935,19 @@ mod tests {
         assert_eq!((changed.last_seq, changed.last_epoch, changed.history_from), (9, 0, 10));
         assert!(requests.contains(&id(7)) && requests.contains(&id(9)), "{requests:?}");
         assert!(!requests.contains(&id(20)), "an id past the authority's history survived the install: {requests:?}");
+        assert!(requests.contains(&id(3)), "an id of its own within the history stays: {requests:?}");
+        // A copy that comes with ids past the history (a scrub's repair
+        // from another member, say): those are not taken.
         let past = PeerOp::Install {
-            object: object.clone(),
+            object: b"other".to_vec(),
             meta: None,
             staged_bytes: 0,
-            requests: vec![id(13)],
+            requests: vec![id(8), id(13)],
             authority_seq: 12,
         };
-        assert!(matches!(ask(&mut member, pg, 6, past), PeerReply::Refused(_)), "ids past the authority's own");
+        assert_eq!(ask(&mut member, pg, 6, past), PeerReply::Done);
+        let (_, requests) = info(ask(&mut member, pg, 6, PeerOp::Query));
+        assert!(requests.contains(&id(8)) && !requests.contains(&id(13)), "{requests:?}");
 
         // A restart: the mark and the ids are in the store.
         drop(member);

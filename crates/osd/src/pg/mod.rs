@@ -167,6 +167,10 @@ pub struct Pg {
     /// dirty list (`crate::tier`; stale in another interval than the one
     /// it was loaded in).
     pub tier: Option<Box<crate::tier::TierState>>,
+    /// Member side, peering's recovery: the (interval, authority's last
+    /// seq) whose install already forgot this member's ids past that seq
+    /// (`flusher::member`, install), so later installs skip the record's read.
+    pub ids_purged_past: Option<(u64, u64)>,
 }
 
 /// An object copy peering's recovery is staging on this member.
@@ -287,6 +291,7 @@ impl Pg {
             holds_back: false,
             ec_pending: BTreeSet::new(),
             tier: None,
+            ids_purged_past: None,
         }
     }
 
