@@ -151,7 +151,7 @@ impl Agent {
                         let cold: Vec<Bytes> = state
                             .dirty
                             .iter()
-                            .filter(|(_, at)| !paused && now.saturating_duration_since(**at) >= cold_after)
+                            .filter(|(_, at)| !paused && now >= **at + cold_after)
                             .map(|(object, _)| object.clone())
                             .take(PASSES_PER_TURN)
                             .collect();

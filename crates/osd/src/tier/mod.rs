@@ -116,6 +116,10 @@ pub fn refuses(request: &OpRequest) -> Option<&'static str> {
     }
 }
 
+/// How long an object whose chunks a writer waits for stays out of the
+/// engine's passes, past its hotness rule (its dirty time is set ahead).
+pub const PROMOTED_HOT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A refusal: the status and why.
 pub type Refused = (Status, String);
 
@@ -180,9 +184,10 @@ pub fn admit(pg: &mut Pg, request: &OpRequest, now: Instant) -> Result<Admitted,
         let evicted = tier.evicted_in(object, from, to);
         if !evicted.is_empty() {
             tier.promote.entry(object.clone()).or_default().extend(evicted.iter().map(|(offset, _)| *offset));
-            // About to be written: hot, so that no pass evicts the chunks
-            // again before the writer's retry lands.
-            tier.dirty.insert(object.clone(), now);
+            // About to be written: hot for a while, so that no pass evicts
+            // the chunks again before the writer's retry lands (with a
+            // pass due at once, that was a livelock: promote, evict, ...).
+            tier.dirty.insert(object.clone(), now + PROMOTED_HOT);
             return Err((Status::Retry, "a deduplicated chunk this changes is being brought back; resend".into()));
         }
     }
