@@ -25,16 +25,10 @@ const RESTARTS: u32 = 8;
 
 /// The evicted chunks of a tier read's reply: offset → entry.
 pub fn evicted(reply: &TierReadReply) -> Result<BTreeMap<u64, ChunkEntry>, ClientError> {
-    let mut out = BTreeMap::new();
-    for (key, value) in &reply.entries {
-        let (Some(offset), Some(entry)) = (entry_offset(key), ChunkEntry::decode(value)) else {
-            return Err(ClientError::Corrupt("a malformed chunk map entry".into()));
-        };
-        if !entry.cached {
-            out.insert(offset, entry);
-        }
-    }
-    Ok(out)
+    let mut map = duplex_dedup::chunkmap::decode_map(&reply.entries)
+        .ok_or_else(|| ClientError::Corrupt("a malformed chunk map entry".into()))?;
+    map.retain(|_, entry| !entry.cached);
+    Ok(map)
 }
 
 /// Starts `read` (a `Read` of a deduplicated pool whose chunks are in
@@ -220,7 +214,7 @@ pub fn scrub(client: &Client, pool: u32, deep: bool) -> Result<ScrubReport, Clie
                     client.chunk_unref(chunk_pool, &name, &key)?;
                     report.leaks_removed += 1;
                 }
-                Err(ClientError::Invalid(why)) if why.contains("changed since") => report.leaks_busy += 1,
+                Err(ClientError::Invalid(why)) if why.contains(duplex_proto::tier::STALE) => report.leaks_busy += 1,
                 Err(err) => return Err(err),
             }
         }

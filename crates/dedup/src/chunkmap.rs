@@ -94,6 +94,13 @@ pub fn entries_from(offset: u64) -> (Vec<u8>, Vec<u8>) {
     (entry_key(offset), vec![ENTRY_PREFIX + 1])
 }
 
+/// An object's chunk map (offset → entry) from its omap records (a tier
+/// read's, or the store's): `None` if one of them is not a chunk map
+/// entry.
+pub fn decode_map(records: &[(Vec<u8>, Vec<u8>)]) -> Option<std::collections::BTreeMap<u64, ChunkEntry>> {
+    records.iter().map(|(key, value)| Some((entry_offset(key)?, ChunkEntry::decode(value)?))).collect()
+}
+
 /// Who uses a chunk: a chunk object's reference.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Reference {

@@ -222,19 +222,6 @@ pub fn pool_set(pool: &Pool, key: &str, value: &str) -> Result<Option<Pool>, Com
     Ok((new != *pool).then_some(new))
 }
 
-/// `32K`, `1M`, `4096`: a byte count or a plain number.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, shift) = match text.as_bytes().last() {
-        Some(b'K' | b'k') => (&text[..text.len() - 1], 10),
-        Some(b'M' | b'm') => (&text[..text.len() - 1], 20),
-        Some(b'G' | b'g') => (&text[..text.len() - 1], 30),
-        _ => (text, 0),
-    };
-    let value: u64 = digits.parse().map_err(|_| format!("'{text}' is not a number (like 32K or 1000)"))?;
-    value.checked_mul(1 << shift).ok_or_else(|| format!("'{text}' is too large"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,14 +315,9 @@ mod tests {
     }
 
     #[test]
-    fn compression_names_round_trip_and_sizes_parse() {
+    fn compression_names_round_trip() {
         for c in [Compression::None, Compression::Lz4, Compression::Zstd(1), Compression::Zstd(19)] {
             assert_eq!(Compression::parse(&c.to_string()), Ok(c));
         }
-        assert_eq!(parse_size("32K"), Ok(32 << 10));
-        assert_eq!(parse_size("1m"), Ok(1 << 20));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("K").is_err());
-        assert!(parse_size("99999999999999G").is_err());
     }
 }

@@ -99,6 +99,10 @@ const REMOVE: u8 = 2;
 const ZERO: u8 = 3;
 const WRITE: u8 = 4;
 
+/// The message of an update refused because its guard no longer holds
+/// (status `Invalid`: resending it would not help; read again).
+pub const STALE: &str = "the object changed since the engine read it";
+
 /// Actions an update holds at most.
 pub const MAX_ACTIONS: usize = 4096;
 
@@ -124,11 +128,16 @@ pub fn encode_update(guard: &Guard, actions: &[Action]) -> Vec<u8> {
     out
 }
 
-/// An update request's guard, and its actions' bytes (what is logged).
+/// An update request's guard, and its actions' bytes (what is logged),
+/// checked.
 pub fn split_update(data: &[u8]) -> Result<(Guard, &[u8]), DecodeError> {
+    decode_update(data).map(|(guard, _)| (guard, &data[GUARD_LEN..]))
+}
+
+/// An update request's guard and actions.
+pub fn decode_update(data: &[u8]) -> Result<(Guard, Vec<Action>), DecodeError> {
     let (guard, actions) = decode_guard(data)?;
-    decode_actions(actions)?;
-    Ok((guard, actions))
+    Ok((guard, decode_actions(actions)?))
 }
 
 pub fn encode_actions(actions: &[Action]) -> Vec<u8> {

@@ -872,13 +872,9 @@ impl Flusher {
     /// A deduplicated object's bytes with the chunk map entries of the
     /// chunks they overlap, read at one moment (`crate::tier`).
     fn tier_read(&mut self, read: &ReadJob, key: &[u8]) -> Result<Bytes, StoreError> {
-        let bad = || StoreError::InvalidArgument("a tier read's guard".into());
-        let arg: &[u8; 20] = read.arg.as_ref().try_into().map_err(|_| bad())?;
-        let guard = duplex_proto::tier::Guard {
-            interval: u64::from_le_bytes(arg[..8].try_into().expect("8 bytes")),
-            generation: u64::from_le_bytes(arg[8..16].try_into().expect("8 bytes")),
-        };
-        let chunk_size = u64::from(u32::from_le_bytes(arg[16..].try_into().expect("4 bytes")).max(1));
+        let (guard, chunk_size) = crate::tier::read_arg_of(&read.arg)
+            .ok_or_else(|| StoreError::InvalidArgument("a tier read's guard".into()))?;
+        let chunk_size = u64::from(chunk_size.max(1));
         let size = match self.partition.stat(key) {
             Ok(info) => info.size,
             Err(StoreError::NotFound) => {

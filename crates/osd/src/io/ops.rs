@@ -93,27 +93,7 @@ fn run(shared: &Shared, cache: &mut ActingCache, histograms: &Histograms, op: Cl
     if names_an_object && duplex_placement::pg_of(&request.object, pool.pg_num) != request.pg {
         return reply(&op, Status::Invalid, epoch, "the object does not belong to this PG");
     }
-    // A chunk pool holds chunk objects only, changed by chunk operations
-    // only (docs/DEDUP.md: its replay converges because nothing else
-    // changes them); chunk operations go to chunk pools only.
-    if pool.dedup.is_some() || matches!(request.kind, OpKind::TierRead | OpKind::TierUpdate) {
-        let why = match pool.dedup {
-            Some(_) => crate::tier::refuses(request),
-            None => Some("the deduplication tier's operations go to a deduplicated pool"),
-        };
-        if let Some(why) = why {
-            return reply(&op, Status::Invalid, epoch, why);
-        }
-    }
-    let chunk_op = matches!(request.kind, OpKind::ChunkPut | OpKind::ChunkUnref);
-    if pool.chunks.is_some() != chunk_op
-        && (chunk_op || request.kind.is_mutation() || request.kind == OpKind::TrimSnaps)
-    {
-        let why = if chunk_op {
-            format!("{:?} goes to a chunk pool; pool {} is not one", request.kind, request.pool)
-        } else {
-            format!("pool {} is a chunk pool: only the deduplication tier changes it", request.pool)
-        };
+    if let Some(why) = crate::tier::pool_refuses(pool, request) {
         return reply(&op, Status::Invalid, epoch, why);
     }
     if request.kind == OpKind::TrimSnaps {

@@ -73,6 +73,7 @@ pub fn run(shared: Arc<Shared>, wake: Receiver<()>) {
         connect_failed_at: None,
         throttle: Throttle::default(),
         foreground: (Instant::now(), 0, 0),
+        load_failed: HashMap::new(),
     };
     loop {
         let busy = agent.turn();
@@ -91,7 +92,13 @@ struct Agent {
     /// When the foreground rate was last measured, the operations counted
     /// then, and the rate (operations a second).
     foreground: (Instant, u64, u64),
+    /// PGs whose index failed to load, and when: tried again after
+    /// [`LOAD_RETRY`], not at every turn (each load flushes and walks the PG).
+    load_failed: HashMap<u32, Instant>,
 }
+
+/// How long a PG whose index failed to load waits for another try.
+const LOAD_RETRY: Duration = Duration::from_secs(1);
 
 /// Why a step stopped.
 #[derive(Debug)]
@@ -106,7 +113,7 @@ enum Stop {
 impl From<ClientError> for Stop {
     fn from(err: ClientError) -> Stop {
         match err {
-            ClientError::Invalid(why) if why.contains(crate::tier::STALE) => Stop::Stale,
+            ClientError::Invalid(why) if why.contains(duplex_proto::tier::STALE) => Stop::Stale,
             ClientError::NotFound => Stop::Gone,
             err => Stop::Failed(err.to_string()),
         }
@@ -142,6 +149,7 @@ impl Agent {
                 let Some(active) = guard.active.as_ref().filter(|a| a.members.first() == Some(&me)) else { continue };
                 let interval = active.interval;
                 match crate::tier::current(&mut guard) {
+                    None if self.load_failed.get(&key).is_some_and(|at| at.elapsed() < LOAD_RETRY) => continue,
                     None => Work::Load { key, interval },
                     Some(state) => {
                         let promote: Vec<(Bytes, BTreeSet<u64>)> =
@@ -237,7 +245,8 @@ impl Agent {
         let loaded = match answer.recv() {
             Ok(Ok(loaded)) => loaded,
             Ok(Err(err)) => {
-                tracing::warn!(pg = key, %err, "loading a deduplicated PG's index failed");
+                tracing::warn!(pg = key, %err, "loading a deduplicated PG's index failed; trying again shortly");
+                self.load_failed.insert(key, Instant::now());
                 return;
             }
             Err(_) => return, // the flusher ended: the OSD stops
@@ -248,6 +257,7 @@ impl Agent {
             let evicted: usize = loaded.evicted.values().map(BTreeMap::len).sum();
             tracing::debug!(pg = key, objects = loaded.objects.len(), evicted, "deduplicated PG index loaded");
             guard.tier = Some(Box::new(TierState::loaded(interval, loaded.evicted, loaded.objects)));
+            self.load_failed.remove(&key);
         }
     }
 
@@ -305,7 +315,10 @@ impl Agent {
         }
         reply.entries.sort();
         reply.entries.dedup_by(|a, b| a.0 == b.0);
-        debug_assert_eq!(reply.data.len() as u64, reply.size, "an object read whole");
+        // The plan slices these bytes by the size: never past them.
+        if reply.data.len() as u64 != reply.size {
+            return Err(Stop::Failed(format!("{} bytes read of an object of {}", reply.data.len(), reply.size)));
+        }
         Ok(reply)
     }
 
@@ -588,14 +601,7 @@ fn redirty(pg: &SharedPg, object: &Bytes) {
 
 /// A tier read's chunk map, by offset.
 fn entries(reply: &TierReadReply) -> Result<BTreeMap<u64, ChunkEntry>, Stop> {
-    reply
-        .entries
-        .iter()
-        .map(|(key, value)| match (entry_offset(key), ChunkEntry::decode(value)) {
-            (Some(offset), Some(entry)) => Ok((offset, entry)),
-            _ => Err(Stop::Failed("a malformed chunk map entry".into())),
-        })
-        .collect()
+    duplex_dedup::chunkmap::decode_map(&reply.entries).ok_or_else(|| Stop::Failed("a malformed chunk map entry".into()))
 }
 
 /// The raw bytes of the chunk `entry` names, checked against its fingerprint.

@@ -34,7 +34,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use duplex_dedup::chunkmap::{entry_offset, ChunkEntry};
 use duplex_proto::osd::{OpKind, OpRequest, Status};
-use duplex_proto::tier::{Action, Guard};
+// (A stale guard is answered `Invalid` with STALE: the engine hears of it
+// at once; a resend would not help.)
+use duplex_proto::tier::{Action, Guard, STALE};
 
 use crate::backend::common::{lock_served, peering_reply, reply, uncommitted_reply};
 use crate::backend::Primary;
@@ -100,6 +102,35 @@ pub fn current(pg: &mut Pg) -> Option<&mut TierState> {
     pg.tier.as_deref_mut().filter(|tier| tier.interval == interval)
 }
 
+/// Why pool `pool`'s kind refuses `request` (`None`: it goes on). A
+/// deduplicated pool refuses what its chunk maps cannot follow
+/// ([`refuses`]); a chunk pool takes chunk operations only (its replay
+/// converges because nothing else changes its objects, docs/DEDUP.md);
+/// tier and chunk operations go to their pools only. A plain pool's
+/// request costs one test.
+pub fn pool_refuses(pool: &duplex_map::Pool, request: &OpRequest) -> Option<String> {
+    let kind = request.kind;
+    let tier_op = matches!(kind, OpKind::TierRead | OpKind::TierUpdate);
+    let chunk_op = matches!(kind, OpKind::ChunkPut | OpKind::ChunkUnref);
+    if pool.dedup.is_none() && pool.chunks.is_none() && !tier_op && !chunk_op {
+        return None;
+    }
+    if pool.dedup.is_some() {
+        if let Some(why) = refuses(request) {
+            return Some(why.into());
+        }
+    } else if tier_op {
+        return Some("the deduplication tier's operations go to a deduplicated pool".into());
+    }
+    if chunk_op && pool.chunks.is_none() {
+        return Some(format!("{kind:?} goes to a chunk pool; pool {} is not one", request.pool));
+    }
+    if pool.chunks.is_some() && !chunk_op && (kind.is_mutation() || kind == OpKind::TrimSnaps) {
+        return Some(format!("pool {} is a chunk pool: only the deduplication tier changes it", request.pool));
+    }
+    None
+}
+
 /// Why a deduplicated pool refuses `request` outright (`None`: it may go
 /// on to [`admit`]).
 pub fn refuses(request: &OpRequest) -> Option<&'static str> {
@@ -141,10 +172,6 @@ enum Change {
     Update { evict: Vec<(u64, u32)>, keep: Vec<u64> },
 }
 
-/// The status of a tier update whose guard no longer holds: `Invalid`,
-/// so that the engine hears of it at once (a resend would not help).
-pub const STALE: &str = "the object changed since the engine read it";
-
 /// Admits a mutation of a deduplicated PG at its primary, under the PG
 /// lock and before its log append: a [`OpKind::TierUpdate`] whose guard
 /// still holds, or a client mutation that touches no evicted chunk. It
@@ -160,12 +187,11 @@ pub fn admit(pg: &mut Pg, request: &OpRequest, now: Instant) -> Result<Admitted,
     };
     let object = &request.object;
     if request.kind == OpKind::TierUpdate {
-        let (guard, actions) = duplex_proto::tier::split_update(&request.data)
+        let (guard, actions) = duplex_proto::tier::decode_update(&request.data)
             .map_err(|e| (Status::Invalid, format!("a tier update: {e}")))?;
         if guard != guard_of(tier, object) {
             return Err((Status::Invalid, STALE.into()));
         }
-        let actions = duplex_proto::tier::decode_actions(actions).expect("split_update decoded them");
         let (evict, keep) = index_changes(&actions)?;
         return Ok(Admitted { object: object.clone(), at: now, change: Change::Update { evict, keep } });
     }
@@ -298,10 +324,7 @@ pub(crate) fn tier_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
         debug_assert_eq!(Some(guard.interval), pg.active.as_ref().map(|a| a.interval), "a guard of another interval");
         (guard, flush_first)
     };
-    let mut arg = Vec::with_capacity(20);
-    arg.extend_from_slice(&guard.interval.to_le_bytes());
-    arg.extend_from_slice(&guard.generation.to_le_bytes());
-    arg.extend_from_slice(&tier.chunk_size.to_le_bytes());
+    let arg = read_arg(&guard, tier.chunk_size);
     shared.metrics.reads.add(1);
     shared.send_job(
         at.key,
@@ -309,7 +332,7 @@ pub(crate) fn tier_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
             kind: OpKind::TierRead,
             pg: at.key,
             object: request.object.clone(),
-            arg: Bytes::from(arg),
+            arg,
             offset: request.offset,
             len: request.length,
             flush_first,
@@ -319,6 +342,26 @@ pub(crate) fn tier_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
         }),
     );
     Outcome::Queued
+}
+
+/// What a tier read's flusher job carries besides the range: the guard
+/// taken at admission and the pool's chunk size ([`read_arg_of`] reads it).
+fn read_arg(guard: &Guard, chunk_size: u32) -> Bytes {
+    let mut arg = Vec::with_capacity(READ_ARG_LEN);
+    arg.extend_from_slice(&guard.interval.to_le_bytes());
+    arg.extend_from_slice(&guard.generation.to_le_bytes());
+    arg.extend_from_slice(&chunk_size.to_le_bytes());
+    Bytes::from(arg)
+}
+
+const READ_ARG_LEN: usize = 20;
+
+/// A tier read job's guard and chunk size (`None`: not one [`read_arg`] made).
+pub fn read_arg_of(arg: &[u8]) -> Option<(Guard, u32)> {
+    let arg: &[u8; READ_ARG_LEN] = arg.try_into().ok()?;
+    let word = |at: usize| u64::from_le_bytes(arg[at..at + 8].try_into().expect("8 bytes"));
+    let chunk_size = u32::from_le_bytes(arg[16..].try_into().expect("4 bytes"));
+    Some((Guard { interval: word(0), generation: word(8) }, chunk_size))
 }
 
 /// The guard a tier read returns for `object`.
@@ -340,6 +383,46 @@ mod tests {
 
     fn entry(cached: bool) -> Vec<u8> {
         ChunkEntry { len: 32768, nonce: 1, fingerprint: Fingerprint::of(b"x"), cached }.encode()
+    }
+
+    #[test]
+    fn each_pool_kind_takes_its_own_operations_only() {
+        let request = |kind: OpKind| OpRequest {
+            kind,
+            pool: 1,
+            pg: 0,
+            map_epoch: 1,
+            object: Bytes::from_static(b"o"),
+            offset: 0,
+            length: 0,
+            data: Bytes::new(),
+            client: 1,
+            snap: 0,
+        };
+        let plain = duplex_map::Pool::new(1, "p".into(), 2, 1, 8, None);
+        let chunks = duplex_map::Pool { chunks: Some(duplex_map::ChunkStore::default()), ..plain.clone() };
+        let tiered = duplex_map::Pool { dedup: Some(duplex_map::DedupTier::new(2)), ..plain.clone() };
+        let refused = |pool: &duplex_map::Pool, kind| pool_refuses(pool, &request(kind)).is_some();
+        for kind in [OpKind::Write, OpKind::Read, OpKind::OmapSet, OpKind::TrimSnaps] {
+            assert!(!refused(&plain, kind), "{kind:?} in a plain pool");
+        }
+        for kind in [OpKind::ChunkPut, OpKind::ChunkUnref, OpKind::TierRead, OpKind::TierUpdate] {
+            assert!(refused(&plain, kind), "{kind:?} in a plain pool");
+        }
+        for kind in [OpKind::ChunkPut, OpKind::ChunkUnref, OpKind::Read, OpKind::Stat, OpKind::OmapList] {
+            assert!(!refused(&chunks, kind), "{kind:?} in a chunk pool");
+        }
+        for kind in [OpKind::Write, OpKind::Delete, OpKind::OmapSet, OpKind::TrimSnaps, OpKind::TierRead] {
+            assert!(refused(&chunks, kind), "{kind:?} in a chunk pool");
+        }
+        for kind in [OpKind::TierRead, OpKind::TierUpdate, OpKind::Write, OpKind::Stat, OpKind::Delete] {
+            assert!(!refused(&tiered, kind), "{kind:?} in a deduplicated pool");
+        }
+        for kind in [OpKind::Read, OpKind::OmapSet, OpKind::CopyUp, OpKind::ChunkPut] {
+            assert!(refused(&tiered, kind), "{kind:?} in a deduplicated pool");
+        }
+        let snap = OpRequest { snap: 3, ..request(OpKind::Write) };
+        assert!(pool_refuses(&tiered, &snap).is_some(), "a snapshot's write in a deduplicated pool");
     }
 
     #[test]
@@ -373,6 +456,9 @@ mod tests {
         assert_eq!(index_changes(&unzeroed).unwrap_err().0, Status::Invalid);
         let foreign = [Action::SetEntry { key: b"x".to_vec(), value: vec![] }];
         assert!(index_changes(&foreign).is_err());
+        let guard = Guard { interval: 7, generation: 42 };
+        assert_eq!(read_arg_of(&read_arg(&guard, 32 << 10)), Some((guard, 32 << 10)));
+        assert_eq!(read_arg_of(&[0; 19]), None);
         let both = [
             Action::SetEntry { key: entry_key(0), value: entry(false) },
             Action::Zero { offset: 0, len: 32768 },
