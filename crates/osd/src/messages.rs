@@ -96,10 +96,13 @@ pub enum Job {
     TierLoad(TierLoad),
 }
 
-/// A deduplicated PG's evicted chunks and objects, from its store.
+/// Load a deduplicated PG's tier index (its evicted chunks and objects)
+/// from the store and install it, if the PG still serves `interval`
+/// without one (`crate::tier::load_wanted`, `crate::tier::install`).
+#[derive(Debug)]
 pub struct TierLoad {
     pub pg: u32,
-    pub reply: crossbeam_channel::Sender<Result<TierLoaded, String>>,
+    pub interval: u64,
 }
 
 /// What [`TierLoad`] found.

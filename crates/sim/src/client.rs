@@ -19,9 +19,11 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use duplex_dedup::{frame, ChunkEntry};
 use duplex_map::ClusterMap;
 use duplex_osd::cluster::MapView;
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
+use duplex_proto::tier::TierReadReply;
 use duplex_proto::MessageType;
 use duplex_verify::{BlockOp, Stamp};
 use rand::rngs::StdRng;
@@ -32,6 +34,14 @@ use crate::{Ctx, Msg, Node, Timer};
 pub const BLOCK: usize = 4096;
 pub const BLOCKS_PER_OBJECT: u64 = 4;
 pub const POOL: &str = "sim";
+/// The chunk pool of a deduplicated run (`--dedup`).
+pub const CHUNK_POOL: &str = "sim-chunks";
+/// Blocks an object holds in a deduplicated run: two 16 KiB chunks.
+pub const DEDUP_BLOCKS_PER_OBJECT: u64 = 8;
+/// A deduplicated read goes back to its tier read at most this often
+/// when the chunk it was sent to is gone (an overwrite and a pass came in
+/// between), as the client library's does.
+const RESTARTS: u32 = 8;
 /// A request unanswered this long is sent again.
 const RESEND_US: u64 = 1_000_000;
 /// After an error answer, the wait before resending.
@@ -47,6 +57,22 @@ struct Op {
     give_up: u64,
     attempt: u32,
     final_check: bool,
+    /// A deduplicated read's step after its tier read (None: the tier read).
+    step: Option<DedupStep>,
+    restarts: u32,
+}
+
+/// A deduplicated read's steps after its tier read.
+enum DedupStep {
+    /// The block is in an evicted chunk (its offset, entry): read it, over
+    /// the tier read's bytes.
+    Chunk { at: u64, entry: ChunkEntry, base: Bytes },
+    /// The final pass checks that the evicted chunk the block's entry
+    /// names holds the entry's reference (a chunk object goes with its
+    /// last reference: an entry whose reference is missing names a chunk
+    /// that another object's overwrite may remove); `block` is the answer
+    /// then. (No client writes then: an evicted entry stays as it is.)
+    Reference { chunk: Bytes, key: Vec<u8>, block: Bytes },
 }
 
 pub struct SimClient {
@@ -81,6 +107,10 @@ pub struct SimClient {
     pub errors: Vec<String>,
     /// Blocks live in omap entries, not object data (`SimConfig::omap`).
     pub omap: bool,
+    /// The pool is deduplicated (`SimConfig::dedup`): reads are tier
+    /// reads, and evicted chunks are read from the chunk pool.
+    pub dedup: bool,
+    pub blocks_per_object: u64,
 }
 
 /// A block's omap key in its object (the omap mode).
@@ -96,8 +126,9 @@ pub struct SnapRead {
     pub result: Result<Option<Stamp>, duplex_verify::StampError>,
 }
 
-pub fn object_of(block: u64) -> (Bytes, u64) {
-    (Bytes::from(format!("sim-{}", block / BLOCKS_PER_OBJECT)), (block % BLOCKS_PER_OBJECT) * BLOCK as u64)
+/// The object block `block` is in, and its offset there.
+pub fn object_of(block: u64, per_object: u64) -> (Bytes, u64) {
+    (Bytes::from(format!("sim-{}", block / per_object)), (block % per_object) * BLOCK as u64)
 }
 
 impl SimClient {
@@ -124,6 +155,8 @@ impl SimClient {
             reads: 0,
             errors: Vec::new(),
             omap: false,
+            dedup: false,
+            blocks_per_object: BLOCKS_PER_OBJECT,
         }
     }
 
@@ -224,7 +257,19 @@ impl SimClient {
         self.next_tid += 1;
         let tid = self.next_tid;
         let give_up = if final_check { u64::MAX } else { ctx.now + self.give_up_us };
-        self.ops.insert(tid, Op { slot, block, write, snap, invoked: ctx.now, give_up, attempt: 0, final_check });
+        let op = Op {
+            slot,
+            block,
+            write,
+            snap,
+            invoked: ctx.now,
+            give_up,
+            attempt: 0,
+            final_check,
+            step: None,
+            restarts: 0,
+        };
+        self.ops.insert(tid, op);
         self.issue(ctx, tid);
     }
 
@@ -233,11 +278,23 @@ impl SimClient {
         let op = &self.ops[&tid];
         let attempt = op.attempt;
         let target = self.view.as_ref().and_then(|view| {
-            let pool = view.map.pools.values().find(|p| p.name == POOL)?;
-            let (object, offset) = object_of(op.block);
+            let (object, offset) = object_of(op.block, self.blocks_per_object);
+            let (pool, object) = match &op.step {
+                Some(DedupStep::Chunk { entry, .. }) => (CHUNK_POOL, Bytes::from(entry.fingerprint.object_name())),
+                Some(DedupStep::Reference { chunk, .. }) => (CHUNK_POOL, chunk.clone()),
+                None => (POOL, object),
+            };
+            let pool = view.map.pools.values().find(|p| p.name == pool)?;
             let pg = duplex_placement::pg_of(&object, pool.pg_num);
             let primary = duplex_map::primary_of(&view.map.acting(&view.hierarchy, pool, pg))?;
             let (kind, offset, length, data) = match (self.omap, op.write) {
+                (_, None) if op.step.is_some() => match op.step.as_ref().expect("matched") {
+                    DedupStep::Chunk { entry, .. } => (OpKind::Read, 0, entry.len + frame::HEADER as u32, Bytes::new()),
+                    DedupStep::Reference { key, .. } => {
+                        (OpKind::OmapGet, 0, 0, Bytes::from(duplex_proto::omap::encode_keys(std::slice::from_ref(key))))
+                    }
+                },
+                (false, None) if self.dedup => (OpKind::TierRead, offset, BLOCK as u32, Bytes::new()),
                 (false, Some(stamp)) => (OpKind::Write, offset, 0, Bytes::from(stamp.encode(BLOCK))),
                 (false, None) => (OpKind::Read, offset, BLOCK as u32, Bytes::new()),
                 (true, Some(stamp)) => {
@@ -288,6 +345,30 @@ impl SimClient {
         };
         tracing::trace!(at = ctx.now, client = self.id, tid, status = ?reply.status, "reply");
         match reply.status {
+            Status::Ok if self.dedup && op.write.is_none() => self.dedup_read(ctx, rng, tid, reply.data),
+            Status::NotFound if matches!(op.step, Some(DedupStep::Reference { .. })) => {
+                let Some(DedupStep::Reference { chunk, .. }) = op.step.take() else { unreachable!("matched") };
+                let (id, block) = (self.id, op.block);
+                let chunk = String::from_utf8_lossy(&chunk).into_owned();
+                self.errors
+                    .push(format!("client.{id} block {block}: its chunk map entry names chunk {chunk}, which is gone"));
+                self.end(ctx, rng, tid, None);
+            }
+            Status::NotFound if op.step.is_some() => {
+                // Gone since the tier read: read the block again.
+                op.step = None;
+                op.restarts += 1;
+                if op.restarts > RESTARTS {
+                    self.errors.push(format!(
+                        "client.{} block {}: its chunk map names a chunk the chunk pool lacks",
+                        self.id, op.block
+                    ));
+                    self.end(ctx, rng, tid, None);
+                    return;
+                }
+                op.attempt += 1;
+                self.issue(ctx, tid);
+            }
             Status::Ok => self.end(ctx, rng, tid, Some(reply.data)),
             Status::NotFound if op.write.is_none() => self.end(ctx, rng, tid, Some(Bytes::new())),
             Status::Retry | Status::WrongOsd => {
@@ -302,6 +383,75 @@ impl SimClient {
                 self.end(ctx, rng, tid, None);
             }
         }
+    }
+
+    /// A deduplicated pool's read answered: the tier read's (the block's
+    /// bytes, or the evicted chunk to read them from), the chunk's, or
+    /// (the final pass) the reference check's.
+    fn dedup_read(&mut self, ctx: &mut Ctx, rng: &mut StdRng, tid: u64, data: Bytes) {
+        let id = self.id;
+        let op = self.ops.get_mut(&tid).expect("answered");
+        let (object, offset) = object_of(op.block, self.blocks_per_object);
+        let (from, to) = (offset, offset + BLOCK as u64);
+        let pool = self.view.as_ref().and_then(|v| v.map.pools.values().find(|p| p.name == POOL).map(|p| p.id));
+        // The reference an entry at `at` with `nonce` holds, on its chunk.
+        let reference = |at: u64, nonce: u64| {
+            duplex_dedup::chunkmap::Reference { pool: pool.unwrap_or(0), offset: at, nonce, object: object.to_vec() }
+                .encode()
+                .expect("the simulator's names fit")
+        };
+        let failed = match op.step.take() {
+            None => match TierReadReply::decode(&data) {
+                Err(err) => format!("an undecodable tier read reply: {err}"),
+                Ok(reply) if !reply.exists => return self.end(ctx, rng, tid, Some(Bytes::new())),
+                Ok(reply) => match duplex_dedup::chunkmap::decode_map(&reply.entries) {
+                    None => "a malformed chunk map entry".to_string(),
+                    Some(map) => {
+                        let named = map.into_iter().find(|(at, entry)| *at < to && at + u64::from(entry.len) > from);
+                        let base = Bytes::from(reply.data);
+                        op.step = match named {
+                            Some((at, entry)) if !entry.cached => Some(DedupStep::Chunk { at, entry, base }),
+                            // (A cached entry may be stale, the object written
+                            // since its pass: the engine replaces it and drops
+                            // its reference, also while the final pass runs.)
+                            _ => return self.end(ctx, rng, tid, Some(base)),
+                        };
+                        op.attempt += 1;
+                        return self.issue(ctx, tid);
+                    }
+                },
+            },
+            Some(DedupStep::Chunk { at, entry, base }) => match frame::open(&data, &entry.fingerprint) {
+                Ok(chunk) if chunk.len() == entry.len as usize => {
+                    // The chunk's part of the block over the base object's hole.
+                    let mut block = base.to_vec();
+                    block.resize(BLOCK, 0);
+                    let (a, b) = (at.max(from), (at + u64::from(entry.len)).min(to));
+                    block[(a - from) as usize..(b - from) as usize]
+                        .copy_from_slice(&chunk[(a - at) as usize..(b - at) as usize]);
+                    let block = Bytes::from(block);
+                    if !op.final_check {
+                        return self.end(ctx, rng, tid, Some(block));
+                    }
+                    let chunk = Bytes::from(entry.fingerprint.object_name());
+                    op.step = Some(DedupStep::Reference { chunk, key: reference(at, entry.nonce), block });
+                    op.attempt += 1;
+                    return self.issue(ctx, tid);
+                }
+                Ok(chunk) => format!("a chunk of {} bytes for an entry of {}", chunk.len(), entry.len),
+                Err(err) => format!("chunk {}: {err}", entry.fingerprint.object_name()),
+            },
+            Some(DedupStep::Reference { chunk, key, block }) => match duplex_proto::omap::decode_entries(&data) {
+                Ok(found) if found.iter().any(|(k, _)| *k == key) => return self.end(ctx, rng, tid, Some(block)),
+                Ok(_) => format!(
+                    "its chunk map entry names chunk {} without a reference to it",
+                    String::from_utf8_lossy(&chunk)
+                ),
+                Err(err) => format!("an undecodable omap reply: {err}"),
+            },
+        };
+        self.errors.push(format!("client.{id} block {}: {failed}", op.block));
+        self.end(ctx, rng, tid, None);
     }
 
     /// The operation's end: `data` is the answer (None: no answer, it gave up).

@@ -106,6 +106,13 @@ pub enum Timer {
     },
     /// Take the next snapshot (runs with snapshots).
     Snapshot,
+    /// An OSD's deduplication engine looks for work (runs with `--dedup`).
+    EngineTurn,
+    /// The engine resends request `tid` unless it was answered or resent since.
+    EngineResend {
+        tid: u64,
+        attempt: u32,
+    },
 }
 
 /// What a node's handler asks the world to do.

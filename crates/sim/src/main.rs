@@ -68,6 +68,11 @@ struct Cli {
     /// object) instead of object data: omap sets and gets under the faults.
     #[arg(long, conflicts_with = "ec")]
     omap: bool,
+    /// The pool is deduplicated (a tier of 16 KiB chunks in a chunk
+    /// pool, lz4-compressed): each OSD runs the deduplication engine on
+    /// its PGs under the faults, and reads follow evicted chunks.
+    #[arg(long, conflicts_with_all = ["ec", "omap", "snapshots"])]
+    dedup: bool,
     /// OSDs in the cluster, one host each [default: 4, or k+m of --ec if
     /// more].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=64))]
@@ -101,6 +106,7 @@ impl Cli {
         config.snapshots = self.snapshots;
         config.erasure = self.ec;
         config.omap = self.omap;
+        config.dedup = self.dedup;
         let shards = self.ec.map_or(0, |(k, m)| u32::from(k) + u32::from(m));
         config.osds = self.osds.unwrap_or(config.osds.max(shards));
         config
@@ -131,6 +137,9 @@ impl Cli {
         }
         if self.omap {
             line += " --omap";
+        }
+        if self.dedup {
+            line += " --dedup";
         }
         if let Some(osds) = self.osds {
             line += &format!(" --osds {osds}");
@@ -175,11 +184,24 @@ fn run_seed(config: &SimConfig) -> Outcome {
     }
 }
 
+/// What the deduplication engines did (runs with `--dedup`).
+fn dedup_line(report: &RunReport) -> String {
+    let Some(d) = report.dedup else { return String::new() };
+    format!(
+        ", dedup: {} passes, {} chunks put, {} KiB evicted, {} promotions, {} steps stopped short",
+        d.passes,
+        d.chunks_put,
+        d.bytes_evicted >> 10,
+        d.promotions,
+        d.stopped
+    )
+}
+
 fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {
     format!(
         "seed {seed}: ok in {real_s:.1}s real, {:.1}s virtual: {} writes acknowledged, {} unknown, {} reads; \
          {} faults ({} power cuts in a commit, {} damaged copies found), {} marked down, {} peerings, {} objects recovered; \
-         {} PGs backfilled ({} objects), {} pins dropped, {} handed over, {} filled in the background, {} active-set records, {} balancer moves, {} snapshots ({} reads of them); {} messages ({} lost); digest {:016x}",
+         {} PGs backfilled ({} objects), {} pins dropped, {} handed over, {} filled in the background, {} active-set records, {} balancer moves, {} snapshots ({} reads of them){}; {} messages ({} lost); digest {:016x}",
         report.virtual_us as f64 / 1e6,
         report.acknowledged_writes,
         report.unknown_writes,
@@ -199,6 +221,7 @@ fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {
         report.balancer_moves,
         report.snapshots,
         report.snapshot_reads,
+        dedup_line(report),
         report.messages,
         report.messages_lost,
         report.digest,

@@ -39,6 +39,10 @@ use duplex_store::{DeviceConfig, DeviceFaults, DirectIo, IoBackend, Store, Store
 
 use crate::{Ctx, Msg, Node, Output, Timer};
 
+mod engine;
+
+pub use engine::SimEngine;
+
 const HEARTBEAT_US: u64 = 1_000_000;
 
 pub struct SimOsd {
@@ -54,6 +58,42 @@ pub struct SimOsd {
     /// Sends the monitor what its store holds with each heartbeat (the
     /// run balances).
     pub report_usage: bool,
+    /// Runs the deduplication engine, with this hotness rule (`--dedup`).
+    pub dedup_cold_after: Option<std::time::Duration>,
+    /// The engine's counters of earlier incarnations ([`DedupCounts`]).
+    dedup_before: DedupCounts,
+}
+
+/// What the deduplication engines did (runs with `--dedup`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DedupCounts {
+    pub passes: u64,
+    pub chunks_put: u64,
+    pub bytes_evicted: u64,
+    pub promotions: u64,
+    /// Steps that stopped short (the object changed, a fault, a timeout).
+    pub stopped: u64,
+}
+
+impl DedupCounts {
+    fn of(live: &Live) -> DedupCounts {
+        let m = &live.shared.metrics;
+        DedupCounts {
+            passes: m.dedup_passes.get(),
+            chunks_put: m.dedup_chunks_put.get(),
+            bytes_evicted: m.dedup_bytes_evicted.get(),
+            promotions: m.dedup_promotions.get(),
+            stopped: live.engine.as_ref().map_or(0, |e| e.stopped),
+        }
+    }
+
+    pub fn add(&mut self, other: DedupCounts) {
+        self.passes += other.passes;
+        self.chunks_put += other.chunks_put;
+        self.bytes_evicted += other.bytes_evicted;
+        self.promotions += other.promotions;
+        self.stopped += other.stopped;
+    }
 }
 
 /// The store capacity a usage report claims: the simulator's few KiB of
@@ -108,6 +148,8 @@ pub struct Live {
     backfill_timer: Option<u64>,
     /// When the flusher last got a map to remove stray copies by.
     strays: StrayWatch,
+    /// The deduplication engine (runs with `--dedup`).
+    engine: Option<SimEngine>,
 }
 
 fn store_config(faults: Arc<DeviceFaults>) -> StoreConfig {
@@ -144,7 +186,17 @@ impl SimOsd {
             ..store_config(DeviceFaults::new())
         };
         duplex_store::mkfs(&store_path, &options, &config).context("mkfs")?;
-        Ok(SimOsd { id, store_path, log_dir, incarnation: 0, live: None, damaged_before: 0, report_usage: false })
+        Ok(SimOsd {
+            id,
+            store_path,
+            log_dir,
+            incarnation: 0,
+            live: None,
+            damaged_before: 0,
+            report_usage: false,
+            dedup_cold_after: None,
+            dedup_before: DedupCounts::default(),
+        })
     }
 
     pub fn is_live(&self) -> bool {
@@ -163,6 +215,10 @@ impl SimOsd {
         replay_recovered(&recovered, &mut store)?;
         let mut config = OsdConfig::new(self.id, self.store_path.clone(), self.log_dir.clone(), Vec::new());
         config.flush_timeout = std::time::Duration::from_millis(5);
+        config.oplog_pg_bytes = log_bytes;
+        if let Some(cold_after) = self.dedup_cold_after {
+            config.dedup_cold_after = cold_after;
+        }
         let poll = mio::Poll::new()?;
         let (mailbox, inbox) = Mailbox::new(mio::Waker::new(poll.registry(), mio::Token(0))?);
         let metrics = Arc::new(Metrics::default());
@@ -213,6 +269,15 @@ impl SimOsd {
             no_lease: Arc::new(Lease::default()),
             schedule,
             strays: StrayWatch::default(),
+            engine: self.dedup_cold_after.map(|cold_after| {
+                SimEngine::new(
+                    self.id,
+                    self.incarnation,
+                    disk_seed ^ 0xded0_0000_0000_0000,
+                    cold_after,
+                    metrics.clone(),
+                )
+            }),
             booting: true,
             flush_timer: None,
             backfill_timer: None,
@@ -220,6 +285,9 @@ impl SimOsd {
         ctx.send(Node::Monitor, Msg::Boot);
         ctx.timer(ctx.now + HEARTBEAT_US, Timer::OsdHeartbeat);
         ctx.timer(ctx.now + TICK_US, Timer::OsdTick);
+        if self.dedup_cold_after.is_some() {
+            ctx.timer(ctx.now + TICK_US, Timer::EngineTurn);
+        }
         self.heartbeat(ctx);
         Ok(())
     }
@@ -246,6 +314,7 @@ impl SimOsd {
     pub fn crash(&mut self, power_loss: bool) -> Result<()> {
         let Some(live) = self.live.take() else { return Ok(()) };
         self.damaged_before += live.shared.metrics.damaged_objects.get();
+        self.dedup_before.add(DedupCounts::of(&live));
         live.faults.set_write_back_on_drop(!power_loss);
         drop(live);
         if power_loss {
@@ -289,6 +358,15 @@ impl SimOsd {
         self.live
             .as_ref()
             .map_or((0, 0), |l| (l.shared.metrics.backfilled_pgs.get(), l.shared.metrics.backfill_objects.get()))
+    }
+
+    /// What this OSD's deduplication engines did, over all its incarnations.
+    pub fn dedup_counts(&self) -> DedupCounts {
+        let mut counts = self.dedup_before;
+        if let Some(live) = self.live.as_ref() {
+            counts.add(DedupCounts::of(live));
+        }
+        counts
     }
 
     pub fn background_fills(&self) -> u64 {
@@ -345,6 +423,8 @@ impl SimOsd {
                 }
                 self.pump_peering(ctx);
             }
+            Timer::EngineTurn => self.engine_turn(ctx),
+            Timer::EngineResend { tid, attempt } => self.engine_resend(ctx, tid, attempt),
             _ => {}
         }
     }
@@ -419,6 +499,12 @@ impl SimOsd {
                 Ok(request) => self.client_request(ctx, OSD_TOKEN + primary as usize, txid, request),
                 Err(_) => ctx.out.push(Output::Disconnect { peer: from }),
             },
+            (Some(MessageType::OsdOpReply), Node::Osd(_)) if txid >= engine::ENGINE_TXID => {
+                match OpReply::decode(&frame.payload) {
+                    Ok(reply) => self.engine_reply(ctx, txid, reply),
+                    Err(_) => ctx.out.push(Output::Disconnect { peer: from }),
+                }
+            }
             (Some(MessageType::OsdOpReply), Node::Osd(member)) => match OpReply::decode(&frame.payload) {
                 Ok(reply) => {
                     self.with_ec(ctx, |io, ec| {
@@ -547,8 +633,9 @@ impl SimOsd {
     fn finish(&mut self, ctx: &mut Ctx, write: Finished<SimReplyTo>) {
         let live = self.live.as_mut().expect("running");
         let reply: OpReply = write.reply(&live.shared);
-        let (client, tid) = write.info.reply_to;
-        ctx.send(Node::Client(client), Msg::Frame(reply.to_frame(tid)));
+        let (token, tid) = write.info.reply_to;
+        // A client's, or an OSD's engine's (its token names the OSD).
+        ctx.send(sender_of(token as usize), Msg::Frame(reply.to_frame(tid)));
     }
 
     fn expire_writes(&mut self, ctx: &mut Ctx) {

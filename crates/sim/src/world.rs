@@ -22,10 +22,10 @@ use duplex_verify::{check, BlockOp, History};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::client::{SimClient, POOL};
+use crate::client::{SimClient, CHUNK_POOL, DEDUP_BLOCKS_PER_OBJECT, POOL};
 use crate::monitor::SimMonitor;
 use crate::network::{InFlight, Lost, NetConfig, Network};
-use crate::osd::SimOsd;
+use crate::osd::{DedupCounts, SimOsd};
 use crate::{Ctx, Msg, Node, Output, Timer};
 
 /// Faults the schedule may inject.
@@ -134,6 +134,14 @@ pub struct SimConfig {
     /// and gets are logged, replicated, recovered and checked as the
     /// blocks are (issue 27's chunk maps live in omaps).
     pub omap: bool,
+    /// The pool is deduplicated: a tier of 16 KiB chunks in a chunk pool
+    /// (lz4), an engine on every OSD, objects of two chunks
+    /// (`client::DEDUP_BLOCKS_PER_OBJECT`), and reads that follow evicted
+    /// chunks. The hotness rule alternates with the seed: even seeds pass
+    /// an object at once (a chunk is evicted by the pass after the one
+    /// that put it, and writes meet evicted chunks all the time), odd ones
+    /// after 300 ms.
+    pub dedup: bool,
 }
 
 impl SimConfig {
@@ -163,6 +171,7 @@ impl SimConfig {
             snapshots: false,
             erasure: None,
             omap: false,
+            dedup: false,
         }
     }
 }
@@ -205,6 +214,8 @@ pub struct RunReport {
     pub hand_overs: u64,
     /// Commands that recorded PGs' last active sets (each for one or more PGs).
     pub sets_recorded: u64,
+    /// What the deduplication engines did (runs with `--dedup`).
+    pub dedup: Option<DedupCounts>,
     /// A digest of every delivered message and the history: equal for equal seeds.
     pub digest: u64,
 }
@@ -353,11 +364,32 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
     if !created {
         return Err(broken(format!("the monitor refused the pool of {config:?}")));
     }
+    if config.dedup {
+        if config.erasure.is_some() || config.omap || config.snapshots {
+            return Err(broken("a deduplicated run has a replicated pool, no omap blocks and no snapshots".into()));
+        }
+        monitor.run(&Command::PoolCreateChunks {
+            name: CHUNK_POOL.into(),
+            size: config.pool_size,
+            min_size: config.min_size,
+            pg_num: config.pg_num,
+            store: duplex_map::ChunkStore::default(),
+        });
+        monitor.run(&Command::PoolSetTier { name: POOL.into(), chunk_pool: CHUNK_POOL.into(), chunk_size: 16 << 10 });
+        let cold_after = std::time::Duration::from_millis(if seed.is_multiple_of(2) { 0 } else { 300 });
+        for osd in &mut osds {
+            osd.dedup_cold_after = Some(cold_after);
+        }
+    }
     let verifier_id = config.clients;
     let clients = (0..=config.clients)
         .map(|id| {
             let mut client = SimClient::new(id, config.blocks, config.give_up_us);
             client.omap = config.omap;
+            client.dedup = config.dedup;
+            if config.dedup {
+                client.blocks_per_object = DEDUP_BLOCKS_PER_OBJECT;
+            }
             client
         })
         .collect();
@@ -965,6 +997,13 @@ impl World {
             damaged_objects: self.osds.iter().map(SimOsd::damaged_objects).sum(),
             peerings,
             recovered_objects,
+            dedup: self.config.dedup.then(|| {
+                let mut counts = DedupCounts::default();
+                for osd in &self.osds {
+                    counts.add(osd.dedup_counts());
+                }
+                counts
+            }),
             digest: digest.finish(),
         })
     }

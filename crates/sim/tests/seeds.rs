@@ -574,3 +574,33 @@ fn regression_seed_30680_a_pin_keeps_the_osd_that_holds_the_pg() {
 fn regression_seed_500221_a_copy_recovery_rolled_back_does_not_vouch_for_writes_it_lost() {
     run_seed(500221);
 }
+
+/// The deduplication tier (issue 27): every OSD runs the engine on its
+/// PGs (load, promotions, passes: the same steps as the agent's thread,
+/// duplex_osd::tier::engine) under the faults, one at a time and every
+/// fault two at once; reads follow evicted chunks, and the final pass
+/// checks that each evicted chunk a chunk map names is there and holds
+/// the entry's reference. The engine must have put, evicted and promoted
+/// chunks, or the test tested nothing. (The release sweep in
+/// scripts/test-all runs a wider window.)
+#[test]
+fn the_dedup_engine_under_faults() {
+    let mut counts = duplex_sim::osd::DedupCounts::default();
+    for seed in 0..ci_seeds().min(4) {
+        for two_at_once in [false, true] {
+            let mut config = if two_at_once { every_fault_config(seed) } else { SimConfig::new(seed) };
+            config.dedup = true;
+            match run(&config) {
+                Ok(report) => counts.add(report.dedup.expect("a deduplicated run counts its engine's work")),
+                Err(failure) => panic!(
+                    "{failure}\n  reproduce: duplex-sim --seed {seed} --dedup{}",
+                    if two_at_once { " --faults <all> --concurrent-faults 2" } else { "" }
+                ),
+            }
+        }
+    }
+    assert!(
+        counts.passes > 0 && counts.chunks_put > 0 && counts.bytes_evicted > 0 && counts.promotions > 0,
+        "the engine did every kind of work: {counts:?}"
+    );
+}

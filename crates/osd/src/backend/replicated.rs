@@ -288,9 +288,13 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
         Some(_) => match crate::tier::admit(&mut guard, request, op.arrived) {
             Ok(admitted) => Some(admitted),
             Err((status, why)) => {
+                let load = crate::tier::load_wanted(&mut guard, op.arrived);
                 drop(guard);
+                if let Some(load) = load {
+                    shared.send_job(load.pg, Job::TierLoad(load));
+                }
                 if status == Status::Retry {
-                    // An index to load, or a chunk to promote.
+                    // A chunk to promote (or an index loading).
                     shared.wake_tier();
                 }
                 return reply(&op, status, epoch, why);

@@ -271,8 +271,15 @@ impl Flusher {
             let _ = scan.reply.send(dead);
         }
         for load in std::mem::take(&mut pending.tier_loads) {
-            let loaded = self.tier_index(load.pg).map_err(|err| err.to_string());
-            let _ = load.reply.send(loaded);
+            match self.tier_index(load.pg) {
+                Ok(loaded) => {
+                    if let Some(pg) = self.pgs.get(load.pg) {
+                        crate::tier::install(&pg, load.interval, loaded, now);
+                    }
+                }
+                // Asked again by the next write or engine turn after a while.
+                Err(err) => tracing::warn!(pg = load.pg, %err, "loading a deduplicated PG's index failed"),
+            }
         }
         // After the client work: peering waits on no one else, and a
         // query flushes its PG itself.

@@ -167,6 +167,9 @@ pub struct Pg {
     /// dirty list (`crate::tier`; stale in another interval than the one
     /// it was loaded in).
     pub tier: Option<Box<crate::tier::TierState>>,
+    /// Primary of a deduplicated PG: the interval its index was last asked
+    /// to load in, and when (`crate::tier::load_wanted`).
+    pub tier_load_asked: Option<(u64, std::time::Instant)>,
     /// Member side, peering's recovery: the (interval, authority's last
     /// seq) whose install already forgot this member's ids past that seq
     /// (`flusher::member`, install), so later installs skip the record's read.
@@ -291,6 +294,7 @@ impl Pg {
             holds_back: false,
             ec_pending: BTreeSet::new(),
             tier: None,
+            tier_load_asked: None,
             ids_purged_past: None,
         }
     }

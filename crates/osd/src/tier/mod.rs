@@ -20,13 +20,14 @@
 //!   append. So an eviction never zeroes bytes a client wrote after the
 //!   engine hashed them, and a replaced primary's engine changes nothing.
 //! - **the dirty list**: objects changed since their last pass, with when;
-//!   the agent (crate::tier::agent) walks those that have been cold long
-//!   enough.
+//!   the engine (crate::tier::engine, run by crate::tier::agent) walks
+//!   those that have been cold long enough.
 //!
 //! A pool without a tier never reaches this module: one test of the
 //! pool's tier on the write path (the per-write budget referees it).
 
 pub mod agent;
+pub mod engine;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
@@ -40,8 +41,8 @@ use duplex_proto::tier::{Action, Guard, STALE};
 
 use crate::backend::common::{lock_served, peering_reply, reply, uncommitted_reply};
 use crate::backend::Primary;
-use crate::messages::{ClientOp, ClientSlot, Job, Outcome, ReadJob};
-use crate::pg::Pg;
+use crate::messages::{ClientOp, ClientSlot, Job, Outcome, ReadJob, TierLoad, TierLoaded};
+use crate::pg::{Pg, SharedPg};
 
 /// What a deduplicated PG's primary keeps of its tier while it serves.
 #[derive(Debug)]
@@ -61,9 +62,13 @@ impl TierState {
     /// The state of a PG whose store holds `evicted` (the load's walk),
     /// in `interval`; every object in `objects` is dirty (a new primary
     /// does not know which changed since their last pass).
-    pub fn loaded(interval: u64, evicted: HashMap<Bytes, BTreeMap<u64, u32>>, objects: Vec<Bytes>) -> TierState {
+    pub fn loaded(
+        interval: u64,
+        evicted: HashMap<Bytes, BTreeMap<u64, u32>>,
+        objects: Vec<Bytes>,
+        now: Instant,
+    ) -> TierState {
         debug_assert!(evicted.values().all(|chunks| !chunks.is_empty()), "an object with no evicted chunk indexed");
-        let now = Instant::now();
         let dirty = objects.into_iter().map(|o| (o, now)).collect();
         TierState { interval, evicted, generations: HashMap::new(), dirty, promote: BTreeMap::new() }
     }
@@ -94,6 +99,44 @@ impl TierState {
         let generation = self.generations.entry(object.clone()).or_insert(0);
         *generation = generation.checked_add(1).expect("an object's generation overflowed");
     }
+}
+
+/// How long an index load asked for and not installed (it failed) waits
+/// before it is asked for again.
+pub const LOAD_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The load of `pg`'s index to ask its flusher for, if the PG is active
+/// without one and none was asked for in this interval (or the last one
+/// asked failed, [`LOAD_RETRY`] ago). Sent by whoever finds it missing: a
+/// client's request, or the engine. The caller sends it once the PG lock
+/// is dropped (the flusher's queue may be full).
+pub fn load_wanted(pg: &mut Pg, now: Instant) -> Option<TierLoad> {
+    let interval = pg.active.as_ref()?.interval;
+    if current(pg).is_some() {
+        return None;
+    }
+    if pg.tier_load_asked.is_some_and(|(asked, at)| asked == interval && now < at + LOAD_RETRY) {
+        return None;
+    }
+    pg.tier_load_asked = Some((interval, now));
+    Some(TierLoad { pg: pg.key, interval })
+}
+
+/// Installs the index that a [`TierLoad`] for `interval` found in the
+/// store, if the PG still serves that interval without one; whether it
+/// did. Never over a current index: its generations and dirty list are
+/// newer than the store's walk (an engine's guard read before a reload
+/// would match again).
+pub fn install(pg: &SharedPg, interval: u64, loaded: TierLoaded, now: Instant) -> bool {
+    let mut guard = pg.lock().expect("PG lock");
+    if guard.active.as_ref().is_none_or(|a| a.interval != interval) || current(&mut guard).is_some() {
+        return false;
+    }
+    let evicted: usize = loaded.evicted.values().map(BTreeMap::len).sum();
+    tracing::debug!(pg = guard.key, interval, objects = loaded.objects.len(), evicted, "deduplicated PG index loaded");
+    guard.tier = Some(Box::new(TierState::loaded(interval, loaded.evicted, loaded.objects, now)));
+    debug_assert!(current(&mut guard).is_some(), "an index installed for the interval served");
+    true
 }
 
 /// The tier state of `pg` if it is loaded for the interval the PG serves.
@@ -316,8 +359,11 @@ pub(crate) fn tier_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
         }
         let flush_first = pg.index.contains(&request.object);
         let Some(state) = crate::tier::current(&mut pg) else {
+            let load = load_wanted(&mut pg, op.arrived);
             drop(pg);
-            shared.wake_tier();
+            if let Some(load) = load {
+                shared.send_job(load.pg, Job::TierLoad(load));
+            }
             return reply(&op, Status::Retry, epoch, "the deduplication tier's index of this PG is loading; resend");
         };
         let guard = crate::tier::guard_of(state, &request.object);
@@ -378,7 +424,7 @@ mod tests {
     fn state() -> TierState {
         let mut evicted = HashMap::new();
         evicted.insert(Bytes::from_static(b"o"), BTreeMap::from([(32768u64, 32768u32)]));
-        TierState::loaded(7, evicted, vec![Bytes::from_static(b"o")])
+        TierState::loaded(7, evicted, vec![Bytes::from_static(b"o")], Instant::now())
     }
 
     fn entry(cached: bool) -> Vec<u8> {
@@ -467,5 +513,42 @@ mod tests {
         assert!(index_changes(&both).is_err());
         apply(&mut tier, &[Action::RemoveEntry { key: entry_key(0) }]).unwrap();
         assert_eq!(tier.evicted_chunks(), 0);
+    }
+
+    /// An index is asked for once per interval (again only after
+    /// [`LOAD_RETRY`], a failed load), and installed only in the interval
+    /// it was walked for, never over a current one.
+    #[test]
+    fn an_index_is_loaded_once_per_interval_and_never_over_a_current_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = crate::pg::PgTable::open(crate::config::OplogMode::File, dir.path(), 1 << 20).unwrap();
+        let shared = table.get_or_open(7).unwrap();
+        let now = Instant::now();
+        let activate = |interval: u64| {
+            shared.lock().unwrap().active =
+                Some(crate::pg::Activation { interval, members: vec![0, 1], backfill: Vec::new() });
+        };
+        assert!(load_wanted(&mut shared.lock().unwrap(), now).is_none(), "not active: nothing to load");
+        activate(5);
+        let load = load_wanted(&mut shared.lock().unwrap(), now).expect("active without an index");
+        assert_eq!((load.pg, load.interval), (7, 5));
+        assert!(load_wanted(&mut shared.lock().unwrap(), now).is_none(), "asked already");
+        let later = now + LOAD_RETRY;
+        assert!(load_wanted(&mut shared.lock().unwrap(), later).is_some(), "a failed load is asked again");
+        let mut evicted = HashMap::new();
+        evicted.insert(Bytes::from_static(b"o"), BTreeMap::from([(0u64, 16384u32)]));
+        let walked = |evicted: &HashMap<Bytes, BTreeMap<u64, u32>>| TierLoaded {
+            evicted: evicted.clone(),
+            objects: vec![Bytes::from_static(b"o")],
+        };
+        assert!(!install(&shared, 4, walked(&evicted), now), "walked for another interval");
+        assert!(install(&shared, 5, walked(&evicted), now));
+        assert_eq!(current(&mut shared.lock().unwrap()).unwrap().evicted_chunks(), 1);
+        assert!(!install(&shared, 5, walked(&HashMap::new()), now), "never over a current index");
+        assert_eq!(current(&mut shared.lock().unwrap()).unwrap().evicted_chunks(), 1);
+        assert!(load_wanted(&mut shared.lock().unwrap(), later).is_none(), "loaded: nothing to ask");
+        activate(6);
+        assert!(current(&mut shared.lock().unwrap()).is_none(), "stale in a new interval");
+        assert_eq!(load_wanted(&mut shared.lock().unwrap(), now).map(|l| l.interval), Some(6));
     }
 }
