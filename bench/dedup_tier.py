@@ -16,8 +16,21 @@ their records' sizes), against a plain replicated pool's.
 128 KiB sequential writes and reads, on an image in a plain pool and on
 one in a deduplicated pool once its data is deduplicated and evicted.
 
+--rate (figure 4.11): a foreground sequential writer (128 KiB, QD 4) on a
+deduplicated pool whose engine has a backlog (an image written while the
+pool's engine was paused), its MiB/s each second, with the engine paused
+(no dedup), rate-controlled (`dedup_mode=auto`, the default watermarks),
+and unlimited (`dedup_mode=run`), in that order on one cluster: the
+backlog is the same for the first two, and what auto left for the third.
+
+--rereplicate (table 4.2): the data set's images written into a plain
+pool, or into a deduplicated one (and deduplicated), on 4 OSDs; then one
+OSD is marked out, and the time until every PG is active+clean again.
+
     cargo build --release -p duplex-cli && bench/dedup_tier.py --ratio [--images 4 --size-mib 128]
     bench/dedup_tier.py --perf [--seconds 15 --size-mib 256]
+    bench/dedup_tier.py --rate [--seconds 30 --size-mib 512]
+    bench/dedup_tier.py --rereplicate [--images 4 --size-mib 128]
 
 Prints the figures as JSON. Stops and wipes its cluster at the end, also
 on failure.
@@ -40,8 +53,8 @@ MIB = 1 << 20
 REFERENCE_NAME = 33
 
 
-def up(cluster, directory, osd_size):
-    say(cluster.duplex("dev", "up", "--dir", directory, "--osds", "3", "--replicas", "2", "--min-size", "1",
+def up(cluster, directory, osd_size, osds=3):
+    say(cluster.duplex("dev", "up", "--dir", directory, "--osds", str(osds), "--replicas", "2", "--min-size", "1",
                        "--pg-num", "32", "--osd-size", osd_size, "--osd-set", "dedup_cold_s=0", capture=True))
 
 
@@ -152,13 +165,23 @@ def perf(args):
         tier_pair(cluster, "vms", 32, "lz4")
         state = json.load(open(os.path.join(directory, "state.json")))
         pids = [p["pid"] for p in state["processes"] if p["name"].startswith("osd.")]
-        for image, extra in [("plain", []), ("dedup", ["--data-pool", "vms"])]:
+        # "dedup": every chunk evicted and the engine passing objects as
+        # soon as they are written (--dedup-cold-s 0): each write to an
+        # evicted chunk waits for its promotion, and a pass evicts it again
+        # 2 s later: the worst case. "dedup_hot_kept": the same data, but
+        # the engine paused once it is evicted, so that a chunk written
+        # stays cached (what the hotness rule does for a hot object).
+        for image, extra in [("plain", []), ("dedup", ["--data-pool", "vms"]),
+                             ("dedup_hot_kept", ["--data-pool", "vms"])]:
             cluster.duplex("image", "create", image, "--size", str(size), *extra)
             uri, server = cluster.serve(image)
             # Half the image one pattern repeated (duplicates), half random.
             snapshots.fill(uri, size)
-            if image == "dedup":
+            if image != "plain":
+                say(cluster.duplex("pool", "set", "vms", "dedup_mode=auto", capture=True))
                 say(f"dedup engine settled after {settle(cluster, ['vms']):.0f} s: {status(cluster, 'vms')}")
+            if image == "dedup_hot_kept":
+                say(cluster.duplex("pool", "set", "vms", "dedup_mode=pause", capture=True))
             say(f"duplex {image}:")
 
             def run_fio(name, fio_args, uri=uri):
@@ -167,11 +190,112 @@ def perf(args):
                 return snapshots.fio_json(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
 
             results[image] = erasure.measure(run_fio, pids, args.seconds, size, ("copies", 2))
-            if image == "dedup":
+            if image != "plain":
                 results[image]["status_after"] = status(cluster, "vms")
             cluster.stop(server)
     finally:
         cluster.down()
+    return results
+
+
+def dataset(args):
+    """The data set's images (bench/dedup_dataset.py): their paths, and the script's report."""
+    data = tempfile.mkdtemp(prefix="dedup-dataset-")
+    made = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "dedup_dataset.py"), "--images",
+                           str(args.images), "--size-mib", str(args.size_mib), "--out", data],
+                          check=True, capture_output=True, text=True).stdout
+    return sorted(os.path.join(data, f) for f in os.listdir(data) if f.endswith(".raw")), made
+
+
+def bandwidth_series(prefix):
+    """fio's per-second write bandwidth log (`--write_bw_log`), in MiB/s."""
+    series = []
+    for line in open(f"{prefix}_bw.1.log"):
+        fields = [f.strip() for f in line.split(",")]
+        series.append(round(int(fields[1]) / 1024, 1))
+    return series
+
+
+def rate(args):
+    directory = args.dir
+    cluster = snapshots.Cluster(directory)
+    size = args.size_mib * MIB
+    results = {"seconds": args.seconds, "backlog_mib": args.size_mib}
+    logs = tempfile.mkdtemp(prefix="dedup-rate-")
+    try:
+        up(cluster, directory, args.osd_size)
+        tier_pair(cluster, "vms", 32, "lz4")
+        say(cluster.duplex("pool", "set", "vms", "dedup_mode=pause", capture=True))
+        # The backlog: an image written with the engine paused (half one
+        # pattern repeated, half random), dirty and waiting.
+        cluster.duplex("image", "create", "backlog", "--size", str(size), "--data-pool", "vms")
+        uri, server = cluster.serve("backlog")
+        snapshots.fill(uri, size)
+        cluster.stop(server)
+        cluster.duplex("image", "create", "writer", "--size", str(size), "--data-pool", "vms")
+        uri, server = cluster.serve("writer")
+        for mode in ("pause", "auto", "run"):
+            say(cluster.duplex("pool", "set", "vms", f"dedup_mode={mode}", capture=True))
+            before = status(cluster, "vms")
+            prefix = os.path.join(logs, mode)
+            subprocess.run(["fio", "--name=writer", "--ioengine=nbd", f"--uri={uri}", "--rw=write", "--bs=128k",
+                            "--iodepth=4", f"--size={size}", "--time_based", f"--runtime={args.seconds}",
+                            f"--write_bw_log={prefix}", "--log_avg_msec=1000"],
+                           check=True, capture_output=True, text=True)
+            after = status(cluster, "vms")
+            series = bandwidth_series(prefix)
+            results[mode] = {
+                "mib_per_s": series,
+                "mean_mib_per_s": round(sum(series) / max(len(series), 1), 1),
+                "chunks_before": before["chunks"],
+                "chunks_after": after["chunks"],
+                "held_mib_before": round(before["base_bytes"] / MIB, 1),
+                "held_mib_after": round(after["base_bytes"] / MIB, 1),
+            }
+            say(f"{mode}: {results[mode]}")
+        cluster.stop(server)
+    finally:
+        cluster.down()
+    return results
+
+
+def rereplicate(args):
+    images, made = dataset(args)
+    results = {"images": len(images), "image_mib": args.size_mib, "ideal": made}
+    for case in ("plain", "dedup"):
+        directory = os.path.join(args.dir, case)
+        cluster = snapshots.Cluster(directory)
+        try:
+            up(cluster, directory, args.osd_size, osds=4)
+            extra = []
+            if case == "dedup":
+                tier_pair(cluster, "vms", 32, "lz4")
+                extra = ["--data-pool", "vms"]
+            for i, path in enumerate(images):
+                cluster.duplex("image", "create", f"vm{i}", "--size", f"{args.size_mib}M", *extra)
+                uri, server = cluster.serve(f"vm{i}")
+                subprocess.run(["nbdcopy", path, uri], check=True)
+                cluster.stop(server)
+            if case == "dedup":
+                results["dedup_settle_seconds"] = round(settle(cluster, ["vms"]), 1)
+            time.sleep(3)
+            df = json.loads(cluster.duplex("df", "--json", capture=True))
+            stored = sum(p["stored_bytes"] for p in df["pools"])
+            say(cluster.duplex("mark", "out", "3", capture=True))
+            out_at = time.monotonic()
+            while True:
+                state = json.loads(cluster.duplex("status", "--json", capture=True))
+                moving = {s: n for s, n in state["pgs"].items() if s != "active+clean"}
+                if not moving and time.monotonic() - out_at > 2:
+                    break
+                if time.monotonic() - out_at > 1800:
+                    raise RuntimeError(f"the PGs did not settle: {moving}")
+                time.sleep(0.5)
+            results[case] = {"stored_mib": round(stored / MIB, 1),
+                             "active_clean_again_s": round(time.monotonic() - out_at, 1)}
+            say(f"{case}: {results[case]}")
+        finally:
+            cluster.down()
     return results
 
 
@@ -180,13 +304,16 @@ def main():
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--ratio", action="store_true")
     mode.add_argument("--perf", action="store_true")
+    mode.add_argument("--rate", action="store_true")
+    mode.add_argument("--rereplicate", action="store_true")
     parser.add_argument("--dir", default="/tmp/duplex-dedup-bench")
     parser.add_argument("--images", type=int, default=4)
     parser.add_argument("--size-mib", type=int, default=128)
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--osd-size", default="8G")
     args = parser.parse_args()
-    print(json.dumps(ratio(args) if args.ratio else perf(args), indent=2))
+    run = ratio if args.ratio else perf if args.perf else rate if args.rate else rereplicate
+    print(json.dumps(run(args), indent=2))
 
 
 if __name__ == "__main__":

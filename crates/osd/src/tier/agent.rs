@@ -12,6 +12,7 @@
 //! simulator's sake, finish in the one poll the agent gives them.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -20,13 +21,13 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use duplex_client::{Client, ClientConfig, ClientError};
 use duplex_dedup::rate::{Allowance, RateControl, Throttle};
-use duplex_map::DedupTier;
+use duplex_map::{DedupTier, PoolId};
 use duplex_proto::tier::{Action, Guard, TierReadReply};
 
 use crate::messages::Job;
 use crate::pg::pool_of;
 use crate::shared::Shared;
-use crate::tier::engine::{self, Stop, TierIo, Work};
+use crate::tier::engine::{self, Stop, TierIo, Tiered, Work};
 
 /// How long the agent sleeps with nothing to do (a write or a wanted
 /// index wakes it sooner).
@@ -55,6 +56,9 @@ struct Agent {
     rate: RefCell<Rate>,
 }
 
+/// A promotion to run: PG, its pool's tier, object, chunk offsets.
+type Promotion = (u32, Tiered, bytes::Bytes, std::collections::BTreeSet<u64>);
+
 /// The rate control's state, kept across turns.
 struct Rate {
     throttle: Throttle,
@@ -68,6 +72,7 @@ impl Agent {
     fn turn(&mut self) -> bool {
         let view = self.shared.map.load();
         let tiered = engine::tiered_pools(&view.map);
+        let tiered_pools = tiered.clone();
         if tiered.is_empty() {
             return false;
         }
@@ -75,8 +80,8 @@ impl Agent {
         let io = ClientIo { client: &client, shared: &self.shared, rate: &self.rate };
         let me = self.shared.config.id;
         let cold_after = self.shared.config.dedup_cold_after;
-        // Every PG's work first, then the promotions (writers wait on
-        // them), then the passes.
+        // Every PG's work first; the promotions (writers wait on them)
+        // before the passes, and again before each pass.
         let mut loads = Vec::new();
         let mut promotions = Vec::new();
         let mut passes = Vec::new();
@@ -96,19 +101,42 @@ impl Agent {
         for load in loads {
             self.shared.send_job(load.pg, Job::TierLoad(load));
         }
-        let metrics = &self.shared.metrics;
-        let budget = engine::promotion_budget(self.shared.config.oplog_pg_bytes);
-        for (key, tiered, object, offsets) in promotions {
-            let promoted = engine::promote(&io, metrics, budget, pool_of(key), &tiered, &object, &offsets);
-            if let Err(stop) = blocking(promoted) {
-                tracing::debug!(pg = key, ?stop, "a promotion did not finish; the writer's retry asks again");
-            }
-        }
+        self.promote(&io, promotions);
         for (pg, key, tiered, object) in passes {
+            let asked = self.promotions_asked(&tiered_pools);
+            self.promote(&io, asked);
+            let metrics = &self.shared.metrics;
             let passed = blocking(engine::pass(&io, metrics, pool_of(key), &tiered, &object));
             engine::after_pass(&pg, &object, &passed, metrics, Instant::now());
         }
         busy
+    }
+
+    /// Runs `promotions` (PG, pool, object, the chunks' offsets).
+    fn promote(&self, io: &ClientIo<'_>, promotions: Vec<Promotion>) {
+        let metrics = &self.shared.metrics;
+        let budget = engine::promotion_budget(self.shared.config.oplog_pg_bytes);
+        for (key, tiered, object, offsets) in promotions {
+            let promoted = engine::promote(io, metrics, budget, pool_of(key), &tiered, &object, &offsets);
+            if let Err(stop) = blocking(promoted) {
+                tracing::debug!(pg = key, ?stop, "a promotion did not finish; the writer's retry asks again");
+            }
+        }
+    }
+
+    /// The promotions writers asked for since the turn began.
+    fn promotions_asked(&self, tiered: &HashMap<PoolId, Tiered>) -> Vec<Promotion> {
+        let mut asked = Vec::new();
+        for pg in self.shared.pgs.all() {
+            let mut guard = pg.lock().expect("PG lock");
+            let key = guard.key;
+            let Some(tiered) = tiered.get(&pool_of(key)).copied() else { continue };
+            if let Some(state) = crate::tier::current(&mut guard) {
+                let promote = std::mem::take(&mut state.promote);
+                asked.extend(promote.into_iter().map(|(object, offsets)| (key, tiered, object, offsets)));
+            }
+        }
+        asked
     }
 
     /// The agent's client, connected on first use.

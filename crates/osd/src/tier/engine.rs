@@ -230,7 +230,21 @@ pub async fn promote<I: TierIo>(
 ) -> Result<(), Stop> {
     // A writer waits on it: no rate control (a foreground I/O).
     let run = DedupTier { mode: duplex_map::DedupMode::Run, ..tiered.tier };
-    let reply = read_object(io, pool, &run, object).await?;
+    // Only the wanted chunks' range (its entries and the object's size),
+    // not the whole object: a writer waits.
+    let (Some(first), Some(last)) = (offsets.first(), offsets.last()) else { return Ok(()) };
+    let span = last.saturating_add(u64::from(tiered.tier.chunk_size)) - first;
+    let reply = match u32::try_from(span) {
+        Ok(len) if len <= MAX_IO_BYTES => {
+            io.gate(&run).await;
+            let reply = io.tier_read(pool, object, *first, len).await?;
+            if !reply.exists {
+                return Err(Stop::Gone);
+            }
+            reply
+        }
+        _ => read_object(io, pool, &run, object).await?,
+    };
     let mut guard = reply.guard;
     let mut actions = Vec::new();
     let mut bytes = 0usize;
