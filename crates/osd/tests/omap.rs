@@ -55,6 +55,28 @@ fn connect(cluster: &TestCluster) -> Client {
     Client::connect(config).unwrap()
 }
 
+/// Waits until the map records `osd` in the last active set of the PGs of
+/// `objects`: only then may it serve them alone once the others are gone
+/// (before, it cannot know it holds every write, and the PG waits for
+/// them: "down"). Active and filled PGs are not yet recorded ones; under
+/// CI's load the record came after the primary was killed once.
+fn wait_recorded(client: &Client, pool: u32, objects: &[Vec<u8>], osd: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let map = client.map();
+        let pg_num = map.pools[&pool].pg_num;
+        let recorded = objects.iter().all(|object| {
+            let pg = duplex_placement::pg_of(object, pg_num);
+            map.active_sets.get(&(pool, pg)).is_some_and(|set| set.osds.contains(&osd))
+        });
+        if recorded {
+            return;
+        }
+        assert!(Instant::now() < deadline, "osd.{osd} not recorded in its PGs' active sets after 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Waits until osd `id`'s primaries are all active and filled.
 fn wait_settled(cluster: &TestCluster, id: u32) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -127,6 +149,7 @@ fn omaps_replicate_and_a_replica_that_missed_changes_serves_them_after_recovery(
     cluster.start_osd(victim);
     cluster.wait_all_up();
     wait_settled(&cluster, primary);
+    wait_recorded(&client, pool, &objects, victim);
     check(&client, pool, &model);
     cluster.kill_osd(primary);
     cluster.mon_client().command(&duplex_map::Command::MarkDown { id: primary }).unwrap();
@@ -143,6 +166,7 @@ fn omaps_replicate_and_a_replica_that_missed_changes_serves_them_after_recovery(
         "the omaps' objects were not backfilled"
     );
     check(&client, pool, &model);
+    wait_recorded(&client, pool, &objects, 2);
     cluster.kill_osd(victim);
     cluster.mon_client().command(&duplex_map::Command::MarkDown { id: victim }).unwrap();
     let client = connect(&cluster);

@@ -56,6 +56,9 @@ struct Agent {
     rate: RefCell<Rate>,
 }
 
+/// Promotions run side by side at most.
+const PROMOTIONS_AT_ONCE: usize = 8;
+
 /// A promotion to run: PG, its pool's tier, object, chunk offsets.
 type Promotion = (u32, Tiered, bytes::Bytes, std::collections::BTreeSet<u64>);
 
@@ -77,7 +80,7 @@ impl Agent {
             return false;
         }
         let Some(client) = self.client() else { return false };
-        let io = ClientIo { client: &client, shared: &self.shared, rate: &self.rate };
+        let io = ClientIo { client: &client, shared: &self.shared, rate: Some(&self.rate) };
         let me = self.shared.config.id;
         let cold_after = self.shared.config.dedup_cold_after;
         // Every PG's work first; the promotions (writers wait on them)
@@ -101,10 +104,10 @@ impl Agent {
         for load in loads {
             self.shared.send_job(load.pg, Job::TierLoad(load));
         }
-        self.promote(&io, promotions);
+        self.promote(&client, promotions);
         for (pg, key, tiered, object) in passes {
             let asked = self.promotions_asked(&tiered_pools);
-            self.promote(&io, asked);
+            self.promote(&client, asked);
             let metrics = &self.shared.metrics;
             let passed = blocking(engine::pass(&io, metrics, pool_of(key), &tiered, &object));
             engine::after_pass(&pg, &object, &passed, metrics, Instant::now());
@@ -112,15 +115,32 @@ impl Agent {
         busy
     }
 
-    /// Runs `promotions` (PG, pool, object, the chunks' offsets).
-    fn promote(&self, io: &ClientIo<'_>, promotions: Vec<Promotion>) {
-        let metrics = &self.shared.metrics;
-        let budget = engine::promotion_budget(self.shared.config.oplog_pg_bytes);
-        for (key, tiered, object, offsets) in promotions {
-            let promoted = engine::promote(io, metrics, budget, pool_of(key), &tiered, &object, &offsets);
-            if let Err(stop) = blocking(promoted) {
-                tracing::debug!(pg = key, ?stop, "a promotion did not finish; the writer's retry asks again");
-            }
+    /// Runs `promotions` (PG, pool, object, the chunks' offsets), up to
+    /// [`PROMOTIONS_AT_ONCE`] at a time, each on a thread of its own: a
+    /// writer waits on each, and one promotion is three round trips the
+    /// client library can carry side by side with the others'. (One at a
+    /// time, 32 random writers on evicted data made 190 writes a second.)
+    fn promote(&self, client: &Client, promotions: Vec<Promotion>) {
+        let shared: &Shared = &self.shared;
+        let budget = engine::promotion_budget(shared.config.oplog_pg_bytes);
+        for batch in promotions.chunks(PROMOTIONS_AT_ONCE) {
+            std::thread::scope(|scope| {
+                for (key, tiered, object, offsets) in batch {
+                    scope.spawn(move || {
+                        // A foreground I/O: no rate control.
+                        let io = ClientIo { client, shared, rate: None };
+                        let promoted =
+                            engine::promote(&io, &shared.metrics, budget, pool_of(*key), tiered, object, offsets);
+                        if let Err(stop) = blocking(promoted) {
+                            tracing::debug!(
+                                pg = key,
+                                ?stop,
+                                "a promotion did not finish; the writer's retry asks again"
+                            );
+                        }
+                    });
+                }
+            });
         }
     }
 
@@ -186,7 +206,8 @@ fn blocking<F: Future>(step: F) -> F::Output {
 struct ClientIo<'a> {
     client: &'a Client,
     shared: &'a Shared,
-    rate: &'a RefCell<Rate>,
+    /// None: no rate control (promotions, which writers wait on).
+    rate: Option<&'a RefCell<Rate>>,
 }
 
 fn stop(err: ClientError) -> Stop {
@@ -202,9 +223,13 @@ impl TierIo for ClientIo<'_> {
     /// the foreground rate is this OSD's client operations, measured every
     /// 200 ms.
     async fn gate(&self, tier: &DedupTier) {
+        let Some(rate) = self.rate else {
+            self.shared.metrics.dedup_ios.add(1);
+            return;
+        };
         let control = RateControl::new(u64::from(tier.low_watermark), u64::from(tier.high_watermark))
             .unwrap_or(RateControl { low_iops: 0, high_iops: 0 });
-        let mut rate = self.rate.borrow_mut();
+        let mut rate = rate.borrow_mut();
         loop {
             let metrics = &self.shared.metrics;
             let ops = metrics.writes.get() + metrics.reads.get();
