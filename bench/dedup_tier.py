@@ -29,7 +29,7 @@ OSD is marked out, and the time until every PG is active+clean again.
 
     cargo build --release -p duplex-cli && bench/dedup_tier.py --ratio [--images 4 --size-mib 128]
     bench/dedup_tier.py --perf [--seconds 15 --size-mib 256]
-    bench/dedup_tier.py --rate [--seconds 30 --size-mib 512]
+    bench/dedup_tier.py --rate [--seconds 30 --size-mib 512 --watermarks 50,200]
     bench/dedup_tier.py --rereplicate [--images 4 --size-mib 128]
 
 Prints the figures as JSON. Stops and wipes its cluster at the end, also
@@ -226,6 +226,11 @@ def rate(args):
         up(cluster, directory, args.osd_size)
         tier_pair(cluster, "vms", 32, "lz4")
         say(cluster.duplex("pool", "set", "vms", "dedup_mode=pause", capture=True))
+        if args.watermarks:
+            low, high = args.watermarks.split(",")
+            say(cluster.duplex("pool", "set", "vms", f"dedup_low_watermark={low}", capture=True))
+            say(cluster.duplex("pool", "set", "vms", f"dedup_high_watermark={high}", capture=True))
+            results["watermarks"] = [int(low), int(high)]
         # The backlog: an image written with the engine paused (half one
         # pattern repeated, half random), dirty and waiting.
         cluster.duplex("image", "create", "backlog", "--size", str(size), "--data-pool", "vms")
@@ -272,7 +277,9 @@ def rereplicate(args):
                 tier_pair(cluster, "vms", 32, "lz4")
                 extra = ["--data-pool", "vms"]
             for i, path in enumerate(images):
-                cluster.duplex("image", "create", f"vm{i}", "--size", f"{args.size_mib}M", *extra)
+                # (The data set's last image can be a few blocks past its size.)
+                mib = -(-os.path.getsize(path) // MIB)
+                cluster.duplex("image", "create", f"vm{i}", "--size", f"{mib}M", *extra)
                 uri, server = cluster.serve(f"vm{i}")
                 subprocess.run(["nbdcopy", path, uri], check=True)
                 cluster.stop(server)
@@ -311,6 +318,7 @@ def main():
     parser.add_argument("--size-mib", type=int, default=128)
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--osd-size", default="8G")
+    parser.add_argument("--watermarks", help="--rate: the pool's LOW,HIGH foreground operations a second")
     args = parser.parse_args()
     run = ratio if args.ratio else perf if args.perf else rate if args.rate else rereplicate
     print(json.dumps(run(args), indent=2))
