@@ -67,9 +67,12 @@ def build_image(path, files, index, size, seed):
         inserts = set(rng.sample(range(len(files)), k=min(8, len(files))))
         for n, data in enumerate(files):
             if n in inserts:
-                extra = padded(own(rng.randrange(1, 64) * BLOCK - rng.randrange(0, BLOCK)))
+                # (Clipped like the files: an image is exactly `size` bytes.)
+                extra = padded(own(rng.randrange(1, 64) * BLOCK - rng.randrange(0, BLOCK)))[: size - written]
                 out.write(extra)
                 written += len(extra)
+                if written == size:
+                    break
             if rng.random() < 0.04:
                 data = own(len(data))
             chunk = padded(data)[: size - written]
