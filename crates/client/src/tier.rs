@@ -214,7 +214,9 @@ pub fn scrub(client: &Client, pool: u32, deep: bool) -> Result<ScrubReport, Clie
                     client.chunk_unref(chunk_pool, &name, &key)?;
                     report.leaks_removed += 1;
                 }
-                Err(ClientError::Invalid(why)) if why.contains(duplex_proto::tier::STALE) => report.leaks_busy += 1,
+                Err(ClientError::Invalid(why)) if duplex_proto::tier::is_stale(why.as_bytes()) => {
+                    report.leaks_busy += 1
+                }
                 Err(err) => return Err(err),
             }
         }

@@ -103,6 +103,12 @@ const WRITE: u8 = 4;
 /// (status `Invalid`: resending it would not help; read again).
 pub const STALE: &str = "the object changed since the engine read it";
 
+/// Whether a refusal's message (as an OSD sent it, or as a client error
+/// quotes it) is [`STALE`]'s.
+pub fn is_stale(message: &[u8]) -> bool {
+    message.windows(STALE.len()).any(|part| part == STALE.as_bytes())
+}
+
 /// Actions an update holds at most.
 pub const MAX_ACTIONS: usize = 4096;
 
@@ -278,6 +284,14 @@ mod tests {
             let _ = decode_actions(&bytes);
             let _ = TierReadReply::decode(&bytes);
         }
+    }
+
+    #[test]
+    fn a_stale_refusal_is_known_as_sent_and_as_quoted() {
+        assert!(is_stale(STALE.as_bytes()));
+        assert!(is_stale(format!("OSD 3: {STALE}").as_bytes()), "a client error quotes it after its OSD");
+        assert!(!is_stale(b"the object changed"));
+        assert!(!is_stale(b""));
     }
 
     #[test]

@@ -75,7 +75,6 @@ impl Agent {
     fn turn(&mut self) -> bool {
         let view = self.shared.map.load();
         let tiered = engine::tiered_pools(&view.map);
-        let tiered_pools = tiered.clone();
         if tiered.is_empty() {
             return false;
         }
@@ -105,11 +104,11 @@ impl Agent {
             self.shared.send_job(load.pg, Job::TierLoad(load));
         }
         self.promote(&client, promotions);
-        for (pg, key, tiered, object) in passes {
-            let asked = self.promotions_asked(&tiered_pools);
+        for (pg, key, pool_tier, object) in passes {
+            let asked = self.promotions_asked(&tiered);
             self.promote(&client, asked);
             let metrics = &self.shared.metrics;
-            let passed = blocking(engine::pass(&io, metrics, pool_of(key), &tiered, &object));
+            let passed = blocking(engine::pass(&io, metrics, pool_of(key), &pool_tier, &object));
             engine::after_pass(&pg, &object, &passed, metrics, Instant::now());
         }
         busy
@@ -144,16 +143,20 @@ impl Agent {
         }
     }
 
-    /// The promotions writers asked for since the turn began.
+    /// The promotions writers asked for since the turn began (the turn's
+    /// `work_of`, passes left where they are).
     fn promotions_asked(&self, tiered: &HashMap<PoolId, Tiered>) -> Vec<Promotion> {
+        let (me, cold_after) = (self.shared.config.id, self.shared.config.dedup_cold_after);
         let mut asked = Vec::new();
         for pg in self.shared.pgs.all() {
-            let mut guard = pg.lock().expect("PG lock");
-            let key = guard.key;
-            let Some(tiered) = tiered.get(&pool_of(key)).copied() else { continue };
-            if let Some(state) = crate::tier::current(&mut guard) {
-                let promote = std::mem::take(&mut state.promote);
-                asked.extend(promote.into_iter().map(|(object, offsets)| (key, tiered, object, offsets)));
+            let work = engine::work_of(&mut pg.lock().expect("PG lock"), tiered, me, Instant::now(), cold_after, false);
+            match work {
+                Some(Work::Objects { key, tiered, promote, cold }) => {
+                    debug_assert!(cold.is_empty(), "passes taken between passes");
+                    asked.extend(promote.into_iter().map(|(object, offsets)| (key, tiered, object, offsets)));
+                }
+                Some(Work::Load(load)) => self.shared.send_job(load.pg, Job::TierLoad(load)),
+                None => {}
             }
         }
         asked
@@ -212,7 +215,7 @@ struct ClientIo<'a> {
 
 fn stop(err: ClientError) -> Stop {
     match err {
-        ClientError::Invalid(why) if why.contains(duplex_proto::tier::STALE) => Stop::Stale,
+        ClientError::Invalid(why) if duplex_proto::tier::is_stale(why.as_bytes()) => Stop::Stale,
         ClientError::NotFound => Stop::Gone,
         err => Stop::Failed(err.to_string()),
     }

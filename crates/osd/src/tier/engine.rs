@@ -146,10 +146,9 @@ pub fn work_of(
     let key = pg.key;
     let tiered = tiered.get(&pool_of(key)).copied()?;
     pg.active.as_ref().filter(|a| a.members.first() == Some(&me))?;
-    if crate::tier::current(pg).is_none() {
+    let Some(state) = crate::tier::current(pg) else {
         return crate::tier::load_wanted(pg, now).map(Work::Load);
-    }
-    let state = crate::tier::current(pg).expect("checked above");
+    };
     let promote: Vec<(Bytes, BTreeSet<u64>)> = std::mem::take(&mut state.promote).into_iter().collect();
     let paused = tiered.tier.mode == duplex_map::DedupMode::Pause;
     let cold: Vec<Bytes> = state

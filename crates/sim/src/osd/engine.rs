@@ -193,8 +193,7 @@ pub struct SimEngine {
     queue: VecDeque<Task>,
     running: Option<Running>,
     flight: Option<Flight>,
-    /// Steps finished (a pass or a promotion), and those that stopped short.
-    pub steps: u64,
+    /// Steps (a pass or a promotion) that stopped short.
     pub stopped: u64,
 }
 
@@ -214,7 +213,6 @@ impl SimEngine {
             queue: VecDeque::new(),
             running: None,
             flight: None,
-            steps: 0,
             stopped: 0,
         }
     }
@@ -294,7 +292,6 @@ impl SimOsd {
         match running.step.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(result) => {
                 let running = engine.running.take().expect("polled");
-                engine.steps += 1;
                 if let Err(stop) = &result {
                     engine.stopped += 1;
                     tracing::debug!(at = ctx.now, osd = self.id, pass = ?running.pass, ?stop, "an engine step stopped short");
@@ -380,14 +377,7 @@ impl SimOsd {
                 return;
             }
             Status::NotFound => Err(Stop::Gone),
-            Status::Invalid
-                if reply
-                    .data
-                    .windows(duplex_proto::tier::STALE.len())
-                    .any(|w| w == duplex_proto::tier::STALE.as_bytes()) =>
-            {
-                Err(Stop::Stale)
-            }
+            Status::Invalid if duplex_proto::tier::is_stale(&reply.data) => Err(Stop::Stale),
             status => Err(Stop::Failed(format!("{status:?}: {}", String::from_utf8_lossy(&reply.data)))),
         };
         self.engine_answer(ctx, answer);
