@@ -1,8 +1,9 @@
 //! The deduplication tier as an operator meets it (issue 27,
 //! docs/DEDUP.md): pools made with the CLI, VM-like images copied in over
 //! NBD, deduplicated and evicted by the engine, copied back out byte for
-//! byte; `duplex dedup status` and `scrub`; and the stamped fault workload
-//! on a deduplicated image while an OSD is killed.
+//! byte; `duplex dedup status` and `scrub`; snapshots of a deduplicated
+//! image; and the stamped fault workload on a deduplicated image while an
+//! OSD is killed.
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::workload::Verifying;
-use common::{kill_9, require_tool, run_ok, DevCluster};
+use common::{kill_9, qemu_io, require_tool, run_ok, DevCluster};
 
 const MIB: u64 = 1 << 20;
 
@@ -37,6 +38,35 @@ fn status(cluster: &DevCluster) -> serde_json::Value {
     let out = run_ok(cluster.cli().args(["dedup", "status", "vms", "--json"]));
     let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("dedup status --json");
     all[0].clone()
+}
+
+/// Waits until the engine has deduplicated and evicted what it can (cold
+/// after 0 s): the chunk count and the base pool's bytes stay put for 3 s,
+/// and with `evicted` the objects keep less than an eighth of their bytes
+/// (snapshot clones keep theirs whole: without). Returns `dedup status`.
+fn wait_settled(cluster: &DevCluster, evicted: bool) -> serde_json::Value {
+    let started = Instant::now();
+    let (mut last, mut settled) = (serde_json::Value::Null, 0);
+    while settled < 3 {
+        assert!(started.elapsed() < Duration::from_secs(180), "the tier did not settle: {last}");
+        std::thread::sleep(Duration::from_secs(1));
+        let now = status(cluster);
+        let small = now["base_bytes"].as_u64().unwrap() < now["logical_bytes"].as_u64().unwrap() / 8;
+        let still = now["chunks"] == last["chunks"] && now["base_bytes"] == last["base_bytes"];
+        settled = if (small || !evicted) && still { settled + 1 } else { 0 };
+        last = now;
+    }
+    eprintln!("dedup status after the engine: {last}");
+    last
+}
+
+/// The tier scrub: nothing a chunk map names is missing.
+fn scrub_clean(cluster: &DevCluster) -> serde_json::Value {
+    let scrub = run_ok(cluster.cli().args(["dedup", "scrub", "vms", "--deep", "--json"]));
+    let report: serde_json::Value = serde_json::from_slice(&scrub.stdout).unwrap();
+    assert_eq!(report["missing"].as_array().map(Vec::len), Some(0), "{report}");
+    assert_eq!(report["damaged"].as_array().map(Vec::len), Some(0), "{report}");
+    report
 }
 
 #[test]
@@ -79,20 +109,7 @@ fn vm_images_round_trip_through_nbd_after_dedup_and_eviction() {
         run_ok(Command::new("nbdcopy").arg(&input).arg(&server.uri));
         images.push((name, input));
     }
-    // The engine deduplicates and evicts what it can (cold after 0 s): the
-    // objects keep less than an eighth of their bytes, and the chunk count
-    // stays put for 3 s.
-    let started = Instant::now();
-    let (mut last, mut settled) = (serde_json::Value::Null, 0);
-    while settled < 3 {
-        assert!(started.elapsed() < Duration::from_secs(180), "the tier did not settle: {last}");
-        std::thread::sleep(Duration::from_secs(1));
-        let now = status(&cluster);
-        let evicted = now["base_bytes"].as_u64().unwrap() < now["logical_bytes"].as_u64().unwrap() / 8;
-        settled = if evicted && now["chunks"] == last["chunks"] { settled + 1 } else { 0 };
-        last = now;
-    }
-    eprintln!("dedup status after the engine: {last}");
+    let last = wait_settled(&cluster, true);
     let logical = last["logical_bytes"].as_u64().unwrap();
     let base = last["base_bytes"].as_u64().unwrap();
     assert!(logical >= 72 * MIB, "{last}");
@@ -109,9 +126,7 @@ fn vm_images_round_trip_through_nbd_after_dedup_and_eviction() {
         let out = run_ok(Command::new("nbdcopy").arg(&server.uri).arg("-"));
         assert!(out.stdout == std::fs::read(input).unwrap(), "{name} reads back other bytes");
     }
-    let scrub = run_ok(cluster.cli().args(["dedup", "scrub", "vms", "--deep", "--json"]));
-    let report: serde_json::Value = serde_json::from_slice(&scrub.stdout).unwrap();
-    assert_eq!(report["missing"].as_array().map(Vec::len), Some(0), "{report}");
+    let report = scrub_clean(&cluster);
     assert_eq!(report["references"], report["entries"], "{report}");
     // Pause, run, auto.
     run_ok(cluster.cli().args(["dedup", "pause", "vms"]));
@@ -147,4 +162,116 @@ fn the_stamped_workload_on_a_deduplicated_image_survives_an_osd_kill() {
     assert_eq!(scrub["missing"].as_array().map(Vec::len), Some(0), "{scrub}");
     let metrics = status(&cluster);
     assert!(metrics["chunks"].as_u64().unwrap() > 0, "the engine ran: {metrics}");
+}
+
+/// 16 MiB of 32 KiB chunks drawn from 48 of their own (pseudo-random, so
+/// incompressible) and zeros: most chunks have twins. The chunks at
+/// `unique` are each their own: no other reference keeps them.
+fn repetitive_image(unique: &[u64]) -> Vec<u8> {
+    const CHUNK: u64 = 32 << 10;
+    fn fill(chunk: &mut [u8], mut word: u64) {
+        for piece in chunk.chunks_mut(8) {
+            word ^= word << 13;
+            word ^= word >> 7;
+            word ^= word << 17;
+            piece.copy_from_slice(&word.to_le_bytes());
+        }
+    }
+    let mut out = vec![0u8; 16 * MIB as usize];
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for (i, chunk) in out.chunks_mut(CHUNK as usize).enumerate() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let pattern = state % 56;
+        if unique.contains(&(i as u64 * CHUNK)) {
+            fill(chunk, (1000 + i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
+        } else if pattern < 48 {
+            fill(chunk, pattern.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
+        } // else zeros
+    }
+    out
+}
+
+/// Snapshots of a deduplicated image: taken after the engine evicted its
+/// chunks, a snapshot reads back its moment while the head is rewritten
+/// and evicted again (a write that clones an object brings its chunks
+/// back first, so the clone holds them all), ships as a diff that keeps a
+/// backup in step (evicted chunks count as data), rolls back; the tier
+/// scrub finds nothing missing throughout, and after the snapshot's
+/// removal.
+#[test]
+fn snapshots_of_a_deduplicated_image_hold_their_moment() {
+    for tool in ["qemu-io", "nbdcopy"] {
+        require_tool(tool);
+    }
+    let cluster = tiered_cluster();
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let file = |name: &str| scratch.path().join(name);
+    let same = |a: &str, b: &str| {
+        let (a_bytes, b_bytes) = (std::fs::read(file(a)).unwrap(), std::fs::read(file(b)).unwrap());
+        assert!(a_bytes == b_bytes, "{a} and {b} differ");
+    };
+    let cli = || {
+        let mut command = cluster.cli();
+        command.args(["--pool", "vms"]);
+        command
+    };
+    // Chunks no twin keeps: dropped by the head, they are gone from the
+    // chunk pool, and a snapshot that still read them there would fail.
+    let unique = [192 << 10, 6 * MIB, 13 * MIB];
+    std::fs::write(file("at-s1.raw"), repetitive_image(&unique)).unwrap();
+    run_ok(cli().args(["image", "create", "disk", "--size", "16M"]));
+    let server = cluster.serve_in("vms", "disk");
+    run_ok(Command::new("nbdcopy").arg(file("at-s1.raw")).arg(&server.uri));
+    wait_settled(&cluster, true);
+    run_ok(cli().args(["snap", "create", "disk@s1"]));
+    // Changes under s1, in every object: each clones an evicted head. Then,
+    // the heads evicted again, changes of their unique chunks: the head
+    // drops those chunks, which the clones must not need.
+    qemu_io(
+        &server.uri,
+        &["write -P 0x44 100k 4k", "write -P 0x55 5M 64k", "discard 9M 1M", "write -P 0x66 15M 4k", "write -z 2M 4k"],
+    );
+    wait_settled(&cluster, false);
+    qemu_io(&server.uri, &["write -P 0x77 200k 4k", "write -P 0x78 6M 4k", "write -P 0x79 13M 4k"]);
+    run_ok(Command::new("nbdcopy").arg(&server.uri).arg(file("at-s2.raw")));
+    let status_after = wait_settled(&cluster, false);
+    assert!(status_after["chunks"].as_u64().unwrap() > 0, "{status_after}");
+    scrub_clean(&cluster);
+
+    // The snapshot and the head, each as it was, after the head's new
+    // chunks were deduplicated and evicted (and its old ones unreferenced).
+    run_ok(cli().args(["image", "export", "disk@s1"]).arg(file("s1.raw")));
+    same("s1.raw", "at-s1.raw");
+    run_ok(cli().args(["image", "export", "disk"]).arg(file("head.raw")));
+    same("head.raw", "at-s2.raw");
+
+    // A full diff of s1 and an incremental one to s2 keep a backup (in a
+    // plain pool) in step.
+    run_ok(cli().args(["snap", "create", "disk@s2"]));
+    run_ok(cluster.cli().args(["image", "create", "backup", "--size", "16M"]));
+    run_ok(cli().args(["image", "export-diff", "disk@s1"]).arg(file("d1")));
+    run_ok(cluster.cli().args(["image", "import-diff"]).arg(file("d1")).arg("backup"));
+    run_ok(cluster.cli().args(["image", "export", "backup"]).arg(file("backup-s1.raw")));
+    same("backup-s1.raw", "at-s1.raw");
+    run_ok(cli().args(["image", "export-diff", "disk@s2", "--from-snap", "s1"]).arg(file("d2")));
+    run_ok(cluster.cli().args(["image", "import-diff"]).arg(file("d2")).arg("backup"));
+    run_ok(cluster.cli().args(["image", "export", "backup"]).arg(file("backup-s2.raw")));
+    same("backup-s2.raw", "at-s2.raw");
+
+    // Rolled back to s1 (not served meanwhile), then s2 removed: the head
+    // reads as s1 did, and the tier scrub still finds every chunk.
+    drop(server);
+    run_ok(cli().args(["snap", "rollback", "disk@s1"]));
+    run_ok(cli().args(["image", "export", "disk"]).arg(file("rolled.raw")));
+    same("rolled.raw", "at-s1.raw");
+    run_ok(cli().args(["snap", "remove", "disk@s2"]));
+    run_ok(cli().args(["snap", "remove", "disk@s1"]));
+    // The clones trimmed, the objects are evicted again.
+    wait_settled(&cluster, true);
+    run_ok(cli().args(["image", "export", "disk"]).arg(file("last.raw")));
+    same("last.raw", "at-s1.raw");
+    let report = scrub_clean(&cluster);
+    eprintln!("tier scrub after the snapshots' removal: {report}");
 }

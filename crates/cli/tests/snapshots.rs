@@ -9,20 +9,9 @@ mod common;
 use std::process::Command;
 
 use common::workload::Verifying;
-use common::{require_tool, run_ok, workload, DevCluster};
+use common::{qemu_io, require_tool, run_ok, workload, DevCluster};
 
 const MIB: u64 = 1 << 20;
-
-fn qemu_io(uri: &str, commands: &[&str]) {
-    let mut command = Command::new("qemu-io");
-    command.args(["-f", "raw"]);
-    for c in commands {
-        command.arg("-c").arg(c);
-    }
-    let output = run_ok(command.arg(uri));
-    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
-    assert!(!text.contains("failed") && !text.contains("error"), "qemu-io {commands:?}:\n{text}");
-}
 
 /// The command's stderr; it must fail.
 fn fails(command: &mut Command) -> String {

@@ -111,6 +111,9 @@ pub struct TierLoaded {
     /// Object → evicted chunk offset → its length.
     pub evicted: std::collections::HashMap<Bytes, std::collections::BTreeMap<u64, u32>>,
     pub objects: Vec<Bytes>,
+    /// The snapshot sequence each object with evicted chunks was last
+    /// changed under (`crate::snaps::SNAPSEQ_ATTR`; absent: 0).
+    pub snapseqs: std::collections::HashMap<Bytes, u64>,
 }
 
 /// Which clones of a PG's objects whose names start with `prefix` no

@@ -400,8 +400,9 @@ impl OpRequest {
             }
             _ => {}
         }
-        if matches!(kind, OpKind::ChunkPut | OpKind::ChunkUnref | OpKind::TierRead | OpKind::TierUpdate) && snap != 0 {
-            return Err(DecodeError::Inconsistent("the deduplication tier's operations are on heads"));
+        // (A tier read may read at a snapshot: a clone, or the head unchanged since.)
+        if matches!(kind, OpKind::ChunkPut | OpKind::ChunkUnref | OpKind::TierUpdate) && snap != 0 {
+            return Err(DecodeError::Inconsistent("the deduplication tier's changes are to heads"));
         }
         if kind == OpKind::TierUpdate {
             crate::tier::split_update(&data)?;
@@ -1024,8 +1025,16 @@ mod tests {
         assert!(matches!(OpRequest::decode(&listing.to_frame(1).payload), Err(DecodeError::Inconsistent(_))));
         let reserved = OpRequest { object: Bytes::from_static(b"head\0\0\0\0\0\0\0\0\x05"), snap: 0, ..write.clone() };
         assert!(matches!(OpRequest::decode(&reserved.to_frame(1).payload), Err(DecodeError::Inconsistent(_))));
-        let attr = OpRequest { kind: OpKind::GetAttr, data: Bytes::from_static(b"\0snapseq"), snap: 0, ..write };
+        let attr =
+            OpRequest { kind: OpKind::GetAttr, data: Bytes::from_static(b"\0snapseq"), snap: 0, ..write.clone() };
         assert!(matches!(OpRequest::decode(&attr.to_frame(1).payload), Err(DecodeError::Inconsistent(_))));
+        // The tier reads at a snapshot; its changes are to heads.
+        let tier_read = OpRequest { kind: OpKind::TierRead, data: Bytes::new(), ..write.clone() };
+        assert_eq!(OpRequest::decode(&tier_read.to_frame(1).payload), Ok(tier_read.clone()));
+        let guard = crate::tier::Guard { interval: 1, generation: 2 };
+        let data = Bytes::from(crate::tier::encode_update(&guard, &[]));
+        let update = OpRequest { kind: OpKind::TierUpdate, data, ..write };
+        assert!(matches!(OpRequest::decode(&update.to_frame(1).payload), Err(DecodeError::Inconsistent(_))));
     }
 
     #[test]

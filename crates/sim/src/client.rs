@@ -315,7 +315,8 @@ impl SimClient {
                 length,
                 data,
                 client: 1000 + self.id as u64,
-                snap: op.snap,
+                // (A chunk object has no snapshots: its steps read the head.)
+                snap: if op.step.is_some() { 0 } else { op.snap },
             };
             Some((primary, request))
         });

@@ -70,8 +70,9 @@ struct Cli {
     omap: bool,
     /// The pool is deduplicated (a tier of 16 KiB chunks in a chunk
     /// pool, lz4-compressed): each OSD runs the deduplication engine on
-    /// its PGs under the faults, and reads follow evicted chunks.
-    #[arg(long, conflicts_with_all = ["ec", "omap", "snapshots"])]
+    /// its PGs under the faults, and reads follow evicted chunks. With
+    /// --snapshots, reads at a snapshot follow them too.
+    #[arg(long, conflicts_with_all = ["ec", "omap"])]
     dedup: bool,
     /// OSDs in the cluster, one host each [default: 4, or k+m of --ec if
     /// more].

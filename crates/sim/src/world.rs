@@ -365,8 +365,8 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
         return Err(broken(format!("the monitor refused the pool of {config:?}")));
     }
     if config.dedup {
-        if config.erasure.is_some() || config.omap || config.snapshots {
-            return Err(broken("a deduplicated run has a replicated pool, no omap blocks and no snapshots".into()));
+        if config.erasure.is_some() || config.omap {
+            return Err(broken("a deduplicated run has a replicated pool and no omap blocks".into()));
         }
         monitor.run(&Command::PoolCreateChunks {
             name: CHUNK_POOL.into(),
@@ -896,8 +896,11 @@ impl World {
         let down: Vec<u32> = self.monitor.map.osds.values().filter(|o| !o.up || !o.is_in).map(|o| o.id).collect();
         let unsettled: Vec<u32> = self.osds.iter().filter(|o| !o.is_settled(self.now)).map(|o| o.id).collect();
         let pinned: Vec<&(u32, u32)> = self.monitor.map.pg_temp.keys().collect();
+        // A final-pass read that failed is tried again, and may never
+        // end: what it met says why.
+        let errors: Vec<&String> = self.clients.iter().flat_map(|c| c.errors.iter()).take(3).collect();
         format!(
-            "phase {:?}; clients busy {busy:?}; OSDs down or out {down:?}; OSDs not settled {unsettled:?}; PGs pinned {pinned:?}",
+            "phase {:?}; clients busy {busy:?}; OSDs down or out {down:?}; OSDs not settled {unsettled:?}; PGs pinned {pinned:?}; client errors {errors:?}",
             self.phase
         )
     }

@@ -590,10 +590,13 @@ fn the_dedup_engine_under_faults() {
         for two_at_once in [false, true] {
             let mut config = if two_at_once { every_fault_config(seed) } else { SimConfig::new(seed) };
             config.dedup = true;
+            // Odd seeds with snapshots: writes that clone an evicted head.
+            config.snapshots = seed % 2 == 1;
             match run(&config) {
                 Ok(report) => counts.add(report.dedup.expect("a deduplicated run counts its engine's work")),
                 Err(failure) => panic!(
-                    "{failure}\n  reproduce: duplex-sim --seed {seed} --dedup{}",
+                    "{failure}\n  reproduce: duplex-sim --seed {seed} --dedup{}{}",
+                    if config.snapshots { " --snapshots" } else { "" },
                     if two_at_once { " --faults <all> --concurrent-faults 2" } else { "" }
                 ),
             }

@@ -32,6 +32,18 @@ pub fn run_ok(command: &mut Command) -> Output {
 
 /// Fails loudly when a tool the test needs is missing: CI installs them
 /// (scripts/test-all), and a silent skip would hide a broken install.
+/// Runs qemu-io's `commands` on a raw image at `uri`; panics if one fails.
+pub fn qemu_io(uri: &str, commands: &[&str]) {
+    let mut command = Command::new("qemu-io");
+    command.args(["-f", "raw"]);
+    for c in commands {
+        command.arg("-c").arg(c);
+    }
+    let output = run_ok(command.arg(uri));
+    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    assert!(!text.contains("failed") && !text.contains("error"), "qemu-io {commands:?}:\n{text}");
+}
+
 pub fn require_tool(tool: &str) {
     let found =
         Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().is_ok_and(|o| o.status.success());

@@ -29,9 +29,11 @@ use crate::shared::Shared;
 pub struct Replicated<P>(pub(crate) P);
 
 impl<P: WritePath> PgBackend for Replicated<P> {
-    fn read(&self, at: &Primary<'_>, op: ClientOp) -> Outcome {
-        if op.request.kind == OpKind::TierRead {
-            return crate::tier::tier_read(at, op);
+    fn read(&self, at: &Primary<'_>, mut op: ClientOp) -> Outcome {
+        match op.request.kind {
+            OpKind::TierRead => return crate::tier::tier_read(at, op),
+            OpKind::Diff => op.request.data = crate::tier::diff_arg(at.tier.is_some()),
+            _ => {}
         }
         read(at.shared, at.pg, &at.interval, at.key, op, at.epoch)
     }

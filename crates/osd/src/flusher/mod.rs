@@ -927,6 +927,12 @@ impl Flusher {
                         loaded.evicted.entry(name.clone()).or_default().insert(offset, entry.len);
                     }
                 }
+                if loaded.evicted.contains_key(&name) {
+                    let seq = crate::snaps::snapseq_of(&mut self.partition, key.as_bytes())?;
+                    if seq > 0 {
+                        loaded.snapseqs.insert(name.clone(), seq);
+                    }
+                }
                 loaded.objects.push(name);
             }
             let Some(last_key) = keys.last() else { break };
@@ -1019,8 +1025,32 @@ impl Flusher {
         };
         let bytes = |key: &Option<Key>| key.as_ref().map_or(&[][..], |k| k.as_bytes()).to_vec();
         let (from, to) = (bytes(&from), bytes(&to));
-        let ranges = if from == to { Vec::new() } else { self.partition.diff(&from, &to) };
+        let mut ranges = if from == to { Vec::new() } else { self.partition.diff(&from, &to) };
+        if from != to && crate::tier::diff_counts_evicted(&read.arg) {
+            // An evicted chunk is a hole in the store that does not read
+            // as zeros: the block maps alone would call it unchanged.
+            for key in [&from, &to].into_iter().filter(|key| !key.is_empty()) {
+                ranges.extend(self.evicted_ranges(key)?);
+            }
+            ranges = crate::tier::merge_ranges(ranges);
+        }
         Ok(SnapDiff { exists: size.is_some(), size: size.unwrap_or(0), ranges })
+    }
+
+    /// The (offset, length) of `key`'s evicted chunks, from its chunk map.
+    fn evicted_ranges(&mut self, key: &[u8]) -> Result<Vec<(u64, u64)>, StoreError> {
+        let (first, last) = duplex_dedup::chunkmap::entries_from(0);
+        let entries = match self.partition.omap_range(key, &first, Some(&last), usize::MAX) {
+            Ok(entries) => entries,
+            Err(StoreError::NotFound) => return Ok(Vec::new()),
+            Err(err) => return Err(err),
+        };
+        Ok(entries
+            .iter()
+            .filter_map(|(k, v)| Some((duplex_dedup::chunkmap::entry_offset(k)?, duplex_dedup::ChunkEntry::decode(v)?)))
+            .filter(|(_, entry)| !entry.cached)
+            .map(|(offset, entry)| (offset, u64::from(entry.len)))
+            .collect())
     }
 
     /// Names of the PG's objects after the cursor, with the prefix, in order.

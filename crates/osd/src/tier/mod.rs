@@ -56,21 +56,31 @@ pub struct TierState {
     pub dirty: BTreeMap<Bytes, Instant>,
     /// Evicted chunks a client waits to change: object → chunk offsets.
     pub promote: BTreeMap<Bytes, BTreeSet<u64>>,
+    /// Per object (absent: 0), a lower bound of the snapshot sequence its
+    /// head was last changed under, as the store holds it once the logged
+    /// entries are applied. A client mutation under a newer snapshot
+    /// clones the head when it is applied (crate::snaps), and a clone must
+    /// hold the whole object, no hole whose bytes are in a chunk object
+    /// only one head's references keep: so such a mutation waits until no
+    /// chunk of the object is evicted ([`admit`]). A bound too low costs a
+    /// promotion too many, never a clone with holes.
+    snapseqs: HashMap<Bytes, u64>,
 }
 
 impl TierState {
-    /// The state of a PG whose store holds `evicted` (the load's walk),
-    /// in `interval`; every object in `objects` is dirty (a new primary
-    /// does not know which changed since their last pass).
-    pub fn loaded(
-        interval: u64,
-        evicted: HashMap<Bytes, BTreeMap<u64, u32>>,
-        objects: Vec<Bytes>,
-        now: Instant,
-    ) -> TierState {
+    /// The state of a PG whose store holds what `walked` found, in
+    /// `interval`; every object it found is dirty (a new primary does not
+    /// know which changed since their last pass).
+    pub fn loaded(interval: u64, walked: TierLoaded, now: Instant) -> TierState {
+        let TierLoaded { evicted, objects, snapseqs } = walked;
         debug_assert!(evicted.values().all(|chunks| !chunks.is_empty()), "an object with no evicted chunk indexed");
         let dirty = objects.into_iter().map(|o| (o, now)).collect();
-        TierState { interval, evicted, generations: HashMap::new(), dirty, promote: BTreeMap::new() }
+        TierState { interval, evicted, generations: HashMap::new(), dirty, promote: BTreeMap::new(), snapseqs }
+    }
+
+    /// The lower bound of `object`'s head's snapshot sequence ([`TierState::snapseqs`]).
+    fn snapseq(&self, object: &[u8]) -> u64 {
+        self.snapseqs.get(object).copied().unwrap_or(0)
     }
 
     pub fn generation(&self, object: &[u8]) -> u64 {
@@ -133,8 +143,9 @@ pub fn install(pg: &SharedPg, interval: u64, loaded: TierLoaded, now: Instant) -
         return false;
     }
     let evicted: usize = loaded.evicted.values().map(BTreeMap::len).sum();
-    tracing::debug!(pg = guard.key, interval, objects = loaded.objects.len(), evicted, "deduplicated PG index loaded");
-    guard.tier = Some(Box::new(TierState::loaded(interval, loaded.evicted, loaded.objects, now)));
+    let objects = loaded.objects.len();
+    tracing::debug!(pg = guard.key, interval, objects, evicted, "deduplicated PG index loaded");
+    guard.tier = Some(Box::new(TierState::loaded(interval, loaded, now)));
     debug_assert!(current(&mut guard).is_some(), "an index installed for the interval served");
     true
 }
@@ -178,13 +189,9 @@ pub fn pool_refuses(pool: &duplex_map::Pool, request: &OpRequest) -> Option<Stri
 /// on to [`admit`]).
 pub fn refuses(request: &OpRequest) -> Option<&'static str> {
     match request.kind {
-        _ if request.snap != 0 => Some("snapshots of a deduplicated pool's objects are not supported yet"),
         OpKind::Read => Some("a deduplicated pool's objects are read with TierRead (this client predates the tier)"),
         OpKind::OmapSet | OpKind::OmapRemove | OpKind::OmapRemoveRange => {
             Some("a deduplicated pool's omaps hold its chunk maps; clients do not change them")
-        }
-        OpKind::CopyUp | OpKind::Diff | OpKind::TrimClone => {
-            Some("clones and snapshots of a deduplicated pool's objects are not supported yet")
         }
         _ => None,
     }
@@ -209,8 +216,9 @@ pub struct Admitted {
 
 #[derive(Debug)]
 enum Change {
-    /// A client mutation: the object is dirty; a delete's evicted chunks go.
-    Client { delete: bool },
+    /// A client mutation: the object is dirty; a delete's evicted chunks
+    /// go; the head's snapshot sequence bound becomes `snapseq`.
+    Client { delete: bool, snapseq: u64 },
     /// A tier update: chunks evicted, and chunks cached again or removed.
     Update { evict: Vec<(u64, u32)>, keep: Vec<u64> },
 }
@@ -220,7 +228,7 @@ enum Change {
 /// still holds, or a client mutation that touches no evicted chunk. It
 /// changes nothing but the promotions wanted; [`commit`] applies the rest.
 pub fn admit(pg: &mut Pg, request: &OpRequest, now: Instant) -> Result<Admitted, Refused> {
-    debug_assert!(request.kind.is_mutation() && request.snap == 0, "{:?} admitted as a head's mutation", request.kind);
+    debug_assert!(request.kind.is_mutation(), "{:?} admitted as a mutation", request.kind);
     let Some(tier) = current(pg) else {
         if request.kind == OpKind::TierUpdate {
             // Its guard names an interval whose index is gone.
@@ -238,7 +246,11 @@ pub fn admit(pg: &mut Pg, request: &OpRequest, now: Instant) -> Result<Admitted,
         let (evict, keep) = index_changes(&actions)?;
         return Ok(Admitted { object: object.clone(), at: now, change: Change::Update { evict, keep } });
     }
+    let snapseq = tier.snapseq(object);
     let touched = match request.kind {
+        // It clones the head first, if the head exists: the clone holds
+        // every chunk's bytes ([`TierState::snapseqs`]).
+        _ if request.snap > snapseq => Some((0, u64::MAX)),
         OpKind::Write => Some((request.offset, request.offset.saturating_add(request.data.len() as u64))),
         OpKind::Zero => {
             let len = duplex_oplog::zero_length(&request.data).unwrap_or(u64::MAX);
@@ -262,8 +274,26 @@ pub fn admit(pg: &mut Pg, request: &OpRequest, now: Instant) -> Result<Admitted,
     }
     // (A delete's chunk map goes with it; the references it held are
     // leaks the tier scrub reclaims.)
-    let change = Change::Client { delete: request.kind == OpKind::Delete };
+    let delete = request.kind == OpKind::Delete;
+    let change = Change::Client { delete, snapseq: snapseq_after(request, snapseq) };
     Ok(Admitted { object: object.clone(), at: now, change })
+}
+
+/// The bound of a head's snapshot sequence after `request`, a client
+/// mutation, from `before` ([`TierState::snapseqs`]): the store's
+/// sequence after it (crate::snaps) is the request's if it is newer and
+/// the head exists after it; 0 after a delete; the old one otherwise.
+/// Only the operations that always leave a head raise the bound (a zero
+/// of an absent object leaves none, a copy-up of an existing one changes
+/// nothing).
+fn snapseq_after(request: &OpRequest, before: u64) -> u64 {
+    match request.kind {
+        OpKind::Delete => 0,
+        OpKind::Write | OpKind::Truncate | OpKind::CreatePreallocated | OpKind::SetAttr | OpKind::OmapSet => {
+            before.max(request.snap)
+        }
+        _ => before,
+    }
 }
 
 /// Applies an admitted mutation to its PG's tier state, under the same
@@ -272,9 +302,14 @@ pub fn commit(pg: &mut Pg, admitted: &Admitted) {
     let tier = current(pg).expect("the PG lock held since admission: the index is still current");
     let object = &admitted.object;
     match &admitted.change {
-        Change::Client { delete } => {
+        Change::Client { delete, snapseq } => {
             if *delete {
                 tier.evicted.remove(object);
+            }
+            if *snapseq == 0 {
+                tier.snapseqs.remove(object);
+            } else {
+                tier.snapseqs.insert(object.clone(), *snapseq);
             }
             tier.dirty.insert(object.clone(), admitted.at);
             debug_assert!(
@@ -384,10 +419,41 @@ pub(crate) fn tier_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
             flush_first,
             reply: ClientSlot { thread: op.thread, token: op.token, slot: op.slot },
             map_epoch: epoch,
-            snap: 0,
+            // At a snapshot: the clone, which holds every chunk, or the
+            // head, if unchanged since, with its evicted chunks.
+            snap: request.snap,
         }),
     );
     Outcome::Queued
+}
+
+/// A diff's flusher job argument (a client's is not kept): in a
+/// deduplicated pool, evicted chunks count as changed. (They are holes in
+/// the store, which a diff of block maps takes for zeros; over-reporting
+/// a clone's and its head's chunks is safe, a diff only says where to look.)
+pub fn diff_arg(tiered: bool) -> Bytes {
+    Bytes::from_static(if tiered { DIFF_EVICTED } else { b"" })
+}
+
+const DIFF_EVICTED: &[u8] = b"evicted";
+
+/// Whether a diff job made with [`diff_arg`] counts evicted chunks.
+pub fn diff_counts_evicted(arg: &[u8]) -> bool {
+    arg == DIFF_EVICTED
+}
+
+/// (offset, length) ranges sorted, with overlapping and touching ones joined.
+pub fn merge_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (offset, len) in ranges.into_iter().filter(|(_, len)| *len > 0) {
+        match merged.last_mut() {
+            Some((at, n)) if offset <= *at + *n => *n = (*n).max(offset + len - *at),
+            _ => merged.push((offset, len)),
+        }
+    }
+    debug_assert!(merged.windows(2).all(|w| w[0].0 + w[0].1 < w[1].0), "merged ranges touch");
+    merged
 }
 
 /// What a tier read's flusher job carries besides the range: the guard
@@ -424,7 +490,8 @@ mod tests {
     fn state() -> TierState {
         let mut evicted = HashMap::new();
         evicted.insert(Bytes::from_static(b"o"), BTreeMap::from([(32768u64, 32768u32)]));
-        TierState::loaded(7, evicted, vec![Bytes::from_static(b"o")], Instant::now())
+        let objects = vec![Bytes::from_static(b"o")];
+        TierState::loaded(7, TierLoaded { evicted, objects, snapseqs: HashMap::new() }, Instant::now())
     }
 
     fn entry(cached: bool) -> Vec<u8> {
@@ -464,11 +531,14 @@ mod tests {
         for kind in [OpKind::TierRead, OpKind::TierUpdate, OpKind::Write, OpKind::Stat, OpKind::Delete] {
             assert!(!refused(&tiered, kind), "{kind:?} in a deduplicated pool");
         }
-        for kind in [OpKind::Read, OpKind::OmapSet, OpKind::CopyUp, OpKind::ChunkPut] {
+        for kind in [OpKind::Read, OpKind::OmapSet, OpKind::ChunkPut] {
             assert!(refused(&tiered, kind), "{kind:?} in a deduplicated pool");
         }
-        let snap = OpRequest { snap: 3, ..request(OpKind::Write) };
-        assert!(pool_refuses(&tiered, &snap).is_some(), "a snapshot's write in a deduplicated pool");
+        for kind in [OpKind::CopyUp, OpKind::Diff, OpKind::TrimClone, OpKind::Write, OpKind::TierRead] {
+            let snap = OpRequest { snap: 3, ..request(kind) };
+            assert!(pool_refuses(&tiered, &snap).is_none(), "{kind:?} under a snapshot in a deduplicated pool");
+        }
+        // (A tier update under a snapshot does not decode: duplex_proto.)
     }
 
     #[test]
@@ -515,6 +585,79 @@ mod tests {
         assert_eq!(tier.evicted_chunks(), 0);
     }
 
+    #[test]
+    fn diff_ranges_merge_and_only_a_tiered_pool_counts_evicted_chunks() {
+        assert_eq!(
+            merge_ranges(vec![(8, 4), (0, 4), (4, 2), (20, 0), (30, 5), (31, 1)]),
+            vec![(0, 6), (8, 4), (30, 5)]
+        );
+        assert_eq!(merge_ranges(vec![(0, 4), (4, 4)]), vec![(0, 8)]);
+        assert!(merge_ranges(Vec::new()).is_empty());
+        assert!(diff_counts_evicted(&diff_arg(true)));
+        assert!(!diff_counts_evicted(&diff_arg(false)));
+    }
+
+    /// A mutation under a snapshot newer than its head's waits until no
+    /// chunk of the object is evicted (the clone it makes must be whole);
+    /// the bound follows what the store will hold.
+    #[test]
+    fn a_write_that_clones_its_head_waits_for_every_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = crate::pg::PgTable::open(crate::config::OplogMode::File, dir.path(), 1 << 20).unwrap();
+        let shared = table.get_or_open(7).unwrap();
+        let now = Instant::now();
+        shared.lock().unwrap().active =
+            Some(crate::pg::Activation { interval: 5, members: vec![0, 1], backfill: Vec::new() });
+        let object = Bytes::from_static(b"o");
+        let walked = TierLoaded {
+            evicted: HashMap::from([(object.clone(), BTreeMap::from([(32768u64, 32768u32)]))]),
+            objects: vec![object.clone()],
+            snapseqs: HashMap::from([(object.clone(), 2)]),
+        };
+        assert!(install(&shared, 5, walked, now));
+        let write = |snap: u64| OpRequest {
+            kind: OpKind::Write,
+            pool: 1,
+            pg: 0,
+            map_epoch: 1,
+            object: object.clone(),
+            offset: 0,
+            length: 0,
+            data: Bytes::from(vec![1; 4096]),
+            client: 1,
+            snap,
+        };
+        let mut pg = shared.lock().unwrap();
+        // Under the head's own snapshot, or an older one, the write at 0
+        // touches no evicted chunk.
+        for snap in [0, 2] {
+            let admitted = admit(&mut pg, &write(snap), now).expect("no evicted chunk touched");
+            commit(&mut pg, &admitted);
+        }
+        assert_eq!(current(&mut pg).unwrap().snapseq(b"o"), 2);
+        // Under snapshot 3 it clones the head: the chunk at 32 KiB comes back first.
+        let (status, _) = admit(&mut pg, &write(3), now).unwrap_err();
+        assert_eq!(status, Status::Retry);
+        assert_eq!(current(&mut pg).unwrap().promote.get(&object), Some(&BTreeSet::from([32768])));
+        // Promoted (a tier update keeps it): the write goes, and the bound moves.
+        let guard = guard_of(current(&mut pg).unwrap(), &object);
+        let keep = Action::SetEntry { key: duplex_dedup::chunkmap::entry_key(32768), value: entry(true) };
+        let update = OpRequest {
+            kind: OpKind::TierUpdate,
+            data: Bytes::from(duplex_proto::tier::encode_update(&guard, &[keep])),
+            ..write(0)
+        };
+        let admitted = admit(&mut pg, &update, now).expect("the guard holds");
+        commit(&mut pg, &admitted);
+        let admitted = admit(&mut pg, &write(3), now).expect("nothing evicted");
+        commit(&mut pg, &admitted);
+        assert_eq!(current(&mut pg).unwrap().snapseq(b"o"), 3);
+        // A delete ends the head (the store's sequence with it); a zero may leave none.
+        assert_eq!(snapseq_after(&OpRequest { kind: OpKind::Delete, ..write(5) }, 3), 0);
+        assert_eq!(snapseq_after(&OpRequest { kind: OpKind::Zero, ..write(9) }, 3), 3);
+        assert_eq!(snapseq_after(&OpRequest { kind: OpKind::CopyUp, ..write(9) }, 3), 3);
+    }
+
     /// An index is asked for once per interval (again only after
     /// [`LOAD_RETRY`], a failed load), and installed only in the interval
     /// it was walked for, never over a current one.
@@ -540,6 +683,7 @@ mod tests {
         let walked = |evicted: &HashMap<Bytes, BTreeMap<u64, u32>>| TierLoaded {
             evicted: evicted.clone(),
             objects: vec![Bytes::from_static(b"o")],
+            snapseqs: HashMap::new(),
         };
         assert!(!install(&shared, 4, walked(&evicted), now), "walked for another interval");
         assert!(install(&shared, 5, walked(&evicted), now));
