@@ -18,7 +18,16 @@ The ratio is counted as the tier would store it: every chunk the images
 hold, over the distinct chunks (by SHA-256) that are not all zeros (a zero
 chunk is a hole and takes nothing).
 
-    bench/dedup_dataset.py [--images 4] [--size-mib 256] [--chunk-kib 16,32,64] [--out DIR] [--smoke]
+With --cdc it also counts the ideal of content-defined chunking (not
+built in Duplex yet: docs/DEDUP.md, "Content-defined chunking"), cut on
+4 KiB block boundaries so that an evicted chunk frees whole blocks: a
+chunk of average size A ends after a block whose CRC-32 (zlib's) has its
+low log2(A / 8 KiB) bits all set, once it holds A/2, and at 3A/2 at the
+latest; chunks never cross a 4 MiB object (the engine cuts one object at
+a time). Its ratio counts bytes: the images' over the distinct non-zero
+chunks'.
+
+    bench/dedup_dataset.py [--images 4] [--size-mib 256] [--chunk-kib 16,32,64] [--out DIR] [--cdc] [--smoke]
 """
 
 import argparse
@@ -26,8 +35,10 @@ import hashlib
 import os
 import random
 import sys
+import zlib
 
 BLOCK = 4096
+OBJECT = 4 << 20
 
 
 def usr_files(limit_bytes):
@@ -101,6 +112,42 @@ def ratio(paths, chunk):
     return total, zero, len(distinct)
 
 
+def content_defined(data, avg):
+    """The chunks of `data` (an image) cut by content on block boundaries
+    (the rule in this script's docstring), object by object."""
+    least, most = avg // 2 // BLOCK, avg * 3 // 2 // BLOCK
+    mask = (1 << ((avg // 2 // BLOCK).bit_length() - 1)) - 1
+    for start in range(0, len(data), OBJECT):
+        obj = data[start : start + OBJECT]
+        blocks = len(obj) // BLOCK
+        first = 0
+        for b in range(blocks):
+            held = b + 1 - first
+            if held >= most or (held >= least and zlib.crc32(obj[b * BLOCK : (b + 1) * BLOCK]) & mask == mask):
+                yield obj[first * BLOCK : (b + 1) * BLOCK]
+                first = b + 1
+        if first * BLOCK < len(obj):
+            yield obj[first * BLOCK :]
+
+
+def cdc_ratio(paths, avg):
+    """Chunks, zero chunks, distinct non-zero chunks and their bytes, and
+    the images' bytes, cut by content."""
+    total = zero = logical = 0
+    distinct = {}
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        logical += len(data)
+        for chunk in content_defined(data, avg):
+            total += 1
+            if chunk.count(0) == len(chunk):
+                zero += 1
+            else:
+                distinct[hashlib.sha256(chunk).digest()] = len(chunk)
+    return total, zero, len(distinct), sum(distinct.values()), logical
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=4)
@@ -108,6 +155,7 @@ def main():
     ap.add_argument("--chunk-kib", default="16,32,64")
     ap.add_argument("--out", default="target/dedup-dataset")
     ap.add_argument("--seed", type=int, default=27)
+    ap.add_argument("--cdc", action="store_true", help="also the ideal of content-defined chunking")
     ap.add_argument("--smoke", action="store_true", help="2 images of 8 MiB, to check the script works")
     args = ap.parse_args()
     if args.smoke:
@@ -131,6 +179,19 @@ def main():
         print(f"| {kib} KiB | {total} | {zero} | {distinct} | {ideal:.3f} | {100 * (1 - 1 / ideal):.1f} % |")
         if total == 0 or distinct == 0 or distinct > total:
             sys.exit("the counts make no sense")
+    if args.cdc:
+        print("\nContent-defined, on block boundaries (average size; the ratio counts bytes):\n")
+        print("| chunking | chunks | zero chunks | distinct non-zero | their mean size | ideal ratio (bytes / distinct bytes) | space saved |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for kib in [int(k) for k in args.chunk_kib.split(",")]:
+            total, zero, distinct, stored, logical = cdc_ratio(paths, kib << 10)
+            if total == 0 or distinct == 0 or stored > logical:
+                sys.exit("the counts make no sense")
+            ideal = logical / stored
+            mean = stored / distinct / 1024
+            print(
+                f"| cdc {kib} KiB | {total} | {zero} | {distinct} | {mean:.1f} KiB | {ideal:.3f} | {100 * (1 - 1 / ideal):.1f} % |"
+            )
 
 
 if __name__ == "__main__":
