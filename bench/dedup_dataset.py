@@ -18,8 +18,8 @@ The ratio is counted as the tier would store it: every chunk the images
 hold, over the distinct chunks (by SHA-256) that are not all zeros (a zero
 chunk is a hole and takes nothing).
 
-With --cdc it also counts the ideal of content-defined chunking (not
-built in Duplex yet: docs/DEDUP.md, "Content-defined chunking"), cut on
+With --cdc it also counts the ideal of content-defined chunking (a
+tier's `--chunking content`: docs/DEDUP.md, "Chunking"), cut on
 4 KiB block boundaries so that an evicted chunk frees whole blocks: a
 chunk of average size A ends after a block whose CRC-32 (zlib's) has its
 low log2(A / 8 KiB) bits all set, once it holds A/2, and at 3A/2 at the

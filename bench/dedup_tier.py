@@ -10,7 +10,9 @@ into images whose data pool is deduplicated, one pool pair per chunk size
 the engine has settled, `duplex dedup status` per pool: the bytes held
 (base objects' blocks plus chunk objects, one copy; chunk maps and
 references are omap metadata inside the onodes and are counted from
-their records' sizes), against a plain replicated pool's.
+their records' sizes), against a plain replicated pool's. With
+--chunking content the tiers cut chunks by content (the chunk size their
+average), and the data set's report has the content-defined ideal too.
 
 --perf (figures 4.7/4.8): fio over NBD, 4 KiB random writes and reads,
 128 KiB sequential writes and reads, on an image in a plain pool and on
@@ -27,7 +29,7 @@ backlog is the same for the first two, and what auto left for the third.
 pool, or into a deduplicated one (and deduplicated), on 4 OSDs; then one
 OSD is marked out, and the time until every PG is active+clean again.
 
-    cargo build --release -p duplex-cli && bench/dedup_tier.py --ratio [--images 4 --size-mib 128]
+    cargo build --release -p duplex-cli && bench/dedup_tier.py --ratio [--images 4 --size-mib 128] [--chunking content]
     bench/dedup_tier.py --perf [--seconds 15 --size-mib 256]
     bench/dedup_tier.py --rate [--seconds 30 --size-mib 512 --watermarks 50,200]
     bench/dedup_tier.py --rereplicate [--images 4 --size-mib 128]
@@ -62,11 +64,11 @@ def say(text):
     print(text, file=sys.stderr, end="" if text.endswith("\n") else "\n")
 
 
-def tier_pair(cluster, name, chunk_kib, compression):
+def tier_pair(cluster, name, chunk_kib, compression, chunking="fixed"):
     say(cluster.duplex("pool", "create", f"{name}-chunks", "--compression", compression, "--pg-num", "32",
                        capture=True))
     say(cluster.duplex("pool", "create", name, "--dedup-tier", f"{name}-chunks", "--chunk-size", f"{chunk_kib}K",
-                       "--pg-num", "32", capture=True))
+                       "--chunking", chunking, "--pg-num", "32", capture=True))
 
 
 def status(cluster, pool):
@@ -99,18 +101,20 @@ def ratio(args):
     directory = args.dir
     cluster = snapshots.Cluster(directory)
     data = tempfile.mkdtemp(prefix="dedup-dataset-")
+    cdc = ["--cdc"] if args.chunking == "content" else []
     made = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "dedup_dataset.py"), "--images",
-                           str(args.images), "--size-mib", str(args.size_mib), "--out", data],
+                           str(args.images), "--size-mib", str(args.size_mib), "--out", data, *cdc],
                           check=True, capture_output=True, text=True).stdout
     say(made)
     images = sorted(os.path.join(data, f) for f in os.listdir(data) if f.endswith(".raw"))
     logical = sum(os.path.getsize(p) for p in images)
     pairs = [("d16", 16, "lz4"), ("d32", 32, "lz4"), ("d64", 64, "lz4"), ("d32raw", 32, "none")]
-    results = {"images": len(images), "image_mib": args.size_mib, "logical_bytes": logical, "ideal": made}
+    results = {"images": len(images), "image_mib": args.size_mib, "logical_bytes": logical, "ideal": made,
+               "chunking": args.chunking}
     try:
         up(cluster, directory, args.osd_size)
         for name, kib, compression in pairs:
-            tier_pair(cluster, name, kib, compression)
+            tier_pair(cluster, name, kib, compression, args.chunking)
         copied = time.time()
         for name, _, _ in pairs + [("rbd", None, None)]:
             for i, path in enumerate(images):
@@ -319,6 +323,7 @@ def main():
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--osd-size", default="8G")
     parser.add_argument("--watermarks", help="--rate: the pool's LOW,HIGH foreground operations a second")
+    parser.add_argument("--chunking", default="fixed", choices=["fixed", "content"], help="--ratio: the tiers' chunking")
     args = parser.parse_args()
     run = ratio if args.ratio else perf if args.perf else rate if args.rate else rereplicate
     print(json.dumps(run(args), indent=2))

@@ -231,6 +231,11 @@ pub enum PoolCommand {
         /// The deduplicated pool's chunk size: a power of two from 16K to 128K.
         #[arg(long, default_value = "32K", value_parser = duplex_store::units::parse_size, requires = "dedup_tier")]
         chunk_size: u64,
+        /// Where the deduplicated pool's chunks begin: fixed (every
+        /// chunk size) or content (on block boundaries chosen by the data,
+        /// the chunk size on average: finds runs shifted by whole blocks).
+        #[arg(long, default_value = "fixed", value_parser = duplex_map::Chunking::parse, requires = "dedup_tier")]
+        chunking: duplex_map::Chunking,
         /// A chunk pool: it holds a deduplicated pool's chunks, and nothing else.
         #[arg(long, conflicts_with = "ec")]
         chunk_pool: bool,
@@ -288,6 +293,7 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
             pg_num,
             dedup_tier,
             chunk_size,
+            chunking,
             chunk_pool,
             compression,
             ..
@@ -314,7 +320,7 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
                     let chunk_size = u32::try_from(chunk_size)
                         .map_err(|_| anyhow::anyhow!("chunk size {chunk_size} is too large"))?;
                     let plain = duplex_map::Pool::new(0, name.clone(), size, min_size, pg_num, None);
-                    duplex_map::tier::set_tier(&plain, chunks, chunk_size)?;
+                    duplex_map::tier::set_tier(&plain, chunks, chunk_size, chunking)?;
                     Some((chunk_pool.clone(), chunk_size))
                 }
                 None => None,
@@ -322,12 +328,16 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
             let epoch = run_command(&mut mon, MapCommand::PoolCreate { name: name.clone(), size, min_size, pg_num })?;
             match tier {
                 Some((chunk_pool, chunk_size)) => {
-                    let command =
-                        MapCommand::PoolSetTier { name: name.clone(), chunk_pool: chunk_pool.clone(), chunk_size };
+                    let command = MapCommand::PoolSetTier {
+                        name: name.clone(),
+                        chunk_pool: chunk_pool.clone(),
+                        chunk_size,
+                        chunking,
+                    };
                     let epoch = run_command(&mut mon, command)?;
                     println!(
                         "created pool '{name}' (size {size}, min_size {min_size}, {pg_num} PGs), deduplicated into '{chunk_pool}' \
-                         in {} KiB chunks, at map epoch {epoch}",
+                         in {} KiB chunks ({chunking} chunking), at map epoch {epoch}",
                         chunk_size >> 10
                     );
                 }
@@ -363,6 +373,7 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
                         let dedup = p.dedup.map(|t| serde_json::json!({
                             "chunk_pool": map.pools.get(&t.chunk_pool).map(|c| c.name.clone()),
                             "chunk_size": t.chunk_size,
+                            "chunking": t.chunking.to_string(),
                             "low_watermark": t.low_watermark,
                             "high_watermark": t.high_watermark,
                         }));
@@ -380,9 +391,13 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
                     let kind = match (p.erasure, p.dedup, p.chunks) {
                         (Some(c), _, _) => format!("erasure {}+{}, {} KiB stripe unit", c.k, c.m, c.stripe_unit >> 10),
                         (None, Some(t), _) => format!(
-                            "replicated, deduplicated into '{}' ({} KiB chunks)",
+                            "replicated, deduplicated into '{}' ({} KiB chunks{})",
                             map.pools.get(&t.chunk_pool).map_or("?", |c| c.name.as_str()),
-                            t.chunk_size >> 10
+                            t.chunk_size >> 10,
+                            match t.chunking {
+                                duplex_map::Chunking::Fixed => "",
+                                duplex_map::Chunking::Content => " on average, cut by content",
+                            }
                         ),
                         (None, None, Some(c)) => format!("replicated, chunk pool ({} compression)", c.compression),
                         (None, None, None) => "replicated".into(),

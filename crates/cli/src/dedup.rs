@@ -43,6 +43,8 @@ pub struct TierStatus {
     pub pool: String,
     pub chunk_pool: String,
     pub chunk_size: u32,
+    /// fixed, or content (the chunk size is then the average).
+    pub chunking: String,
     pub mode: String,
     pub objects: u64,
     /// What clients wrote: the objects' sizes.
@@ -118,6 +120,7 @@ fn status(client: &Client, only: Option<&str>, json: bool) -> Result<()> {
             pool: pool.name.clone(),
             chunk_pool,
             chunk_size: tier.chunk_size,
+            chunking: tier.chunking.to_string(),
             mode: tier.mode.to_string(),
             objects: base.map_or(0, |b| b.objects),
             logical_bytes: base.map_or(0, |b| b.stored_bytes),
@@ -143,10 +146,11 @@ fn status(client: &Client, only: Option<&str>, json: bool) -> Result<()> {
     } else {
         for s in &out {
             println!(
-                "pool '{}' → chunk pool '{}' ({} KiB chunks, engine {})",
+                "pool '{}' → chunk pool '{}' ({} KiB chunks, {} chunking, engine {})",
                 s.pool,
                 s.chunk_pool,
                 s.chunk_size >> 10,
+                s.chunking,
                 s.mode
             );
             println!(

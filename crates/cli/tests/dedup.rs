@@ -16,6 +16,12 @@ use common::{kill_9, qemu_io, require_tool, run_ok, DevCluster};
 const MIB: u64 = 1 << 20;
 
 fn tiered_cluster() -> DevCluster {
+    tiered_cluster_cut_by("fixed")
+}
+
+/// A cluster with pool `vms` deduplicated into `chunks` (32 KiB chunks,
+/// cut by `chunking`).
+fn tiered_cluster_cut_by(chunking: &str) -> DevCluster {
     let cluster = DevCluster::with_args(&["--osd-set", "dedup_cold_s=0"]);
     run_ok(cluster.cli().args(["pool", "create", "chunks", "--size", "2", "--compression", "lz4", "--pg-num", "16"]));
     run_ok(cluster.cli().args([
@@ -28,6 +34,8 @@ fn tiered_cluster() -> DevCluster {
         "chunks",
         "--chunk-size",
         "32K",
+        "--chunking",
+        chunking,
         "--pg-num",
         "16",
     ]));
@@ -274,4 +282,66 @@ fn snapshots_of_a_deduplicated_image_hold_their_moment() {
     same("last.raw", "at-s1.raw");
     let report = scrub_clean(&cluster);
     eprintln!("tier scrub after the snapshots' removal: {report}");
+}
+
+/// One cell of a row of the data set script's report: the row whose first
+/// cell is `first`.
+fn report_cell(report: &str, first: &str, cell: usize) -> f64 {
+    report
+        .lines()
+        .find(|l| l.split('|').nth(1).is_some_and(|c| c.trim() == first))
+        .and_then(|l| l.split('|').nth(cell))
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no '{first}' row in the data set's report:\n{report}"))
+}
+
+/// Content-defined chunks (docs/DEDUP.md, "Chunking"): the VM-like images,
+/// whose files are shifted by whole blocks, deduplicate as far as the
+/// script's content-defined count says, about twice what fixed chunks
+/// find, and read back byte for byte.
+#[test]
+fn content_defined_chunks_find_runs_shifted_by_whole_blocks() {
+    for tool in ["nbdcopy", "python3"] {
+        require_tool(tool);
+    }
+    let cluster = tiered_cluster_cut_by("content");
+    let list = run_ok(cluster.cli().args(["pool", "list"]));
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(text.contains("(32 KiB chunks on average, cut by content)"), "{text}");
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/dedup_dataset.py");
+    let made = run_ok(
+        Command::new("python3")
+            .arg(script)
+            .args(["--images", "3", "--size-mib", "24", "--chunk-kib", "32", "--cdc", "--out"])
+            .arg(scratch.path()),
+    );
+    let report = String::from_utf8_lossy(&made.stdout).into_owned();
+    eprintln!("{report}");
+    let fixed = report_cell(&report, "32 KiB", 5);
+    let ideal = report_cell(&report, "cdc 32 KiB", 6);
+    assert!(ideal > fixed * 1.5, "the data set's content-defined ideal {ideal} against fixed {fixed}");
+    let mut images = Vec::new();
+    for i in 0..3 {
+        let name = format!("vm{i}");
+        run_ok(cluster.cli().args(["--pool", "vms", "image", "create", &name, "--size", "24M"]));
+        let input = scratch.path().join(format!("vm{i}.raw"));
+        let server = cluster.serve_in("vms", &name);
+        run_ok(Command::new("nbdcopy").arg(&input).arg(&server.uri));
+        images.push((name, input));
+    }
+    let last = wait_settled(&cluster, true);
+    assert_eq!(last["chunking"], "content", "{last}");
+    // Objects passed while half written keep some cuts of their own: the
+    // cuts meet the data's again within a chunk or two, so a few chunks
+    // more than the script's, not more.
+    let actual = last["dedup_ratio"].as_f64().unwrap();
+    assert!(actual > ideal * 0.97 && actual < ideal * 1.01, "dedup {actual:.3}, the data's ideal {ideal:.3}: {last}");
+    for (name, input) in &images {
+        let server = cluster.serve_in("vms", name);
+        let out = run_ok(Command::new("nbdcopy").arg(&server.uri).arg("-"));
+        assert!(out.stdout == std::fs::read(input).unwrap(), "{name} reads back other bytes");
+    }
+    let report = scrub_clean(&cluster);
+    assert_eq!(report["references"], report["entries"], "{report}");
 }

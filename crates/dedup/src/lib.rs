@@ -14,6 +14,7 @@
 //! - [`locality`]: why dedup must be global (the dissertation's table 2.1).
 
 pub mod chunkmap;
+pub mod cut;
 pub mod frame;
 pub mod locality;
 pub mod plan;

@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 
+use duplex_map::Chunking;
+
 use crate::chunkmap::ChunkEntry;
 use crate::Fingerprint;
 
@@ -33,24 +35,33 @@ pub enum Step {
 }
 
 /// The steps that bring an object of `size` bytes, whose chunk map is
-/// `entries` (offset → entry), level with its bytes, chunk by chunk
-/// (`chunk_size`). `cached_bytes(offset, len)` reads the base object's
-/// bytes of a cached chunk; `is_hot(offset)` says whether a chunk should
-/// stay cached. The chunks it puts carry references of pass `nonce`
-/// (one the object's chunk map does not hold yet: each pass draws its own).
+/// `entries` (offset → entry), level with its bytes, chunk by chunk, cut
+/// by `chunking` into `chunk_size` chunks ([`crate::cut`]).
+/// `cached_bytes(offset, len)` reads the base object's bytes of a cached
+/// region; `is_hot(offset)` says whether the chunk there should stay
+/// cached. The chunks it puts carry references of pass `nonce` (one the
+/// object's chunk map does not hold yet: each pass draws its own).
 ///
-/// - A chunk whose bytes hash to its entry is clean; a cold one is evicted.
+/// - Evicted chunks stay as they are: their bytes are in the chunk pool.
+///   The regions between them (and after the last) are cut afresh; a cut
+///   starts at a region's start, so a layout the rule made is cut the
+///   same way again.
+/// - A chunk whose bytes hash to the entry at its offset (of its length)
+///   is clean; a cold one is evicted.
 /// - A new or changed chunk is put, its entry set (cached), and the old
 ///   chunk it replaced unreferenced.
 /// - An all-zero chunk needs no chunk object: its entry (if any) goes, and
 ///   so does the reference.
-/// - An entry at or past the object's end (a truncate) goes with its
-///   reference. (A truncate marks every entry it cuts or passes cached,
-///   writing back the part of an evicted chunk it keeps: bytes past an
-///   object's end read as zeros, never as a chunk's.)
-/// - An evicted chunk is left alone: its bytes are in the chunk pool.
+/// - Any other cached entry (one at or past the object's end after a
+///   truncate, or one of a layout the bytes no longer cut to) goes with
+///   its reference. (A truncate marks every entry it cuts or passes
+///   cached, writing back the part of an evicted chunk it keeps: bytes
+///   past an object's end read as zeros, never as a chunk's.)
+///
+/// The steps come grouped by chunk offset, in offset order.
 pub fn plan_object(
     size: u64,
+    chunking: Chunking,
     chunk_size: u32,
     entries: &BTreeMap<u64, ChunkEntry>,
     nonce: u64,
@@ -58,55 +69,91 @@ pub fn plan_object(
     is_hot: impl Fn(u64) -> bool,
 ) -> Vec<Step> {
     assert!(chunk_size > 0, "chunks of no bytes");
-    let mut steps = Vec::new();
-    let chunk = u64::from(chunk_size);
-    let mut offset = 0u64;
-    while offset < size {
-        let len = (size - offset).min(chunk) as u32;
-        let entry = entries.get(&offset);
-        match entry {
-            Some(entry) if !entry.cached => {}
-            _ => {
-                let data = cached_bytes(offset, len);
-                debug_assert_eq!(data.len(), len as usize, "a chunk read of another length");
-                let fingerprint = Fingerprint::of(&data);
-                match entry {
-                    _ if data.iter().all(|b| *b == 0) => {
-                        if let Some(old) = entry {
-                            steps.push(Step::RemoveEntry { offset });
-                            steps.push(Step::Unref { offset, nonce: old.nonce, fingerprint: old.fingerprint });
-                        }
-                    }
-                    Some(old) if old.fingerprint == fingerprint && old.len == len => {
-                        if !is_hot(offset) {
-                            let entry = ChunkEntry { cached: false, ..*old };
-                            steps.push(Step::SetEntry { offset, entry });
-                            steps.push(Step::Evict { offset, len });
-                        }
-                    }
-                    _ => {
-                        debug_assert!(entry.is_none_or(|old| old.nonce != nonce), "a pass's nonce reused");
-                        steps.push(Step::Put { offset, nonce, fingerprint, data });
-                        steps.push(Step::SetEntry {
-                            offset,
-                            entry: ChunkEntry { len, nonce, fingerprint, cached: true },
-                        });
-                        if let Some(old) = entry {
-                            // (Even for the same bytes: the new entry names
-                            // the new pass's reference.)
-                            steps.push(Step::Unref { offset, nonce: old.nonce, fingerprint: old.fingerprint });
-                        }
-                    }
-                }
+    let mut groups: BTreeMap<u64, Vec<Step>> = BTreeMap::new();
+    let mut cuts = std::collections::BTreeSet::new();
+    for (from, to) in cached_regions(size, entries) {
+        let len = u32::try_from(to - from).expect("an object region over 4 GiB");
+        let bytes = cached_bytes(from, len);
+        debug_assert_eq!(bytes.len(), len as usize, "a region read of another length");
+        for (offset, len) in crate::cut::cut(chunking, chunk_size, from, &bytes) {
+            cuts.insert(offset);
+            let data = bytes[(offset - from) as usize..(offset - from) as usize + len as usize].to_vec();
+            let steps = plan_chunk(offset, len, data, entries.get(&offset), nonce, &is_hot);
+            if !steps.is_empty() {
+                groups.insert(offset, steps);
             }
         }
-        offset += chunk;
     }
-    for (offset, old) in entries.range(size.div_ceil(chunk) * chunk..) {
-        steps.push(Step::RemoveEntry { offset: *offset });
-        steps.push(Step::Unref { offset: *offset, nonce: old.nonce, fingerprint: old.fingerprint });
+    // Cached entries no cut starts at (a layout the bytes no longer make),
+    // and any entry past the end.
+    for (offset, old) in entries.iter().filter(|(o, e)| (e.cached && !cuts.contains(*o)) || **o >= size) {
+        let steps = vec![
+            Step::RemoveEntry { offset: *offset },
+            Step::Unref { offset: *offset, nonce: old.nonce, fingerprint: old.fingerprint },
+        ];
+        debug_assert!(!groups.contains_key(offset), "two groups at {offset}");
+        groups.insert(*offset, steps);
     }
-    debug_assert!(entries.keys().all(|offset| offset % chunk == 0), "a chunk map entry off the {chunk}-byte grid");
+    groups.into_values().flatten().collect()
+}
+
+/// The regions `[from, to)` of an object of `size` bytes that its evicted
+/// chunks (in `entries`) leave: what a pass cuts afresh.
+pub fn cached_regions(size: u64, entries: &BTreeMap<u64, ChunkEntry>) -> Vec<(u64, u64)> {
+    let mut regions = Vec::new();
+    let mut at = 0u64;
+    for (offset, entry) in entries.range(..size).filter(|(_, e)| !e.cached) {
+        debug_assert!(*offset >= at, "evicted chunks overlap at {offset}");
+        debug_assert!(offset + u64::from(entry.len) <= size, "an evicted chunk past the object's end");
+        if *offset > at {
+            regions.push((at, *offset));
+        }
+        at = offset + u64::from(entry.len);
+    }
+    if at < size {
+        regions.push((at, size));
+    }
+    regions
+}
+
+/// The steps of the cut chunk at `offset` (`data`, `len` bytes), whose
+/// entry there was `entry`.
+fn plan_chunk(
+    offset: u64,
+    len: u32,
+    data: Vec<u8>,
+    entry: Option<&ChunkEntry>,
+    nonce: u64,
+    is_hot: &impl Fn(u64) -> bool,
+) -> Vec<Step> {
+    debug_assert!(entry.is_none_or(|e| e.cached), "a cut over an evicted chunk at {offset}");
+    let mut steps = Vec::new();
+    let fingerprint = Fingerprint::of(&data);
+    match entry {
+        _ if data.iter().all(|b| *b == 0) => {
+            if let Some(old) = entry {
+                steps.push(Step::RemoveEntry { offset });
+                steps.push(Step::Unref { offset, nonce: old.nonce, fingerprint: old.fingerprint });
+            }
+        }
+        Some(old) if old.fingerprint == fingerprint && old.len == len => {
+            if !is_hot(offset) {
+                let entry = ChunkEntry { cached: false, ..*old };
+                steps.push(Step::SetEntry { offset, entry });
+                steps.push(Step::Evict { offset, len });
+            }
+        }
+        _ => {
+            debug_assert!(entry.is_none_or(|old| old.nonce != nonce), "a pass's nonce reused");
+            steps.push(Step::Put { offset, nonce, fingerprint, data });
+            steps.push(Step::SetEntry { offset, entry: ChunkEntry { len, nonce, fingerprint, cached: true } });
+            if let Some(old) = entry {
+                // (Even for the same bytes: the new entry names the new
+                // pass's reference.)
+                steps.push(Step::Unref { offset, nonce: old.nonce, fingerprint: old.fingerprint });
+            }
+        }
+    }
     steps
 }
 
@@ -125,6 +172,8 @@ mod tests {
     /// bytes and references), as the OSD would hold them.
     #[derive(Default, Clone)]
     struct Tier {
+        chunking: Chunking,
+        chunk: u32,
         data: Vec<u8>,
         entries: BTreeMap<u64, ChunkEntry>,
         chunks: HashMap<Fingerprint, (Vec<u8>, References)>,
@@ -187,6 +236,9 @@ mod tests {
         /// Every entry's chunk exists and holds this object's reference at
         /// that offset; every reference is an entry's (no leak).
         fn check(&self) {
+            let ends: Vec<(u64, u64)> = self.entries.iter().map(|(o, e)| (*o, o + u64::from(e.len))).collect();
+            assert!(ends.windows(2).all(|w| w[0].1 <= w[1].0), "entries overlap: {ends:?}");
+            assert!(ends.last().is_none_or(|(_, end)| *end <= self.data.len() as u64), "an entry past the end");
             let mut named = BTreeSet::new();
             for (offset, entry) in &self.entries {
                 let (_, refs) = self.chunks.get(&entry.fingerprint).expect("an entry names a missing chunk");
@@ -202,7 +254,8 @@ mod tests {
             self.passes += 1;
             plan_object(
                 self.data.len() as u64,
-                CHUNK,
+                self.chunking,
+                self.chunk,
                 &self.entries,
                 self.passes,
                 |offset, len| self.data[offset as usize..(offset + u64::from(len)) as usize].to_vec(),
@@ -248,16 +301,23 @@ mod tests {
     proptest! {
         /// Writes, truncates and engine passes in any order: a client reads
         /// what it wrote, every entry's chunk is there with its reference,
-        /// and nothing leaks. Fills of 0..4 make chunks repeat (dedup
-        /// hits) and some all-zero.
+        /// no two entries overlap, and nothing leaks. Fills of 0..4 make
+        /// chunks repeat (dedup hits) and some all-zero. Content-defined
+        /// chunks (of 16 KiB on average, cut on 4 KiB blocks) see the same
+        /// changes at a larger scale.
         #[test]
-        fn passes_keep_reads_and_references_whole(changes in proptest::collection::vec(change(), 1..40)) {
-            let mut tier = Tier::default();
+        fn passes_keep_reads_and_references_whole(
+            changes in proptest::collection::vec(change(), 1..40),
+            content in any::<bool>(),
+        ) {
+            let (chunking, chunk, scale) =
+                if content { (Chunking::Content, 16384, 97u64) } else { (Chunking::Fixed, CHUNK, 1) };
+            let mut tier = Tier { chunking, chunk, ..Tier::default() };
             let mut model: Vec<u8> = Vec::new();
             for change in changes {
                 match change {
                     Change::Write { offset, len, fill } => {
-                        let (from, to) = (u64::from(offset), u64::from(offset) + u64::from(len));
+                        let (from, to) = (u64::from(offset) * scale, (u64::from(offset) + u64::from(len)) * scale);
                         promote(&mut tier, from, to);
                         if tier.data.len() < to as usize {
                             tier.data.resize(to as usize, 0);
@@ -271,7 +331,7 @@ mod tests {
                         // passes becomes cached (the kept part of an evicted
                         // one written back), so that bytes past the end read
                         // as zeros if the object grows again.
-                        let size = u64::from(size);
+                        let size = u64::from(size) * scale;
                         promote(&mut tier, size, u64::MAX);
                         tier.data.resize(size as usize, 0);
                         model.resize(size as usize, 0);
@@ -279,6 +339,7 @@ mod tests {
                     Change::Pass { hot } => {
                         let hot: BTreeSet<u64> = hot.into_iter().map(|c| u64::from(c) * u64::from(CHUNK)).collect();
                         let steps = tier.plan(&hot);
+                        prop_assert!(steps.windows(2).all(|w| step_offset(&w[0]) <= step_offset(&w[1])), "{steps:?}");
                         tier.run(&steps);
                         tier.check();
                         // A second pass at once only evicts what the first
@@ -300,9 +361,19 @@ mod tests {
         }
     }
 
+    fn step_offset(step: &Step) -> u64 {
+        match step {
+            Step::Put { offset, .. }
+            | Step::SetEntry { offset, .. }
+            | Step::RemoveEntry { offset }
+            | Step::Unref { offset, .. }
+            | Step::Evict { offset, .. } => *offset,
+        }
+    }
+
     #[test]
     fn equal_chunks_share_one_chunk_object_and_zero_chunks_none() {
-        let mut tier = Tier::default();
+        let mut tier = Tier { chunk: CHUNK, ..Tier::default() };
         let mut data = vec![7u8; CHUNK as usize * 3];
         data.extend(vec![0u8; CHUNK as usize]);
         tier.data = data;

@@ -74,11 +74,13 @@ pub enum Command {
         store: crate::ChunkStore,
     },
     /// Give pool `name` a deduplication tier in chunk pool `chunk_pool`,
-    /// cut into `chunk_size`-byte chunks (set once: crate::tier::set_tier).
+    /// cut into `chunk_size`-byte chunks by `chunking` (set once:
+    /// crate::tier::set_tier).
     PoolSetTier {
         name: String,
         chunk_pool: String,
         chunk_size: u32,
+        chunking: crate::Chunking,
     },
     /// Set one of a pool's settings (crate::tier::POOL_SET_KEYS).
     PoolSet {
@@ -325,11 +327,11 @@ impl ClusterMap {
                 pool.chunks = Some(*store);
                 changes
             }
-            Command::PoolSetTier { name, chunk_pool, chunk_size } => {
+            Command::PoolSetTier { name, chunk_pool, chunk_size, chunking } => {
                 let pool = self.pool_by_name(name).ok_or_else(|| CommandError::NoSuchPool(name.clone()))?;
                 let chunks =
                     self.pool_by_name(chunk_pool).ok_or_else(|| CommandError::NoSuchPool(chunk_pool.clone()))?;
-                match crate::tier::set_tier(pool, chunks, *chunk_size)? {
+                match crate::tier::set_tier(pool, chunks, *chunk_size, *chunking)? {
                     Some(pool) => vec![Change::SetPool(pool)],
                     None => return Ok(None),
                 }

@@ -38,7 +38,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use active_set::ActiveSet;
-pub use tier::{ChunkStore, Compression, DedupMode, DedupTier};
+pub use tier::{ChunkStore, Chunking, Compression, DedupMode, DedupTier};
 
 pub use command::{Command, CommandError, MAX_PGS_PER_COMMAND};
 pub use failure::{FailureConfig, FailureDetector};

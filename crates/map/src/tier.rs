@@ -13,9 +13,12 @@ use crate::{CommandError, Pool, PoolId};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct DedupTier {
     pub chunk_pool: PoolId,
-    /// Fixed-size chunks of this many bytes (a power of two, 16–128 KiB).
-    /// Fixed once set: the chunk maps already written follow it.
+    /// Chunks of this many bytes (a power of two, 16–128 KiB), or of this
+    /// many on average ([`Chunking::Content`]). Fixed once set, as is
+    /// `chunking`: the chunk maps already written follow them.
     pub chunk_size: u32,
+    /// Where chunks begin: on a grid, or where the content says.
+    pub chunking: Chunking,
     /// Foreground operations a second on an OSD below which the engine
     /// runs free (§4.4.2's low watermark).
     pub low_watermark: u32,
@@ -24,6 +27,38 @@ pub struct DedupTier {
     pub high_watermark: u32,
     /// The operator's override of the rate control (`duplex dedup run|pause|auto`).
     pub mode: DedupMode,
+}
+
+/// How the engine cuts an object into chunks (docs/DEDUP.md, "Chunking").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Chunking {
+    /// Every `chunk_size` bytes from the object's start.
+    #[default]
+    Fixed,
+    /// On 4 KiB block boundaries chosen by the blocks' contents, so that
+    /// bytes shifted by whole blocks still meet their twins
+    /// (`duplex_dedup::cut`): `chunk_size` on average, from half of it to
+    /// one and a half.
+    Content,
+}
+
+impl Chunking {
+    pub fn parse(text: &str) -> Result<Chunking, String> {
+        match text {
+            "fixed" => Ok(Chunking::Fixed),
+            "content" => Ok(Chunking::Content),
+            _ => Err(format!("chunking is fixed or content, not '{text}'")),
+        }
+    }
+}
+
+impl std::fmt::Display for Chunking {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Chunking::Fixed => "fixed",
+            Chunking::Content => "content",
+        })
+    }
 }
 
 /// Whether the engine runs.
@@ -70,9 +105,19 @@ impl DedupTier {
         DedupTier {
             chunk_pool,
             chunk_size: Self::DEFAULT_CHUNK_SIZE,
+            chunking: Chunking::Fixed,
             low_watermark: Self::DEFAULT_LOW_WATERMARK,
             high_watermark: Self::DEFAULT_HIGH_WATERMARK,
             mode: DedupMode::Auto,
+        }
+    }
+
+    /// The longest chunk the engine cuts (a chunk map entry starts at most
+    /// this many bytes less one before any byte it holds).
+    pub fn max_chunk_len(&self) -> u32 {
+        match self.chunking {
+            Chunking::Fixed => self.chunk_size,
+            Chunking::Content => self.chunk_size / 2 * 3,
         }
     }
 }
@@ -132,10 +177,16 @@ impl Default for ChunkStore {
 pub const POOL_SET_KEYS: &str =
     "dedup_low_watermark, dedup_high_watermark, dedup_mode (a deduplicated pool); compression, compression_min_saving (a chunk pool)";
 
-/// Pool `pool` given a tier in `chunk_pool`, cut into `chunk_size` chunks.
-/// `Ok(None)`: it has that tier already. A tier is set once: the chunk
-/// maps its engine writes name chunks of that pool and size.
-pub fn set_tier(pool: &Pool, chunk_pool: &Pool, chunk_size: u32) -> Result<Option<Pool>, CommandError> {
+/// Pool `pool` given a tier in `chunk_pool`, cut into `chunk_size` chunks
+/// by `chunking`. `Ok(None)`: it has that tier already. A tier is set
+/// once: the chunk maps its engine writes name chunks of that pool, size
+/// and layout.
+pub fn set_tier(
+    pool: &Pool,
+    chunk_pool: &Pool,
+    chunk_size: u32,
+    chunking: Chunking,
+) -> Result<Option<Pool>, CommandError> {
     let invalid = |why: String| Err(CommandError::Invalid(why));
     if chunk_pool.chunks.is_none() {
         return invalid(format!(
@@ -156,13 +207,16 @@ pub fn set_tier(pool: &Pool, chunk_pool: &Pool, chunk_size: u32) -> Result<Optio
         return invalid(format!("a chunk size is a power of two from 16 to 128 KiB (got {chunk_size} bytes)"));
     }
     match pool.dedup {
-        Some(tier) if tier.chunk_pool == chunk_pool.id && tier.chunk_size == chunk_size => Ok(None),
+        Some(tier) if tier.chunk_pool == chunk_pool.id && tier.chunk_size == chunk_size && tier.chunking == chunking => {
+            Ok(None)
+        }
         Some(_) => invalid(format!(
-            "pool '{}' already has a tier; its chunk maps name chunks of that pool and size, so it cannot change",
+            "pool '{}' already has a tier; its chunk maps name chunks of that pool, size and chunking, so it cannot change",
             pool.name
         )),
         None => {
-            Ok(Some(Pool { dedup: Some(DedupTier { chunk_size, ..DedupTier::new(chunk_pool.id) }), ..pool.clone() }))
+            let tier = DedupTier { chunk_size, chunking, ..DedupTier::new(chunk_pool.id) };
+            Ok(Some(Pool { dedup: Some(tier), ..pool.clone() }))
         }
     }
 }
@@ -173,9 +227,9 @@ pub fn pool_set(pool: &Pool, key: &str, value: &str) -> Result<Option<Pool>, Com
     let invalid = |why: String| CommandError::Invalid(why);
     let mut new = pool.clone();
     match key {
-        "dedup_tier" | "chunk_size" => {
+        "dedup_tier" | "chunk_size" | "chunking" => {
             return Err(invalid(format!(
-                "{key} is set once, with the tier (`duplex pool set-tier {} CHUNK_POOL --chunk-size SIZE`): the chunk maps written follow it",
+                "{key} is set once, with the tier (`duplex pool create {} --dedup-tier CHUNK_POOL --chunk-size SIZE --chunking fixed|content`): the chunk maps written follow it",
                 pool.name
             )))
         }
@@ -261,6 +315,7 @@ mod tests {
             name: "vms".into(),
             chunk_pool: chunk_pool.into(),
             chunk_size,
+            chunking: Chunking::Fixed,
         };
         assert!(map.run(&tier("vms", 32 << 10)).is_err(), "a plain pool is no chunk pool");
         for bad in [8 << 10, 48 << 10, 256 << 10] {
@@ -276,7 +331,27 @@ mod tests {
         assert_eq!(map.epoch, epoch + 1, "setting the same tier again changes nothing");
         let again = map.run(&tier("chunks", 32 << 10)).unwrap_err().to_string();
         assert!(again.contains("cannot change"), "{again}");
-        let nested = Command::PoolSetTier { name: "chunks".into(), chunk_pool: "chunks".into(), chunk_size: 32 << 10 };
+        let content = Command::PoolSetTier {
+            name: "vms".into(),
+            chunk_pool: "chunks".into(),
+            chunk_size: 64 << 10,
+            chunking: Chunking::Content,
+        };
+        assert!(map.run(&content).unwrap_err().to_string().contains("cannot change"), "chunking is set once");
+        let fixed_tier = map.pool_by_name("vms").unwrap().dedup.unwrap();
+        assert_eq!(fixed_tier.max_chunk_len(), 64 << 10);
+        let content_tier = DedupTier { chunking: Chunking::Content, ..fixed_tier };
+        assert_eq!(content_tier.max_chunk_len(), 96 << 10);
+        for c in [Chunking::Fixed, Chunking::Content] {
+            assert_eq!(Chunking::parse(&c.to_string()), Ok(c));
+        }
+        assert!(Chunking::parse("rabin").is_err());
+        let nested = Command::PoolSetTier {
+            name: "chunks".into(),
+            chunk_pool: "chunks".into(),
+            chunk_size: 32 << 10,
+            chunking: Chunking::Fixed,
+        };
         assert!(map.run(&nested).is_err(), "a chunk pool has no tier");
         let busy = map.run(&Command::PoolDelete { name: "chunks".into() }).unwrap_err().to_string();
         assert!(busy.contains("holds the chunks of pool 'vms'"), "{busy}");
@@ -288,8 +363,13 @@ mod tests {
     fn settings_are_checked_and_belong_to_their_pool_kind() {
         let mut map = map();
         assert!(set(&mut map, "vms", "dedup_low_watermark", "10").is_err(), "no tier yet");
-        map.run(&Command::PoolSetTier { name: "vms".into(), chunk_pool: "chunks".into(), chunk_size: 32 << 10 })
-            .unwrap();
+        let tier = Command::PoolSetTier {
+            name: "vms".into(),
+            chunk_pool: "chunks".into(),
+            chunk_size: 32 << 10,
+            chunking: Chunking::Fixed,
+        };
+        map.run(&tier).unwrap();
         set(&mut map, "vms", "dedup_high_watermark", "5000").unwrap();
         set(&mut map, "vms", "dedup_low_watermark", "200").unwrap();
         let tier = map.pool_by_name("vms").unwrap().dedup.unwrap();
@@ -300,6 +380,7 @@ mod tests {
         assert_eq!(map.pool_by_name("vms").unwrap().dedup.unwrap().mode, DedupMode::Pause);
         assert!(set(&mut map, "vms", "dedup_mode", "later").is_err());
         assert!(set(&mut map, "vms", "chunk_size", "64K").is_err(), "fixed with the tier");
+        assert!(set(&mut map, "vms", "chunking", "content").is_err(), "fixed with the tier");
         assert!(set(&mut map, "vms", "compression", "lz4").is_err(), "a chunk pool's setting");
         assert!(set(&mut map, "vms", "colour", "blue").is_err());
         set(&mut map, "chunks", "compression", "zstd:7").unwrap();

@@ -78,8 +78,13 @@ fn objects_are_deduplicated_evicted_and_read_back_whole() {
     let store = ChunkStore { compression: Compression::Lz4, min_saving_permille: 125 };
     mon.command(&Command::PoolCreateChunks { name: "chunks".into(), size: 2, min_size: 1, pg_num: 8, store }).unwrap();
     mon.command(&Command::PoolCreate { name: "vms".into(), size: 2, min_size: 1, pg_num: 8 }).unwrap();
-    mon.command(&Command::PoolSetTier { name: "vms".into(), chunk_pool: "chunks".into(), chunk_size: CHUNK as u32 })
-        .unwrap();
+    let tier = Command::PoolSetTier {
+        name: "vms".into(),
+        chunk_pool: "chunks".into(),
+        chunk_size: CHUNK as u32,
+        chunking: duplex_map::Chunking::Fixed,
+    };
+    mon.command(&tier).unwrap();
     let client = connect(&cluster);
     let (vms, chunks) = (client.pool_id("vms").unwrap(), client.pool_id("chunks").unwrap());
 
@@ -173,8 +178,13 @@ fn a_killed_engine_loses_no_write_and_leaks_only_what_the_scrub_reclaims() {
     let store = ChunkStore { compression: Compression::Zstd(1), min_saving_permille: 125 };
     mon.command(&Command::PoolCreateChunks { name: "chunks".into(), size: 2, min_size: 1, pg_num: 8, store }).unwrap();
     mon.command(&Command::PoolCreate { name: "vms".into(), size: 2, min_size: 1, pg_num: 8 }).unwrap();
-    mon.command(&Command::PoolSetTier { name: "vms".into(), chunk_pool: "chunks".into(), chunk_size: CHUNK as u32 })
-        .unwrap();
+    let tier = Command::PoolSetTier {
+        name: "vms".into(),
+        chunk_pool: "chunks".into(),
+        chunk_size: CHUNK as u32,
+        chunking: duplex_map::Chunking::Fixed,
+    };
+    mon.command(&tier).unwrap();
     let client = connect(&cluster);
     let vms = client.pool_id("vms").unwrap();
     const OBJECTS: usize = 6;

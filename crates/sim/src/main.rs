@@ -74,6 +74,10 @@ struct Cli {
     /// --snapshots, reads at a snapshot follow them too.
     #[arg(long, conflicts_with_all = ["ec", "omap"])]
     dedup: bool,
+    /// How a deduplicated pool's chunks are cut: fixed, or content
+    /// (on 4 KiB blocks chosen by the data: 8 to 24 KiB chunks here).
+    #[arg(long, default_value = "fixed", value_parser = duplex_map::Chunking::parse, requires = "dedup")]
+    chunking: duplex_map::Chunking,
     /// OSDs in the cluster, one host each [default: 4, or k+m of --ec if
     /// more].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=64))]
@@ -108,6 +112,7 @@ impl Cli {
         config.erasure = self.ec;
         config.omap = self.omap;
         config.dedup = self.dedup;
+        config.chunking = self.chunking;
         let shards = self.ec.map_or(0, |(k, m)| u32::from(k) + u32::from(m));
         config.osds = self.osds.unwrap_or(config.osds.max(shards));
         config
@@ -141,6 +146,9 @@ impl Cli {
         }
         if self.dedup {
             line += " --dedup";
+        }
+        if self.chunking != duplex_map::Chunking::Fixed {
+            line += &format!(" --chunking {}", self.chunking);
         }
         if let Some(osds) = self.osds {
             line += &format!(" --osds {osds}");

@@ -142,6 +142,8 @@ pub struct SimConfig {
     /// that put it, and writes meet evicted chunks all the time), odd ones
     /// after 300 ms.
     pub dedup: bool,
+    /// How a deduplicated run's engines cut objects into chunks.
+    pub chunking: duplex_map::Chunking,
 }
 
 impl SimConfig {
@@ -172,6 +174,7 @@ impl SimConfig {
             erasure: None,
             omap: false,
             dedup: false,
+            chunking: duplex_map::Chunking::Fixed,
         }
     }
 }
@@ -375,7 +378,12 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
             pg_num: config.pg_num,
             store: duplex_map::ChunkStore::default(),
         });
-        monitor.run(&Command::PoolSetTier { name: POOL.into(), chunk_pool: CHUNK_POOL.into(), chunk_size: 16 << 10 });
+        monitor.run(&Command::PoolSetTier {
+            name: POOL.into(),
+            chunk_pool: CHUNK_POOL.into(),
+            chunk_size: 16 << 10,
+            chunking: config.chunking,
+        });
         let cold_after = std::time::Duration::from_millis(if seed.is_multiple_of(2) { 0 } else { 300 });
         for osd in &mut osds {
             osd.dedup_cold_after = Some(cold_after);

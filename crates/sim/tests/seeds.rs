@@ -590,13 +590,18 @@ fn the_dedup_engine_under_faults() {
         for two_at_once in [false, true] {
             let mut config = if two_at_once { every_fault_config(seed) } else { SimConfig::new(seed) };
             config.dedup = true;
-            // Odd seeds with snapshots: writes that clone an evicted head.
+            // Odd seeds with snapshots (writes that clone an evicted
+            // head), seeds from 2 with chunks cut by content.
             config.snapshots = seed % 2 == 1;
+            if seed >= 2 {
+                config.chunking = duplex_map::Chunking::Content;
+            }
             match run(&config) {
                 Ok(report) => counts.add(report.dedup.expect("a deduplicated run counts its engine's work")),
                 Err(failure) => panic!(
-                    "{failure}\n  reproduce: duplex-sim --seed {seed} --dedup{}{}",
+                    "{failure}\n  reproduce: duplex-sim --seed {seed} --dedup{}{}{}",
                     if config.snapshots { " --snapshots" } else { "" },
+                    if seed >= 2 { " --chunking content" } else { "" },
                     if two_at_once { " --faults <all> --concurrent-faults 2" } else { "" }
                 ),
             }

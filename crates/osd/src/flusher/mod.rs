@@ -879,9 +879,9 @@ impl Flusher {
     /// A deduplicated object's bytes with the chunk map entries of the
     /// chunks they overlap, read at one moment (`crate::tier`).
     fn tier_read(&mut self, read: &ReadJob, key: &[u8]) -> Result<Bytes, StoreError> {
-        let (guard, chunk_size) = crate::tier::read_arg_of(&read.arg)
+        let (guard, max_chunk_len) = crate::tier::read_arg_of(&read.arg)
             .ok_or_else(|| StoreError::InvalidArgument("a tier read's guard".into()))?;
-        let chunk_size = u64::from(chunk_size.max(1));
+        let max_chunk_len = u64::from(max_chunk_len.max(1));
         let size = match self.partition.stat(key) {
             Ok(info) => info.size,
             Err(StoreError::NotFound) => {
@@ -892,7 +892,8 @@ impl Flusher {
             Err(err) => return Err(err),
         };
         let data = self.partition.read(key, read.offset, u64::from(read.len))?;
-        let first = read.offset / chunk_size * chunk_size;
+        // (The entries are of the chunks the read overlaps, and maybe one before.)
+        let first = read.offset.saturating_sub(max_chunk_len - 1);
         let end = read.offset.saturating_add(u64::from(read.len));
         let (start, _) = duplex_dedup::chunkmap::entries_from(first);
         let stop = duplex_dedup::chunkmap::entry_key(end);
@@ -1045,12 +1046,14 @@ impl Flusher {
             Err(StoreError::NotFound) => return Ok(Vec::new()),
             Err(err) => return Err(err),
         };
-        Ok(entries
+        let ranges: Vec<(u64, u64)> = entries
             .iter()
             .filter_map(|(k, v)| Some((duplex_dedup::chunkmap::entry_offset(k)?, duplex_dedup::ChunkEntry::decode(v)?)))
             .filter(|(_, entry)| !entry.cached)
             .map(|(offset, entry)| (offset, u64::from(entry.len)))
-            .collect())
+            .collect();
+        debug_assert!(ranges.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "evicted chunks overlap: {ranges:?}");
+        Ok(ranges)
     }
 
     /// Names of the PG's objects after the cursor, with the prefix, in order.

@@ -232,7 +232,7 @@ pub async fn promote<I: TierIo>(
     // Only the wanted chunks' range (its entries and the object's size),
     // not the whole object: a writer waits.
     let (Some(first), Some(last)) = (offsets.first(), offsets.last()) else { return Ok(()) };
-    let span = last.saturating_add(u64::from(tiered.tier.chunk_size)) - first;
+    let span = last.saturating_add(u64::from(tiered.tier.max_chunk_len())) - first;
     let reply = match u32::try_from(span) {
         Ok(len) if len <= MAX_IO_BYTES => {
             io.gate(&run).await;
@@ -314,6 +314,7 @@ pub async fn pass<I: TierIo>(
     let data = &reply.data;
     let steps = plan_object(
         reply.size,
+        tiered.tier.chunking,
         tiered.tier.chunk_size,
         &entries,
         nonce,
@@ -339,14 +340,15 @@ pub async fn pass<I: TierIo>(
     // An all-zero chunk, cached or never deduplicated, needs no chunk
     // object: it becomes a hole (its blocks freed, if the writer wrote
     // them). An evicted one reads as zeros here and is a hole already.
-    let chunk = u64::from(tiered.tier.chunk_size);
     let mut zero = Vec::new();
-    for (i, bytes) in data.chunks(chunk as usize).enumerate() {
-        let offset = i as u64 * chunk;
-        let whole_blocks = bytes.len() as u64 / duplex_store::BLOCK_SIZE as u64 * duplex_store::BLOCK_SIZE as u64;
-        let evicted = entries.get(&offset).is_some_and(|e| !e.cached);
-        if whole_blocks > 0 && !evicted && bytes.iter().all(|b| *b == 0) {
-            zero.push(Action::Zero { offset, len: whole_blocks });
+    for (from, to) in duplex_dedup::plan::cached_regions(reply.size, &entries) {
+        let region = &data[from as usize..to as usize];
+        for (offset, len) in duplex_dedup::cut::cut(tiered.tier.chunking, tiered.tier.chunk_size, from, region) {
+            let bytes = &region[(offset - from) as usize..(offset - from) as usize + len as usize];
+            let whole_blocks = bytes.len() as u64 / duplex_store::BLOCK_SIZE as u64 * duplex_store::BLOCK_SIZE as u64;
+            if whole_blocks > 0 && bytes.iter().all(|b| *b == 0) {
+                zero.push(Action::Zero { offset, len: whole_blocks });
+            }
         }
     }
     let mut guard = reply.guard;
@@ -442,11 +444,13 @@ async fn pass_batch<I: TierIo>(
         }
     }
     actions.extend(zero);
-    let chunk = u64::from(tiered.tier.chunk_size);
+    let longest = u64::from(tiered.tier.max_chunk_len());
     debug_assert!(
         actions.iter().all(|a| match a {
             Action::SetEntry { value, .. } => ChunkEntry::decode(value).is_some(),
-            Action::Zero { offset, len } => offset % chunk == 0 && *len <= chunk,
+            // (Off the grid, or inside a block, only after a short chunk
+            // evicted when the object was smaller: duplex_dedup::cut.)
+            Action::Zero { len, .. } => *len <= longest,
             Action::RemoveEntry { key } => entry_offset(key).is_some(),
             Action::Write { .. } => false,
         }),

@@ -405,7 +405,7 @@ pub(crate) fn tier_read(at: &Primary<'_>, op: ClientOp) -> Outcome {
         debug_assert_eq!(Some(guard.interval), pg.active.as_ref().map(|a| a.interval), "a guard of another interval");
         (guard, flush_first)
     };
-    let arg = read_arg(&guard, tier.chunk_size);
+    let arg = read_arg(&guard, tier.max_chunk_len());
     shared.metrics.reads.add(1);
     shared.send_job(
         at.key,
@@ -457,23 +457,25 @@ pub fn merge_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
 }
 
 /// What a tier read's flusher job carries besides the range: the guard
-/// taken at admission and the pool's chunk size ([`read_arg_of`] reads it).
-fn read_arg(guard: &Guard, chunk_size: u32) -> Bytes {
+/// taken at admission and the pool's longest chunk ([`read_arg_of`] reads
+/// it): the entries of the chunks a read overlaps start at most that many
+/// bytes less one before it.
+fn read_arg(guard: &Guard, max_chunk_len: u32) -> Bytes {
     let mut arg = Vec::with_capacity(READ_ARG_LEN);
     arg.extend_from_slice(&guard.interval.to_le_bytes());
     arg.extend_from_slice(&guard.generation.to_le_bytes());
-    arg.extend_from_slice(&chunk_size.to_le_bytes());
+    arg.extend_from_slice(&max_chunk_len.to_le_bytes());
     Bytes::from(arg)
 }
 
 const READ_ARG_LEN: usize = 20;
 
-/// A tier read job's guard and chunk size (`None`: not one [`read_arg`] made).
+/// A tier read job's guard and longest chunk (`None`: not one [`read_arg`] made).
 pub fn read_arg_of(arg: &[u8]) -> Option<(Guard, u32)> {
     let arg: &[u8; READ_ARG_LEN] = arg.try_into().ok()?;
     let word = |at: usize| u64::from_le_bytes(arg[at..at + 8].try_into().expect("8 bytes"));
-    let chunk_size = u32::from_le_bytes(arg[16..].try_into().expect("4 bytes"));
-    Some((Guard { interval: word(0), generation: word(8) }, chunk_size))
+    let max_chunk_len = u32::from_le_bytes(arg[16..].try_into().expect("4 bytes"));
+    Some((Guard { interval: word(0), generation: word(8) }, max_chunk_len))
 }
 
 /// The guard a tier read returns for `object`.
