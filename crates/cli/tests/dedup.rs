@@ -77,6 +77,30 @@ fn scrub_clean(cluster: &DevCluster) -> serde_json::Value {
     report
 }
 
+/// The data set's three images of 24 MiB in `dir`, each copied over NBD
+/// into an image of pool `vms`: (image, file).
+fn copy_in(cluster: &DevCluster, dir: &std::path::Path) -> Vec<(String, std::path::PathBuf)> {
+    let mut images = Vec::new();
+    for i in 0..3 {
+        let name = format!("vm{i}");
+        run_ok(cluster.cli().args(["--pool", "vms", "image", "create", &name, "--size", "24M"]));
+        let input = dir.join(format!("vm{i}.raw"));
+        let server = cluster.serve_in("vms", &name);
+        run_ok(Command::new("nbdcopy").arg(&input).arg(&server.uri));
+        images.push((name, input));
+    }
+    images
+}
+
+/// Each image reads back over NBD byte for byte as its file.
+fn read_back(cluster: &DevCluster, images: &[(String, std::path::PathBuf)]) {
+    for (name, input) in images {
+        let server = cluster.serve_in("vms", name);
+        let out = run_ok(Command::new("nbdcopy").arg(&server.uri).arg("-"));
+        assert!(out.stdout == std::fs::read(input).unwrap(), "{name} reads back other bytes");
+    }
+}
+
 #[test]
 fn vm_images_round_trip_through_nbd_after_dedup_and_eviction() {
     for tool in ["nbdcopy", "python3"] {
@@ -102,21 +126,8 @@ fn vm_images_round_trip_through_nbd_after_dedup_and_eviction() {
     let table = String::from_utf8_lossy(&made.stdout).into_owned();
     eprintln!("{table}");
     // The script's own count (SHA-256 of every chunk): chunks over distinct non-zero ones.
-    let ideal: f64 = table
-        .lines()
-        .find(|l| l.starts_with("| 32 KiB |"))
-        .and_then(|l| l.split('|').nth(5))
-        .and_then(|cell| cell.trim().parse().ok())
-        .expect("the data set script prints its ideal ratio");
-    let mut images = Vec::new();
-    for i in 0..3 {
-        let name = format!("vm{i}");
-        run_ok(cluster.cli().args(["--pool", "vms", "image", "create", &name, "--size", "24M"]));
-        let input = scratch.path().join(format!("vm{i}.raw"));
-        let server = cluster.serve_in("vms", &name);
-        run_ok(Command::new("nbdcopy").arg(&input).arg(&server.uri));
-        images.push((name, input));
-    }
+    let ideal = report_cell(&table, "32 KiB", 5);
+    let images = copy_in(&cluster, scratch.path());
     let last = wait_settled(&cluster, true);
     let logical = last["logical_bytes"].as_u64().unwrap();
     let base = last["base_bytes"].as_u64().unwrap();
@@ -129,11 +140,7 @@ fn vm_images_round_trip_through_nbd_after_dedup_and_eviction() {
     assert!(last["compression_ratio"].as_f64().unwrap() > 1.0, "{last}");
 
     // Byte for byte back out, through the chunk pool.
-    for (name, input) in &images {
-        let server = cluster.serve_in("vms", name);
-        let out = run_ok(Command::new("nbdcopy").arg(&server.uri).arg("-"));
-        assert!(out.stdout == std::fs::read(input).unwrap(), "{name} reads back other bytes");
-    }
+    read_back(&cluster, &images);
     let report = scrub_clean(&cluster);
     assert_eq!(report["references"], report["entries"], "{report}");
     // Pause, run, auto.
@@ -321,15 +328,7 @@ fn content_defined_chunks_find_runs_shifted_by_whole_blocks() {
     let fixed = report_cell(&report, "32 KiB", 5);
     let ideal = report_cell(&report, "cdc 32 KiB", 6);
     assert!(ideal > fixed * 1.5, "the data set's content-defined ideal {ideal} against fixed {fixed}");
-    let mut images = Vec::new();
-    for i in 0..3 {
-        let name = format!("vm{i}");
-        run_ok(cluster.cli().args(["--pool", "vms", "image", "create", &name, "--size", "24M"]));
-        let input = scratch.path().join(format!("vm{i}.raw"));
-        let server = cluster.serve_in("vms", &name);
-        run_ok(Command::new("nbdcopy").arg(&input).arg(&server.uri));
-        images.push((name, input));
-    }
+    let images = copy_in(&cluster, scratch.path());
     let last = wait_settled(&cluster, true);
     assert_eq!(last["chunking"], "content", "{last}");
     // Objects passed while half written keep some cuts of their own: the
@@ -337,11 +336,7 @@ fn content_defined_chunks_find_runs_shifted_by_whole_blocks() {
     // more than the script's, not more.
     let actual = last["dedup_ratio"].as_f64().unwrap();
     assert!(actual > ideal * 0.97 && actual < ideal * 1.01, "dedup {actual:.3}, the data's ideal {ideal:.3}: {last}");
-    for (name, input) in &images {
-        let server = cluster.serve_in("vms", name);
-        let out = run_ok(Command::new("nbdcopy").arg(&server.uri).arg("-"));
-        assert!(out.stdout == std::fs::read(input).unwrap(), "{name} reads back other bytes");
-    }
+    read_back(&cluster, &images);
     let report = scrub_clean(&cluster);
     assert_eq!(report["references"], report["entries"], "{report}");
 }

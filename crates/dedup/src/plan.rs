@@ -34,6 +34,29 @@ pub enum Step {
     Evict { offset: u64, len: u32 },
 }
 
+impl Step {
+    /// The offset of the chunk the step is about.
+    pub fn offset(&self) -> u64 {
+        match self {
+            Step::Put { offset, .. }
+            | Step::SetEntry { offset, .. }
+            | Step::RemoveEntry { offset }
+            | Step::Unref { offset, .. }
+            | Step::Evict { offset, .. } => *offset,
+        }
+    }
+}
+
+/// A pass's plan over one object.
+#[derive(Debug)]
+pub struct Plan {
+    /// What to do, grouped by chunk offset, in offset order.
+    pub steps: Vec<Step>,
+    /// The all-zero chunks it cut, `(offset, length)`: they need no chunk
+    /// object, and the engine makes them holes.
+    pub zero_chunks: Vec<(u64, u32)>,
+}
+
 /// The steps that bring an object of `size` bytes, whose chunk map is
 /// `entries` (offset → entry), level with its bytes, chunk by chunk, cut
 /// by `chunking` into `chunk_size` chunks ([`crate::cut`]).
@@ -67,8 +90,9 @@ pub fn plan_object(
     nonce: u64,
     mut cached_bytes: impl FnMut(u64, u32) -> Vec<u8>,
     is_hot: impl Fn(u64) -> bool,
-) -> Vec<Step> {
+) -> Plan {
     assert!(chunk_size > 0, "chunks of no bytes");
+    let mut zero_chunks = Vec::new();
     let mut groups: BTreeMap<u64, Vec<Step>> = BTreeMap::new();
     let mut cuts = std::collections::BTreeSet::new();
     for (from, to) in cached_regions(size, entries) {
@@ -78,7 +102,11 @@ pub fn plan_object(
         for (offset, len) in crate::cut::cut(chunking, chunk_size, from, &bytes) {
             cuts.insert(offset);
             let data = bytes[(offset - from) as usize..(offset - from) as usize + len as usize].to_vec();
-            let steps = plan_chunk(offset, len, data, entries.get(&offset), nonce, &is_hot);
+            let zero = data.iter().all(|b| *b == 0);
+            if zero {
+                zero_chunks.push((offset, len));
+            }
+            let steps = plan_chunk(offset, len, data, zero, entries.get(&offset), nonce, &is_hot);
             if !steps.is_empty() {
                 groups.insert(offset, steps);
             }
@@ -94,7 +122,9 @@ pub fn plan_object(
         debug_assert!(!groups.contains_key(offset), "two groups at {offset}");
         groups.insert(*offset, steps);
     }
-    groups.into_values().flatten().collect()
+    let steps: Vec<Step> = groups.into_values().flatten().collect();
+    debug_assert!(steps.windows(2).all(|w| w[0].offset() <= w[1].offset()), "a plan out of offset order");
+    Plan { steps, zero_chunks }
 }
 
 /// The regions `[from, to)` of an object of `size` bytes that its evicted
@@ -116,12 +146,13 @@ pub fn cached_regions(size: u64, entries: &BTreeMap<u64, ChunkEntry>) -> Vec<(u6
     regions
 }
 
-/// The steps of the cut chunk at `offset` (`data`, `len` bytes), whose
-/// entry there was `entry`.
+/// The steps of the cut chunk at `offset` (`data`, `len` bytes, all
+/// `zero` or not), whose entry there was `entry`.
 fn plan_chunk(
     offset: u64,
     len: u32,
     data: Vec<u8>,
+    zero: bool,
     entry: Option<&ChunkEntry>,
     nonce: u64,
     is_hot: &impl Fn(u64) -> bool,
@@ -130,7 +161,7 @@ fn plan_chunk(
     let mut steps = Vec::new();
     let fingerprint = Fingerprint::of(&data);
     match entry {
-        _ if data.iter().all(|b| *b == 0) => {
+        _ if zero => {
             if let Some(old) = entry {
                 steps.push(Step::RemoveEntry { offset });
                 steps.push(Step::Unref { offset, nonce: old.nonce, fingerprint: old.fingerprint });
@@ -261,6 +292,7 @@ mod tests {
                 |offset, len| self.data[offset as usize..(offset + u64::from(len)) as usize].to_vec(),
                 |offset| hot.contains(&offset),
             )
+            .steps
         }
     }
 
@@ -339,7 +371,7 @@ mod tests {
                     Change::Pass { hot } => {
                         let hot: BTreeSet<u64> = hot.into_iter().map(|c| u64::from(c) * u64::from(CHUNK)).collect();
                         let steps = tier.plan(&hot);
-                        prop_assert!(steps.windows(2).all(|w| step_offset(&w[0]) <= step_offset(&w[1])), "{steps:?}");
+                        prop_assert!(steps.windows(2).all(|w| w[0].offset() <= w[1].offset()), "{steps:?}");
                         tier.run(&steps);
                         tier.check();
                         // A second pass at once only evicts what the first
@@ -358,16 +390,6 @@ mod tests {
                 }
                 prop_assert_eq!(tier.read(), model.clone());
             }
-        }
-    }
-
-    fn step_offset(step: &Step) -> u64 {
-        match step {
-            Step::Put { offset, .. }
-            | Step::SetEntry { offset, .. }
-            | Step::RemoveEntry { offset }
-            | Step::Unref { offset, .. }
-            | Step::Evict { offset, .. } => *offset,
         }
     }
 

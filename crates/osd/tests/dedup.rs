@@ -18,6 +18,16 @@ use duplex_map::{ChunkStore, Command, Compression};
 
 const CHUNK: usize = 32 << 10;
 
+/// Pool `vms` deduplicated into `chunks` in CHUNK-byte fixed chunks.
+fn vms_tier() -> Command {
+    Command::PoolSetTier {
+        name: "vms".into(),
+        chunk_pool: "chunks".into(),
+        chunk_size: CHUNK as u32,
+        chunking: duplex_map::Chunking::Fixed,
+    }
+}
+
 fn connect(cluster: &TestCluster) -> Client {
     let mut config = ClientConfig::new(cluster.monitors(), duplex_testkit::credentials("client.test"));
     config.op_timeout = Duration::from_secs(60);
@@ -78,13 +88,7 @@ fn objects_are_deduplicated_evicted_and_read_back_whole() {
     let store = ChunkStore { compression: Compression::Lz4, min_saving_permille: 125 };
     mon.command(&Command::PoolCreateChunks { name: "chunks".into(), size: 2, min_size: 1, pg_num: 8, store }).unwrap();
     mon.command(&Command::PoolCreate { name: "vms".into(), size: 2, min_size: 1, pg_num: 8 }).unwrap();
-    let tier = Command::PoolSetTier {
-        name: "vms".into(),
-        chunk_pool: "chunks".into(),
-        chunk_size: CHUNK as u32,
-        chunking: duplex_map::Chunking::Fixed,
-    };
-    mon.command(&tier).unwrap();
+    mon.command(&vms_tier()).unwrap();
     let client = connect(&cluster);
     let (vms, chunks) = (client.pool_id("vms").unwrap(), client.pool_id("chunks").unwrap());
 
@@ -178,13 +182,7 @@ fn a_killed_engine_loses_no_write_and_leaks_only_what_the_scrub_reclaims() {
     let store = ChunkStore { compression: Compression::Zstd(1), min_saving_permille: 125 };
     mon.command(&Command::PoolCreateChunks { name: "chunks".into(), size: 2, min_size: 1, pg_num: 8, store }).unwrap();
     mon.command(&Command::PoolCreate { name: "vms".into(), size: 2, min_size: 1, pg_num: 8 }).unwrap();
-    let tier = Command::PoolSetTier {
-        name: "vms".into(),
-        chunk_pool: "chunks".into(),
-        chunk_size: CHUNK as u32,
-        chunking: duplex_map::Chunking::Fixed,
-    };
-    mon.command(&tier).unwrap();
+    mon.command(&vms_tier()).unwrap();
     let client = connect(&cluster);
     let vms = client.pool_id("vms").unwrap();
     const OBJECTS: usize = 6;

@@ -1046,13 +1046,12 @@ impl Flusher {
             Err(StoreError::NotFound) => return Ok(Vec::new()),
             Err(err) => return Err(err),
         };
-        let ranges: Vec<(u64, u64)> = entries
-            .iter()
-            .filter_map(|(k, v)| Some((duplex_dedup::chunkmap::entry_offset(k)?, duplex_dedup::ChunkEntry::decode(v)?)))
-            .filter(|(_, entry)| !entry.cached)
-            .map(|(offset, entry)| (offset, u64::from(entry.len)))
-            .collect();
-        debug_assert!(ranges.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "evicted chunks overlap: {ranges:?}");
+        // (A malformed entry fails the diff: skipped, it would hide a change.)
+        let map = duplex_dedup::chunkmap::decode_map(&entries)
+            .ok_or_else(|| StoreError::Corrupt("a malformed chunk map entry".into()))?;
+        let ranges: Vec<(u64, u64)> =
+            map.into_iter().filter(|(_, entry)| !entry.cached).map(|(offset, e)| (offset, u64::from(e.len))).collect();
+        debug_assert!(ranges.windows(2).all(|w| w[0].0.saturating_add(w[0].1) <= w[1].0), "evicted chunks overlap");
         Ok(ranges)
     }
 

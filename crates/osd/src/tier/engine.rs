@@ -312,7 +312,7 @@ pub async fn pass<I: TierIo>(
         }
     };
     let data = &reply.data;
-    let steps = plan_object(
+    let plan = plan_object(
         reply.size,
         tiered.tier.chunking,
         tiered.tier.chunk_size,
@@ -321,6 +321,7 @@ pub async fn pass<I: TierIo>(
         |offset, len| data[offset as usize..(offset + u64::from(len)) as usize].to_vec(),
         |_| false,
     );
+    let steps = plan.steps;
     debug_assert!(
         steps.iter().enumerate().all(|(i, step)| match step {
             // An eviction comes right after its entry says so.
@@ -340,30 +341,28 @@ pub async fn pass<I: TierIo>(
     // An all-zero chunk, cached or never deduplicated, needs no chunk
     // object: it becomes a hole (its blocks freed, if the writer wrote
     // them). An evicted one reads as zeros here and is a hole already.
-    let mut zero = Vec::new();
-    for (from, to) in duplex_dedup::plan::cached_regions(reply.size, &entries) {
-        let region = &data[from as usize..to as usize];
-        for (offset, len) in duplex_dedup::cut::cut(tiered.tier.chunking, tiered.tier.chunk_size, from, region) {
-            let bytes = &region[(offset - from) as usize..(offset - from) as usize + len as usize];
-            let whole_blocks = bytes.len() as u64 / duplex_store::BLOCK_SIZE as u64 * duplex_store::BLOCK_SIZE as u64;
-            if whole_blocks > 0 && bytes.iter().all(|b| *b == 0) {
-                zero.push(Action::Zero { offset, len: whole_blocks });
-            }
-        }
-    }
+    let block = duplex_store::BLOCK_SIZE as u64;
+    let mut zero: Vec<Action> = plan
+        .zero_chunks
+        .iter()
+        .filter_map(|(offset, len)| {
+            let whole_blocks = u64::from(*len) / block * block;
+            (whole_blocks > 0).then_some(Action::Zero { offset: *offset, len: whole_blocks })
+        })
+        .collect();
     let mut guard = reply.guard;
     let mut put_any = false;
     // The steps of each chunk, in order, grouped.
     let mut groups: Vec<Vec<&Step>> = Vec::new();
     for step in &steps {
-        let offset = step_offset(step);
+        let offset = step.offset();
         match groups.last_mut() {
-            Some(group) if step_offset(group[0]) == offset => group.push(step),
+            Some(group) if group[0].offset() == offset => group.push(step),
             _ => groups.push(vec![step]),
         }
     }
     debug_assert!(
-        groups.iter().all(|g| g.iter().all(|s| step_offset(s) == step_offset(g[0]))),
+        groups.iter().all(|g| g.iter().all(|s| s.offset() == g[0].offset())),
         "a chunk's steps grouped with another's"
     );
     let batches: Vec<&[Vec<&Step>]> = groups.chunks(CHUNKS_PER_UPDATE).collect();
@@ -482,17 +481,6 @@ async fn pass_batch<I: TierIo>(
         io.chunk_unref(chunk_pool, fingerprint.object_name().as_bytes(), &reference(offset, nonce)).await?;
     }
     Ok(!put.is_empty())
-}
-
-/// The chunk a plan's step is about.
-fn step_offset(step: &Step) -> u64 {
-    match step {
-        Step::Put { offset, .. }
-        | Step::SetEntry { offset, .. }
-        | Step::RemoveEntry { offset }
-        | Step::Unref { offset, .. }
-        | Step::Evict { offset, .. } => *offset,
-    }
 }
 
 /// A tier read's chunk map, by offset.

@@ -448,11 +448,12 @@ pub fn merge_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
     for (offset, len) in ranges.into_iter().filter(|(_, len)| *len > 0) {
         match merged.last_mut() {
-            Some((at, n)) if offset <= *at + *n => *n = (*n).max(offset + len - *at),
+            // (Saturating: the ranges come from the store's chunk maps.)
+            Some((at, n)) if offset <= at.saturating_add(*n) => *n = (*n).max(offset.saturating_add(len) - *at),
             _ => merged.push((offset, len)),
         }
     }
-    debug_assert!(merged.windows(2).all(|w| w[0].0 + w[0].1 < w[1].0), "merged ranges touch");
+    debug_assert!(merged.windows(2).all(|w| w[0].0.saturating_add(w[0].1) < w[1].0), "merged ranges touch");
     merged
 }
 
