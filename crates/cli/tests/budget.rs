@@ -82,7 +82,10 @@ const QD32: WriteBudget = WriteBudget {
 /// the record and its data went in two submissions before, which made it
 /// 0.94). A write crosses the gateway's NBD and client threads, the
 /// primary's event loop, the replica's, the primary again and both
-/// flushers (6.0-7.2). Fewer writes share a flush's allocations (58-64).
+/// flushers (6.0-7.2; 7.65 since issue 28 hands each commit's device flush
+/// to a sync thread so that reads go on meanwhile: two more wake-ups per
+/// flush, at 0.56 flushes per write). Fewer writes share a flush's
+/// allocations (58-64; 66.5 with the sync thread's messages).
 const QD1: WriteBudget = WriteBudget {
     depth: "QD1",
     writes: 2_048,

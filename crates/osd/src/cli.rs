@@ -98,6 +98,12 @@ pub struct OsdArgs {
     /// word per line: flush-eio, write-eio, power-cut (docs/RELIABILITY.md).
     #[arg(long, value_name = "TRIGGER_FILE")]
     inject_device_faults: Option<PathBuf>,
+    /// Benchmarks and tests only: model a disk without power-loss
+    /// protection, whose every flush takes this many more microseconds and
+    /// holds up the reads and writes queued behind it on that device
+    /// (docs/BENCHMARKS.md says which figures use it).
+    #[arg(long, value_name = "MICROSECONDS")]
+    model_flush_us: Option<u64>,
 }
 
 /// Runs an OSD as its flags say; returns only on a start-up error.
@@ -164,10 +170,14 @@ pub fn run(args: OsdArgs) -> Result<()> {
         }
         None => None,
     };
+    if let Some(us) = args.model_flush_us {
+        tracing::warn!(flush_us = us, "the data device is modelled: every flush stalls it (benchmarks only)");
+    }
     let store_config = StoreConfig {
         device: DeviceConfig {
             direct_io: if args.allow_buffered_io { DirectIo::Fallback } else { DirectIo::Require },
             faults,
+            flush_stall: args.model_flush_us.map(Duration::from_micros),
             ..DeviceConfig::default()
         },
         ..StoreConfig::default()

@@ -109,6 +109,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         // sockets meanwhile. The flusher waits on none of them, so this
         // cannot deadlock (messages.rs says why).
         let (sender, jobs) = crossbeam_channel::bounded(FLUSHER_QUEUE);
+        let syncer = crate::flusher::syncer::Syncer::start(index, partition.flush_handle())?;
         let flusher = Flusher {
             id: config.id,
             partition,
@@ -120,6 +121,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             scrub_requests: scrub_requests.clone(),
             repairs_asked: HashMap::new(),
             snap_heads: Default::default(),
+            syncer: Some(syncer),
         };
         let cores = shared_cores.clone();
         std::thread::Builder::new().name(format!("osd-flush-{index}")).spawn(move || {

@@ -236,6 +236,8 @@ impl SimOsd {
             scrub_requests: scrub_requests.clone(),
             repairs_asked: HashMap::new(),
             snap_heads: Default::default(),
+            // Flushes on the flusher's own thread: a run stays deterministic.
+            syncer: None,
         };
         let pending = flusher.start();
         let cell = Arc::new(MapCell::new(ClusterMap::new([0; 16])));

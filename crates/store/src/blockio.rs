@@ -94,6 +94,14 @@ impl IoStats {
     }
 }
 
+/// Makes what a queue wrote durable, from any thread: a partition's
+/// flusher hands a commit's device flush to a helper with one, and answers
+/// reads meanwhile ([`crate::Partition::apply_unsynced`]).
+pub trait FlushHandle: Send + Sync {
+    /// Make every write that completed before the call durable (`fdatasync`).
+    fn flush(&self) -> io::Result<()>;
+}
+
 /// One partition's queue to the device. Requests of one call may complete in
 /// any order; the call returns when all have completed (or the first failed).
 pub trait BlockIo: Send {
@@ -101,6 +109,21 @@ pub trait BlockIo: Send {
     fn write_many(&mut self, requests: &[(u64, &[u8])]) -> io::Result<()>;
     /// Make every completed write durable (`fdatasync`).
     fn flush(&mut self) -> io::Result<()>;
+    /// A handle that flushes this queue's device from another thread (not
+    /// counted in [`BlockIo::stats`]: its caller counts).
+    fn flush_handle(&self) -> std::sync::Arc<dyn FlushHandle>;
+    /// Copies of every block the queue keeps (a mirror: 2).
+    fn copies(&self) -> usize {
+        1
+    }
+    /// Reads from copy `copy` alone: for a block that failed its checksum,
+    /// when [`BlockIo::copies`] says there is another.
+    fn read_copy(&mut self, copy: usize, requests: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        debug_assert_eq!(copy, 0, "a queue of one copy");
+        self.read_many(requests)
+    }
+    /// A bad copy was rewritten from a good one (counted by a mirror).
+    fn note_repair(&mut self) {}
     fn stats(&self) -> IoStats;
     fn engine(&self) -> &'static str;
 }

@@ -15,10 +15,14 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
-pub use crate::blockio::{AlignedBuf, BlockIo, IoStats, BUFFER_ALIGN};
+pub use crate::blockio::{AlignedBuf, BlockIo, FlushHandle, IoStats, BUFFER_ALIGN};
 use crate::error::{Result, StoreError};
-use crate::faults::{DeviceFaults, FaultyIo};
+use crate::faults::{DeviceCache, DeviceFaults, FaultyIo};
+use crate::mirror::io::MirrorIo;
+use crate::mirror::{Mirror, MirrorConfig};
+use crate::model::{FlushStall, StallingIo};
 use crate::BLOCK_SIZE;
 
 /// Which I/O engine a partition uses.
@@ -54,6 +58,11 @@ pub struct DeviceConfig {
     /// Tests and fault rehearsals only: a volatile write cache and armed
     /// faults in front of every queue ([`crate::faults`]).
     pub faults: Option<Arc<DeviceFaults>>,
+    /// Benchmarks and tests only: flushes that stall the device
+    /// ([`crate::model`]), as on a disk without power-loss protection.
+    pub flush_stall: Option<Duration>,
+    /// A second device the store is mirrored on ([`crate::mirror`]).
+    pub mirror: Option<MirrorConfig>,
 }
 
 impl Default for DeviceConfig {
@@ -64,6 +73,8 @@ impl Default for DeviceConfig {
             queue_depth: 256,
             lock_wait: std::time::Duration::from_secs(10),
             faults: None,
+            flush_stall: None,
+            mirror: None,
         }
     }
 }
@@ -71,6 +82,12 @@ impl Default for DeviceConfig {
 /// An open device: a regular file or a block device.
 pub struct Device {
     file: Arc<File>,
+    /// Shared by every queue of a modelled device.
+    stall: Option<Arc<FlushStall>>,
+    /// The pair, when this device is a mirror of two (`file` is the first's).
+    mirror: Option<Arc<Mirror>>,
+    /// Tests: the volatile write cache every queue shares ([`crate::faults`]).
+    cache: Option<Arc<DeviceCache>>,
     path: PathBuf,
     size_bytes: u64,
     sector_size: u32,
@@ -82,8 +99,52 @@ const STATX_DIOALIGN: u32 = 0x2000;
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 
 impl Device {
-    /// Opens `path` for reading and writing with `O_DIRECT` (see [`DirectIo`]).
+    /// Opens `path` for reading and writing with `O_DIRECT` (see
+    /// [`DirectIo`]); with a [`MirrorConfig`], the pair of `path` and its
+    /// second device, resynced.
     pub fn open(path: &Path, config: &DeviceConfig, writable: bool) -> Result<Device> {
+        match &config.mirror {
+            Some(mirror) => {
+                let single = DeviceConfig { mirror: None, ..config.clone() };
+                Device::over_mirror(Mirror::open(path, mirror, &single, writable)?)
+            }
+            None => Device::open_one(path, config, writable),
+        }
+    }
+
+    /// Opens `path` to make a store on it: with a [`MirrorConfig`], makes a
+    /// new mirror of the pair (what they held is lost).
+    pub fn create(path: &Path, config: &DeviceConfig) -> Result<Device> {
+        match &config.mirror {
+            Some(mirror) => {
+                let single = DeviceConfig { mirror: None, ..config.clone() };
+                Device::over_mirror(Mirror::make(path, mirror, &single)?)
+            }
+            None => Device::open_one(path, config, true),
+        }
+    }
+
+    fn over_mirror(mirror: Mirror) -> Result<Device> {
+        let [first, second] = mirror.sides();
+        Ok(Device {
+            file: first.file.clone(),
+            stall: None,
+            path: first.path.clone(),
+            size_bytes: mirror.layout().store_bytes,
+            sector_size: first.sector_size.max(second.sector_size),
+            direct: first.direct && second.direct,
+            config: first.config.clone(),
+            mirror: Some(Arc::new(mirror)),
+            cache: None,
+        })
+    }
+
+    /// The mirror this device is, if it is one.
+    pub fn mirror(&self) -> Option<&Arc<Mirror>> {
+        self.mirror.as_ref()
+    }
+
+    fn open_one(path: &Path, config: &DeviceConfig, writable: bool) -> Result<Device> {
         let shown = path.display().to_string();
         let open = |direct: bool| {
             let mut options = OpenOptions::new();
@@ -126,14 +187,21 @@ impl Device {
                 "{shown}: direct I/O alignment {sector_size} is not a power of two between 512 and 4096"
             )));
         }
-        Ok(Device {
+        let mut device = Device {
             file: Arc::new(file),
+            stall: config.flush_stall.map(FlushStall::new),
+            mirror: None,
+            cache: None,
             path: path.to_path_buf(),
             size_bytes,
             sector_size,
             direct,
             config: config.clone(),
-        })
+        };
+        if let Some(faults) = &config.faults {
+            device.cache = Some(DeviceCache::new(device.modelled_queue()?, faults.clone()));
+        }
+        Ok(device)
     }
 
     pub fn size_bytes(&self) -> u64 {
@@ -155,9 +223,20 @@ impl Device {
 
     /// A new I/O queue for one partition.
     pub fn queue(&self) -> Result<Box<dyn BlockIo>> {
+        if let Some(mirror) = &self.mirror {
+            return Ok(Box::new(MirrorIo::new(mirror.clone())?));
+        }
+        let queue = self.modelled_queue()?;
+        Ok(match &self.cache {
+            Some(cache) => Box::new(FaultyIo::new(queue, cache.clone())),
+            None => queue,
+        })
+    }
+
+    fn modelled_queue(&self) -> Result<Box<dyn BlockIo>> {
         let queue = self.real_queue()?;
-        Ok(match &self.config.faults {
-            Some(faults) => Box::new(FaultyIo::new(queue, faults.clone())),
+        Ok(match &self.stall {
+            Some(stall) => Box::new(StallingIo::new(queue, stall.clone())),
             None => queue,
         })
     }
@@ -243,6 +322,15 @@ fn check_aligned(offset: u64, len: usize, ptr: *const u8) {
     debug_assert!((ptr as usize).is_multiple_of(512), "unaligned I/O buffer");
 }
 
+/// `fdatasync` of the device's file, from any thread.
+struct FileFlush(Arc<File>);
+
+impl FlushHandle for FileFlush {
+    fn flush(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+}
+
 struct PreadIo {
     file: Arc<File>,
     stats: IoStats,
@@ -274,6 +362,10 @@ impl BlockIo for PreadIo {
     fn flush(&mut self) -> io::Result<()> {
         self.stats.flushes += 1;
         self.file.sync_data()
+    }
+
+    fn flush_handle(&self) -> Arc<dyn FlushHandle> {
+        Arc::new(FileFlush(self.file.clone()))
     }
 
     fn stats(&self) -> IoStats {
@@ -379,6 +471,10 @@ impl BlockIo for UringIo {
     fn flush(&mut self) -> io::Result<()> {
         self.stats.flushes += 1;
         self.file.sync_data()
+    }
+
+    fn flush_handle(&self) -> Arc<dyn FlushHandle> {
+        Arc::new(FileFlush(self.file.clone()))
     }
 
     fn stats(&self) -> IoStats {

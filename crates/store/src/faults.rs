@@ -30,10 +30,10 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::blockio::{AlignedBuf, BlockIo, IoStats};
+use crate::blockio::{AlignedBuf, BlockIo, FlushHandle, IoStats};
 
 /// The unit the cache tracks: the smallest direct I/O any device takes.
 const SECTOR: u64 = 512;
@@ -178,29 +178,72 @@ impl DeviceFaults {
     }
 }
 
-/// One queue behind a volatile write cache, with the armed faults.
-pub(crate) struct FaultyIo {
-    inner: Box<dyn BlockIo>,
+/// A device's volatile write cache, shared by its queues as a disk's is:
+/// a flush through any of them writes back every queue's writes. When the
+/// last queue and the device are dropped without a flush, the cache is
+/// written back (a process crash) or lost and torn (a power loss), as
+/// [`DeviceFaults::set_write_back_on_drop`] says.
+pub(crate) struct DeviceCache {
+    state: Mutex<CacheState>,
     faults: Arc<DeviceFaults>,
-    /// Unflushed sectors by sector number: newest contents win.
-    cache: BTreeMap<u64, Box<[u8]>>,
-    stats: IoStats,
 }
 
-impl FaultyIo {
-    pub(crate) fn new(inner: Box<dyn BlockIo>, faults: Arc<DeviceFaults>) -> FaultyIo {
-        FaultyIo { inner, faults, cache: BTreeMap::new(), stats: IoStats::default() }
+/// Unflushed sectors by sector number (newest contents win), and a queue
+/// of the device for write-backs.
+struct CacheState {
+    spare: Box<dyn BlockIo>,
+    cache: BTreeMap<u64, Box<[u8]>>,
+}
+
+impl DeviceCache {
+    pub(crate) fn new(spare: Box<dyn BlockIo>, faults: Arc<DeviceFaults>) -> Arc<DeviceCache> {
+        Arc::new(DeviceCache { state: Mutex::new(CacheState { spare, cache: BTreeMap::new() }), faults })
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheState> {
+        // A panic with the lock held is a power cut's unwind: the cache is whole still.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A flush through the cache, with the armed faults.
+    fn flush(&self) -> io::Result<()> {
+        let faults = &self.faults;
+        if faults.power_cut.load(Ordering::SeqCst) {
+            tracing::error!(
+                unflushed_bytes = faults.unflushed_bytes(),
+                "injected power cut: the process dies with its unflushed device writes"
+            );
+            // SAFETY: kill(2) on this process; SIGKILL cannot be caught, so
+            // nothing after it runs and no cache is written back.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            unreachable!("SIGKILL returned");
+        }
+        if faults.unwind_at_flush.load(Ordering::SeqCst) {
+            std::panic::panic_any(PowerCut);
+        }
+        let mut state = self.lock();
+        if faults.flush_eio.load(Ordering::SeqCst) {
+            let lost = state.drop_cache(faults);
+            faults.dropped.fetch_add(lost, Ordering::Relaxed);
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        state.write_back()?;
+        state.spare.flush()?;
+        state.drop_cache(faults);
+        Ok(())
+    }
+}
+
+impl CacheState {
     fn cached_bytes(&self) -> u64 {
         self.cache.len() as u64 * SECTOR
     }
 
     /// Empties the cache without writing it back; returns the bytes lost.
-    fn drop_cache(&mut self) -> u64 {
+    fn drop_cache(&mut self, faults: &DeviceFaults) -> u64 {
         let lost = self.cached_bytes();
         self.cache.clear();
-        let before = self.faults.unflushed.fetch_sub(lost, Ordering::Relaxed);
+        let before = faults.unflushed.fetch_sub(lost, Ordering::Relaxed);
         debug_assert!(before >= lost, "unflushed bytes underflow: {before} - {lost}");
         lost
     }
@@ -233,42 +276,65 @@ impl FaultyIo {
         debug_assert_eq!(runs.iter().map(|(_, buf)| buf.len() as u64).sum::<u64>(), self.cached_bytes());
         let requests: Vec<(u64, &[u8])> = runs.iter().map(|(offset, buf)| (*offset, &buf[..])).collect();
         if !requests.is_empty() {
-            self.inner.write_many(&requests)?;
+            self.spare.write_many(&requests)?;
         }
         Ok(())
     }
 }
 
-impl Drop for FaultyIo {
+impl Drop for DeviceCache {
     fn drop(&mut self) {
-        if self.faults.write_back_on_drop.load(Ordering::SeqCst) {
-            if let Err(err) = self.write_back() {
-                tracing::warn!(%err, "writing a dropped queue's cache back failed");
+        let faults = self.faults.clone();
+        let state = self.state.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if faults.write_back_on_drop.load(Ordering::SeqCst) {
+            if let Err(err) = state.write_back() {
+                tracing::warn!(%err, "writing a dropped device's cache back failed");
             }
-        } else if self.faults.random.load(Ordering::Relaxed) != 0 {
+        } else if faults.random.load(Ordering::Relaxed) != 0 {
             // Power lost mid-destage: a random half of the sectors land.
-            let before = self.cached_bytes();
-            let faults = self.faults.clone();
-            self.cache.retain(|_, _| faults.coin());
-            let lost = before - self.cached_bytes();
-            let unflushed = self.faults.unflushed.fetch_sub(lost, Ordering::Relaxed);
+            let before = state.cached_bytes();
+            state.cache.retain(|_, _| faults.coin());
+            let lost = before - state.cached_bytes();
+            let unflushed = faults.unflushed.fetch_sub(lost, Ordering::Relaxed);
             debug_assert!(unflushed >= lost, "unflushed bytes underflow: {unflushed} - {lost}");
-            if let Err(err) = self.write_back() {
-                tracing::warn!(%err, "landing a torn part of a dropped queue's cache failed");
+            if let Err(err) = state.write_back() {
+                tracing::warn!(%err, "landing a torn part of a dropped device's cache failed");
             }
         }
-        self.drop_cache();
+        state.drop_cache(&faults);
+    }
+}
+
+/// One queue of a device behind its [`DeviceCache`].
+pub(crate) struct FaultyIo {
+    inner: Box<dyn BlockIo>,
+    cache: Arc<DeviceCache>,
+    stats: IoStats,
+}
+
+impl FaultyIo {
+    pub(crate) fn new(inner: Box<dyn BlockIo>, cache: Arc<DeviceCache>) -> FaultyIo {
+        FaultyIo { inner, cache, stats: IoStats::default() }
+    }
+}
+
+struct FaultyFlush(Arc<DeviceCache>);
+
+impl FlushHandle for FaultyFlush {
+    fn flush(&self) -> io::Result<()> {
+        self.0.flush()
     }
 }
 
 impl BlockIo for FaultyIo {
     fn read_many(&mut self, requests: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        let state = self.cache.lock();
         self.inner.read_many(requests)?;
         for (offset, buf) in requests.iter_mut() {
             debug_assert!(offset.is_multiple_of(SECTOR) && (buf.len() as u64).is_multiple_of(SECTOR));
             let first = *offset / SECTOR;
             let last = (*offset + buf.len() as u64).div_ceil(SECTOR);
-            for (sector, bytes) in self.cache.range(first..last) {
+            for (sector, bytes) in state.cache.range(first..last) {
                 debug_assert_eq!(bytes.len() as u64, SECTOR, "the cache holds whole sectors");
                 let at = ((sector - first) * SECTOR) as usize;
                 buf[at..at + SECTOR as usize].copy_from_slice(bytes);
@@ -281,51 +347,38 @@ impl BlockIo for FaultyIo {
     }
 
     fn write_many(&mut self, requests: &[(u64, &[u8])]) -> io::Result<()> {
-        if self.faults.write_eio.load(Ordering::SeqCst) {
+        let faults = self.cache.faults.clone();
+        if faults.write_eio.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        let early: Vec<(u64, &[u8])> = requests.iter().filter(|_| self.faults.coin()).copied().collect();
+        let mut state = self.cache.lock();
+        let early: Vec<(u64, &[u8])> = requests.iter().filter(|_| faults.coin()).copied().collect();
         if !early.is_empty() {
             self.inner.write_many(&early)?;
         }
-        let before = self.cached_bytes();
+        let before = state.cached_bytes();
         for (offset, buf) in requests {
             debug_assert!(offset.is_multiple_of(SECTOR) && (buf.len() as u64).is_multiple_of(SECTOR));
             for (index, chunk) in buf.chunks(SECTOR as usize).enumerate() {
-                self.cache.insert(offset / SECTOR + index as u64, chunk.into());
+                state.cache.insert(offset / SECTOR + index as u64, chunk.into());
             }
             self.stats.writes += 1;
             self.stats.submissions += 1;
             self.stats.bytes_written += buf.len() as u64;
         }
-        self.faults.unflushed.fetch_add(self.cached_bytes() - before, Ordering::Relaxed);
+        let added = state.cached_bytes() - before;
+        drop(state);
+        faults.unflushed.fetch_add(added, Ordering::Relaxed);
         Ok(())
     }
 
     fn flush(&mut self) -> io::Result<()> {
         self.stats.flushes += 1;
-        if self.faults.power_cut.load(Ordering::SeqCst) {
-            tracing::error!(
-                unflushed_bytes = self.faults.unflushed_bytes(),
-                "injected power cut: the process dies with its unflushed device writes"
-            );
-            // SAFETY: kill(2) on this process; SIGKILL cannot be caught, so
-            // nothing after it runs and no cache is written back.
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-            unreachable!("SIGKILL returned");
-        }
-        if self.faults.unwind_at_flush.load(Ordering::SeqCst) {
-            std::panic::panic_any(PowerCut);
-        }
-        if self.faults.flush_eio.load(Ordering::SeqCst) {
-            let lost = self.drop_cache();
-            self.faults.dropped.fetch_add(lost, Ordering::Relaxed);
-            return Err(io::Error::from_raw_os_error(libc::EIO));
-        }
-        self.write_back()?;
-        self.inner.flush()?;
-        self.drop_cache();
-        Ok(())
+        self.cache.flush()
+    }
+
+    fn flush_handle(&self) -> Arc<dyn FlushHandle> {
+        Arc::new(FaultyFlush(self.cache.clone()))
     }
 
     fn stats(&self) -> IoStats {

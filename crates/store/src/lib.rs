@@ -75,6 +75,8 @@ pub mod fsck;
 pub mod journal;
 pub mod key;
 pub mod layout;
+pub mod mirror;
+pub mod model;
 pub mod onode;
 pub mod pages;
 pub mod partition;
@@ -82,13 +84,15 @@ pub mod store;
 pub mod units;
 
 pub use batch::{Batch, Op};
-pub use device::{DeviceConfig, DirectIo, IoBackend, IoStats};
+pub use device::{DeviceConfig, DirectIo, FlushHandle, IoBackend, IoStats};
 pub use error::{Result, StoreError};
 pub use faults::{DeviceFaults, Fault, PowerCut};
 pub use fsck::{fsck, FsckIssue, FsckReport, PartitionFsck};
 pub use key::Key;
 pub use layout::MkfsOptions;
-pub use partition::{CommitInfo, GroupUsage, ObjectInfo, Partition, PartitionMemory, PartitionStats, ReadRequest};
+pub use partition::{
+    CommitInfo, GroupUsage, ObjectInfo, Partition, PartitionMemory, PartitionStats, ReadRequest, Unsynced,
+};
 pub use store::{mkfs, Store, StoreConfig};
 
 /// Size of a data block, of a metadata page and of the store's I/O unit.

@@ -37,8 +37,11 @@ impl Default for StoreConfig {
 pub fn mkfs(path: &Path, options: &MkfsOptions, config: &StoreConfig) -> Result<Superblock> {
     if let Some(size) = options.size_bytes {
         create_file(path, size)?;
+        if let Some(mirror) = &config.device.mirror {
+            create_file(&mirror.second, size)?;
+        }
     }
-    let device = Device::open(path, &config.device, true)?;
+    let device = Device::create(path, &config.device)?;
     let mut fsid = [0u8; 16];
     fill_random(&mut fsid)?;
     let superblock = Superblock::plan(device.size_bytes(), device.sector_size(), options, fsid)?;
@@ -91,7 +94,7 @@ pub fn mkfs(path: &Path, options: &MkfsOptions, config: &StoreConfig) -> Result<
     Ok(superblock)
 }
 
-fn fill_random(bytes: &mut [u8]) -> Result<()> {
+pub(crate) fn fill_random(bytes: &mut [u8]) -> Result<()> {
     // SAFETY: getrandom writes at most len bytes into the buffer.
     let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
     if n != bytes.len() as isize {

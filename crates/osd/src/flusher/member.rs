@@ -669,6 +669,7 @@ mod tests {
             scrub_requests: Default::default(),
             repairs_asked: HashMap::new(),
             snap_heads: Default::default(),
+            syncer: None,
         };
         (flusher, poll)
     }

@@ -9,6 +9,7 @@
 pub mod held;
 pub mod member;
 pub mod strays;
+pub mod syncer;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -58,6 +59,9 @@ pub struct Flusher {
     /// Heads written under snapshots, as the last flush left them
     /// (crate::snaps::HeadCache); dropped by any other store change.
     pub snap_heads: crate::snaps::HeadCache,
+    /// Where the commits' device flushes go, so that reads go on meanwhile
+    /// (None: they block this thread, as the simulator wants).
+    pub syncer: Option<syncer::Syncer>,
 }
 
 /// A PG asked for repair this recently is not asked again.
@@ -71,6 +75,8 @@ pub const USAGE_REUSE: Duration = Duration::from_secs(1);
 /// [`Flusher::take`] and [`Flusher::step`] with its own clock instead.
 pub struct Pending {
     reads: Vec<ReadJob>,
+    /// Reads the store answers only after the flush (`Flusher::read_now`).
+    after_flush: Vec<ReadJob>,
     peering: Vec<(PeerRequest, PeerReplyTo)>,
     syncs: Vec<(Entry, SyncDone)>,
     dirty: BTreeSet<u32>,
@@ -113,6 +119,7 @@ impl Pending {
         self.flush_due(now)
             || !self.syncs.is_empty()
             || !self.reads.is_empty()
+            || !self.after_flush.is_empty()
             || !self.peering.is_empty()
             || self.strays.as_ref().is_some_and(|work| work.next_at <= now)
     }
@@ -133,6 +140,7 @@ impl Flusher {
         self.publish_use();
         Pending {
             reads: Vec::new(),
+            after_flush: Vec::new(),
             peering: Vec::new(),
             syncs: Vec::new(),
             dirty: BTreeSet::new(),
@@ -208,6 +216,15 @@ impl Flusher {
         let histograms = self.metrics.histograms();
         let mut pending = self.start();
         loop {
+            let kept = self.syncer.as_mut().map(|syncer| std::mem::take(&mut syncer.kept)).unwrap_or_default();
+            if !kept.is_empty() {
+                let now = Instant::now();
+                for job in kept {
+                    self.take(job, &mut pending, now);
+                }
+                self.step(&mut pending, &histograms, now);
+                continue;
+            }
             let first = match pending.deadline() {
                 None => match self.jobs.recv() {
                     Ok(job) => Some(job),
@@ -233,6 +250,17 @@ impl Flusher {
     /// One pass over the work taken, as of `now`: the flush if one is due,
     /// then sync applies, reads, and peering requests.
     pub fn step(&mut self, pending: &mut Pending, histograms: &crate::metrics::Histograms, now: Instant) {
+        // Reads first: most need no flush (the log's entries for their
+        // object lay on the store's bytes), and none of those waits behind
+        // one, which on a disk without power-loss protection takes
+        // milliseconds (issue 28).
+        if !pending.reads.is_empty() {
+            for read in self.read_now(std::mem::take(&mut pending.reads)) {
+                pending.dirty.insert(read.pg);
+                pending.flush_now = true;
+                pending.after_flush.push(read);
+            }
+        }
         if pending.flush_due(now) {
             let started = Instant::now();
             let flushed = self.flush(std::mem::take(&mut pending.dirty));
@@ -263,8 +291,13 @@ impl Flusher {
             self.apply_syncs(std::mem::take(&mut pending.syncs));
             record(histograms, Stage::Flush, started.elapsed().as_micros() as u64);
         }
-        if !pending.reads.is_empty() {
-            self.read(std::mem::take(&mut pending.reads));
+        if !pending.after_flush.is_empty() {
+            let reads = std::mem::take(&mut pending.after_flush);
+            let held = reads
+                .iter()
+                .map(|r| if r.flush_first && r.snap == 0 { self.held_entries(r.pg, &r.object) } else { vec![] })
+                .collect();
+            self.read(reads, held);
         }
         for scan in std::mem::take(&mut pending.trim_scans) {
             let dead = self.dead_clones(scan.pg, &scan.prefix, &scan.live).map_err(|err| err.to_string());
@@ -329,13 +362,8 @@ impl Flusher {
                 pending.dirty.insert(pg);
                 pending.flush_now = true;
             }
-            Job::Read(read) => {
-                if read.flush_first {
-                    pending.dirty.insert(read.pg);
-                    pending.flush_now = true;
-                }
-                pending.reads.push(read);
-            }
+            // A read that needs the flush asks for it when `step` finds so.
+            Job::Read(read) => pending.reads.push(read),
             Job::SyncApply { entry, done } => pending.syncs.push((entry, done)),
             Job::Peer { request, reply } => pending.peering.push((request, reply)),
             Job::Strays(view) => self.take_strays(view, pending, now),
@@ -605,7 +633,8 @@ impl Flusher {
     /// [`Flusher::apply`] for a batch the snapshot planner made (the
     /// flush and sync paths), which keeps the planner's heads.
     fn apply_planned(&mut self, batch: &Batch) -> Result<(), StoreError> {
-        match self.partition.apply(batch) {
+        let applied = if self.syncer.is_some() { self.apply_reading(batch) } else { self.partition.apply(batch) };
+        match applied {
             Ok(_) => Ok(()),
             Err(err @ (StoreError::Io { .. } | StoreError::PartitionFailed(_))) => {
                 tracing::error!(
@@ -618,6 +647,45 @@ impl Flusher {
             }
             Err(err) => Err(err),
         }
+    }
+
+    /// Applies `batch`, and while the syncer flushes the device answers
+    /// the reads that come and can be answered now; keeps other jobs.
+    fn apply_reading(&mut self, batch: &Batch) -> Result<duplex_store::CommitInfo, StoreError> {
+        let unsynced = self.partition.apply_unsynced(batch)?;
+        let syncer = self.syncer.as_ref().expect("a syncer");
+        syncer.ask();
+        let done = syncer.done.clone();
+        let mut jobs_open = true;
+        let flushed = loop {
+            // Up to a queue's worth kept: past that the producers wait, as
+            // they would for a flusher that took nothing.
+            let room = self.syncer.as_ref().is_some_and(|s| s.kept.len() < FLUSHER_QUEUE);
+            let job = if jobs_open && room {
+                crossbeam_channel::select! {
+                    recv(done) -> result => break result,
+                    recv(self.jobs) -> job => job,
+                }
+            } else {
+                break done.recv();
+            };
+            let Ok(job) = job else {
+                jobs_open = false;
+                continue;
+            };
+            let mut reads = Vec::new();
+            let syncer = self.syncer.as_mut().expect("a syncer");
+            for job in std::iter::once(job).chain(self.jobs.try_iter().take(FLUSHER_QUEUE)) {
+                match job {
+                    Job::Read(read) => reads.push(read),
+                    other => syncer.kept.push(other),
+                }
+            }
+            let later = self.read_now(reads);
+            self.syncer.as_mut().expect("a syncer").kept.extend(later.into_iter().map(Job::Read));
+        };
+        let flushed = flushed.unwrap_or_else(|_| Err(std::io::Error::other("the sync thread ended")));
+        self.partition.synced(unsynced, flushed)
     }
 
     /// A batch the store refused as invalid: one op the OSD could not check
@@ -731,9 +799,49 @@ impl Flusher {
         }
     }
 
-    fn read(&mut self, reads: Vec<ReadJob>) {
+    /// Answers the reads the store and the log can answer now, without a
+    /// flush; returns the others. A head's data read takes the log's
+    /// entries for its object on top of the store's bytes (`overlay_held`:
+    /// the store may hold some of them already, which changes nothing, as
+    /// each sets its bytes whatever they were). A read at a snapshot, or
+    /// of a stat, attribute or listing, waits for the flush its job asked
+    /// for (`flush_first`), as does a head's read while its object's
+    /// entries include one the overlay cannot lay (a tier's).
+    fn read_now(&mut self, reads: Vec<ReadJob>) -> Vec<ReadJob> {
+        let (mut now, mut overlays, mut later) = (Vec::new(), Vec::new(), Vec::new());
+        for read in reads {
+            if read.kind.is_data_read() && read.snap == 0 {
+                let logged = self.logged_entries(read.pg, &read.object);
+                if logged.iter().all(|entry| overlays_bytes(entry.op)) {
+                    now.push(read);
+                    overlays.push(logged);
+                    continue;
+                }
+            } else if !read.flush_first {
+                now.push(read);
+                overlays.push(Vec::new());
+                continue;
+            }
+            later.push(read);
+        }
+        if !now.is_empty() {
+            self.read(now, overlays);
+        }
+        later
+    }
+
+    /// Answers `reads`; a data read's bytes get its `overlays` entries laid on top.
+    fn read(&mut self, reads: Vec<ReadJob>, overlays: Vec<Vec<Entry>>) {
         debug_assert!(reads.iter().all(|r| !r.kind.is_mutation()), "a mutation queued as a read");
-        let (data, other): (Vec<ReadJob>, Vec<ReadJob>) = reads.into_iter().partition(|r| r.kind.is_data_read());
+        debug_assert_eq!(reads.len(), overlays.len(), "an overlay per read");
+        debug_assert!(
+            reads.iter().zip(&overlays).all(|(r, o)| o.is_empty() || (r.kind.is_data_read() && r.snap == 0)),
+            "only a head's data read takes the log's entries"
+        );
+        type WithOverlay = (ReadJob, Vec<Entry>);
+        let (data, other): (Vec<WithOverlay>, Vec<WithOverlay>) =
+            reads.into_iter().zip(overlays).partition(|(r, _)| r.kind.is_data_read());
+        let (data, overlays): (Vec<ReadJob>, Vec<Vec<Entry>>) = data.into_iter().unzip();
         // A read at a snapshot reads a clone, the head, or nothing (`None`).
         let keys: Vec<Result<Option<Key>, StoreError>> =
             data.iter().map(|r| self.key_at(r.pg, &r.object, r.snap)).collect();
@@ -747,11 +855,8 @@ impl Flusher {
             .collect();
         let mut results = self.partition.read_many(&requests).into_iter();
         let mut wake = vec![false; self.mailboxes.len()];
-        for (read, key) in data.iter().zip(&keys) {
+        for ((read, key), held) in data.iter().zip(&keys).zip(overlays) {
             let epoch = read.map_epoch;
-            // The head's entries an erasure-coded PG holds back (Pg::apply_limit).
-            let held =
-                if read.flush_first && read.snap == 0 { self.held_entries(read.pg, &read.object) } else { vec![] };
             let reply = match key {
                 Err(err @ StoreError::InvalidArgument(_)) => OpReply::error(Status::Invalid, epoch, err),
                 Err(err) => OpReply::error(Status::Io, epoch, err),
@@ -776,7 +881,7 @@ impl Flusher {
             self.post_reply(read.reply, reply, &mut wake);
         }
         debug_assert!(results.next().is_none(), "the store answered more reads than it was asked");
-        for read in other {
+        for (read, _) in other {
             let result = self.metadata(&read);
             self.post_reply(read.reply, reply_of(read.map_epoch, result), &mut wake);
         }
@@ -794,11 +899,18 @@ impl Flusher {
     /// this flush (an entry came in with a newer watermark): every entry
     /// left in the log is one the store lacks, so all of them count.
     fn held_entries(&self, pg: u32, object: &[u8]) -> Vec<Entry> {
+        let holds_back = self.pgs.get(pg).is_some_and(|pg| pg.lock().expect("PG lock").holds_back);
+        if holds_back {
+            self.logged_entries(pg, object)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The entries of `object` PG `pg`'s log holds, in seq order.
+    fn logged_entries(&self, pg: u32, object: &[u8]) -> Vec<Entry> {
         let Some(pg) = self.pgs.get(pg) else { return Vec::new() };
         let guard = pg.lock().expect("PG lock");
-        if !guard.holds_back {
-            return Vec::new();
-        }
         // The index names this object's entries: no walk of the whole log.
         let held: Vec<Entry> = guard.index.log_offsets(object).filter_map(|at| guard.log.read(at)).collect();
         debug_assert!(held.windows(2).all(|w| w[0].seq < w[1].seq), "an object's entries out of order");
@@ -1127,6 +1239,8 @@ pub(crate) fn overlay_held(
     };
     for entry in held {
         match entry.op {
+            // A copy-up writes only into an absent object, as the store applies it.
+            duplex_oplog::OpKind::CopyUp if exists => {}
             duplex_oplog::OpKind::Write | duplex_oplog::OpKind::CopyUp => {
                 exists = true;
                 let to = entry.offset.saturating_add(entry.data.len() as u64);
@@ -1151,10 +1265,11 @@ pub(crate) fn overlay_held(
                 exists = false;
                 bytes.fill(0);
             }
-            duplex_oplog::OpKind::CreatePreallocated => exists = true,
-            duplex_oplog::OpKind::SetAttr
-            | duplex_oplog::OpKind::RemoveAttr
-            | duplex_oplog::OpKind::OmapSet
+            // The store makes an absent object to hold an attribute or an omap entry.
+            duplex_oplog::OpKind::CreatePreallocated
+            | duplex_oplog::OpKind::SetAttr
+            | duplex_oplog::OpKind::OmapSet => exists = true,
+            duplex_oplog::OpKind::RemoveAttr
             | duplex_oplog::OpKind::OmapRemove
             | duplex_oplog::OpKind::OmapRemoveRange => {}
             // Erasure-coded pools refuse chunk operations: only the chunk
@@ -1169,6 +1284,12 @@ pub(crate) fn overlay_held(
     } else {
         Err(StoreError::NotFound)
     }
+}
+
+/// Whether [`overlay_held`] lays an entry of this kind on the store's
+/// bytes as applying it would leave them: every kind but the tier's.
+fn overlays_bytes(op: duplex_oplog::OpKind) -> bool {
+    !matches!(op, duplex_oplog::OpKind::ChunkPut | duplex_oplog::OpKind::ChunkUnref | duplex_oplog::OpKind::TierUpdate)
 }
 
 fn reply_of(epoch: u64, result: Result<Bytes, StoreError>) -> OpReply {

@@ -1,7 +1,11 @@
 //! Committing a planned batch, applying records to memory, and checkpoints.
 //!
 //! Commit order (the durability contract of the crate docs):
-//! record write → (wait) → data writes → (wait) → one flush → apply in memory.
+//! record write → (wait) → data writes → (wait) → apply in memory → one flush.
+//! Applied before it is durable, a batch's effect is what reads see while
+//! the device flushes ([`Partition::apply_unsynced`]): the device returns
+//! completed writes to reads whether they are durable or not, and a flush
+//! that fails stops the partition.
 //! The record goes first so that, after a crash, the last record names every
 //! block the batch may have touched, with its old and new crc32c.
 //!
@@ -32,7 +36,24 @@ impl Partition {
     /// partition has stopped ([`StoreError::PartitionFailed`] from then on)
     /// and must be remounted, which replays the journal.
     pub fn apply(&mut self, batch: &Batch) -> Result<CommitInfo> {
+        let unsynced = self.apply_unsynced(batch)?;
+        if unsynced.info.seq == 0 {
+            // Nothing was written: nothing to flush.
+            return self.end_commit(unsynced, Ok(()));
+        }
+        let flushing = std::time::Instant::now();
+        let flushed = self.io.flush();
+        self.stats.flush_ns += flushing.elapsed().as_nanos() as u64;
+        self.end_commit(unsynced, flushed)
+    }
+
+    /// [`Partition::apply`] but for its last device flush, which the caller
+    /// makes, on any thread, with the partition's [`Partition::flush_handle`],
+    /// and reports to [`Partition::synced`]. Until then the partition
+    /// answers reads (they see the batch) and refuses every change.
+    pub fn apply_unsynced(&mut self, batch: &Batch) -> Result<Unsynced> {
         self.check_usable()?;
+        assert!(!self.unsynced, "a change while the last commit's flush is out");
         if self.config.read_only {
             return Err(StoreError::ReadOnly);
         }
@@ -65,7 +86,43 @@ impl Partition {
         self.stats.batches += 1;
         self.stats.ops += batch.len() as u64;
         self.pages.trim();
-        result
+        let info = result?;
+        self.unsynced = info.seq != 0;
+        Ok(Unsynced { info })
+    }
+
+    /// A handle to flush the partition's device from another thread.
+    pub fn flush_handle(&self) -> std::sync::Arc<dyn crate::blockio::FlushHandle> {
+        self.io.flush_handle()
+    }
+
+    /// Ends [`Partition::apply_unsynced`] with the flush's result: `Ok`,
+    /// the batch is durable; `Err`, the partition has stopped, as a failed
+    /// commit stops it.
+    pub fn synced(&mut self, unsynced: Unsynced, flushed: std::io::Result<()>) -> Result<CommitInfo> {
+        if unsynced.info.seq != 0 {
+            self.flushes_by_handle += 1;
+        }
+        self.end_commit(unsynced, flushed)
+    }
+
+    fn end_commit(&mut self, unsynced: Unsynced, flushed: std::io::Result<()>) -> Result<CommitInfo> {
+        let Unsynced { info } = unsynced;
+        if info.seq == 0 {
+            // Nothing was written: no flush was needed.
+            debug_assert!(!self.unsynced, "an empty batch left the partition waiting for a flush");
+            return Ok(info);
+        }
+        assert!(self.unsynced, "a flush reported for no commit");
+        self.unsynced = false;
+        match flushed {
+            Ok(()) => Ok(info),
+            Err(err) => {
+                self.failed = true;
+                tracing::error!(partition = self.index, error = %err, "device error flushing a commit; partition stopped");
+                Err(StoreError::io(format!("flushing batch {} of partition {}", info.seq, self.index), err))
+            }
+        }
     }
 
     /// Whether deleted objects' blocks wait for a later record to be freed
@@ -83,15 +140,17 @@ impl Partition {
         if self.config.read_only {
             return Err(StoreError::ReadOnly);
         }
-        let (prepared, _) = self.plan(&Batch::new())?;
+        let (mut prepared, _) = self.plan(&Batch::new())?;
         debug_assert!(prepared.reclaimed > 0, "a reclaim commit with nothing to free");
         if self.needs_room(&prepared) {
             self.rollback(&prepared.reserved_blocks, &prepared.reserved_slots, &prepared.claimed_chunks);
             self.checkpoint()?;
-            let (prepared, _) = self.plan(&Batch::new())?;
-            return self.commit(prepared);
+            prepared = self.plan(&Batch::new())?.0;
         }
-        self.commit(prepared)
+        let info = self.commit(prepared)?;
+        self.unsynced = info.seq != 0;
+        let flushed = if info.seq == 0 { Ok(()) } else { self.io.flush() };
+        self.end_commit(Unsynced { info }, flushed)
     }
 
     /// Plans `batch`, deferring journaled writes where they fit; whether it
@@ -120,7 +179,9 @@ impl Partition {
         self.apply(&batch)
     }
 
+    /// Writes a planned batch and applies it in memory; the caller flushes.
     fn commit(&mut self, prepared: Prepared) -> Result<CommitInfo> {
+        debug_assert!(!self.unsynced, "a commit while the last one's flush is out");
         if prepared.record.entries.is_empty() {
             debug_assert!(prepared.staged.is_empty() && prepared.patched.is_empty());
             return Ok(CommitInfo::default());
@@ -182,16 +243,14 @@ impl Partition {
         let ordered = !self.last_record_fresh.is_empty()
             && prepared.staged.keys().any(|block| self.last_record_fresh.contains(block));
         let stage = std::time::Instant::now();
+        // The last flush is the caller's (`apply`, or `synced`).
         let io_result = if ordered {
             self.io.write_many(&[(record_offset, &record_buf[..])]).and_then(|()| {
                 self.io.flush()?;
                 let record_done = std::time::Instant::now();
                 self.stats.record_write_ns += (record_done - stage).as_nanos() as u64;
                 self.io.write_many(&data)?;
-                let data_done = std::time::Instant::now();
-                self.stats.data_write_ns += (data_done - record_done).as_nanos() as u64;
-                self.io.flush()?;
-                self.stats.flush_ns += data_done.elapsed().as_nanos() as u64;
+                self.stats.data_write_ns += record_done.elapsed().as_nanos() as u64;
                 Ok(())
             })
         } else {
@@ -201,12 +260,8 @@ impl Partition {
             let mut writes = Vec::with_capacity(1 + data.len());
             writes.push((record_offset, &record_buf[..]));
             writes.extend_from_slice(&data);
-            self.io.write_many(&writes).and_then(|()| {
-                let written = std::time::Instant::now();
-                self.stats.data_write_ns += (written - stage).as_nanos() as u64;
-                self.io.flush()?;
-                self.stats.flush_ns += written.elapsed().as_nanos() as u64;
-                Ok(())
+            self.io.write_many(&writes).map(|()| {
+                self.stats.data_write_ns += stage.elapsed().as_nanos() as u64;
             })
         };
 
@@ -402,6 +457,7 @@ impl Partition {
     /// journal's start past everything written so far (new header, flush).
     pub fn checkpoint(&mut self) -> Result<()> {
         self.check_usable()?;
+        assert!(!self.unsynced, "a checkpoint while a commit's flush is out");
         if self.config.read_only {
             return Err(StoreError::ReadOnly);
         }
@@ -524,6 +580,13 @@ impl Partition {
         }
         self.checkpoint()
     }
+}
+
+/// A batch [`Partition::apply_unsynced`] applied, waiting for its flush.
+#[must_use = "hand the flush's result to Partition::synced"]
+#[derive(Debug)]
+pub struct Unsynced {
+    info: CommitInfo,
 }
 
 pub(crate) fn pad_to_block(bytes: &[u8]) -> Vec<u8> {

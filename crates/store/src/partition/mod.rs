@@ -27,6 +27,7 @@ use crate::onode::{decode_slot, ObjectMeta, KIND_HEAD, MAX_CHAIN_SLOTS, NO_SLOT}
 use crate::pages::PageCache;
 use crate::{BLOCK_SIZE, SLOTS_PER_PAGE, SLOT_SIZE};
 
+pub use commit::Unsynced;
 pub(crate) use extents::Extents;
 pub use read::ReadRequest;
 
@@ -177,6 +178,10 @@ pub struct Partition {
     pub(crate) alloc_hint: u64,
     pub(crate) slot_hint: u64,
     pub(crate) failed: bool,
+    /// A commit's last flush is out ([`Partition::apply_unsynced`]).
+    pub(crate) unsynced: bool,
+    /// Flushes made through [`Partition::flush_handle`] (the queue counts its own).
+    pub(crate) flushes_by_handle: u64,
     pub(crate) config: PartitionConfig,
     pub(crate) stats: PartitionStats,
     /// Onode chains that could not be read at mount (reported by fsck).
@@ -283,7 +288,9 @@ impl Partition {
     }
 
     pub fn stats(&self) -> PartitionStats {
-        PartitionStats { io: self.io.stats(), cache_misses: self.pages.misses, ..self.stats }
+        let mut io = self.io.stats();
+        io.flushes += self.flushes_by_handle;
+        PartitionStats { io, cache_misses: self.pages.misses, ..self.stats }
     }
 
     /// Fails unless `key` belongs here (its group modulo the partition count).

@@ -113,6 +113,8 @@ impl Partition {
             alloc_hint: 0,
             slot_hint: 0,
             failed: false,
+            unsynced: false,
+            flushes_by_handle: 0,
             config,
             stats: PartitionStats::default(),
             mount_issues: Vec::new(),

@@ -138,9 +138,13 @@ impl Partition {
         Ok(out)
     }
 
-    fn verify(&self, block: u32, stored: u32, buf: AlignedBuf) -> Result<AlignedBuf> {
+    fn verify(&mut self, block: u32, stored: u32, buf: AlignedBuf) -> Result<AlignedBuf> {
         let computed = crate::crc32c(&buf);
         if computed != stored {
+            if let Some(good) = self.good_copy(block, stored) {
+                self.give_blocks([buf]);
+                return Ok(good);
+            }
             return Err(StoreError::ChecksumMismatch {
                 partition: self.index,
                 block: block as u64,
@@ -150,6 +154,39 @@ impl Partition {
             });
         }
         Ok(buf)
+    }
+
+    /// Another copy of a block that failed its checksum (a mirror's other
+    /// device) that passes it, written over the bad one.
+    fn good_copy(&mut self, block: u32, stored: u32) -> Option<AlignedBuf> {
+        let copies = self.io.copies();
+        if copies < 2 {
+            return None;
+        }
+        let offset = self.data_offset(block);
+        for copy in 0..copies {
+            let mut buf = self.take_block(false);
+            if self.io.read_copy(copy, &mut [(offset, &mut buf[..])]).is_ok() && crate::crc32c(&buf) == stored {
+                // Rewritten to every copy: the good one gets its own bytes again.
+                match self.io.write_many(&[(offset, &buf[..])]) {
+                    Ok(()) => {
+                        self.io.note_repair();
+                        tracing::warn!(
+                            partition = self.index,
+                            block,
+                            copy,
+                            "a block failed its checksum on one mirror device; repaired from the other"
+                        );
+                    }
+                    Err(err) => {
+                        tracing::error!(partition = self.index, block, %err, "rewriting a damaged block failed")
+                    }
+                }
+                return Some(buf);
+            }
+            self.give_blocks([buf]);
+        }
+        None
     }
 
     /// Reads one block and checks it against `crc` (for read-modify-write).

@@ -1,0 +1,590 @@
+//! A store on a mirrored pair of devices (issue 28; the thesis behind it:
+//! ../shared/papers/001, §3.3). Both devices take every write. In
+//! `read-flush-split` mode only the **flush device** is flushed when a
+//! commit needs durability, and reads go to the **read device**, which has
+//! every write (in its volatile cache at worst) and so never holds a read
+//! behind a flush, which on a disk without power-loss protection takes
+//! milliseconds. In `plain` mode both are flushed and reads go to either.
+//!
+//! **What makes it recoverable.** After a crash or a power loss the
+//! devices may differ wherever writes were in flight or not yet flushed
+//! (the read device is flushed rarely; either may hold torn blocks). A
+//! persistent dirty-region bitmap names those places, as md RAID1's
+//! write-intent bitmap does, so that mount resyncs only them (copies them
+//! from the flush device, which holds every durable write), never the
+//! whole device:
+//! - a write to a region whose bit is not on disk waits until the bitmap
+//!   page that sets it is written and flushed (on the flush device; on
+//!   both in `plain` mode): no write reaches either device unmarked;
+//! - now and then (`clean_interval`) both devices are flushed, and the
+//!   bits of regions no write touched since the clean before clear
+//!   ([`regions::Regions`]). A region written in every interval keeps its
+//!   bit, so under steady load the bitmap costs no writes at all; reads
+//!   go to the flush device while the read device flushes.
+//!
+//! Flagging before writing costs a flush when a write finds its region
+//! clean; the thesis's alternative (deferring the read device's copy past
+//! the flush) was tried first and is wrong: the flush device can land an
+//! unflushed write while the bitmap page written beside it is lost, and
+//! the devices then differ where no bit says so (tests/mirror.rs found it).
+//!
+//! **Failures.** A device that fails a read, a write or a flush is marked
+//! failed in the other's header and the store goes on on the survivor
+//! (degraded: [`Mirror::status`]); the store fails only when both have.
+
+pub mod header;
+pub(crate) mod io;
+pub(crate) mod regions;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+pub use header::{Health, MirrorHeader, MirrorLayout, MirrorMode};
+
+use crate::blockio::{AlignedBuf, BlockIo};
+use crate::device::{Device, DeviceConfig};
+use crate::error::{Result, StoreError};
+use crate::faults::DeviceFaults;
+use crate::BLOCK_SIZE;
+use regions::Regions;
+
+/// Regions of 1 MiB: a resync after a crash copies the regions written in
+/// the last clean interval or two, and under random writes a region's bit,
+/// once set, stays set until the next clean (one bitmap page write).
+pub const DEFAULT_REGION_BYTES: u64 = 1 << 20;
+/// md's default bitmap flush interval: a read device flush every 5 s.
+pub const DEFAULT_CLEAN_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A store's second device and how the pair is used.
+#[derive(Clone, Debug)]
+pub struct MirrorConfig {
+    /// The second device (the store's path is the first, slot 0).
+    pub second: PathBuf,
+    pub mode: MirrorMode,
+    /// Bytes per dirty region when the mirror is made (a power of two ≥ 4 KiB).
+    pub region_bytes: u64,
+    /// How often the read device is flushed so that clean regions' bits clear.
+    pub clean_interval: Duration,
+    /// The slot (0: the store's path, 1: `second`) to flush; the roles
+    /// swap at mount if they differ. None keeps them.
+    pub flush_slot: Option<u8>,
+    /// Tests: each device's own faults (else the device config's).
+    pub faults: [Option<Arc<DeviceFaults>>; 2],
+}
+
+impl MirrorConfig {
+    pub fn new(second: PathBuf, mode: MirrorMode) -> MirrorConfig {
+        MirrorConfig {
+            second,
+            mode,
+            region_bytes: DEFAULT_REGION_BYTES,
+            clean_interval: DEFAULT_CLEAN_INTERVAL,
+            flush_slot: None,
+            faults: [None, None],
+        }
+    }
+}
+
+/// What an operator sees of a mirror.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MirrorStatus {
+    pub mode: MirrorMode,
+    pub paths: [PathBuf; 2],
+    pub flush_slot: u8,
+    pub health: [Health; 2],
+    /// Regions whose bit is set now.
+    pub dirty_regions: u64,
+    pub region_bytes: u64,
+    /// What mount copied to bring the devices together.
+    pub resynced_regions: u64,
+    pub resync_micros: u64,
+    pub reads: [u64; 2],
+    /// Reads sent to the flush device because the read device was flushing.
+    pub reads_redirected: u64,
+    pub cleans: u64,
+    pub cleared_regions: u64,
+    /// Blocks read from the other device after failing their checksum, and rewritten.
+    pub repaired_blocks: u64,
+}
+
+impl MirrorStatus {
+    /// Whether the store runs on one device only.
+    pub fn degraded(&self) -> bool {
+        self.health.iter().any(|h| *h != Health::InSync)
+    }
+}
+
+/// Where an I/O goes now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    Split { flush: usize, read: usize },
+    Both,
+    Single(usize),
+}
+
+struct State {
+    flush_slot: usize,
+    health: [Health; 2],
+    generation: u64,
+    regions: Regions,
+    last_clean: Instant,
+}
+
+/// The pair, shared by every queue of the store (`io::MirrorIo`).
+pub struct Mirror {
+    sides: [Device; 2],
+    paths: [PathBuf; 2],
+    id: [u8; 16],
+    mode: MirrorMode,
+    layout: MirrorLayout,
+    clean_interval: Duration,
+    state: Mutex<State>,
+    /// Flushes under way, per device: reads keep off a device while it flushes.
+    flushing: [AtomicU32; 2],
+    cleaning: AtomicBool,
+    /// Metadata writes (bitmap pages, headers), one at a time and in order:
+    /// two in flight to one page could land in either order.
+    meta: Mutex<[Box<dyn BlockIo>; 2]>,
+    counters: Counters,
+    resynced: (u64, u64),
+}
+
+#[derive(Default)]
+struct Counters {
+    reads: [AtomicU64; 2],
+    reads_redirected: AtomicU64,
+    cleans: AtomicU64,
+    cleared_regions: AtomicU64,
+    repaired_blocks: AtomicU64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Poisoned only by a panic in another queue's I/O (a simulated power
+    // cut unwinds): the state itself is whole.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn side_config(config: &DeviceConfig, mirror: &MirrorConfig, slot: usize) -> DeviceConfig {
+    DeviceConfig { faults: mirror.faults[slot].clone().or_else(|| config.faults.clone()), ..config.clone() }
+}
+
+fn open_sides(first: &Path, mirror: &MirrorConfig, config: &DeviceConfig, writable: bool) -> Result<[Device; 2]> {
+    let a = Device::open(first, &side_config(config, mirror, 0), writable)?;
+    let b = Device::open(&mirror.second, &side_config(config, mirror, 1), writable)?;
+    Ok([a, b])
+}
+
+fn io_error(context: String) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |err| StoreError::io(context, err)
+}
+
+impl Mirror {
+    /// Makes a new mirror on `first` and `config.second`: fresh headers,
+    /// a clear bitmap. Whatever the devices held is lost (mkfs).
+    pub fn make(first: &Path, config: &MirrorConfig, device: &DeviceConfig) -> Result<Mirror> {
+        let sides = open_sides(first, config, device, true)?;
+        let smaller = sides[0].size_bytes().min(sides[1].size_bytes());
+        let layout = MirrorLayout::plan(smaller, config.region_bytes)?;
+        let mut id = [0u8; 16];
+        crate::store::fill_random(&mut id)?;
+        let flush_slot = config.flush_slot.unwrap_or(0) as usize;
+        let health = [Health::InSync; 2];
+        let mirror = Mirror::assemble(sides, first, config, id, layout, flush_slot, health, 0, (0, 0))?;
+        {
+            let mut meta = lock(&mirror.meta);
+            let zeros = AlignedBuf::zeroed(BLOCK_SIZE);
+            for queue in meta.iter_mut() {
+                let pages: Vec<(u64, &[u8])> =
+                    (0..layout.bitmap_blocks).map(|page| (layout.page_offset(page), &zeros[..])).collect();
+                for batch in pages.chunks(256) {
+                    queue.write_many(batch).map_err(io_error("clearing a mirror's bitmap".into()))?;
+                }
+            }
+        }
+        mirror.write_headers()?;
+        Ok(mirror)
+    }
+
+    /// Opens the mirror on `first` and `config.second`: reads both
+    /// headers, resyncs the regions the flush device's bitmap names, and
+    /// applies the configured mode and roles.
+    pub fn open(first: &Path, config: &MirrorConfig, device: &DeviceConfig, writable: bool) -> Result<Mirror> {
+        let sides = open_sides(first, config, device, writable)?;
+        let mut headers = Vec::new();
+        for (slot, side) in sides.iter().enumerate() {
+            let mut block = AlignedBuf::zeroed(BLOCK_SIZE);
+            let at = MirrorLayout::header_offset(side.size_bytes());
+            side.queue()?
+                .read_many(&mut [(at, &mut block[..])])
+                .map_err(io_error(format!("reading the mirror header of {}", side.path().display())))?;
+            let header = MirrorHeader::decode(&block)?.ok_or_else(|| {
+                StoreError::invalid(format!(
+                    "{} holds no mirror header: was the store made on this pair (mkfs with two devices)?",
+                    side.path().display()
+                ))
+            })?;
+            if header.slot as usize != slot {
+                return Err(StoreError::invalid(format!(
+                    "{} is device {} of its mirror, named here as device {slot}: give the devices in their order",
+                    side.path().display(),
+                    header.slot
+                )));
+            }
+            headers.push(header);
+        }
+        if headers[0].id != headers[1].id {
+            return Err(StoreError::invalid(format!(
+                "{} and {} belong to different mirrors",
+                sides[0].path().display(),
+                sides[1].path().display()
+            )));
+        }
+        // The newer header knows of a failure the older device missed.
+        let newest = headers.iter().max_by_key(|h| h.generation).expect("two headers").clone();
+        let layout = newest.layout;
+        for side in &sides {
+            if side.size_bytes() < layout.meta_start + (layout.bitmap_blocks + 1) * BLOCK_SIZE as u64 {
+                return Err(StoreError::corrupt(format!("{} is smaller than its mirror", side.path().display())));
+            }
+        }
+        // A device mid-rebuild is filled again from the start: out until then.
+        let health = newest.health.map(|h| if h == Health::Rebuilding { Health::Failed } else { h });
+        let flush_slot = newest.flush_slot as usize;
+        let started = Instant::now();
+        let resynced = if health == [Health::InSync; 2] && writable {
+            resync(&sides, &layout, flush_slot, config.mode)?
+        } else {
+            0
+        };
+        let resync_micros = started.elapsed().as_micros() as u64;
+        let flush_slot = match config.flush_slot {
+            // A swap needs both in sync: just resynced, with no bit set.
+            Some(slot) if health == [Health::InSync; 2] => slot as usize,
+            _ => flush_slot,
+        };
+        let mirror = Mirror::assemble(
+            sides,
+            first,
+            config,
+            newest.id,
+            layout,
+            flush_slot,
+            health,
+            newest.generation,
+            (resynced, resync_micros),
+        )?;
+        if health != [Health::InSync; 2] {
+            let failed = health.iter().position(|h| *h != Health::InSync).expect("one is out");
+            tracing::error!(
+                device = %mirror.paths[failed].display(),
+                "a mirror device is failed: the store runs on the other alone (degraded); replace it"
+            );
+        } else if resynced > 0 {
+            tracing::warn!(regions = resynced, micros = resync_micros, "resynced a mirror's dirty regions");
+        }
+        if writable {
+            mirror.write_headers()?;
+        }
+        Ok(mirror)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        sides: [Device; 2],
+        first: &Path,
+        config: &MirrorConfig,
+        id: [u8; 16],
+        layout: MirrorLayout,
+        flush_slot: usize,
+        health: [Health; 2],
+        generation: u64,
+        resynced: (u64, u64),
+    ) -> Result<Mirror> {
+        let meta = [sides[0].queue()?, sides[1].queue()?];
+        Ok(Mirror {
+            paths: [first.to_path_buf(), config.second.clone()],
+            sides,
+            id,
+            mode: config.mode,
+            layout,
+            clean_interval: config.clean_interval,
+            state: Mutex::new(State {
+                flush_slot,
+                health,
+                generation,
+                regions: Regions::new(layout.regions),
+                last_clean: Instant::now(),
+            }),
+            flushing: [AtomicU32::new(0), AtomicU32::new(0)],
+            cleaning: AtomicBool::new(false),
+            meta: Mutex::new(meta),
+            counters: Counters::default(),
+            resynced,
+        })
+    }
+
+    pub fn layout(&self) -> &MirrorLayout {
+        &self.layout
+    }
+
+    pub(crate) fn sides(&self) -> &[Device; 2] {
+        &self.sides
+    }
+
+    pub(crate) fn route(&self) -> Route {
+        let state = lock(&self.state);
+        match state.health {
+            [Health::InSync, Health::InSync] => match self.mode {
+                MirrorMode::ReadFlushSplit => Route::Split { flush: state.flush_slot, read: 1 - state.flush_slot },
+                MirrorMode::Plain => Route::Both,
+            },
+            [Health::InSync, _] => Route::Single(0),
+            _ => Route::Single(1),
+        }
+    }
+
+    pub(crate) fn is_flushing(&self, slot: usize) -> bool {
+        self.flushing[slot].load(Ordering::Acquire) > 0
+    }
+
+    /// Runs `flush` with `slot` marked flushing.
+    pub(crate) fn flushing<T>(&self, slot: usize, flush: impl FnOnce() -> T) -> T {
+        self.flushing[slot].fetch_add(1, Ordering::AcqRel);
+        let result = flush();
+        self.flushing[slot].fetch_sub(1, Ordering::AcqRel);
+        result
+    }
+
+    pub(crate) fn count_read(&self, slot: usize, redirected: bool) {
+        self.counters.reads[slot].fetch_add(1, Ordering::Relaxed);
+        if redirected {
+            self.counters.reads_redirected.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn count_repair(&self) {
+        self.counters.repaired_blocks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn healthy(&self, slot: usize) -> bool {
+        lock(&self.state).health[slot] == Health::InSync
+    }
+
+    /// Marks the regions of `requests` dirty before the writes go out; if
+    /// a bit is not on disk yet, writes and flushes the bitmap first.
+    pub(crate) fn mark(&self, requests: &[(u64, &[u8])]) -> std::io::Result<()> {
+        let on_disk = lock(&self.state).regions.write(self.regions_of(requests));
+        if on_disk {
+            return Ok(());
+        }
+        self.write_bitmap(true)
+    }
+
+    pub(crate) fn regions_of<'a>(&'a self, requests: &'a [(u64, &[u8])]) -> impl Iterator<Item = u64> + Clone + 'a {
+        requests.iter().flat_map(|(offset, buf)| self.layout.regions_of(*offset, buf.len() as u64))
+    }
+
+    /// Writes to these regions completed (a clean under way must not
+    /// clear them: its flush may have begun before they landed).
+    pub(crate) fn touched(&self, requests: &[(u64, &[u8])]) {
+        lock(&self.state).regions.touch(self.regions_of(requests));
+    }
+
+    /// Writes the bitmap pages that differ from disk to the devices that
+    /// keep a bitmap (the flush device; both in `plain` mode).
+    fn write_bitmap(&self, flush: bool) -> std::io::Result<()> {
+        let mut meta = lock(&self.meta);
+        let (pages, targets) = {
+            let mut state = lock(&self.state);
+            let targets: Vec<usize> = match (self.mode, state.health) {
+                (MirrorMode::ReadFlushSplit, [Health::InSync, Health::InSync]) => vec![state.flush_slot],
+                (MirrorMode::Plain, [Health::InSync, Health::InSync]) => vec![0, 1],
+                // One device: nothing can differ.
+                _ => vec![],
+            };
+            (state.regions.pages_to_write(), targets)
+        };
+        if pages.is_empty() {
+            return Ok(());
+        }
+        let images: Vec<(u64, AlignedBuf)> =
+            pages.iter().map(|(page, image)| (self.layout.page_offset(*page), AlignedBuf::from_slice(image))).collect();
+        let requests: Vec<(u64, &[u8])> = images.iter().map(|(offset, buf)| (*offset, &buf[..])).collect();
+        for slot in targets {
+            let written =
+                meta[slot].write_many(&requests).and_then(|()| if flush { meta[slot].flush() } else { Ok(()) });
+            if let Err(err) = written {
+                drop(meta);
+                self.fail(slot, &err)?;
+                return self.write_bitmap(flush);
+            }
+        }
+        lock(&self.state).regions.written(&pages);
+        Ok(())
+    }
+
+    /// Now and then a flush of both devices (the read device first), after
+    /// which the bits of regions untouched since the last clean clear.
+    pub(crate) fn maybe_clean(&self, flushers: &[Arc<dyn crate::blockio::FlushHandle>; 2]) -> std::io::Result<()> {
+        let targets: Vec<usize> = match self.route() {
+            Route::Split { read, flush } => vec![read, flush],
+            Route::Both => vec![0, 1],
+            Route::Single(_) => return Ok(()),
+        };
+        {
+            let state = lock(&self.state);
+            if state.last_clean.elapsed() < self.clean_interval || self.cleaning.swap(true, Ordering::AcqRel) {
+                return Ok(());
+            }
+        }
+        let mut failed = None;
+        for slot in targets {
+            if let Err(err) = self.flushing(slot, || flushers[slot].flush()) {
+                failed = Some((slot, err));
+                break;
+            }
+        }
+        let result = match failed {
+            Some((slot, err)) => self.fail(slot, &err),
+            None => {
+                let cleared = {
+                    let mut state = lock(&self.state);
+                    state.last_clean = Instant::now();
+                    state.regions.clean()
+                };
+                self.counters.cleans.fetch_add(1, Ordering::Relaxed);
+                self.counters.cleared_regions.fetch_add(cleared, Ordering::Relaxed);
+                // Clears need no flush: a bit left set costs a resync's copy, no more.
+                if cleared > 0 {
+                    self.write_bitmap(false)
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        self.cleaning.store(false, Ordering::Release);
+        result
+    }
+
+    /// `slot` failed with `err`: the store goes on on the other device, or
+    /// fails with the error if that is out too.
+    pub(crate) fn fail(&self, slot: usize, err: &std::io::Error) -> std::io::Result<()> {
+        {
+            let mut state = lock(&self.state);
+            if state.health[slot] != Health::InSync {
+                return Ok(());
+            }
+            if state.health[1 - slot] != Health::InSync {
+                return Err(std::io::Error::new(err.kind(), format!("both devices of the mirror failed: {err}")));
+            }
+            state.health[slot] = Health::Failed;
+            state.flush_slot = 1 - slot;
+        }
+        tracing::error!(
+            device = %self.paths[slot].display(),
+            error = %err,
+            "a mirror device failed: the store goes on on the other alone (degraded); replace the failed one"
+        );
+        self.write_headers().map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    /// Writes both headers (the healthy devices'), each flushed.
+    fn write_headers(&self) -> Result<()> {
+        let mut meta = lock(&self.meta);
+        let (flush_slot, health, generation) = {
+            let mut state = lock(&self.state);
+            state.generation += 1;
+            (state.flush_slot, state.health, state.generation)
+        };
+        for slot in 0..2 {
+            if health[slot] != Health::InSync {
+                continue;
+            }
+            let header = MirrorHeader {
+                id: self.id,
+                slot: slot as u8,
+                mode: self.mode,
+                flush_slot: flush_slot as u8,
+                health,
+                generation,
+                layout: self.layout,
+            };
+            let block = AlignedBuf::from_slice(&header.encode());
+            let at = MirrorLayout::header_offset(self.sides[slot].size_bytes());
+            meta[slot]
+                .write_many(&[(at, &block[..])])
+                .and_then(|()| meta[slot].flush())
+                .map_err(io_error(format!("writing the mirror header of {}", self.paths[slot].display())))?;
+        }
+        Ok(())
+    }
+
+    pub fn status(&self) -> MirrorStatus {
+        let state = lock(&self.state);
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        MirrorStatus {
+            mode: self.mode,
+            paths: self.paths.clone(),
+            flush_slot: state.flush_slot as u8,
+            health: state.health,
+            dirty_regions: state.regions.dirty_count(),
+            region_bytes: self.layout.region_bytes,
+            resynced_regions: self.resynced.0,
+            resync_micros: self.resynced.1,
+            reads: [load(&self.counters.reads[0]), load(&self.counters.reads[1])],
+            reads_redirected: load(&self.counters.reads_redirected),
+            cleans: load(&self.counters.cleans),
+            cleared_regions: load(&self.counters.cleared_regions),
+            repaired_blocks: load(&self.counters.repaired_blocks),
+        }
+    }
+}
+
+/// Copies the regions the bitmap names from the flush device to the other,
+/// flushes it, then clears the bitmap; the regions copied.
+fn resync(sides: &[Device; 2], layout: &MirrorLayout, flush_slot: usize, mode: MirrorMode) -> Result<u64> {
+    let mut queues = [sides[0].queue()?, sides[1].queue()?];
+    let bitmap_bytes = (layout.bitmap_blocks as usize) * BLOCK_SIZE;
+    let mut dirty = Regions::new(layout.regions);
+    // Plain mode writes the bitmap to both: either names every region; take both.
+    let keepers: Vec<usize> = match mode {
+        MirrorMode::ReadFlushSplit => vec![flush_slot],
+        MirrorMode::Plain => vec![0, 1],
+    };
+    let mut union: Vec<u8> = vec![0; bitmap_bytes];
+    for &slot in &keepers {
+        let mut bitmap = AlignedBuf::zeroed(bitmap_bytes);
+        queues[slot]
+            .read_many(&mut [(layout.meta_start, &mut bitmap[..])])
+            .map_err(io_error("reading a mirror's bitmap".into()))?;
+        union.iter_mut().zip(bitmap.iter()).for_each(|(u, b)| *u |= b);
+    }
+    dirty.load(&union);
+    let regions = dirty.dirty_regions();
+    let (from, to) = (flush_slot, 1 - flush_slot);
+    let mut buf = AlignedBuf::zeroed(layout.region_bytes.min(4 << 20) as usize);
+    for &region in &regions {
+        let start = region * layout.region_bytes;
+        let end = (start + layout.region_bytes).min(layout.store_bytes);
+        let mut at = start;
+        while at < end {
+            let len = (end - at).min(buf.len() as u64) as usize;
+            queues[from].read_many(&mut [(at, &mut buf[..len])]).map_err(io_error("resyncing a mirror".into()))?;
+            queues[to].write_many(&[(at, &buf[..len])]).map_err(io_error("resyncing a mirror".into()))?;
+            at += len as u64;
+        }
+    }
+    if !regions.is_empty() {
+        queues[to].flush().map_err(io_error("flushing a resynced mirror device".into()))?;
+        let zeros = AlignedBuf::zeroed(bitmap_bytes);
+        for &slot in &keepers {
+            queues[slot]
+                .write_many(&[(layout.meta_start, &zeros[..])])
+                .and_then(|()| queues[slot].flush())
+                .map_err(io_error("clearing a mirror's bitmap".into()))?;
+        }
+    }
+    Ok(regions.len() as u64)
+}
