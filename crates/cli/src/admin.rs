@@ -1,6 +1,6 @@
 //! `duplex pool …`, `duplex image …`, `duplex mark …` and `duplex status`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -771,7 +771,9 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
     let up = map.osds.values().filter(|o| o.up).count();
     let is_in = map.osds.values().filter(|o| o.is_in).count();
     // Client I/O: the OSDs' counters one second apart.
-    let sample = |map: &ClusterMap| -> (u64, u64, u64, u64, u64) {
+    // (And which OSDs run on one device of their mirror.)
+    let mut degraded_devices = BTreeSet::new();
+    let mut sample = |map: &ClusterMap| -> (u64, u64, u64, u64, u64) {
         let mut totals = (0, 0, 0, 0, 0);
         for osd in map.osds.values().filter(|o| o.up) {
             if let Ok(stats) = osd_stats(client, &osd.addr) {
@@ -780,6 +782,9 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
                 totals.2 += stats.writes;
                 totals.3 += stats.reads;
                 totals.4 += 1;
+                if stats.failed_devices > 0 {
+                    degraded_devices.insert(osd.id);
+                }
             }
         }
         totals
@@ -792,7 +797,17 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
     let write_iops = after.2.saturating_sub(before.2) as f64 / seconds;
     let read_iops = after.3.saturating_sub(before.3) as f64 / seconds;
     let (states, down) = pg_states(&map);
-    let (health, reasons) = health(&map, up, &states);
+    let (mut health, mut reasons) = health(&map, up, &states);
+    if !degraded_devices.is_empty() {
+        let names: Vec<String> = degraded_devices.iter().map(|id| format!("osd.{id}")).collect();
+        reasons.push(format!(
+            "{} on one device of its mirror: replace the failed one (docs/STORE.md, \"Mirrored devices\")",
+            names.join(", ")
+        ));
+        if health == "HEALTH_OK" {
+            health = "HEALTH_WARN";
+        }
+    }
     if json {
         let value = serde_json::json!({
             "health": {"status": health, "reasons": reasons},

@@ -52,6 +52,10 @@ pub struct UpArgs {
     /// (repeatable): e.g. --osd-set write_path=sync --osd-set flush_threshold=4.
     #[arg(long = "osd-set", value_name = "KEY=VALUE")]
     pub osd_settings: Vec<String>,
+    /// Put each OSD's store on a mirrored pair of files, used this way
+    /// (read-flush-split or plain: docs/STORE.md, "Mirrored devices").
+    #[arg(long, value_name = "MODE")]
+    pub mirror: Option<String>,
     /// The address monitors and OSDs listen on (the fault tests run
     /// clusters inside network namespaces).
     #[arg(long, default_value = "127.0.0.1")]
@@ -228,10 +232,17 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
         write_osd_config(
             &conf,
             &format!(
-                "id = {id}\ndata = \"{}\"\nmkfs_size = {}\nallow_buffered_io = true\noplog_mode = \"shm\"\n\
+                "id = {id}\ndata = {}\nmkfs_size = {}\nallow_buffered_io = true\noplog_mode = \"shm\"\n\
                  oplog_dir = \"{}\"\noplog_pg_bytes = {}\nmon = [{mon_list}]\nlisten = \"{}\"\n\
                  admin = \"127.0.0.1:0\"\n# One host per OSD, so replicas spread over OSDs.\nhost = \"local-{id}\"\n{common}",
-                osd_dir.join("store.img").display(),
+                match &args.mirror {
+                    None => format!("\"{}\"", osd_dir.join("store.img").display()),
+                    Some(mode) => format!(
+                        "[\"{}\", \"{}\"]\ndata_mirror = \"{mode}\"",
+                        osd_dir.join("store.img").display(),
+                        osd_dir.join("store-mirror.img").display()
+                    ),
+                },
                 args.osd_size,
                 oplog_dir.display(),
                 args.oplog_pg_bytes,

@@ -15,9 +15,31 @@ pub struct OsdArgs {
     /// This OSD's id (unique in the cluster).
     #[arg(long)]
     id: u32,
-    /// The object store: a block device or a file.
+    /// The object store: a block device or a file; given twice, a mirrored
+    /// pair (see --data-mirror; docs/STORE.md, "Mirrored devices").
+    #[arg(long, required = true, num_args = 1)]
+    data: Vec<PathBuf>,
+    /// How a mirrored pair is used: read-flush-split (commits flush the
+    /// first device only; reads go to the second, which never waits behind
+    /// a flush) or plain (both flushed; reads from either).
+    #[arg(long, value_parser = parse_mirror_mode, default_value = "read-flush-split")]
+    data_mirror: duplex_store::mirror::MirrorMode,
+    /// Which device of the pair takes the flushes (0 or 1, in --data's
+    /// order); the roles swap at start if they differ. Default: as they were.
     #[arg(long)]
-    data: PathBuf,
+    mirror_flush_device: Option<u8>,
+    /// The mirror's dirty regions, in KiB, when it is made (a power of two ≥ 4).
+    #[arg(long, default_value_t = duplex_store::mirror::DEFAULT_REGION_BYTES >> 10)]
+    mirror_region_kib: u64,
+    /// How often both devices of the mirror are flushed so that clean
+    /// regions' bits clear (a resync after a crash copies the rest).
+    #[arg(long, default_value_t = duplex_store::mirror::DEFAULT_CLEAN_INTERVAL.as_millis() as u64)]
+    mirror_clean_ms: u64,
+    /// At start, after the resync, compare the mirror's two devices whole
+    /// and repair any block that differs from the flush device's (slow:
+    /// reads both; for a pair in doubt after a crash, and for tests).
+    #[arg(long)]
+    mirror_check_at_start: bool,
     /// Format --data first if it does not exist, as a file of this many bytes.
     #[arg(long)]
     mkfs_size: Option<u64>,
@@ -98,6 +120,10 @@ pub struct OsdArgs {
     /// word per line: flush-eio, write-eio, power-cut (docs/RELIABILITY.md).
     #[arg(long, value_name = "TRIGGER_FILE")]
     inject_device_faults: Option<PathBuf>,
+    /// As --inject-device-faults, for the second device of a mirrored pair
+    /// (the first flag then covers the first device only).
+    #[arg(long, value_name = "TRIGGER_FILE")]
+    inject_second_device_faults: Option<PathBuf>,
     /// Benchmarks and tests only: model a disk without power-loss
     /// protection, whose every flush takes this many more microseconds and
     /// holds up the reads and writes queued behind it on that device
@@ -138,7 +164,11 @@ pub fn run(args: OsdArgs) -> Result<()> {
         (None, OplogMode::Shm) => PathBuf::from(format!("/dev/shm/duplex-osd-{}", args.id)),
         (None, mode) => bail!("--oplog-dir is required with --oplog-mode {mode:?}"),
     };
-    let mut config = OsdConfig::new(args.id, args.data.clone(), oplog_dir, monitors);
+    if args.data.len() > 2 {
+        bail!("--data names the store's device, or a mirrored pair: at most two (got {})", args.data.len());
+    }
+    let data = args.data[0].clone();
+    let mut config = OsdConfig::new(args.id, data.clone(), oplog_dir, monitors);
     config.oplog_mode = args.oplog_mode;
     config.oplog_pg_bytes = args.oplog_pg_bytes;
     config.fsid = duplex_proto::parse_fsid(&args.fsid).context("--fsid must be 32 hex digits")?;
@@ -158,15 +188,22 @@ pub fn run(args: OsdArgs) -> Result<()> {
     config.recovery_bytes_per_sec = args.recovery_bytes_per_sec;
     config.dedup_cold_after = Duration::from_secs(args.dedup_cold_s);
 
-    let faults = match &args.inject_device_faults {
-        Some(trigger) => {
-            let faults = DeviceFaults::new();
-            faults.watch(trigger.clone()).context("starting the device-fault watcher")?;
-            tracing::warn!(
-                trigger = %trigger.display(),
-                "device fault injection is on: the data device has a simulated volatile write cache"
-            );
-            Some(faults)
+    let faults = watch_faults(args.inject_device_faults.as_ref())?;
+    let mirror = match args.data.get(1) {
+        Some(second) => {
+            let mut mirror = duplex_store::mirror::MirrorConfig::new(second.clone(), args.data_mirror);
+            mirror.region_bytes = args.mirror_region_kib << 10;
+            mirror.clean_interval = Duration::from_millis(args.mirror_clean_ms);
+            mirror.flush_slot = args.mirror_flush_device;
+            mirror.check_at_mount = args.mirror_check_at_start;
+            if mirror.flush_slot.is_some_and(|slot| slot > 1) {
+                bail!("--mirror-flush-device is 0 or 1 (the device's place in --data)");
+            }
+            mirror.faults = [faults.clone(), watch_faults(args.inject_second_device_faults.as_ref())?];
+            Some(mirror)
+        }
+        None if args.inject_second_device_faults.is_some() => {
+            bail!("--inject-second-device-faults needs a second --data device")
         }
         None => None,
     };
@@ -176,19 +213,21 @@ pub fn run(args: OsdArgs) -> Result<()> {
     let store_config = StoreConfig {
         device: DeviceConfig {
             direct_io: if args.allow_buffered_io { DirectIo::Fallback } else { DirectIo::Require },
-            faults,
+            // A mirror's devices have their own (`mirror.faults`).
+            faults: if mirror.is_some() { None } else { faults },
             flush_stall: args.model_flush_us.map(Duration::from_micros),
+            mirror,
             ..DeviceConfig::default()
         },
         ..StoreConfig::default()
     };
     if let Some(size) = args.mkfs_size {
-        if !args.data.exists() {
+        if !data.exists() {
             let options =
                 MkfsOptions { partitions: args.mkfs_partitions, size_bytes: Some(size), ..MkfsOptions::default() };
-            duplex_store::mkfs(&args.data, &options, &store_config)
-                .with_context(|| format!("formatting {}", args.data.display()))?;
-            tracing::info!(path = %args.data.display(), size, "formatted a new store");
+            duplex_store::mkfs(&data, &options, &store_config)
+                .with_context(|| format!("formatting {}", data.display()))?;
+            tracing::info!(path = %data.display(), size, mirrored = args.data.len() == 2, "formatted a new store");
         }
     }
     let running = crate::daemon::start(config, store_config)?;
@@ -202,4 +241,20 @@ pub fn run(args: OsdArgs) -> Result<()> {
     );
     running.follow_forever();
     Ok(())
+}
+
+fn parse_mirror_mode(word: &str) -> Result<duplex_store::mirror::MirrorMode, String> {
+    duplex_store::mirror::MirrorMode::parse(word).ok_or_else(|| format!("{word}: plain or read-flush-split"))
+}
+
+/// A device's simulated cache, armed by `trigger` (--inject-device-faults).
+fn watch_faults(trigger: Option<&PathBuf>) -> Result<Option<std::sync::Arc<DeviceFaults>>> {
+    let Some(trigger) = trigger else { return Ok(None) };
+    let faults = DeviceFaults::new();
+    faults.watch(trigger.clone()).context("starting the device-fault watcher")?;
+    tracing::warn!(
+        trigger = %trigger.display(),
+        "device fault injection is on: the data device has a simulated volatile write cache"
+    );
+    Ok(Some(faults))
 }

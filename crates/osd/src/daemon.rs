@@ -55,6 +55,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     }
     let mut store = Store::open(&config.data, &store_config)
         .with_context(|| format!("opening the object store at {}", config.data.display()))?;
+    let mirror = store.device().mirror().cloned();
     let pgs = Arc::new(
         PgTable::open(config.oplog_mode, &config.oplog_dir, config.oplog_pg_bytes)
             .context("opening the operation logs")?,
@@ -83,6 +84,9 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     tracing::info!(epoch = map.epoch, addr = %public, "registered");
     let cell = Arc::new(MapCell::new(map));
     let metrics = Arc::new(Metrics::default());
+    if let Some(mirror) = mirror {
+        let _ = metrics.mirror.set(mirror);
+    }
 
     // Priority threads' polls and mailboxes first: flushers post to them.
     let mut polls = Vec::new();

@@ -556,9 +556,13 @@ pub struct OsdStats {
     pub write_bytes: u64,
     pub read_bytes: u64,
     pub log_entries: u64,
+    /// Devices of a mirrored store that are out (degraded until replaced).
+    pub failed_devices: u64,
 }
 
-const OSD_STATS_LEN: usize = 56;
+const OSD_STATS_LEN: usize = 64;
+/// The reply before `failed_devices` (an older OSD's).
+const OSD_STATS_LEN_V1: usize = 56;
 
 impl OsdStats {
     pub fn to_frame(&self, transaction_id: u64) -> Frame {
@@ -571,6 +575,7 @@ impl OsdStats {
             self.write_bytes,
             self.read_bytes,
             self.log_entries,
+            self.failed_devices,
         ] {
             out.put_u64_le(value);
         }
@@ -578,7 +583,7 @@ impl OsdStats {
     }
 
     pub fn decode(payload: &[u8]) -> Result<OsdStats, DecodeError> {
-        if payload.len() != OSD_STATS_LEN {
+        if payload.len() != OSD_STATS_LEN && payload.len() != OSD_STATS_LEN_V1 {
             return Err(DecodeError::Short { need: OSD_STATS_LEN, got: payload.len() });
         }
         let at = |i: usize| le_u64(payload, i * 8);
@@ -590,6 +595,7 @@ impl OsdStats {
             write_bytes: at(4),
             read_bytes: at(5),
             log_entries: at(6),
+            failed_devices: if payload.len() == OSD_STATS_LEN { at(7) } else { 0 },
         })
     }
 }
@@ -967,7 +973,7 @@ mod tests {
             prop_assert_eq!(decode_names(&encode_names(&names, more)), Ok((names, more)));
             let stat = ObjectStat { size, allocated_bytes: size / 2, preallocated: more };
             prop_assert_eq!(ObjectStat::decode(&stat.encode()), Ok(stat));
-            let stats = OsdStats { capacity_bytes: size, used_bytes: size / 3, writes: 1, reads: 2, write_bytes: 3, read_bytes: 4, log_entries: 5 };
+            let stats = OsdStats { capacity_bytes: size, used_bytes: size / 3, writes: 1, reads: 2, write_bytes: 3, read_bytes: 4, log_entries: 5, failed_devices: 1 };
             prop_assert_eq!(OsdStats::decode(&stats.to_frame(1).payload), Ok(stats));
         }
     }

@@ -29,6 +29,7 @@ pub struct FlushStall {
 impl FlushStall {
     /// A device whose every flush takes `latency` (besides the real one).
     pub fn new(latency: Duration) -> Arc<FlushStall> {
+        assert!(latency < Duration::from_secs(60), "a modelled flush of {latency:?}: a typo?");
         Arc::new(FlushStall { latency, busy: RwLock::new(()) })
     }
 

@@ -213,6 +213,9 @@ impl Store {
         for partition in self.partitions {
             partition.close()?;
         }
-        Ok(())
+        match self.device.mirror() {
+            Some(mirror) => mirror.close(),
+            None => Ok(()),
+        }
     }
 }

@@ -226,3 +226,90 @@ proptest! {
         run(MirrorMode::Plain, &steps, clean_every_flush, seed, cut_at, cut_side);
     }
 }
+
+/// A whole store on a mirrored pair of files.
+fn mirrored_store(dir: &Path, mode: MirrorMode, faults: [Option<Arc<DeviceFaults>>; 2]) -> duplex_store::StoreConfig {
+    let path = dir.join("a");
+    let mut config = duplex_store::StoreConfig {
+        device: config(mode, &dir.join("b"), Duration::from_secs(3600), faults),
+        metadata_cache_bytes: 64 << 10,
+        max_dirty_bytes: 256 << 10,
+        read_only: false,
+    };
+    config.device.backend = IoBackend::Auto;
+    let options = duplex_store::MkfsOptions {
+        partitions: 1,
+        journal_bytes: Some(64 << 10),
+        bytes_per_onode: 16 << 10,
+        size_bytes: Some(16 << 20),
+    };
+    duplex_store::mkfs(&path, &options, &config).unwrap();
+    config
+}
+
+fn patch(path: &Path, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new().write(true).open(path).unwrap().write_all_at(bytes, offset).unwrap();
+}
+
+fn peek(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0; len];
+    std::fs::File::open(path).unwrap().read_exact_at(&mut buf, offset).unwrap();
+    buf
+}
+
+/// A block damaged on the read device fails its checksum there; the read
+/// returns the flush device's copy, which passes, and rewrites the bad one.
+#[test]
+fn a_block_damaged_on_one_device_is_read_from_the_other_and_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = mirrored_store(dir.path(), MirrorMode::ReadFlushSplit, [None, None]);
+    let (first, second) = (dir.path().join("a"), dir.path().join("b"));
+    let key = duplex_store::Key::in_group(0, b"object").unwrap();
+    let offset = {
+        let mut store = duplex_store::Store::open(&first, &config).unwrap();
+        let partition = store.partition_mut(0);
+        partition.write(&key, 0, &[0xAB; 8192]).unwrap();
+        let offset = partition.locate_data(key.as_bytes(), 4096).unwrap();
+        store.close().unwrap();
+        offset
+    };
+    assert_eq!(peek(&second, offset, 4096), vec![0xAB; 4096], "the read device holds the block");
+    patch(&second, offset + 100, &[0x00]);
+    let mut store = duplex_store::Store::open(&first, &config).unwrap();
+    let partition = store.partition_mut(0);
+    assert_eq!(partition.read(key.as_bytes(), 4096, 4096).unwrap(), vec![0xAB; 4096], "the good copy");
+    let status = store.device().mirror().unwrap().status();
+    assert_eq!(status.resynced_regions, 0, "a clean close left nothing to resync (the damage is still there)");
+    assert_eq!(status.repaired_blocks, 1, "{status:?}");
+    assert!(status.reads[1] > 0, "reads go to the read device (slot 1)");
+    store.close().unwrap();
+    assert_eq!(peek(&second, offset, 4096), vec![0xAB; 4096], "the bad copy was rewritten");
+}
+
+/// The read device starts failing writes: the store goes on on the flush
+/// device alone, says so, and still reads everything after a remount.
+#[test]
+fn a_failed_device_leaves_the_store_running_on_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = [DeviceFaults::new(), DeviceFaults::new()];
+    let config = mirrored_store(dir.path(), MirrorMode::ReadFlushSplit, faults.clone().map(Some));
+    let first = dir.path().join("a");
+    let key = duplex_store::Key::in_group(0, b"object").unwrap();
+    let mut store = duplex_store::Store::open(&first, &config).unwrap();
+    store.partition_mut(0).write(&key, 0, &[1; 4096]).unwrap();
+    faults[1].arm(duplex_store::Fault::WriteEio);
+    store.partition_mut(0).write(&key, 4096, &[2; 4096]).unwrap();
+    let status = store.device().mirror().unwrap().status();
+    assert!(status.degraded(), "{status:?}");
+    assert_eq!(status.flush_slot, 0);
+    assert_eq!(store.partition_mut(0).read(key.as_bytes(), 0, 8192).unwrap(), [[1u8; 4096], [2; 4096]].concat());
+    store.close().unwrap();
+    // Mounted again (the failed device still there, still failing): degraded, whole.
+    let mut store = duplex_store::Store::open(&first, &config).unwrap();
+    assert!(store.device().mirror().unwrap().status().degraded(), "the failure is remembered");
+    assert_eq!(store.partition_mut(0).read(key.as_bytes(), 0, 8192).unwrap(), [[1u8; 4096], [2; 4096]].concat());
+    store.partition_mut(0).write(&key, 8192, &[3; 4096]).unwrap();
+    store.close().unwrap();
+}

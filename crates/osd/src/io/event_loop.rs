@@ -380,6 +380,7 @@ impl PriorityThread {
                     write_bytes: metrics.write_bytes.get(),
                     read_bytes: metrics.read_bytes.get(),
                     log_entries: metrics.log_entries.load(Ordering::Relaxed),
+                    failed_devices: metrics.mirror_failed_devices(),
                 };
                 self.send(token, &stats.to_frame(txid));
             }

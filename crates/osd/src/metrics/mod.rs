@@ -183,10 +183,76 @@ pub struct Metrics {
     /// This OSD's own fullness is `full`: its primary PGs refuse writes at
     /// once, before the map says so.
     pub locally_full: std::sync::atomic::AtomicBool,
+    /// The store's mirrored pair, when it is on one (set once at start).
+    pub mirror: std::sync::OnceLock<Arc<duplex_store::mirror::Mirror>>,
     histograms: Mutex<Vec<Histograms>>,
 }
 
+/// A mirrored store's gauges and counters (docs/STORE.md, "Mirrored devices").
+fn render_mirror(out: &mut String, status: &duplex_store::mirror::MirrorStatus) {
+    let failed = status.health.iter().filter(|h| **h != duplex_store::mirror::Health::InSync).count();
+    let gauges = [
+        (
+            "duplex_osd_mirror_failed_devices",
+            "Devices of the store's mirror that are out (1: degraded, replace it).",
+            failed as u64,
+        ),
+        (
+            "duplex_osd_mirror_flush_device",
+            "The device (0 or 1, in --data's order) that takes the commits' flushes.",
+            u64::from(status.flush_slot),
+        ),
+        (
+            "duplex_osd_mirror_dirty_regions",
+            "Regions the two devices may differ in (what a resync after a crash copies).",
+            status.dirty_regions,
+        ),
+        (
+            "duplex_osd_mirror_resynced_regions",
+            "Regions the last start copied to bring the devices together.",
+            status.resynced_regions,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP duplex_osd_mirror_reads_total Store reads by device.\n# TYPE duplex_osd_mirror_reads_total counter"
+    );
+    for (device, reads) in status.reads.iter().enumerate() {
+        let _ = writeln!(out, "duplex_osd_mirror_reads_total{{device=\"{device}\"}} {reads}");
+    }
+    let counters = [
+        (
+            "duplex_osd_mirror_reads_redirected_total",
+            "Reads sent to the flush device while the read device flushed.",
+            status.reads_redirected,
+        ),
+        (
+            "duplex_osd_mirror_cleans_total",
+            "Flushes of both devices that let clean regions' bits clear.",
+            status.cleans,
+        ),
+        (
+            "duplex_osd_mirror_repaired_blocks_total",
+            "Blocks that failed their checksum on one device, read from the other and rewritten.",
+            status.repaired_blocks,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+    }
+}
+
 impl Metrics {
+    /// Devices of the store's mirror that are out (0 without a mirror).
+    pub fn mirror_failed_devices(&self) -> u64 {
+        self.mirror.get().map_or(0, |mirror| {
+            mirror.status().health.iter().filter(|h| **h != duplex_store::mirror::Health::InSync).count() as u64
+        })
+    }
+
     /// The use of the store's fullest partition, per mille.
     pub fn fullest_partition_permille(&self) -> u64 {
         self.partition_used_permille.iter().map(|p| p.load(std::sync::atomic::Ordering::Relaxed)).max().unwrap_or(0)
@@ -544,6 +610,9 @@ impl Metrics {
         ];
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+        }
+        if let Some(mirror) = self.mirror.get() {
+            render_mirror(&mut out, &mirror.status());
         }
         let _ = writeln!(out, "# HELP duplex_osd_cpu_seconds_total CPU time by thread class.\n# TYPE duplex_osd_cpu_seconds_total counter");
         for (class, seconds) in cpu_seconds_by_class() {

@@ -29,7 +29,10 @@ impl MirrorIo {
         let Err(err) = self.queues[slot].read_many(requests) else { return Ok(()) };
         self.mirror.fail(slot, &err)?;
         match self.mirror.route() {
-            Route::Single(survivor) if survivor != slot => self.queues[survivor].read_many(requests),
+            Route::Single(survivor) if survivor != slot => {
+                debug_assert!(self.mirror.healthy(survivor), "reads fall back on a device that is out");
+                self.queues[survivor].read_many(requests)
+            }
             _ => Err(err),
         }
     }
@@ -37,6 +40,11 @@ impl MirrorIo {
 
 impl BlockIo for MirrorIo {
     fn read_many(&mut self, requests: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        let store_bytes = self.mirror.layout().store_bytes;
+        debug_assert!(
+            requests.iter().all(|(offset, buf)| offset + buf.len() as u64 <= store_bytes),
+            "a read past the store's bytes, into the mirror's own"
+        );
         let (slot, redirected) = match self.mirror.route() {
             Route::Split { flush, read } => {
                 // Off the read device while a clean flushes it.
@@ -68,6 +76,12 @@ impl BlockIo for MirrorIo {
         if requests.is_empty() {
             return Ok(());
         }
+        let store_bytes = self.mirror.layout().store_bytes;
+        // Cheap, and a write past the store's bytes would land on the bitmap.
+        assert!(
+            requests.iter().all(|(offset, buf)| offset + buf.len() as u64 <= store_bytes),
+            "a write past the store's bytes, into the mirror's own"
+        );
         loop {
             match self.mirror.route() {
                 Route::Split { .. } | Route::Both => {

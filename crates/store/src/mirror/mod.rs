@@ -72,6 +72,11 @@ pub struct MirrorConfig {
     pub flush_slot: Option<u8>,
     /// Tests: each device's own faults (else the device config's).
     pub faults: [Option<Arc<DeviceFaults>>; 2],
+    /// After the resync at mount, compare the two devices whole and copy
+    /// the flush device's block over any that differs (md's check and
+    /// repair): slow (reads both devices), for tests and for an operator
+    /// who doubts a pair after a crash.
+    pub check_at_mount: bool,
 }
 
 impl MirrorConfig {
@@ -83,6 +88,7 @@ impl MirrorConfig {
             clean_interval: DEFAULT_CLEAN_INTERVAL,
             flush_slot: None,
             faults: [None, None],
+            check_at_mount: false,
         }
     }
 }
@@ -149,6 +155,7 @@ pub struct Mirror {
     meta: Mutex<[Box<dyn BlockIo>; 2]>,
     counters: Counters,
     resynced: (u64, u64),
+    writable: bool,
 }
 
 #[derive(Default)]
@@ -187,6 +194,10 @@ impl Mirror {
         let sides = open_sides(first, config, device, true)?;
         let smaller = sides[0].size_bytes().min(sides[1].size_bytes());
         let layout = MirrorLayout::plan(smaller, config.region_bytes)?;
+        assert!(
+            layout.store_bytes + (layout.bitmap_blocks + 1) * BLOCK_SIZE as u64 <= smaller,
+            "{layout:?} outgrows the devices"
+        );
         let mut id = [0u8; 16];
         crate::store::fill_random(&mut id)?;
         let flush_slot = config.flush_slot.unwrap_or(0) as usize;
@@ -259,12 +270,23 @@ impl Mirror {
             0
         };
         let resync_micros = started.elapsed().as_micros() as u64;
+        if config.check_at_mount && health == [Health::InSync; 2] && writable {
+            let differing = check(&sides, &layout, flush_slot)?;
+            if differing > 0 {
+                tracing::error!(
+                    blocks = differing,
+                    "mirror check: blocks differed between the devices after the resync; copied from the flush device"
+                );
+            } else {
+                tracing::warn!("mirror check: the devices are identical after the resync");
+            }
+        }
         let flush_slot = match config.flush_slot {
             // A swap needs both in sync: just resynced, with no bit set.
             Some(slot) if health == [Health::InSync; 2] => slot as usize,
             _ => flush_slot,
         };
-        let mirror = Mirror::assemble(
+        let mut mirror = Mirror::assemble(
             sides,
             first,
             config,
@@ -275,6 +297,7 @@ impl Mirror {
             newest.generation,
             (resynced, resync_micros),
         )?;
+        mirror.writable = writable;
         if health != [Health::InSync; 2] {
             let failed = health.iter().position(|h| *h != Health::InSync).expect("one is out");
             tracing::error!(
@@ -322,6 +345,7 @@ impl Mirror {
             meta: Mutex::new(meta),
             counters: Counters::default(),
             resynced,
+            writable: true,
         })
     }
 
@@ -335,6 +359,8 @@ impl Mirror {
 
     pub(crate) fn route(&self) -> Route {
         let state = lock(&self.state);
+        debug_assert_eq!(state.health[state.flush_slot], Health::InSync, "the flush device is out");
+        debug_assert!(state.health.contains(&Health::InSync), "a mirror with no device left routes nothing");
         match state.health {
             [Health::InSync, Health::InSync] => match self.mode {
                 MirrorMode::ReadFlushSplit => Route::Split { flush: state.flush_slot, read: 1 - state.flush_slot },
@@ -409,6 +435,7 @@ impl Mirror {
         if pages.is_empty() {
             return Ok(());
         }
+        debug_assert!(pages.iter().all(|(page, image)| *page < self.layout.bitmap_blocks && image.len() == BLOCK_SIZE));
         let images: Vec<(u64, AlignedBuf)> =
             pages.iter().map(|(page, image)| (self.layout.page_offset(*page), AlignedBuf::from_slice(image))).collect();
         let requests: Vec<(u64, &[u8])> = images.iter().map(|(offset, buf)| (*offset, &buf[..])).collect();
@@ -481,6 +508,7 @@ impl Mirror {
             }
             state.health[slot] = Health::Failed;
             state.flush_slot = 1 - slot;
+            debug_assert_eq!(state.health[state.flush_slot], Health::InSync, "the survivor flushes");
         }
         tracing::error!(
             device = %self.paths[slot].display(),
@@ -519,6 +547,25 @@ impl Mirror {
                 .map_err(io_error(format!("writing the mirror header of {}", self.paths[slot].display())))?;
         }
         Ok(())
+    }
+
+    /// A clean stop: both devices flushed and every bit cleared, so that
+    /// the next mount resyncs nothing ([`crate::Store::close`] calls it).
+    pub fn close(&self) -> Result<()> {
+        if !self.writable || matches!(self.route(), Route::Single(_)) {
+            return Ok(());
+        }
+        let mut meta = lock(&self.meta);
+        for (slot, queue) in meta.iter_mut().enumerate() {
+            queue.flush().map_err(io_error(format!("flushing {}", self.paths[slot].display())))?;
+        }
+        {
+            let mut state = lock(&self.state);
+            // Flushed, both, with no write in flight: every region is alike.
+            state.regions.clear_all();
+        }
+        drop(meta);
+        self.write_bitmap(true).map_err(|e| StoreError::io("clearing a mirror's bitmap", e))
     }
 
     pub fn status(&self) -> MirrorStatus {
@@ -566,6 +613,7 @@ fn resync(sides: &[Device; 2], layout: &MirrorLayout, flush_slot: usize, mode: M
     let (from, to) = (flush_slot, 1 - flush_slot);
     let mut buf = AlignedBuf::zeroed(layout.region_bytes.min(4 << 20) as usize);
     for &region in &regions {
+        assert!(region < layout.regions, "a dirty region {region} past the {} the mirror has", layout.regions);
         let start = region * layout.region_bytes;
         let end = (start + layout.region_bytes).min(layout.store_bytes);
         let mut at = start;
@@ -575,6 +623,7 @@ fn resync(sides: &[Device; 2], layout: &MirrorLayout, flush_slot: usize, mode: M
             queues[to].write_many(&[(at, &buf[..len])]).map_err(io_error("resyncing a mirror".into()))?;
             at += len as u64;
         }
+        debug_assert!(start >= end || at == end, "region {region} copied short");
     }
     if !regions.is_empty() {
         queues[to].flush().map_err(io_error("flushing a resynced mirror device".into()))?;
@@ -587,4 +636,37 @@ fn resync(sides: &[Device; 2], layout: &MirrorLayout, flush_slot: usize, mode: M
         }
     }
     Ok(regions.len() as u64)
+}
+
+/// Compares the devices' store bytes whole; copies the flush device's
+/// block over each that differs; how many did.
+fn check(sides: &[Device; 2], layout: &MirrorLayout, flush_slot: usize) -> Result<u64> {
+    let mut queues = [sides[0].queue()?, sides[1].queue()?];
+    let (from, to) = (flush_slot, 1 - flush_slot);
+    let chunk = 4 << 20;
+    let mut bufs = [AlignedBuf::zeroed(chunk), AlignedBuf::zeroed(chunk)];
+    let mut differing = 0;
+    let mut at = 0;
+    while at < layout.store_bytes {
+        let len = (layout.store_bytes - at).min(chunk as u64) as usize;
+        debug_assert!(len.is_multiple_of(BLOCK_SIZE), "the store's bytes are whole blocks");
+        for (slot, buf) in bufs.iter_mut().enumerate() {
+            queues[slot].read_many(&mut [(at, &mut buf[..len])]).map_err(io_error("checking a mirror".into()))?;
+        }
+        for block in 0..len / BLOCK_SIZE {
+            let range = block * BLOCK_SIZE..(block + 1) * BLOCK_SIZE;
+            if bufs[from][range.clone()] != bufs[to][range.clone()] {
+                differing += 1;
+                let offset = at + range.start as u64;
+                queues[to]
+                    .write_many(&[(offset, &bufs[from][range])])
+                    .map_err(io_error("repairing a mirror".into()))?;
+            }
+        }
+        at += len as u64;
+    }
+    if differing > 0 {
+        queues[to].flush().map_err(io_error("flushing a repaired mirror device".into()))?;
+    }
+    Ok(differing)
 }

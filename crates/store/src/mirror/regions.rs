@@ -65,12 +65,14 @@ impl Regions {
     /// of regions untouched since, and starts the next interval; how many.
     pub(crate) fn clean(&mut self) -> u64 {
         let mut cleared = 0;
+        let before = self.dirty_count();
         for (dirty, touched) in self.dirty.iter_mut().zip(self.touched.iter_mut()) {
             let clear = *dirty & !*touched;
             cleared += clear.count_ones() as u64;
             *dirty &= !clear;
             *touched = 0;
         }
+        debug_assert_eq!(self.dirty_count() + cleared, before, "a clean sets no bit");
         cleared
     }
 
@@ -87,6 +89,7 @@ impl Regions {
             }
             let image: Vec<u8> = memory.iter().flat_map(|word| word.to_le_bytes()).collect();
             disk.iter_mut().zip(memory).for_each(|(d, m)| *d &= *m);
+            debug_assert!(disk.iter().zip(memory).all(|(d, m)| d & !m == 0), "a bit on disk that memory lacks");
             pages.push((page as u64, image));
         }
         pages
@@ -95,11 +98,18 @@ impl Regions {
     /// The page images [`Regions::pages_to_write`] gave are on disk.
     pub(crate) fn written(&mut self, pages: &[(u64, Vec<u8>)]) {
         for (page, image) in pages {
+            debug_assert_eq!(image.len(), BLOCK_SIZE, "a bitmap page image is a block");
             let at = *page as usize * WORDS_PER_PAGE;
             for (word, bytes) in self.disk[at..at + WORDS_PER_PAGE].iter_mut().zip(image.chunks(8)) {
                 *word = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
             }
         }
+    }
+
+    /// Every bit clear (a clean stop: both devices flushed, nothing in flight).
+    pub(crate) fn clear_all(&mut self) {
+        self.dirty.iter_mut().for_each(|word| *word = 0);
+        self.touched.iter_mut().for_each(|word| *word = 0);
     }
 
     /// Dirty regions, in order (for a resync).
