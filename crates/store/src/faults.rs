@@ -366,9 +366,9 @@ impl BlockIo for FaultyIo {
             self.stats.submissions += 1;
             self.stats.bytes_written += buf.len() as u64;
         }
-        let added = state.cached_bytes() - before;
-        drop(state);
-        faults.unflushed.fetch_add(added, Ordering::Relaxed);
+        // Counted under the lock: a flush on another thread subtracts what
+        // it drops, and must never find it not yet added.
+        faults.unflushed.fetch_add(state.cached_bytes() - before, Ordering::Relaxed);
         Ok(())
     }
 
