@@ -49,7 +49,8 @@ pub struct UpArgs {
     #[arg(long, default_value = "1M", value_parser = duplex_store::units::parse_size)]
     pub oplog_pg_bytes: u64,
     /// Any other OSD setting, as KEY=VALUE where KEY is a `duplex osd` flag
-    /// (repeatable): e.g. --osd-set write_path=sync --osd-set flush_threshold=4.
+    /// (repeatable): e.g. --osd-set write_path=sync --osd-set flush_threshold=4;
+    /// `{id}` in VALUE is each OSD's id (--osd-set oplog_dir=/logs/osd{id}).
     #[arg(long = "osd-set", value_name = "KEY=VALUE")]
     pub osd_settings: Vec<String>,
     /// Put each OSD's store on a mirrored pair of files, used this way
@@ -248,7 +249,8 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
                 args.oplog_pg_bytes,
                 SocketAddr::new(args.bind, 0),
             ),
-            &args.osd_settings,
+            // "{id}" in a setting is this OSD's id (a directory of its own).
+            &args.osd_settings.iter().map(|setting| setting.replace("{id}", &id.to_string())).collect::<Vec<_>>(),
         )?;
         state.oplog_dirs.push(oplog_dir);
         state.processes.push(spawn_daemon(dir, &name, &["osd", "--config", &conf.to_string_lossy()])?);
