@@ -40,6 +40,10 @@ pub struct OsdArgs {
     /// reads both; for a pair in doubt after a crash, and for tests).
     #[arg(long)]
     mirror_check_at_start: bool,
+    /// Keep the mirror's roles as configured, even when the flush device
+    /// turns slow (by default they swap: docs/STORE.md, "Roles").
+    #[arg(long)]
+    mirror_fixed_roles: bool,
     /// Format --data first if it does not exist, as a file of this many bytes.
     #[arg(long)]
     mkfs_size: Option<u64>,
@@ -196,6 +200,7 @@ pub fn run(args: OsdArgs) -> Result<()> {
             mirror.clean_interval = Duration::from_millis(args.mirror_clean_ms);
             mirror.flush_slot = args.mirror_flush_device;
             mirror.check_at_mount = args.mirror_check_at_start;
+            mirror.auto_swap = !args.mirror_fixed_roles;
             if mirror.flush_slot.is_some_and(|slot| slot > 1) {
                 bail!("--mirror-flush-device is 0 or 1 (the device's place in --data)");
             }

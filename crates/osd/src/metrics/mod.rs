@@ -223,6 +223,13 @@ fn render_mirror(out: &mut String, status: &duplex_store::mirror::MirrorStatus) 
     for (device, reads) in status.reads.iter().enumerate() {
         let _ = writeln!(out, "duplex_osd_mirror_reads_total{{device=\"{device}\"}} {reads}");
     }
+    let _ = writeln!(
+        out,
+        "# HELP duplex_osd_mirror_flush_seconds Each device's flushes, a moving average.\n# TYPE duplex_osd_mirror_flush_seconds gauge"
+    );
+    for (device, micros) in status.flush_micros.iter().enumerate() {
+        let _ = writeln!(out, "duplex_osd_mirror_flush_seconds{{device=\"{device}\"}} {:.6}", *micros as f64 / 1e6);
+    }
     let counters = [
         (
             "duplex_osd_mirror_reads_redirected_total",
@@ -239,6 +246,7 @@ fn render_mirror(out: &mut String, status: &duplex_store::mirror::MirrorStatus) 
             "Blocks that failed their checksum on one device, read from the other and rewritten.",
             status.repaired_blocks,
         ),
+        ("duplex_osd_mirror_swaps_total", "Role swaps because the flush device turned slow.", status.swaps),
     ];
     for (name, help, value) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");

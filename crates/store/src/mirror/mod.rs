@@ -56,6 +56,24 @@ use regions::Regions;
 pub const DEFAULT_REGION_BYTES: u64 = 1 << 20;
 /// md's default bitmap flush interval: a read device flush every 5 s.
 pub const DEFAULT_CLEAN_INTERVAL: Duration = Duration::from_secs(5);
+/// The roles swap when the flush device's flushes take this many times
+/// the read device's (their moving averages; [`slow_flushes`])...
+pub const SWAP_RATIO: u64 = 4;
+/// ...and more than this (a fast pair's noise never swaps it)...
+pub const SWAP_FLOOR: Duration = Duration::from_millis(2);
+/// ...at most once in this long.
+pub const SWAP_HOLD: Duration = Duration::from_secs(60);
+
+/// The documented rule for a swap on a degrading device: the flush
+/// device's flushes average more than [`SWAP_RATIO`] times the read
+/// device's and more than [`SWAP_FLOOR`]. The read device is flushed only
+/// by cleans, with an interval's writes behind each, so a healthy pair
+/// never meets it; a flush device that has turned slow (a worn or failing
+/// disk whose flushes crawl) does, and then takes the reads, which no
+/// flush holds up, while the faster one takes the flushes.
+pub fn slow_flushes(flush_micros: u64, read_micros: u64) -> bool {
+    flush_micros > SWAP_RATIO * read_micros && flush_micros > SWAP_FLOOR.as_micros() as u64
+}
 
 /// A store's second device and how the pair is used.
 #[derive(Clone, Debug)]
@@ -77,6 +95,10 @@ pub struct MirrorConfig {
     /// repair): slow (reads both devices), for tests and for an operator
     /// who doubts a pair after a crash.
     pub check_at_mount: bool,
+    /// Swap the roles when the flush device turns slow ([`slow_flushes`]).
+    pub auto_swap: bool,
+    /// Benchmarks and tests: each device's own flush model (else the device config's).
+    pub stalls: [Option<Duration>; 2],
 }
 
 impl MirrorConfig {
@@ -89,6 +111,8 @@ impl MirrorConfig {
             flush_slot: None,
             faults: [None, None],
             check_at_mount: false,
+            auto_swap: true,
+            stalls: [None, None],
         }
     }
 }
@@ -111,6 +135,10 @@ pub struct MirrorStatus {
     pub reads_redirected: u64,
     pub cleans: u64,
     pub cleared_regions: u64,
+    /// Role swaps on a slow flush device since start.
+    pub swaps: u64,
+    /// Moving averages of each device's flushes (µs; 0 before the first).
+    pub flush_micros: [u64; 2],
     /// Blocks read from the other device after failing their checksum, and rewritten.
     pub repaired_blocks: u64,
 }
@@ -136,6 +164,7 @@ struct State {
     generation: u64,
     regions: Regions,
     last_clean: Instant,
+    last_swap: Option<Instant>,
 }
 
 /// The pair, shared by every queue of the store (`io::MirrorIo`).
@@ -156,6 +185,7 @@ pub struct Mirror {
     counters: Counters,
     resynced: (u64, u64),
     writable: bool,
+    auto_swap: bool,
 }
 
 #[derive(Default)]
@@ -165,6 +195,9 @@ struct Counters {
     cleans: AtomicU64,
     cleared_regions: AtomicU64,
     repaired_blocks: AtomicU64,
+    swaps: AtomicU64,
+    /// Each device's flushes, a moving average (1/8 of each new one), µs.
+    flush_micros: [AtomicU64; 2],
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -174,7 +207,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn side_config(config: &DeviceConfig, mirror: &MirrorConfig, slot: usize) -> DeviceConfig {
-    DeviceConfig { faults: mirror.faults[slot].clone().or_else(|| config.faults.clone()), ..config.clone() }
+    DeviceConfig {
+        faults: mirror.faults[slot].clone().or_else(|| config.faults.clone()),
+        flush_stall: mirror.stalls[slot].or(config.flush_stall),
+        ..config.clone()
+    }
 }
 
 fn open_sides(first: &Path, mirror: &MirrorConfig, config: &DeviceConfig, writable: bool) -> Result<[Device; 2]> {
@@ -339,6 +376,7 @@ impl Mirror {
                 generation,
                 regions: Regions::new(layout.regions),
                 last_clean: Instant::now(),
+                last_swap: None,
             }),
             flushing: [AtomicU32::new(0), AtomicU32::new(0)],
             cleaning: AtomicBool::new(false),
@@ -346,6 +384,7 @@ impl Mirror {
             counters: Counters::default(),
             resynced,
             writable: true,
+            auto_swap: config.auto_swap,
         })
     }
 
@@ -378,8 +417,14 @@ impl Mirror {
     /// Runs `flush` with `slot` marked flushing.
     pub(crate) fn flushing<T>(&self, slot: usize, flush: impl FnOnce() -> T) -> T {
         self.flushing[slot].fetch_add(1, Ordering::AcqRel);
+        let started = Instant::now();
         let result = flush();
+        let took = started.elapsed().as_micros() as u64;
         self.flushing[slot].fetch_sub(1, Ordering::AcqRel);
+        // Racy read-modify-write: a lost sample moves an average by an eighth, no more.
+        let average = &self.counters.flush_micros[slot];
+        let old = average.load(Ordering::Relaxed);
+        average.store(if old == 0 { took } else { old - old / 8 + took / 8 }, Ordering::Relaxed);
         result
     }
 
@@ -485,14 +530,66 @@ impl Mirror {
                 self.counters.cleared_regions.fetch_add(cleared, Ordering::Relaxed);
                 // Clears need no flush: a bit left set costs a resync's copy, no more.
                 if cleared > 0 {
-                    self.write_bitmap(false)
+                    self.write_bitmap(false).and_then(|()| self.maybe_swap())
                 } else {
-                    Ok(())
+                    self.maybe_swap()
                 }
             }
         };
         self.cleaning.store(false, Ordering::Release);
         result
+    }
+
+    /// After a clean: swaps the roles if the flush device turned slow.
+    fn maybe_swap(&self) -> std::io::Result<()> {
+        let Route::Split { flush, read } = self.route() else { return Ok(()) };
+        if !self.auto_swap {
+            return Ok(());
+        }
+        let average = |slot: usize| self.counters.flush_micros[slot].load(Ordering::Relaxed);
+        let (flush_micros, read_micros) = (average(flush), average(read));
+        if read_micros == 0 || !slow_flushes(flush_micros, read_micros) {
+            return Ok(());
+        }
+        if lock(&self.state).last_swap.is_some_and(|at| at.elapsed() < SWAP_HOLD) {
+            return Ok(());
+        }
+        tracing::warn!(
+            slow = %self.paths[flush].display(),
+            flush_micros,
+            other = %self.paths[read].display(),
+            read_micros,
+            "the mirror's flush device flushes slowly: the roles swap (it takes the reads now)"
+        );
+        self.swap_roles()
+    }
+
+    /// Makes the read device the flush device: the whole bitmap is
+    /// written and flushed to it first (writes under way marked their
+    /// bits on the old one only), then the roles change, then the headers.
+    fn swap_roles(&self) -> std::io::Result<()> {
+        let mut meta = lock(&self.meta);
+        let (new_flush, pages) = {
+            let mut state = lock(&self.state);
+            (1 - state.flush_slot, state.regions.every_page())
+        };
+        let images: Vec<(u64, AlignedBuf)> =
+            pages.iter().map(|(page, image)| (self.layout.page_offset(*page), AlignedBuf::from_slice(image))).collect();
+        let requests: Vec<(u64, &[u8])> = images.iter().map(|(offset, buf)| (*offset, &buf[..])).collect();
+        if let Err(err) = meta[new_flush].write_many(&requests).and_then(|()| meta[new_flush].flush()) {
+            drop(meta);
+            return self.fail(new_flush, &err);
+        }
+        {
+            let mut state = lock(&self.state);
+            debug_assert_eq!(state.health, [Health::InSync; 2], "a swap with a device out");
+            state.regions.written(&pages);
+            state.flush_slot = new_flush;
+            state.last_swap = Some(Instant::now());
+        }
+        drop(meta);
+        self.counters.swaps.fetch_add(1, Ordering::Relaxed);
+        self.write_headers().map_err(|e| std::io::Error::other(e.to_string()))
     }
 
     /// `slot` failed with `err`: the store goes on on the other device, or
@@ -585,6 +682,8 @@ impl Mirror {
             cleans: load(&self.counters.cleans),
             cleared_regions: load(&self.counters.cleared_regions),
             repaired_blocks: load(&self.counters.repaired_blocks),
+            swaps: load(&self.counters.swaps),
+            flush_micros: [load(&self.counters.flush_micros[0]), load(&self.counters.flush_micros[1])],
         }
     }
 }

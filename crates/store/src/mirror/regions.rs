@@ -95,6 +95,19 @@ impl Regions {
         pages
     }
 
+    /// Every bitmap page's image (for a device that is to keep the bitmap
+    /// from now on); the disk bits as [`Regions::pages_to_write`] leaves them.
+    pub(crate) fn every_page(&mut self) -> Vec<(u64, Vec<u8>)> {
+        let mut pages = Vec::new();
+        for (page, (memory, disk)) in
+            self.dirty.chunks(WORDS_PER_PAGE).zip(self.disk.chunks_mut(WORDS_PER_PAGE)).enumerate()
+        {
+            disk.iter_mut().zip(memory).for_each(|(d, m)| *d &= *m);
+            pages.push((page as u64, memory.iter().flat_map(|word| word.to_le_bytes()).collect()));
+        }
+        pages
+    }
+
     /// The page images [`Regions::pages_to_write`] gave are on disk.
     pub(crate) fn written(&mut self, pages: &[(u64, Vec<u8>)]) {
         for (page, image) in pages {
