@@ -317,8 +317,14 @@ fn a_full_cluster_refuses_writes_with_enospc_and_resumes_when_it_is_not() {
     // `duplex df`: one copy stored, every copy used, room, and what the thin image promises.
     // (From the OSDs' usage reports: the ones after the writes reached the
     // stores; CI under load once read a report from before them.)
+    // Each OSD reports what its store holds when asked, so the copies of a
+    // write one OSD flushed and the other not yet show as one stored copy:
+    // wait for every copy (reads no longer flush first: issue 28).
     let reported = |df: &serde_json::Value| {
-        df["pools"][0]["stored_bytes"].as_u64() >= Some(4096) && df["pools"][0]["objects"].as_u64() >= Some(2)
+        let pool = &df["pools"][0];
+        let (stored, used, size) =
+            (pool["stored_bytes"].as_u64(), pool["used_bytes"].as_u64(), pool["size"].as_u64().unwrap_or(1));
+        stored >= Some(4096) && pool["objects"].as_u64() >= Some(2) && used >= stored.map(|stored| stored * size)
     };
     let mut before = cli_json(&cluster, &["df"]);
     let asked = Instant::now();

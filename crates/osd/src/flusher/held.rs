@@ -75,3 +75,28 @@ pub fn meta_after(store: Option<ObjectMeta>, held: &[Entry]) -> Option<ObjectMet
     }
     meta
 }
+
+/// An object's size once `entries` (its log entries, in order) apply on
+/// top of a store that holds it at `stored` (None: absent), as the store
+/// applies them; None if they leave it absent. [`meta_after`]'s sizes, for
+/// any PG's entries (an omap entry creates an absent object too).
+pub fn size_after(stored: Option<u64>, entries: &[Entry]) -> Option<u64> {
+    let mut size = stored;
+    for entry in entries {
+        let end = entry.offset.saturating_add(entry.data.len() as u64);
+        match entry.op {
+            OpKind::Write => size = Some(size.unwrap_or(0).max(end)),
+            OpKind::CopyUp => size = size.or(Some(end)),
+            OpKind::Truncate => size = Some(entry.offset),
+            OpKind::CreatePreallocated => size = size.or(Some(entry.offset)),
+            OpKind::Delete => size = None,
+            OpKind::SetAttr | OpKind::OmapSet => size = size.or(Some(0)),
+            OpKind::Zero | OpKind::RemoveAttr | OpKind::OmapRemove | OpKind::OmapRemoveRange => {}
+            // Never overlaid (`overlays_bytes`): the read waits for the flush.
+            OpKind::ChunkPut | OpKind::ChunkUnref | OpKind::TierUpdate => {
+                debug_assert!(false, "a size after a {:?} entry", entry.op)
+            }
+        }
+    }
+    size
+}

@@ -861,7 +861,7 @@ impl Flusher {
                 Err(err @ StoreError::InvalidArgument(_)) => OpReply::error(Status::Invalid, epoch, err),
                 Err(err) => OpReply::error(Status::Io, epoch, err),
                 Ok(None) => OpReply::error(Status::NotFound, epoch, "no such object at that snapshot"),
-                Ok(Some(_)) => match results.next() {
+                Ok(Some(stored_key)) => match results.next() {
                     Some(Err(err @ StoreError::ChecksumMismatch { .. })) if read.kind == OpKind::ShardRead => {
                         // A shard of an erasure-coded object: the primary
                         // decodes around it and asks for the PG's repair.
@@ -871,7 +871,16 @@ impl Flusher {
                     }
                     Some(Err(err @ StoreError::ChecksumMismatch { .. })) => self.damaged(read.pg, epoch, &err),
                     Some(result) if !held.is_empty() => {
-                        let result = overlay_held(result, read.offset, u64::from(read.len), &held);
+                        let mut result = overlay_held(result, read.offset, u64::from(read.len), &held);
+                        if read.kind == OpKind::Read {
+                            // A client's read ends at the object's end, as the store's does
+                            // (a shard read returns the whole range: the primary decodes it).
+                            let stored = self.partition.stat(stored_key.as_bytes()).ok().map(|info| info.size);
+                            let size = held::size_after(stored, &held).unwrap_or(0);
+                            if let Ok(bytes) = result.as_mut() {
+                                bytes.truncate(size.saturating_sub(read.offset) as usize);
+                            }
+                        }
                         reply_of(epoch, result.map(Bytes::from))
                     }
                     Some(result) => reply_of(epoch, result.map(Bytes::from)),
@@ -1369,6 +1378,41 @@ mod tests {
         let attrs =
             held::meta_after(stored, &[entry(1, SetAttr, 1, b"b2".to_vec()), entry(2, RemoveAttr, 0, b"a".to_vec())]);
         assert_eq!(attrs.map(|m| m.attrs), Some(vec![(b"b".to_vec(), b"2".to_vec())]));
+    }
+
+    /// `held::size_after` (a client read's end) agrees with `meta_after`'s
+    /// sizes on every sequence of the kinds both know.
+    #[test]
+    fn a_reads_end_follows_the_entries_as_the_stores_size_would() {
+        use duplex_oplog::OpKind::{CopyUp, CreatePreallocated, Delete, RemoveAttr, SetAttr, Truncate, Write, Zero};
+        use duplex_proto::peering::ObjectMeta;
+        let kinds = [Write, CopyUp, Truncate, CreatePreallocated, Delete, Zero, SetAttr, RemoveAttr];
+        let pick = |n: u64| {
+            let op = kinds[(n % kinds.len() as u64) as usize];
+            let (offset, data) = match op {
+                Write | CopyUp => (n % 7 * 1000, vec![1; (n % 5 * 700) as usize]),
+                Zero => (n % 3 * 100, 50u64.to_le_bytes().to_vec()),
+                SetAttr => (1, b"ab".to_vec()),
+                RemoveAttr => (0, b"a".to_vec()),
+                _ => (n % 11 * 512, Vec::new()),
+            };
+            entry(n + 1, op, offset, data)
+        };
+        for seed in 0..2000u64 {
+            let stored = (seed % 3 != 0).then(|| ObjectMeta {
+                size: seed % 9 * 333,
+                preallocated: false,
+                attrs: Vec::new(),
+                omap: Vec::new(),
+            });
+            let entries: Vec<Entry> = (0..seed % 6).map(|i| pick(seed.wrapping_mul(31).wrapping_add(i * 17))).collect();
+            let mut entries = entries;
+            for (seq, e) in entries.iter_mut().enumerate() {
+                e.seq = seq as u64 + 1;
+            }
+            let expected = held::meta_after(stored.clone(), &entries).map(|m| m.size);
+            assert_eq!(held::size_after(stored.map(|m| m.size), &entries), expected, "{entries:?}");
+        }
     }
 
     #[test]
