@@ -627,13 +627,21 @@ impl Flusher {
     pub(crate) fn apply(&mut self, batch: &Batch) -> Result<(), StoreError> {
         // A change not planned from the heads: what they knew may be stale.
         self.snap_heads.clear();
-        self.apply_planned(batch)
+        // Peering's and recovery's changes (and a refused batch's ops one
+        // by one): no read is answered in the middle of them.
+        self.apply_answering(batch, false)
     }
 
     /// [`Flusher::apply`] for a batch the snapshot planner made (the
-    /// flush and sync paths), which keeps the planner's heads.
+    /// flush and sync paths), which keeps the planner's heads; reads are
+    /// answered while its device flush runs.
     fn apply_planned(&mut self, batch: &Batch) -> Result<(), StoreError> {
-        let applied = if self.syncer.is_some() { self.apply_reading(batch) } else { self.partition.apply(batch) };
+        self.apply_answering(batch, true)
+    }
+
+    fn apply_answering(&mut self, batch: &Batch, answer_reads: bool) -> Result<(), StoreError> {
+        let applied =
+            if answer_reads && self.syncer.is_some() { self.apply_reading(batch) } else { self.partition.apply(batch) };
         match applied {
             Ok(_) => Ok(()),
             Err(err @ (StoreError::Io { .. } | StoreError::PartitionFailed(_))) => {
