@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::workload::Verifying;
@@ -40,6 +40,18 @@ fn wait_until_dead(pid: i32, what: &str) {
     }
 }
 
+/// Three OSDs on mirrored pairs (read-flush-split), osd.1's devices
+/// behind simulated caches armed by the two triggers, and a stamped
+/// workload under way; osd.1's pid.
+fn mirrored_cluster_under_load() -> (DevCluster, [PathBuf; 2], Verifying, i32) {
+    let cluster = DevCluster::with_args(&["--mirror", "read-flush-split"]);
+    let triggers = with_mirror_faults(&cluster, 1);
+    let run = Verifying::start(&cluster.client(), "vm1", 64 * MIB);
+    run.wait_for_progress("before the fault");
+    let pid = pid_of(&cluster, "osd.1");
+    (cluster, triggers, run, pid)
+}
+
 fn osd_log(cluster: &DevCluster, osd: u32) -> String {
     std::fs::read_to_string(cluster.path().join(format!("osd.{osd}.log"))).unwrap()
 }
@@ -47,10 +59,6 @@ fn osd_log(cluster: &DevCluster, osd: u32) -> String {
 fn status(cluster: &DevCluster) -> serde_json::Value {
     let output = run_ok(cluster.cli().args(["status", "--json"]));
     serde_json::from_slice(&output.stdout).expect("status JSON")
-}
-
-fn exists(path: &Path) -> bool {
-    path.exists()
 }
 
 /// The thesis's setting: the operation log survives a power cut (NVDIMM;
@@ -65,17 +73,12 @@ fn exists(path: &Path) -> bool {
 /// resync, are identical (without the resync they are not: tried).
 #[test]
 fn a_mirrored_osd_that_loses_its_caches_resyncs_and_serves_what_it_acknowledged() {
-    let cluster = DevCluster::with_args(&["--mirror", "read-flush-split"]);
-    let triggers = with_mirror_faults(&cluster, 1);
-    let client = cluster.client();
-    let run = Verifying::start(&client, "vm1", 64 * MIB);
-    run.wait_for_progress("before the fault");
-    let pid = pid_of(&cluster, "osd.1");
+    let (cluster, triggers, run, pid) = mirrored_cluster_under_load();
     std::fs::write(&triggers[0], "power-cut\n").unwrap();
     wait_until_dead(pid, "power-cut");
     assert!(osd_log(&cluster, 1).contains("injected power cut"), "the cut came at a flush");
     for trigger in &triggers {
-        if exists(trigger) {
+        if trigger.exists() {
             std::fs::remove_file(trigger).unwrap();
         }
     }
@@ -112,12 +115,7 @@ fn a_mirrored_osd_that_loses_its_caches_resyncs_and_serves_what_it_acknowledged(
 /// nothing acknowledged is lost.
 #[test]
 fn a_failed_mirror_device_leaves_the_osd_serving_on_the_other() {
-    let cluster = DevCluster::with_args(&["--mirror", "read-flush-split"]);
-    let triggers = with_mirror_faults(&cluster, 1);
-    let client = cluster.client();
-    let run = Verifying::start(&client, "vm1", 64 * MIB);
-    run.wait_for_progress("before the fault");
-    let pid = pid_of(&cluster, "osd.1");
+    let (cluster, triggers, run, pid) = mirrored_cluster_under_load();
     std::fs::write(&triggers[0], "flush-eio\n").unwrap();
     let started = Instant::now();
     while !osd_log(&cluster, 1).contains("a mirror device failed") {

@@ -25,52 +25,41 @@ pub fn meta_after(store: Option<ObjectMeta>, held: &[Entry]) -> Option<ObjectMet
     debug_assert!(held.windows(2).all(|w| w[0].seq < w[1].seq), "held entries out of order");
     let mut meta = store;
     for entry in held {
-        let end = entry.offset.saturating_add(entry.data.len() as u64);
-        let fresh = || ObjectMeta { size: 0, preallocated: false, attrs: Vec::new(), omap: Vec::new() };
+        // Only an erasure-coded PG holds entries back, and its backend
+        // logs no omap or chunk request (`backend::erasure::change_of`).
+        debug_assert!(
+            !matches!(
+                entry.op,
+                OpKind::OmapSet
+                    | OpKind::OmapRemove
+                    | OpKind::OmapRemoveRange
+                    | OpKind::ChunkPut
+                    | OpKind::ChunkUnref
+                    | OpKind::TierUpdate
+            ),
+            "an erasure-coded log holds a {:?} entry",
+            entry.op
+        );
+        let Some(size) = size_step(meta.as_ref().map(|object| object.size), entry) else {
+            meta = None;
+            continue;
+        };
+        let created = meta.is_none();
+        let object =
+            meta.get_or_insert_with(|| ObjectMeta { size, preallocated: false, attrs: Vec::new(), omap: Vec::new() });
+        object.size = size;
         match entry.op {
-            OpKind::Write => {
-                let object = meta.get_or_insert_with(fresh);
-                object.size = object.size.max(end);
-            }
-            OpKind::CopyUp => {
-                if meta.is_none() {
-                    meta = Some(ObjectMeta { size: end, ..fresh() });
-                }
-            }
-            OpKind::Truncate => meta.get_or_insert_with(fresh).size = entry.offset,
             // The store pre-allocates an absent object only.
-            OpKind::CreatePreallocated => {
-                if meta.is_none() {
-                    meta = Some(ObjectMeta { size: entry.offset, preallocated: true, ..fresh() });
-                }
-            }
-            OpKind::Delete => meta = None,
-            OpKind::Zero => {}
+            OpKind::CreatePreallocated if created => object.preallocated = true,
             OpKind::SetAttr => {
-                // (It creates an absent object, as a write does.)
-                let object = meta.get_or_insert_with(fresh);
                 let split = (entry.offset as usize).min(entry.data.len());
                 let (name, value) = entry.data.split_at(split);
                 object.attrs.retain(|(n, _)| n[..] != *name);
                 object.attrs.push((name.to_vec(), value.to_vec()));
                 object.attrs.sort();
             }
-            OpKind::RemoveAttr => {
-                if let Some(object) = meta.as_mut() {
-                    object.attrs.retain(|(n, _)| n[..] != entry.data[..]);
-                }
-            }
-            // Only an erasure-coded PG holds entries back, and its backend
-            // logs none of these (`backend::erasure::change_of` refuses
-            // omap and chunk requests): nothing to mirror here.
-            OpKind::OmapSet
-            | OpKind::OmapRemove
-            | OpKind::OmapRemoveRange
-            | OpKind::ChunkPut
-            | OpKind::ChunkUnref
-            | OpKind::TierUpdate => {
-                debug_assert!(false, "an erasure-coded log holds a {:?} entry", entry.op);
-            }
+            OpKind::RemoveAttr => object.attrs.retain(|(n, _)| n[..] != entry.data[..]),
+            _ => {}
         }
     }
     meta
@@ -81,22 +70,28 @@ pub fn meta_after(store: Option<ObjectMeta>, held: &[Entry]) -> Option<ObjectMet
 /// applies them; None if they leave it absent. [`meta_after`]'s sizes, for
 /// any PG's entries (an omap entry creates an absent object too).
 pub fn size_after(stored: Option<u64>, entries: &[Entry]) -> Option<u64> {
-    let mut size = stored;
-    for entry in entries {
-        let end = entry.offset.saturating_add(entry.data.len() as u64);
-        match entry.op {
-            OpKind::Write => size = Some(size.unwrap_or(0).max(end)),
-            OpKind::CopyUp => size = size.or(Some(end)),
-            OpKind::Truncate => size = Some(entry.offset),
-            OpKind::CreatePreallocated => size = size.or(Some(entry.offset)),
-            OpKind::Delete => size = None,
-            OpKind::SetAttr | OpKind::OmapSet => size = size.or(Some(0)),
-            OpKind::Zero | OpKind::RemoveAttr | OpKind::OmapRemove | OpKind::OmapRemoveRange => {}
-            // Never overlaid (`overlays_bytes`): the read waits for the flush.
-            OpKind::ChunkPut | OpKind::ChunkUnref | OpKind::TierUpdate => {
-                debug_assert!(false, "a size after a {:?} entry", entry.op)
-            }
+    entries.iter().fold(stored, size_step)
+}
+
+/// One entry's effect on an object's size (None: absent), as the store
+/// applies it: a write creates and extends, a truncation creates and sets
+/// the size, a zero changes no size, a copy-up and a pre-allocation create
+/// only an absent object, an attribute or omap entry creates it too, a
+/// deletion removes it.
+fn size_step(size: Option<u64>, entry: &Entry) -> Option<u64> {
+    let end = entry.offset.saturating_add(entry.data.len() as u64);
+    match entry.op {
+        OpKind::Write => Some(size.unwrap_or(0).max(end)),
+        OpKind::CopyUp => size.or(Some(end)),
+        OpKind::Truncate => Some(entry.offset),
+        OpKind::CreatePreallocated => size.or(Some(entry.offset)),
+        OpKind::Delete => None,
+        OpKind::SetAttr | OpKind::OmapSet => size.or(Some(0)),
+        OpKind::Zero | OpKind::RemoveAttr | OpKind::OmapRemove | OpKind::OmapRemoveRange => size,
+        // Never overlaid (`overlays_bytes`): the read waits for the flush.
+        OpKind::ChunkPut | OpKind::ChunkUnref | OpKind::TierUpdate => {
+            debug_assert!(false, "a size after a {:?} entry", entry.op);
+            size
         }
     }
-    size
 }

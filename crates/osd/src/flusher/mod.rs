@@ -661,37 +661,36 @@ impl Flusher {
     /// the reads that come and can be answered now; keeps other jobs.
     fn apply_reading(&mut self, batch: &Batch) -> Result<duplex_store::CommitInfo, StoreError> {
         let unsynced = self.partition.apply_unsynced(batch)?;
-        let syncer = self.syncer.as_ref().expect("a syncer");
+        let syncer = self.syncer.as_mut().expect("a syncer");
         syncer.ask();
         let done = syncer.done.clone();
+        let mut kept = std::mem::take(&mut syncer.kept);
         let mut jobs_open = true;
         let flushed = loop {
             // Up to a queue's worth kept: past that the producers wait, as
             // they would for a flusher that took nothing.
-            let room = self.syncer.as_ref().is_some_and(|s| s.kept.len() < FLUSHER_QUEUE);
-            let job = if jobs_open && room {
-                crossbeam_channel::select! {
-                    recv(done) -> result => break result,
-                    recv(self.jobs) -> job => job,
-                }
-            } else {
+            if !jobs_open || kept.len() >= FLUSHER_QUEUE {
                 break done.recv();
+            }
+            let job = crossbeam_channel::select! {
+                recv(done) -> result => break result,
+                recv(self.jobs) -> job => job,
             };
             let Ok(job) = job else {
                 jobs_open = false;
                 continue;
             };
             let mut reads = Vec::new();
-            let syncer = self.syncer.as_mut().expect("a syncer");
             for job in std::iter::once(job).chain(self.jobs.try_iter().take(FLUSHER_QUEUE)) {
                 match job {
                     Job::Read(read) => reads.push(read),
-                    other => syncer.kept.push(other),
+                    other => kept.push(other),
                 }
             }
-            let later = self.read_now(reads);
-            self.syncer.as_mut().expect("a syncer").kept.extend(later.into_iter().map(Job::Read));
+            kept.extend(self.read_now(reads).into_iter().map(Job::Read));
         };
+        debug_assert!(kept.len() <= 3 * FLUSHER_QUEUE, "{} jobs kept through one flush", kept.len());
+        self.syncer.as_mut().expect("a syncer").kept = kept;
         let flushed = flushed.unwrap_or_else(|_| Err(std::io::Error::other("the sync thread ended")));
         self.partition.synced(unsynced, flushed)
     }
