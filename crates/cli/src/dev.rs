@@ -235,7 +235,7 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
             &format!(
                 "id = {id}\ndata = {}\nmkfs_size = {}\nallow_buffered_io = true\noplog_mode = \"shm\"\n\
                  oplog_dir = \"{}\"\noplog_pg_bytes = {}\nmon = [{mon_list}]\nlisten = \"{}\"\n\
-                 admin = \"127.0.0.1:0\"\n# One host per OSD, so replicas spread over OSDs.\nhost = \"local-{id}\"\n{common}",
+                 admin = \"127.0.0.1:0\"\nadmin_socket = \"{}\"\n# One host per OSD, so replicas spread over OSDs.\nhost = \"local-{id}\"\n{common}",
                 match &args.mirror {
                     None => format!("\"{}\"", osd_dir.join("store.img").display()),
                     Some(mode) => format!(
@@ -248,6 +248,7 @@ pub fn up(dir: &Path, args: &UpArgs) -> Result<State> {
                 oplog_dir.display(),
                 args.oplog_pg_bytes,
                 SocketAddr::new(args.bind, 0),
+                osd_dir.join("admin.sock").display(),
             ),
             // "{id}" in a setting is this OSD's id (a directory of its own).
             &args.osd_settings.iter().map(|setting| setting.replace("{id}", &id.to_string())).collect::<Vec<_>>(),
@@ -314,8 +315,14 @@ fn write_osd_config(path: &Path, base: &str, settings: &[String]) -> Result<()> 
     Ok(())
 }
 
-/// A command-line value as TOML: a number or boolean when it reads as one.
+/// A command-line value as TOML: a number or boolean when it reads as
+/// one, a list when it is one in TOML (`data=["a.img","b.img"]`).
 fn toml_value(text: &str) -> toml::Value {
+    if text.starts_with('[') {
+        if let Some(list) = toml::from_str::<toml::Table>(&format!("v = {text}")).ok().and_then(|mut t| t.remove("v")) {
+            return list;
+        }
+    }
     if let Ok(i) = text.parse::<i64>() {
         toml::Value::Integer(i)
     } else if let Ok(b) = text.parse::<bool>() {
@@ -435,6 +442,7 @@ pub fn add_osd(dir: &Path) -> Result<u32> {
     table.insert("data".into(), toml::Value::String(osd_dir.join("store.img").to_string_lossy().into_owned()));
     table.insert("oplog_dir".into(), toml::Value::String(oplog_dir.to_string_lossy().into_owned()));
     table.insert("host".into(), toml::Value::String(format!("local-{id}")));
+    table.insert("admin_socket".into(), toml::Value::String(osd_dir.join("admin.sock").to_string_lossy().into_owned()));
     let conf = dir.join(format!("{name}.toml"));
     write_osd_config(&conf, &toml::to_string(&table).context("serializing an OSD configuration")?, &[])?;
     state.oplog_dirs.push(oplog_dir);

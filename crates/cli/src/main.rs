@@ -13,6 +13,7 @@ macro_rules! println {
 }
 
 mod admin;
+mod asok;
 mod bench;
 mod daemons;
 mod dedup;
@@ -98,6 +99,14 @@ enum Top {
     },
     /// Measure an image or the pool's objects.
     Bench(bench::BenchArgs),
+    /// Ask one daemon on this host through its admin socket (an OSD's is
+    /// admin.sock in its --oplog-dir unless --admin-socket says otherwise).
+    Daemon {
+        /// The daemon's admin socket.
+        socket: PathBuf,
+        #[command(subcommand)]
+        command: asok::DaemonCommand,
+    },
     /// Run a monitor daemon (flags as `duplex mon --help`).
     #[command(disable_help_flag = true)]
     Mon {
@@ -275,6 +284,7 @@ fn run(cli: Cli) -> Result<()> {
         Top::Config(command) => admin::config(&connect(cli.conf.as_deref())?, command)?,
         Top::Status { json } => admin::status(&connect(cli.conf.as_deref())?, json)?,
         Top::Df { json } => df::df(&connect(cli.conf.as_deref())?, json)?,
+        Top::Daemon { socket, command } => asok::run(&socket, command)?,
         Top::Bench(args) => {
             let client = connect(cli.conf.as_deref())?;
             let result = bench::run(&client, &cli.pool, &args)?;

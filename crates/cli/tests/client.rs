@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::workload::Verifying;
-use common::{dev_state, kill_9, pid_of, run_ok, workload, DevCluster};
+use common::{dev_state, kill_9, kill_9_timed, pid_of, run_ok, workload, DevCluster};
 use duplex_client::{ClientError, CreateOptions};
 use duplex_mon_client::Connection as OsdConnection;
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
@@ -243,19 +243,25 @@ fn acknowledged_writes_survive_an_osd_kill() {
     let run = Verifying::start(&client, "vm1", 64 * MIB);
     run.wait_for_progress("before the fault");
     let before = run.longest_write_wait();
-    kill_9(&cluster, "osd.1");
+    let ended = kill_9_timed(&cluster, "osd.1");
     let resumed = run.wait_for_progress("after kill -9 of osd.1");
     std::thread::sleep(Duration::from_secs(2));
     let pause = run.longest_write_wait();
     let report = run.finish();
     eprintln!(
-        "kill -9 osd.1: I/O resumed after {resumed:?}; longest write {pause:?} (before the kill {before:?}); {report}"
+        "kill -9 osd.1: its process ended after {ended:?}; I/O resumed after {resumed:?}; longest write {pause:?} (before the kill {before:?}); {report}"
     );
     assert!(report.is_ok(), "{report}");
     assert!(report.writes_acknowledged > 400, "{report}");
-    // Its peers find its address refusing connections and the monitor
-    // marks it down at once, well inside the 6 s heartbeat grace.
-    assert!(pause <= Duration::from_millis(1500), "a write waited {pause:?} across a kill -9");
+    // Once the process has ended, its peers find its address refusing
+    // connections and the monitor marks it down at once, well inside the
+    // 6 s heartbeat grace. Until then its sockets are open (a thread of it
+    // may sit in an fsync: under CI's load that once took 1.3 s), and no
+    // one can tell it from a slow OSD.
+    assert!(
+        pause <= ended + Duration::from_millis(1500),
+        "a write waited {pause:?} across a kill -9 (the process took {ended:?} to end)"
+    );
 }
 
 /// Issue 24: a hung OSD (SIGSTOP: its sockets stay open, its port still

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,9 @@ use crate::datadir::DataDir;
 use duplex_mon_client::{from_frame, to_frame, Connection, Credentials, MonMessage};
 
 pub const TICK: Duration = Duration::from_millis(100);
+/// Most inputs taken into one log write: bounds how long a burst of
+/// requests holds the Raft messages and replies queued behind it.
+const MAX_INPUTS_PER_WRITE: usize = 256;
 /// Requests and raft messages waiting for the core thread.
 const INPUT_QUEUE: usize = 4096;
 /// Raft messages waiting for one peer's connection.
@@ -136,100 +139,124 @@ fn core_loop(
     };
     let mut next_tick = Instant::now() + TICK;
     loop {
-        match inputs.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
-            Ok(Input::Raft(message)) => {
-                if let Err(err) = core.step(message) {
-                    tracing::debug!(error = %err, "raft message refused");
-                }
-            }
-            Ok(Input::Request(request, reply_to)) => match request {
-                MonMessage::Command(command) => match core.propose(command) {
-                    Ok(request) => {
-                        pending.insert(request, reply_to);
-                    }
-                    Err(ProposeError::NotLeader(leader)) => {
-                        let _ = reply_to.send(MonMessage::NotLeader { leader });
-                    }
-                    Err(err) => {
-                        let _ = reply_to.send(MonMessage::CommandReply(Err(err.to_string())));
-                    }
-                },
-                MonMessage::GetMap => {
-                    let _ = reply_to.send(MonMessage::Map(duplex_map::codec::encode_map(core.map())));
-                }
-                MonMessage::Heartbeat { osd } => {
-                    let now = detection.now_ms();
-                    let reply = match detection.detector(core.is_leader()) {
-                        Some(detector) => {
-                            MonMessage::HeartbeatReply { lease_ms: detector.heartbeat(osd, now, core.map()) }
-                        }
-                        None => MonMessage::NotLeader { leader: core.leader() },
-                    };
-                    let _ = reply_to.send(reply);
-                }
-                MonMessage::FailureReport { target, reporter } => {
-                    let now = detection.now_ms();
-                    let reply = match detection.detector(core.is_leader()) {
-                        Some(detector) => {
-                            detector.report_failure(target, reporter, now);
-                            MonMessage::Ack
-                        }
-                        None => MonMessage::NotLeader { leader: core.leader() },
-                    };
-                    let _ = reply_to.send(reply);
-                }
-                MonMessage::PeerRefused { target, incarnation, reporter } => {
-                    let reply = match detection.detector(core.is_leader()) {
-                        Some(detector) => {
-                            tracing::info!(
-                                target,
-                                incarnation,
-                                reporter,
-                                "a peer found the OSD's address refusing connections"
-                            );
-                            detector.report_refused(target, incarnation, reporter);
-                            MonMessage::Ack
-                        }
-                        None => MonMessage::NotLeader { leader: core.leader() },
-                    };
-                    let _ = reply_to.send(reply);
-                }
-                MonMessage::UsageReport { osd, capacity_bytes, used_permille, pgs } => {
-                    let reply = if core.is_leader() {
-                        let pgs = pgs.into_iter().map(|(pool, pg, bytes)| ((pool, pg), bytes)).collect();
-                        let usage = duplex_map::balancer::OsdUsage { capacity_bytes, used_permille, pgs };
-                        detection.balancing.report(core.map(), osd, usage);
-                        MonMessage::Ack
-                    } else {
-                        MonMessage::NotLeader { leader: core.leader() }
-                    };
-                    let _ = reply_to.send(reply);
-                }
-                MonMessage::Status => {
-                    let _ = reply_to.send(MonMessage::StatusReply {
-                        id: core.id(),
-                        leader: core.leader(),
-                        is_leader: core.is_leader(),
-                        epoch: core.map().epoch,
-                    });
-                }
-                other => tracing::debug!(?other, "unexpected request"),
-            },
-            Ok(Input::Subscribe(from_epoch, push)) => {
-                let catch_up = match core.deltas_since(from_epoch) {
-                    Some(deltas) => MonMessage::Deltas(deltas.iter().map(duplex_map::codec::encode_delta).collect()),
-                    None => MonMessage::Map(duplex_map::codec::encode_map(core.map())),
+        // Group commit: every input already queued is taken before the log
+        // is written, so that proposals arriving together (a failover's
+        // peering records, from every OSD at once) share one append and
+        // one fsync instead of queueing behind each other's.
+        let mut received = Some(inputs.recv_timeout(next_tick.saturating_duration_since(Instant::now())));
+        let mut taken = 0;
+        let mut detect_now = false;
+        while let Some(input) = received.take() {
+            taken += 1;
+            if taken < MAX_INPUTS_PER_WRITE {
+                received = match inputs.try_recv() {
+                    Ok(next) => Some(Ok(next)),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => Some(Err(RecvTimeoutError::Disconnected)),
                 };
-                if push.try_send(catch_up).is_ok() {
-                    subscribers.push(push);
-                }
             }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => anyhow::bail!("input channel closed"),
+            match input {
+                Ok(Input::Raft(message)) => {
+                    if let Err(err) = core.step(message) {
+                        tracing::debug!(error = %err, "raft message refused");
+                    }
+                }
+                Ok(Input::Request(request, reply_to)) => match request {
+                    MonMessage::Command(command) => match core.propose(command) {
+                        Ok(request) => {
+                            pending.insert(request, reply_to);
+                        }
+                        Err(ProposeError::NotLeader(leader)) => {
+                            let _ = reply_to.send(MonMessage::NotLeader { leader });
+                        }
+                        Err(err) => {
+                            let _ = reply_to.send(MonMessage::CommandReply(Err(err.to_string())));
+                        }
+                    },
+                    MonMessage::GetMap => {
+                        let _ = reply_to.send(MonMessage::Map(duplex_map::codec::encode_map(core.map())));
+                    }
+                    MonMessage::Heartbeat { osd } => {
+                        let now = detection.now_ms();
+                        let reply = match detection.detector(core.is_leader()) {
+                            Some(detector) => {
+                                MonMessage::HeartbeatReply { lease_ms: detector.heartbeat(osd, now, core.map()) }
+                            }
+                            None => MonMessage::NotLeader { leader: core.leader() },
+                        };
+                        let _ = reply_to.send(reply);
+                    }
+                    MonMessage::FailureReport { target, reporter } => {
+                        let now = detection.now_ms();
+                        let reply = match detection.detector(core.is_leader()) {
+                            Some(detector) => {
+                                detector.report_failure(target, reporter, now);
+                                MonMessage::Ack
+                            }
+                            None => MonMessage::NotLeader { leader: core.leader() },
+                        };
+                        let _ = reply_to.send(reply);
+                    }
+                    MonMessage::PeerRefused { target, incarnation, reporter } => {
+                        let reply = match detection.detector(core.is_leader()) {
+                            Some(detector) => {
+                                tracing::info!(
+                                    target,
+                                    incarnation,
+                                    reporter,
+                                    "a peer found the OSD's address refusing connections"
+                                );
+                                detector.report_refused(target, incarnation, reporter);
+                                detect_now = true;
+                                MonMessage::Ack
+                            }
+                            None => MonMessage::NotLeader { leader: core.leader() },
+                        };
+                        let _ = reply_to.send(reply);
+                    }
+                    MonMessage::UsageReport { osd, capacity_bytes, used_permille, pgs } => {
+                        let reply = if core.is_leader() {
+                            let pgs = pgs.into_iter().map(|(pool, pg, bytes)| ((pool, pg), bytes)).collect();
+                            let usage = duplex_map::balancer::OsdUsage { capacity_bytes, used_permille, pgs };
+                            detection.balancing.report(core.map(), osd, usage);
+                            MonMessage::Ack
+                        } else {
+                            MonMessage::NotLeader { leader: core.leader() }
+                        };
+                        let _ = reply_to.send(reply);
+                    }
+                    MonMessage::Status => {
+                        let _ = reply_to.send(MonMessage::StatusReply {
+                            id: core.id(),
+                            leader: core.leader(),
+                            is_leader: core.is_leader(),
+                            epoch: core.map().epoch,
+                        });
+                    }
+                    other => tracing::debug!(?other, "unexpected request"),
+                },
+                Ok(Input::Subscribe(from_epoch, push)) => {
+                    let catch_up = match core.deltas_since(from_epoch) {
+                        Some(deltas) => {
+                            MonMessage::Deltas(deltas.iter().map(duplex_map::codec::encode_delta).collect())
+                        }
+                        None => MonMessage::Map(duplex_map::codec::encode_map(core.map())),
+                    };
+                    if push.try_send(catch_up).is_ok() {
+                        subscribers.push(push);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => anyhow::bail!("input channel closed"),
+            }
         }
-        if Instant::now() >= next_tick {
+        let tick_due = Instant::now() >= next_tick;
+        if tick_due {
             core.tick();
             next_tick += TICK;
+        }
+        // A gone OSD is marked down now, not at the next tick.
+        if tick_due || detect_now {
             for command in detection.proposals(core) {
                 tracing::info!(?command, "the leader proposes");
                 let _ = core.propose(command);

@@ -84,6 +84,11 @@ pub struct OsdArgs {
     /// Prometheus metrics at http://ADDR/metrics.
     #[arg(long)]
     admin: Option<SocketAddr>,
+    /// The admin socket, for operator commands on this host (`duplex
+    /// daemon SOCKET …`: a mirror's status, replacing a failed device);
+    /// default: admin.sock in the --oplog-dir; "none": no socket.
+    #[arg(long)]
+    admin_socket: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
     priority_threads: usize,
     /// Cores to pin priority threads to (comma-separated); default: no pinning.
@@ -181,6 +186,11 @@ pub fn run(args: OsdArgs) -> Result<()> {
     config.public_addr = args.public_addr;
     config.host = args.host.unwrap_or_else(|| format!("host-{}", args.id));
     config.admin = args.admin;
+    config.admin_socket = match args.admin_socket {
+        Some(path) if path.as_os_str() == "none" => None,
+        Some(path) => Some(path),
+        None => Some(config.oplog_dir.join("admin.sock")),
+    };
     config.priority_threads = args.priority_threads;
     config.priority_cores = args.priority_cores;
     config.flush_threshold = args.flush_threshold;

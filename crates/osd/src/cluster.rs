@@ -266,48 +266,6 @@ pub fn follow(link: MonLink, cell: Arc<MapCell>, lease: Arc<Lease>, stop: Arc<At
     });
 }
 
-/// How long a probe of a suspect's address waits for its answer. A gone
-/// process's address answers at once (the kernel refuses); a hung one's
-/// accepts; one cut off answers nothing, and is left to the grace.
-const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
-/// One suspect is probed at most this often.
-const PROBE_AGAIN_AFTER: Duration = Duration::from_millis(500);
-
-/// Starts the thread that checks peers whose connections broke: it probes
-/// the peer's address from the map, and if nothing listens there any more
-/// (the connection is refused: the process is gone), tells the monitors,
-/// which mark it down at once instead of after the heartbeat grace. Returns
-/// where the other threads name their suspects.
-pub fn watch_suspects(link: MonLink, cell: Arc<MapCell>) -> std::io::Result<crossbeam_channel::Sender<OsdId>> {
-    let (suspects, named) = crossbeam_channel::bounded::<OsdId>(256);
-    std::thread::Builder::new().name("osd-suspects".into()).spawn(move || {
-        let mut client = heartbeat_client(&link);
-        let mut probed: HashMap<OsdId, Instant> = HashMap::new();
-        for osd in named {
-            if osd == link.id || probed.get(&osd).is_some_and(|at| at.elapsed() < PROBE_AGAIN_AFTER) {
-                continue;
-            }
-            probed.insert(osd, Instant::now());
-            let view = cell.load();
-            let Some(info) = view.map.osds.get(&osd).filter(|o| o.up) else { continue };
-            let Some(addr) = view.addr_of(osd) else { continue };
-            let incarnation = info.state_epoch;
-            match std::net::TcpStream::connect_timeout(&addr, PROBE_TIMEOUT) {
-                Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    tracing::warn!(osd, %addr, "a peer's address refuses connections: reporting it gone");
-                    let report = MonMessage::PeerRefused { target: osd, incarnation, reporter: link.id };
-                    if let Err(err) = client.notify(&report) {
-                        tracing::warn!(osd, %err, "the monitors did not take the report; the grace will find it");
-                    }
-                }
-                Err(err) => tracing::debug!(osd, %addr, %err, "probe of a suspect peer failed, not refused"),
-                Ok(_) => tracing::debug!(osd, %addr, "a suspect peer accepts connections: still there"),
-            }
-        }
-    })?;
-    Ok(suspects)
-}
-
 /// How often the OSD reports what its store holds to the monitors.
 pub const USAGE_REPORT_EVERY: Duration = Duration::from_millis(500);
 

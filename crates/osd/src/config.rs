@@ -63,6 +63,9 @@ pub struct OsdConfig {
     pub weight: u32,
     /// Prometheus metrics (`GET /metrics`), if set.
     pub admin: Option<SocketAddr>,
+    /// The admin socket (`crate::admin_socket`): a Unix socket on this
+    /// host for operator commands; None: none.
+    pub admin_socket: Option<PathBuf>,
     pub priority_threads: usize,
     /// Cores to pin priority threads to, one each; empty: no pinning.
     pub priority_cores: Vec<usize>,
@@ -111,6 +114,7 @@ impl OsdConfig {
             host: "localhost".into(),
             weight: 1 << 16,
             admin: None,
+            admin_socket: None,
             priority_threads: 1,
             priority_cores: Vec::new(),
             pool_threads: 2,

@@ -84,6 +84,14 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     tracing::info!(epoch = map.epoch, addr = %public, "registered");
     let cell = Arc::new(MapCell::new(map));
     let metrics = Arc::new(Metrics::default());
+    if let Some(path) = &config.admin_socket {
+        let targets = crate::admin_socket::AdminTargets { mirror: mirror.clone() };
+        match crate::admin_socket::serve(path, targets) {
+            Ok(()) => tracing::info!(socket = %path.display(), "admin socket"),
+            // The OSD serves without it; the operator is told why.
+            Err(err) => tracing::error!(socket = %path.display(), %err, "no admin socket"),
+        }
+    }
     if let Some(mirror) = mirror {
         let _ = metrics.mirror.set(mirror);
     }
@@ -186,13 +194,13 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             thread.run();
         })?;
     }
-    let suspects = crate::cluster::watch_suspects(link.clone(), shared.map.clone())?;
+    let suspects = crate::suspects::watch_suspects(link.clone(), shared.map.clone())?;
     let _ = shared.suspects.set(suspects);
     // The first lease, so that the first clients are not turned away.
     heartbeat(&mut heartbeat_client(&link), config.id, &shared.lease);
     shared.serving.store(true, Ordering::Release);
     crate::cluster::report_usage(link.clone(), shared.clone(), Arc::new(AtomicBool::new(false)))?;
-    let driver = PeeringDriver::new(shared.clone(), mailboxes.clone(), crate::backend::peering_for);
+    let driver = PeeringDriver::new(shared.clone(), mailboxes.clone(), crate::backend::peering_for)?;
     std::thread::Builder::new()
         .name("osd-peering".into())
         .spawn(move || driver.run(Arc::new(AtomicBool::new(false))))?;

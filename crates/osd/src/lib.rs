@@ -28,6 +28,7 @@
 //!   state they share; [`cluster`]: the map, the lease and the monitors;
 //!   [`metrics`]; [`daemon`]: starts it all.
 
+pub mod admin_socket;
 pub mod backend;
 pub mod cli;
 pub mod cluster;
@@ -41,6 +42,7 @@ pub mod peering;
 pub mod pg;
 pub mod shared;
 pub mod snaps;
+pub mod suspects;
 pub mod tier;
 pub mod trimmer;
 pub mod watchers;

@@ -32,7 +32,7 @@ pub struct Shared {
     /// Clients are served only under a lease from the monitors.
     pub lease: Arc<Lease>,
     /// Where a broken peer connection names its peer, for the suspects
-    /// thread to probe (`cluster::watch_suspects`; unset: nobody probes).
+    /// thread to probe (`suspects::watch_suspects`; unset: nobody probes).
     pub suspects: OnceLock<crossbeam_channel::Sender<OsdId>>,
     /// Clients' long polls on objects (`OpKind::Watch`).
     pub watchers: crate::watchers::Watchers,

@@ -125,7 +125,7 @@ impl Device {
     }
 
     fn over_mirror(mirror: Mirror) -> Result<Device> {
-        let [first, second] = mirror.sides();
+        let (first, second) = (mirror.side(0), mirror.side(1));
         Ok(Device {
             file: first.file.clone(),
             stall: None,
@@ -219,6 +219,11 @@ impl Device {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// How it was opened.
+    pub(crate) fn config(&self) -> &DeviceConfig {
+        &self.config
     }
 
     /// A new I/O queue for one partition.

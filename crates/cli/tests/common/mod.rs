@@ -218,3 +218,34 @@ pub fn kill_9(cluster: &DevCluster, name: &str) {
     // SAFETY: kill(2) on a process this test's cluster started.
     assert_eq!(unsafe { libc::kill(pid_of(cluster, name), libc::SIGKILL) }, 0);
 }
+
+/// kill -9 of a daemon, then how long until its process had ended: every
+/// thread of it gone, so its sockets closed. That is not at once: a thread
+/// in an uninterruptible device wait (an fsync under load) keeps them all
+/// open until the wait ends, and until then its peers cannot tell.
+pub fn kill_9_timed(cluster: &DevCluster, name: &str) -> Duration {
+    let pid = pid_of(cluster, name);
+    let killed = Instant::now();
+    // SAFETY: kill(2) on a process this test's cluster started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    while !process_ended(pid) {
+        assert!(killed.elapsed() < Duration::from_secs(30), "{name} (pid {pid}) still runs 30 s after kill -9");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    killed.elapsed()
+}
+
+/// Whether process `pid` has ended: reaped, or a zombie with no thread left
+/// running (a zombie leader whose other threads still run has not).
+fn process_ended(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
+    // The state follows the command's closing parenthesis.
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    if !matches!(state, Some('Z') | Some('X')) {
+        return false;
+    }
+    match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(tasks) => tasks.count() <= 1,
+        Err(_) => true,
+    }
+}

@@ -212,6 +212,11 @@ fn render_mirror(out: &mut String, status: &duplex_store::mirror::MirrorStatus) 
             "Regions the last start copied to bring the devices together.",
             status.resynced_regions,
         ),
+        (
+            "duplex_osd_mirror_rebuild_regions_left",
+            "Regions a replaced device still has to be filled with (0: no rebuild under way).",
+            status.rebuild.map_or(0, |r| r.regions - r.regions_copied),
+        ),
     ];
     for (name, help, value) in gauges {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");

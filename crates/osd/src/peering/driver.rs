@@ -25,6 +25,7 @@ use duplex_proto::MessageType;
 use crate::messages::{Completion, Job, Mailbox, PeerReplyTo};
 use crate::peering::backfill::Step;
 use crate::peering::schedule::{Next, PeeringBackendOf, Schedule, REQUEST_TIMEOUT_US, RETRY_AFTER_US, TICK_US};
+use crate::peering::to_monitor::ToMonitor;
 use crate::peering::Action;
 use crate::shared::Shared;
 
@@ -51,17 +52,24 @@ pub struct PeeringDriver {
     fullness_asked: Option<(duplex_map::Fullness, u64)>,
     /// When the flushers last got a map to remove stray copies by.
     strays: crate::flusher::strays::StrayWatch,
+    /// Where the schedule's monitor commands go, not to wait in line here.
+    to_monitor: ToMonitor,
 }
 
 impl PeeringDriver {
     /// `backend_of`: which peering backend peers a pool's PGs (`crate::backend::peering_for`).
-    pub fn new(shared: Arc<Shared>, mailboxes: Vec<Mailbox>, backend_of: PeeringBackendOf) -> PeeringDriver {
+    pub fn new(
+        shared: Arc<Shared>,
+        mailboxes: Vec<Mailbox>,
+        backend_of: PeeringBackendOf,
+    ) -> std::io::Result<PeeringDriver> {
         let config = &shared.config;
         let credentials =
             Credentials { fsid: config.fsid, secret: config.secret.clone(), name: format!("osd.{}", config.id) };
         let scrub_interval_us = config.scrub_interval.as_micros().min(u64::MAX as u128) as u64;
         let schedule = Schedule::new(config.id, scrub_interval_us, config.recovery_bytes_per_sec, backend_of);
-        PeeringDriver {
+        let to_monitor = ToMonitor::start(config.monitors.clone(), credentials.clone(), CONNECT_TIMEOUT)?;
+        Ok(PeeringDriver {
             shared,
             mailboxes,
             credentials,
@@ -71,7 +79,8 @@ impl PeeringDriver {
             unreachable: HashMap::new(),
             fullness_asked: None,
             strays: Default::default(),
-        }
+            to_monitor,
+        })
     }
 
     fn now(&self) -> u64 {
@@ -154,24 +163,13 @@ impl PeeringDriver {
     }
 
     /// Asks the monitors for what the machines wait on (records,
-    /// hand-overs, pins to drop), briefly: a monitor that is down must not
-    /// hold up peering for long. The schedule asks again if the map does
-    /// not show it in time.
+    /// hand-overs, pins to drop), without waiting for them
+    /// (`to_monitor`). The schedule asks again if the map does not show
+    /// it in time.
     fn send_map_commands(&mut self, now: u64) {
         let mut commands = self.schedule.map_commands_due(now);
         commands.extend(self.fullness_report(now));
-        if commands.is_empty() {
-            return;
-        }
-        let config = &self.shared.config;
-        let mut client = duplex_mon_client::MonClient::new(config.monitors.clone(), self.credentials.clone());
-        client.timeout = CONNECT_TIMEOUT;
-        for command in commands {
-            match client.command(&command) {
-                Ok(outcome) => tracing::debug!(?command, ?outcome, "asked the monitor"),
-                Err(err) => tracing::warn!(%err, ?command, "the monitor did not take a command; asking again shortly"),
-            }
-        }
+        self.to_monitor.send(commands);
     }
 
     /// This OSD's fullness, when it differs from what the map says: the
@@ -344,7 +342,7 @@ mod tests {
             Vec::new(),
             Default::default(),
         ));
-        let mut driver = PeeringDriver::new(shared, Vec::new(), crate::backend::peering_for);
+        let mut driver = PeeringDriver::new(shared, Vec::new(), crate::backend::peering_for).unwrap();
         driver.reconcile(0, Vec::new());
         let pg = *primary_intervals(&MapView::new(map.clone()), 0).keys().next().expect("osd.0 is a primary");
         let interval = driver.schedule.interval_of(pg).expect("a machine for the PG");

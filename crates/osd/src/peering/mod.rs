@@ -18,5 +18,6 @@ pub mod backfill;
 pub mod driver;
 pub mod machine;
 pub mod schedule;
+pub mod to_monitor;
 
 pub use machine::{choose_authority, Action, Peering, Progress};

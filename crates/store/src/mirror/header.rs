@@ -20,9 +20,13 @@
 //! 40  generation u64 (raised by every header write)
 //! 48  region bytes u64   56  regions u64        64  store bytes u64
 //! 72  meta start u64 (byte offset of the bitmap)
+//! 80  member ids [16] ×2: each slot's device, named when it joined (made,
+//!     or put in a failed one's place); zero: not named (an older header)
 //! ```
 //! Both devices get every header write; the one of the higher generation
-//! tells the truth about roles and health (a failed device kept an older one).
+//! tells the truth about roles and health (a failed device kept an older
+//! one). A device whose own member id is not the one that header names for
+//! its slot was replaced: it is stale, whatever its own header says.
 
 use crate::codec::{seal, verify_seal, Reader, Writer};
 use crate::error::{Result, StoreError};
@@ -148,6 +152,7 @@ pub struct MirrorHeader {
     pub health: [Health; 2],
     pub generation: u64,
     pub layout: MirrorLayout,
+    pub members: [[u8; 16]; 2],
 }
 
 impl MirrorHeader {
@@ -172,6 +177,8 @@ impl MirrorHeader {
         w.u64(self.layout.regions);
         w.u64(self.layout.store_bytes);
         w.u64(self.layout.meta_start);
+        w.bytes(&self.members[0]);
+        w.bytes(&self.members[1]);
         seal(&mut buf, CRC_AT);
         buf
     }
@@ -207,6 +214,7 @@ impl MirrorHeader {
         r.bytes(3)?;
         let generation = r.u64()?;
         let (region_bytes, regions, store_bytes, meta_start) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        let members = [r.array::<16>()?, r.array::<16>()?];
         if slot > 1 || flush_slot > 1 {
             return Err(StoreError::corrupt(format!("mirror header: slot {slot}, flush slot {flush_slot}")));
         }
@@ -230,7 +238,7 @@ impl MirrorHeader {
                  meta at {meta_start} is not one this build makes"
             )));
         }
-        Ok(Some(MirrorHeader { id, slot, mode, flush_slot, health, generation, layout }))
+        Ok(Some(MirrorHeader { id, slot, mode, flush_slot, health, generation, layout, members }))
     }
 }
 
@@ -248,6 +256,7 @@ mod tests {
             health: [Health::InSync, Health::Rebuilding],
             generation: 42,
             layout: MirrorLayout::plan(1 << 30, 1 << 20).unwrap(),
+            members: [[1; 16], [2; 16]],
         }
     }
 
@@ -268,7 +277,7 @@ mod tests {
         /// Hostile input: any change to a header block is refused or read
         /// as no header, never a panic, and never a different header.
         #[test]
-        fn a_damaged_header_is_refused(at in 0usize..96, bit in 0u8..8) {
+        fn a_damaged_header_is_refused(at in 0usize..128, bit in 0u8..8) {
             let h = header();
             let mut block = h.encode();
             block[at] ^= 1 << bit;

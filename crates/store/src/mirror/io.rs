@@ -10,7 +10,8 @@ use crate::blockio::{BlockIo, FlushHandle, IoStats};
 pub(crate) struct MirrorIo {
     mirror: Arc<Mirror>,
     queues: [Box<dyn BlockIo>; 2],
-    flushers: [Arc<dyn FlushHandle>; 2],
+    /// The mirror's replacement count the queues are of.
+    replaced: u64,
     stats: IoStats,
     /// Plain mode: the device the next read tries first.
     turn: usize,
@@ -18,9 +19,22 @@ pub(crate) struct MirrorIo {
 
 impl MirrorIo {
     pub(crate) fn new(mirror: Arc<Mirror>) -> crate::error::Result<MirrorIo> {
-        let queues = [mirror.sides()[0].queue()?, mirror.sides()[1].queue()?];
-        let flushers = [queues[0].flush_handle(), queues[1].flush_handle()];
-        Ok(MirrorIo { mirror, queues, flushers, stats: IoStats::default(), turn: 0 })
+        let replaced = mirror.replaced();
+        let queues = [mirror.side(0).queue()?, mirror.side(1).queue()?];
+        Ok(MirrorIo { mirror, queues, replaced, stats: IoStats::default(), turn: 0 })
+    }
+
+    /// Opens the replaced device's queue if a side was replaced since
+    /// these queues were opened (`replaced`: the count the caller saw).
+    fn catch_up(&mut self, replaced: u64) -> io::Result<()> {
+        if replaced == self.replaced {
+            return Ok(());
+        }
+        let reopen = |slot: usize| self.mirror.side(slot).queue().map_err(|e| io::Error::other(e.to_string()));
+        let queues = [reopen(0)?, reopen(1)?];
+        self.queues = queues;
+        self.replaced = replaced;
+        Ok(())
     }
 
     /// Reads from `slot`; if it fails, marks it failed and reads from the
@@ -40,6 +54,7 @@ impl MirrorIo {
 
 impl BlockIo for MirrorIo {
     fn read_many(&mut self, requests: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        self.catch_up(self.mirror.replaced())?;
         let store_bytes = self.mirror.layout().store_bytes;
         debug_assert!(
             requests.iter().all(|(offset, buf)| offset + buf.len() as u64 <= store_bytes),
@@ -62,7 +77,7 @@ impl BlockIo for MirrorIo {
                 }
                 (slot, false)
             }
-            Route::Single(slot) => (slot, false),
+            Route::Single(slot) | Route::Rebuilding { survivor: slot, .. } => (slot, false),
         };
         self.mirror.count_read(slot, redirected);
         self.read_from(slot, requests)?;
@@ -82,6 +97,7 @@ impl BlockIo for MirrorIo {
             requests.iter().all(|(offset, buf)| offset + buf.len() as u64 <= store_bytes),
             "a write past the store's bytes, into the mirror's own"
         );
+        self.catch_up(self.mirror.replaced())?;
         loop {
             match self.mirror.route() {
                 Route::Split { .. } | Route::Both => {
@@ -100,9 +116,17 @@ impl BlockIo for MirrorIo {
                         Some((slot, err)) => self.mirror.fail(slot, &err)?,
                     }
                 }
-                Route::Single(slot) => {
-                    self.queues[slot].write_many(requests)?;
-                    break;
+                Route::Single(_) | Route::Rebuilding { .. } => {
+                    // One device, or one being filled: the copier must see
+                    // this write under way (`mirror/rebuild.rs`).
+                    let mirror = self.mirror.clone();
+                    let regions = mirror.regions_of(requests);
+                    let (route, replaced) = mirror.admit(regions.clone());
+                    let written = self.catch_up(replaced).and_then(|()| self.write_admitted(route, requests));
+                    mirror.release(regions);
+                    if written? {
+                        break;
+                    }
                 }
             }
         }
@@ -114,11 +138,11 @@ impl BlockIo for MirrorIo {
 
     fn flush(&mut self) -> io::Result<()> {
         self.stats.flushes += 1;
-        commit_flush(&self.mirror, &self.flushers)
+        commit_flush(&self.mirror)
     }
 
     fn flush_handle(&self) -> Arc<dyn FlushHandle> {
-        Arc::new(MirrorFlush { mirror: self.mirror.clone(), flushers: self.flushers.clone() })
+        Arc::new(MirrorFlush { mirror: self.mirror.clone() })
     }
 
     fn copies(&self) -> usize {
@@ -129,6 +153,7 @@ impl BlockIo for MirrorIo {
         if copy >= 2 || !self.mirror.healthy(copy) {
             return Err(io::Error::other(format!("mirror device {copy} is out")));
         }
+        self.catch_up(self.mirror.replaced())?;
         self.queues[copy].read_many(requests)
     }
 
@@ -145,21 +170,42 @@ impl BlockIo for MirrorIo {
     }
 }
 
+impl MirrorIo {
+    /// Writes `requests` the way `route` (from [`Mirror::admit`]) says;
+    /// false: the pair healed meanwhile, and the write goes the usual way.
+    fn write_admitted(&mut self, route: Route, requests: &[(u64, &[u8])]) -> io::Result<bool> {
+        match route {
+            Route::Single(slot) => self.queues[slot].write_many(requests).map(|()| true),
+            Route::Rebuilding { survivor, target } => {
+                if let Err(err) = self.queues[survivor].write_many(requests) {
+                    // The only whole copy: with it out the store fails.
+                    self.mirror.fail(survivor, &err)?;
+                }
+                if let Err(err) = self.queues[target].write_many(requests) {
+                    self.mirror.fail(target, &err)?;
+                }
+                Ok(true)
+            }
+            Route::Split { .. } | Route::Both => Ok(false),
+        }
+    }
+}
+
 /// A flush from another thread: the same as [`MirrorIo::flush`].
 struct MirrorFlush {
     mirror: Arc<Mirror>,
-    flushers: [Arc<dyn FlushHandle>; 2],
 }
 
 impl FlushHandle for MirrorFlush {
     fn flush(&self) -> io::Result<()> {
-        commit_flush(&self.mirror, &self.flushers)
+        commit_flush(&self.mirror)
     }
 }
 
 /// A commit's flush: the flush device's (both, in plain mode; the
-/// survivor, degraded), then a clean if one is due.
-fn commit_flush(mirror: &Mirror, flushers: &[Arc<dyn FlushHandle>; 2]) -> io::Result<()> {
+/// survivor, degraded or rebuilding), then a clean if one is due.
+fn commit_flush(mirror: &Mirror) -> io::Result<()> {
+    let flushers = [mirror.flusher(0), mirror.flusher(1)];
     match mirror.route() {
         Route::Split { flush, read } => {
             if let Err(err) = mirror.flushing(flush, || flushers[flush].flush()) {
@@ -167,7 +213,7 @@ fn commit_flush(mirror: &Mirror, flushers: &[Arc<dyn FlushHandle>; 2]) -> io::Re
                 // The read device alone now: it holds every write; make them durable.
                 return mirror.flushing(read, || flushers[read].flush());
             }
-            mirror.maybe_clean(flushers)
+            mirror.maybe_clean()
         }
         Route::Both => {
             let (first, second) = std::thread::scope(|scope| {
@@ -181,8 +227,10 @@ fn commit_flush(mirror: &Mirror, flushers: &[Arc<dyn FlushHandle>; 2]) -> io::Re
                     mirror.fail(slot, &err)?;
                 }
             }
-            mirror.maybe_clean(flushers)
+            mirror.maybe_clean()
         }
-        Route::Single(slot) => mirror.flushing(slot, || flushers[slot].flush()),
+        Route::Single(slot) | Route::Rebuilding { survivor: slot, .. } => {
+            mirror.flushing(slot, || flushers[slot].flush())
+        }
     }
 }

@@ -34,16 +34,17 @@
 
 pub mod header;
 pub(crate) mod io;
+pub mod rebuild;
 pub(crate) mod regions;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 pub use header::{Health, MirrorHeader, MirrorLayout, MirrorMode};
 
-use crate::blockio::{AlignedBuf, BlockIo};
+use crate::blockio::{AlignedBuf, BlockIo, FlushHandle};
 use crate::device::{Device, DeviceConfig};
 use crate::error::{Result, StoreError};
 use crate::faults::DeviceFaults;
@@ -127,6 +128,9 @@ pub struct MirrorStatus {
     /// Regions whose bit is set now.
     pub dirty_regions: u64,
     pub region_bytes: u64,
+    /// The bytes the store uses on each device, from offset 0 (the
+    /// mirror's own blocks lie past them).
+    pub store_bytes: u64,
     /// What mount copied to bring the devices together.
     pub resynced_regions: u64,
     pub resync_micros: u64,
@@ -141,6 +145,8 @@ pub struct MirrorStatus {
     pub flush_micros: [u64; 2],
     /// Blocks read from the other device after failing their checksum, and rewritten.
     pub repaired_blocks: u64,
+    /// A replaced device being filled, and how far.
+    pub rebuild: Option<rebuild::RebuildStatus>,
 }
 
 impl MirrorStatus {
@@ -153,29 +159,49 @@ impl MirrorStatus {
 /// Where an I/O goes now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Route {
-    Split { flush: usize, read: usize },
+    Split {
+        flush: usize,
+        read: usize,
+    },
     Both,
     Single(usize),
+    /// `target` is being filled from `survivor` ([`rebuild`]): writes go to
+    /// both, reads and commit flushes to the survivor.
+    Rebuilding {
+        survivor: usize,
+        target: usize,
+    },
 }
 
 struct State {
     flush_slot: usize,
     health: [Health; 2],
     generation: u64,
+    /// Each slot's device, as the headers name it.
+    members: [[u8; 16]; 2],
     regions: Regions,
     last_clean: Instant,
     last_swap: Option<Instant>,
+    /// While one device is filled from the other, or the store runs on one
+    /// alone: which regions' writes are under way ([`rebuild::Barrier`]).
+    barrier: rebuild::Barrier,
 }
 
 /// The pair, shared by every queue of the store (`io::MirrorIo`).
 pub struct Mirror {
-    sides: [Device; 2],
-    paths: [PathBuf; 2],
+    /// A failed side is replaced whole ([`Mirror::replace`]); every queue
+    /// opens the new one when it sees `replaced` move.
+    sides: RwLock<[Arc<Device>; 2]>,
+    /// Each device's flush, for commits and cleans (replaced with its side).
+    flushers: RwLock<[Arc<dyn FlushHandle>; 2]>,
+    replaced: AtomicU64,
     id: [u8; 16],
     mode: MirrorMode,
     layout: MirrorLayout,
     clean_interval: Duration,
     state: Mutex<State>,
+    /// Signalled when the barrier changes (a write or a region copy ended).
+    barrier_changed: Condvar,
     /// Flushes under way, per device: reads keep off a device while it flushes.
     flushing: [AtomicU32; 2],
     cleaning: AtomicBool,
@@ -186,6 +212,10 @@ pub struct Mirror {
     resynced: (u64, u64),
     writable: bool,
     auto_swap: bool,
+    /// The store is closing: a rebuild under way stops.
+    stopping: AtomicBool,
+    /// The rebuild's copier thread, joined when the store closes.
+    copier: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 #[derive(Default)]
@@ -220,6 +250,13 @@ fn open_sides(first: &Path, mirror: &MirrorConfig, config: &DeviceConfig, writab
     Ok([a, b])
 }
 
+/// A random name for a device joining a mirror.
+pub(crate) fn new_member_id() -> Result<[u8; 16]> {
+    let mut id = [0u8; 16];
+    crate::store::fill_random(&mut id)?;
+    Ok(id)
+}
+
 fn io_error(context: String) -> impl FnOnce(std::io::Error) -> StoreError {
     move |err| StoreError::io(context, err)
 }
@@ -239,7 +276,8 @@ impl Mirror {
         crate::store::fill_random(&mut id)?;
         let flush_slot = config.flush_slot.unwrap_or(0) as usize;
         let health = [Health::InSync; 2];
-        let mirror = Mirror::assemble(sides, first, config, id, layout, flush_slot, health, 0, (0, 0))?;
+        let members = [new_member_id()?, new_member_id()?];
+        let mirror = Mirror::assemble(sides, config, id, layout, flush_slot, health, 0, members, (0, 0))?;
         {
             let mut meta = lock(&mirror.meta);
             let zeros = AlignedBuf::zeroed(BLOCK_SIZE);
@@ -260,37 +298,68 @@ impl Mirror {
     /// applies the configured mode and roles.
     pub fn open(first: &Path, config: &MirrorConfig, device: &DeviceConfig, writable: bool) -> Result<Mirror> {
         let sides = open_sides(first, config, device, writable)?;
-        let mut headers = Vec::new();
+        let mut headers: [Option<MirrorHeader>; 2] = [None, None];
+        let mut unreadable: [Option<String>; 2] = [None, None];
         for (slot, side) in sides.iter().enumerate() {
             let mut block = AlignedBuf::zeroed(BLOCK_SIZE);
             let at = MirrorLayout::header_offset(side.size_bytes());
             side.queue()?
                 .read_many(&mut [(at, &mut block[..])])
                 .map_err(io_error(format!("reading the mirror header of {}", side.path().display())))?;
-            let header = MirrorHeader::decode(&block)?.ok_or_else(|| {
-                StoreError::invalid(format!(
-                    "{} holds no mirror header: was the store made on this pair (mkfs with two devices)?",
-                    side.path().display()
-                ))
-            })?;
-            if header.slot as usize != slot {
-                return Err(StoreError::invalid(format!(
-                    "{} is device {} of its mirror, named here as device {slot}: give the devices in their order",
-                    side.path().display(),
-                    header.slot
-                )));
+            match MirrorHeader::decode(&block) {
+                Ok(Some(header)) if header.slot as usize != slot => {
+                    return Err(StoreError::invalid(format!(
+                        "{} is device {} of its mirror, named here as device {slot}: give the devices in their order",
+                        side.path().display(),
+                        header.slot
+                    )));
+                }
+                Ok(Some(header)) => headers[slot] = Some(header),
+                Ok(None) => unreadable[slot] = Some("it holds no mirror header".into()),
+                Err(err) => unreadable[slot] = Some(err.to_string()),
             }
-            headers.push(header);
         }
-        if headers[0].id != headers[1].id {
-            return Err(StoreError::invalid(format!(
-                "{} and {} belong to different mirrors",
+        // The newer header knows of a failure (or a replacement) the older device missed.
+        let newest = headers.iter().flatten().max_by_key(|h| h.generation).cloned().ok_or_else(|| {
+            StoreError::invalid(format!(
+                "neither {} nor {} holds a mirror header: was the store made on this pair (mkfs with two devices)?",
                 sides[0].path().display(),
                 sides[1].path().display()
-            )));
+            ))
+        })?;
+        let mut health = newest.health;
+        for slot in 0..2 {
+            let path = sides[slot].path().display();
+            match (&headers[slot], &unreadable[slot]) {
+                (Some(header), _) if header.id != newest.id => {
+                    return Err(StoreError::invalid(format!(
+                        "{} and {} belong to different mirrors",
+                        sides[0].path().display(),
+                        sides[1].path().display()
+                    )));
+                }
+                (Some(header), _)
+                    if newest.members[slot] != [0; 16] && header.members[slot] != newest.members[slot] =>
+                {
+                    return Err(StoreError::invalid(format!(
+                        "{path} was device {slot} of this mirror until another device was put in its place: it is \
+                         stale; name the device that replaced it"
+                    )));
+                }
+                (None, Some(why)) if newest.health[slot] == Health::InSync => {
+                    return Err(StoreError::invalid(format!(
+                        "{path}: {why}, yet the mirror has it in sync: was the store made on this pair (mkfs with two devices)?"
+                    )));
+                }
+                (None, Some(why)) => {
+                    // Out already, and perhaps never filled (a replacement
+                    // cut short before its header was written).
+                    tracing::warn!(device = %path, why, "a mirror device out of sync has no header");
+                    health[slot] = Health::Failed;
+                }
+                _ => {}
+            }
         }
-        // The newer header knows of a failure the older device missed.
-        let newest = headers.iter().max_by_key(|h| h.generation).expect("two headers").clone();
         let layout = newest.layout;
         for side in &sides {
             if side.size_bytes() < layout.meta_start + (layout.bitmap_blocks + 1) * BLOCK_SIZE as u64 {
@@ -298,7 +367,7 @@ impl Mirror {
             }
         }
         // A device mid-rebuild is filled again from the start: out until then.
-        let health = newest.health.map(|h| if h == Health::Rebuilding { Health::Failed } else { h });
+        let health = health.map(|h| if h == Health::Rebuilding { Health::Failed } else { h });
         let flush_slot = newest.flush_slot as usize;
         let started = Instant::now();
         let resynced = if health == [Health::InSync; 2] && writable {
@@ -325,20 +394,20 @@ impl Mirror {
         };
         let mut mirror = Mirror::assemble(
             sides,
-            first,
             config,
             newest.id,
             layout,
             flush_slot,
             health,
             newest.generation,
+            newest.members,
             (resynced, resync_micros),
         )?;
         mirror.writable = writable;
         if health != [Health::InSync; 2] {
             let failed = health.iter().position(|h| *h != Health::InSync).expect("one is out");
             tracing::error!(
-                device = %mirror.paths[failed].display(),
+                device = %mirror.path(failed).display(),
                 "a mirror device is failed: the store runs on the other alone (degraded); replace it"
             );
         } else if resynced > 0 {
@@ -353,19 +422,22 @@ impl Mirror {
     #[allow(clippy::too_many_arguments)]
     fn assemble(
         sides: [Device; 2],
-        first: &Path,
         config: &MirrorConfig,
         id: [u8; 16],
         layout: MirrorLayout,
         flush_slot: usize,
         health: [Health; 2],
         generation: u64,
+        members: [[u8; 16]; 2],
         resynced: (u64, u64),
     ) -> Result<Mirror> {
         let meta = [sides[0].queue()?, sides[1].queue()?];
+        let flushers = [meta[0].flush_handle(), meta[1].flush_handle()];
+        let [a, b] = sides;
         Ok(Mirror {
-            paths: [first.to_path_buf(), config.second.clone()],
-            sides,
+            sides: RwLock::new([Arc::new(a), Arc::new(b)]),
+            flushers: RwLock::new(flushers),
+            replaced: AtomicU64::new(0),
             id,
             mode: config.mode,
             layout,
@@ -374,10 +446,13 @@ impl Mirror {
                 flush_slot,
                 health,
                 generation,
+                members,
                 regions: Regions::new(layout.regions),
                 last_clean: Instant::now(),
                 last_swap: None,
+                barrier: Default::default(),
             }),
+            barrier_changed: Condvar::new(),
             flushing: [AtomicU32::new(0), AtomicU32::new(0)],
             cleaning: AtomicBool::new(false),
             meta: Mutex::new(meta),
@@ -385,6 +460,8 @@ impl Mirror {
             resynced,
             writable: true,
             auto_swap: config.auto_swap,
+            stopping: AtomicBool::new(false),
+            copier: Mutex::new(None),
         })
     }
 
@@ -392,8 +469,23 @@ impl Mirror {
         &self.layout
     }
 
-    pub(crate) fn sides(&self) -> &[Device; 2] {
-        &self.sides
+    /// The device in `slot` now.
+    pub(crate) fn side(&self, slot: usize) -> Arc<Device> {
+        self.sides.read().unwrap_or_else(|poisoned| poisoned.into_inner())[slot].clone()
+    }
+
+    pub fn path(&self, slot: usize) -> PathBuf {
+        self.side(slot).path().to_path_buf()
+    }
+
+    /// `slot`'s flush.
+    pub(crate) fn flusher(&self, slot: usize) -> Arc<dyn FlushHandle> {
+        self.flushers.read().unwrap_or_else(|poisoned| poisoned.into_inner())[slot].clone()
+    }
+
+    /// Moves whenever a side is replaced: queues compare it with theirs.
+    pub(crate) fn replaced(&self) -> u64 {
+        self.replaced.load(Ordering::Acquire)
     }
 
     pub(crate) fn route(&self) -> Route {
@@ -405,6 +497,8 @@ impl Mirror {
                 MirrorMode::ReadFlushSplit => Route::Split { flush: state.flush_slot, read: 1 - state.flush_slot },
                 MirrorMode::Plain => Route::Both,
             },
+            [Health::InSync, Health::Rebuilding] => Route::Rebuilding { survivor: 0, target: 1 },
+            [Health::Rebuilding, Health::InSync] => Route::Rebuilding { survivor: 1, target: 0 },
             [Health::InSync, _] => Route::Single(0),
             _ => Route::Single(1),
         }
@@ -499,11 +593,11 @@ impl Mirror {
 
     /// Now and then a flush of both devices (the read device first), after
     /// which the bits of regions untouched since the last clean clear.
-    pub(crate) fn maybe_clean(&self, flushers: &[Arc<dyn crate::blockio::FlushHandle>; 2]) -> std::io::Result<()> {
+    pub(crate) fn maybe_clean(&self) -> std::io::Result<()> {
         let targets: Vec<usize> = match self.route() {
             Route::Split { read, flush } => vec![read, flush],
             Route::Both => vec![0, 1],
-            Route::Single(_) => return Ok(()),
+            Route::Single(_) | Route::Rebuilding { .. } => return Ok(()),
         };
         {
             let state = lock(&self.state);
@@ -513,7 +607,8 @@ impl Mirror {
         }
         let mut failed = None;
         for slot in targets {
-            if let Err(err) = self.flushing(slot, || flushers[slot].flush()) {
+            let flusher = self.flusher(slot);
+            if let Err(err) = self.flushing(slot, || flusher.flush()) {
                 failed = Some((slot, err));
                 break;
             }
@@ -555,9 +650,9 @@ impl Mirror {
             return Ok(());
         }
         tracing::warn!(
-            slow = %self.paths[flush].display(),
+            slow = %self.path(flush).display(),
             flush_micros,
-            other = %self.paths[read].display(),
+            other = %self.path(read).display(),
             read_micros,
             "the mirror's flush device flushes slowly: the roles swap (it takes the reads now)"
         );
@@ -597,8 +692,21 @@ impl Mirror {
     pub(crate) fn fail(&self, slot: usize, err: &std::io::Error) -> std::io::Result<()> {
         {
             let mut state = lock(&self.state);
-            if state.health[slot] != Health::InSync {
-                return Ok(());
+            match state.health[slot] {
+                Health::Failed => return Ok(()),
+                Health::Rebuilding => {
+                    // The copy stops; the survivor goes on alone, as before it began.
+                    state.health[slot] = Health::Failed;
+                    drop(state);
+                    self.barrier_changed.notify_all();
+                    tracing::error!(
+                        device = %self.path(slot).display(),
+                        error = %err,
+                        "the mirror device being rebuilt failed: the rebuild stops; replace it again"
+                    );
+                    return self.write_headers().map_err(|e| std::io::Error::other(e.to_string()));
+                }
+                Health::InSync => {}
             }
             if state.health[1 - slot] != Health::InSync {
                 return Err(std::io::Error::new(err.kind(), format!("both devices of the mirror failed: {err}")));
@@ -608,23 +716,24 @@ impl Mirror {
             debug_assert_eq!(state.health[state.flush_slot], Health::InSync, "the survivor flushes");
         }
         tracing::error!(
-            device = %self.paths[slot].display(),
+            device = %self.path(slot).display(),
             error = %err,
             "a mirror device failed: the store goes on on the other alone (degraded); replace the failed one"
         );
         self.write_headers().map_err(|e| std::io::Error::other(e.to_string()))
     }
 
-    /// Writes both headers (the healthy devices'), each flushed.
+    /// Writes both headers (to each device not failed: one being rebuilt
+    /// gets one, so that it is known as this mirror's), each flushed.
     fn write_headers(&self) -> Result<()> {
         let mut meta = lock(&self.meta);
-        let (flush_slot, health, generation) = {
+        let (flush_slot, health, generation, members) = {
             let mut state = lock(&self.state);
             state.generation += 1;
-            (state.flush_slot, state.health, state.generation)
+            (state.flush_slot, state.health, state.generation, state.members)
         };
         for slot in 0..2 {
-            if health[slot] != Health::InSync {
+            if health[slot] == Health::Failed {
                 continue;
             }
             let header = MirrorHeader {
@@ -635,13 +744,14 @@ impl Mirror {
                 health,
                 generation,
                 layout: self.layout,
+                members,
             };
             let block = AlignedBuf::from_slice(&header.encode());
-            let at = MirrorLayout::header_offset(self.sides[slot].size_bytes());
+            let at = MirrorLayout::header_offset(self.side(slot).size_bytes());
             meta[slot]
                 .write_many(&[(at, &block[..])])
                 .and_then(|()| meta[slot].flush())
-                .map_err(io_error(format!("writing the mirror header of {}", self.paths[slot].display())))?;
+                .map_err(io_error(format!("writing the mirror header of {}", self.path(slot).display())))?;
         }
         Ok(())
     }
@@ -649,12 +759,13 @@ impl Mirror {
     /// A clean stop: both devices flushed and every bit cleared, so that
     /// the next mount resyncs nothing ([`crate::Store::close`] calls it).
     pub fn close(&self) -> Result<()> {
-        if !self.writable || matches!(self.route(), Route::Single(_)) {
+        self.stop_rebuild();
+        if !self.writable || matches!(self.route(), Route::Single(_) | Route::Rebuilding { .. }) {
             return Ok(());
         }
         let mut meta = lock(&self.meta);
         for (slot, queue) in meta.iter_mut().enumerate() {
-            queue.flush().map_err(io_error(format!("flushing {}", self.paths[slot].display())))?;
+            queue.flush().map_err(io_error(format!("flushing {}", self.path(slot).display())))?;
         }
         {
             let mut state = lock(&self.state);
@@ -670,11 +781,12 @@ impl Mirror {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         MirrorStatus {
             mode: self.mode,
-            paths: self.paths.clone(),
+            paths: [self.path(0), self.path(1)],
             flush_slot: state.flush_slot as u8,
             health: state.health,
             dirty_regions: state.regions.dirty_count(),
             region_bytes: self.layout.region_bytes,
+            store_bytes: self.layout.store_bytes,
             resynced_regions: self.resynced.0,
             resync_micros: self.resynced.1,
             reads: [load(&self.counters.reads[0]), load(&self.counters.reads[1])],
@@ -684,6 +796,13 @@ impl Mirror {
             repaired_blocks: load(&self.counters.repaired_blocks),
             swaps: load(&self.counters.swaps),
             flush_micros: [load(&self.counters.flush_micros[0]), load(&self.counters.flush_micros[1])],
+            rebuild: state.barrier.progress.filter(|(device, _)| state.health[*device] == Health::Rebuilding).map(
+                |(device, next)| rebuild::RebuildStatus {
+                    device: device as u8,
+                    regions_copied: next,
+                    regions: self.layout.regions,
+                },
+            ),
         }
     }
 }

@@ -1,0 +1,109 @@
+//! `duplex daemon SOCKET …`: commands to one daemon through its admin
+//! socket, on the daemon's host (`duplex_osd::admin_socket` has the
+//! protocol: a JSON line each way).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use serde_json::{json, Value};
+
+#[derive(Subcommand)]
+pub enum DaemonCommand {
+    /// The store's mirrored pair (docs/STORE.md, "Mirrored devices").
+    #[command(subcommand)]
+    Mirror(MirrorCommand),
+}
+
+#[derive(Subcommand)]
+pub enum MirrorCommand {
+    /// Each device's health and role, dirty regions, a rebuild's progress.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put a new device in a failed one's place; it is filled from the
+    /// other in the background while the OSD serves (what the new device
+    /// held is overwritten). Then update the OSD's --data to name it.
+    Replace {
+        /// The failed device: 0 (the first --data) or 1 (the second).
+        #[arg(long)]
+        device: u8,
+        /// The new device (a block device or a file as large as the other).
+        #[arg(long)]
+        path: PathBuf,
+        /// Pace of the fill, MiB a second (default: as fast as the devices go).
+        #[arg(long)]
+        rate_mib: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Sends `request` to the daemon at `socket`; its reply, if it says ok.
+pub fn ask(socket: &Path, request: &Value) -> Result<Value> {
+    let mut stream = UnixStream::connect(socket).with_context(|| {
+        format!("connecting to the admin socket {} (is the daemon running here?)", socket.display())
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    writeln!(stream, "{request}")?;
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line).context("reading the daemon's answer")?;
+    let reply: Value = serde_json::from_str(line.trim()).context("the daemon's answer is not JSON")?;
+    if reply["ok"] != json!(true) {
+        bail!("{}", reply["error"].as_str().unwrap_or("the daemon refused without saying why"));
+    }
+    Ok(reply)
+}
+
+pub fn run(socket: &Path, command: DaemonCommand) -> Result<()> {
+    match command {
+        DaemonCommand::Mirror(MirrorCommand::Status { json }) => {
+            let reply = ask(socket, &json!({ "command": "mirror status" }))?;
+            print_mirror(&reply["mirror"], json)
+        }
+        DaemonCommand::Mirror(MirrorCommand::Replace { device, path, rate_mib, json }) => {
+            let path = std::path::absolute(&path).with_context(|| format!("{}", path.display()))?;
+            let request = json!({
+                "command": "mirror replace",
+                "device": device,
+                "path": path,
+                "bytes_per_sec": rate_mib.unwrap_or(0) << 20,
+            });
+            let reply = ask(socket, &request)?;
+            if !json {
+                println!("device {device} is now {}; it is being filled from the other", path.display());
+            }
+            print_mirror(&reply["mirror"], json)
+        }
+    }
+}
+
+fn print_mirror(status: &Value, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(status)?);
+        return Ok(());
+    }
+    println!("mode {}  flush device {}", status["mode"].as_str().unwrap_or("?"), status["flush_slot"]);
+    for slot in 0..2 {
+        println!(
+            "device {slot}: {}  {}",
+            status["health"][slot].as_str().unwrap_or("?"),
+            status["paths"][slot].as_str().unwrap_or("?")
+        );
+    }
+    let region_mib = status["region_bytes"].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64;
+    println!("dirty regions {} of {region_mib} MiB", status["dirty_regions"]);
+    if let Some(rebuild) = status["rebuild"].as_object() {
+        let (done, all) = (rebuild["regions_copied"].as_u64().unwrap_or(0), rebuild["regions"].as_u64().unwrap_or(1));
+        println!(
+            "rebuilding device {}: {done} of {all} regions ({:.1}%)",
+            rebuild["device"],
+            100.0 * done as f64 / all.max(1) as f64
+        );
+    }
+    Ok(())
+}
