@@ -392,6 +392,12 @@ impl Mirror {
             Some(slot) if health == [Health::InSync; 2] => slot as usize,
             _ => flush_slot,
         };
+        // A mirror made before headers named their members gets names now
+        // (both devices are the right ones: they were just opened as such).
+        let mut members = newest.members;
+        for member in members.iter_mut().filter(|m| **m == [0; 16]) {
+            *member = new_member_id()?;
+        }
         let mut mirror = Mirror::assemble(
             sides,
             config,
@@ -400,7 +406,7 @@ impl Mirror {
             flush_slot,
             health,
             newest.generation,
-            newest.members,
+            members,
             (resynced, resync_micros),
         )?;
         mirror.writable = writable;
