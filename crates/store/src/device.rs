@@ -139,6 +139,39 @@ impl Device {
         })
     }
 
+    /// Stands in for a mirror device that could not be opened at mount
+    /// (`path`, as configured): an empty in-memory file. The mirror has it
+    /// failed, so no I/O is ever routed to it; one that were would read
+    /// nothing and fail.
+    pub(crate) fn absent(path: &Path) -> Result<Device> {
+        // SAFETY: memfd_create with a NUL-terminated name; the fd it returns is owned by the File below.
+        let fd = unsafe { libc::memfd_create(c"duplex-absent-mirror-device".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(StoreError::io("standing in for an absent mirror device", io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a fresh descriptor nothing else owns.
+        let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let config = DeviceConfig {
+            backend: IoBackend::Pread,
+            direct_io: DirectIo::Fallback,
+            mirror: None,
+            faults: None,
+            flush_stall: None,
+            ..DeviceConfig::default()
+        };
+        Ok(Device {
+            file: Arc::new(file),
+            stall: None,
+            mirror: None,
+            cache: None,
+            path: path.to_path_buf(),
+            size_bytes: 0,
+            sector_size: 512,
+            direct: false,
+            config,
+        })
+    }
+
     /// The mirror this device is, if it is one.
     pub fn mirror(&self) -> Option<&Arc<Mirror>> {
         self.mirror.as_ref()

@@ -239,3 +239,65 @@ fn a_replacement_is_refused_for_a_device_in_sync_or_onto_the_survivor() {
     assert!(err.to_string().contains("the mirror needs at least"), "{err}");
     assert_eq!(mirror.status().health, [Health::InSync, Health::Failed], "nothing changed");
 }
+
+/// A device gone at mount (a dead disk the next boot does not find): the
+/// store starts on the other alone, says so, serves every block, and a
+/// new device put in its place is filled. A device in use by another
+/// process is not taken for gone: that mount fails.
+#[test]
+fn a_device_gone_at_mount_leaves_the_store_starting_degraded() {
+    for gone in [0usize, 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, second) = (dir.path().join("a"), dir.path().join("b"));
+        for path in [&first, &second] {
+            duplex_store::device::create_file(path, DEVICE_BYTES).unwrap();
+        }
+        // Not the 10 s an OSD waits for a device a process before it still holds.
+        let pair = DeviceConfig {
+            lock_wait: Duration::from_millis(100),
+            ..config(MirrorMode::ReadFlushSplit, &second, [None, None])
+        };
+        drop(Device::create(&first, &pair).unwrap());
+        let mut model = BTreeMap::new();
+        {
+            let device = Device::open(&first, &pair, true).unwrap();
+            let mut queue = device.queue().unwrap();
+            for block in 0..300 {
+                write(&mut queue, block, 3);
+                model.insert(block, 3);
+            }
+            queue.flush().unwrap();
+            device.mirror().unwrap().close().unwrap();
+        }
+        {
+            // Another process holds the second device: not gone, and the mount says so.
+            let holder =
+                Device::open(&second, &DeviceConfig { direct_io: DirectIo::Fallback, ..Default::default() }, true)
+                    .unwrap();
+            let err = Device::open(&first, &pair, true).err().expect("a device in use fails the mount");
+            assert!(err.to_string().to_lowercase().contains("in use"), "{err}");
+            drop(holder);
+        }
+        let lost = [&first, &second][gone];
+        std::fs::remove_file(lost).unwrap();
+        let device = Device::open(&first, &pair, true).unwrap();
+        let mirror = device.mirror().unwrap().clone();
+        let status = mirror.status();
+        assert_eq!(status.health[gone], Health::Failed, "device {gone} gone: {status:?}");
+        assert_eq!(status.health[1 - gone], Health::InSync, "{status:?}");
+        assert_eq!(status.flush_slot as usize, 1 - gone, "the survivor flushes");
+        let mut queue = device.queue().unwrap();
+        for (block, version) in &model {
+            let mut buf = AlignedBuf::zeroed(BLOCK);
+            queue.read_many(&mut [(block * BLOCK as u64, &mut buf[..])]).unwrap();
+            assert!(buf[..] == image(*block, *version)[..], "block {block} on the survivor");
+        }
+        write(&mut queue, 7, 4);
+        model.insert(7, 4);
+        let fresh = dir.path().join("c");
+        duplex_store::device::create_file(&fresh, DEVICE_BYTES).unwrap();
+        mirror.replace(gone, &fresh, ReplaceOptions::default()).unwrap();
+        wait_in_sync(&device, Duration::from_secs(30));
+        assert_identical(&device, &model);
+    }
+}

@@ -250,6 +250,41 @@ fn open_sides(first: &Path, mirror: &MirrorConfig, config: &DeviceConfig, writab
     Ok([a, b])
 }
 
+/// Whether a device that failed to open is gone or broken (the mirror
+/// then starts on the other: md's degraded start), rather than misnamed
+/// or in use by another process (the mount fails: nothing is marked).
+fn gone_or_broken(err: &StoreError) -> bool {
+    match err {
+        StoreError::Io { source, .. } => {
+            source.kind() == std::io::ErrorKind::NotFound
+                || matches!(source.raw_os_error(), Some(libc::EIO | libc::ENXIO | libc::ENODEV | libc::ENOMEDIUM))
+        }
+        _ => false,
+    }
+}
+
+/// Both sides for a mount: a side that is gone or broken is stood in for
+/// ([`Device::absent`]) with the reason, if the other opens.
+fn open_sides_at_mount(
+    first: &Path,
+    mirror: &MirrorConfig,
+    config: &DeviceConfig,
+    writable: bool,
+) -> Result<([Device; 2], [Option<String>; 2])> {
+    let paths = [first, mirror.second.as_path()];
+    let opened = [0, 1].map(|slot| Device::open(paths[slot], &side_config(config, mirror, slot), writable));
+    match opened {
+        [Ok(a), Ok(b)] => Ok(([a, b], [None, None])),
+        [Ok(a), Err(err)] if gone_or_broken(&err) => {
+            Ok(([a, Device::absent(paths[1])?], [None, Some(err.to_string())]))
+        }
+        [Err(err), Ok(b)] if gone_or_broken(&err) => {
+            Ok(([Device::absent(paths[0])?, b], [Some(err.to_string()), None]))
+        }
+        [Err(err), _] | [_, Err(err)] => Err(err),
+    }
+}
+
 /// A random name for a device joining a mirror.
 pub(crate) fn new_member_id() -> Result<[u8; 16]> {
     let mut id = [0u8; 16];
@@ -297,10 +332,13 @@ impl Mirror {
     /// headers, resyncs the regions the flush device's bitmap names, and
     /// applies the configured mode and roles.
     pub fn open(first: &Path, config: &MirrorConfig, device: &DeviceConfig, writable: bool) -> Result<Mirror> {
-        let sides = open_sides(first, config, device, writable)?;
+        let (sides, absent) = open_sides_at_mount(first, config, device, writable)?;
         let mut headers: [Option<MirrorHeader>; 2] = [None, None];
-        let mut unreadable: [Option<String>; 2] = [None, None];
+        let mut unreadable: [Option<String>; 2] = absent.clone();
         for (slot, side) in sides.iter().enumerate() {
+            if absent[slot].is_some() {
+                continue;
+            }
             let mut block = AlignedBuf::zeroed(BLOCK_SIZE);
             let at = MirrorLayout::header_offset(side.size_bytes());
             side.queue()?
@@ -346,6 +384,16 @@ impl Mirror {
                          stale; name the device that replaced it"
                     )));
                 }
+                (None, Some(why)) if absent[slot].is_some() => {
+                    if newest.health[slot] == Health::InSync {
+                        tracing::error!(
+                            device = %path,
+                            why,
+                            "a mirror device cannot be opened: the store starts on the other alone (degraded); replace it"
+                        );
+                    }
+                    health[slot] = Health::Failed;
+                }
                 (None, Some(why)) if newest.health[slot] == Health::InSync => {
                     return Err(StoreError::invalid(format!(
                         "{path}: {why}, yet the mirror has it in sync: was the store made on this pair (mkfs with two devices)?"
@@ -361,14 +409,25 @@ impl Mirror {
             }
         }
         let layout = newest.layout;
-        for side in &sides {
+        for side in sides.iter().zip(&absent).filter(|(_, absent)| absent.is_none()).map(|(side, _)| side) {
             if side.size_bytes() < layout.meta_start + (layout.bitmap_blocks + 1) * BLOCK_SIZE as u64 {
                 return Err(StoreError::corrupt(format!("{} is smaller than its mirror", side.path().display())));
             }
         }
         // A device mid-rebuild is filled again from the start: out until then.
         let health = health.map(|h| if h == Health::Rebuilding { Health::Failed } else { h });
-        let flush_slot = newest.flush_slot as usize;
+        if !health.contains(&Health::InSync) {
+            return Err(StoreError::invalid(format!(
+                "both devices of the mirror are out ({} and {}): the store cannot start",
+                sides[0].path().display(),
+                sides[1].path().display()
+            )));
+        }
+        // The survivor flushes, whichever it is.
+        let flush_slot = match newest.flush_slot as usize {
+            slot if health[slot] == Health::InSync => slot,
+            slot => 1 - slot,
+        };
         let started = Instant::now();
         let resynced = if health == [Health::InSync; 2] && writable {
             resync(&sides, &layout, flush_slot, config.mode)?

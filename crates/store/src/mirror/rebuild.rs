@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{io_error, lock, Health, Mirror, Route};
+use super::{lock, Health, Mirror, Route};
 use crate::blockio::AlignedBuf;
 use crate::device::{Device, DeviceConfig};
 use crate::error::{Result, StoreError};
@@ -336,8 +336,8 @@ impl Mirror {
 /// survivor itself would overwrite the only good copy).
 fn same_file(a: &Path, b: &Path) -> Result<bool> {
     use std::os::unix::fs::MetadataExt;
-    let Ok(first) = std::fs::metadata(a) else { return Ok(false) };
-    let second = std::fs::metadata(b).map_err(io_error(format!("stat {}", b.display())))?;
+    // One that does not exist (a device gone at mount) is no other's.
+    let (Ok(first), Ok(second)) = (std::fs::metadata(a), std::fs::metadata(b)) else { return Ok(false) };
     let same_inode = first.dev() == second.dev() && first.ino() == second.ino();
     let same_device = first.rdev() != 0 && first.rdev() == second.rdev();
     Ok(same_inode || same_device)
