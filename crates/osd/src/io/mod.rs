@@ -13,11 +13,14 @@
 //!   [`ec_settle`]: what each does once its answers are in, for the event
 //!   loop and the simulator alike.
 //! - [`pool`]: the `threading = pool` ablation's workers.
+//! - [`lcam`]: which worker threads serve each connection under the
+//!   lock-contention-aware policy (issue 29; pure, decided per interval).
 
 pub mod conn;
 pub mod ec_settle;
 pub mod erasure;
 pub mod event_loop;
+pub mod lcam;
 pub mod ops;
 pub mod pending;
 pub mod pool;
