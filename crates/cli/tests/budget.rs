@@ -168,7 +168,11 @@ fn osds(dir: &Path) -> Vec<Osd> {
             name.starts_with("osd.").then(|| {
                 let pid = process["pid"].as_u64().expect("pid") as u32;
                 let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).expect("OSD log");
+                // The line it prints when it serves: "... serving on ADDR admin ADDR ...".
                 let admin = log
+                    .lines()
+                    .find(|line| line.contains(" serving on "))
+                    .unwrap_or_default()
                     .split_whitespace()
                     .skip_while(|word| *word != "admin")
                     .nth(1)
