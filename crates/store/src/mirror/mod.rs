@@ -199,6 +199,9 @@ pub struct Mirror {
     mode: MirrorMode,
     layout: MirrorLayout,
     clean_interval: Duration,
+    /// Lock order: `meta`, then `sides`/`flushers`, then `state`; nothing
+    /// takes `sides` or `flushers` while holding `state` (a replacement
+    /// holds the first two while it takes `state`).
     state: Mutex<State>,
     /// Signalled when the barrier changes (a write or a region copy ended).
     barrier_changed: Condvar,
@@ -842,11 +845,14 @@ impl Mirror {
     }
 
     pub fn status(&self) -> MirrorStatus {
+        // Before the state lock: a replacement takes the sides' lock, then
+        // the state's (`rebuild.rs`), and the other order would deadlock.
+        let paths = [self.path(0), self.path(1)];
         let state = lock(&self.state);
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         MirrorStatus {
             mode: self.mode,
-            paths: [self.path(0), self.path(1)],
+            paths,
             flush_slot: state.flush_slot as u8,
             health: state.health,
             dirty_regions: state.regions.dirty_count(),

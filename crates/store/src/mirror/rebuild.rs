@@ -148,7 +148,18 @@ impl Mirror {
         }
         let member = super::new_member_id()?;
         {
+            // The meta lock serializes replacements: a second one, checked
+            // before the first took effect, is refused here.
             let mut meta = lock(&self.meta);
+            {
+                let state = lock(&self.state);
+                if state.health[slot] != Health::Failed || state.health[survivor] != Health::InSync {
+                    return Err(StoreError::invalid(format!(
+                        "device {slot} of the mirror is {:?} now and device {survivor} {:?}: another replacement, or a failure, came first",
+                        state.health[slot], state.health[survivor]
+                    )));
+                }
+            }
             let queue = device.queue()?;
             let flusher = queue.flush_handle();
             meta[slot] = queue;
