@@ -546,22 +546,7 @@ fn restart_osd(cluster: &DevCluster, osd: u32) {
 fn arm_until_dead(cluster: &DevCluster, osd: u32, trigger: &std::path::Path, word: &str) -> Duration {
     let pid = pid_of(cluster, &format!("osd.{osd}"));
     std::fs::write(trigger, format!("{word}\n")).unwrap();
-    wait_until_dead(pid, word)
-}
-
-/// Waits until process `pid` is gone (or a zombie); how long that took.
-fn wait_until_dead(pid: i32, what: &str) -> Duration {
-    let started = Instant::now();
-    loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // The state follows the parenthesised command name.
-        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next().unwrap_or('X'));
-        if matches!(state, None | Some('Z') | Some('X')) {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "{what}: process {pid} still runs after 30 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::wait_until_ended(pid, word)
 }
 
 /// After a power cut of `osd`: its `shm` log goes too (the files it

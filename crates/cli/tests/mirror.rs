@@ -26,20 +26,6 @@ fn with_mirror_faults(cluster: &DevCluster, osd: u32) -> [PathBuf; 2] {
     triggers
 }
 
-/// Waits until process `pid` is gone (or a zombie).
-fn wait_until_dead(pid: i32, what: &str) {
-    let started = Instant::now();
-    loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next().unwrap_or('X'));
-        if matches!(state, None | Some('Z') | Some('X')) {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "{what}: process {pid} still runs after 30 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Three OSDs on mirrored pairs (read-flush-split), osd.1's devices
 /// behind simulated caches armed by the two triggers, and a stamped
 /// workload under way; osd.1's pid.
@@ -75,7 +61,7 @@ fn status(cluster: &DevCluster) -> serde_json::Value {
 fn a_mirrored_osd_that_loses_its_caches_resyncs_and_serves_what_it_acknowledged() {
     let (cluster, triggers, run, pid) = mirrored_cluster_under_load();
     std::fs::write(&triggers[0], "power-cut\n").unwrap();
-    wait_until_dead(pid, "power-cut");
+    common::wait_until_ended(pid, "power-cut");
     assert!(osd_log(&cluster, 1).contains("injected power cut"), "the cut came at a flush");
     for trigger in &triggers {
         if trigger.exists() {

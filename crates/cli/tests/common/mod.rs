@@ -225,14 +225,19 @@ pub fn kill_9(cluster: &DevCluster, name: &str) {
 /// open until the wait ends, and until then its peers cannot tell.
 pub fn kill_9_timed(cluster: &DevCluster, name: &str) -> Duration {
     let pid = pid_of(cluster, name);
-    let killed = Instant::now();
     // SAFETY: kill(2) on a process this test's cluster started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    wait_until_ended(pid, &format!("kill -9 of {name}"))
+}
+
+/// Waits until process `pid` has ended ([`process_ended`]); how long that took.
+pub fn wait_until_ended(pid: i32, what: &str) -> Duration {
+    let started = Instant::now();
     while !process_ended(pid) {
-        assert!(killed.elapsed() < Duration::from_secs(30), "{name} (pid {pid}) still runs 30 s after kill -9");
+        assert!(started.elapsed() < Duration::from_secs(30), "{what}: process {pid} still runs after 30 s");
         std::thread::sleep(Duration::from_millis(2));
     }
-    killed.elapsed()
+    started.elapsed()
 }
 
 /// Whether process `pid` has ended: reaped, or a zombie with no thread left
