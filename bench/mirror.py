@@ -36,7 +36,6 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import snapshots  # noqa: E402  (the cluster helpers)
 
-MIB = 1 << 20
 MIXES = [100, 70, 50, 30, 0]  # percent reads
 
 
@@ -55,7 +54,6 @@ def run_mix(uri, read_pct, seconds):
 
 def one(layout, log, args, base):
     directory = tempfile.mkdtemp(prefix=f"mirrorbench-{layout}-{log}-", dir=base)
-    cluster = snapshots.Cluster(directory)
     up = ["dev", "up", "--dir", directory, "--osds", str(args.osds), "--replicas", str(args.osds),
           "--osd-size", "1G", "--pg-num", "16", "--osd-set", f"model_flush_us={args.flush_us}"]
     if layout != "single":
@@ -65,11 +63,7 @@ def one(layout, log, args, base):
         up += ["--osd-set", "oplog_mode=file", "--osd-set", f"oplog_dir={logs}"]
     else:
         up += ["--osd-set", "oplog_mode=pmem"]
-    try:
-        cluster.duplex(*up, capture=True)
-        cluster.duplex("image", "create", "bench", "--size", "256M", capture=True)
-        uri, _ = cluster.serve("bench")
-        snapshots.fio(uri, "write", size=256 * MIB, extra=["--bs=1M"])
+    with snapshots.served_image(directory, up) as uri:
         figures = {}
         for mix in args.mixes:
             iops, p99 = run_mix(uri, mix, args.seconds)
@@ -77,8 +71,6 @@ def one(layout, log, args, base):
             print(f"{layout:6} {log:4} {mix:3}:{100 - mix:<3} {iops:9.0f} IOPS  read p99 {p99 or 0:9.0f} us",
                   file=sys.stderr, flush=True)
         return figures
-    finally:
-        cluster.down()
 
 
 def main():

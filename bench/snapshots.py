@@ -33,6 +33,7 @@ and under a random-write load.
 Stops and wipes its cluster at the end, also on failure.
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -81,6 +82,22 @@ class Cluster:
             child.kill()
             child.wait()
         subprocess.run([DUPLEX, "dev", "down", "--wipe", "--dir", self.dir], env=self.env, capture_output=True)
+
+
+@contextlib.contextmanager
+def served_image(directory, up, size_mib=256):
+    """A `dev up` cluster under `directory` (`up`: its flags), an image of
+    `size_mib` MiB written whole and served over NBD: yields its URI; the
+    cluster is stopped and wiped afterwards, also on failure."""
+    cluster = Cluster(directory)
+    try:
+        cluster.duplex(*up, capture=True)
+        cluster.duplex("image", "create", "bench", "--size", f"{size_mib}M", capture=True)
+        uri, _ = cluster.serve("bench")
+        fio(uri, "write", size=size_mib << 20, extra=["--bs=1M"])
+        yield uri
+    finally:
+        cluster.down()
 
 
 def fio(uri, rw, size=None, runtime=None, name="job", extra=()):

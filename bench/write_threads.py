@@ -31,7 +31,6 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import snapshots  # noqa: E402  (the cluster helpers)
 
-MIB = 1 << 20
 THREADS = [1, 2, 4, 8, 16]
 
 
@@ -49,16 +48,11 @@ def writes(uri, threads, seconds):
 
 def one(osds, path, args, base):
     directory = tempfile.mkdtemp(prefix=f"writethreads-{osds}-{path}-", dir=base)
-    cluster = snapshots.Cluster(directory)
     up = ["dev", "up", "--dir", directory, "--osds", str(osds), "--replicas", str(osds), "--osd-size", "1G",
           "--pg-num", "16", "--osd-set", f"model_flush_us={args.flush_us}", "--osd-set", "oplog_mode=pmem"]
     if path == "sync":
         up += ["--osd-set", "write_path=sync"]
-    try:
-        cluster.duplex(*up, capture=True)
-        cluster.duplex("image", "create", "bench", "--size", "256M", capture=True)
-        uri, _ = cluster.serve("bench")
-        snapshots.fio(uri, "write", size=256 * MIB, extra=["--bs=1M"])
+    with snapshots.served_image(directory, up) as uri:
         figures = {}
         for threads in args.threads:
             iops, p99 = writes(uri, threads, args.seconds)
@@ -66,8 +60,6 @@ def one(osds, path, args, base):
             print(f"{osds} OSD(s) {path:4} {threads:2} threads {iops:9.0f} IOPS  p99 {p99:9.0f} us",
                   file=sys.stderr, flush=True)
         return figures
-    finally:
-        cluster.down()
 
 
 def main():
