@@ -16,6 +16,13 @@ pub enum DaemonCommand {
     /// The store's mirrored pair (docs/STORE.md, "Mirrored devices").
     #[command(subcommand)]
     Mirror(MirrorCommand),
+    /// The OSD's connection policy and, for connections several threads
+    /// serve (lcam, naive), the threads serving each and their lock wait
+    /// (docs/OSD.md, "Connections and threads").
+    Connections {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -79,7 +86,45 @@ pub fn run(socket: &Path, command: DaemonCommand) -> Result<()> {
             }
             print_mirror(&reply["mirror"], json)
         }
+        DaemonCommand::Connections { json } => {
+            let reply = ask(socket, &json!({ "command": "connections" }))?;
+            print_connections(&reply, json)
+        }
     }
+}
+
+fn print_connections(reply: &Value, json: bool) -> Result<()> {
+    if json {
+        let shown = json!({ "policy": reply["policy"], "connections": reply["connections"] });
+        println!("{}", serde_json::to_string_pretty(&shown)?);
+        return Ok(());
+    }
+    let policy = reply["policy"].as_str().unwrap_or("?");
+    let conns = reply["connections"].as_array().cloned().unwrap_or_default();
+    println!("connection policy {policy}");
+    if policy == "pinned" {
+        println!("each connection is served by one thread; none is shared");
+        return Ok(());
+    }
+    println!(
+        "{:>6}  {:<22} {:<10} {:>14} {:>12} {:>16}",
+        "token", "peer", "threads", "lock wait µs", "bytes", "total wait µs"
+    );
+    for conn in &conns {
+        let threads: Vec<String> =
+            conn["workers"].as_array().map(|w| w.iter().map(|t| t.to_string()).collect()).unwrap_or_default();
+        println!(
+            "{:>6}  {:<22} {:<10} {:>14} {:>12} {:>16}",
+            conn["token"],
+            conn["peer"].as_str().unwrap_or("-"),
+            threads.join(","),
+            conn["lock_wait_us"],
+            conn["bytes"],
+            conn["total_lock_wait_us"]
+        );
+    }
+    println!("(over the last placement interval; totals since each was accepted)");
+    Ok(())
 }
 
 fn print_mirror(status: &Value, json: bool) -> Result<()> {

@@ -1086,6 +1086,33 @@ fn a_restart_changes_settings_and_keeps_data() {
     }
     client.write(pool, b"after", 0, Bytes::from_static(b"synced")).unwrap();
     assert_eq!(&client.read(pool, b"after", 0, 6).unwrap()[..], b"synced");
+    drop(client);
+
+    // The connection policy switches the same way (issue 29), and the
+    // admin socket says which one serves.
+    let lcam = ["connection_policy=lcam", "priority_threads=2", "lcam_interval_ms=100"];
+    let mut restart = cluster.cli();
+    restart.args(["dev", "restart"]);
+    for setting in lcam {
+        restart.args(["--osd-set", setting]);
+    }
+    run_ok(restart.arg("--dir").arg(cluster.path()));
+    let client = cluster.client();
+    for n in 0..16u8 {
+        assert_eq!(&client.read(pool, format!("kept.{n}").as_bytes(), 0, 4096).unwrap()[..], &vec![n; 4096][..]);
+    }
+    for n in 0..64u64 {
+        client.write(pool, b"after", n * 8, Bytes::copy_from_slice(&n.to_le_bytes())).unwrap();
+    }
+    let socket = cluster.path().join("osd.0").join("admin.sock");
+    let shown = run_ok(cluster.cli().arg("daemon").arg(&socket).args(["connections", "--json"]));
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("connections --json is JSON");
+    assert_eq!(shown["policy"], "lcam", "{shown}");
+    assert!(shown["connections"].as_array().is_some_and(|c| !c.is_empty()), "osd.0 shares no connection: {shown}");
+    let data = client.read(pool, b"after", 0, 512).unwrap();
+    for n in 0..64u64 {
+        assert_eq!(&data[n as usize * 8..n as usize * 8 + 8], &n.to_le_bytes(), "write {n} under lcam");
+    }
 }
 
 /// Issue 7, scenarios 3 and 7: osd.1 runs on its own host (network

@@ -24,6 +24,10 @@ use duplex_mon_client::Connection as OsdConnection;
 pub enum Pattern {
     RandomWrite,
     RandomRead,
+    /// Random reads and writes, `read_percent` of them reads.
+    Mix {
+        read_percent: u8,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -35,8 +39,12 @@ pub struct LoadSpec {
     pub objects: u32,
     pub object_size: u64,
     pub block: u32,
+    /// Requests each session keeps in flight ([`run`]; [`run_groups`] says its own).
     pub queue_depth: usize,
+    /// Counted from the end of `warmup`, which runs first on the same
+    /// connections (for an OSD to settle, e.g. its connection placement).
     pub duration: Duration,
+    pub warmup: Duration,
     pub seed: u64,
 }
 
@@ -69,6 +77,30 @@ impl Peer {
 
 /// Runs `spec` against the cluster `client` knows; errors are counted, not fatal.
 pub fn run(client: &ObjectClient, spec: &LoadSpec) -> std::io::Result<LoadResult> {
+    let group = Group { sessions: 1, queue_depth: spec.queue_depth };
+    let mut results = run_groups(client, spec, &[group])?;
+    Ok(results.pop().expect("one group, one result"))
+}
+
+/// Sessions alike: each its own connections (one per OSD it sends to)
+/// and its own queue depth, as separate clients would be.
+#[derive(Clone, Copy, Debug)]
+pub struct Group {
+    pub sessions: usize,
+    pub queue_depth: usize,
+}
+
+struct Session {
+    group: usize,
+    queue_depth: usize,
+    peers: HashMap<OsdId, Peer>,
+    in_flight: HashMap<u64, Instant>,
+}
+
+/// Runs `spec` (its queue depth aside) from every session of `groups` at
+/// once, in one thread: skewed load, such as a few busy clients beside
+/// many quiet ones. A result per group, its sessions' operations summed.
+pub fn run_groups(client: &ObjectClient, spec: &LoadSpec, groups: &[Group]) -> std::io::Result<Vec<LoadResult>> {
     let map = client.map();
     if !map.pools.contains_key(&spec.pool) {
         return Err(std::io::Error::other("no such pool"));
@@ -84,54 +116,76 @@ pub fn run(client: &ObjectClient, spec: &LoadSpec) -> std::io::Result<LoadResult
         targets.push((Bytes::from(name), target, primary));
     }
     let mut poll = Poll::new()?;
-    let mut peers: HashMap<OsdId, Peer> = HashMap::new();
-    let mut tokens: HashMap<usize, OsdId> = HashMap::new();
-    for (_, _, osd) in &targets {
-        if peers.contains_key(osd) {
-            continue;
+    let mut sessions: Vec<Session> = Vec::new();
+    let mut tokens: Vec<(usize, OsdId)> = Vec::new();
+    for (index, group) in groups.iter().enumerate() {
+        for _ in 0..group.sessions {
+            let mut session = Session {
+                group: index,
+                queue_depth: group.queue_depth,
+                peers: HashMap::new(),
+                in_flight: HashMap::new(),
+            };
+            for (_, _, osd) in &targets {
+                if session.peers.contains_key(osd) {
+                    continue;
+                }
+                let addr = client.addr_of(*osd).ok_or_else(|| std::io::Error::other("OSD without address"))?;
+                let (stream, inbuf) =
+                    OsdConnection::connect(addr, client.credentials(), Duration::from_secs(5))?.into_parts();
+                stream.set_nonblocking(true)?;
+                let mut stream = TcpStream::from_std(stream);
+                poll.registry().register(&mut stream, Token(tokens.len()), Interest::READABLE | Interest::WRITABLE)?;
+                tokens.push((sessions.len(), *osd));
+                session.peers.insert(*osd, Peer { stream, inbuf, out: Default::default() });
+            }
+            sessions.push(session);
         }
-        let addr = client.addr_of(*osd).ok_or_else(|| std::io::Error::other("OSD without address"))?;
-        let (stream, inbuf) = OsdConnection::connect(addr, client.credentials(), Duration::from_secs(5))?.into_parts();
-        stream.set_nonblocking(true)?;
-        let mut stream = TcpStream::from_std(stream);
-        let token = tokens.len();
-        poll.registry().register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE)?;
-        tokens.insert(token, *osd);
-        peers.insert(*osd, Peer { stream, inbuf, out: Default::default() });
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
     let blocks_per_object = (spec.object_size / spec.block as u64).max(1);
     let payload = Bytes::from(vec![0xA5u8; spec.block as usize]);
     let decoder = FrameDecoder::default();
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("static bounds");
-    let mut in_flight: HashMap<u64, Instant> = HashMap::new();
-    let (mut ops, mut errors, mut next_txid) = (0u64, 0u64, 1u64);
+    let mut results: Vec<LoadResult> = groups
+        .iter()
+        .map(|_| LoadResult {
+            ops: 0,
+            errors: 0,
+            elapsed: Duration::ZERO,
+            latency: Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("static bounds"),
+        })
+        .collect();
+    let mut next_txid = 1u64;
     // A request id per operation, as a real client sends: the OSD tracks them.
     let client_id = rand::random::<u64>() | 1;
-    let started = Instant::now();
+    let started = Instant::now() + spec.warmup;
     let deadline = started + spec.duration;
     let mut events = Events::with_capacity(64);
     loop {
         let sending = Instant::now() < deadline;
-        while sending && in_flight.len() < spec.queue_depth {
-            let (name, target, osd) = &targets[rng.gen_range(0..targets.len())];
-            let offset = rng.gen_range(0..blocks_per_object) * spec.block as u64;
-            let (kind, length, data) = match spec.pattern {
-                Pattern::RandomWrite => (OpKind::Write, spec.block, payload.clone()),
-                Pattern::RandomRead => (OpKind::Read, spec.block, Bytes::new()),
-            };
-            let request = target.request(kind, name.clone(), offset, length, data, client_id);
-            let frame = request.to_frame(next_txid);
-            let peer = peers.get_mut(osd).expect("connected above");
-            peer.out.push_back(Bytes::copy_from_slice(&frame.encode_header()));
-            peer.out.push_back(frame.payload);
-            in_flight.insert(next_txid, Instant::now());
-            next_txid += 1;
+        for session in &mut sessions {
+            while sending && session.in_flight.len() < session.queue_depth {
+                let (name, target, osd) = &targets[rng.gen_range(0..targets.len())];
+                let offset = rng.gen_range(0..blocks_per_object) * spec.block as u64;
+                let read = match spec.pattern {
+                    Pattern::RandomWrite => false,
+                    Pattern::RandomRead => true,
+                    Pattern::Mix { read_percent } => rng.gen_range(0..100) < read_percent as u32,
+                };
+                let (kind, data) = if read { (OpKind::Read, Bytes::new()) } else { (OpKind::Write, payload.clone()) };
+                let request = target.request(kind, name.clone(), offset, spec.block, data, client_id);
+                let frame = request.to_frame(next_txid);
+                let peer = session.peers.get_mut(osd).expect("connected above");
+                peer.out.push_back(Bytes::copy_from_slice(&frame.encode_header()));
+                peer.out.push_back(frame.payload);
+                session.in_flight.insert(next_txid, Instant::now());
+                next_txid += 1;
+            }
+            for peer in session.peers.values_mut() {
+                peer.flush()?;
+            }
         }
-        for peer in peers.values_mut() {
-            peer.flush()?;
-        }
-        if in_flight.is_empty() {
+        if sessions.iter().all(|s| s.in_flight.is_empty()) {
             break;
         }
         poll.poll(&mut events, Some(Duration::from_secs(10)))?;
@@ -139,8 +193,10 @@ pub fn run(client: &ObjectClient, spec: &LoadSpec) -> std::io::Result<LoadResult
             return Err(std::io::Error::new(ErrorKind::TimedOut, "no reply for 10 s"));
         }
         for event in events.iter() {
-            let Some(osd) = tokens.get(&event.token().0) else { continue };
-            let peer = peers.get_mut(osd).expect("token of a peer");
+            let Some((index, osd)) = tokens.get(event.token().0).copied() else { continue };
+            let session = &mut sessions[index];
+            let result = &mut results[session.group];
+            let peer = session.peers.get_mut(&osd).expect("token of a peer");
             loop {
                 match duplex_proto::readbuf::read_into(&peer.stream, &mut peer.inbuf, 64 << 10) {
                     Ok(0) => return Err(std::io::Error::new(ErrorKind::UnexpectedEof, format!("OSD {osd} closed"))),
@@ -151,16 +207,23 @@ pub fn run(client: &ObjectClient, spec: &LoadSpec) -> std::io::Result<LoadResult
                 }
             }
             while let Some(frame) = decoder.decode(&mut peer.inbuf).map_err(std::io::Error::other)? {
-                let Some(sent) = in_flight.remove(&frame.header.transaction_id) else { continue };
-                let _ = latency.record(sent.elapsed().as_micros().max(1) as u64);
+                let Some(sent) = session.in_flight.remove(&frame.header.transaction_id) else { continue };
+                if sent < started {
+                    continue;
+                }
+                let _ = result.latency.record(sent.elapsed().as_micros().max(1) as u64);
                 // What a client would end with success or "no such object"
                 // counts; what it would fail or retry is an error here.
-                match OpReply::decode(&frame.payload).map(|reply| placement::judge(*osd, reply, map.epoch)) {
-                    Ok(Next::Done(Ok(_) | Err(ClientError::NotFound))) => ops += 1,
-                    _ => errors += 1,
+                match OpReply::decode(&frame.payload).map(|reply| placement::judge(osd, reply, map.epoch)) {
+                    Ok(Next::Done(Ok(_) | Err(ClientError::NotFound))) => result.ops += 1,
+                    _ => result.errors += 1,
                 }
             }
         }
     }
-    Ok(LoadResult { ops, errors, elapsed: started.elapsed(), latency })
+    let elapsed = started.elapsed();
+    for result in &mut results {
+        result.elapsed = elapsed;
+    }
+    Ok(results)
 }

@@ -29,6 +29,8 @@ const MAX_REQUEST: u64 = 64 << 10;
 /// What the socket's commands act on.
 pub struct AdminTargets {
     pub mirror: Option<Arc<Mirror>>,
+    /// The priority threads' connections (`connections`).
+    pub messenger: Option<Arc<crate::io::messenger::Messenger>>,
 }
 
 /// Binds `path` (a stale socket there from a process before is removed;
@@ -98,7 +100,15 @@ fn run(line: &str, targets: &AdminTargets) -> Result<Value, String> {
             let status = serde_json::to_value(mirror.status()).map_err(|e| e.to_string())?;
             Ok(json!({ "mirror": status }))
         }
-        other => Err(format!("unknown command {other:?} (known: \"mirror status\", \"mirror replace\")")),
+        "connections" => {
+            let messenger = targets.messenger.as_ref().ok_or("this OSD has no messenger yet")?;
+            let policy = format!("{:?}", messenger.policy).to_lowercase();
+            let conns = serde_json::to_value(messenger.report()).map_err(|e| e.to_string())?;
+            Ok(json!({ "policy": policy, "connections": conns }))
+        }
+        other => {
+            Err(format!("unknown command {other:?} (known: \"mirror status\", \"mirror replace\", \"connections\")"))
+        }
     }
 }
 
@@ -108,7 +118,7 @@ mod tests {
 
     #[test]
     fn bad_requests_are_answered_with_an_error_never_a_panic() {
-        let targets = AdminTargets { mirror: None };
+        let targets = AdminTargets { mirror: None, messenger: None };
         for line in ["", "{", "[]", "{\"command\": 3}", "{\"command\": \"nope\"}", "{\"command\": \"mirror status\"}"] {
             let reply = answer(line, &targets);
             assert_eq!(reply["ok"], json!(false), "{line:?}: {reply}");
@@ -120,11 +130,11 @@ mod tests {
     fn the_socket_answers_its_owner_only_and_replaces_a_stale_one() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("admin.sock");
-        serve(&path, AdminTargets { mirror: None }).unwrap();
+        serve(&path, AdminTargets { mirror: None, messenger: None }).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         // A second daemon on the same path (the first one's socket left behind) takes it over.
-        serve(&path, AdminTargets { mirror: None }).unwrap();
+        serve(&path, AdminTargets { mirror: None, messenger: None }).unwrap();
         let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
         writeln!(stream, "{{\"command\": \"mirror status\"}}").unwrap();
         let mut line = String::new();
@@ -133,6 +143,9 @@ mod tests {
         assert!(reply["error"].as_str().unwrap().contains("not a mirror"), "{reply}");
         let file = dir.path().join("plain");
         std::fs::write(&file, b"x").unwrap();
-        assert!(serve(&file, AdminTargets { mirror: None }).is_err(), "a file that is not a socket is kept");
+        assert!(
+            serve(&file, AdminTargets { mirror: None, messenger: None }).is_err(),
+            "a file that is not a socket is kept"
+        );
     }
 }

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::{OplogMode, OsdConfig, Threading, WritePath};
+use crate::config::{ConnectionPolicy, OplogMode, OsdConfig, Threading, WritePath};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use duplex_store::{DeviceConfig, DeviceFaults, DirectIo, MkfsOptions, StoreConfig};
@@ -109,6 +109,16 @@ pub struct OsdArgs {
     /// Worker threads with --threading pool.
     #[arg(long, default_value_t = 2)]
     pool_threads: usize,
+    /// Which priority threads serve each connection: pinned (one each),
+    /// lcam (busy connections gain threads while they do not contend for
+    /// its lock), naive (every thread serves every connection).
+    #[arg(long, value_enum, default_value_t = ConnectionPolicy::Pinned)]
+    connection_policy: ConnectionPolicy,
+    /// With --connection-policy lcam: how often connections are placed
+    /// anew (ms); a connection whose threads waited for its lock more
+    /// than 10% of it loses one.
+    #[arg(long, default_value_t = crate::io::lcam::DEFAULT_INTERVAL.as_millis() as u64)]
+    lcam_interval_ms: u64,
     /// Deep-scrub each PG this OSD is primary of this often (seconds; 0:
     /// never). A scrub reports bad copies; `duplex pg repair` fixes them.
     #[arg(long, default_value_t = 7 * 24 * 3600)]
@@ -198,6 +208,14 @@ pub fn run(args: OsdArgs) -> Result<()> {
     config.write_path = args.write_path;
     config.threading = args.threading;
     config.pool_threads = args.pool_threads;
+    if args.lcam_interval_ms == 0 {
+        bail!("--lcam-interval-ms must be at least 1");
+    }
+    if args.connection_policy != ConnectionPolicy::Pinned && args.threading == Threading::Pool {
+        bail!("--connection-policy lcam or naive needs --threading prioritized: the pool's messengers are its own");
+    }
+    config.connection_policy = args.connection_policy;
+    config.lcam_interval = Duration::from_millis(args.lcam_interval_ms);
     config.scrub_interval = Duration::from_secs(args.scrub_interval_s);
     config.recovery_bytes_per_sec = args.recovery_bytes_per_sec;
     config.dedup_cold_after = Duration::from_secs(args.dedup_cold_s);

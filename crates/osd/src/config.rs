@@ -42,6 +42,21 @@ pub enum Threading {
     Pool,
 }
 
+/// Which priority threads serve each connection (issue 29; docs/OSD.md,
+/// "Connections and threads").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConnectionPolicy {
+    /// One thread per connection, for its life (given out in turn).
+    Pinned,
+    /// Lock-contention-aware (the Async-LCAM paper): a busy connection
+    /// gains threads each interval while they do not fight over its lock,
+    /// and loses the one added last when they do.
+    Lcam,
+    /// Every thread serves every connection: the naive baseline the
+    /// paper measures against.
+    Naive,
+}
+
 #[derive(Clone, Debug)]
 pub struct OsdConfig {
     pub id: u32,
@@ -77,6 +92,10 @@ pub struct OsdConfig {
     pub flush_timeout: Duration,
     pub write_path: WritePath,
     pub threading: Threading,
+    pub connection_policy: ConnectionPolicy,
+    /// `lcam`: how often connections are placed anew (the threshold is
+    /// 10% of it).
+    pub lcam_interval: Duration,
     pub heartbeat_interval: Duration,
     /// How often each PG this OSD is primary of is deep-scrubbed (its
     /// copies compared, reported, not repaired); zero: never.
@@ -122,6 +141,8 @@ impl OsdConfig {
             flush_timeout: Duration::from_millis(1),
             write_path: WritePath::Oplog,
             threading: Threading::Prioritized,
+            connection_policy: ConnectionPolicy::Pinned,
+            lcam_interval: crate::io::lcam::DEFAULT_INTERVAL,
             heartbeat_interval: Duration::from_secs(1),
             scrub_interval: Duration::from_secs(7 * 24 * 3600),
             recovery_bytes_per_sec: DEFAULT_RECOVERY_BYTES_PER_SEC,

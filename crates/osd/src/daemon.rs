@@ -13,7 +13,7 @@ use duplex_mon_client::Credentials;
 use duplex_store::{Store, StoreConfig};
 
 use crate::cluster::{boot, follow, heartbeat, heartbeat_client, MapCell, MonLink};
-use crate::config::{OsdConfig, Threading};
+use crate::config::{ConnectionPolicy, OsdConfig, Threading};
 use crate::flusher::Flusher;
 use crate::io::event_loop::{PriorityThread, WAKER};
 use crate::io::pool::{pool_worker, Pool};
@@ -84,15 +84,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     tracing::info!(epoch = map.epoch, addr = %public, "registered");
     let cell = Arc::new(MapCell::new(map));
     let metrics = Arc::new(Metrics::default());
-    if let Some(path) = &config.admin_socket {
-        let targets = crate::admin_socket::AdminTargets { mirror: mirror.clone() };
-        match crate::admin_socket::serve(path, targets) {
-            Ok(()) => tracing::info!(socket = %path.display(), "admin socket"),
-            // The OSD serves without it; the operator is told why.
-            Err(err) => tracing::error!(socket = %path.display(), %err, "no admin socket"),
-        }
-    }
-    if let Some(mirror) = mirror {
+    if let Some(mirror) = mirror.clone() {
         let _ = metrics.mirror.set(mirror);
     }
 
@@ -147,6 +139,23 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     }
     let shared =
         Arc::new(Shared::new(config.clone(), pgs.clone(), cell, metrics.clone(), flusher_senders, scrub_requests));
+    let _ = metrics.messenger.set(shared.messenger.clone());
+    if let Some(path) = &config.admin_socket {
+        let targets =
+            crate::admin_socket::AdminTargets { mirror: mirror.clone(), messenger: Some(shared.messenger.clone()) };
+        match crate::admin_socket::serve(path, targets) {
+            Ok(()) => tracing::info!(socket = %path.display(), "admin socket"),
+            // The OSD serves without it; the operator is told why.
+            Err(err) => tracing::error!(socket = %path.display(), %err, "no admin socket"),
+        }
+    }
+    if config.connection_policy != ConnectionPolicy::Pinned {
+        // Under lcam it places; under naive it only measures.
+        let (messenger, mailboxes, interval) = (shared.messenger.clone(), mailboxes.clone(), config.lcam_interval);
+        std::thread::Builder::new()
+            .name("osd-lcam".into())
+            .spawn(move || crate::io::messenger::run_placer(messenger, mailboxes, interval))?;
+    }
     shared.watchers.connect(mailboxes.clone());
     {
         let (sender, jobs) = crossbeam_channel::bounded(crate::trimmer::TRIM_QUEUE);

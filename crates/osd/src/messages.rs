@@ -22,7 +22,9 @@
 //! never block. It is bounded by what its thread admitted instead: every
 //! completion answers a request one of its connections has in flight (at
 //! most `MAX_IN_FLIGHT` each, `MAX_CONNECTIONS` connections) or an entry a
-//! peer has in flight (bounded the same way at the primary), and the one
+//! peer has in flight (bounded the same way at the primary), or changes
+//! which connections it serves (one per connection and thread, per
+//! placement interval or close), and the one
 //! broadcast, [`Completion::Flushed`], is coalesced: at most one waits in a
 //! mailbox at a time.
 
@@ -160,6 +162,10 @@ pub struct ClientOp {
     pub txid: u64,
     pub request: OpRequest,
     pub arrived: Instant,
+    /// On a connection several threads serve: its place in its PG's
+    /// order there (`crate::io::order`); it must take effect before the
+    /// next ticket of its lane is let run.
+    pub ticket: Option<crate::io::order::Ticket>,
 }
 
 /// What the owning priority thread does next for an operation.
@@ -293,8 +299,14 @@ pub enum Completion {
     /// waiting for replicas fail now (`Retry`), not at the next periodic
     /// check, so clients resend to the PG's new interval at once.
     Fenced,
-    /// A new connection for this thread to own.
-    Accepted(mio::net::TcpStream),
+    /// Serve this connection: watch it in this thread's poll (a new one,
+    /// or one the placement adds this thread to).
+    Serve(Arc<crate::io::conn_cell::ConnCell>),
+    /// `lcam`: stop watching this connection (replies to what this thread
+    /// took from it still go out on it).
+    Unserve(usize),
+    /// This connection closed: drop it from this thread's table.
+    Forget(usize),
     /// Pool mode: a worker ran a request; the thread does the I/O it asks for.
     Worked(Box<Outcome>),
     /// An erasure-coded object this thread's client waited on is free: run

@@ -46,6 +46,8 @@ pub struct Shared {
     /// is none, as in the simulator): a deduplicated PG's index is wanted,
     /// or a chunk waits to be promoted.
     pub tier_wake: OnceLock<crossbeam_channel::Sender<()>>,
+    /// Which priority threads serve each connection, and what they carried.
+    pub messenger: Arc<crate::io::messenger::Messenger>,
     next_txid: AtomicU64,
 }
 
@@ -59,6 +61,11 @@ impl Shared {
         scrub_requests: ScrubRequests,
     ) -> Shared {
         Shared {
+            messenger: Arc::new(crate::io::messenger::Messenger::new(
+                config.connection_policy,
+                config.priority_threads.max(1),
+                config.lcam_interval,
+            )),
             config,
             pgs,
             map,

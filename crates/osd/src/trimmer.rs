@@ -160,7 +160,15 @@ impl Trimmer {
                 snap: 0,
             };
             let txid = self.shared.txid();
-            let op = ClientOp { thread: 0, token: NO_CONNECTION, slot: 0, txid, request, arrived: Instant::now() };
+            let op = ClientOp {
+                thread: 0,
+                token: NO_CONNECTION,
+                slot: 0,
+                txid,
+                request,
+                arrived: Instant::now(),
+                ticket: None,
+            };
             self.shared.metrics.snap_trims.add(1);
             match ops::client_op(&self.shared, &mut self.cache, &self.histograms, op) {
                 Outcome::Queued => {}

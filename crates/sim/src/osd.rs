@@ -545,7 +545,8 @@ impl SimOsd {
 
     fn client_request(&mut self, ctx: &mut Ctx, client: usize, tid: u64, request: OpRequest) {
         tracing::trace!(at = ctx.now, osd = self.id, client, tid, kind = ?request.kind, pg = request.pg, "client op");
-        let op = ClientOp { thread: 0, token: client, slot: tid, txid: tid, request, arrived: ctx.instant() };
+        let op =
+            ClientOp { thread: 0, token: client, slot: tid, txid: tid, request, arrived: ctx.instant(), ticket: None };
         self.run_client_op(ctx, op);
         self.drain(ctx);
     }
@@ -687,10 +688,14 @@ impl SimOsd {
                 // Its tick fails outlived writes every TICK_US (50 ms) already.
                 Completion::Fenced => live.flusher.mailboxes[0].took_fenced(),
                 Completion::LocalApplied { .. }
-                | Completion::Accepted(_)
+                | Completion::Serve(_)
+                | Completion::Unserve(_)
+                | Completion::Forget(_)
                 | Completion::Worked(_)
                 | Completion::Resume(_) => {
-                    unreachable!("the simulator runs neither the sync path, the pool nor erasure-coded pools")
+                    unreachable!(
+                        "the simulator runs neither the sync path, the pool, erasure-coded pools nor connection placement"
+                    )
                 }
             }
         }

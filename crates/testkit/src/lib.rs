@@ -215,12 +215,13 @@ impl LocalCluster {
 
     /// The OSD's metrics page.
     pub fn metrics(&self, id: u32) -> Result<String> {
-        let osd = self.osds.get(&id).context("no such OSD")?;
-        let mut stream = TcpStream::connect(osd.admin)?;
-        stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
-        let mut body = String::new();
-        stream.read_to_string(&mut body)?;
-        Ok(body)
+        metrics_page(self.osds.get(&id).context("no such OSD")?.admin)
+    }
+
+    /// One request on OSD `id`'s admin socket (`<oplog dir>/admin.sock`),
+    /// such as `{"command":"connections"}`: its JSON answer.
+    pub fn admin_command(&self, id: u32, request: &str) -> Result<serde_json::Value> {
+        admin_command(&self.osds.get(&id).context("no such OSD")?.oplog_dir.join("admin.sock"), request)
     }
 
     /// One metric of one OSD (the line starting with `name_and_labels `).
@@ -269,6 +270,29 @@ fn dir_bytes(dir: &Path) -> Result<(u64, u64)> {
 }
 
 /// The value of the line starting with `name_and_labels ` in a metrics page.
+/// One request on an OSD's admin socket at `socket`: its JSON answer.
+pub fn admin_command(socket: &Path, request: &str) -> Result<serde_json::Value> {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    writeln!(stream, "{request}")?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let answer: serde_json::Value = serde_json::from_str(answer.trim())?;
+    if answer["ok"] != serde_json::Value::Bool(true) {
+        bail!("{} refused {request}: {answer}", socket.display());
+    }
+    Ok(answer)
+}
+
+/// The metrics page an OSD serves on `admin` (its `--admin` address).
+pub fn metrics_page(admin: SocketAddr) -> Result<String> {
+    let mut stream = TcpStream::connect(admin)?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body)
+}
+
 pub fn metric_in(page: &str, name_and_labels: &str) -> Option<f64> {
     page.lines().find_map(|l| l.strip_prefix(name_and_labels).and_then(|v| v.trim().parse::<f64>().ok()))
 }

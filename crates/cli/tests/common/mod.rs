@@ -100,7 +100,15 @@ impl DevCluster {
         let dir = tempfile::Builder::new().prefix("duplex-test-").tempdir().expect("temp dir");
         let cluster = DevCluster { dir, _turn: turn };
         let size: &[&str] = if args.contains(&"--osd-size") { &[] } else { &["--osd-size", "768M"] };
-        run_ok(duplex().args(["dev", "up"]).args(size).args(args).arg("--dir").arg(cluster.path()));
+        // DUPLEX_TEST_OSD_SET="connection_policy=lcam priority_threads=2":
+        // every cluster's OSDs with these settings (the fault scenarios
+        // under another OSD configuration; docs/RELIABILITY.md).
+        let extra: Vec<String> = std::env::var("DUPLEX_TEST_OSD_SET")
+            .unwrap_or_default()
+            .split_whitespace()
+            .flat_map(|setting| ["--osd-set".to_string(), setting.to_string()])
+            .collect();
+        run_ok(duplex().args(["dev", "up"]).args(size).args(args).args(&extra).arg("--dir").arg(cluster.path()));
         cluster
     }
 

@@ -9,12 +9,15 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use duplex_map::OsdId;
-use duplex_proto::osd::OpReply;
+use duplex_proto::osd::{OpKind, OpReply, OpRequest};
+use duplex_proto::peering::PeerRequest;
 use duplex_proto::session::Event;
-use duplex_proto::{Frame, FrameDecoder, Session, SessionError};
+use duplex_proto::{Frame, FrameDecoder, MessageType, Session, SessionError};
 use mio::net::TcpStream;
 
+use crate::io::order::{Ticket, Tickets};
 use crate::messages::ClientOp;
+use crate::pg::pg_key;
 
 /// Payloads up to this size are copied into the staging buffer (one
 /// syscall for many small frames); larger ones are queued by reference.
@@ -51,6 +54,26 @@ pub struct Conn {
     /// Reading stopped at [`MAX_IN_FLIGHT`]; resume when replies have left.
     pub paused: bool,
     pub closing: bool,
+    /// Shared connections: the tickets its requests took (`order.rs`).
+    tickets: Tickets,
+}
+
+/// A message read from a connection, with its reply slot and its ticket
+/// taken in arrival order, under the connection's lock.
+pub enum Inbound {
+    /// A client operation; `slot`: its reply's place (none for a watch,
+    /// which is answered on its own).
+    Op { txid: u64, request: OpRequest, slot: Option<u64>, ticket: Option<Ticket> },
+    /// Any other message.
+    Frame { frame: Frame, ticket: Option<Ticket> },
+}
+
+impl Inbound {
+    pub fn ticket(&self) -> Option<Ticket> {
+        match self {
+            Inbound::Op { ticket, .. } | Inbound::Frame { ticket, .. } => *ticket,
+        }
+    }
 }
 
 impl Conn {
@@ -69,6 +92,41 @@ impl Conn {
             parked: VecDeque::new(),
             paused: false,
             closing: false,
+            tickets: Tickets::default(),
+        }
+    }
+
+    /// Takes what a message needs in arrival order: a client operation's
+    /// reply slot (decoding it), and with `ordered` (a shared connection)
+    /// a ticket for each message that must take effect in order: client
+    /// operations, replicated entries and peering requests, by PG.
+    pub fn classify(&mut self, frame: Frame, ordered: bool) -> Result<Inbound, String> {
+        let txid = frame.header.transaction_id;
+        let kind = MessageType::from_u8(frame.header.message_type);
+        if self.role != Role::Accepted {
+            return Ok(Inbound::Frame { frame, ticket: None });
+        }
+        match kind {
+            Some(MessageType::OsdOp) => {
+                let request = OpRequest::decode(&frame.payload).map_err(|e| format!("bad request: {e}"))?;
+                // A long poll takes no slot and keeps no order: it only waits.
+                if request.kind == OpKind::Watch {
+                    return Ok(Inbound::Op { txid, request, slot: None, ticket: None });
+                }
+                let slot = Some(self.take_slot(txid));
+                let ticket = ordered.then(|| self.tickets.issue(pg_key(request.pool, request.pg).unwrap_or(0)));
+                Ok(Inbound::Op { txid, request, slot, ticket })
+            }
+            Some(MessageType::RepOp) if ordered => {
+                let pg = duplex_oplog::entry::peek_pg(&frame.payload).unwrap_or(0);
+                Ok(Inbound::Frame { ticket: Some(self.tickets.issue(pg)), frame })
+            }
+            Some(MessageType::PeerRequest) if ordered => {
+                // Decoded again where it is handled: peering messages are rare.
+                let pg = PeerRequest::decode(&frame.payload).map_or(0, |request| request.pg);
+                Ok(Inbound::Frame { ticket: Some(self.tickets.issue(pg)), frame })
+            }
+            _ => Ok(Inbound::Frame { frame, ticket: None }),
         }
     }
 

@@ -218,7 +218,15 @@ mod tests {
     fn task(id: u64, reads: &[OsdId]) -> Box<EcTask> {
         Box::new(EcTask {
             id,
-            op: ClientOp { thread: 0, token: 5, slot: 1, txid: 9, request: request(), arrived: Instant::now() },
+            op: ClientOp {
+                thread: 0,
+                token: 5,
+                slot: 1,
+                txid: 9,
+                request: request(),
+                arrived: Instant::now(),
+                ticket: None,
+            },
             pg: 3,
             map_epoch: 4,
             seq: 0,

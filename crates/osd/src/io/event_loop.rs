@@ -4,24 +4,27 @@
 //! `threading = pool`), replicates on its own peer connections, logs
 //! replicated entries, and replies in request order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use duplex_map::OsdId;
-use duplex_proto::osd::{OpKind, OpReply, OpRequest, OsdStats, RepReply, Status};
+use duplex_proto::osd::{OpKind, OpReply, OsdStats, RepReply, Status};
 use duplex_proto::peering::{PeerOp, PeerReply, PeerRequest};
 use duplex_proto::{Frame, Handshake, MessageType, Session};
 use mio::net::{TcpListener, TcpStream};
+use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 
 use crate::cluster::ActingCache;
-use crate::io::conn::{Conn, ConnError, Role, WarnLimit, MAX_IN_FLIGHT};
+use crate::io::conn::{Conn, ConnError, Inbound, Role, WarnLimit, MAX_IN_FLIGHT};
+use crate::io::conn_cell::ConnCell;
 use crate::io::ec_settle::{self, EcIo};
 use crate::io::erasure::{EcTasks, Settled};
 use crate::io::ops;
+use crate::io::order::Ticket;
 use crate::io::pending::{Finished, PendingWrites, WriteInfo, REPLICATION_TIMEOUT};
 use crate::io::pool::Pool;
 use crate::messages::{
@@ -33,7 +36,6 @@ use crate::shared::Shared;
 
 pub const LISTENER: Token = Token(0);
 pub const WAKER: Token = Token(1);
-const FIRST_CONN: usize = 2;
 /// Accepted connections an OSD holds at once (clients and peers); more are refused.
 pub const MAX_CONNECTIONS: usize = 4096;
 /// How often pending writes are checked against that timeout.
@@ -48,8 +50,14 @@ pub struct PriorityThread {
     pub listener: Option<TcpListener>,
     /// `threading = pool`: where operations run instead of inline.
     pub pool: Option<Pool>,
-    conns: HashMap<usize, Conn>,
-    next_token: usize,
+    /// The connections this thread knows: those it serves, and (under
+    /// `lcam`) those it stopped serving but may still answer on. Tokens
+    /// are the process's (`Messenger::token`), the same in every thread.
+    conns: HashMap<usize, Arc<ConnCell>>,
+    /// Those of `conns` in this thread's poll.
+    polled: HashSet<usize>,
+    /// Messages read in one batch, reused.
+    inbound: Vec<Inbound>,
     peers: HashMap<OsdId, usize>,
     pending: PendingWrites<ClientSlot>,
     /// Erasure-coded operations waiting for their shards.
@@ -61,7 +69,6 @@ pub struct PriorityThread {
     repairs_asked: HashMap<u32, Instant>,
     cache: ActingCache,
     histograms: Histograms,
-    next_accept: usize,
     touched: Vec<usize>,
     resume: Vec<usize>,
     /// Warnings about refused connections, at most one a second.
@@ -90,7 +97,8 @@ impl PriorityThread {
             listener,
             pool,
             conns: HashMap::new(),
-            next_token: FIRST_CONN,
+            polled: HashSet::new(),
+            inbound: Vec::new(),
             peers: HashMap::new(),
             pending: PendingWrites::default(),
             ec: EcTasks::default(),
@@ -98,7 +106,6 @@ impl PriorityThread {
             repairs_asked: HashMap::new(),
             cache,
             histograms,
-            next_accept: 0,
             touched: Vec::new(),
             resume: Vec::new(),
             refusals: WarnLimit::new(),
@@ -112,9 +119,17 @@ impl PriorityThread {
                 return;
             }
         }
-        let mut events = Events::with_capacity(256);
+        let mut max_events = self.shared.messenger.max_events();
+        let mut events = Events::with_capacity(max_events);
         let mut next_check = Instant::now() + PENDING_CHECK;
         loop {
+            // The paper's maxevents (connections ÷ threads) moves with the
+            // placement: each thread takes its share of the ready ones.
+            let wanted = self.shared.messenger.max_events();
+            if wanted != max_events {
+                max_events = wanted;
+                events = Events::with_capacity(wanted);
+            }
             let timeout = (!self.pending.is_empty() || !self.ec.is_empty() || self.shared.watchers.any())
                 .then(|| next_check.saturating_duration_since(Instant::now()));
             if let Err(err) = self.poll.poll(&mut events, timeout) {
@@ -144,7 +159,7 @@ impl PriorityThread {
             }
             // Connections paused at their in-flight limit that have room again.
             while let Some(token) = self.resume.pop() {
-                if self.conns.get(&token).is_some_and(|c| c.paused) {
+                if self.conns.get(&token).is_some_and(|c| c.lock().paused) {
                     self.on_readable(token);
                 }
             }
@@ -188,12 +203,18 @@ impl PriorityThread {
                         continue;
                     }
                     let _ = stream.set_nodelay(true);
-                    let target = self.next_accept % self.mailboxes.len();
-                    self.next_accept += 1;
-                    if target == self.index {
-                        self.adopt(stream);
-                    } else {
-                        self.mailboxes[target].post_and_wake(Completion::Accepted(stream));
+                    let config = &self.shared.config;
+                    let session = Session::new(Handshake::server(config.fsid, &config.secret, rand::random()));
+                    let messenger = &self.shared.messenger;
+                    let conn = Conn::new(stream, session, Role::Accepted);
+                    let cell = Arc::new(ConnCell::new(messenger.token(), conn, messenger.shares_accepted()));
+                    self.shared.connections.fetch_add(1, Ordering::Relaxed);
+                    for worker in messenger.place_new(&cell) {
+                        if worker == self.index {
+                            self.serve(cell.clone());
+                        } else {
+                            self.mailboxes[worker].post_and_wake(Completion::Serve(cell.clone()));
+                        }
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
@@ -205,26 +226,47 @@ impl PriorityThread {
         }
     }
 
-    fn register(&mut self, mut conn: Conn) -> Option<usize> {
-        let token = self.next_token;
-        self.next_token += 1;
-        if let Err(err) =
-            self.poll.registry().register(&mut conn.stream, Token(token), Interest::READABLE | Interest::WRITABLE)
-        {
-            tracing::warn!(%err, "cannot watch a connection");
-            return None;
+    /// Starts serving a connection: it joins this thread's poll (its
+    /// socket is registered by descriptor, as under `lcam` it is in
+    /// several threads' polls at once). False if it cannot be watched.
+    fn serve(&mut self, cell: Arc<ConnCell>) -> bool {
+        let token = cell.token;
+        debug_assert!(
+            cell.role == Role::Accepted || !cell.is_shared(),
+            "a peer connection of ours is shared: its acknowledgements would reach the wrong thread"
+        );
+        if cell.is_closed() || self.polled.contains(&token) {
+            return !cell.is_closed();
         }
-        let reused = self.conns.insert(token, conn);
-        debug_assert!(reused.is_none(), "connection token {token} given out twice");
-        Some(token)
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        if let Err(err) = self.poll.registry().register(&mut SourceFd(&cell.fd), Token(token), interest) {
+            tracing::warn!(%err, token, "cannot watch a connection");
+            if !self.conns.contains_key(&token) {
+                // A new one nobody else may serve: it closes.
+                self.close(&cell, ConnError::Io(err));
+            }
+            return false;
+        }
+        self.polled.insert(token);
+        if let Some(known) = self.conns.insert(token, cell.clone()) {
+            debug_assert!(Arc::ptr_eq(&known, &cell), "connection token {token} given out twice");
+        }
+        true
     }
 
-    fn adopt(&mut self, stream: TcpStream) {
-        let config = &self.shared.config;
-        let session = Session::new(Handshake::server(config.fsid, &config.secret, rand::random()));
-        if self.register(Conn::new(stream, session, Role::Accepted)).is_some() {
-            self.shared.connections.fetch_add(1, Ordering::Relaxed);
+    /// `lcam`: stops watching a connection, keeping it to answer on.
+    fn unserve(&mut self, token: usize) {
+        if self.polled.remove(&token) {
+            if let Some(cell) = self.conns.get(&token) {
+                let _ = self.poll.registry().deregister(&mut SourceFd(&cell.fd));
+            }
         }
+    }
+
+    /// A connection another thread closed: out of this thread's poll and table.
+    fn forget(&mut self, token: usize) {
+        self.unserve(token);
+        self.conns.remove(&token);
     }
 
     /// This thread's connection to peer `osd`, opened on first use.
@@ -250,7 +292,12 @@ impl PriorityThread {
             Handshake::client(config.fsid, &config.secret, rand::random(), &format!("osd.{}", config.id));
         let mut conn = Conn::new(stream, Session::new(handshake), Role::Peer(osd));
         conn.push(&hello);
-        let token = self.register(conn)?;
+        // Ours alone: the replies to our writes come back to this thread.
+        let cell = Arc::new(ConnCell::new(self.shared.messenger.token(), conn, false));
+        let token = cell.token;
+        if !self.serve(cell) {
+            return None;
+        }
         self.peers.insert(osd, token);
         self.touched.push(token);
         Some(token)
@@ -258,58 +305,146 @@ impl PriorityThread {
 
     fn on_readable(&mut self, token: usize) {
         loop {
-            let Some(conn) = self.conns.get_mut(&token) else { return };
-            let messages = match conn.read() {
-                Ok(messages) => messages,
+            let Some(cell) = self.conns.get(&token) else { return };
+            if cell.is_closed() {
+                self.forget(token);
+                return;
+            }
+            let cell = cell.clone();
+            let mut inbound = std::mem::take(&mut self.inbound);
+            debug_assert!(inbound.is_empty(), "a read batch left over");
+            // Under the connection's lock: read, and take the reply slots
+            // and tickets in arrival order; the messages run after it is
+            // released, so that another thread may read the next batch.
+            let read = {
+                let mut conn = cell.lock();
+                if conn.closing {
+                    // Another thread read its end and closes it.
+                    Ok(false)
+                } else {
+                    self.read_batch(&cell, &mut conn, &mut inbound).map(|()| conn.closing)
+                }
+            };
+            let closing = match read {
+                Ok(read) => read,
                 Err(err) => {
+                    self.inbound = inbound;
+                    self.inbound.clear();
                     self.drop_conn(token, err);
                     return;
                 }
             };
-            let role = conn.role;
-            for frame in messages {
-                if let Err(why) = self.on_message(token, role, frame) {
-                    self.drop_conn(token, ConnError::Protocol(why));
-                    return;
+            let mut failed = None;
+            for message in inbound.drain(..) {
+                if failed.is_none() {
+                    if let Err(why) = self.admit(&cell, token, message) {
+                        failed = Some(why);
+                    }
                 }
             }
-            let Some(conn) = self.conns.get(&token) else { return };
-            if conn.closing {
+            self.inbound = inbound;
+            if let Some(why) = failed {
+                self.drop_conn(token, ConnError::Protocol(why));
+                return;
+            }
+            if closing {
                 self.drop_conn(token, ConnError::Closed);
                 return;
             }
             // Paused with room again (the messages were answered at once): read on.
+            let conn = cell.lock();
             if !(conn.paused && conn.in_flight() < MAX_IN_FLIGHT) {
                 return;
             }
         }
     }
 
-    fn on_message(&mut self, token: usize, role: Role, frame: Frame) -> Result<(), String> {
+    /// Reads what the socket has and classifies it (slots, tickets) into `inbound`.
+    fn read_batch(&self, cell: &ConnCell, conn: &mut Conn, inbound: &mut Vec<Inbound>) -> Result<(), ConnError> {
+        let frames = conn.read()?;
+        let mut bytes = 0;
+        let count = frames.len() as u64;
+        for frame in frames {
+            bytes += (duplex_proto::frame::HEADER_LEN + frame.payload.len()) as u64;
+            inbound.push(conn.classify(frame, cell.is_shared()).map_err(ConnError::Protocol)?);
+        }
+        if count > 0 {
+            self.shared.messenger.count(self.index, count, bytes);
+            cell.carried(bytes);
+        }
+        Ok(())
+    }
+
+    /// Runs a message now, or (on a shared connection) when every earlier
+    /// one of its lane has taken effect (`order.rs`).
+    fn admit(&mut self, cell: &Arc<ConnCell>, token: usize, message: Inbound) -> Result<(), String> {
+        debug_assert!(message.ticket().is_none() || cell.is_shared(), "a ticket on a connection one thread serves");
+        let Some(ticket) = message.ticket() else {
+            self.dispatch(token, cell.role, message)?;
+            return Ok(());
+        };
+        let Some(message) = cell.enter(ticket, message) else {
+            self.shared.messenger.order_waited();
+            return Ok(());
+        };
+        if self.dispatch(token, cell.role, message)? {
+            self.advance(cell, token, ticket)?;
+        }
+        Ok(())
+    }
+
+    /// `ticket` took effect: runs the messages of its lane that waited for it.
+    fn advance(&mut self, cell: &Arc<ConnCell>, token: usize, mut ticket: Ticket) -> Result<(), String> {
+        while let Some((next, message)) = cell.leave(ticket) {
+            if !self.dispatch(token, cell.role, message)? {
+                break;
+            }
+            ticket = next;
+        }
+        Ok(())
+    }
+
+    /// Handles one message. False: a client operation was parked (it
+    /// waits for log room, so its lane does not move on yet).
+    fn dispatch(&mut self, token: usize, role: Role, message: Inbound) -> Result<bool, String> {
+        let frame = match message {
+            Inbound::Op { txid, request, slot: None, .. } => {
+                // A long poll takes no reply slot (watchers.rs): its answer
+                // goes out on its own, now or when the watchers send it.
+                let op = ClientOp {
+                    thread: self.index,
+                    token,
+                    slot: 0,
+                    txid,
+                    request,
+                    arrived: Instant::now(),
+                    ticket: None,
+                };
+                if let Outcome::Reply { reply, .. } =
+                    ops::client_op(&self.shared, &mut self.cache, &self.histograms, op)
+                {
+                    self.send(token, &reply.to_frame(txid));
+                }
+                return Ok(true);
+            }
+            Inbound::Op { txid, request, slot: Some(slot), ticket } => {
+                let op = ClientOp { thread: self.index, token, slot, txid, request, arrived: Instant::now(), ticket };
+                let Some(cell) = self.conns.get(&token) else { return Ok(true) };
+                let op = {
+                    let mut conn = cell.lock();
+                    if conn.parked.is_empty() {
+                        op
+                    } else {
+                        conn.parked.push_back(op);
+                        return Ok(false);
+                    }
+                };
+                return Ok(self.run_client(op, false));
+            }
+            Inbound::Frame { frame, .. } => frame,
+        };
         let txid = frame.header.transaction_id;
         match (MessageType::from_u8(frame.header.message_type), role) {
-            (Some(MessageType::OsdOp), Role::Accepted) => {
-                let request = OpRequest::decode(&frame.payload).map_err(|e| format!("bad request: {e}"))?;
-                if request.kind == OpKind::Watch {
-                    // A long poll takes no reply slot (watchers.rs): its answer
-                    // goes out on its own, now or when the watchers send it.
-                    let op = ClientOp { thread: self.index, token, slot: 0, txid, request, arrived: Instant::now() };
-                    if let Outcome::Reply { reply, .. } =
-                        ops::client_op(&self.shared, &mut self.cache, &self.histograms, op)
-                    {
-                        self.send(token, &reply.to_frame(txid));
-                    }
-                    return Ok(());
-                }
-                let conn = self.conns.get_mut(&token).expect("the connection being read");
-                let slot = conn.take_slot(txid);
-                let op = ClientOp { thread: self.index, token, slot, txid, request, arrived: Instant::now() };
-                if !conn.parked.is_empty() {
-                    conn.parked.push_back(op);
-                } else {
-                    self.run_client(op, false);
-                }
-            }
             (Some(MessageType::RepOp), Role::Accepted) => {
                 let to = ReplyTo { thread: self.index, token, txid };
                 if let Some(pool) = &self.pool {
@@ -394,13 +529,11 @@ impl PriorityThread {
             }
             (Some(MessageType::Ping), _) => {
                 let pong = Frame::new(MessageType::Pong, txid, frame.payload);
-                if let Some(conn) = self.conns.get_mut(&token) {
-                    conn.push(&pong);
-                }
+                self.send(token, &pong);
             }
             (kind, role) => return Err(format!("unexpected {kind:?} on a {role:?} connection")),
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Runs (or queues to the pool) a client operation. `retry`: it came
@@ -413,7 +546,8 @@ impl PriorityThread {
         }
         match ops::client_op(&self.shared, &mut self.cache, &self.histograms, op) {
             Outcome::Full(op) => {
-                if let Some(conn) = self.conns.get_mut(&op.token) {
+                if let Some(cell) = self.conns.get(&op.token) {
+                    let mut conn = cell.lock();
                     if retry {
                         conn.parked.push_front(op);
                     } else {
@@ -453,10 +587,7 @@ impl PriorityThread {
                 let mut pending = std::mem::take(&mut self.pending);
                 let finished = pending.register(txid, info, replicas, local.is_some(), Instant::now(), |osd| {
                     let Some(peer) = self.peer(osd) else { return false };
-                    if let Some(conn) = self.conns.get_mut(&peer) {
-                        conn.push(&frame);
-                        self.touched.push(peer);
-                    }
+                    self.send(peer, &frame);
                     true
                 });
                 self.pending = pending;
@@ -475,8 +606,8 @@ impl PriorityThread {
                 // run_client parks these itself and pool workers wait for room,
                 // so none should come here; parking is still the safe answer.
                 tracing::warn!("a full-log outcome reached execute; parking it");
-                if let Some(conn) = self.conns.get_mut(&op.token) {
-                    conn.parked.push_back(op);
+                if let Some(cell) = self.conns.get(&op.token) {
+                    cell.lock().parked.push_back(op);
                 }
             }
             Outcome::Acks { pg, acks, status } => {
@@ -496,18 +627,24 @@ impl PriorityThread {
         if reply.status != Status::Ok && reply.status != Status::NotFound {
             self.shared.metrics.errors.add(1);
         }
-        if let Some(conn) = self.conns.get_mut(&token) {
+        let Some(cell) = self.conns.get(&token) else { return };
+        let resume = {
+            let mut conn = cell.lock();
             conn.complete(slot, reply);
-            self.touched.push(token);
-            if conn.paused && conn.in_flight() < MAX_IN_FLIGHT / 2 {
-                self.resume.push(token);
-            }
+            conn.paused && conn.in_flight() < MAX_IN_FLIGHT / 2
+        };
+        self.touched.push(token);
+        if resume {
+            self.resume.push(token);
         }
+        let bytes = duplex_proto::frame::HEADER_LEN + reply.data.len();
+        self.shared.messenger.count(self.index, 0, bytes as u64);
+        cell.carried(bytes as u64);
     }
 
     fn send(&mut self, token: usize, frame: &Frame) {
-        if let Some(conn) = self.conns.get_mut(&token) {
-            conn.push(frame);
+        if let Some(cell) = self.conns.get(&token) {
+            cell.lock().push(frame);
             self.touched.push(token);
         }
     }
@@ -541,7 +678,11 @@ impl PriorityThread {
                 self.mailboxes[self.index].took_fenced();
                 self.expire_pending(Instant::now());
             }
-            Completion::Accepted(stream) => self.adopt(stream),
+            Completion::Serve(cell) => {
+                self.serve(cell);
+            }
+            Completion::Unserve(token) => self.unserve(token),
+            Completion::Forget(token) => self.forget(token),
             Completion::Worked(outcome) => self.execute(*outcome),
             Completion::Resume(op) => self.resumes.push(op),
         }
@@ -588,12 +729,25 @@ impl PriorityThread {
 
     /// After a flush: run held-back requests again, in order, until one is still blocked.
     fn retry_parked(&mut self) {
-        let tokens: Vec<usize> = self.conns.iter().filter(|(_, c)| !c.parked.is_empty()).map(|(t, _)| *t).collect();
-        for token in tokens {
-            while let Some(op) = self.conns.get_mut(&token).and_then(|c| c.parked.pop_front()) {
+        let cells: Vec<Arc<ConnCell>> = self.conns.values().filter(|c| !c.lock().parked.is_empty()).cloned().collect();
+        for cell in cells {
+            let token = cell.token;
+            loop {
+                let Some(mut op) = cell.lock().parked.pop_front() else { break };
                 debug_assert_eq!(op.token, token, "an operation parked on another connection than its own");
+                // On a shared connection another thread may have parked it:
+                // it is this thread's now (its replication, its reply).
+                op.thread = self.index;
+                let ticket = op.ticket;
                 if !self.run_client(op, true) {
                     break;
+                }
+                // It took effect: what waited behind it in its lane may run.
+                if let Some(ticket) = ticket {
+                    if let Err(why) = self.advance(&cell, token, ticket) {
+                        self.drop_conn(token, ConnError::Protocol(why));
+                        break;
+                    }
                 }
             }
         }
@@ -609,8 +763,9 @@ impl PriorityThread {
             touched.sort_unstable();
             touched.dedup();
             for token in touched.drain(..) {
-                let Some(conn) = self.conns.get_mut(&token) else { continue };
-                if let Err(err) = conn.write_out() {
+                let Some(cell) = self.conns.get(&token) else { continue };
+                let written = cell.lock().write_out();
+                if let Err(err) = written {
                     self.drop_conn(token, ConnError::Io(err));
                 }
             }
@@ -621,7 +776,18 @@ impl PriorityThread {
     }
 
     fn drop_conn(&mut self, token: usize, why: ConnError) {
-        let Some(mut conn) = self.conns.remove(&token) else { return };
+        self.unserve(token);
+        let Some(cell) = self.conns.remove(&token) else { return };
+        self.close(&cell, why);
+    }
+
+    /// Closes a connection, once, whichever of its threads comes first;
+    /// the others forget it.
+    fn close(&mut self, cell: &Arc<ConnCell>, why: ConnError) {
+        if !cell.close() {
+            return;
+        }
+        let token = cell.token;
         match &why {
             ConnError::Closed => tracing::debug!(token, "connection closed"),
             ConnError::Refused(_) | ConnError::Protocol(_) => {
@@ -634,16 +800,33 @@ impl PriorityThread {
             }
             ConnError::Io(_) => tracing::debug!(token, %why, "connection failed"),
         }
-        // Best effort: a refusal or the last replies may still go out.
-        let _ = conn.write_out();
-        let _ = self.poll.registry().deregister(&mut conn.stream);
-        if conn.role == Role::Accepted {
+        {
+            let mut conn = cell.lock();
+            // Best effort: a refusal or the last replies may still go out.
+            let _ = conn.write_out();
+            // The threads that still hold it see the end in their polls,
+            // and so does the peer, before the last of them lets it go.
+            let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+        }
+        if cell.role == Role::Accepted {
             let open = self.shared.connections.fetch_sub(1, Ordering::Relaxed);
             debug_assert!(open > 0, "more accepted connections closed than opened");
+            if cell.is_shared() {
+                self.shared.messenger.disconnect(cell);
+                for (thread, mailbox) in self.mailboxes.iter().enumerate() {
+                    if thread != self.index {
+                        mailbox.post_and_wake(Completion::Forget(token));
+                    }
+                }
+            }
         }
-        if let Role::Peer(osd) = conn.role {
-            let removed = self.peers.remove(&osd);
-            debug_assert_eq!(removed, Some(token), "a peer connection missing from the peer table");
+        if let Role::Peer(osd) = cell.role {
+            // Absent when it closed before it was served.
+            let known = self.peers.get(&osd).copied();
+            debug_assert!(known.is_none_or(|t| t == token), "the peer table names another connection to osd.{osd}");
+            if known == Some(token) {
+                self.peers.remove(&osd);
+            }
             if matches!(why, ConnError::Io(_) | ConnError::Closed) {
                 // The peer may be gone: a probe of its address tells.
                 self.shared.suspect(osd);
@@ -675,10 +858,7 @@ impl EcIo for PriorityThread {
 
     fn send_to(&mut self, osd: OsdId, frame: &Frame) -> bool {
         let Some(peer) = self.peer(osd) else { return false };
-        if let Some(conn) = self.conns.get_mut(&peer) {
-            conn.push(frame);
-            self.touched.push(peer);
-        }
+        self.send(peer, frame);
         true
     }
 

@@ -13,14 +13,21 @@
 //!   [`ec_settle`]: what each does once its answers are in, for the event
 //!   loop and the simulator alike.
 //! - [`pool`]: the `threading = pool` ablation's workers.
-//! - [`lcam`]: which worker threads serve each connection under the
-//!   lock-contention-aware policy (issue 29; pure, decided per interval).
+//! - [`conn_cell`]: a connection behind its lock, as the threads share it;
+//!   [`messenger`]: which threads serve each connection
+//!   (`connection_policy`), and what they carried; [`lcam`]: the
+//!   lock-contention-aware placement (issue 29; pure, decided per
+//!   interval); [`order`]: the tickets that keep a shared connection's
+//!   requests in order per PG.
 
 pub mod conn;
+pub mod conn_cell;
 pub mod ec_settle;
 pub mod erasure;
 pub mod event_loop;
 pub mod lcam;
+pub mod messenger;
 pub mod ops;
+pub mod order;
 pub mod pending;
 pub mod pool;

@@ -185,6 +185,8 @@ pub struct Metrics {
     pub locally_full: std::sync::atomic::AtomicBool,
     /// The store's mirrored pair, when it is on one (set once at start).
     pub mirror: std::sync::OnceLock<Arc<duplex_store::mirror::Mirror>>,
+    /// The priority threads' connections (set once at start).
+    pub messenger: std::sync::OnceLock<Arc<crate::io::messenger::Messenger>>,
     histograms: Mutex<Vec<Histograms>>,
 }
 
@@ -624,6 +626,9 @@ impl Metrics {
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
         }
+        if let Some(messenger) = self.messenger.get() {
+            messenger.render(&mut out);
+        }
         if let Some(mirror) = self.mirror.get() {
             render_mirror(&mut out, &mirror.status());
         }
@@ -687,38 +692,44 @@ pub fn thread_class(name: &str) -> &'static str {
 pub fn cpu_seconds_by_class() -> Vec<(&'static str, f64)> {
     let mut totals: Vec<(&'static str, f64)> =
         ["priority", "non_priority", "pool_worker", "other"].iter().map(|c| (*c, 0.0)).collect();
-    // SAFETY: sysconf has no memory effects.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let seconds = |stat: &str| -> Option<(String, f64)> {
-        let (name, rest) = parse_stat(stat)?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // After "(comm)": state is field 3; utime and stime are fields 14 and 15.
-        let user: f64 = fields.get(11)?.parse().ok()?;
-        let system: f64 = fields.get(12)?.parse().ok()?;
-        Some((name.to_string(), (user + system) / ticks))
-    };
-    let process = std::fs::read_to_string("/proc/self/stat").ok().and_then(|s| seconds(&s)).map_or(0.0, |(_, s)| s);
+    let process =
+        std::fs::read_to_string("/proc/self/stat").ok().and_then(|s| stat_seconds(&s)).map_or(0.0, |(_, s)| s);
     let mut named = 0.0;
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
-        for task in tasks.flatten() {
-            let Some((name, secs)) = std::fs::read_to_string(task.path().join("stat")).ok().and_then(|s| seconds(&s))
-            else {
-                continue;
-            };
-            let class = thread_class(&name);
-            if class == "other" {
-                continue;
-            }
-            named += secs;
-            if let Some(slot) = totals.iter_mut().find(|(c, _)| *c == class) {
-                slot.1 += secs;
-            }
+    for (name, secs) in thread_cpu_seconds() {
+        let class = thread_class(&name);
+        if class == "other" {
+            continue;
+        }
+        named += secs;
+        if let Some(slot) = totals.iter_mut().find(|(c, _)| *c == class) {
+            slot.1 += secs;
         }
     }
     if let Some(slot) = totals.iter_mut().find(|(c, _)| *c == "other") {
         slot.1 = (process - named).max(0.0);
     }
     totals
+}
+
+/// CPU seconds (user + system) of each live thread of this process, by name.
+pub fn thread_cpu_seconds() -> Vec<(String, f64)> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok().and_then(|s| stat_seconds(&s)))
+        .collect()
+}
+
+/// A `stat` line's command name and CPU seconds.
+fn stat_seconds(stat: &str) -> Option<(String, f64)> {
+    // SAFETY: sysconf has no memory effects.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let (name, rest) = parse_stat(stat)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After "(comm)": state is field 3; utime and stime are fields 14 and 15.
+    let user: f64 = fields.get(11)?.parse().ok()?;
+    let system: f64 = fields.get(12)?.parse().ok()?;
+    Some((name.to_string(), (user + system) / ticks))
 }
 
 fn parse_stat(stat: &str) -> Option<(&str, &str)> {

@@ -138,6 +138,7 @@ fn main() -> Result<()> {
                     block: 4096,
                     queue_depth,
                     duration: Duration::from_secs(args.seconds),
+                    warmup: Duration::ZERO,
                     seed: queue_depth as u64,
                 };
                 let before = cpu_by_class(&cluster)?;
