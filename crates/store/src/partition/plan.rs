@@ -501,16 +501,28 @@ impl Partition {
                         (block, newly_reserved)
                     }
                 }
-                None => {
-                    let hint = logical.checked_sub(1).and_then(|l| self.mapped(plan, key, l)).map(|p| p + 1);
-                    let block = self.reserve_block(plan, hint)?;
-                    self.own_extents(plan, key);
-                    let w = plan.objects.get_mut(key).expect("loaded");
-                    w.current.as_mut().expect("present").map_block(logical, block);
-                    w.new_blocks.insert(block);
-                    w.meta_dirty = true;
-                    (block, true)
-                }
+                None => match self.map_freed_again(plan, key, logical, journaled)? {
+                    Some(block) => (block, false),
+                    None => {
+                        let replaces_data = self.held_data_before(plan, key, logical);
+                        let hint = logical.checked_sub(1).and_then(|l| self.mapped(plan, key, l)).map(|p| p + 1);
+                        let block = self.reserve_block(plan, hint)?;
+                        self.own_extents(plan, key);
+                        let w = plan.objects.get_mut(key).expect("loaded");
+                        w.current.as_mut().expect("present").map_block(logical, block);
+                        w.new_blocks.insert(block);
+                        w.meta_dirty = true;
+                        if replaces_data {
+                            // The block the object held here before the batch
+                            // is still another's (a clone's): as a copy on
+                            // write, the new one starts from zeros and is
+                            // made durable before the record that maps it.
+                            self.stage(plan, block, false, true)?;
+                            plan.copies.push(block);
+                        }
+                        (block, true)
+                    }
+                },
             };
             let source = (block_start + from as u64 - offset) as usize;
             let bytes = &data[source..source + (to - from)];
@@ -530,6 +542,78 @@ impl Partition {
             w.meta_dirty = true;
         }
         Ok(())
+    }
+
+    /// A write into logical block `logical` of `key`, unmapped at this point
+    /// of the batch, where the object held a block before the batch that
+    /// this batch freed (a `Zero` that covered it whole, a `Truncate` that
+    /// cut it off): maps that same block again, in place, starting from
+    /// zeros (what the zero or the truncate left there), and returns it.
+    ///
+    /// A fresh block would do for the batch, but not for a crash: with its
+    /// record durable and its data not (an ordered commit cut before its
+    /// last flush, a write cache that lands the record early), mount takes
+    /// a fresh block whose crc32c does not match for a first write that
+    /// never landed, a hole, and the block reads as zeros: neither what it
+    /// held (acknowledged data) nor what the batch wrote, with no checksum
+    /// to fail. In place, it is its old contents (the old crc32c matches),
+    /// its new ones, or torn (a checksum error), as any in-place overwrite.
+    fn map_freed_again(&mut self, plan: &mut Plan, key: &Key, logical: u32, journaled: bool) -> Result<Option<u32>> {
+        if !plan.objects[key].original_alive || plan.freed_blocks.is_empty() {
+            return Ok(None);
+        }
+        let Some(block) = self.objects.get(key.as_bytes()).and_then(|entry| entry.physical_for(logical)) else {
+            return Ok(None);
+        };
+        let Some(at) = plan.freed_blocks.iter().position(|b| *b == block) else {
+            return Ok(None);
+        };
+        debug_assert!(
+            self.alloc.get(block as u64),
+            "block {block}, freed by this batch, is allocated until it commits"
+        );
+        debug_assert!(
+            !plan.staged.contains_key(&block) && !plan.patched.contains_key(&block),
+            "a freed block keeps no staged or patched contents"
+        );
+        plan.freed_blocks.swap_remove(at);
+        // Freeing it dropped its last reference; the object takes it back.
+        if let Some(delta) = plan.ref_delta.get_mut(&block) {
+            *delta += 1;
+        }
+        self.own_extents(plan, key);
+        let w = plan.objects.get_mut(key).expect("loaded");
+        w.current.as_mut().expect("present").map_block(logical, block);
+        w.meta_dirty = true;
+        debug_assert!(!w.new_blocks.contains(&block), "a block held before the batch is not one it reserved");
+        if self.goes_to_journal(plan, block, false, journaled) {
+            // Replay starts it from zeros too: neither its deferred image
+            // nor the disk is read.
+            let image = self.take_block(true);
+            plan.patched.insert(block, PatchedBlock { image, base_zero: true, pieces: Vec::new() });
+        } else {
+            self.stage(plan, block, true, false)?;
+            plan.staged.get_mut(&block).expect("staged").buf.fill(0);
+        }
+        Ok(Some(block))
+    }
+
+    /// Whether the object `key` held data at logical block `logical` before
+    /// the batch, and is the same object still (not deleted and made again
+    /// by the batch: a new object's blocks are all new).
+    fn held_data_before(&self, plan: &Plan, key: &Key, logical: u32) -> bool {
+        // A block leaves the object it was in before the batch only by a
+        // zero or a truncate, which frees it or drops a reference to it: a
+        // batch that did neither (an append, say) needs no index lookup.
+        if plan.freed_blocks.is_empty() && plan.ref_delta.is_empty() {
+            return false;
+        }
+        plan.objects[key].original_alive
+            && self
+                .objects
+                .get(key.as_bytes())
+                .and_then(|entry| entry.physical_for(logical))
+                .is_some_and(|block| self.written.get(block as u64) || self.deferred.contains_key(&block))
     }
 
     /// Makes `offset..offset + len` (clipped to the object's size, which
@@ -1036,6 +1120,7 @@ impl Partition {
         }
         for (&block, patched) in &mut plan.patched {
             debug_assert!(self.alloc.get(block as u64), "patched block {block} is not allocated");
+            debug_assert!(!patched.pieces.is_empty(), "patched block {block} has no patch for the record");
             let new_crc = crate::crc32c(&patched.image);
             for (index, (at, bytes)) in patched.pieces.drain(..).enumerate() {
                 entries.push(Entry::Patch { block, at, base_zero: patched.base_zero && index == 0, new_crc, bytes });
