@@ -103,8 +103,11 @@ impl ConnCell {
         self.order().leave(ticket)
     }
 
+    /// Counts bytes for the placement (which places shared connections only).
     pub fn carried(&self, bytes: u64) {
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if self.is_shared() {
+            self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
     }
 
     /// The lock wait and bytes since the last call (the placement's interval).

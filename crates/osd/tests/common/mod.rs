@@ -35,7 +35,13 @@ impl TestCluster {
             dir: None,
             store_bytes: 256 << 20,
             store_partitions: 2,
-            osd_args: osd_args.iter().map(|s| s.to_string()).collect(),
+            // DUPLEX_TEST_OSD_ARGS="--connection-policy lcam --priority-threads 2":
+            // these tests under another OSD configuration (docs/RELIABILITY.md).
+            osd_args: osd_args
+                .iter()
+                .map(|s| s.to_string())
+                .chain(std::env::var("DUPLEX_TEST_OSD_ARGS").unwrap_or_default().split_whitespace().map(String::from))
+                .collect(),
             osd_stderr: true,
             monitor_grace_ms: 20_000,
         };

@@ -50,6 +50,12 @@ struct Args {
     /// lcam's placement interval (ms); the paper's is 3000.
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
+    /// The order sessions connect in: `collide`, so that handing
+    /// connections to threads in turn (pinned) puts every heavy one on the
+    /// same thread (the skew the paper studies); `spread`, so that it puts
+    /// them on different threads (pinned's best case).
+    #[arg(long, default_value = "collide")]
+    arrival: String,
     /// Tiny runs that check the benchmark works and measure nothing.
     #[arg(long)]
     smoke: bool,
@@ -65,6 +71,9 @@ struct Run {
     /// Per connection (the admin socket's report at the end): bytes,
     /// lock wait in µs, and the threads serving it.
     conns: Vec<(u64, u64, usize)>,
+    /// The priority threads' context switches over the measured part:
+    /// voluntary, involuntary.
+    switched: (u64, u64),
 }
 
 fn thread_figures(page: &str, threads: usize) -> Vec<(f64, f64)> {
@@ -75,6 +84,35 @@ fn thread_figures(page: &str, threads: usize) -> Vec<(f64, f64)> {
             (bytes, cpu)
         })
         .collect()
+}
+
+/// The priority threads' context switches: voluntary (a sleep in
+/// `epoll_wait` or on a lock) and involuntary (preempted).
+fn switches(pid: u32) -> (u64, u64) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return (0, 0) };
+    let mut total = (0, 0);
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("osd-prio") {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0)
+        };
+        total.0 += field("voluntary_ctxt_switches:");
+        total.1 += field("nonvoluntary_ctxt_switches:");
+    }
+    total
+}
+
+fn empty_result() -> load::LoadResult {
+    load::LoadResult {
+        ops: 0,
+        errors: 0,
+        elapsed: Duration::ZERO,
+        latency: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds"),
+    }
 }
 
 fn run_one(args: &Args, threads: usize, policy: &str) -> Result<Run> {
@@ -119,29 +157,57 @@ fn run_one(args: &Args, threads: usize, policy: &str) -> Result<Run> {
         warmup: Duration::from_secs(args.warmup),
         seed: threads as u64,
     };
-    let groups = [
-        Group { sessions: args.heavy, queue_depth: args.heavy_qd },
-        Group { sessions: args.light, queue_depth: args.light_qd },
-    ];
+    // Sessions connect group by group; each group is one class.
+    let heavy = Group { sessions: 1, queue_depth: args.heavy_qd };
+    let light = |sessions| Group { sessions, queue_depth: args.light_qd };
+    let mut groups = Vec::new();
+    let mut is_heavy = Vec::new();
+    let mut lights_left = args.light;
+    for _ in 0..args.heavy {
+        groups.push(heavy);
+        is_heavy.push(true);
+        // collide: threads - 1 light ones between two heavy ones, so that
+        // every heavy one is the next connection thread 0 gets.
+        let between = if args.arrival == "collide" { (threads - 1).min(lights_left) } else { 0 };
+        if between > 0 {
+            groups.push(light(between));
+            is_heavy.push(false);
+            lights_left -= between;
+        }
+    }
+    if lights_left > 0 {
+        groups.push(light(lights_left));
+        is_heavy.push(false);
+    }
     // The measured part starts after the warm-up: sample the counters then,
     // and the connections' report just before the sessions end (closed
     // connections leave it).
     let sampler = {
         let (warmup, measured) = (spec.warmup, spec.duration);
         let admin = cluster.osds[&0].admin;
+        let pid = cluster.osds[&0].child.id();
         let socket = cluster.osds[&0].oplog_dir.join("admin.sock");
-        std::thread::spawn(move || -> Result<(String, serde_json::Value)> {
+        std::thread::spawn(move || -> Result<(String, serde_json::Value, (u64, u64))> {
             std::thread::sleep(warmup);
             let page = duplex_testkit::metrics_page(admin)?;
+            let switched = switches(pid);
             std::thread::sleep(measured.saturating_sub(Duration::from_millis(300)));
-            Ok((page, duplex_testkit::admin_command(&socket, r#"{"command":"connections"}"#)?))
+            Ok((page, duplex_testkit::admin_command(&socket, r#"{"command":"connections"}"#)?, switched))
         })
     };
-    let mut results = load::run_groups(&client, &spec, &groups)?;
-    let (before, report) = sampler.join().map_err(|_| anyhow::anyhow!("the sampler panicked"))??;
+    let results = load::run_groups(&client, &spec, &groups)?;
+    let (before, report, switched_before) = sampler.join().map_err(|_| anyhow::anyhow!("the sampler panicked"))??;
     let after = cluster.metrics(0)?;
-    let light = results.pop().context("two groups")?;
-    let heavy = results.pop().context("two groups")?;
+    let switched_after = switches(cluster.osds[&0].child.id());
+    let switched = (switched_after.0 - switched_before.0, switched_after.1 - switched_before.1);
+    let (mut heavy, mut light) = (empty_result(), empty_result());
+    for (result, heavy_one) in results.into_iter().zip(is_heavy) {
+        let class = if heavy_one { &mut heavy } else { &mut light };
+        class.ops += result.ops;
+        class.errors += result.errors;
+        class.elapsed = result.elapsed;
+        class.latency.add(&result.latency).context("merging latencies")?;
+    }
     let per_thread = thread_figures(&before, threads)
         .iter()
         .zip(thread_figures(&after, threads))
@@ -162,7 +228,7 @@ fn run_one(args: &Args, threads: usize, policy: &str) -> Result<Run> {
     if heavy.errors + light.errors > 0 {
         bail!("{policy}: {} requests failed", heavy.errors + light.errors);
     }
-    Ok(Run { threads, policy: policy.into(), heavy, light, per_thread, conns })
+    Ok(Run { threads, policy: policy.into(), heavy, light, per_thread, conns, switched })
 }
 
 fn main() -> Result<()> {
@@ -194,16 +260,16 @@ fn main() -> Result<()> {
         }
     }
     println!(
-        "Fig. 15: {} heavy sessions (QD {}) and {} light (QD {}), {} B writes, null backend\n",
-        args.heavy, args.heavy_qd, args.light, args.light_qd, args.block
+        "Fig. 15: {} heavy sessions (QD {}) and {} light (QD {}), {} B writes, null backend, arrival {}\n",
+        args.heavy, args.heavy_qd, args.light, args.light_qd, args.block, args.arrival
     );
-    println!("| threads | policy | total IOPS | heavy IOPS | heavy p50 / p99 µs | light IOPS | light p50 / p99 µs | priority-thread CPU µs/op |");
-    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| threads | policy | total IOPS | heavy IOPS | heavy p50 / p99 µs | light IOPS | light p50 / p99 µs | priority-thread CPU µs/op | sleeps / preemptions per 1000 ops |");
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for run in &runs {
         let ops = (run.heavy.ops + run.light.ops).max(1) as f64;
         let cpu: f64 = run.per_thread.iter().map(|(_, c)| c).sum();
         println!(
-            "| {} | {} | {:.0} | {:.0} | {} / {} | {:.0} | {} / {} | {:.1} |",
+            "| {} | {} | {:.0} | {:.0} | {} / {} | {:.0} | {} / {} | {:.1} | {:.0} / {:.0} |",
             run.threads,
             run.policy,
             run.heavy.iops() + run.light.iops(),
@@ -214,6 +280,8 @@ fn main() -> Result<()> {
             run.light.latency.value_at_quantile(0.5),
             run.light.latency.value_at_quantile(0.99),
             cpu * 1e6 / ops,
+            run.switched.0 as f64 * 1000.0 / ops,
+            run.switched.1 as f64 * 1000.0 / ops,
         );
     }
     println!("\nFig. 2 and 12: what each priority thread handled over the measured seconds\n");
