@@ -85,7 +85,9 @@ const QD32: WriteBudget = WriteBudget {
 /// flushers (6.0-7.2; 7.65 since issue 28 hands each commit's device flush
 /// to a sync thread so that reads go on meanwhile: two more wake-ups per
 /// flush, at 0.56 flushes per write). Fewer writes share a flush's
-/// allocations (58-64; 66.5 with the sync thread's messages).
+/// allocations (58-64; 66.5 with the sync thread's messages; 60.5-64 since
+/// session 30, which stopped counting the metrics endpoint's own
+/// allocations: the scrapes while a phase settles were counted as work).
 const QD1: WriteBudget = WriteBudget {
     depth: "QD1",
     writes: 2_048,

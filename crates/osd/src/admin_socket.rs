@@ -53,6 +53,7 @@ pub fn serve(path: &Path, targets: AdminTargets) -> std::io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     let shown = path.to_path_buf();
     std::thread::Builder::new().name("osd-admin-socket".into()).spawn(move || {
+        crate::metrics::alloc_count::uncounted_thread();
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));

@@ -24,6 +24,16 @@ thread_local! {
     // Const-initialized and without a destructor: safe to touch from
     // inside the allocator, at any point of a thread's life.
     static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+    // Set on threads whose allocations are not the OSD's work: the metrics
+    // endpoint's, whose every scrape would count (a budget measurement
+    // scrapes while it waits for the flushers to settle).
+    static UNCOUNTED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Stops counting the calling thread's allocations (the metrics and admin
+/// endpoints: serving a scrape is not work a client's write caused).
+pub fn uncounted_thread() {
+    let _ = UNCOUNTED.try_with(|uncounted| uncounted.set(true));
 }
 
 /// The system allocator, counting allocations (and reallocations, which
@@ -31,6 +41,9 @@ thread_local! {
 pub struct CountingAllocator;
 
 fn count() {
+    if UNCOUNTED.try_with(Cell::get).unwrap_or(false) {
+        return;
+    }
     let shard = SHARD
         .try_with(|shard| {
             if shard.get() == usize::MAX {
@@ -72,10 +85,13 @@ unsafe impl GlobalAlloc for CountingAllocator {
 /// (its binary did not install [`CountingAllocator`]).
 pub fn allocations() -> Option<u64> {
     if !INSTALLED.load(Relaxed) {
-        // The first allocation proves it: one is counted right here.
+        // The first allocation proves it: one is counted right here (on
+        // this thread, even when it is not counted otherwise).
+        let uncounted = UNCOUNTED.try_with(|uncounted| uncounted.replace(false)).unwrap_or(false);
         let before: u64 = COUNTS.iter().map(|shard| shard.0.load(Relaxed)).sum();
         drop(std::hint::black_box(Box::new(0u64)));
         let after: u64 = COUNTS.iter().map(|shard| shard.0.load(Relaxed)).sum();
+        let _ = UNCOUNTED.try_with(|flag| flag.set(uncounted));
         if after == before {
             return None;
         }

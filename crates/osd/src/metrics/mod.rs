@@ -744,6 +744,7 @@ pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketA
     let listener = TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
     std::thread::Builder::new().name("osd-admin".into()).spawn(move || {
+        alloc_count::uncounted_thread();
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));

@@ -109,6 +109,9 @@ fn main() -> Result<()> {
         eprintln!("== {mode}: starting {} OSDs", args.osds);
         let cluster = LocalCluster::start(0, options)?;
         cluster.create_pool("bench", 2, 1, args.pg_num)?;
+        // No PG moves while it measures: this load generator does not
+        // follow the map, so a move would show as errors (and cost CPU).
+        cluster.mon_client().command(&duplex_map::Command::SetBalancer { max_spread_permille: 0 })?;
         let mut cluster = cluster;
         for id in 0..args.osds {
             cluster.start_osd(id)?;
