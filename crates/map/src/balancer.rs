@@ -260,6 +260,7 @@ impl<'a> Cluster<'a> {
             });
             let Some(&full) = full else { continue };
             let bytes = self.size_of(key);
+            let mut sent = false;
             for (used, to) in room.iter_mut() {
                 let after = *used + self.permille(bytes, *to);
                 if osds.contains(to) || after >= self.backfillfull {
@@ -268,7 +269,23 @@ impl<'a> Cluster<'a> {
                 if let Some(items) = self.items(*key, full, *to) {
                     *used = after;
                     moves.push(Move { pool: key.0, pg: key.1, from: full, to: *to, bytes, items });
+                    sent = true;
                     break;
+                }
+            }
+            if sent {
+                continue;
+            }
+            // No OSD has room for it: the move goes back to an OSD of the
+            // pin, which holds the PG already (nothing to copy), so the PG
+            // is clean again and frees what its other moves hold. Else a
+            // full cluster given one more OSD could wait for good: the new
+            // OSD past backfillfull with what it took, the old ones full.
+            let holder =
+                pin.iter().find(|osd| !osds.contains(osd) && self.map.osds.get(osd).is_some_and(|o| o.up && o.is_in));
+            if let Some(&holder) = holder {
+                if let Some(items) = self.items(*key, full, holder) {
+                    moves.push(Move { pool: key.0, pg: key.1, from: full, to: holder, bytes, items });
                 }
             }
         }
@@ -458,6 +475,42 @@ mod tests {
         assert!(moves[0].to != target && !up.contains(&moves[0].to), "{moves:?}");
         map.run(&command(&moves)).unwrap();
         assert!(!map.pg_osds(&map.hierarchy(), &pool, 5).contains(&target));
+    }
+
+    /// As above, but no OSD has room for it: it goes back onto the OSD of
+    /// its pin that holds it, so that it is clean again without a copy.
+    #[test]
+    fn a_backfill_waiting_on_a_full_target_with_no_room_anywhere_goes_back_to_its_holder() {
+        let mut map = cluster(4, 16);
+        let capacity = 256 * MIB;
+        let hierarchy = map.hierarchy();
+        let pool = map.pools[&1].clone();
+        let up = map.pg_osds(&hierarchy, &pool, 5);
+        let (kept, target) = (up[0], up[1]);
+        let holder = (0..4).find(|osd| !up.contains(osd)).unwrap();
+        map.pg_temp.insert((1, 5), vec![kept, holder]);
+        // Every OSD past backfillfull: no room to send it to.
+        for osd in 0..4 {
+            map.run(&Command::SetOsdFullness { id: osd, fullness: Fullness::BackfillFull }).unwrap();
+        }
+        let mut usage = reports(&map, capacity, |pg| if pg == 5 { 8 * MIB } else { MIB });
+        usage.get_mut(&target).unwrap().pgs.remove(&(1, 5));
+        usage.get_mut(&holder).unwrap().pgs.insert((1, 5), 8 * MIB);
+        for report in usage.values_mut() {
+            report.used_permille = 930;
+        }
+        let moves = plan(&map, &usage, &BTreeSet::new()).expect("the stuck backfill goes back");
+        assert_eq!(moves.len(), 1, "{moves:?}");
+        assert_eq!((moves[0].pg, moves[0].from, moves[0].to), (5, target, holder), "{moves:?}");
+        map.run(&command(&moves)).unwrap();
+        let now = map.pg_osds(&map.hierarchy(), &pool, 5);
+        assert!(now.contains(&kept) && now.contains(&holder), "on its holders again: {now:?}");
+        // Settling (moved lately): it stays.
+        let settling: BTreeSet<(PoolId, u32)> = [(1, 5)].into_iter().collect();
+        let mut again = map.clone();
+        again.pg_temp.insert((1, 5), vec![kept, holder]);
+        again.pg_upmap.clear();
+        assert_eq!(plan(&again, &usage, &settling), None);
     }
 
     #[test]

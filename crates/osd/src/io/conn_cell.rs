@@ -9,7 +9,7 @@
 //! timed (the wait is timed only when the first attempt fails).
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::Instant;
 
@@ -35,6 +35,13 @@ pub struct ConnCell {
     /// Bytes it carried since the placement last looked.
     bytes: AtomicU64,
     closed: AtomicBool,
+    /// Requests waiting in `order` (replicated entries and peering
+    /// requests hold no reply slot, so the in-flight limit does not see
+    /// them): past the limit, reading stops (`hold`).
+    waiting: AtomicUsize,
+    /// Reading stopped for `waiting`: the thread that lets it fall below
+    /// half the limit reads on.
+    held: AtomicBool,
 }
 
 impl ConnCell {
@@ -50,6 +57,8 @@ impl ConnCell {
             lock_wait_ns: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
+            held: AtomicBool::new(false),
         }
     }
 
@@ -95,12 +104,40 @@ impl ConnCell {
     /// `Some`: the request's turn, run it now; `None`: it waits for an
     /// earlier one of its lane (whose runner runs it next).
     pub fn enter(&self, ticket: Ticket, request: Inbound) -> Option<Inbound> {
-        self.order().enter(ticket, request)
+        let mut order = self.order();
+        let entered = order.enter(ticket, request);
+        self.waiting.store(order.waiting(), Ordering::SeqCst);
+        entered
     }
 
     /// `ticket` took effect: the request next in its lane, if it waits.
     pub fn leave(&self, ticket: Ticket) -> Option<(Ticket, Inbound)> {
-        self.order().leave(ticket)
+        let mut order = self.order();
+        let next = order.leave(ticket);
+        self.waiting.store(order.waiting(), Ordering::SeqCst);
+        next
+    }
+
+    /// Stops reading while `limit` requests or more wait for their turn:
+    /// true if it stopped (the thread that lets them fall is told to read
+    /// on by [`ConnCell::release`]).
+    pub fn hold(&self, limit: usize) -> bool {
+        if self.waiting.load(Ordering::SeqCst) < limit {
+            return false;
+        }
+        // Set before the second look, as `release` clears after its store
+        // of `waiting`: one of the two sees the other.
+        self.held.store(true, Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) >= limit {
+            return true;
+        }
+        self.held.store(false, Ordering::SeqCst);
+        false
+    }
+
+    /// True once, when reading was held and the waiting requests fell below `low`.
+    pub fn release(&self, low: usize) -> bool {
+        self.waiting.load(Ordering::SeqCst) < low && self.held.swap(false, Ordering::SeqCst)
     }
 
     /// Counts bytes for the placement (which places shared connections only).

@@ -58,6 +58,9 @@ pub struct PriorityThread {
     polled: HashSet<usize>,
     /// Messages read in one batch, reused.
     inbound: Vec<Inbound>,
+    /// Shared connections whose reading was held for too many requests
+    /// waiting their turn, and that may read on now.
+    unheld: Vec<usize>,
     peers: HashMap<OsdId, usize>,
     pending: PendingWrites<ClientSlot>,
     /// Erasure-coded operations waiting for their shards.
@@ -99,6 +102,7 @@ impl PriorityThread {
             conns: HashMap::new(),
             polled: HashSet::new(),
             inbound: Vec::new(),
+            unheld: Vec::new(),
             peers: HashMap::new(),
             pending: PendingWrites::default(),
             ec: EcTasks::default(),
@@ -156,6 +160,9 @@ impl PriorityThread {
             }
             while let Some(op) = self.resumes.pop() {
                 self.resume(op);
+            }
+            while let Some(token) = self.unheld.pop() {
+                self.on_readable(token);
             }
             // Connections paused at their in-flight limit that have room again.
             while let Some(token) = self.resume.pop() {
@@ -241,10 +248,12 @@ impl PriorityThread {
         let interest = Interest::READABLE | Interest::WRITABLE;
         if let Err(err) = self.poll.registry().register(&mut SourceFd(&cell.fd), Token(token), interest) {
             tracing::warn!(%err, token, "cannot watch a connection");
-            if !self.conns.contains_key(&token) {
+            if !self.conns.contains_key(&token) && cell.role == Role::Accepted {
                 // A new one nobody else may serve: it closes.
                 self.close(&cell, ConnError::Io(err));
             }
+            // A new peer connection: `peer` reports no connection (nothing
+            // was sent on it, and the peer is not suspect for this).
             return false;
         }
         self.polled.insert(token);
@@ -311,6 +320,10 @@ impl PriorityThread {
                 return;
             }
             let cell = cell.clone();
+            if cell.is_shared() && cell.hold(MAX_IN_FLIGHT) {
+                // Too many requests wait for their turn: read on when they ran.
+                return;
+            }
             let mut inbound = std::mem::take(&mut self.inbound);
             debug_assert!(inbound.is_empty(), "a read batch left over");
             // Under the connection's lock: read, and take the reply slots
@@ -325,8 +338,10 @@ impl PriorityThread {
                     self.read_batch(&cell, &mut conn, &mut inbound).map(|()| conn.closing)
                 }
             };
-            let closing = match read {
-                Ok(read) => read,
+            // A malformed message ends the connection after the ones before it ran.
+            let (closing, mut failed) = match read {
+                Ok(closing) => (closing, None),
+                Err(ConnError::Protocol(why)) => (false, Some(why)),
                 Err(err) => {
                     self.inbound = inbound;
                     self.inbound.clear();
@@ -334,11 +349,11 @@ impl PriorityThread {
                     return;
                 }
             };
-            let mut failed = None;
+            let malformed = failed.is_some();
             for message in inbound.drain(..) {
-                if failed.is_none() {
+                if failed.is_none() || malformed {
                     if let Err(why) = self.admit(&cell, token, message) {
-                        failed = Some(why);
+                        failed.get_or_insert(why);
                     }
                 }
             }
@@ -359,20 +374,29 @@ impl PriorityThread {
         }
     }
 
-    /// Reads what the socket has and classifies it (slots, tickets) into `inbound`.
+    /// Reads what the socket has and classifies it (slots, tickets) into
+    /// `inbound`. On a malformed message, what came before it stays in
+    /// `inbound` (it runs, then the connection closes).
     fn read_batch(&self, cell: &ConnCell, conn: &mut Conn, inbound: &mut Vec<Inbound>) -> Result<(), ConnError> {
         let frames = conn.read()?;
         let mut bytes = 0;
         let count = frames.len() as u64;
+        let mut malformed = None;
         for frame in frames {
             bytes += (duplex_proto::frame::HEADER_LEN + frame.payload.len()) as u64;
-            inbound.push(conn.classify(frame, cell.is_shared()).map_err(ConnError::Protocol)?);
+            match conn.classify(frame, cell.is_shared()) {
+                Ok(message) => inbound.push(message),
+                Err(why) => {
+                    malformed = Some(why);
+                    break;
+                }
+            }
         }
         if count > 0 {
             self.shared.messenger.count(self.index, count, bytes);
             cell.carried(bytes);
         }
-        Ok(())
+        malformed.map_or(Ok(()), |why| Err(ConnError::Protocol(why)))
     }
 
     /// Runs a message now, or (on a shared connection) when every earlier
@@ -383,6 +407,10 @@ impl PriorityThread {
             self.dispatch(token, cell.role, message)?;
             return Ok(());
         };
+        if cell.is_closed() {
+            // Another thread closed it: what it still held back goes with it.
+            return Ok(());
+        }
         let Some(message) = cell.enter(ticket, message) else {
             self.shared.messenger.order_waited();
             return Ok(());
@@ -395,8 +423,13 @@ impl PriorityThread {
 
     /// `ticket` took effect: runs the messages of its lane that waited for it.
     fn advance(&mut self, cell: &Arc<ConnCell>, token: usize, mut ticket: Ticket) -> Result<(), String> {
-        while let Some((next, message)) = cell.leave(ticket) {
-            if !self.dispatch(token, cell.role, message)? {
+        loop {
+            let next = cell.leave(ticket);
+            if cell.release(MAX_IN_FLIGHT / 2) {
+                self.unheld.push(token);
+            }
+            let Some((next, message)) = next else { break };
+            if cell.is_closed() || !self.dispatch(token, cell.role, message)? {
                 break;
             }
             ticket = next;
@@ -606,6 +639,9 @@ impl PriorityThread {
                 // run_client parks these itself and pool workers wait for room,
                 // so none should come here; parking is still the safe answer.
                 tracing::warn!("a full-log outcome reached execute; parking it");
+                // Its lane already moved on past it (it was counted as run).
+                let mut op = op;
+                op.ticket = None;
                 if let Some(cell) = self.conns.get(&op.token) {
                     cell.lock().parked.push_back(op);
                 }
@@ -729,7 +765,8 @@ impl PriorityThread {
 
     /// After a flush: run held-back requests again, in order, until one is still blocked.
     fn retry_parked(&mut self) {
-        let cells: Vec<Arc<ConnCell>> = self.conns.values().filter(|c| !c.lock().parked.is_empty()).cloned().collect();
+        let cells: Vec<Arc<ConnCell>> =
+            self.conns.values().filter(|c| !c.is_closed() && !c.lock().parked.is_empty()).cloned().collect();
         for cell in cells {
             let token = cell.token;
             loop {
