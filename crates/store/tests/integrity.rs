@@ -353,6 +353,28 @@ fn a_zeroed_block_written_again_in_one_batch_is_old_or_new_after_a_power_cut() {
     let cut = cut_after_the_record(clone, zero_then_write);
     assert_eq!(old_or_new(&cut, "zero a shared block, then write"), "new");
     assert_eq!(cut.copies_flushed_first, 1);
+
+    // Regression (`crash_test`, seed 10963303577232946080, a process
+    // crash): the object is made again in the batch as a clone of another,
+    // whose copy of the block the batch then cuts off; the write found the
+    // block held once and wrote it in place, so the cut showed the
+    // source's bytes there. It is copied now, flushed before the record.
+    let source = key(0, 3);
+    let source_data = {
+        let source = source.clone();
+        move |batch: &mut Batch, _: &Key| {
+            batch.write(source.clone(), 0, vec![0x73; 4 * BLOCK]);
+        }
+    };
+    let made_again = move |batch: &mut Batch, k: &Key| {
+        batch.delete(k.clone());
+        batch.clone_object(source.clone(), k.clone());
+        batch.truncate(source.clone(), BLOCK as u64 + 10);
+        batch.write(k.clone(), at(883), vec![9; 3028]);
+    };
+    let cut = cut_after_the_record(source_data, made_again);
+    assert_eq!(old_or_new(&cut, "made again as a clone whose source is cut, then write"), "new");
+    assert_eq!(cut.copies_flushed_first, 1);
 }
 
 #[test]

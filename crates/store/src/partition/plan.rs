@@ -495,7 +495,15 @@ impl Partition {
             let (block, newly_reserved) = match self.mapped(plan, key, logical) {
                 Some(block) => {
                     let newly_reserved = plan.objects[key].new_blocks.contains(&block);
-                    if !newly_reserved && self.is_shared(plan, block) {
+                    // An object made (again) by this batch maps blocks it
+                    // did not hold before only through a clone: their
+                    // durable contents are another object's, even when the
+                    // batch has since dropped that object's reference (a
+                    // truncate of the source). Written in place, a crash
+                    // with the record durable and the data not would show
+                    // the source's bytes here: copy them instead.
+                    let from_a_clone = !plan.objects[key].original_alive;
+                    if !newly_reserved && (from_a_clone || self.is_shared(plan, block)) {
                         (self.copy_on_write(plan, key, logical, block, from == 0 && to == BLOCK_SIZE)?, true)
                     } else {
                         (block, newly_reserved)
@@ -897,7 +905,16 @@ impl Partition {
         w.new_blocks.insert(copy);
         w.meta_dirty = true;
         let last = self.drop_reference(plan, shared);
-        debug_assert!(!last, "block {shared} was shared, yet a copy dropped its last reference");
+        if last {
+            // Held only through a clone this batch made (its source let go
+            // of it earlier in the batch): nothing maps it once the record
+            // is in, and it is freed with it.
+            debug_assert!(
+                !plan.objects[key].original_alive,
+                "block {shared} was shared, yet a copy dropped its last reference"
+            );
+            plan.freed_blocks.push(shared);
+        }
         Ok(copy)
     }
 
