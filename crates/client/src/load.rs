@@ -58,6 +58,16 @@ pub struct LoadResult {
 }
 
 impl LoadResult {
+    /// No operation yet.
+    pub fn empty() -> LoadResult {
+        LoadResult {
+            ops: 0,
+            errors: 0,
+            elapsed: Duration::ZERO,
+            latency: Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("static bounds"),
+        }
+    }
+
     pub fn iops(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64()
     }
@@ -146,15 +156,7 @@ pub fn run_groups(client: &ObjectClient, spec: &LoadSpec, groups: &[Group]) -> s
     let blocks_per_object = (spec.object_size / spec.block as u64).max(1);
     let payload = Bytes::from(vec![0xA5u8; spec.block as usize]);
     let decoder = FrameDecoder::default();
-    let mut results: Vec<LoadResult> = groups
-        .iter()
-        .map(|_| LoadResult {
-            ops: 0,
-            errors: 0,
-            elapsed: Duration::ZERO,
-            latency: Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("static bounds"),
-        })
-        .collect();
+    let mut results: Vec<LoadResult> = groups.iter().map(|_| LoadResult::empty()).collect();
     let mut next_txid = 1u64;
     // A request id per operation, as a real client sends: the OSD tracks them.
     let client_id = rand::random::<u64>() | 1;

@@ -452,23 +452,39 @@ mod tests {
         assert_eq!(plan(&off, &usage, &BTreeSet::new()), None);
     }
 
-    #[test]
-    fn a_backfill_waiting_on_a_full_target_is_sent_elsewhere() {
+    /// PG 5 of 4 OSDs moving onto `target` (its up set's second OSD),
+    /// pinned to `kept` and `holder` (which holds its 8 MiB).
+    struct StuckBackfill {
+        map: ClusterMap,
+        usage: BTreeMap<OsdId, OsdUsage>,
+        up: Vec<OsdId>,
+        kept: OsdId,
+        target: OsdId,
+        holder: OsdId,
+    }
+
+    /// That PG, with the OSDs `full(osd, target)` names past backfillfull.
+    fn stuck_backfill(full: impl Fn(OsdId, OsdId) -> bool) -> StuckBackfill {
         let mut map = cluster(4, 16);
-        let capacity = 256 * MIB;
-        let hierarchy = map.hierarchy();
-        let pool = map.pools[&1].clone();
-        let up = map.pg_osds(&hierarchy, &pool, 5);
+        let up = map.pg_osds(&map.hierarchy(), &map.pools[&1], 5);
         let (kept, target) = (up[0], up[1]);
         let holder = (0..4).find(|osd| !up.contains(osd)).unwrap();
-        // PG 5 moves onto `target` (pinned to its holders) and that OSD is
-        // past backfillfull: the backfill waits.
         map.pg_temp.insert((1, 5), vec![kept, holder]);
-        map.run(&Command::SetOsdFullness { id: target, fullness: Fullness::BackfillFull }).unwrap();
-        let mut usage = reports(&map, capacity, |pg| if pg == 5 { 8 * MIB } else { MIB });
+        for osd in (0..4).filter(|osd| full(*osd, target)) {
+            map.run(&Command::SetOsdFullness { id: osd, fullness: Fullness::BackfillFull }).unwrap();
+        }
+        let mut usage = reports(&map, 256 * MIB, |pg| if pg == 5 { 8 * MIB } else { MIB });
         usage.get_mut(&target).unwrap().pgs.remove(&(1, 5));
-        usage.get_mut(&target).unwrap().used_permille = 910;
         usage.get_mut(&holder).unwrap().pgs.insert((1, 5), 8 * MIB);
+        StuckBackfill { map, usage, up, kept, target, holder }
+    }
+
+    #[test]
+    fn a_backfill_waiting_on_a_full_target_is_sent_elsewhere() {
+        // Only the target is past backfillfull: the backfill waits.
+        let StuckBackfill { mut map, mut usage, up, target, .. } = stuck_backfill(|osd, target| osd == target);
+        let pool = map.pools[&1].clone();
+        usage.get_mut(&target).unwrap().used_permille = 910;
         let moves = plan(&map, &usage, &BTreeSet::new()).expect("the stuck backfill goes elsewhere");
         assert_eq!(moves.len(), 1, "{moves:?}");
         assert_eq!((moves[0].pg, moves[0].from), (5, target));
@@ -481,21 +497,9 @@ mod tests {
     /// its pin that holds it, so that it is clean again without a copy.
     #[test]
     fn a_backfill_waiting_on_a_full_target_with_no_room_anywhere_goes_back_to_its_holder() {
-        let mut map = cluster(4, 16);
-        let capacity = 256 * MIB;
-        let hierarchy = map.hierarchy();
-        let pool = map.pools[&1].clone();
-        let up = map.pg_osds(&hierarchy, &pool, 5);
-        let (kept, target) = (up[0], up[1]);
-        let holder = (0..4).find(|osd| !up.contains(osd)).unwrap();
-        map.pg_temp.insert((1, 5), vec![kept, holder]);
         // Every OSD past backfillfull: no room to send it to.
-        for osd in 0..4 {
-            map.run(&Command::SetOsdFullness { id: osd, fullness: Fullness::BackfillFull }).unwrap();
-        }
-        let mut usage = reports(&map, capacity, |pg| if pg == 5 { 8 * MIB } else { MIB });
-        usage.get_mut(&target).unwrap().pgs.remove(&(1, 5));
-        usage.get_mut(&holder).unwrap().pgs.insert((1, 5), 8 * MIB);
+        let StuckBackfill { mut map, mut usage, kept, target, holder, .. } = stuck_backfill(|_, _| true);
+        let pool = map.pools[&1].clone();
         for report in usage.values_mut() {
             report.used_permille = 930;
         }

@@ -270,6 +270,17 @@ fn dir_bytes(dir: &Path) -> Result<(u64, u64)> {
 }
 
 /// The value of the line starting with `name_and_labels ` in a metrics page.
+/// A benchmark whose OSDs are its own executable, run as `BENCH osd
+/// FLAGS` (one `cargo run` builds everything it needs): when this process
+/// is such an OSD, runs it and returns its result; otherwise `None`.
+pub fn run_as_osd_if_asked() -> Option<Result<()>> {
+    if std::env::args().nth(1).as_deref() != Some("osd") {
+        return None;
+    }
+    let argv = std::env::args().enumerate().filter(|(i, _)| *i != 1).map(|(_, a)| a);
+    Some(duplex_osd::cli::run(<duplex_osd::cli::OsdArgs as clap::Parser>::parse_from(argv)))
+}
+
 /// One request on an OSD's admin socket at `socket`: its JSON answer.
 pub fn admin_command(socket: &Path, request: &str) -> Result<serde_json::Value> {
     let mut stream = std::os::unix::net::UnixStream::connect(socket)?;

@@ -70,32 +70,24 @@ impl ConnCell {
     /// The connection, waiting for it if another thread has it (the wait
     /// is what the placement measures).
     pub fn lock(&self) -> MutexGuard<'_, Conn> {
-        match self.conn.try_lock() {
+        self.timed(&self.conn)
+    }
+
+    fn order(&self) -> MutexGuard<'_, Sequencer<Inbound>> {
+        self.timed(self.order.as_ref().expect("tickets only on a shared connection"))
+    }
+
+    /// Takes one of this connection's locks, adding the wait (if the first
+    /// try finds it taken) to the connection's lock wait.
+    fn timed<'a, T>(&self, mutex: &'a Mutex<T>) -> MutexGuard<'a, T> {
+        match mutex.try_lock() {
             Ok(guard) => guard,
             // A thread that panicked holding it took the OSD down with it.
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => {
                 let start = Instant::now();
-                let guard = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-                self.waited(start);
-                guard
-            }
-        }
-    }
-
-    fn waited(&self, since: Instant) {
-        self.lock_wait_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
-
-    fn order(&self) -> MutexGuard<'_, Sequencer<Inbound>> {
-        let order = self.order.as_ref().expect("tickets only on a shared connection");
-        match order.try_lock() {
-            Ok(guard) => guard,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                let start = Instant::now();
-                let guard = order.lock().unwrap_or_else(PoisonError::into_inner);
-                self.waited(start);
+                let guard = mutex.lock().unwrap_or_else(PoisonError::into_inner);
+                self.lock_wait_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 guard
             }
         }

@@ -339,7 +339,7 @@ impl PriorityThread {
                 }
             };
             // A malformed message ends the connection after the ones before it ran.
-            let (closing, mut failed) = match read {
+            let (closing, malformed) = match read {
                 Ok(closing) => (closing, None),
                 Err(ConnError::Protocol(why)) => (false, Some(why)),
                 Err(err) => {
@@ -349,16 +349,14 @@ impl PriorityThread {
                     return;
                 }
             };
-            let malformed = failed.is_some();
+            let mut failed = None;
             for message in inbound.drain(..) {
-                if failed.is_none() || malformed {
-                    if let Err(why) = self.admit(&cell, token, message) {
-                        failed.get_or_insert(why);
-                    }
+                if failed.is_none() {
+                    failed = self.admit(&cell, token, message).err();
                 }
             }
             self.inbound = inbound;
-            if let Some(why) = failed {
+            if let Some(why) = failed.or(malformed) {
                 self.drop_conn(token, ConnError::Protocol(why));
                 return;
             }

@@ -44,13 +44,18 @@ pub struct ConnReport {
     pub total_bytes: u64,
 }
 
-#[derive(Default)]
 struct Tracked {
-    cell: Option<Arc<ConnCell>>,
+    cell: Arc<ConnCell>,
     last_wait_ns: u64,
     last_bytes: u64,
     total_wait_ns: u64,
     total_bytes: u64,
+}
+
+impl Tracked {
+    fn new(cell: &Arc<ConnCell>) -> Tracked {
+        Tracked { cell: cell.clone(), last_wait_ns: 0, last_bytes: 0, total_wait_ns: 0, total_bytes: 0 }
+    }
 }
 
 struct Inner {
@@ -124,14 +129,14 @@ impl Messenger {
             ConnectionPolicy::Pinned => vec![self.next_home.fetch_add(1, Ordering::Relaxed) % self.workers],
             ConnectionPolicy::Naive => {
                 let mut inner = self.inner();
-                inner.conns.insert(cell.token, Tracked { cell: Some(cell.clone()), ..Tracked::default() });
+                inner.conns.insert(cell.token, Tracked::new(cell));
                 // Every connection on every thread: each poll holds them all.
                 self.max_events.store(inner.conns.len().max(1), Ordering::Relaxed);
                 (0..self.workers).collect()
             }
             ConnectionPolicy::Lcam => {
                 let mut inner = self.inner();
-                inner.conns.insert(cell.token, Tracked { cell: Some(cell.clone()), ..Tracked::default() });
+                inner.conns.insert(cell.token, Tracked::new(cell));
                 let home = inner.placement.connect(cell.token as u64);
                 debug_assert!(
                     home < self.workers,
@@ -189,7 +194,7 @@ impl Messenger {
         let inner = &mut *inner;
         let mut stats = IntervalStats::default();
         for (token, tracked) in inner.conns.iter_mut() {
-            let Some(cell) = &tracked.cell else { continue };
+            let cell = &tracked.cell;
             let (wait, bytes) = cell.take_interval();
             tracked.last_wait_ns = wait;
             tracked.last_bytes = bytes;
@@ -213,7 +218,7 @@ impl Messenger {
             let (conn, worker, completion) = match *decision {
                 Decision::Add { conn, worker } => {
                     self.added.fetch_add(1, Ordering::Relaxed);
-                    let cell = inner.conns.get(&(conn as usize)).and_then(|t| t.cell.clone());
+                    let cell = inner.conns.get(&(conn as usize)).map(|t| t.cell.clone());
                     let Some(cell) = cell else { continue };
                     (conn, worker, Completion::Serve(cell))
                 }
@@ -237,7 +242,7 @@ impl Messenger {
             .iter()
             .map(|(token, tracked)| ConnReport {
                 token: *token,
-                peer: tracked.cell.as_ref().and_then(|c| c.peer).map(|a| a.to_string()),
+                peer: tracked.cell.peer.map(|a| a.to_string()),
                 workers: match self.policy {
                     ConnectionPolicy::Lcam => inner.placement.workers_of(*token as u64).to_vec(),
                     _ => (0..self.workers).collect(),
@@ -251,7 +256,8 @@ impl Messenger {
     }
 
     /// The Prometheus lines (`crate::metrics::Metrics::render`).
-    pub fn render(&self, out: &mut String) {
+    /// `threads`: every thread's name and CPU seconds (`crate::metrics::thread_cpu_seconds`).
+    pub fn render(&self, out: &mut String, threads: &[(String, f64)]) {
         let policy = match self.policy {
             ConnectionPolicy::Pinned => "pinned",
             ConnectionPolicy::Lcam => "lcam",
@@ -284,7 +290,7 @@ impl Messenger {
             "# HELP duplex_osd_thread_cpu_seconds_total CPU time of each priority thread.\n\
              # TYPE duplex_osd_thread_cpu_seconds_total counter"
         );
-        for (name, seconds) in crate::metrics::thread_cpu_seconds() {
+        for (name, seconds) in threads {
             if let Some(thread) = name.strip_prefix("osd-prio-") {
                 let _ = writeln!(out, "duplex_osd_thread_cpu_seconds_total{{thread=\"{thread}\"}} {seconds:.3}");
             }

@@ -626,14 +626,16 @@ impl Metrics {
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
         }
+        // One look at /proc for every thread's CPU, used twice below.
+        let threads = thread_cpu_seconds();
         if let Some(messenger) = self.messenger.get() {
-            messenger.render(&mut out);
+            messenger.render(&mut out, &threads);
         }
         if let Some(mirror) = self.mirror.get() {
             render_mirror(&mut out, &mirror.status());
         }
         let _ = writeln!(out, "# HELP duplex_osd_cpu_seconds_total CPU time by thread class.\n# TYPE duplex_osd_cpu_seconds_total counter");
-        for (class, seconds) in cpu_seconds_by_class() {
+        for (class, seconds) in cpu_seconds_by_class(&threads) {
             let _ = writeln!(out, "duplex_osd_cpu_seconds_total{{class=\"{class}\"}} {seconds:.3}");
         }
         let mut merged: Vec<Histogram<u64>> =
@@ -689,14 +691,14 @@ pub fn thread_class(name: &str) -> &'static str {
 /// the time of threads that have ended) less those, so it holds the main
 /// and monitor threads and the kernel's io_uring workers (`iou-wrk-*`),
 /// which come and go with the store's I/O.
-pub fn cpu_seconds_by_class() -> Vec<(&'static str, f64)> {
+pub fn cpu_seconds_by_class(threads: &[(String, f64)]) -> Vec<(&'static str, f64)> {
     let mut totals: Vec<(&'static str, f64)> =
         ["priority", "non_priority", "pool_worker", "other"].iter().map(|c| (*c, 0.0)).collect();
     let process =
         std::fs::read_to_string("/proc/self/stat").ok().and_then(|s| stat_seconds(&s)).map_or(0.0, |(_, s)| s);
     let mut named = 0.0;
-    for (name, secs) in thread_cpu_seconds() {
-        let class = thread_class(&name);
+    for (name, secs) in threads {
+        let class = thread_class(name);
         if class == "other" {
             continue;
         }

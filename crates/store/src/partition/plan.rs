@@ -511,25 +511,7 @@ impl Partition {
                 }
                 None => match self.map_freed_again(plan, key, logical, journaled)? {
                     Some(block) => (block, false),
-                    None => {
-                        let replaces_data = self.held_data_before(plan, key, logical);
-                        let hint = logical.checked_sub(1).and_then(|l| self.mapped(plan, key, l)).map(|p| p + 1);
-                        let block = self.reserve_block(plan, hint)?;
-                        self.own_extents(plan, key);
-                        let w = plan.objects.get_mut(key).expect("loaded");
-                        w.current.as_mut().expect("present").map_block(logical, block);
-                        w.new_blocks.insert(block);
-                        w.meta_dirty = true;
-                        if replaces_data {
-                            // The block the object held here before the batch
-                            // is still another's (a clone's): as a copy on
-                            // write, the new one starts from zeros and is
-                            // made durable before the record that maps it.
-                            self.stage(plan, block, false, true)?;
-                            plan.copies.push(block);
-                        }
-                        (block, true)
-                    }
+                    None => (self.map_new_block(plan, key, logical)?, true),
                 },
             };
             let source = (block_start + from as u64 - offset) as usize;
@@ -550,6 +532,27 @@ impl Partition {
             w.meta_dirty = true;
         }
         Ok(())
+    }
+
+    /// Maps a block reserved now at logical block `logical` of `key`
+    /// (unmapped at this point of the batch) and returns it.
+    fn map_new_block(&mut self, plan: &mut Plan, key: &Key, logical: u32) -> Result<u32> {
+        let replaces_data = self.held_data_before(plan, key, logical);
+        let hint = logical.checked_sub(1).and_then(|l| self.mapped(plan, key, l)).map(|p| p + 1);
+        let block = self.reserve_block(plan, hint)?;
+        self.own_extents(plan, key);
+        let w = plan.objects.get_mut(key).expect("loaded");
+        w.current.as_mut().expect("present").map_block(logical, block);
+        w.new_blocks.insert(block);
+        w.meta_dirty = true;
+        if replaces_data {
+            // The block the object held here before the batch is still
+            // another's (a clone's): as a copy on write, the new one starts
+            // from zeros and is made durable before the record that maps it.
+            self.stage(plan, block, false, true)?;
+            plan.copies.push(block);
+        }
+        Ok(block)
     }
 
     /// A write into logical block `logical` of `key`, unmapped at this point

@@ -106,15 +106,6 @@ fn switches(pid: u32) -> (u64, u64) {
     total
 }
 
-fn empty_result() -> load::LoadResult {
-    load::LoadResult {
-        ops: 0,
-        errors: 0,
-        elapsed: Duration::ZERO,
-        latency: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds"),
-    }
-}
-
 fn run_one(args: &Args, threads: usize, policy: &str) -> Result<Run> {
     let options = LocalOptions {
         osd_binary: std::env::current_exe()?,
@@ -200,7 +191,7 @@ fn run_one(args: &Args, threads: usize, policy: &str) -> Result<Run> {
     let after = cluster.metrics(0)?;
     let switched_after = switches(cluster.osds[&0].child.id());
     let switched = (switched_after.0 - switched_before.0, switched_after.1 - switched_before.1);
-    let (mut heavy, mut light) = (empty_result(), empty_result());
+    let (mut heavy, mut light) = (load::LoadResult::empty(), load::LoadResult::empty());
     for (result, heavy_one) in results.into_iter().zip(is_heavy) {
         let class = if heavy_one { &mut heavy } else { &mut light };
         class.ops += result.ops;
@@ -233,9 +224,8 @@ fn run_one(args: &Args, threads: usize, policy: &str) -> Result<Run> {
 
 fn main() -> Result<()> {
     // The OSD is this same executable, run as `duplex-msgr-bench osd FLAGS`.
-    if std::env::args().nth(1).as_deref() == Some("osd") {
-        let argv = std::env::args().enumerate().filter(|(i, _)| *i != 1).map(|(_, a)| a);
-        return duplex_osd::cli::run(duplex_osd::cli::OsdArgs::parse_from(argv));
+    if let Some(osd) = duplex_testkit::run_as_osd_if_asked() {
+        return osd;
     }
     let mut args = Args::parse();
     if args.smoke {

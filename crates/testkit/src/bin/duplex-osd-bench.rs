@@ -76,9 +76,8 @@ fn cpu_by_class(cluster: &LocalCluster) -> Result<Vec<f64>> {
 fn main() -> Result<()> {
     // The cluster's OSDs are this same executable, run as `duplex-osd-bench osd FLAGS`:
     // one `cargo run` builds everything the benchmark needs.
-    if std::env::args().nth(1).as_deref() == Some("osd") {
-        let argv = std::env::args().enumerate().filter(|(i, _)| *i != 1).map(|(_, a)| a);
-        return duplex_osd::cli::run(duplex_osd::cli::OsdArgs::parse_from(argv));
+    if let Some(osd) = duplex_testkit::run_as_osd_if_asked() {
+        return osd;
     }
     let mut args = Args::parse();
     if args.smoke {
