@@ -239,6 +239,17 @@ pub enum PoolCommand {
         /// A chunk pool: it holds a deduplicated pool's chunks, and nothing else.
         #[arg(long, conflicts_with = "ec")]
         chunk_pool: bool,
+        /// strong (the default: a write is acknowledged once every replica
+        /// has it) or eventual (once the primary has it; replicas follow in
+        /// the background, and a primary's failure may lose the writes of
+        /// the last --max-lag: docs/OSD.md, "Eventual pools").
+        #[arg(long, default_value = "strong", value_parser = ["strong", "eventual"],
+              conflicts_with_all = ["ec", "chunk_pool", "compression", "dedup_tier"])]
+        consistency: String,
+        /// An eventual pool's longest replication lag (10ms to 60s): past
+        /// it, writes wait for their replicas.
+        #[arg(long, value_parser = duplex_map::eventual::parse_lag)]
+        max_lag: Option<u32>,
         /// A chunk pool's compression: none, lz4 (the default) or zstd[:LEVEL]
         /// (implies --chunk-pool).
         #[arg(long, conflicts_with = "ec")]
@@ -246,7 +257,8 @@ pub enum PoolCommand {
     },
     /// Change pool settings, as KEY=VALUE: dedup_low_watermark and
     /// dedup_high_watermark (a deduplicated pool's foreground operations a
-    /// second per OSD), compression and compression_min_saving (a chunk pool's).
+    /// second per OSD), compression and compression_min_saving (a chunk
+    /// pool's), max_lag (an eventual pool's, e.g. 500ms).
     Set {
         name: String,
         #[arg(required = true)]
@@ -296,9 +308,26 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
             chunking,
             chunk_pool,
             compression,
+            consistency,
+            max_lag,
             ..
         } => {
             let min_size = min_size.unwrap_or(size - size / 2);
+            if consistency == "eventual" {
+                let eventual =
+                    duplex_map::Eventual { max_lag_ms: max_lag.unwrap_or(duplex_map::Eventual::DEFAULT_MAX_LAG_MS) };
+                let command = MapCommand::PoolCreateEventual { name: name.clone(), size, min_size, pg_num, eventual };
+                let epoch = run_command(&mut mon, command)?;
+                println!(
+                    "created eventual pool '{name}' (size {size}, min_size {min_size}, {pg_num} PGs, max lag {}) at map \
+                     epoch {epoch}: a primary's failure may lose the writes of its last {0}",
+                    duplex_map::eventual::format_lag(eventual.max_lag_ms)
+                );
+                return Ok(());
+            }
+            if max_lag.is_some() {
+                bail!("--max-lag is an eventual pool's; add --consistency eventual");
+            }
             if chunk_pool || compression.is_some() {
                 let mut store = duplex_map::ChunkStore::default();
                 if let Some(compression) = &compression {
@@ -381,7 +410,9 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
                             "compression": c.compression.to_string(),
                             "min_saving_permille": c.min_saving_permille,
                         }));
-                        serde_json::json!({"id": p.id, "name": p.name, "size": p.size, "min_size": p.min_size, "pg_num": p.pg_num, "erasure": erasure, "dedup": dedup, "chunks": chunks})
+                        let consistency = if p.is_eventual() { "eventual" } else { "strong" };
+                        let max_lag_ms = p.eventual.map(|e| e.max_lag_ms);
+                        serde_json::json!({"id": p.id, "name": p.name, "size": p.size, "min_size": p.min_size, "pg_num": p.pg_num, "consistency": consistency, "max_lag_ms": max_lag_ms, "erasure": erasure, "dedup": dedup, "chunks": chunks})
                     })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&pools)?);
@@ -400,7 +431,13 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
                             }
                         ),
                         (None, None, Some(c)) => format!("replicated, chunk pool ({} compression)", c.compression),
-                        (None, None, None) => "replicated".into(),
+                        (None, None, None) => match p.eventual {
+                            Some(e) => format!(
+                                "replicated, eventual (max lag {})",
+                                duplex_map::eventual::format_lag(e.max_lag_ms)
+                            ),
+                            None => "replicated".into(),
+                        },
                     };
                     println!("{:<6} {:<20} {:>5} {:>9} {:>7}  {kind}", p.id, p.name, p.size, p.min_size, p.pg_num);
                 }
@@ -720,6 +757,51 @@ fn pg_states(map: &ClusterMap) -> (BTreeMap<&'static str, u32>, Vec<String>) {
     (states, down)
 }
 
+/// What `duplex status` says of the eventual pools' replication.
+struct EventualSummary {
+    /// One line: PGs, the largest lag and where, writes on their primary only.
+    summary: Option<String>,
+    /// A health warning: PGs whose lag is past their pool's max_lag.
+    over: Option<String>,
+}
+
+/// Sorts `lags` (largest first) and sums them up against their pools' max_lag.
+fn eventual_lags(map: &ClusterMap, lags: &mut [duplex_proto::osd::PgLagStat]) -> EventualSummary {
+    lags.sort_unstable_by_key(|l| (std::cmp::Reverse(l.lag_us), l.pg));
+    let eventual_pgs: u32 = map.pools.values().filter(|p| p.is_eventual()).map(|p| p.pg_num).sum();
+    if eventual_pgs == 0 {
+        return EventualSummary { summary: None, over: None };
+    }
+    let name = |pg: u32| format!("{}.{:x}", pg >> 20, pg & 0xfffff);
+    let unreplicated: u64 = lags.iter().map(|l| l.unreplicated).sum();
+    let largest = lags.first().map_or("no PG reported".to_string(), |l| {
+        format!("largest replication lag {:.1} ms (pg {})", l.lag_us as f64 / 1e3, name(l.pg))
+    });
+    let summary = format!(
+        "{eventual_pgs} PGs in eventual pools, {} reported by their primaries: {largest}, {unreplicated} acknowledged \
+         writes not yet on every replica",
+        lags.len()
+    );
+    let over: Vec<String> = lags
+        .iter()
+        .filter(|l| {
+            map.pools
+                .get(&(l.pg >> 20))
+                .and_then(|p| p.eventual)
+                .is_some_and(|e| l.lag_us > u64::from(e.max_lag_ms) * 1000)
+        })
+        .map(|l| format!("{} ({:.0} ms)", name(l.pg), l.lag_us as f64 / 1e3))
+        .collect();
+    let over = (!over.is_empty()).then(|| {
+        format!(
+            "{} eventual PGs past their pool's max_lag (a replica is slow or gone): {}",
+            over.len(),
+            over.iter().take(MAX_DOWN_LISTED).cloned().collect::<Vec<_>>().join(", ")
+        )
+    });
+    EventualSummary { summary: Some(summary), over }
+}
+
 /// Down PGs `duplex status` names one by one.
 const MAX_DOWN_LISTED: usize = 10;
 
@@ -773,10 +855,14 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
     // Client I/O: the OSDs' counters one second apart.
     // (And which OSDs run on one device of their mirror.)
     let mut degraded_devices = BTreeSet::new();
+    // (And the eventual pools' PGs' replication lags, from the last sample.)
+    let mut lags = Vec::new();
     let mut sample = |map: &ClusterMap| -> (u64, u64, u64, u64, u64) {
         let mut totals = (0, 0, 0, 0, 0);
+        lags.clear();
         for osd in map.osds.values().filter(|o| o.up) {
             if let Ok(stats) = osd_stats(client, &osd.addr) {
+                lags.extend(stats.lags.iter().copied());
                 totals.0 += stats.capacity_bytes;
                 totals.1 += stats.used_bytes;
                 totals.2 += stats.writes;
@@ -798,6 +884,13 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
     let read_iops = after.3.saturating_sub(before.3) as f64 / seconds;
     let (states, down) = pg_states(&map);
     let (mut health, mut reasons) = health(&map, up, &states);
+    let eventual = eventual_lags(&map, &mut lags);
+    if let Some(why) = &eventual.over {
+        reasons.push(why.clone());
+        if health == "HEALTH_OK" {
+            health = "HEALTH_WARN";
+        }
+    }
     if !degraded_devices.is_empty() {
         let names: Vec<String> = degraded_devices.iter().map(|id| format!("osd.{id}")).collect();
         reasons.push(format!(
@@ -823,6 +916,11 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
                 "max_spread": f64::from(map.balancer_max_spread) / 1000.0,
                 "remapped_pgs": map.pg_upmap.len(),
             },
+            "eventual_pgs": lags.iter().map(|l| serde_json::json!({
+                "pg": format!("{}.{:x}", l.pg >> 20, l.pg & 0xfffff),
+                "replication_lag_seconds": l.lag_us as f64 / 1e6,
+                "unreplicated_writes": l.unreplicated,
+            })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
@@ -858,6 +956,9 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
         println!("balancer: on, OSDs kept within {spread:.1}% of each other ({} PGs remapped)", map.pg_upmap.len());
     }
     println!("client:   {write_iops:.0} write IOPS, {read_iops:.0} read IOPS (last second)");
+    if let Some(line) = &eventual.summary {
+        println!("eventual: {line}");
+    }
     if (after.4 as usize) < up {
         println!("note:     {} of {up} up OSDs did not report counters", up - after.4 as usize);
     }

@@ -74,6 +74,12 @@ pub struct ImageInfo {
 }
 
 impl ImageInfo {
+    /// The name of its data object `number` (bytes `number × object_size`
+    /// on): where placement puts that part of the image.
+    pub fn object_name(&self, number: u64) -> Bytes {
+        data_object(&self.id, number)
+    }
+
     /// The pool holding its data objects, for an image whose header is in `pool`.
     pub fn data_pool_in(&self, pool: u32) -> u32 {
         self.data_pool.unwrap_or(pool)

@@ -149,6 +149,15 @@ pub enum Command {
     SetBalancer {
         max_spread_permille: u16,
     },
+    /// An eventually consistent pool (crate::eventual): replicated, its
+    /// writes acknowledged from the primary's log.
+    PoolCreateEventual {
+        name: String,
+        size: u8,
+        min_size: u8,
+        pg_num: u32,
+        eventual: crate::Eventual,
+    },
 }
 
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq, Serialize, Deserialize)]
@@ -177,6 +186,23 @@ impl ClusterMap {
     /// erasure-coded PG can spread its shards over.
     pub fn hosts_with_in_osds(&self) -> usize {
         self.osds.values().filter(|osd| osd.is_in).map(|osd| osd.host.as_str()).collect::<BTreeSet<_>>().len()
+    }
+
+    /// A new replicated pool, checked: its name free, its sizes and PG count in range.
+    fn new_replicated_pool(&self, name: &str, size: u8, min_size: u8, pg_num: u32) -> Result<Pool, CommandError> {
+        check_name("pool", name)?;
+        if self.pool_by_name(name).is_some() {
+            return Err(CommandError::PoolExists(name.to_string()));
+        }
+        if size == 0 || size > MAX_POOL_SIZE || min_size == 0 || min_size > size {
+            return Err(CommandError::Invalid(format!(
+                "need 1 <= min_size ({min_size}) <= size ({size}) <= {MAX_POOL_SIZE}"
+            )));
+        }
+        if pg_num == 0 || pg_num > MAX_PG_NUM {
+            return Err(CommandError::Invalid(format!("pg_num must be 1..={MAX_PG_NUM}")));
+        }
+        Ok(Pool::new(self.next_pool_id, name.to_string(), size, min_size, pg_num, None))
     }
 
     /// The delta that carries out `command` on this map. `Ok(None)`: the
@@ -302,30 +328,20 @@ impl ClusterMap {
                 vec![Change::SetOsd(info)]
             }
             Command::PoolCreate { name, size, min_size, pg_num } => {
-                check_name("pool", name)?;
-                if self.pool_by_name(name).is_some() {
-                    return Err(CommandError::PoolExists(name.clone()));
-                }
-                if *size == 0 || *size > MAX_POOL_SIZE || *min_size == 0 || min_size > size {
-                    return Err(CommandError::Invalid(format!(
-                        "need 1 <= min_size ({min_size}) <= size ({size}) <= {MAX_POOL_SIZE}"
-                    )));
-                }
-                if *pg_num == 0 || *pg_num > MAX_PG_NUM {
-                    return Err(CommandError::Invalid(format!("pg_num must be 1..={MAX_PG_NUM}")));
-                }
-                vec![Change::SetPool(Pool::new(self.next_pool_id, name.clone(), *size, *min_size, *pg_num, None))]
+                vec![Change::SetPool(self.new_replicated_pool(name, *size, *min_size, *pg_num)?)]
             }
             Command::PoolCreateChunks { name, size, min_size, pg_num, store } => {
-                let plain =
-                    Command::PoolCreate { name: name.clone(), size: *size, min_size: *min_size, pg_num: *pg_num };
-                let Some(delta) = self.execute(&plain)? else { unreachable!("a pool creation always changes the map") };
-                let mut changes = delta.changes;
-                let [Change::SetPool(pool)] = changes.as_mut_slice() else {
-                    unreachable!("a pool creation is one change")
-                };
+                let mut pool = self.new_replicated_pool(name, *size, *min_size, *pg_num)?;
                 pool.chunks = Some(*store);
-                changes
+                vec![Change::SetPool(pool)]
+            }
+            Command::PoolCreateEventual { name, size, min_size, pg_num, eventual } => {
+                if let Some(why) = eventual.invalid_because() {
+                    return Err(CommandError::Invalid(why));
+                }
+                let mut pool = self.new_replicated_pool(name, *size, *min_size, *pg_num)?;
+                pool.eventual = Some(*eventual);
+                vec![Change::SetPool(pool)]
             }
             Command::PoolSetTier { name, chunk_pool, chunk_size, chunking } => {
                 let pool = self.pool_by_name(name).ok_or_else(|| CommandError::NoSuchPool(name.clone()))?;

@@ -28,6 +28,7 @@ pub mod active_set;
 pub mod balancer;
 pub mod codec;
 mod command;
+pub mod eventual;
 pub mod failure;
 pub mod pg_temp;
 pub mod tier;
@@ -38,6 +39,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use active_set::ActiveSet;
+pub use eventual::Eventual;
 pub use tier::{ChunkStore, Chunking, Compression, DedupMode, DedupTier};
 
 pub use command::{Command, CommandError, MAX_PGS_PER_COMMAND};
@@ -133,6 +135,9 @@ pub struct Pool {
     pub dedup: Option<DedupTier>,
     /// `Some`: a chunk pool, holding content-addressed chunk objects only.
     pub chunks: Option<ChunkStore>,
+    /// `Some`: an eventually consistent pool ([`eventual`]): writes are
+    /// acknowledged from the primary's log and replicated in the background.
+    pub eventual: Option<Eventual>,
 }
 
 impl Pool {
@@ -140,10 +145,14 @@ impl Pool {
         self.erasure.is_some()
     }
 
+    pub fn is_eventual(&self) -> bool {
+        self.eventual.is_some()
+    }
+
     /// A pool of its kind with none of the options (a replicated pool
     /// unless `erasure`).
     pub fn new(id: PoolId, name: String, size: u8, min_size: u8, pg_num: u32, erasure: Option<ErasureCode>) -> Pool {
-        Pool { id, name, size, min_size, pg_num, erasure, dedup: None, chunks: None }
+        Pool { id, name, size, min_size, pg_num, erasure, dedup: None, chunks: None, eventual: None }
     }
 }
 

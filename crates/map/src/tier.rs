@@ -174,8 +174,7 @@ impl Default for ChunkStore {
 }
 
 /// The keys [`crate::Command::PoolSet`] takes.
-pub const POOL_SET_KEYS: &str =
-    "dedup_low_watermark, dedup_high_watermark, dedup_mode (a deduplicated pool); compression, compression_min_saving (a chunk pool)";
+pub const POOL_SET_KEYS: &str = "dedup_low_watermark, dedup_high_watermark, dedup_mode (a deduplicated pool); compression, compression_min_saving (a chunk pool); max_lag (an eventual pool)";
 
 /// Pool `pool` given a tier in `chunk_pool`, cut into `chunk_size` chunks
 /// by `chunking`. `Ok(None)`: it has that tier already. A tier is set
@@ -201,6 +200,12 @@ pub fn set_tier(
         return invalid(format!(
             "pool '{}' is erasure-coded; a deduplicated pool is replicated (its chunk maps are omaps)",
             pool.name
+        ));
+    }
+    if pool.is_eventual() || chunk_pool.is_eventual() {
+        return invalid(format!(
+            "pool '{}' is eventually consistent; a tier's chunk references must not be lost with a primary",
+            if pool.is_eventual() { &pool.name } else { &chunk_pool.name }
         ));
     }
     if !chunk_size.is_power_of_two() || !(DedupTier::MIN_CHUNK_SIZE..=DedupTier::MAX_CHUNK_SIZE).contains(&chunk_size) {
@@ -271,6 +276,7 @@ pub fn pool_set(pool: &Pool, key: &str, value: &str) -> Result<Option<Pool>, Com
                 }
             }
         }
+        "max_lag" => new = crate::eventual::set_max_lag(pool, value)?,
         _ => return Err(invalid(format!("no pool setting '{key}' (there are: {POOL_SET_KEYS})"))),
     }
     Ok((new != *pool).then_some(new))

@@ -110,6 +110,20 @@ fn command_strategy() -> impl Strategy<Value = Command> {
                 pg_num
             }
         ),
+        (0u8..3, 0u8..5, 0u8..5, 0u32..300, 0u32..70_000).prop_map(|(n, size, min_size, pg_num, max_lag_ms)| {
+            Command::PoolCreateEventual {
+                name: format!("p{n}"),
+                size,
+                min_size,
+                pg_num,
+                eventual: duplex_map::Eventual { max_lag_ms },
+            }
+        }),
+        (0u8..3, prop_oneof![Just("250ms"), Just("2s"), Just("0"), Just("x")]).prop_map(|(n, lag)| Command::PoolSet {
+            name: format!("p{n}"),
+            key: "max_lag".into(),
+            value: lag.into()
+        }),
         (0u8..3).prop_map(|n| Command::PoolDelete { name: format!("p{n}") }),
         (0u8..3, 0u32..600).prop_map(|(n, pg_num)| Command::PoolSetPgNum { name: format!("p{n}"), pg_num }),
         (0u64..40, 1u32..4, 0u32..300, proptest::collection::vec(0u32..9, 0..3))
@@ -653,4 +667,33 @@ fn an_erasure_coded_pg_keeps_its_shards_on_their_holders_when_an_osd_joins() {
         let distinct = acting.iter().enumerate().all(|(i, o)| *o == NO_OSD || !acting[..i].contains(o));
         assert!(distinct, "PG {pg}: {acting:?}");
     }
+}
+
+#[test]
+fn an_eventual_pool_keeps_its_lag_through_deltas_and_encodings_and_only_it_has_one() {
+    let mut map = small_cluster();
+    let eventual = duplex_map::Eventual { max_lag_ms: 500 };
+    let create = |name: &str, max_lag_ms| Command::PoolCreateEventual {
+        name: name.into(),
+        size: 2,
+        min_size: 1,
+        pg_num: 8,
+        eventual: duplex_map::Eventual { max_lag_ms },
+    };
+    map.run(&create("scratch", 500)).unwrap();
+    let pool = map.pool_by_name("scratch").unwrap().clone();
+    assert_eq!(pool.eventual, Some(eventual));
+    assert!(!map.pool_by_name("rbd").unwrap().is_eventual());
+    assert!(matches!(map.run(&create("fast", 5)), Err(CommandError::Invalid(_))), "below the least lag");
+    assert!(matches!(map.run(&create("rbd", 500)), Err(CommandError::PoolExists(_))));
+    let set =
+        |pool: &str, value: &str| Command::PoolSet { name: pool.into(), key: "max_lag".into(), value: value.into() };
+    map.run(&set("scratch", "2s")).unwrap().expect("a change");
+    assert_eq!(map.pool_by_name("scratch").unwrap().eventual.unwrap().max_lag_ms, 2000);
+    assert_eq!(map.run(&set("scratch", "2000ms")), Ok(None), "the same lag: no new epoch");
+    for bad in ["0", "61s", "soon"] {
+        assert!(matches!(map.run(&set("scratch", bad)), Err(CommandError::Invalid(_))), "{bad}");
+    }
+    assert!(matches!(map.run(&set("rbd", "1s")), Err(CommandError::Invalid(_))), "a strong pool has no lag");
+    assert_eq!(decode_map(&encode_map(&map)).unwrap(), map);
 }

@@ -190,6 +190,11 @@ pub enum Outcome {
         /// The PG and request id, to mark the request finished in the PG's table.
         pg: u32,
         request: RequestId,
+        /// `Some(max_lag)`: answer the client now (`Ok`), before the
+        /// replicas: an eventual pool's write (`crate::backend::eventual`).
+        /// Their answers then only settle the PG's replication lag, and
+        /// must all come within `max_lag` (`crate::io::pending`).
+        answered: Option<std::time::Duration>,
     },
     /// The flusher has it; the reply comes back as a completion.
     Queued,

@@ -31,6 +31,9 @@ pub struct Shared {
     pub scrub_requests: ScrubRequests,
     /// Clients are served only under a lease from the monitors.
     pub lease: Arc<Lease>,
+    /// The simulator's clock, set before each operation it runs (`None`:
+    /// the wall clock). What reads it: an eventual PG's replication lag.
+    pub virtual_now: Option<std::time::Instant>,
     /// Where a broken peer connection names its peer, for the suspects
     /// thread to probe (`suspects::watch_suspects`; unset: nobody probes).
     pub suspects: OnceLock<crossbeam_channel::Sender<OsdId>>,
@@ -52,6 +55,11 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Now, on the clock the operations run on (the simulator's, in a simulation).
+    pub fn now(&self) -> std::time::Instant {
+        self.virtual_now.unwrap_or_else(std::time::Instant::now)
+    }
+
     pub fn new(
         config: OsdConfig,
         pgs: Arc<PgTable>,
@@ -75,6 +83,7 @@ impl Shared {
             connections: AtomicUsize::new(0),
             scrub_requests,
             lease: Arc::new(Lease::default()),
+            virtual_now: None,
             suspects: OnceLock::new(),
             watchers: Default::default(),
             snap_trims: OnceLock::new(),

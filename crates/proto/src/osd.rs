@@ -546,7 +546,7 @@ impl SnapDiff {
 }
 
 /// An OSD's counters, for `duplex status`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OsdStats {
     pub capacity_bytes: u64,
     pub used_bytes: u64,
@@ -558,15 +558,35 @@ pub struct OsdStats {
     pub log_entries: u64,
     /// Devices of a mirrored store that are out (degraded until replaced).
     pub failed_devices: u64,
+    /// The replication lag of each PG of an eventual pool this OSD is the
+    /// primary of (at most [`MAX_LAGS_REPORTED`], the largest).
+    pub lags: Vec<PgLagStat>,
+}
+
+/// An eventual pool's PG's replication lag, as its primary reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PgLagStat {
+    /// The PG's key (pool and PG number).
+    pub pg: u32,
+    /// The age of the oldest acknowledged write a replica lacks.
+    pub lag_us: u64,
+    /// Acknowledged writes a replica lacks.
+    pub unreplicated: u64,
 }
 
 const OSD_STATS_LEN: usize = 64;
 /// The reply before `failed_devices` (an older OSD's).
 const OSD_STATS_LEN_V1: usize = 56;
+/// The PG lags one reply carries at most (a count, then 20 bytes each).
+pub const MAX_LAGS_REPORTED: usize = 4096;
+const LAG_LEN: usize = 20;
 
 impl OsdStats {
     pub fn to_frame(&self, transaction_id: u64) -> Frame {
-        let mut out = BytesMut::with_capacity(OSD_STATS_LEN);
+        debug_assert!(self.lags.len() <= MAX_LAGS_REPORTED, "{} lags in one reply", self.lags.len());
+        let lags = &self.lags[..self.lags.len().min(MAX_LAGS_REPORTED)];
+        let tail = if lags.is_empty() { 0 } else { 4 + lags.len() * LAG_LEN };
+        let mut out = BytesMut::with_capacity(OSD_STATS_LEN + tail);
         for value in [
             self.capacity_bytes,
             self.used_bytes,
@@ -579,12 +599,38 @@ impl OsdStats {
         ] {
             out.put_u64_le(value);
         }
+        if !lags.is_empty() {
+            out.put_u32_le(lags.len() as u32);
+            for lag in lags {
+                out.put_u32_le(lag.pg);
+                out.put_u64_le(lag.lag_us);
+                out.put_u64_le(lag.unreplicated);
+            }
+        }
+        debug_assert_eq!(out.len(), OSD_STATS_LEN + tail);
         Frame::new(MessageType::OsdStatsReply, transaction_id, out.freeze())
     }
 
     pub fn decode(payload: &[u8]) -> Result<OsdStats, DecodeError> {
-        if payload.len() != OSD_STATS_LEN && payload.len() != OSD_STATS_LEN_V1 {
+        if payload.len() != OSD_STATS_LEN && payload.len() != OSD_STATS_LEN_V1 && payload.len() < OSD_STATS_LEN + 4 {
             return Err(DecodeError::Short { need: OSD_STATS_LEN, got: payload.len() });
+        }
+        let mut lags = Vec::new();
+        if payload.len() > OSD_STATS_LEN {
+            // Bounded before it is multiplied: a hostile count cannot overflow.
+            let count = (le_u32(payload, OSD_STATS_LEN) as usize).min(MAX_LAGS_REPORTED + 1);
+            let need = OSD_STATS_LEN + 4 + count * LAG_LEN;
+            if count > MAX_LAGS_REPORTED || payload.len() != need {
+                return Err(DecodeError::Short { need, got: payload.len() });
+            }
+            for i in 0..count {
+                let at = OSD_STATS_LEN + 4 + i * LAG_LEN;
+                lags.push(PgLagStat {
+                    pg: le_u32(payload, at),
+                    lag_us: le_u64(payload, at + 4),
+                    unreplicated: le_u64(payload, at + 12),
+                });
+            }
         }
         let at = |i: usize| le_u64(payload, i * 8);
         Ok(OsdStats {
@@ -595,7 +641,8 @@ impl OsdStats {
             write_bytes: at(4),
             read_bytes: at(5),
             log_entries: at(6),
-            failed_devices: if payload.len() == OSD_STATS_LEN { at(7) } else { 0 },
+            failed_devices: if payload.len() >= OSD_STATS_LEN { at(7) } else { 0 },
+            lags,
         })
     }
 }
@@ -970,10 +1017,11 @@ mod tests {
             size in any::<u64>(),
         ) {
             prop_assert_eq!(decode_attrs(&encode_attrs(&attrs)), Ok(attrs));
-            prop_assert_eq!(decode_names(&encode_names(&names, more)), Ok((names, more)));
+            prop_assert_eq!(decode_names(&encode_names(&names, more)), Ok((names.clone(), more)));
             let stat = ObjectStat { size, allocated_bytes: size / 2, preallocated: more };
             prop_assert_eq!(ObjectStat::decode(&stat.encode()), Ok(stat));
-            let stats = OsdStats { capacity_bytes: size, used_bytes: size / 3, writes: 1, reads: 2, write_bytes: 3, read_bytes: 4, log_entries: 5, failed_devices: 1 };
+            let lags = names.iter().enumerate().map(|(i, n)| PgLagStat { pg: i as u32, lag_us: size ^ n.len() as u64, unreplicated: n.len() as u64 }).collect();
+            let stats = OsdStats { capacity_bytes: size, used_bytes: size / 3, writes: 1, reads: 2, write_bytes: 3, read_bytes: 4, log_entries: 5, failed_devices: 1, lags };
             prop_assert_eq!(OsdStats::decode(&stats.to_frame(1).payload), Ok(stats));
         }
     }

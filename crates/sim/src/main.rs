@@ -78,6 +78,12 @@ struct Cli {
     /// (on 4 KiB blocks chosen by the data: 8 to 24 KiB chunks here).
     #[arg(long, default_value = "fixed", value_parser = duplex_map::Chunking::parse, requires = "dedup")]
     chunking: duplex_map::Chunking,
+    /// The pool is eventually consistent, with this max_lag in ms (200
+    /// if none is given): writes are acknowledged from their primary's
+    /// log, and the checker's eventual mode allows a failure to lose the
+    /// writes acknowledged within max_lag of it, nothing else.
+    #[arg(long, num_args = 0..=1, default_missing_value = "200", conflicts_with_all = ["ec", "dedup"])]
+    eventual: Option<u32>,
     /// OSDs in the cluster, one host each [default: 4, or k+m of --ec if
     /// more].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=64))]
@@ -113,6 +119,7 @@ impl Cli {
         config.omap = self.omap;
         config.dedup = self.dedup;
         config.chunking = self.chunking;
+        config.eventual = self.eventual;
         let shards = self.ec.map_or(0, |(k, m)| u32::from(k) + u32::from(m));
         config.osds = self.osds.unwrap_or(config.osds.max(shards));
         config
@@ -146,6 +153,9 @@ impl Cli {
         }
         if self.dedup {
             line += " --dedup";
+        }
+        if let Some(max_lag_ms) = self.eventual {
+            line += &format!(" --eventual {max_lag_ms}");
         }
         if self.chunking != duplex_map::Chunking::Fixed {
             line += &format!(" --chunking {}", self.chunking);
@@ -206,11 +216,19 @@ fn dedup_line(report: &RunReport) -> String {
     )
 }
 
+/// What an eventual run's failures lost (runs with `--eventual`).
+fn eventual_line(report: &RunReport) -> String {
+    if report.rollbacks == 0 {
+        return String::new();
+    }
+    format!(", {} blocks rolled back (loss window {:.1} ms)", report.rollbacks, report.loss_window_us as f64 / 1e3)
+}
+
 fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {
     format!(
         "seed {seed}: ok in {real_s:.1}s real, {:.1}s virtual: {} writes acknowledged, {} unknown, {} reads; \
          {} faults ({} power cuts in a commit, {} damaged copies found), {} marked down, {} peerings, {} objects recovered; \
-         {} PGs backfilled ({} objects), {} pins dropped, {} handed over, {} filled in the background, {} active-set records, {} balancer moves, {} snapshots ({} reads of them){}; {} messages ({} lost); digest {:016x}",
+         {} PGs backfilled ({} objects), {} pins dropped, {} handed over, {} filled in the background, {} active-set records, {} balancer moves, {} snapshots ({} reads of them){}{}; {} messages ({} lost); digest {:016x}",
         report.virtual_us as f64 / 1e6,
         report.acknowledged_writes,
         report.unknown_writes,
@@ -231,6 +249,7 @@ fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {
         report.snapshots,
         report.snapshot_reads,
         dedup_line(report),
+        eventual_line(report),
         report.messages,
         report.messages_lost,
         report.digest,

@@ -555,6 +555,7 @@ impl SimOsd {
         let live = self.live.as_mut().expect("running");
         // The lease is the monitor's, on the simulated clock.
         live.shared.lease = if ctx.now < live.lease_until { live.held_lease.clone() } else { live.no_lease.clone() };
+        live.shared.virtual_now = Some(ctx.instant());
         let outcome = client_op(&live.shared, &mut live.cache, &live.histograms, op);
         self.execute(ctx, outcome);
     }
@@ -565,11 +566,27 @@ impl SimOsd {
             Outcome::Reply { token, slot, reply, .. } => {
                 ctx.send(sender_of(token), Msg::Frame(reply.to_frame(slot)));
             }
-            Outcome::Replicate { write, token, slot, entry, replicas, local, arrived, map_epoch, pg, request } => {
+            Outcome::Replicate {
+                write,
+                token,
+                slot,
+                entry,
+                replicas,
+                local,
+                arrived,
+                map_epoch,
+                pg,
+                request,
+                answered,
+            } => {
                 assert!(local.is_none(), "the simulator runs the oplog write path");
                 let txid = write;
                 let frame = Frame::new(MessageType::RepOp, txid, entry);
-                let info = WriteInfo { reply_to: (token as u32, slot), arrived, map_epoch, pg, request };
+                let info = WriteInfo { reply_to: (token as u32, slot), arrived, map_epoch, pg, request, answered };
+                if answered.is_some() {
+                    let reply = OpReply { status: Status::Ok, map_epoch, data: Bytes::new() };
+                    ctx.send(sender_of(token), Msg::Frame(reply.to_frame(slot)));
+                }
                 // The simulated network takes every message (it may lose
                 // it later): no replica is unreachable at send time.
                 let finished = live.writes.register(txid, info, replicas, false, ctx.instant(), |osd| {
@@ -636,6 +653,10 @@ impl SimOsd {
     fn finish(&mut self, ctx: &mut Ctx, write: Finished<SimReplyTo>) {
         let live = self.live.as_mut().expect("running");
         let reply: OpReply = write.reply(&live.shared);
+        if write.info.answered.is_some() {
+            // An eventual pool's write: its client had its answer.
+            return;
+        }
         let (token, tid) = write.info.reply_to;
         // A client's, or an OSD's engine's (its token names the OSD).
         ctx.send(sender_of(token as usize), Msg::Frame(reply.to_frame(tid)));
@@ -776,7 +797,10 @@ impl SimOsd {
             }
         }
         let Some(live) = self.live.as_mut() else { return };
-        for command in live.schedule.map_commands_due(ctx.now) {
+        let shared = &live.shared;
+        let commands =
+            live.schedule.map_commands_due(ctx.now, &mut |key| duplex_osd::backend::eventual::may_move(shared, key));
+        for command in commands {
             ctx.send(Node::Monitor, Msg::Command(command));
         }
         // Backfill held back by the throttle (or a lock retry) wakes the OSD then.

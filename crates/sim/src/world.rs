@@ -144,6 +144,11 @@ pub struct SimConfig {
     pub dedup: bool,
     /// How a deduplicated run's engines cut objects into chunks.
     pub chunking: duplex_map::Chunking,
+    /// The pool is eventually consistent with this max_lag (ms): writes
+    /// are acknowledged from their primary's log, and the checker's
+    /// eventual mode judges the history (a failure may lose the writes
+    /// acknowledged within max_lag of it, nothing else).
+    pub eventual: Option<u32>,
 }
 
 impl SimConfig {
@@ -175,6 +180,7 @@ impl SimConfig {
             omap: false,
             dedup: false,
             chunking: duplex_map::Chunking::Fixed,
+            eventual: None,
         }
     }
 }
@@ -190,6 +196,10 @@ pub struct RunReport {
     pub unknown_writes: u64,
     pub reads: u64,
     pub faults: Vec<String>,
+    /// An eventual run's: blocks a failure rolled back past acknowledged
+    /// writes, and the longest from such a write to its failure (µs).
+    pub rollbacks: u64,
+    pub loss_window_us: u64,
     /// OSDs the monitor's failure detector marked down.
     pub marked_down: u64,
     /// Power cuts that fired in the middle of a store commit.
@@ -300,6 +310,10 @@ struct World {
     clients: Vec<SimClient>,
     faulty: BTreeMap<u32, (Active, Vec<Node>)>,
     faults: Vec<String>,
+    /// When each fault began, when a power cut armed for a commit fired,
+    /// and when a connection between OSDs broke (an eventual run's
+    /// failures, on the clients' clock).
+    failure_times: Vec<u64>,
     phase: Phase,
     settle_by: u64,
     digest: DefaultHasher,
@@ -357,12 +371,21 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
             min_size: Some(config.min_size.max(k)),
             pg_num: config.pg_num,
         }),
-        None => monitor.run(&Command::PoolCreate {
-            name: POOL.into(),
-            size: config.pool_size,
-            min_size: config.min_size,
-            pg_num: config.pg_num,
-        }),
+        None => match config.eventual {
+            Some(max_lag_ms) => monitor.run(&Command::PoolCreateEventual {
+                name: POOL.into(),
+                size: config.pool_size,
+                min_size: config.min_size,
+                pg_num: config.pg_num,
+                eventual: duplex_map::Eventual { max_lag_ms },
+            }),
+            None => monitor.run(&Command::PoolCreate {
+                name: POOL.into(),
+                size: config.pool_size,
+                min_size: config.min_size,
+                pg_num: config.pg_num,
+            }),
+        },
     };
     if !created {
         return Err(broken(format!("the monitor refused the pool of {config:?}")));
@@ -415,6 +438,7 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
         clients,
         faulty: BTreeMap::new(),
         faults: Vec::new(),
+        failure_times: Vec::new(),
         phase: Phase::Load,
         settle_by: u64::MAX,
         digest: DefaultHasher::new(),
@@ -522,6 +546,9 @@ impl World {
                             // and monitors resend on their own timers).
                             if let (Node::Osd(a), Node::Osd(b)) = (from, to) {
                                 let (at, heard) = (self.now, self.now + self.net.config.max_delay_us);
+                                // A replication stream's reset is a failure an
+                                // eventual pool's writes in flight may be lost to.
+                                self.failure_times.push(at);
                                 for (node, peer) in [(a, b), (b, a)] {
                                     let incarnation = self.incarnation(Node::Osd(node));
                                     self.push(heard, Event::ConnectionBroke { node, incarnation, peer, at });
@@ -789,6 +816,7 @@ impl World {
             length as f64 / 1e6
         ));
         tracing::info!(at = self.now, ?kind, osd = id, length, "fault");
+        self.failure_times.push(self.now);
         self.faulty.insert(id, (active, cut));
         self.schedule(None, 0, length, Timer::Recover { osd: id });
         Ok(())
@@ -868,6 +896,7 @@ impl World {
         *active = Active::PowerLost;
         tracing::info!(at = self.now, osd = id, "the power went in the middle of a store commit");
         self.power_cuts_in_commit += 1;
+        self.failure_times.push(self.now);
         self.osds[id as usize]
             .crash(true)
             .map_err(|e| SimFailure::Broken { seed, message: format!("cutting the power of osd.{id}: {e:#}") })?;
@@ -968,7 +997,20 @@ impl World {
                 message: format!("{} client errors; first: {first}", errors.len()),
             });
         }
-        let report = check(&history);
+        let report = match self.config.eventual {
+            None => check(&history),
+            Some(max_lag_ms) => {
+                // A reply's trip to its client comes on top of the lag
+                // (the simulated network's latency, resends after a loss).
+                let net = &self.config.net;
+                let slack = 2 * (net.max_delay_us + net.spike_max_us);
+                let bounds = duplex_verify::EventualBounds {
+                    failures: self.failure_times.clone(),
+                    max_lag: u64::from(max_lag_ms) * 1000 + slack,
+                };
+                duplex_verify::check_eventual(&history, &bounds)
+            }
+        };
         if !report.is_ok() {
             return Err(SimFailure::Violations {
                 seed,
@@ -1003,6 +1045,8 @@ impl World {
             unknown_writes: writers.iter().map(|c| c.unknown).sum(),
             reads: self.clients.iter().map(|c| c.reads).sum(),
             faults: self.faults,
+            rollbacks: report.rollbacks as u64,
+            loss_window_us: report.loss_window,
             marked_down: self.monitor.marked_down,
             power_cuts_in_commit: self.power_cuts_in_commit,
             damaged_objects: self.osds.iter().map(SimOsd::damaged_objects).sum(),

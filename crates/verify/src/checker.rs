@@ -55,6 +55,11 @@ pub struct Report {
     pub writes_unknown: usize,
     pub reads: usize,
     pub violations: Vec<Violation>,
+    /// The eventual mode ([`crate::check_eventual`]): writes at risk that
+    /// a failure took, and the longest from such a write's acknowledgement
+    /// to the nearest failure (on the history's clock).
+    pub rollbacks: usize,
+    pub loss_window: u64,
 }
 
 impl Report {
@@ -80,6 +85,9 @@ impl fmt::Display for Report {
             self.count(ViolationKind::StaleRead),
             self.violations.len() - self.count(ViolationKind::LostWrite) - self.count(ViolationKind::StaleRead)
         )?;
+        if self.rollbacks > 0 {
+            write!(f, "; {} writes lost to failures, loss window {}", self.rollbacks, self.loss_window)?;
+        }
         for violation in self.violations.iter().take(10) {
             write!(f, "\n  {violation}")?;
         }

@@ -20,9 +20,11 @@
 //! not have taken effect, at any time after they were invoked.
 
 mod checker;
+mod eventual;
 mod history;
 mod stamp;
 
 pub use checker::{check, Report, Violation, ViolationKind};
+pub use eventual::{check_eventual, EventualBounds};
 pub use history::{BlockOp, History, Outcome, Recorder, Ticket};
 pub use stamp::{Stamp, StampError, STAMP_HEADER_LEN};

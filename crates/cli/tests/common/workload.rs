@@ -21,13 +21,13 @@ pub struct Counters {
     pub reads: AtomicU64,
 }
 
-/// Random stamped writes (and 1 in 5 reads) over `blocks` blocks, `in_flight`
+/// Random stamped writes (and 1 in 5 reads) over `blocks`, `in_flight`
 /// at a time, until `stop`. Failed writes are recorded as unknown outcomes.
 pub fn run(
     image: &Arc<Image>,
     recorder: &Arc<Recorder>,
     writer: u32,
-    blocks: u64,
+    blocks: &[u64],
     in_flight: usize,
     stop: &AtomicBool,
     counters: &Arc<Counters>,
@@ -38,7 +38,7 @@ pub fn run(
     let mut seq = 0u64;
     while !stop.load(Ordering::Relaxed) {
         while outstanding < in_flight {
-            let block = rng.gen_range(0..blocks);
+            let block = blocks[rng.gen_range(0..blocks.len())];
             let ticket = recorder.invoke();
             let (recorder, counters, done) = (Arc::clone(recorder), Arc::clone(counters), done_tx.clone());
             if rng.gen_ratio(1, 5) {
@@ -115,7 +115,31 @@ impl Verifying {
         size: u64,
         options: duplex_client::CreateOptions,
     ) -> Verifying {
-        let pool = client.pool_id("rbd").unwrap();
+        Verifying::start_in(client, "rbd", name, size, options)
+    }
+
+    /// As [`Verifying::start_with`], the image in pool `pool`.
+    pub fn start_in(
+        client: &duplex_client::Client,
+        pool: &str,
+        name: &str,
+        size: u64,
+        options: duplex_client::CreateOptions,
+    ) -> Verifying {
+        Verifying::start_where(client, pool, name, size, options, |_, _| true)
+    }
+
+    /// As [`Verifying::start_in`], writing and reading only the blocks
+    /// `keep(image, block)` keeps (the final pass reads every block).
+    pub fn start_where(
+        client: &duplex_client::Client,
+        pool: &str,
+        name: &str,
+        size: u64,
+        options: duplex_client::CreateOptions,
+        keep: impl Fn(&duplex_client::ImageInfo, u64) -> bool,
+    ) -> Verifying {
+        let pool = client.pool_id(pool).unwrap();
         client.create_image(pool, name, size, options).unwrap();
         let image = Arc::new(client.open_image(pool, name).unwrap());
         let recorder = Arc::new(duplex_verify::Recorder::new());
@@ -123,9 +147,11 @@ impl Verifying {
             Arc::new(Counters { acknowledged: AtomicU64::new(0), failed: AtomicU64::new(0), reads: AtomicU64::new(0) });
         let stop = Arc::new(AtomicBool::new(false));
         let blocks = size / BLOCK;
+        let kept: Vec<u64> = (0..blocks).filter(|block| keep(image.info(), *block)).collect();
+        assert!(!kept.is_empty(), "no block to write");
         let worker = {
             let (image, recorder, stop, counters) = (image.clone(), recorder.clone(), stop.clone(), counters.clone());
-            std::thread::spawn(move || run(&image, &recorder, 1, blocks, 16, &stop, &counters))
+            std::thread::spawn(move || run(&image, &recorder, 1, &kept, 16, &stop, &counters))
         };
         Verifying { image, recorder, counters, stop, worker: Some(worker), blocks }
     }

@@ -39,7 +39,7 @@ use duplex_oplog::{EntryRef, LogError, OpKind as LogOp, RequestId};
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
 
 use crate::backend::common::{lock_served, ok_reply, peering_reply, reply, uncommitted_reply};
-use crate::backend::{PgBackend, Primary, REPLICATED_OPLOG};
+use crate::backend::{PgBackend, Primary, WriteEnd, REPLICATED_OPLOG};
 use crate::messages::{ClientOp, EcChange, EcPiece, EcTask, EcThen, EcWrite, Outcome};
 use crate::metrics::Histograms;
 use crate::peering::schedule::{PeeringBackend, Wanted};
@@ -73,18 +73,10 @@ impl PgBackend for Erasure {
         mutate(at, op)
     }
 
-    fn finish_write(
-        &self,
-        _shared: &Shared,
-        _pg: u32,
-        _write: u64,
-        _request: RequestId,
-        map_epoch: u64,
-        _failed: bool,
-    ) -> OpReply {
+    fn finish_write(&self, _shared: &Shared, end: &WriteEnd) -> OpReply {
         // Erasure-coded writes end in `finish`, never in the replicated table.
         debug_assert!(false, "an erasure-coded write reached the replicated write's end");
-        OpReply::error(Status::Retry, map_epoch, "an erasure-coded write ended in the wrong table")
+        OpReply::error(Status::Retry, end.map_epoch, "an erasure-coded write ended in the wrong table")
     }
 
     fn replica_op(

@@ -7,6 +7,9 @@
 //! - [`replicated`]: every member holds the whole object.
 //! - [`erasure`]: each member holds one shard of every object (an
 //!   erasure-coded pool).
+//! - [`eventual`]: replicated, but a write is acknowledged from the
+//!   primary's log and reaches the replicas in the background (an eventual
+//!   pool).
 //! - [`write_path`]: inside the replicated backend, the write-path ablation
 //!   (`oplog`, `sync`, `ideal`) as a seam of its own.
 //! - [`common`]: what every backend's operations share.
@@ -33,6 +36,7 @@ use crate::shared::Shared;
 
 pub mod common;
 pub mod erasure;
+pub mod eventual;
 pub mod replicated;
 pub mod write_path;
 
@@ -50,6 +54,24 @@ pub struct Primary<'a> {
     pub resumed: bool,
     /// The pool's deduplication tier (`crate::tier`), if it has one.
     pub tier: Option<duplex_map::DedupTier>,
+    /// An eventual pool's setting.
+    pub eventual: Option<duplex_map::Eventual>,
+}
+
+/// A replicated write's end at its primary: every replica answered, or it
+/// was given up on.
+#[derive(Clone, Copy, Debug)]
+pub struct WriteEnd {
+    pub pg: u32,
+    pub write: u64,
+    pub request: RequestId,
+    /// The map epoch the write was admitted under.
+    pub map_epoch: u64,
+    /// A replica failed, was lost or timed out.
+    pub failed: bool,
+    /// Its client was answered when it was logged, before its replicas (an
+    /// eventual pool's write): nothing is left to tell it.
+    pub answered: bool,
 }
 
 /// What a pool kind does with a PG's operations.
@@ -62,15 +84,7 @@ pub trait PgBackend: PeeringBackend {
 
     /// Primary: a replicated write's end once every replica answered (or
     /// it was given up on): settles it in its PG and returns the client's reply.
-    fn finish_write(
-        &self,
-        shared: &Shared,
-        pg: u32,
-        write: u64,
-        request: RequestId,
-        map_epoch: u64,
-        failed: bool,
-    ) -> OpReply;
+    fn finish_write(&self, shared: &Shared, end: &WriteEnd) -> OpReply;
 
     /// Replica: one entry from the primary. `Err`: the payload is not one
     /// this OSD could ever apply (the connection that sent it is dropped).
@@ -88,13 +102,18 @@ static REPLICATED_SYNC: Replicated<SyncApply> = Replicated(SyncApply);
 static REPLICATED_IDEAL: Replicated<Ideal> = Replicated(Ideal);
 
 static ERASURE: erasure::Erasure = erasure::Erasure;
+static EVENTUAL: eventual::Eventual = eventual::Eventual;
 
 /// The backend of pool `pool`'s PGs, on an OSD running `write_path` (an
-/// erasure-coded pool's always logs). It is on every operation's path, so
-/// it looks nothing up that costs.
+/// erasure-coded pool's always logs; an eventual pool is eventual only on
+/// the product's path, `oplog`: the ablations measure strong pools). It is
+/// on every operation's path, so it looks nothing up that costs.
 pub fn for_pool(write_path: WritePath, pool: &Pool) -> &'static dyn PgBackend {
     if pool.is_erasure() {
         return &ERASURE;
+    }
+    if pool.is_eventual() && write_path == WritePath::Oplog {
+        return &EVENTUAL;
     }
     for_replicated(write_path)
 }

@@ -5,7 +5,7 @@
 //! `crate::peering::machine`). What is done with an entry, log it, apply it
 //! or drop it, is the write path's ([`crate::backend::write_path`]).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use duplex_oplog::{EntryRef, RequestId};
@@ -16,7 +16,7 @@ use crate::backend::common::{
     Interval,
 };
 use crate::backend::write_path::{Mutation, Offered, Refusal, WritePath};
-use crate::backend::{PgBackend, Primary};
+use crate::backend::{PgBackend, Primary, WriteEnd};
 use crate::messages::{ClientOp, ClientSlot, Job, Outcome, ReadJob};
 use crate::metrics::{record, Histograms, Stage};
 use crate::peering::schedule::{start_peering, PeeringBackend, Wanted};
@@ -39,18 +39,11 @@ impl<P: WritePath> PgBackend for Replicated<P> {
     }
 
     fn mutate(&self, at: &Primary<'_>, op: ClientOp) -> Outcome {
-        mutate(&self.0, at, op)
+        mutate(&self.0, at, op, None)
     }
 
-    fn finish_write(
-        &self,
-        shared: &Shared,
-        pg: u32,
-        write: u64,
-        request: RequestId,
-        map_epoch: u64,
-        failed: bool,
-    ) -> OpReply {
+    fn finish_write(&self, shared: &Shared, end: &WriteEnd) -> OpReply {
+        let WriteEnd { pg, write, request, map_epoch, failed, answered } = *end;
         if !self.0.tracks_writes() {
             // Nothing was tracked, so there is nothing to end.
             let status = if failed { Status::Retry } else { Status::Ok };
@@ -60,9 +53,19 @@ impl<P: WritePath> PgBackend for Replicated<P> {
         // the uncommitted set: the price of reads that never see it early.
         if let Some(pg_lock) = shared.pgs.get(pg) {
             let mut guard = pg_lock.lock().expect("PG lock");
-            guard.uncommitted.end(write);
-            if !request.is_none() {
-                guard.requests.finish(request, !failed);
+            if answered {
+                // Committed when it was logged: its client has the answer.
+                guard.lag.end(write);
+            } else {
+                guard.uncommitted.end(write);
+                if !request.is_none() {
+                    guard.requests.finish(request, !failed);
+                }
+            }
+            if !failed && guard.lag.watched() {
+                // An eventual PG's replicas all answered now (a strong PG
+                // reads no clock here).
+                guard.lag.replicated(shared.now());
             }
             // Only a write of the interval the PG is active in says a member
             // of it missed an entry; a late failure from before does not.
@@ -257,7 +260,10 @@ fn metadata_read(
     queue_read(shared, key, &op, epoch, flush_first)
 }
 
-fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
+/// A mutation at the primary, on `path`. `max_lag`: an eventual pool's,
+/// whose writes are acknowledged once logged here while the PG's
+/// replication lag is under it (`crate::backend::eventual`).
+pub(crate) fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp, max_lag: Option<Duration>) -> Outcome {
     let Primary { shared, histograms, pg, ref interval, key, epoch, .. } = *at;
     let metrics = &shared.metrics;
     let request = &op.request;
@@ -320,6 +326,18 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
         "lock_served checked the interval"
     );
     debug_assert!(!replicas.contains(&shared.config.id), "the primary replicates to itself: {replicas:?}");
+    let early = match max_lag {
+        Some(max_lag) if !replicas.is_empty() => {
+            let lagging = guard.moving || !guard.lag.may_acknowledge_early(shared.now(), max_lag);
+            if lagging {
+                metrics.eventual_lag_waits.add(1);
+            } else {
+                metrics.eventual_early_acks.add(1);
+            }
+            !lagging
+        }
+        _ => false,
+    };
     // The write as a log entry at `seq` (the oplog and ideal paths send it as it is).
     let entry_at = |seq: u64| EntryRef {
         pg: key,
@@ -340,6 +358,7 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
         object: &request.object,
         range: (start, end),
         replicated: !replicas.is_empty(),
+        early,
         entry_at: &entry_at,
         tier,
     };
@@ -374,5 +393,6 @@ fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp) -> Outcome {
         map_epoch: epoch,
         pg: key,
         request: request_id,
+        answered: max_lag.filter(|_| early),
     }
 }

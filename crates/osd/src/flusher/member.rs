@@ -278,7 +278,8 @@ impl Flusher {
             }
             guard.backfill_lock = object.as_ref().map(|o| (bytes::Bytes::copy_from_slice(o), start, end));
             let Some(object) = &object else { return Ok(PeerReply::Done) };
-            if guard.uncommitted.touches(object, start, end) {
+            // (An eventual PG's writes acknowledged early are in flight too.)
+            if guard.uncommitted.touches(object, start, end) || guard.lag.touches(object, start, end) {
                 // New writes to it wait now; those in flight end soon.
                 return Ok(PeerReply::Busy);
             }

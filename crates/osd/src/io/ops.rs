@@ -11,11 +11,11 @@
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use duplex_oplog::{OpKind as LogOp, RequestId};
+use duplex_oplog::OpKind as LogOp;
 use duplex_proto::osd::{OpKind, OpReply, Status};
 
 use crate::backend::common::{check_limits, log_fields, log_op_of, reply, Interval};
-use crate::backend::{self, Primary};
+use crate::backend::{self, Primary, WriteEnd};
 use crate::cluster::ActingCache;
 use crate::messages::{ClientOp, Outcome};
 use crate::metrics::{record, Histograms, Stage};
@@ -155,7 +155,17 @@ fn run(shared: &Shared, cache: &mut ActingCache, histograms: &Histograms, op: Cl
     // An erasure-coded PG's set has holes where a shard's OSD is down.
     let up_members = acting.iter().filter(|osd| **osd != duplex_map::NO_OSD).count();
     let interval = Interval { acting: &acting, view: &view };
-    let at = Primary { shared, histograms, pg: &pg, interval, key, epoch, resumed, tier: pool.dedup };
+    let at = Primary {
+        shared,
+        histograms,
+        pg: &pg,
+        interval,
+        key,
+        epoch,
+        resumed,
+        tier: pool.dedup,
+        eventual: pool.eventual,
+    };
     let (token, slot) = (op.token, op.slot);
     let outcome = match request.kind {
         kind if !kind.is_mutation() => backend.read(&at, op),
@@ -208,10 +218,10 @@ fn answered(op: &ClientOp, reply: OpReply) -> Outcome {
 
 /// A replicated write's end at its primary, once every replica answered
 /// (or the wait timed out): its PG's backend settles it and returns the
-/// client's reply.
-pub fn finish_write(shared: &Shared, pg: u32, write: u64, request: RequestId, map_epoch: u64, failed: bool) -> OpReply {
+/// client's reply (which an `answered` write's client had already).
+pub fn finish_write(shared: &Shared, end: &WriteEnd) -> OpReply {
     let backend = backend::for_replicated(shared.config.write_path);
-    backend.finish_write(shared, pg, write, request, map_epoch, failed)
+    backend.finish_write(shared, end)
 }
 
 /// Replica side: one replicated entry, taken by its PG's backend. `Err`:

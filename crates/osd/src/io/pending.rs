@@ -16,6 +16,7 @@ use duplex_map::OsdId;
 use duplex_oplog::RequestId;
 use duplex_proto::osd::OpReply;
 
+use crate::backend::WriteEnd;
 use crate::io::ops::finish_write;
 use crate::shared::Shared;
 
@@ -24,6 +25,13 @@ use crate::shared::Shared;
 /// acknowledges (it waits on entries it missed) must not hold the client's
 /// connection, whose replies leave in order, for ever.
 pub const REPLICATION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An eventual pool's write whose client was answered waits for its
+/// replicas at least this long (its pool's max_lag if longer) before its
+/// PG peers again: a replica a little slower than a small max_lag under
+/// load is not worth a peering (new writes wait for it meanwhile), one
+/// that missed an entry without a reset is.
+pub const ANSWERED_WAIT_FLOOR: Duration = Duration::from_secs(1);
 
 /// What a write is registered with: where its reply goes (`R`, the
 /// runtime's own notion: a connection slot, a simulated client), and what
@@ -37,6 +45,14 @@ pub struct WriteInfo<R> {
     pub map_epoch: u64,
     pub pg: u32,
     pub request: RequestId,
+    /// `Some(max_lag)`: its client was answered before the replicas (an
+    /// eventual pool's write). Finishing it sends nothing, and it is given
+    /// up on (its PG peers again, which brings every replica level) once
+    /// they have not all answered within `max_lag` (at least
+    /// [`ANSWERED_WAIT_FLOOR`]): a replica that misses an entry without
+    /// losing its connection must not hold the write at risk for the whole
+    /// replication timeout.
+    pub answered: Option<Duration>,
 }
 
 struct PendingWrite<R> {
@@ -62,10 +78,19 @@ pub struct Finished<R> {
 }
 
 impl<R> Finished<R> {
-    /// The client's reply, with the write finished in its PG's request table.
+    /// The client's reply, with the write finished in its PG's request
+    /// table (or its replication lag: an answered write's reply is unused).
     pub fn reply(&self, shared: &Shared) -> OpReply {
         let info = &self.info;
-        finish_write(shared, info.pg, self.txid, info.request, info.map_epoch, self.failed)
+        let end = WriteEnd {
+            pg: info.pg,
+            write: self.txid,
+            request: info.request,
+            map_epoch: info.map_epoch,
+            failed: self.failed,
+            answered: info.answered.is_some(),
+        };
+        finish_write(shared, &end)
     }
 }
 
@@ -148,7 +173,7 @@ impl<R: Copy> PendingWrites<R> {
     }
 
     /// Fails writes still waiting for replicas `timeout` after they were
-    /// sent, or whose PG moved to a newer interval (`outlived(pg,
+    /// sent (an answered write: its `max_lag` or the floor, if shorter), or whose PG moved to a newer interval (`outlived(pg,
     /// map_epoch)`, asked once per PG and epoch); late answers then find
     /// nothing. Returns them in transaction order (a deterministic order
     /// for the simulator).
@@ -164,7 +189,8 @@ impl<R: Copy> PendingWrites<R> {
             .iter()
             .filter(|(_, w)| {
                 !w.waiting.is_empty()
-                    && (now.saturating_duration_since(w.sent) > timeout
+                    && (now.saturating_duration_since(w.sent)
+                        > w.info.answered.map_or(timeout, |lag| lag.max(ANSWERED_WAIT_FLOOR).min(timeout))
                         || *asked
                             .entry((w.info.pg, w.info.map_epoch))
                             .or_insert_with(|| outlived(w.info.pg, w.info.map_epoch)))
@@ -175,7 +201,11 @@ impl<R: Copy> PendingWrites<R> {
         let mut finished = Vec::with_capacity(expired.len());
         for txid in expired {
             let Some(write) = self.writes.get_mut(&txid) else { continue };
-            tracing::warn!(pg = write.info.pg, waiting = ?write.waiting, "replicas did not acknowledge a write in time; failing it");
+            if write.info.answered.is_some() {
+                tracing::warn!(pg = write.info.pg, waiting = ?write.waiting, "replicas did not acknowledge an acknowledged write within the pool's max_lag; the PG peers again");
+            } else {
+                tracing::warn!(pg = write.info.pg, waiting = ?write.waiting, "replicas did not acknowledge a write in time; failing it");
+            }
             write.waiting.clear();
             write.failed = true;
             finished.extend(self.finish_if_done(txid));
@@ -211,6 +241,7 @@ mod tests {
             map_epoch: 3,
             pg: 1,
             request: RequestId { client: 1, tid: 1 },
+            answered: None,
         }
     }
 
@@ -258,5 +289,19 @@ mod tests {
         let timed_out = pending.expire(later, REPLICATION_TIMEOUT, |_, _| false);
         assert_eq!(timed_out.iter().map(|f| f.txid).collect::<Vec<_>>(), vec![2]);
         assert!(pending.is_empty());
+    }
+
+    #[test]
+    fn an_answered_write_is_given_up_on_after_its_max_lag() {
+        let mut pending = PendingWrites::default();
+        let now = Instant::now();
+        let lag = Duration::from_millis(200);
+        pending.register(1, WriteInfo { answered: Some(lag), ..info() }, vec![2], false, now, |_| true);
+        pending.register(2, info(), vec![2], false, now, |_| true);
+        assert!(pending.expire(now + lag * 2, REPLICATION_TIMEOUT, |_, _| false).is_empty(), "the floor");
+        let later = now + ANSWERED_WAIT_FLOOR + Duration::from_millis(1);
+        let given_up = pending.expire(later, REPLICATION_TIMEOUT, |_, _| false);
+        assert_eq!(given_up.iter().map(|f| (f.txid, f.failed)).collect::<Vec<_>>(), vec![(1, true)]);
+        assert!(!pending.is_empty(), "the strong write waits for the replication timeout");
     }
 }

@@ -82,6 +82,14 @@ pub struct Metrics {
     pub replica_entries: Counter,
     pub errors: Counter,
     pub backpressure_waits: Counter,
+    /// Eventual pools' writes acknowledged once logged here, and those that
+    /// waited for their replicas because their PG's replication lag had
+    /// reached the pool's max_lag.
+    pub eventual_early_acks: Counter,
+    pub eventual_lag_waits: Counter,
+    /// Per primary PG of an eventual pool: its replication lag and the
+    /// writes only this OSD holds (kept by the peering thread's tick).
+    pub eventual_lags: std::sync::Mutex<Vec<duplex_proto::osd::PgLagStat>>,
     /// Client writes refused because a member of their PG is full.
     pub full_refusals: Counter,
     /// Dead snapshot clones the trimmer sent to be deleted.
@@ -283,6 +291,15 @@ impl Metrics {
         (self.fullest_partition_permille() + reserved_permille).min(1000)
     }
 
+    /// The eventual PGs' lags for `OsdStats`: the largest, at most as many
+    /// as one reply carries.
+    pub fn lags_reported(&self) -> Vec<duplex_proto::osd::PgLagStat> {
+        let mut lags = self.eventual_lags.lock().expect("metrics lock").clone();
+        lags.sort_unstable_by_key(|l| (std::cmp::Reverse(l.lag_us), l.pg));
+        lags.truncate(duplex_proto::osd::MAX_LAGS_REPORTED);
+        lags
+    }
+
     /// A histogram set for one thread to record into.
     pub fn histograms(&self) -> Histograms {
         let set = new_histograms();
@@ -350,6 +367,33 @@ impl Metrics {
             "Writes that waited for a flush because their PG's log was full.",
             &[("", self.backpressure_waits.get())],
         );
+        counter(
+            &mut out,
+            "duplex_osd_eventual_writes_total",
+            "Eventual pools' writes by when they were acknowledged: once logged at the primary, or after their replicas (their PG's replication lag had reached max_lag).",
+            &[("{ack=\"logged\"}", self.eventual_early_acks.get()), ("{ack=\"replicated\"}", self.eventual_lag_waits.get())],
+        );
+        {
+            let lags = self.eventual_lags.lock().expect("metrics lock");
+            let name = "duplex_osd_pg_replication_lag_seconds";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Per primary PG of an eventual pool: the age of the oldest acknowledged write a replica lacks.\n# TYPE {name} gauge"
+            );
+            for lag in lags.iter() {
+                let (pool, pg) = (crate::pg::pool_of(lag.pg), crate::pg::pg_number(lag.pg));
+                let _ = writeln!(out, "{name}{{pg=\"{pool}.{pg}\"}} {:.6}", lag.lag_us as f64 / 1e6);
+            }
+            let name = "duplex_osd_pg_unreplicated_writes";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Per primary PG of an eventual pool: acknowledged writes a replica lacks.\n# TYPE {name} gauge"
+            );
+            for lag in lags.iter() {
+                let (pool, pg) = (crate::pg::pool_of(lag.pg), crate::pg::pg_number(lag.pg));
+                let _ = writeln!(out, "{name}{{pg=\"{pool}.{pg}\"}} {}", lag.unreplicated);
+            }
+        }
         counter(
             &mut out,
             "duplex_osd_full_refusals_total",

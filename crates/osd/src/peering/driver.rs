@@ -167,7 +167,9 @@ impl PeeringDriver {
     /// (`to_monitor`). The schedule asks again if the map does not show
     /// it in time.
     fn send_map_commands(&mut self, now: u64) {
-        let mut commands = self.schedule.map_commands_due(now);
+        let shared = &self.shared;
+        let mut commands =
+            self.schedule.map_commands_due(now, &mut |key| crate::backend::eventual::may_move(shared, key));
         commands.extend(self.fullness_report(now));
         self.to_monitor.send(commands);
     }
@@ -179,18 +181,32 @@ impl PeeringDriver {
     /// Full here also makes this OSD's primary PGs refuse writes at once.
     fn fullness_report(&mut self, now: u64) -> Option<duplex_map::Command> {
         let metrics = &self.shared.metrics;
-        // One walk of the logs keeps both log gauges (the metrics page reads them).
+        // One walk of the logs keeps the log gauges and the eventual PGs'
+        // lags (the metrics page and `OsdStats` read them).
         let (mut entries, mut logged) = (0u64, 0u64);
+        let view = self.shared.map.load();
+        let id = self.shared.config.id;
+        let mut lags = Vec::new();
+        let wall = std::time::Instant::now();
         for pg in self.shared.pgs.all() {
             if let Ok(pg) = pg.lock() {
                 entries += pg.log.len() as u64;
                 logged += pg.log.live_bytes();
+                let eventual = view.pool(crate::pg::pool_of(pg.key)).is_some_and(|pool| pool.is_eventual());
+                let primary = pg.active.as_ref().is_some_and(|a| duplex_map::primary_of(&a.members) == Some(id));
+                if eventual && primary {
+                    let lag_us = pg.lag.lag(wall).as_micros() as u64;
+                    lags.push(duplex_proto::osd::PgLagStat {
+                        pg: pg.key,
+                        lag_us,
+                        unreplicated: pg.lag.unreplicated() as u64,
+                    });
+                }
             }
         }
+        *metrics.eventual_lags.lock().expect("metrics lock") = lags;
         metrics.log_entries.store(entries, std::sync::atomic::Ordering::Relaxed);
         metrics.log_reserved_bytes.store(logged, std::sync::atomic::Ordering::Relaxed);
-        let view = self.shared.map.load();
-        let id = self.shared.config.id;
         let fullness = view.map.full_ratios.classify(metrics.fullness_permille());
         metrics.locally_full.store(fullness == duplex_map::Fullness::Full, std::sync::atomic::Ordering::Relaxed);
         let reported = view.map.osds.get(&id).filter(|o| o.up)?.fullness;

@@ -857,8 +857,11 @@ impl Schedule {
     /// The commands the machines wait for the map to carry out, due now:
     /// record the members or hand the PG over, and drop a pin whose PG is
     /// whole. Each is asked again every [`RETRY_AFTER_US`] until the map
-    /// shows it (the ask or its answer may be lost).
-    pub fn map_commands_due(&mut self, now: u64) -> Vec<Command> {
+    /// shows it (the ask or its answer may be lost). A pin is dropped only
+    /// once `may_move(pg)` (its PG holds no write some member lacks: an
+    /// eventual PG's, `crate::backend::eventual::may_move`); until then it
+    /// is asked at the next call.
+    pub fn map_commands_due(&mut self, now: u64, may_move: &mut dyn FnMut(u32) -> bool) -> Vec<Command> {
         let mut due = Vec::new();
         for (key, machine) in &mut self.machines {
             if machine.peering.waits_for_map() && machine.record_due.is_some_and(|at| now >= at) {
@@ -873,6 +876,7 @@ impl Schedule {
                 continue;
             }
             match self.wanted.get(key).filter(|w| w.is_pinned()) {
+                Some(_) if !may_move(*key) => {}
                 Some(want) => {
                     machine.clear_due = Some(now + RETRY_AFTER_US);
                     let pg = (pool_of(*key), pg_number(*key), want.up.clone());

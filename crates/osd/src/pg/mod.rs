@@ -6,6 +6,7 @@
 //! sits behind its own mutex: the "PG log lock" of DESIGN.md §4, held for an
 //! append or a trim, never across I/O other than the log region's own.
 
+pub mod lag;
 pub mod object_queue;
 pub mod replay;
 pub mod requests;
@@ -117,6 +118,12 @@ pub struct Pg {
     /// Primary side: the writes it logged that not every replica has
     /// acknowledged yet. Their objects are not readable meanwhile.
     pub uncommitted: Uncommitted,
+    /// Primary of an eventual pool's PG: the writes acknowledged before
+    /// every replica had them.
+    pub lag: lag::ReplicationLag,
+    /// Primary: it asked the map to move this PG (`backend::eventual::may_move`):
+    /// no write is acknowledged before its replicas until the next interval.
+    pub moving: bool,
     /// Replica side: since when early entries have waited on a gap, and
     /// whether that was reported.
     gap_since: Option<Instant>,
@@ -282,6 +289,8 @@ impl Pg {
             ids_record_created: false,
             stored_ids_loaded: false,
             uncommitted: Uncommitted::default(),
+            lag: lag::ReplicationLag::default(),
+            moving: false,
             gap_since: None,
             gap_reported: false,
             newest_epoch: None,
@@ -389,6 +398,8 @@ impl Pg {
         self.gap_since = None;
         self.gap_reported = false;
         self.ec_pending.clear();
+        self.lag.clear();
+        self.moving = false;
         std::mem::take(&mut self.early).into_iter().map(|(seq, (_, to))| Ack { seq, to }).collect()
     }
 
@@ -502,6 +513,8 @@ impl Pg {
         self.requests.replace(requests);
         self.stored_ids_loaded = true;
         self.backfill_lock = None;
+        self.lag.clear();
+        self.moving = false;
         self.active = Some(activation);
         Ok(replaced)
     }

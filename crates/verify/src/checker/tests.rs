@@ -190,3 +190,34 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// With no failure, the eventual mode is the strong checker.
+    #[test]
+    fn the_eventual_mode_without_failures_is_the_strong_one(ops in small_history()) {
+        let history = History { ops };
+        let strong: Vec<ViolationKind> = check(&history).violations.iter().map(|v| v.kind).collect();
+        let bounds = crate::EventualBounds { failures: Vec::new(), max_lag: 0 };
+        let eventual: Vec<ViolationKind> =
+            crate::check_eventual(&history, &bounds).violations.iter().map(|v| v.kind).collect();
+        prop_assert_eq!(eventual, strong, "{:?}", history.ops);
+    }
+
+    /// A failure only ever excuses: what passes the strong checker passes
+    /// the eventual mode, wherever failures fall.
+    #[test]
+    fn a_linearizable_history_passes_the_eventual_mode_wherever_failures_fall(
+        ops in small_history(),
+        failures in prop::collection::vec(0u64..45, 0..3),
+        max_lag in 0u64..50,
+    ) {
+        let history = History { ops };
+        if !check(&history).is_ok() {
+            return Ok(()); // (About half are: too many to reject.)
+        }
+        let report = crate::check_eventual(&history, &crate::EventualBounds { failures, max_lag });
+        prop_assert!(report.is_ok(), "{:?}: {}", history.ops, report);
+    }
+}
