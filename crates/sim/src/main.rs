@@ -221,7 +221,7 @@ fn eventual_line(report: &RunReport) -> String {
     if report.rollbacks == 0 {
         return String::new();
     }
-    format!(", {} blocks rolled back (loss window {:.1} ms)", report.rollbacks, report.loss_window_us as f64 / 1e3)
+    format!(", {} writes lost to failures (loss window {:.1} ms)", report.rollbacks, report.loss_window_us as f64 / 1e3)
 }
 
 fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {

@@ -196,8 +196,8 @@ pub struct RunReport {
     pub unknown_writes: u64,
     pub reads: u64,
     pub faults: Vec<String>,
-    /// An eventual run's: blocks a failure rolled back past acknowledged
-    /// writes, and the longest from such a write to its failure (µs).
+    /// An eventual run's: acknowledged writes a failure took, and the
+    /// longest from such a write to the nearest failure (µs).
     pub rollbacks: u64,
     pub loss_window_us: u64,
     /// OSDs the monitor's failure detector marked down.
