@@ -772,7 +772,7 @@ fn eventual_lags(map: &ClusterMap, lags: &mut [duplex_proto::osd::PgLagStat]) ->
     if eventual_pgs == 0 {
         return EventualSummary { summary: None, over: None };
     }
-    let name = |pg: u32| format!("{}.{:x}", pg >> 20, pg & 0xfffff);
+    let name = |pg: u32| format!("{}.{:x}", duplex_osd::pg::pool_of(pg), duplex_osd::pg::pg_number(pg));
     let unreplicated: u64 = lags.iter().map(|l| l.unreplicated).sum();
     let largest = lags.first().map_or("no PG reported".to_string(), |l| {
         format!("largest replication lag {:.1} ms (pg {})", l.lag_us as f64 / 1e3, name(l.pg))
@@ -786,7 +786,7 @@ fn eventual_lags(map: &ClusterMap, lags: &mut [duplex_proto::osd::PgLagStat]) ->
         .iter()
         .filter(|l| {
             map.pools
-                .get(&(l.pg >> 20))
+                .get(&duplex_osd::pg::pool_of(l.pg))
                 .and_then(|p| p.eventual)
                 .is_some_and(|e| l.lag_us > u64::from(e.max_lag_ms) * 1000)
         })
@@ -917,7 +917,7 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
                 "remapped_pgs": map.pg_upmap.len(),
             },
             "eventual_pgs": lags.iter().map(|l| serde_json::json!({
-                "pg": format!("{}.{:x}", l.pg >> 20, l.pg & 0xfffff),
+                "pg": format!("{}.{:x}", duplex_osd::pg::pool_of(l.pg), duplex_osd::pg::pg_number(l.pg)),
                 "replication_lag_seconds": l.lag_us as f64 / 1e6,
                 "unreplicated_writes": l.unreplicated,
             })).collect::<Vec<_>>(),

@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::workload::Verifying;
-use common::{kill_9_timed, pid_of, run_ok, DevCluster};
+use common::{kill_9_timed, run_ok, signal, DevCluster};
 use duplex_verify::{check_eventual, EventualBounds};
 
 const MIB: u64 = 1 << 20;
@@ -27,11 +27,6 @@ const REPLY_SLACK: Duration = Duration::from_millis(250);
 fn eventual_pool(cluster: &DevCluster) {
     let lag = format!("{}ms", max_lag().as_millis());
     run_ok(cluster.cli().args(["pool", "create", "scratch", "--consistency", "eventual", "--max-lag", &lag]));
-}
-
-fn signal(cluster: &DevCluster, name: &str, signal: i32) {
-    // SAFETY: kill(2) on a process this test's cluster started.
-    assert_eq!(unsafe { libc::kill(pid_of(cluster, name), signal) }, 0);
 }
 
 #[test]

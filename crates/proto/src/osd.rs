@@ -831,6 +831,11 @@ pub struct OpReply {
 }
 
 impl OpReply {
+    /// Success with nothing to return (a write's answer).
+    pub fn ok(map_epoch: u64) -> OpReply {
+        OpReply { status: Status::Ok, map_epoch, data: Bytes::new() }
+    }
+
     pub fn error(status: Status, map_epoch: u64, message: impl std::fmt::Display) -> OpReply {
         OpReply { status, map_epoch, data: Bytes::from(message.to_string()) }
     }

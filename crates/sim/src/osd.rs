@@ -584,7 +584,7 @@ impl SimOsd {
                 let frame = Frame::new(MessageType::RepOp, txid, entry);
                 let info = WriteInfo { reply_to: (token as u32, slot), arrived, map_epoch, pg, request, answered };
                 if answered.is_some() {
-                    let reply = OpReply { status: Status::Ok, map_epoch, data: Bytes::new() };
+                    let reply = OpReply::ok(map_epoch);
                     ctx.send(sender_of(token), Msg::Frame(reply.to_frame(slot)));
                 }
                 // The simulated network takes every message (it may lose

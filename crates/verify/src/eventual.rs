@@ -38,15 +38,19 @@ pub struct EventualBounds {
 /// Judges `history` as an eventual pool's (see the module's words).
 pub fn check_eventual(history: &History, bounds: &EventualBounds) -> Report {
     let distance = |acked: u64| bounds.failures.iter().map(|f| f.abs_diff(acked)).min();
-    let at_risk: HashMap<Stamp, (u64, u64)> = history
+    // Every acknowledged write: when it began and when it was acknowledged.
+    let acknowledged: HashMap<Stamp, (u64, u64)> = history
         .ops
         .iter()
         .filter_map(|op| match op {
-            BlockOp::Write { stamp, invoked, completed: Some(acked) } => {
-                distance(*acked).filter(|d| *d <= bounds.max_lag).map(|_| (*stamp, (*invoked, *acked)))
-            }
+            BlockOp::Write { stamp, invoked, completed: Some(acked) } => Some((*stamp, (*invoked, *acked))),
             _ => None,
         })
+        .collect();
+    let at_risk: HashMap<Stamp, (u64, u64)> = acknowledged
+        .iter()
+        .filter(|(_, (_, acked))| distance(*acked).is_some_and(|d| d <= bounds.max_lag))
+        .map(|(stamp, times)| (*stamp, *times))
         .collect();
     let kept: Vec<BlockOp> = history
         .ops
@@ -66,14 +70,6 @@ pub fn check_eventual(history: &History, bounds: &EventualBounds) -> Report {
     report.reads = whole.2;
     // Which writes at risk were lost: a read after a write's
     // acknowledgement returned a value written wholly before it began.
-    let completed: HashMap<Stamp, u64> = history
-        .ops
-        .iter()
-        .filter_map(|op| match op {
-            BlockOp::Write { stamp, completed: Some(at), .. } => Some((*stamp, *at)),
-            _ => None,
-        })
-        .collect();
     let mut by_block: HashMap<u64, Vec<(Stamp, u64, u64)>> = HashMap::new();
     for (stamp, (began, acked)) in &at_risk {
         by_block.entry(stamp.block).or_default().push((*stamp, *began, *acked));
@@ -87,7 +83,7 @@ pub fn check_eventual(history: &History, bounds: &EventualBounds) -> Report {
             }
             let older = match value {
                 None => true,
-                Some(read) => completed.get(read).is_some_and(|at| at < began),
+                Some(read) => acknowledged.get(read).is_some_and(|(_, at)| at < began),
             };
             if older {
                 lost.insert(*stamp);

@@ -223,8 +223,13 @@ pub fn pid_of(cluster: &DevCluster, name: &str) -> i32 {
 }
 
 pub fn kill_9(cluster: &DevCluster, name: &str) {
+    signal(cluster, name, libc::SIGKILL);
+}
+
+/// Sends `signal` to a daemon of the dev cluster (SIGSTOP: it hangs).
+pub fn signal(cluster: &DevCluster, name: &str, signal: i32) {
     // SAFETY: kill(2) on a process this test's cluster started.
-    assert_eq!(unsafe { libc::kill(pid_of(cluster, name), libc::SIGKILL) }, 0);
+    assert_eq!(unsafe { libc::kill(pid_of(cluster, name), signal) }, 0);
 }
 
 /// kill -9 of a daemon, then how long until its process had ended: every

@@ -68,8 +68,10 @@ impl PgBackend for Eventual {
     }
 
     fn mutate(&self, at: &Primary<'_>, op: ClientOp) -> Outcome {
-        let eventual = at.eventual.unwrap_or_default();
-        debug_assert!(at.eventual.is_some(), "the eventual backend for a strong pool");
+        let Some(eventual) = at.eventual else {
+            debug_assert!(false, "the eventual backend for a strong pool");
+            return REPLICATED_OPLOG.mutate(at, op);
+        };
         let max_lag = Duration::from_millis(u64::from(eventual.max_lag_ms));
         mutate(&Logged, at, op, Some(max_lag))
     }

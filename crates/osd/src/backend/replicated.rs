@@ -80,7 +80,7 @@ impl<P: WritePath> PgBackend for Replicated<P> {
         if failed {
             OpReply::error(Status::Retry, map_epoch, "a replica did not acknowledge; resend")
         } else {
-            OpReply { status: Status::Ok, map_epoch, data: Bytes::new() }
+            OpReply::ok(map_epoch)
         }
     }
 
@@ -328,15 +328,10 @@ pub(crate) fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp, max_l
     debug_assert!(!replicas.contains(&shared.config.id), "the primary replicates to itself: {replicas:?}");
     let early = match max_lag {
         Some(max_lag) if !replicas.is_empty() => {
-            let lagging = guard.moving || !guard.lag.may_acknowledge_early(shared.now(), max_lag);
-            if lagging {
-                metrics.eventual_lag_waits.add(1);
-            } else {
-                metrics.eventual_early_acks.add(1);
-            }
-            !lagging
+            let now = shared.now();
+            (!guard.moving && guard.lag.may_acknowledge_early(now, max_lag)).then_some(now)
         }
-        _ => false,
+        _ => None,
     };
     // The write as a log entry at `seq` (the oplog and ideal paths send it as it is).
     let entry_at = |seq: u64| EntryRef {
@@ -369,6 +364,11 @@ pub(crate) fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp, max_l
     };
     record(histograms, Stage::LogAppend, started.elapsed().as_micros() as u64);
     debug_assert!(replicas.is_empty() || !encoded.is_empty(), "an entry for the replicas was not encoded");
+    if max_lag.is_some() && !replicas.is_empty() {
+        // Counted once taken: a write parked for log room asks again.
+        let counter = if early.is_some() { &metrics.eventual_early_acks } else { &metrics.eventual_lag_waits };
+        counter.add(1);
+    }
     match request.kind {
         OpKind::Write => {
             metrics.writes.add(1);
@@ -393,6 +393,6 @@ pub(crate) fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp, max_l
         map_epoch: epoch,
         pg: key,
         request: request_id,
-        answered: max_lag.filter(|_| early),
+        answered: max_lag.filter(|_| early.is_some()),
     }
 }

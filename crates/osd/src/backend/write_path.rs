@@ -29,10 +29,11 @@ pub(crate) struct Mutation<'a> {
     pub range: (u64, u64),
     /// It goes to replicas (else this OSD is the PG's only member).
     pub replicated: bool,
-    /// Its client is answered once it is logged here, before its replicas
-    /// (an eventual pool's, `crate::backend::eventual`): it is committed
-    /// and readable at once, and counts in the PG's replication lag.
-    pub early: bool,
+    /// `Some(now)`: its client is answered once it is logged here, before
+    /// its replicas (an eventual pool's, `crate::backend::eventual`): it is
+    /// committed and readable at once, and counts in the PG's replication
+    /// lag from `now`.
+    pub early: Option<std::time::Instant>,
     /// The write as a log entry at a seq.
     pub entry_at: &'a dyn Fn(u64) -> EntryRef<'a>,
     /// A deduplicated PG's tier state change, made with the append.
@@ -102,8 +103,8 @@ impl WritePath for Logged {
         let encoded = entry.encode();
         // Encoded once: the log and every replica's frame take these bytes.
         copies::count(Site::Encode, entry.data.len());
-        debug_assert!(!m.early || m.replicated, "an unreplicated write acknowledged early");
-        let state = if m.replicated && !m.early { RequestState::InFlight } else { RequestState::Committed };
+        debug_assert!(m.early.is_none() || m.replicated, "an unreplicated write acknowledged early");
+        let state = if m.replicated && m.early.is_none() { RequestState::InFlight } else { RequestState::Committed };
         let before = guard.log.len();
         match guard.append_encoded(&entry, &encoded, state) {
             Ok(()) => {}
@@ -126,8 +127,8 @@ impl WritePath for Logged {
         if let Some(admitted) = &m.tier {
             crate::tier::commit(&mut guard, admitted);
         }
-        if m.early {
-            guard.lag.begin(m.write, shared.now(), m.object.clone(), m.range);
+        if let Some(at) = m.early {
+            guard.lag.begin(m.write, at, m.object.clone(), m.range);
         } else if m.replicated {
             guard.uncommitted.begin(m.write, m.object.clone(), m.range.0, m.range.1);
         }
@@ -193,7 +194,7 @@ impl WritePath for SyncApply {
             matches!(guard.requests.get(m.request), None | Some(RequestState::Failed)),
             "a request in flight or committed is taken again"
         );
-        debug_assert!(!m.early, "only the log acknowledges a write early");
+        debug_assert!(m.early.is_none(), "only the log acknowledges a write early");
         guard.sync_seq += 1;
         let seq = guard.sync_seq;
         debug_assert!(seq > guard.last_seq(), "the sync path reused seq {seq} of the log");
@@ -222,7 +223,7 @@ impl WritePath for Ideal {
     fn take(&self, _shared: &Shared, mut guard: MutexGuard<'_, Pg>, m: &Mutation<'_>) -> Result<Taken, Refusal> {
         // Nothing is logged, tracked or stored: only the network and the
         // threads remain (the limit `bench/run` compares against).
-        debug_assert!(!m.early, "only the log acknowledges a write early");
+        debug_assert!(m.early.is_none(), "only the log acknowledges a write early");
         if let Some(admitted) = &m.tier {
             crate::tier::commit(&mut guard, admitted);
         }

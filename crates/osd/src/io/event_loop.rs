@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use crossbeam_channel::Receiver;
 use duplex_map::OsdId;
 use duplex_proto::osd::{OpKind, OpReply, OsdStats, RepReply, Status};
@@ -646,7 +645,7 @@ impl PriorityThread {
                 if answered.is_some() {
                     // Logged here is all an eventual pool's write waits for.
                     record(&self.histograms, Stage::Write, arrived.elapsed().as_micros() as u64);
-                    self.reply(token, slot, &OpReply { status: Status::Ok, map_epoch, data: Bytes::new() });
+                    self.reply(token, slot, &OpReply::ok(map_epoch));
                 }
                 if let Some(write) = finished {
                     self.finish(write);

@@ -375,23 +375,25 @@ impl Metrics {
         );
         {
             let lags = self.eventual_lags.lock().expect("metrics lock");
-            let name = "duplex_osd_pg_replication_lag_seconds";
-            let _ = writeln!(
-                out,
-                "# HELP {name} Per primary PG of an eventual pool: the age of the oldest acknowledged write a replica lacks.\n# TYPE {name} gauge"
-            );
-            for lag in lags.iter() {
-                let (pool, pg) = (crate::pg::pool_of(lag.pg), crate::pg::pg_number(lag.pg));
-                let _ = writeln!(out, "{name}{{pg=\"{pool}.{pg}\"}} {:.6}", lag.lag_us as f64 / 1e6);
-            }
-            let name = "duplex_osd_pg_unreplicated_writes";
-            let _ = writeln!(
-                out,
-                "# HELP {name} Per primary PG of an eventual pool: acknowledged writes a replica lacks.\n# TYPE {name} gauge"
-            );
-            for lag in lags.iter() {
-                let (pool, pg) = (crate::pg::pool_of(lag.pg), crate::pg::pg_number(lag.pg));
-                let _ = writeln!(out, "{name}{{pg=\"{pool}.{pg}\"}} {}", lag.unreplicated);
+            type Value = fn(&duplex_proto::osd::PgLagStat) -> f64;
+            let gauges: [(&str, &str, Value); 2] = [
+                (
+                    "duplex_osd_pg_replication_lag_seconds",
+                    "Per primary PG of an eventual pool: the age of the oldest acknowledged write a replica lacks.",
+                    |lag| lag.lag_us as f64 / 1e6,
+                ),
+                (
+                    "duplex_osd_pg_unreplicated_writes",
+                    "Per primary PG of an eventual pool: acknowledged writes a replica lacks.",
+                    |lag| lag.unreplicated as f64,
+                ),
+            ];
+            for (name, help, value) in gauges {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+                for lag in lags.iter() {
+                    let (pool, pg) = (crate::pg::pool_of(lag.pg), crate::pg::pg_number(lag.pg));
+                    let _ = writeln!(out, "{name}{{pg=\"{pool}.{pg}\"}} {}", value(lag));
+                }
             }
         }
         counter(

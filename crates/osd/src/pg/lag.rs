@@ -18,6 +18,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+/// The most writes a PG's primary holds alone: past it, writes wait for
+/// their replicas whatever the lag (the queue, and every thread's pending
+/// writes, stay bounded under a long max_lag at a high rate).
+pub const MAX_UNREPLICATED: usize = 4096;
+
 #[derive(Debug, Default)]
 pub struct ReplicationLag {
     /// Each write, in the order of acknowledgement (the log's: taken under
@@ -49,6 +54,7 @@ impl ReplicationLag {
     pub fn begin(&mut self, write: u64, at: Instant, object: Bytes, range: (u64, u64)) {
         debug_assert!(self.writes.back().is_none_or(|w| w.at <= at), "acknowledged out of order");
         debug_assert!(self.writes.iter().all(|w| w.write != write), "write {write} begun twice");
+        assert!(self.writes.len() < MAX_UNREPLICATED, "a write acknowledged early past the bound");
         self.writes.push_back(Unreplicated { write, at, done: false, object, range });
     }
 
@@ -70,11 +76,12 @@ impl ReplicationLag {
 
     /// Whether a write may be acknowledged before its replicas at `now`:
     /// the oldest write only this primary holds has waited less than
-    /// `max_lag`, and every replica acknowledged a write within it.
+    /// `max_lag`, every replica acknowledged a write within it, and fewer
+    /// than [`MAX_UNREPLICATED`] writes are on this primary alone.
     pub fn may_acknowledge_early(&mut self, now: Instant, max_lag: Duration) -> bool {
         self.watched = true;
         let heard = self.heard.is_some_and(|at| now.saturating_duration_since(at) < max_lag);
-        heard && self.lag(now) < max_lag
+        heard && self.lag(now) < max_lag && self.writes.len() < MAX_UNREPLICATED
     }
 
     /// Whether this is an eventual pool's PG (it has asked [`Self::may_acknowledge_early`]).
@@ -156,5 +163,11 @@ mod tests {
         assert!(!lag.may_acknowledge_early(t0 + max * 2, max), "write 1 has waited max_lag");
         lag.clear();
         assert!(!lag.may_acknowledge_early(t0 + max * 2, max), "a new interval starts unproven");
+        lag.replicated(t0 + max * 2);
+        for write in 0..MAX_UNREPLICATED as u64 {
+            assert!(lag.may_acknowledge_early(t0 + max * 2, max), "write {write} is under the bound");
+            lag.begin(write, t0 + max * 2, Bytes::from_static(b"o"), (0, 1));
+        }
+        assert!(!lag.may_acknowledge_early(t0 + max * 2, max), "the bound on writes held alone");
     }
 }
