@@ -103,7 +103,9 @@ pub struct OsdArgs {
     /// oplog: acknowledge once logged on every replica; sync: once applied and flushed.
     #[arg(long, value_enum, default_value_t = WritePath::Oplog)]
     write_path: WritePath,
-    /// prioritized: the connection's thread runs each op; pool: a worker pool does.
+    /// prioritized: the connection's thread runs each op; pool: a worker
+    /// pool does; lalca: pinned threads, and an eventual PG's ops run on
+    /// the thread that owns the PG at the time (forwarded there).
     #[arg(long, value_enum, default_value_t = Threading::Prioritized)]
     threading: Threading,
     /// Worker threads with --threading pool.
@@ -213,6 +215,12 @@ pub fn run(args: OsdArgs) -> Result<()> {
     }
     if args.connection_policy != ConnectionPolicy::Pinned && args.threading == Threading::Pool {
         bail!("--connection-policy lcam or naive needs --threading prioritized: the pool's messengers are its own");
+    }
+    if args.connection_policy != ConnectionPolicy::Pinned && args.threading == Threading::Lalca {
+        bail!(
+            "--threading lalca needs --connection-policy pinned: a PG's operations move between threads by their \
+             PG's owner, not by their connection"
+        );
     }
     config.connection_policy = args.connection_policy;
     config.lcam_interval = Duration::from_millis(args.lcam_interval_ms);

@@ -40,6 +40,10 @@ pub enum Threading {
     /// The messenger thread queues it to a worker pool (sharded by PG, as
     /// Ceph's classic OSD does); replies go back through the messenger.
     Pool,
+    /// As `prioritized`, with the threads pinned to cores, and an eventual
+    /// pool's PG run by the one thread that owns it at the time, others
+    /// forwarding its operations there (LALCA, `crate::io::lalca`).
+    Lalca,
 }
 
 /// Which priority threads serve each connection (issue 29; docs/OSD.md,

@@ -21,7 +21,8 @@
 //! priority thread may be blocked on a flusher's queue, so a post must
 //! never block. It is bounded by what its thread admitted instead: every
 //! completion answers a request one of its connections has in flight (at
-//! most `MAX_IN_FLIGHT` each, `MAX_CONNECTIONS` connections) or an entry a
+//! most `MAX_IN_FLIGHT` each, `MAX_CONNECTIONS` connections: a forwarded
+//! operation is one of those, and so is the reply posted back for it) or an entry a
 //! peer has in flight (bounded the same way at the primary), or changes
 //! which connections it serves (one per connection and thread, per
 //! placement interval or close), and the one
@@ -166,6 +167,10 @@ pub struct ClientOp {
     /// order there (`crate::io::order`); it must take effect before the
     /// next ticket of its lane is let run.
     pub ticket: Option<crate::io::order::Ticket>,
+    /// `threading = lalca`: the owner slot of its PG it holds a claim on
+    /// (`crate::io::lalca`), given back where it runs once it has taken
+    /// effect (or once its replicas answered).
+    pub claim: Option<u32>,
 }
 
 /// What the owning priority thread does next for an operation.
@@ -317,6 +322,9 @@ pub enum Completion {
     /// An erasure-coded object this thread's client waited on is free: run
     /// the operation again (`crate::pg::object_queue`).
     Resume(ClientOp),
+    /// `threading = lalca`: an operation of a PG this thread owns, from
+    /// the thread serving its connection; its reply goes back there.
+    Forwarded(ClientOp),
 }
 
 impl Completion {

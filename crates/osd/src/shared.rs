@@ -51,6 +51,8 @@ pub struct Shared {
     pub tier_wake: OnceLock<crossbeam_channel::Sender<()>>,
     /// Which priority threads serve each connection, and what they carried.
     pub messenger: Arc<crate::io::messenger::Messenger>,
+    /// `threading = lalca`: which priority thread owns each eventual PG now.
+    pub owners: Option<crate::io::lalca::Owners>,
     next_txid: AtomicU64,
 }
 
@@ -74,6 +76,7 @@ impl Shared {
                 config.priority_threads.max(1),
                 config.lcam_interval,
             )),
+            owners: (config.threading == crate::config::Threading::Lalca).then(Default::default),
             config,
             pgs,
             map,

@@ -168,6 +168,7 @@ impl Trimmer {
                 request,
                 arrived: Instant::now(),
                 ticket: None,
+                claim: None,
             };
             self.shared.metrics.snap_trims.add(1);
             match ops::client_op(&self.shared, &mut self.cache, &self.histograms, op) {

@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
 use common::TestCluster;
 use duplex_client::ObjectClient;
@@ -85,27 +84,6 @@ fn check_all(client: &mut ObjectClient, pool: u32, model: &HashMap<Vec<u8>, Vec<
     }
 }
 
-/// Waits until every primary reports no acknowledged write its replicas lack.
-fn wait_replicated(cluster: &TestCluster) {
-    let started = Instant::now();
-    loop {
-        // The gauge is kept by each OSD's peering tick.
-        let pages: Vec<String> = (0..3).map(|id| cluster.metrics(id).unwrap()).collect();
-        let unreplicated: f64 = pages
-            .iter()
-            .flat_map(|page| page.lines())
-            .filter(|line| line.starts_with("duplex_osd_pg_unreplicated_writes{"))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
-        let reported = pages.iter().any(|page| page.contains("duplex_osd_pg_unreplicated_writes{"));
-        if reported && unreplicated == 0.0 {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "replicas never caught up ({unreplicated} writes)");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn a_replica_killed_under_an_eventual_pool_loses_nothing() {
     let mut cluster = eventual_cluster(1000);
@@ -125,7 +103,7 @@ fn a_replica_killed_under_an_eventual_pool_loses_nothing() {
     check_all(&mut client, pool, &model, "from the primary after its replica's restart");
     // Peering brought the restarted replica level with the primary: it
     // holds every acknowledged write when the primary goes.
-    wait_replicated(&cluster);
+    cluster.wait_replicated(3);
     cluster.kill_osd(other);
     cluster.mon_client().command(&Command::MarkDown { id: other }).unwrap();
     let mut client = cluster.client();
@@ -141,7 +119,7 @@ fn a_primary_killed_after_its_replicas_caught_up_loses_nothing() {
     let (objects, _) = objects_where(&client, pool, victim, true);
     let model = burst(&mut client, pool, &objects, 2);
     // The lag is the whole window: once it is zero, a failover loses nothing.
-    wait_replicated(&cluster);
+    cluster.wait_replicated(3);
     // A quiet burst never lagged 500 ms: only each PG's first write waited
     // for its replicas (none was heard from yet in its interval).
     let waited = cluster.metric_sum("duplex_osd_eventual_writes_total{ack=\"replicated\"}");

@@ -545,8 +545,16 @@ impl SimOsd {
 
     fn client_request(&mut self, ctx: &mut Ctx, client: usize, tid: u64, request: OpRequest) {
         tracing::trace!(at = ctx.now, osd = self.id, client, tid, kind = ?request.kind, pg = request.pg, "client op");
-        let op =
-            ClientOp { thread: 0, token: client, slot: tid, txid: tid, request, arrived: ctx.instant(), ticket: None };
+        let op = ClientOp {
+            thread: 0,
+            token: client,
+            slot: tid,
+            txid: tid,
+            request,
+            arrived: ctx.instant(),
+            ticket: None,
+            claim: None,
+        };
         self.run_client_op(ctx, op);
         self.drain(ctx);
     }
@@ -713,9 +721,10 @@ impl SimOsd {
                 | Completion::Unserve(_)
                 | Completion::Forget(_)
                 | Completion::Worked(_)
-                | Completion::Resume(_) => {
+                | Completion::Resume(_)
+                | Completion::Forwarded(_) => {
                     unreachable!(
-                        "the simulator runs neither the sync path, the pool, erasure-coded pools nor connection placement"
+                        "the simulator runs neither the sync path, the pool, erasure-coded pools, connection placement nor lalca"
                     )
                 }
             }

@@ -38,7 +38,7 @@ use bytes::Bytes;
 use duplex_proto::osd::OpReply;
 
 use crate::backend::replicated::mutate;
-use crate::backend::write_path::Logged;
+use crate::backend::write_path::WritePath;
 use crate::backend::{PgBackend, Primary, WriteEnd, REPLICATED_OPLOG};
 use crate::messages::{ClientOp, Outcome};
 use crate::metrics::Histograms;
@@ -47,7 +47,14 @@ use crate::peering::{Action, Peering};
 use crate::pg::ReplyTo;
 use crate::shared::Shared;
 
-pub struct Eventual;
+/// On the replicated backend of a write path: `oplog` (the product), or
+/// `ideal` (the benchmark's limit: answered on receipt, nothing logged).
+pub struct Eventual {
+    /// What is not an eventual pool's own: reads, replicas' entries, write ends.
+    pub(crate) replicated: &'static dyn PgBackend,
+    /// Where its mutations go at the primary.
+    pub(crate) path: &'static dyn WritePath,
+}
 
 /// Whether PG `key` may move to other OSDs now (its primary asks the map
 /// to drop its pin, and the next interval's members may not include this
@@ -64,20 +71,20 @@ pub fn may_move(shared: &Shared, key: u32) -> bool {
 
 impl PgBackend for Eventual {
     fn read(&self, at: &Primary<'_>, op: ClientOp) -> Outcome {
-        REPLICATED_OPLOG.read(at, op)
+        self.replicated.read(at, op)
     }
 
     fn mutate(&self, at: &Primary<'_>, op: ClientOp) -> Outcome {
         let Some(eventual) = at.eventual else {
             debug_assert!(false, "the eventual backend for a strong pool");
-            return REPLICATED_OPLOG.mutate(at, op);
+            return self.replicated.mutate(at, op);
         };
         let max_lag = Duration::from_millis(u64::from(eventual.max_lag_ms));
-        mutate(&Logged, at, op, Some(max_lag))
+        mutate(self.path, at, op, Some(max_lag))
     }
 
     fn finish_write(&self, shared: &Shared, end: &WriteEnd) -> OpReply {
-        REPLICATED_OPLOG.finish_write(shared, end)
+        self.replicated.finish_write(shared, end)
     }
 
     fn replica_op(
@@ -87,7 +94,7 @@ impl PgBackend for Eventual {
         payload: &Bytes,
         to: ReplyTo,
     ) -> Result<Outcome, String> {
-        REPLICATED_OPLOG.replica_op(shared, histograms, payload, to)
+        self.replicated.replica_op(shared, histograms, payload, to)
     }
 }
 

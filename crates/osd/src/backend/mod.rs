@@ -102,11 +102,14 @@ static REPLICATED_SYNC: Replicated<SyncApply> = Replicated(SyncApply);
 static REPLICATED_IDEAL: Replicated<Ideal> = Replicated(Ideal);
 
 static ERASURE: erasure::Erasure = erasure::Erasure;
-static EVENTUAL: eventual::Eventual = eventual::Eventual;
+static EVENTUAL: eventual::Eventual = eventual::Eventual { replicated: &REPLICATED_OPLOG, path: &Logged };
+static EVENTUAL_IDEAL: eventual::Eventual = eventual::Eventual { replicated: &REPLICATED_IDEAL, path: &Ideal };
 
 /// The backend of pool `pool`'s PGs, on an OSD running `write_path` (an
-/// erasure-coded pool's always logs; an eventual pool is eventual only on
-/// the product's path, `oplog`: the ablations measure strong pools). It is
+/// erasure-coded pool's always logs; an eventual pool is eventual on the
+/// product's path, `oplog`, and on `ideal`, where its primary answers what
+/// it received: the limit issue 30's figures compare against; `sync`
+/// measures strong pools). It is
 /// on every operation's path, so it looks nothing up that costs.
 pub fn for_pool(write_path: WritePath, pool: &Pool) -> &'static dyn PgBackend {
     if pool.is_erasure() {
@@ -114,6 +117,9 @@ pub fn for_pool(write_path: WritePath, pool: &Pool) -> &'static dyn PgBackend {
     }
     if pool.is_eventual() && write_path == WritePath::Oplog {
         return &EVENTUAL;
+    }
+    if pool.is_eventual() && write_path == WritePath::Ideal {
+        return &EVENTUAL_IDEAL;
     }
     for_replicated(write_path)
 }

@@ -327,6 +327,9 @@ pub(crate) fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp, max_l
     );
     debug_assert!(!replicas.contains(&shared.config.id), "the primary replicates to itself: {replicas:?}");
     let early = match max_lag {
+        // The ideal of an eventual pool answers what it received: no log,
+        // no lag to keep.
+        Some(_) if !path.tracks_writes() => Some(shared.now()),
         Some(max_lag) if !replicas.is_empty() => {
             let now = shared.now();
             (!guard.moving && guard.lag.may_acknowledge_early(now, max_lag)).then_some(now)

@@ -226,6 +226,7 @@ mod tests {
                 request: request(),
                 arrived: Instant::now(),
                 ticket: None,
+                claim: None,
             },
             pg: 3,
             map_epoch: 4,

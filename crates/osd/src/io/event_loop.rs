@@ -41,6 +41,14 @@ pub const MAX_CONNECTIONS: usize = 4096;
 /// How often pending writes are checked against that timeout.
 const PENDING_CHECK: Duration = Duration::from_millis(500);
 
+/// Who a replicated write answers, and the PG owner claim it holds until
+/// its replicas have answered (`threading = lalca`).
+#[derive(Clone, Copy, Debug)]
+struct Waiter {
+    client: ClientSlot,
+    claim: Option<u32>,
+}
+
 pub struct PriorityThread {
     pub index: usize,
     pub shared: Arc<Shared>,
@@ -62,7 +70,11 @@ pub struct PriorityThread {
     /// waiting their turn, and that may read on now.
     unheld: Vec<usize>,
     peers: HashMap<OsdId, usize>,
-    pending: PendingWrites<ClientSlot>,
+    pending: PendingWrites<Waiter>,
+    /// `threading = lalca`: operations forwarded here that wait for log
+    /// room, in arrival order (their claims hold their PGs here); what is
+    /// forwarded behind them waits too.
+    forwarded_parked: std::collections::VecDeque<ClientOp>,
     /// Erasure-coded operations waiting for their shards.
     ec: EcTasks,
     /// Erasure-coded mutations whose object came free, to run again.
@@ -105,6 +117,7 @@ impl PriorityThread {
             unheld: Vec::new(),
             peers: HashMap::new(),
             pending: PendingWrites::default(),
+            forwarded_parked: Default::default(),
             ec: EcTasks::default(),
             resumes: Vec::new(),
             repairs_asked: HashMap::new(),
@@ -450,6 +463,7 @@ impl PriorityThread {
                     request,
                     arrived: Instant::now(),
                     ticket: None,
+                    claim: None,
                 };
                 if let Outcome::Reply { reply, .. } =
                     ops::client_op(&self.shared, &mut self.cache, &self.histograms, op)
@@ -459,7 +473,16 @@ impl PriorityThread {
                 return Ok(true);
             }
             Inbound::Op { txid, request, slot: Some(slot), ticket } => {
-                let op = ClientOp { thread: self.index, token, slot, txid, request, arrived: Instant::now(), ticket };
+                let op = ClientOp {
+                    thread: self.index,
+                    token,
+                    slot,
+                    txid,
+                    request,
+                    arrived: Instant::now(),
+                    ticket,
+                    claim: None,
+                };
                 let Some(cell) = self.conns.get(&token) else { return Ok(true) };
                 let op = {
                     let mut conn = cell.lock();
@@ -570,12 +593,20 @@ impl PriorityThread {
 
     /// Runs (or queues to the pool) a client operation. `retry`: it came
     /// from the front of the parked queue and goes back there if still blocked.
-    fn run_client(&mut self, op: ClientOp, retry: bool) -> bool {
+    fn run_client(&mut self, mut op: ClientOp, retry: bool) -> bool {
         debug_assert_eq!(op.thread, self.index, "a client operation runs on the thread that owns its connection");
         if let Some(pool) = &self.pool {
             pool.client(op);
             return true;
         }
+        if op.claim.is_none() {
+            if let Some(owner) = self.claim_owner(&mut op) {
+                self.shared.metrics.lalca_forwarded.add(1);
+                self.mailboxes[owner].post_and_wake(Completion::Forwarded(op));
+                return true;
+            }
+        }
+        let claim = op.claim;
         match ops::client_op(&self.shared, &mut self.cache, &self.histograms, op) {
             Outcome::Full(op) => {
                 if let Some(cell) = self.conns.get(&op.token) {
@@ -589,18 +620,88 @@ impl PriorityThread {
                 false
             }
             outcome => {
-                self.execute(outcome);
+                self.execute_for(outcome, self.index, claim);
                 true
             }
         }
     }
 
+    /// `threading = lalca`: takes a claim on an eventual PG's owner slot
+    /// for `op`. `Some(owner)`: another thread owns the PG, and `op` is to
+    /// be forwarded there; `None`: it runs here (with a claim or without).
+    fn claim_owner(&mut self, op: &mut ClientOp) -> Option<usize> {
+        let owners = self.shared.owners.as_ref()?;
+        let key = crate::pg::pg_key(op.request.pool, op.request.pg)?;
+        let view = self.cache.view(&self.shared.map);
+        if view.pool(op.request.pool).is_none_or(|pool| pool.eventual.is_none()) {
+            return None;
+        }
+        let slot = crate::io::lalca::Owners::slot_of(key);
+        op.claim = Some(slot);
+        match owners.claim(slot, self.index) {
+            crate::io::lalca::Claim::Here => {
+                self.shared.metrics.lalca_owned.add(1);
+                None
+            }
+            crate::io::lalca::Claim::Forward(owner) => Some(owner),
+        }
+    }
+
+    /// Gives back an operation's owner claim: it has taken effect here.
+    fn release(&self, claim: Option<u32>) {
+        if let (Some(slot), Some(owners)) = (claim, self.shared.owners.as_ref()) {
+            owners.release(slot, self.index);
+        }
+    }
+
+    /// `threading = lalca`: an operation of a PG this thread owns, from
+    /// another thread's connection. Behind one still waiting for log room,
+    /// it waits too (it may be the same PG's).
+    fn run_forwarded(&mut self, op: ClientOp) -> bool {
+        debug_assert!(op.claim.is_some(), "a forwarded operation without a claim on its PG");
+        debug_assert_ne!(op.thread, self.index, "an operation forwarded to its own connection's thread");
+        let thread = op.thread;
+        let claim = op.claim;
+        match ops::client_op(&self.shared, &mut self.cache, &self.histograms, op) {
+            Outcome::Full(op) => {
+                self.forwarded_parked.push_back(op);
+                false
+            }
+            outcome => {
+                self.execute_for(outcome, thread, claim);
+                true
+            }
+        }
+    }
+
+    /// After a flush: forwarded operations that waited for log room, in order.
+    fn retry_forwarded(&mut self) {
+        while let Some(op) = self.forwarded_parked.pop_front() {
+            if !self.run_forwarded(op) {
+                // It went to the back: put it in front again.
+                if let Some(op) = self.forwarded_parked.pop_back() {
+                    self.forwarded_parked.push_front(op);
+                }
+                break;
+            }
+        }
+    }
+
     fn execute(&mut self, outcome: Outcome) {
+        self.execute_for(outcome, self.index, None);
+    }
+
+    /// Does the network I/O `outcome` asks for. `thread` serves the
+    /// client's connection (another thread's under `lalca`, when the
+    /// operation was forwarded here); `claim` is the owner claim the
+    /// operation holds, given back once it has taken effect.
+    fn execute_for(&mut self, outcome: Outcome, thread: usize, claim: Option<u32>) {
         match outcome {
             Outcome::Reply { token, slot, reply, arrived, kind } => {
                 let stage = if kind == OpKind::Read { Stage::Read } else { Stage::Write };
                 record(&self.histograms, stage, arrived.elapsed().as_micros() as u64);
-                self.reply(token, slot, &reply);
+                self.release(claim);
+                self.reply_on(thread, token, slot, reply);
             }
             Outcome::Replicate {
                 write,
@@ -623,7 +724,7 @@ impl PriorityThread {
                 debug_assert!(answered.is_none() || local.is_none(), "a write answered before its local apply");
                 let frame = Frame::new(MessageType::RepOp, txid, entry);
                 let info = WriteInfo {
-                    reply_to: ClientSlot { thread: self.index, token, slot },
+                    reply_to: Waiter { client: ClientSlot { thread, token, slot }, claim },
                     arrived,
                     map_epoch,
                     pg,
@@ -645,14 +746,18 @@ impl PriorityThread {
                 if answered.is_some() {
                     // Logged here is all an eventual pool's write waits for.
                     record(&self.histograms, Stage::Write, arrived.elapsed().as_micros() as u64);
-                    self.reply(token, slot, &OpReply::ok(map_epoch));
+                    self.reply_on(thread, token, slot, OpReply::ok(map_epoch));
                 }
                 if let Some(write) = finished {
                     self.finish(write);
                 }
             }
-            Outcome::Erasure(task) => self.start_ec(task),
-            Outcome::Queued => {}
+            Outcome::Erasure(task) => {
+                debug_assert!(claim.is_none(), "an erasure-coded operation with an eventual PG's claim");
+                self.release(claim);
+                self.start_ec(task)
+            }
+            Outcome::Queued => self.release(claim),
             Outcome::Full(op) => {
                 // run_client parks these itself and pool workers wait for room,
                 // so none should come here; parking is still the safe answer.
@@ -665,6 +770,7 @@ impl PriorityThread {
                 }
             }
             Outcome::Acks { pg, acks, status } => {
+                debug_assert!(claim.is_none(), "a replica's entry with a client's claim");
                 for ack in acks {
                     debug_assert!(ack.to.thread < self.mailboxes.len(), "an ack for priority thread {}", ack.to.thread);
                     if ack.to.thread == self.index {
@@ -674,6 +780,16 @@ impl PriorityThread {
                     }
                 }
             }
+        }
+    }
+
+    /// Replies on a connection `thread` serves: here, or through its mailbox.
+    fn reply_on(&mut self, thread: usize, token: usize, slot: u64, reply: OpReply) {
+        if thread == self.index {
+            self.reply(token, slot, &reply);
+        } else {
+            debug_assert!(thread < self.mailboxes.len(), "a reply for priority thread {thread}");
+            self.mailboxes[thread].post_and_wake(Completion::Reply { token, slot, reply });
         }
     }
 
@@ -710,16 +826,21 @@ impl PriorityThread {
     }
 
     /// Replies to a replicated write whose answers are all in.
-    fn finish(&mut self, write: Finished<ClientSlot>) {
-        debug_assert_eq!(write.info.reply_to.thread, self.index, "a write finishes on the thread that owns its client");
+    fn finish(&mut self, write: Finished<Waiter>) {
+        let waiter = write.info.reply_to;
+        debug_assert!(
+            waiter.client.thread == self.index || waiter.claim.is_some(),
+            "a write finishes on the thread that owns its client, or its PG's owner"
+        );
         record(&self.histograms, Stage::Replication, write.sent.elapsed().as_micros() as u64);
         let reply = write.reply(&self.shared);
+        // Settled in its PG: the PG may change hands.
+        self.release(waiter.claim);
         if write.info.answered.is_some() {
             return;
         }
         record(&self.histograms, Stage::Write, write.info.arrived.elapsed().as_micros() as u64);
-        let to = write.info.reply_to;
-        self.reply(to.token, to.slot, &reply);
+        self.reply_on(waiter.client.thread, waiter.client.token, waiter.client.slot, reply);
     }
 
     fn on_completion(&mut self, completion: Completion) {
@@ -729,6 +850,7 @@ impl PriorityThread {
             Completion::Send { token, frame } => self.send(token, &frame),
             Completion::Flushed => {
                 self.mailboxes[self.index].took_flushed();
+                self.retry_forwarded();
                 self.retry_parked();
             }
             Completion::Fenced => {
@@ -742,6 +864,13 @@ impl PriorityThread {
             Completion::Forget(token) => self.forget(token),
             Completion::Worked(outcome) => self.execute(*outcome),
             Completion::Resume(op) => self.resumes.push(op),
+            Completion::Forwarded(op) => {
+                if self.forwarded_parked.is_empty() {
+                    self.run_forwarded(op);
+                } else {
+                    self.forwarded_parked.push_back(op);
+                }
+            }
         }
     }
 

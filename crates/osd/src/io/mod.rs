@@ -25,6 +25,7 @@ pub mod conn_cell;
 pub mod ec_settle;
 pub mod erasure;
 pub mod event_loop;
+pub mod lalca;
 pub mod lcam;
 pub mod messenger;
 pub mod ops;

@@ -87,6 +87,11 @@ pub struct Metrics {
     /// reached the pool's max_lag.
     pub eventual_early_acks: Counter,
     pub eventual_lag_waits: Counter,
+    /// `threading = lalca`: eventual PGs' client operations run on the
+    /// thread that received them (it owned the PG, or took it), and those
+    /// forwarded to the PG's owner.
+    pub lalca_owned: Counter,
+    pub lalca_forwarded: Counter,
     /// Per primary PG of an eventual pool: its replication lag and the
     /// writes only this OSD holds (kept by the peering thread's tick).
     pub eventual_lags: std::sync::Mutex<Vec<duplex_proto::osd::PgLagStat>>,
@@ -372,6 +377,12 @@ impl Metrics {
             "duplex_osd_eventual_writes_total",
             "Eventual pools' writes by when they were acknowledged: once logged at the primary, or after their replicas (their PG's replication lag had reached max_lag).",
             &[("{ack=\"logged\"}", self.eventual_early_acks.get()), ("{ack=\"replicated\"}", self.eventual_lag_waits.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_lalca_ops_total",
+            "threading=lalca: eventual PGs' client operations by where they ran: on the thread that received them (it owned the PG), or forwarded to the PG's owner.",
+            &[("{ran=\"received\"}", self.lalca_owned.get()), ("{ran=\"forwarded\"}", self.lalca_forwarded.get())],
         );
         {
             let lags = self.eventual_lags.lock().expect("metrics lock");

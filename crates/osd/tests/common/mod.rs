@@ -77,6 +77,28 @@ impl TestCluster {
         client
     }
 
+    /// Waits until every primary of `osds` reports no acknowledged write
+    /// of an eventual PG that its replicas lack (the gauge is kept by
+    /// each OSD's peering tick).
+    pub fn wait_replicated(&self, osds: u32) {
+        let started = std::time::Instant::now();
+        loop {
+            let pages: Vec<String> = (0..osds).map(|id| self.0.metrics(id).unwrap()).collect();
+            let unreplicated: f64 = pages
+                .iter()
+                .flat_map(|page| page.lines())
+                .filter(|line| line.starts_with("duplex_osd_pg_unreplicated_writes{"))
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum();
+            let reported = pages.iter().any(|page| page.contains("duplex_osd_pg_unreplicated_writes{"));
+            if reported && unreplicated == 0.0 {
+                return;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "replicas never caught up ({unreplicated} writes)");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     pub fn pool(&self, client: &ObjectClient) -> u32 {
         client.pool_id("test").unwrap()
     }

@@ -3,13 +3,19 @@
 //! processes, replication 2), fills a set of objects, then runs 4 KiB
 //! random writes and reads at each queue depth, for each combination of
 //! the ablation switches. Reports IOPS, client-side p50/p99 latency, CPU
-//! microseconds per op by OSD thread class, OSD resident memory and the
-//! operation log's size.
+//! microseconds per op by OSD thread class, the OSDs' context switches
+//! per op, OSD resident memory and the operation log's size.
+//!
+//! A mode's optional third part, `eventual`, runs it on an eventual pool
+//! (issue 30): `oplog/prioritized/eventual`, `oplog/lalca/eventual`, and
+//! `ideal/prioritized/eventual` (the primary answers on receipt). With
+//! `--osd-cpus`, the OSDs run on those cores only (the load generator on
+//! the others, if any are left): the cores-against-IOPS figure.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use duplex_client::load::{self, LoadSpec, Pattern};
 use duplex_client::ObjectClient;
@@ -43,6 +49,18 @@ struct Args {
     /// Extra flags for every OSD (space-separated).
     #[arg(long, default_value = "")]
     osd_args: String,
+    /// Cores the OSD processes may use (comma-separated; default: all).
+    #[arg(long, value_delimiter = ',')]
+    osd_cpus: Vec<usize>,
+    /// Client sessions, each with its own connections, sharing the queue
+    /// depth (at least 1 each): many clients reach each OSD, as in the
+    /// LALCA paper's figures, so one PG's operations come in on several
+    /// of its threads.
+    #[arg(long, default_value_t = 1)]
+    sessions: usize,
+    /// The eventual pool's max_lag, for `/eventual` modes (ms).
+    #[arg(long, default_value_t = 1000)]
+    max_lag_ms: u32,
     /// Tiny runs that check the benchmark works and measure nothing.
     #[arg(long)]
     smoke: bool,
@@ -58,6 +76,53 @@ struct Row {
     p99_us: u64,
     /// CPU µs per op summed over the OSDs, by class.
     cpu: Vec<(String, f64)>,
+    /// Context switches per op, over every thread of every OSD.
+    switches: f64,
+    /// `threading = lalca`: the share of ops forwarded to their PG's owner.
+    forwarded: f64,
+}
+
+fn forwarded_ops(cluster: &LocalCluster) -> f64 {
+    cluster.metric_sum("duplex_osd_lalca_ops_total{ran=\"forwarded\"}").unwrap_or(0.0)
+}
+
+/// Context switches (voluntary and involuntary) of every thread of
+/// process `pid` so far; threads that ended are not counted.
+fn switches_of(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .map(|task| {
+            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            status
+                .lines()
+                .filter(|l| l.starts_with("voluntary_ctxt_switches:") || l.starts_with("nonvoluntary_ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+fn osd_switches(cluster: &LocalCluster) -> u64 {
+    cluster.osds.values().map(|osd| switches_of(osd.child.id())).sum()
+}
+
+/// Restricts this process's calling thread (and what it starts from now
+/// on) to `cores`; empty: every core.
+fn run_on(cores: &[usize]) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let all: Vec<usize> = (0..online).collect();
+        for core in if cores.is_empty() { &all[..] } else { cores } {
+            libc::CPU_SET(*core, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            anyhow::bail!("cannot run on cores {cores:?}: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 const CLASSES: [&str; 4] = ["priority", "non_priority", "pool_worker", "other"];
@@ -91,7 +156,15 @@ fn main() -> Result<()> {
     let mut rows = Vec::new();
     let mut memory = Vec::new();
     for mode in &args.modes {
-        let (write_path, threading) = mode.split_once('/').context("a mode is WRITE_PATH/THREADING")?;
+        let mut parts = mode.split('/');
+        let (Some(write_path), Some(threading)) = (parts.next(), parts.next()) else {
+            anyhow::bail!("a mode is WRITE_PATH/THREADING[/eventual]: {mode}");
+        };
+        let eventual = match parts.next() {
+            None => false,
+            Some("eventual") => true,
+            Some(other) => anyhow::bail!("a mode's third part is `eventual`, not {other:?}"),
+        };
         let mut osd_args: Vec<String> =
             vec!["--write-path".into(), write_path.into(), "--threading".into(), threading.into()];
         osd_args.extend(args.osd_args.split_whitespace().map(String::from));
@@ -107,14 +180,30 @@ fn main() -> Result<()> {
         };
         eprintln!("== {mode}: starting {} OSDs", args.osds);
         let cluster = LocalCluster::start(0, options)?;
-        cluster.create_pool("bench", 2, 1, args.pg_num)?;
+        if eventual {
+            cluster.mon_client().command(&duplex_map::Command::PoolCreateEventual {
+                name: "bench".into(),
+                size: 2,
+                min_size: 1,
+                pg_num: args.pg_num,
+                eventual: duplex_map::Eventual { max_lag_ms: args.max_lag_ms },
+            })?;
+        } else {
+            cluster.create_pool("bench", 2, 1, args.pg_num)?;
+        }
         // No PG moves while it measures: this load generator does not
         // follow the map, so a move would show as errors (and cost CPU).
         cluster.mon_client().command(&duplex_map::Command::SetBalancer { max_spread_permille: 0 })?;
         let mut cluster = cluster;
+        // The OSDs inherit this thread's cores; the load generator then
+        // takes the rest.
+        run_on(&args.osd_cpus)?;
         for id in 0..args.osds {
             cluster.start_osd(id)?;
         }
+        let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let rest: Vec<usize> = (0..online).filter(|c| !args.osd_cpus.contains(c)).collect();
+        run_on(if args.osd_cpus.is_empty() || rest.is_empty() { &[] } else { &rest })?;
         cluster.wait_all_up(Duration::from_secs(30))?;
         let mut client = ObjectClient::connect(cluster.monitors(), credentials("client.bench"))?;
         let pool = client.pool_id("bench")?;
@@ -144,7 +233,15 @@ fn main() -> Result<()> {
                     seed: queue_depth as u64,
                 };
                 let before = cpu_by_class(&cluster)?;
-                let result = load::run(&client, &spec)?;
+                let switched_before = osd_switches(&cluster);
+                let forwarded_before = forwarded_ops(&cluster);
+                let group = load::Group {
+                    sessions: args.sessions.max(1),
+                    queue_depth: (queue_depth / args.sessions.max(1)).max(1),
+                };
+                let result = load::run_groups(&client, &spec, &[group])?.pop().expect("one group, one result");
+                let switched = osd_switches(&cluster).saturating_sub(switched_before);
+                let forwarded = forwarded_ops(&cluster) - forwarded_before;
                 let after = cpu_by_class(&cluster)?;
                 let ops = result.ops.max(1) as f64;
                 let cpu = CLASSES
@@ -153,10 +250,11 @@ fn main() -> Result<()> {
                     .map(|(class, (b, a))| (class.to_string(), (a - b) * 1e6 / ops))
                     .collect();
                 eprintln!(
-                    "   {workload} qd {queue_depth}: {:.0} IOPS, p50 {} us, p99 {} us, {} errors",
+                    "   {workload} qd {queue_depth}: {:.0} IOPS, p50 {} us, p99 {} us, {:.1} switches/op, {} errors",
                     result.iops(),
                     result.latency.value_at_quantile(0.5),
                     result.latency.value_at_quantile(0.99),
+                    switched as f64 / ops,
                     result.errors
                 );
                 rows.push(Row {
@@ -168,6 +266,8 @@ fn main() -> Result<()> {
                     p50_us: result.latency.value_at_quantile(0.5),
                     p99_us: result.latency.value_at_quantile(0.99),
                     cpu,
+                    switches: switched as f64 / ops,
+                    forwarded: forwarded / ops,
                 });
             }
         }
@@ -176,8 +276,8 @@ fn main() -> Result<()> {
         memory.push((mode.clone(), rss, oplog));
         client.refresh_map();
     }
-    println!("| mode (write_path/threading) | workload | QD | IOPS | p50 µs | p99 µs | CPU µs/op: priority | non-priority | pool | other | errors |");
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| mode (write_path/threading) | workload | QD | IOPS | p50 µs | p99 µs | CPU µs/op: priority | non-priority | pool | other | switches/op | forwarded | errors |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for row in &rows {
         print!(
             "| {} | {} | {} | {:.0} | {} | {} |",
@@ -186,7 +286,7 @@ fn main() -> Result<()> {
         for (_, micros) in &row.cpu {
             print!(" {micros:.1} |");
         }
-        println!(" {} |", row.errors);
+        println!(" {:.2} | {:.0}% | {} |", row.switches, row.forwarded * 100.0, row.errors);
     }
     println!();
     println!(
