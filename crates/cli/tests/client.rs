@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::workload::Verifying;
-use common::{dev_state, kill_9, kill_9_timed, pid_of, run_ok, workload, DevCluster};
+use common::{
+    arm_until_dead, back_without_its_log, kill_9, kill_9_timed, pid_of, restart_osd, run_ok, with_device_faults,
+    workload, DevCluster,
+};
 use duplex_client::{ClientError, CreateOptions};
 use duplex_mon_client::Connection as OsdConnection;
 use duplex_proto::osd::{OpKind, OpReply, OpRequest, Status};
@@ -519,65 +522,6 @@ fn a_killed_osd_restarts_and_catches_up() {
         "kill -9 osd.1, restart: I/O resumed after {resumed:?}, went on {rejoined:?} after the restart; {report}"
     );
     assert!(report.is_ok(), "{report}");
-}
-
-/// Restarts `osd` with its data device behind a simulated volatile write
-/// cache and a fault trigger file; returns the trigger's path (absent: no
-/// fault armed).
-fn with_device_faults(cluster: &DevCluster, osd: u32) -> std::path::PathBuf {
-    let trigger = cluster.path().join(format!("osd.{osd}.faults"));
-    let setting = format!("inject_device_faults={}", trigger.display());
-    run_ok(
-        cluster
-            .cli()
-            .args(["dev", "restart", "--osd", &osd.to_string(), "--osd-set", &setting, "--dir"])
-            .arg(cluster.path()),
-    );
-    trigger
-}
-
-/// `duplex dev restart --osd N`: starts `osd` again (with its data and logs).
-fn restart_osd(cluster: &DevCluster, osd: u32) {
-    run_ok(cluster.cli().args(["dev", "restart", "--osd", &osd.to_string(), "--dir"]).arg(cluster.path()));
-}
-
-/// Arms device fault `word` on `osd` (through its `trigger` file) and waits
-/// until the OSD process is gone; how long that took.
-fn arm_until_dead(cluster: &DevCluster, osd: u32, trigger: &std::path::Path, word: &str) -> Duration {
-    let pid = pid_of(cluster, &format!("osd.{osd}"));
-    std::fs::write(trigger, format!("{word}\n")).unwrap();
-    common::wait_until_ended(pid, word)
-}
-
-/// After a power cut of `osd`: its `shm` log goes too (the files it
-/// held, returned), I/O goes on without it, it restarts with its store
-/// alone and I/O goes on again; how long each took.
-fn back_without_its_log(
-    cluster: &DevCluster,
-    osd: u32,
-    trigger: &std::path::Path,
-    run: &Verifying,
-) -> (usize, Duration, Duration) {
-    let log_dir = log_dir_of(cluster, osd);
-    let lost = std::fs::read_dir(&log_dir).unwrap().count();
-    std::fs::remove_dir_all(&log_dir).unwrap();
-    std::fs::remove_file(trigger).unwrap();
-    let resumed = run.wait_for_progress(&format!("after osd.{osd} lost power"));
-    restart_osd(cluster, osd);
-    let rejoined = run.wait_for_progress(&format!("after osd.{osd} came back without its log"));
-    std::thread::sleep(Duration::from_secs(2));
-    (lost, resumed, rejoined)
-}
-
-/// The operation-log directory of `osd` in a dev cluster.
-fn log_dir_of(cluster: &DevCluster, osd: u32) -> std::path::PathBuf {
-    dev_state(cluster)["oplog_dirs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|dir| std::path::PathBuf::from(dir.as_str().unwrap()))
-        .find(|dir| dir.to_string_lossy().ends_with(&format!("-osd.{osd}")))
-        .expect("the OSD's operation-log directory")
 }
 
 /// Issue 7, scenario 6: a node loses power. The `shm` operation log, with

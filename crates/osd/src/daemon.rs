@@ -191,11 +191,11 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     };
 
     let mut listener = Some(mio::net::TcpListener::from_std(listener));
-    let priority_cores = if config.priority_cores.is_empty() && config.threading == Threading::Lalca {
-        lalca_cores(config.id, config.priority_threads)
-    } else {
-        config.priority_cores.clone()
-    };
+    // LALCA's Main workers are pinned when --priority-cores names the
+    // cores, not by default: several OSDs sharing a host's cores lose
+    // more to a pinned thread's wait for its own core than the pinning
+    // saves (docs/BENCHMARKS.md, "LALCA").
+    let priority_cores = config.priority_cores.clone();
     for (index, (poll, inbox)) in polls.into_iter().zip(inboxes).enumerate() {
         let thread =
             PriorityThread::new(index, shared.clone(), poll, inbox, mailboxes.clone(), listener.take(), pool.clone());
@@ -236,31 +236,6 @@ fn non_priority_cores(priority: &[usize]) -> Vec<usize> {
         tracing::warn!("every core is a priority core; flushers float on all of them");
     }
     rest
-}
-
-/// `threading = lalca` pins each priority thread to a core of its own, as
-/// the paper's Main workers are, when `--priority-cores` does not say
-/// which: the process's cores in turn, starting at the OSD's id, so the
-/// OSDs of one host start on different cores. (The flushers float.)
-fn lalca_cores(osd: u32, threads: usize) -> Vec<usize> {
-    let allowed = allowed_cores();
-    if allowed.is_empty() {
-        return Vec::new();
-    }
-    (0..threads).map(|index| allowed[(osd as usize + index) % allowed.len()]).collect()
-}
-
-/// The cores this process may run on (empty if the kernel does not say).
-fn allowed_cores() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it,
-    // and CPU_ISSET reads inside it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize).filter(|core| libc::CPU_ISSET(*core, &set)).collect()
-    }
 }
 
 /// Restricts the calling thread to `cores` (nothing to do when empty).

@@ -267,3 +267,64 @@ fn process_ended(pid: i32) -> bool {
         Err(_) => true,
     }
 }
+
+// Device faults and power loss on a dev cluster's OSD (issue 7's scenario 6).
+
+/// Restarts `osd` with its data device behind a simulated volatile write
+/// cache and a fault trigger file; returns the trigger's path (absent: no
+/// fault armed).
+pub fn with_device_faults(cluster: &DevCluster, osd: u32) -> std::path::PathBuf {
+    let trigger = cluster.path().join(format!("osd.{osd}.faults"));
+    let setting = format!("inject_device_faults={}", trigger.display());
+    run_ok(
+        cluster
+            .cli()
+            .args(["dev", "restart", "--osd", &osd.to_string(), "--osd-set", &setting, "--dir"])
+            .arg(cluster.path()),
+    );
+    trigger
+}
+
+/// `duplex dev restart --osd N`: starts `osd` again (with its data and logs).
+pub fn restart_osd(cluster: &DevCluster, osd: u32) {
+    run_ok(cluster.cli().args(["dev", "restart", "--osd", &osd.to_string(), "--dir"]).arg(cluster.path()));
+}
+
+/// Arms device fault `word` on `osd` (through its `trigger` file) and waits
+/// until the OSD process is gone; how long that took.
+pub fn arm_until_dead(cluster: &DevCluster, osd: u32, trigger: &std::path::Path, word: &str) -> Duration {
+    let pid = pid_of(cluster, &format!("osd.{osd}"));
+    std::fs::write(trigger, format!("{word}\n")).unwrap();
+    wait_until_ended(pid, word)
+}
+
+/// After a power cut of `osd`: its `shm` log goes too (the files it
+/// held, returned), I/O goes on without it, it restarts with its store
+/// alone and I/O goes on again; how long each took.
+pub fn back_without_its_log(
+    cluster: &DevCluster,
+    osd: u32,
+    trigger: &std::path::Path,
+    run: &workload::Verifying,
+) -> (usize, Duration, Duration) {
+    let log_dir = log_dir_of(cluster, osd);
+    let lost = std::fs::read_dir(&log_dir).unwrap().count();
+    std::fs::remove_dir_all(&log_dir).unwrap();
+    std::fs::remove_file(trigger).unwrap();
+    let resumed = run.wait_for_progress(&format!("after osd.{osd} lost power"));
+    restart_osd(cluster, osd);
+    let rejoined = run.wait_for_progress(&format!("after osd.{osd} came back without its log"));
+    std::thread::sleep(Duration::from_secs(2));
+    (lost, resumed, rejoined)
+}
+
+/// The operation-log directory of `osd` in a dev cluster.
+pub fn log_dir_of(cluster: &DevCluster, osd: u32) -> std::path::PathBuf {
+    dev_state(cluster)["oplog_dirs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|dir| std::path::PathBuf::from(dir.as_str().unwrap()))
+        .find(|dir| dir.to_string_lossy().ends_with(&format!("-osd.{osd}")))
+        .expect("the OSD's operation-log directory")
+}

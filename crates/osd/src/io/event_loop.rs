@@ -41,14 +41,6 @@ pub const MAX_CONNECTIONS: usize = 4096;
 /// How often pending writes are checked against that timeout.
 const PENDING_CHECK: Duration = Duration::from_millis(500);
 
-/// Who a replicated write answers, and the PG owner claim it holds until
-/// its replicas have answered (`threading = lalca`).
-#[derive(Clone, Copy, Debug)]
-struct Waiter {
-    client: ClientSlot,
-    claim: Option<u32>,
-}
-
 pub struct PriorityThread {
     pub index: usize,
     pub shared: Arc<Shared>,
@@ -70,11 +62,15 @@ pub struct PriorityThread {
     /// waiting their turn, and that may read on now.
     unheld: Vec<usize>,
     peers: HashMap<OsdId, usize>,
-    pending: PendingWrites<Waiter>,
+    pending: PendingWrites<ClientSlot>,
     /// `threading = lalca`: operations forwarded here that wait for log
     /// room, in arrival order (their claims hold their PGs here); what is
     /// forwarded behind them waits too.
     forwarded_parked: std::collections::VecDeque<ClientOp>,
+    /// Threads this turn posted to without waking them (forwarded
+    /// operations and their replies, `lalca`): woken once each at the
+    /// turn's end, not once per post.
+    to_wake: Vec<usize>,
     /// Erasure-coded operations waiting for their shards.
     ec: EcTasks,
     /// Erasure-coded mutations whose object came free, to run again.
@@ -118,6 +114,7 @@ impl PriorityThread {
             peers: HashMap::new(),
             pending: PendingWrites::default(),
             forwarded_parked: Default::default(),
+            to_wake: Vec::new(),
             ec: EcTasks::default(),
             resumes: Vec::new(),
             repairs_asked: HashMap::new(),
@@ -190,6 +187,7 @@ impl PriorityThread {
                 self.shared.watchers.expire(self.index, now, epoch);
                 next_check = now + PENDING_CHECK;
             }
+            self.wake_posted();
             self.write_touched();
         }
     }
@@ -602,7 +600,7 @@ impl PriorityThread {
         if op.claim.is_none() {
             if let Some(owner) = self.claim_owner(&mut op) {
                 self.shared.metrics.lalca_forwarded.add(1);
-                self.mailboxes[owner].post_and_wake(Completion::Forwarded(op));
+                self.post_later(owner, Completion::Forwarded(op));
                 return true;
             }
         }
@@ -724,7 +722,7 @@ impl PriorityThread {
                 debug_assert!(answered.is_none() || local.is_none(), "a write answered before its local apply");
                 let frame = Frame::new(MessageType::RepOp, txid, entry);
                 let info = WriteInfo {
-                    reply_to: Waiter { client: ClientSlot { thread, token, slot }, claim },
+                    reply_to: ClientSlot { thread, token, slot },
                     arrived,
                     map_epoch,
                     pg,
@@ -738,6 +736,10 @@ impl PriorityThread {
                     true
                 });
                 self.pending = pending;
+                // Logged here and registered: it has taken effect at the
+                // primary, and its PG may change hands (its replicas'
+                // answers settle under the PG's lock on this thread).
+                self.release(claim);
                 // Only now, with the write registered, may its local apply complete.
                 if let Some(entry) = local {
                     let done = SyncDone::Primary { thread: self.index, txid };
@@ -789,7 +791,22 @@ impl PriorityThread {
             self.reply(token, slot, &reply);
         } else {
             debug_assert!(thread < self.mailboxes.len(), "a reply for priority thread {thread}");
-            self.mailboxes[thread].post_and_wake(Completion::Reply { token, slot, reply });
+            self.post_later(thread, Completion::Reply { token, slot, reply });
+        }
+    }
+
+    /// Posts to another thread now and wakes it at the end of this turn.
+    fn post_later(&mut self, thread: usize, completion: Completion) {
+        debug_assert_ne!(thread, self.index, "a thread posting to itself");
+        self.mailboxes[thread].post(completion);
+        if !self.to_wake.contains(&thread) {
+            self.to_wake.push(thread);
+        }
+    }
+
+    fn wake_posted(&mut self) {
+        for thread in self.to_wake.drain(..) {
+            self.mailboxes[thread].wake();
         }
     }
 
@@ -826,21 +843,21 @@ impl PriorityThread {
     }
 
     /// Replies to a replicated write whose answers are all in.
-    fn finish(&mut self, write: Finished<Waiter>) {
-        let waiter = write.info.reply_to;
+    /// (Under `lalca` its client may be another thread's: the write was
+    /// forwarded here.)
+    fn finish(&mut self, write: Finished<ClientSlot>) {
         debug_assert!(
-            waiter.client.thread == self.index || waiter.claim.is_some(),
-            "a write finishes on the thread that owns its client, or its PG's owner"
+            write.info.reply_to.thread == self.index || self.shared.owners.is_some(),
+            "a write finishes on the thread that owns its client"
         );
         record(&self.histograms, Stage::Replication, write.sent.elapsed().as_micros() as u64);
         let reply = write.reply(&self.shared);
-        // Settled in its PG: the PG may change hands.
-        self.release(waiter.claim);
         if write.info.answered.is_some() {
             return;
         }
         record(&self.histograms, Stage::Write, write.info.arrived.elapsed().as_micros() as u64);
-        self.reply_on(waiter.client.thread, waiter.client.token, waiter.client.slot, reply);
+        let to = write.info.reply_to;
+        self.reply_on(to.thread, to.token, to.slot, reply);
     }
 
     fn on_completion(&mut self, completion: Completion) {

@@ -12,11 +12,21 @@
 //! slot share an owner, which costs only parallelism (as the lanes of
 //! `order.rs` do). Each word holds the owning thread and how many
 //! operations hold a claim on the slot: those forwarded and not yet run,
-//! those run and waiting for their replicas (the paper's completion
-//! queue), and those waiting for log room. The owner cannot change while a
-//! claim is held, so a connection's operations on a PG, claimed in order,
-//! run in order on one thread; the last release frees the slot, and the
-//! next operation's thread takes it.
+//! and those waiting for log room. The owner cannot change while a claim
+//! is held, so a connection's operations on a PG, claimed in order, run in
+//! order on one thread; the last release frees the slot, and the next
+//! operation's thread takes it.
+//!
+//! **How long a claim lasts.** The paper's lock lasts until the request's
+//! storage I/O completes. An eventual write's I/O is its append to the
+//! primary's log, which the owner does inline, so its claim ends there;
+//! the replicas' answers come later, in the background, and settle under
+//! the PG's lock on the thread that sent the entry. Holding the claim
+//! until those answers (the first version) forwarded 27% of the writes of
+//! eight sessions on two threads, and each forward costs two wake-ups:
+//! 43,600 writes/s against 47,400 with the claim ending at the log (both
+//! with the threads pinned)
+//! (docs/BENCHMARKS.md, "LALCA").
 //!
 //! **Why there is no Sub worker thread.** The paper pins a Sub worker
 //! beside each Main worker because its Main worker sleeps in the network
