@@ -808,6 +808,19 @@ const MAX_DOWN_LISTED: usize = 10;
 /// The cluster's health as Ceph words it: `HEALTH_ERR` when some PGs
 /// cannot serve I/O, `HEALTH_WARN` when some are degraded or OSDs are down,
 /// else `HEALTH_OK`; with the reasons, for the text and the JSON alike.
+/// The pools with a PG one of `osds` serves: the pools a full OSD stops.
+fn pools_on(map: &ClusterMap, osds: &[u32]) -> Vec<String> {
+    let hierarchy = map.hierarchy();
+    let mut pools: Vec<String> = map
+        .pools
+        .values()
+        .filter(|pool| (0..pool.pg_num).any(|pg| map.acting(&hierarchy, pool, pg).iter().any(|osd| osds.contains(osd))))
+        .map(|pool| pool.name.clone())
+        .collect();
+    pools.sort();
+    pools
+}
+
 fn health(map: &ClusterMap, up: usize, states: &BTreeMap<&'static str, u32>) -> (&'static str, Vec<String>) {
     let mut reasons = Vec::new();
     let mut error = false;
@@ -826,10 +839,12 @@ fn health(map: &ClusterMap, up: usize, states: &BTreeMap<&'static str, u32>) -> 
         (duplex_map::Fullness::BackfillFull, false, "backfill full"),
         (duplex_map::Fullness::NearFull, false, "near full"),
     ] {
-        let names: Vec<String> =
-            map.osds.values().filter(|o| o.fullness == fullness).map(|o| format!("osd.{}", o.id)).collect();
-        if !names.is_empty() {
-            reasons.push(format!("{} {what}", names.join(", ")));
+        let osds: Vec<u32> = map.osds.values().filter(|o| o.fullness == fullness).map(|o| o.id).collect();
+        if !osds.is_empty() {
+            let names: Vec<String> = osds.iter().map(|id| format!("osd.{id}")).collect();
+            let pools = pools_on(map, &osds);
+            let pools = if pools.is_empty() { String::new() } else { format!(" (pools {})", pools.join(", ")) };
+            reasons.push(format!("{} {what}{pools}", names.join(", ")));
             error |= is_error;
         }
     }

@@ -75,7 +75,7 @@ pub fn export_diff(client: &Client, pool: u32, spec: &str, from: Option<&str>, p
     let (size, extents) = client.diff_image(pool, image_name, from, to)?;
     let image = client.open_spec(pool, spec)?;
     let out: Box<dyn Write> = if path == "-" {
-        Box::new(std::io::stdout().lock())
+        Box::new(crate::QuietStdout::lock())
     } else {
         Box::new(std::fs::File::create(path).with_context(|| format!("creating {path}"))?)
     };

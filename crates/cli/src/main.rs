@@ -216,6 +216,35 @@ fn stdout_failed(err: std::io::Error) -> ! {
     std::process::exit(1)
 }
 
+/// Standard output for the bulk exports (`image export IMAGE -`,
+/// `export-diff … -`): a reader that stops reading (`| head -c 100`) ends
+/// the command quietly, as `println!` does here, not with an error.
+pub(crate) struct QuietStdout(std::io::StdoutLock<'static>);
+
+impl QuietStdout {
+    pub(crate) fn lock() -> QuietStdout {
+        QuietStdout(std::io::stdout().lock())
+    }
+}
+
+impl std::io::Write for QuietStdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf).map_err(quiet_on_closed_pipe)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush().map_err(quiet_on_closed_pipe)
+    }
+}
+
+/// A closed pipe ends the command (quietly); other errors go on up.
+fn quiet_on_closed_pipe(err: std::io::Error) -> std::io::Error {
+    if err.kind() == std::io::ErrorKind::BrokenPipe {
+        stdout_failed(err);
+    }
+    err
+}
+
 /// What to do about the errors people meet most.
 fn hint(err: &anyhow::Error) -> Option<&'static str> {
     match err.downcast_ref::<ClientError>() {

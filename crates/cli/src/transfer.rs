@@ -55,8 +55,8 @@ pub fn export(image: &Image, path: &str) -> Result<Moved> {
     let chunk = chunk_of(image);
     let bar = progress(size, &format!("export {}", image.info().name));
     // A file (holes seeked over), or standard output (the zeros written).
-    let mut out: Result<File, BufWriter<std::io::StdoutLock>> = if path == "-" {
-        Err(BufWriter::with_capacity(chunk as usize, std::io::stdout().lock()))
+    let mut out: Result<File, BufWriter<crate::QuietStdout>> = if path == "-" {
+        Err(BufWriter::with_capacity(chunk as usize, crate::QuietStdout::lock()))
     } else {
         Ok(File::create(path).with_context(|| format!("creating {path}"))?)
     };

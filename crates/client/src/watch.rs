@@ -356,8 +356,15 @@ impl Renewer {
             if state.stop.load(Ordering::Acquire) {
                 break;
             }
-            if let Err(err) = self.renew(state) {
-                tracing::warn!(%err, "renewing an image's watch failed; retrying");
+            match self.renew(state) {
+                // A full cluster refuses the counter's write; the renewal
+                // read and adopted all the same (see `renew`): expected,
+                // and `duplex status` says the cluster is full already.
+                Err(ClientError::NoSpace(why)) => {
+                    tracing::debug!(%why, "a full cluster refused the watch's counter; the watch goes on")
+                }
+                Err(err) => tracing::warn!(%err, "renewing an image's watch failed; retrying"),
+                Ok(()) => {}
             }
             State::release(state);
         }

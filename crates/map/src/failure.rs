@@ -123,8 +123,16 @@ impl FailureDetector {
     /// incarnation than the map's is ignored at the tick (it restarted).
     pub fn report_refused(&mut self, target: OsdId, incarnation: u64, reporter: OsdId) {
         if target != reporter {
-            self.refused.insert(target, incarnation);
+            self.report_gone(target, incarnation);
         }
+    }
+
+    /// The monitor's own finding: `target`'s heartbeat connection ended and
+    /// its address (of incarnation `incarnation`) refuses connections. As
+    /// [`FailureDetector::report_refused`], for an OSD no peer reports
+    /// (one with no PGs shared, or alone).
+    pub fn report_gone(&mut self, target: OsdId, incarnation: u64) {
+        self.refused.insert(target, incarnation);
     }
 
     /// The commands to propose now, in OSD order.
@@ -383,6 +391,20 @@ mod tests {
         detector.report_refused(1, before.state_epoch, 0);
         detector.report_refused(1, before.state_epoch, 2);
         assert!(detector.tick(&map, 100).is_empty(), "a report about the old incarnation marks nothing down");
+    }
+
+    #[test]
+    fn the_monitors_own_finding_marks_the_incarnation_down_at_the_next_tick() {
+        let map = map_with(3);
+        let mut detector = FailureDetector::new(FailureConfig::default());
+        for id in 0..3 {
+            detector.heartbeat(id, 0, &map);
+        }
+        let incarnation = map.osds[&1].state_epoch;
+        detector.report_gone(1, incarnation - 1);
+        assert!(detector.tick(&map, 100).is_empty(), "a finding about an older incarnation marks nothing down");
+        detector.report_gone(1, incarnation);
+        assert_eq!(detector.tick(&map, 200), vec![Command::MarkIncarnationDown { id: 1, incarnation }]);
     }
 
     /// Found by CI (a_device_flush_error_stops_the_osd_and_the_cluster_recovers):

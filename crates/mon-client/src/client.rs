@@ -13,6 +13,12 @@ pub struct MonClient {
     credentials: Credentials,
     leader_guess: Option<u64>,
     pub timeout: Duration,
+    /// Keep the connection to the leader open between requests (an OSD's
+    /// heartbeats: the monitor learns of the process's death when it
+    /// closes); otherwise each request has a connection of its own, and
+    /// holds none of the monitors' connection slots in between.
+    pub keep_connection: bool,
+    kept: Option<(u64, Connection)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -25,7 +31,14 @@ pub enum ClientError {
 
 impl MonClient {
     pub fn new(monitors: Vec<(u64, SocketAddr)>, credentials: Credentials) -> MonClient {
-        MonClient { monitors, credentials, leader_guess: None, timeout: Duration::from_secs(15) }
+        MonClient {
+            monitors,
+            credentials,
+            leader_guess: None,
+            timeout: Duration::from_secs(15),
+            keep_connection: false,
+            kept: None,
+        }
     }
 
     fn addr_of(&self, id: u64) -> std::io::Result<SocketAddr> {
@@ -42,6 +55,29 @@ impl MonClient {
         conn.call(message)
     }
 
+    /// [`MonClient::ask`] on the kept connection to monitor `id`, if
+    /// `keep_connection` (a new one when there is none, or the kept one
+    /// is to another monitor or failed).
+    fn ask_kept(&mut self, id: u64, message: &MonMessage) -> std::io::Result<MonMessage> {
+        if !self.keep_connection {
+            return self.ask(id, message);
+        }
+        if let Some((kept_id, mut conn)) = self.kept.take() {
+            if kept_id == id {
+                if let Ok(reply) = conn.call(message) {
+                    self.kept = Some((id, conn));
+                    return Ok(reply);
+                }
+                // It broke (the monitor restarted, or closed it): a new one.
+            }
+        }
+        let addr = self.addr_of(id)?;
+        let mut conn = Connection::connect(addr, &self.credentials, Duration::from_secs(2))?;
+        let reply = conn.call(message)?;
+        self.kept = Some((id, conn));
+        Ok(reply)
+    }
+
     /// Sends `message` to the leader, following leader hints and retrying
     /// other monitors on errors, until `timeout`; returns the leader's reply.
     fn call_leader(&mut self, message: &MonMessage) -> Result<MonMessage, ClientError> {
@@ -54,7 +90,7 @@ impl MonClient {
         while started.elapsed() < self.timeout {
             let id = self.leader_guess.unwrap_or(self.monitors[turn % self.monitors.len()].0);
             turn += 1;
-            match self.ask(id, message) {
+            match self.ask_kept(id, message) {
                 Ok(MonMessage::NotLeader { leader }) => {
                     self.leader_guess = leader.filter(|l| *l != id);
                     last_error = format!("monitor {id} is not the leader");

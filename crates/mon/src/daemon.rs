@@ -54,7 +54,18 @@ enum Input {
     Request(MonMessage, Sender<MonMessage>),
     /// A subscriber from an epoch, and where to push its messages.
     Subscribe(u64, SyncSender<MonMessage>),
+    /// The connection an OSD sent its heartbeats on ended (closed or
+    /// reset): probe its address.
+    HeartbeatsEnded(duplex_map::OsdId),
+    /// A probe found this incarnation's address refusing connections.
+    Gone {
+        osd: duplex_map::OsdId,
+        incarnation: u64,
+    },
 }
+
+/// How long a probe of a silent OSD's address waits for the connection.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Runs the monitor until the process ends.
 pub fn run(config: MonConfig) -> Result<()> {
@@ -83,7 +94,7 @@ pub fn run(config: MonConfig) -> Result<()> {
             (*id, tx)
         })
         .collect();
-    core_loop(&mut core, &mut data_dir, input_rx, &senders, config.failure)
+    core_loop(&mut core, &mut data_dir, (inputs, input_rx), &senders, config.failure)
 }
 
 /// Failure detection on the leader: a fresh detector per leadership (every
@@ -124,7 +135,7 @@ impl Detection {
 fn core_loop(
     core: &mut MonCore,
     data_dir: &mut DataDir,
-    inputs: Receiver<Input>,
+    (probes, inputs): (SyncSender<Input>, Receiver<Input>),
     senders: &HashMap<u64, SyncSender<Message>>,
     failure: FailureConfig,
 ) -> Result<()> {
@@ -246,6 +257,34 @@ fn core_loop(
                         subscribers.push(push);
                     }
                 }
+                Ok(Input::HeartbeatsEnded(osd)) => {
+                    // Only the leader detects failures; a process that
+                    // died has closed its sockets, so its port refuses
+                    // (Ceph's osd_fast_fail_on_connection_refused, from
+                    // the monitor's side: an OSD with no peers is found
+                    // too). A hang or a cut resets nothing and is left to
+                    // the grace.
+                    let target = core.map().osds.get(&osd).filter(|o| o.up).map(|o| (o.addr.clone(), o.state_epoch));
+                    if let (true, Some((addr, incarnation))) = (core.is_leader(), target) {
+                        let probes = probes.clone();
+                        std::thread::spawn(move || {
+                            if refuses_connections(&addr) {
+                                let _ = probes.send(Input::Gone { osd, incarnation });
+                            }
+                        });
+                    }
+                }
+                Ok(Input::Gone { osd, incarnation }) => {
+                    if let Some(detector) = detection.detector(core.is_leader()) {
+                        tracing::info!(
+                            osd,
+                            incarnation,
+                            "the OSD's heartbeat connection ended and its address refuses connections"
+                        );
+                        detector.report_gone(osd, incarnation);
+                        detect_now = true;
+                    }
+                }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => anyhow::bail!("input channel closed"),
             }
@@ -299,8 +338,12 @@ fn core_loop(
     }
 }
 
-/// Most connections served at once (each has a thread).
-const MAX_CONNECTIONS: usize = 256;
+/// Most connections served at once (each has a thread, with a small
+/// stack in use). Each OSD holds two for its life (its map subscription
+/// and its heartbeats), so this bounds a monitor at about 500 OSDs beside
+/// its clients: a larger cluster needs the connections served by an event
+/// loop instead.
+const MAX_CONNECTIONS: usize = 1024;
 
 /// Releases a connection slot when its thread ends, however it ends.
 struct ConnectionSlot(Arc<AtomicUsize>);
@@ -311,12 +354,28 @@ impl Drop for ConnectionSlot {
     }
 }
 
+/// Whether `addr` refuses a TCP connection now (a timeout or an address
+/// that does not parse says nothing: no).
+fn refuses_connections(addr: &str) -> bool {
+    let Ok(addr) = addr.parse::<SocketAddr>() else { return false };
+    matches!(
+        std::net::TcpStream::connect_timeout(&addr, PROBE_TIMEOUT),
+        Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused
+    )
+}
+
 fn accept_loop(listener: TcpListener, inputs: SyncSender<Input>, credentials: Credentials) {
     let open = Arc::new(AtomicUsize::new(0));
+    // A flood of connections is told once a second, with a count, not per connection.
+    let (mut warned_at, mut refused_since): (Option<Instant>, u64) = (None, 0);
     for stream in listener.incoming().flatten() {
         // Threads are spawned before peers authenticate: bound them.
         if open.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
-            tracing::warn!("connection limit reached; refusing a connection");
+            refused_since += 1;
+            if warned_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                tracing::warn!(refused = refused_since, "connection limit reached; refusing connections");
+                (warned_at, refused_since) = (Some(Instant::now()), 0);
+            }
             drop(stream);
             continue;
         }
@@ -325,43 +384,64 @@ fn accept_loop(listener: TcpListener, inputs: SyncSender<Input>, credentials: Cr
         let (inputs, credentials) = (inputs.clone(), credentials.clone());
         std::thread::spawn(move || {
             let _slot = guard;
-            let Ok(mut conn) = Connection::accept(stream, &credentials, IO_TIMEOUT) else { return };
-            while let Ok(frame) = conn.recv() {
-                let Ok(message) = from_frame(&frame) else { return };
-                match message {
-                    MonMessage::Raft(bytes) => {
-                        let Ok(message) = Message::parse_from_bytes(&bytes) else { return };
-                        if inputs.send(Input::Raft(message)).is_err() {
-                            return;
-                        }
-                    }
-                    MonMessage::Subscribe { from_epoch } => {
-                        let (push, pushed) = mpsc::sync_channel(SUBSCRIBER_QUEUE);
-                        if inputs.send(Input::Subscribe(from_epoch, push)).is_err() {
-                            return;
-                        }
-                        // From here on this connection only carries pushes.
-                        while let Ok(message) = pushed.recv() {
-                            if conn.send(&to_frame(&message)).is_err() {
-                                return;
-                            }
-                        }
-                        return;
-                    }
-                    request => {
-                        let (tx, rx) = mpsc::channel();
-                        if inputs.send(Input::Request(request, tx)).is_err() {
-                            return;
-                        }
-                        let reply =
-                            rx.recv_timeout(Duration::from_secs(10)).unwrap_or(MonMessage::NotLeader { leader: None });
-                        if conn.send(&to_frame(&reply)).is_err() {
-                            return;
-                        }
-                    }
-                }
+            let Ok(conn) = Connection::accept(stream, &credentials, IO_TIMEOUT) else { return };
+            // The OSD whose heartbeats this connection carried: now that it
+            // ended, the core probes that OSD. Only a connection kept for
+            // them (an OSD's heartbeat thread keeps one for the process's
+            // life): one that carried a single heartbeat was a one-off
+            // call, whose close says nothing.
+            let mut heartbeats = (None, 0);
+            serve_connection(conn, &inputs, &mut heartbeats);
+            if let (Some(osd), 2..) = heartbeats {
+                let _ = inputs.send(Input::HeartbeatsEnded(osd));
             }
         });
+    }
+}
+
+/// Serves one authenticated connection until it ends, noting the OSD
+/// whose heartbeats it carries and how many.
+fn serve_connection(
+    mut conn: Connection,
+    inputs: &SyncSender<Input>,
+    heartbeats: &mut (Option<duplex_map::OsdId>, u32),
+) {
+    while let Ok(frame) = conn.recv() {
+        let Ok(message) = from_frame(&frame) else { return };
+        match message {
+            MonMessage::Raft(bytes) => {
+                let Ok(message) = Message::parse_from_bytes(&bytes) else { return };
+                if inputs.send(Input::Raft(message)).is_err() {
+                    return;
+                }
+            }
+            MonMessage::Subscribe { from_epoch } => {
+                let (push, pushed) = mpsc::sync_channel(SUBSCRIBER_QUEUE);
+                if inputs.send(Input::Subscribe(from_epoch, push)).is_err() {
+                    return;
+                }
+                // From here on this connection only carries pushes.
+                while let Ok(message) = pushed.recv() {
+                    if conn.send(&to_frame(&message)).is_err() {
+                        return;
+                    }
+                }
+                return;
+            }
+            request => {
+                if let MonMessage::Heartbeat { osd } = request {
+                    *heartbeats = (Some(osd), heartbeats.1.saturating_add(1));
+                }
+                let (tx, rx) = mpsc::channel();
+                if inputs.send(Input::Request(request, tx)).is_err() {
+                    return;
+                }
+                let reply = rx.recv_timeout(Duration::from_secs(10)).unwrap_or(MonMessage::NotLeader { leader: None });
+                if conn.send(&to_frame(&reply)).is_err() {
+                    return;
+                }
+            }
+        }
     }
 }
 

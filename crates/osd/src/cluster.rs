@@ -228,6 +228,9 @@ fn fetch_map(link: &MonLink, give_up_after: Duration, booted_at: u64) -> anyhow:
 pub fn heartbeat_client(link: &MonLink) -> MonClient {
     let mut client = MonClient::new(link.monitors.clone(), link.credentials.clone());
     client.timeout = link.heartbeat.max(Duration::from_millis(500));
+    // One connection for the process's life: when the process dies, the
+    // monitor sees it close and probes the OSD's port (issue 24).
+    client.keep_connection = true;
     client
 }
 

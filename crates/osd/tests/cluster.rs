@@ -631,3 +631,28 @@ fn a_resend_after_every_member_restarted_with_a_trimmed_log_is_not_applied_again
     assert_eq!(&client.read(pool, &object, 0, 5).unwrap()[..], b"later", "the resend ran again after the restart");
     assert!(cluster.metric_sum("duplex_osd_duplicate_requests_total") >= 1.0);
 }
+
+/// Issue 24: an OSD no peer can report (here the only one) is marked down
+/// at once when its process dies, not after the heartbeat grace (20 s
+/// here): the monitor sees the connection its heartbeats came on end,
+/// finds its port refusing connections, and marks that incarnation down.
+#[test]
+fn a_dead_osd_without_peers_is_marked_down_by_the_monitor_at_once() {
+    let mut cluster = TestCluster::new(1, 8, &[]);
+    cluster.wait_all_up();
+    // Its heartbeat thread's connection is open from its first heartbeat
+    // (it is up in the map a little before: at its boot).
+    std::thread::sleep(Duration::from_secs(2));
+    let monitor = cluster.monitors()[0].0;
+    let killed = std::time::Instant::now();
+    cluster.kill_osd(0);
+    loop {
+        let map = cluster.mon_client().map(monitor).unwrap();
+        if !map.osds[&0].up {
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(5), "osd.0 still up {:?} after its kill", killed.elapsed());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("osd.0 marked down {:?} after its kill -9", killed.elapsed());
+}

@@ -196,6 +196,12 @@ pub struct Metrics {
     /// This OSD's own fullness is `full`: its primary PGs refuse writes at
     /// once, before the map says so.
     pub locally_full: std::sync::atomic::AtomicBool,
+    /// The map's ratios as this OSD last judged its fullness against them
+    /// (nearfull, backfillfull, full; per mille), and the state it found
+    /// (0 normal, 1 near full, 2 backfill full, 3 full): kept by the
+    /// peering thread's tick.
+    pub full_ratios: [AtomicU64; 3],
+    pub fullness_state: AtomicU64,
     /// The store's mirrored pair, when it is on one (set once at start).
     pub mirror: std::sync::OnceLock<Arc<duplex_store::mirror::Mirror>>,
     /// The priority threads' connections (set once at start).
@@ -683,6 +689,18 @@ impl Metrics {
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP duplex_osd_fullness_state The OSD's fullness against the map's ratios: 0 normal, 1 near full, 2 backfill full (backfill into it waits), 3 full (client writes to its PGs refused).\n# TYPE duplex_osd_fullness_state gauge\nduplex_osd_fullness_state {}",
+            self.fullness_state.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP duplex_osd_full_ratio_permille The map's full ratios this OSD judges its fullness against, per mille.\n# TYPE duplex_osd_full_ratio_permille gauge"
+        );
+        for (ratio, value) in ["nearfull", "backfillfull", "full"].iter().zip(&self.full_ratios) {
+            let _ = writeln!(out, "duplex_osd_full_ratio_permille{{ratio=\"{ratio}\"}} {}", value.load(Relaxed));
+        }
         // One look at /proc for every thread's CPU, used twice below.
         let threads = thread_cpu_seconds();
         if let Some(messenger) = self.messenger.get() {
@@ -820,4 +838,27 @@ pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketA
         }
     })?;
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fullness_state_and_the_ratios_it_was_judged_by_are_exported() {
+        let metrics = Metrics::default();
+        for (gauge, ratio) in metrics.full_ratios.iter().zip([850, 900, 950]) {
+            gauge.store(ratio, Relaxed);
+        }
+        metrics.fullness_state.store(2, Relaxed);
+        let page = metrics.render();
+        for line in [
+            "duplex_osd_fullness_state 2",
+            "duplex_osd_full_ratio_permille{ratio=\"nearfull\"} 850",
+            "duplex_osd_full_ratio_permille{ratio=\"backfillfull\"} 900",
+            "duplex_osd_full_ratio_permille{ratio=\"full\"} 950",
+        ] {
+            assert!(page.lines().any(|l| l == line), "{line} missing from:\n{page}");
+        }
+    }
 }

@@ -207,8 +207,19 @@ impl PeeringDriver {
         *metrics.eventual_lags.lock().expect("metrics lock") = lags;
         metrics.log_entries.store(entries, std::sync::atomic::Ordering::Relaxed);
         metrics.log_reserved_bytes.store(logged, std::sync::atomic::Ordering::Relaxed);
-        let fullness = view.map.full_ratios.classify(metrics.fullness_permille());
+        let ratios = view.map.full_ratios;
+        let fullness = ratios.classify(metrics.fullness_permille());
         metrics.locally_full.store(fullness == duplex_map::Fullness::Full, std::sync::atomic::Ordering::Relaxed);
+        for (gauge, ratio) in metrics.full_ratios.iter().zip([ratios.nearfull, ratios.backfillfull, ratios.full]) {
+            gauge.store(u64::from(ratio), std::sync::atomic::Ordering::Relaxed);
+        }
+        let state = match fullness {
+            duplex_map::Fullness::Normal => 0,
+            duplex_map::Fullness::NearFull => 1,
+            duplex_map::Fullness::BackfillFull => 2,
+            duplex_map::Fullness::Full => 3,
+        };
+        metrics.fullness_state.store(state, std::sync::atomic::Ordering::Relaxed);
         let reported = view.map.osds.get(&id).filter(|o| o.up)?.fullness;
         let asked_lately =
             self.fullness_asked.is_some_and(|(asked, at)| asked == fullness && now < at + RETRY_AFTER_US);
