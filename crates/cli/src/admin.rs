@@ -805,9 +805,6 @@ fn eventual_lags(map: &ClusterMap, lags: &mut [duplex_proto::osd::PgLagStat]) ->
 /// Down PGs `duplex status` names one by one.
 const MAX_DOWN_LISTED: usize = 10;
 
-/// The cluster's health as Ceph words it: `HEALTH_ERR` when some PGs
-/// cannot serve I/O, `HEALTH_WARN` when some are degraded or OSDs are down,
-/// else `HEALTH_OK`; with the reasons, for the text and the JSON alike.
 /// The pools with a PG one of `osds` serves: the pools a full OSD stops.
 fn pools_on(map: &ClusterMap, osds: &[u32]) -> Vec<String> {
     let hierarchy = map.hierarchy();
@@ -821,6 +818,9 @@ fn pools_on(map: &ClusterMap, osds: &[u32]) -> Vec<String> {
     pools
 }
 
+/// The cluster's health as Ceph words it: `HEALTH_ERR` when some PGs
+/// cannot serve I/O, `HEALTH_WARN` when some are degraded or OSDs are down,
+/// else `HEALTH_OK`; with the reasons, for the text and the JSON alike.
 fn health(map: &ClusterMap, up: usize, states: &BTreeMap<&'static str, u32>) -> (&'static str, Vec<String>) {
     let mut reasons = Vec::new();
     let mut error = false;

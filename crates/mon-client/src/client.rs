@@ -64,11 +64,19 @@ impl MonClient {
         }
         if let Some((kept_id, mut conn)) = self.kept.take() {
             if kept_id == id {
-                if let Ok(reply) = conn.call(message) {
-                    self.kept = Some((id, conn));
-                    return Ok(reply);
+                match conn.call(message) {
+                    Ok(reply) => {
+                        self.kept = Some((id, conn));
+                        return Ok(reply);
+                    }
+                    // No answer in time: the caller moves on (another
+                    // monitor, or its next beat), not a second wait here.
+                    Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                        return Err(err)
+                    }
+                    // It broke (the monitor restarted, or closed it): a new one.
+                    Err(_) => {}
                 }
-                // It broke (the monitor restarted, or closed it): a new one.
             }
         }
         let addr = self.addr_of(id)?;

@@ -64,6 +64,8 @@ enum Input {
     },
 }
 
+/// How long a kept heartbeat connection may send nothing before it is closed.
+const IDLE_LIMIT: Duration = Duration::from_secs(30);
 /// How long a probe of a silent OSD's address waits for the connection.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -340,9 +342,9 @@ fn core_loop(
 
 /// Most connections served at once (each has a thread, with a small
 /// stack in use). Each OSD holds two for its life (its map subscription
-/// and its heartbeats), so this bounds a monitor at about 500 OSDs beside
-/// its clients: a larger cluster needs the connections served by an event
-/// loop instead.
+/// and its heartbeat thread's), so this bounds a monitor at about 500 OSDs
+/// beside its clients: a larger cluster needs the connections served by
+/// an event loop instead. Half-open heartbeat ones go after [`IDLE_LIMIT`].
 const MAX_CONNECTIONS: usize = 1024;
 
 /// Releases a connection slot when its thread ends, however it ends.
@@ -431,6 +433,13 @@ fn serve_connection(
             request => {
                 if let MonMessage::Heartbeat { osd } = request {
                     *heartbeats = (Some(osd), heartbeats.1.saturating_add(1));
+                    // A kept heartbeat connection hears from its OSD every
+                    // second; silent this long, it is half open (its host
+                    // lost power or was cut off, and no reset came): its
+                    // thread and slot go.
+                    if heartbeats.1 == 2 && conn.set_read_timeout(Some(IDLE_LIMIT)).is_err() {
+                        return;
+                    }
                 }
                 let (tx, rx) = mpsc::channel();
                 if inputs.send(Input::Request(request, tx)).is_err() {

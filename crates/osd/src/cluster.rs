@@ -228,9 +228,6 @@ fn fetch_map(link: &MonLink, give_up_after: Duration, booted_at: u64) -> anyhow:
 pub fn heartbeat_client(link: &MonLink) -> MonClient {
     let mut client = MonClient::new(link.monitors.clone(), link.credentials.clone());
     client.timeout = link.heartbeat.max(Duration::from_millis(500));
-    // One connection for the process's life: when the process dies, the
-    // monitor sees it close and probes the OSD's port (issue 24).
-    client.keep_connection = true;
     client
 }
 
@@ -244,6 +241,9 @@ pub fn follow(link: MonLink, cell: Arc<MapCell>, lease: Arc<Lease>, stop: Arc<At
     let beat_lease = lease.clone();
     let spawned = std::thread::Builder::new().name("osd-heartbeat".into()).spawn(move || {
         let mut client = heartbeat_client(&beat);
+        // One connection for the process's life: when the process dies,
+        // the monitor sees it close and probes the OSD's port (issue 24).
+        client.keep_connection = true;
         while !beat_stop.load(Ordering::Relaxed) {
             heartbeat(&mut client, beat.id, &beat_lease);
             std::thread::sleep(beat.heartbeat);

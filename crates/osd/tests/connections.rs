@@ -46,7 +46,13 @@ fn pipelined_writes_keep_their_order_per_pg(policy: &str) {
     let lalca = policy == "lalca";
     let connections = if lalca { LALCA_CONNECTIONS } else { CONNECTIONS };
     let mut cluster = if lalca {
-        let cluster = TestCluster::new(3, 8, &["--threading", "lalca", "--priority-threads", "2"]);
+        // Small logs: writes wait for log room too, parked with (or
+        // without) their claims on the PG, and forwarded ones at the owner.
+        let cluster = TestCluster::new(
+            3,
+            8,
+            &["--threading", "lalca", "--priority-threads", "2", "--oplog-pg-bytes", "16384"],
+        );
         let create = duplex_map::Command::PoolCreateEventual {
             name: "scratch".into(),
             size: 2,
@@ -189,6 +195,8 @@ fn pipelined_writes_keep_their_order_per_pg(policy: &str) {
         let forwarded = cluster.metric_sum("duplex_osd_lalca_ops_total{ran=\"forwarded\"}");
         let received = cluster.metric_sum("duplex_osd_lalca_ops_total{ran=\"received\"}");
         assert!(forwarded > 0.0 && received > 0.0, "lalca: {forwarded} forwarded, {received} run where received");
+        let waited = cluster.metric_sum("duplex_osd_backpressure_waits_total");
+        assert!(waited > 0.0, "lalca: no write waited for log room: the small logs tested nothing");
     }
     // Requests did come to run before earlier ones of their PG (batches of
     // one connection ran at once on two threads) and waited: what the

@@ -451,6 +451,18 @@ impl SimOsd {
     /// peering goes on.
     pub fn on_connection_broke(&mut self, ctx: &mut Ctx, peer: u32, at: u64) {
         let Some(live) = self.live.as_mut() else { return };
+        // As the event loop's close of a peer connection: the writes
+        // waiting for that replica fail now (`Retry`), not at their timeout.
+        let lost = live.writes.peer_lost(peer);
+        for write in lost {
+            self.finish(ctx, write);
+        }
+        let Some(live) = self.live.as_mut() else { return };
+        let given_up = live.ec.peer_lost(peer);
+        for settled in given_up {
+            self.with_ec(ctx, |io, ec| ec_settle::settle(io, ec, settled));
+        }
+        let Some(live) = self.live.as_mut() else { return };
         if live.schedule.connection_broke(peer, at, &live.shared.metrics) {
             self.pump_peering(ctx);
         }

@@ -189,6 +189,9 @@ impl PriorityThread {
             }
             self.wake_posted();
             self.write_touched();
+            // Closing a connection there can finish writes whose replies
+            // go to other threads.
+            self.wake_posted();
         }
     }
 
@@ -606,7 +609,12 @@ impl PriorityThread {
         }
         let claim = op.claim;
         match ops::client_op(&self.shared, &mut self.cache, &self.histograms, op) {
-            Outcome::Full(op) => {
+            Outcome::Full(mut op) => {
+                // Its claim goes back while it waits on its connection (a
+                // closed connection drops what it parked): the operations
+                // behind it on the connection wait behind it, so they keep
+                // their order, and it claims again when it is retried.
+                self.release(op.claim.take());
                 if let Some(cell) = self.conns.get(&op.token) {
                     let mut conn = cell.lock();
                     if retry {
@@ -767,6 +775,7 @@ impl PriorityThread {
                 // Its lane already moved on past it (it was counted as run).
                 let mut op = op;
                 op.ticket = None;
+                self.release(op.claim.take());
                 if let Some(cell) = self.conns.get(&op.token) {
                     cell.lock().parked.push_back(op);
                 }
