@@ -656,3 +656,39 @@ fn a_dead_osd_without_peers_is_marked_down_by_the_monitor_at_once() {
     }
     eprintln!("osd.0 marked down {:?} after its kill -9", killed.elapsed());
 }
+
+/// Issue 24: an OSD restarted at once after its kill -9, while the map may
+/// still show its old incarnation up, replaces that incarnation: it is up
+/// with a newer one within seconds and stays up (no report about the old
+/// process, from a peer's probe or the monitor's, takes the new one down),
+/// and it serves.
+#[test]
+fn an_osd_restarted_at_once_replaces_its_old_incarnation_and_stays_up() {
+    let mut cluster = TestCluster::new(3, 8, &[]);
+    cluster.wait_all_up();
+    std::thread::sleep(Duration::from_secs(2));
+    let monitor = cluster.monitors()[0].0;
+    let before = cluster.mon_client().map(monitor).unwrap().osds[&1].state_epoch;
+    let restarted = std::time::Instant::now();
+    cluster.kill_osd(1);
+    cluster.start_osd(1);
+    let after = loop {
+        let osd = cluster.mon_client().map(monitor).unwrap().osds[&1].clone();
+        if osd.up && osd.state_epoch > before {
+            break osd.state_epoch;
+        }
+        assert!(restarted.elapsed() < Duration::from_secs(10), "osd.1 not up as a new incarnation: {osd:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let up = restarted.elapsed();
+    // Reports about the old process come within milliseconds: none may
+    // take the new one down.
+    std::thread::sleep(Duration::from_secs(3));
+    let map = cluster.mon_client().map(monitor).unwrap();
+    assert!(map.osds[&1].up && map.osds[&1].state_epoch == after, "the new incarnation stayed up: {:?}", map.osds[&1]);
+    let mut client = cluster.client();
+    let pool = cluster.pool(&client);
+    client.write(pool, b"after-restart", 0, b"served").unwrap();
+    assert_eq!(client.read(pool, b"after-restart", 0, 6).unwrap().as_ref(), b"served");
+    eprintln!("osd.1 up again {up:?} after its kill -9 and restart (incarnation {before} → {after})");
+}

@@ -48,11 +48,8 @@ fn pipelined_writes_keep_their_order_per_pg(policy: &str) {
     let mut cluster = if lalca {
         // Small logs: writes wait for log room too, parked with (or
         // without) their claims on the PG, and forwarded ones at the owner.
-        let cluster = TestCluster::new(
-            3,
-            8,
-            &["--threading", "lalca", "--priority-threads", "2", "--oplog-pg-bytes", "16384"],
-        );
+        let cluster =
+            TestCluster::new(3, 8, &["--threading", "lalca", "--priority-threads", "2", "--oplog-pg-bytes", "16384"]);
         let create = duplex_map::Command::PoolCreateEventual {
             name: "scratch".into(),
             size: 2,
