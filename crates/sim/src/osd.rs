@@ -451,18 +451,12 @@ impl SimOsd {
     /// peering goes on.
     pub fn on_connection_broke(&mut self, ctx: &mut Ctx, peer: u32, at: u64) {
         let Some(live) = self.live.as_mut() else { return };
-        // As the event loop's close of a peer connection: the writes
-        // waiting for that replica fail now (`Retry`), not at their timeout.
-        let lost = live.writes.peer_lost(peer);
-        for write in lost {
-            self.finish(ctx, write);
-        }
-        let Some(live) = self.live.as_mut() else { return };
-        let given_up = live.ec.peer_lost(peer);
-        for settled in given_up {
-            self.with_ec(ctx, |io, ec| ec_settle::settle(io, ec, settled));
-        }
-        let Some(live) = self.live.as_mut() else { return };
+        // (The event loop also fails the writes waiting for that replica
+        // at once. Doing so here too, in session 32, made regression seed 7
+        // with pool size 2, min_size 1 and two faults at once end with a
+        // client's read error, a checksum mismatch: docs/RELIABILITY.md,
+        // "Open". Until that is understood the simulator leaves them to
+        // their timeout, as before.)
         if live.schedule.connection_broke(peer, at, &live.shared.metrics) {
             self.pump_peering(ctx);
         }

@@ -159,10 +159,12 @@ impl<R: Copy> PendingWrites<R> {
         self.finish_if_done(txid)
     }
 
-    /// The connection to replica `osd` was lost: every write waiting for it fails.
+    /// The connection to replica `osd` was lost: every write waiting for it
+    /// fails, in transaction order (the simulator replays a seed exactly).
     pub fn peer_lost(&mut self, osd: OsdId) -> Vec<Finished<R>> {
-        let affected: Vec<u64> =
+        let mut affected: Vec<u64> =
             self.writes.iter().filter(|(_, w)| w.waiting.contains(&osd)).map(|(txid, _)| *txid).collect();
+        affected.sort_unstable();
         let lost: Vec<Finished<R>> = affected.into_iter().filter_map(|txid| self.on_ack(txid, osd, false)).collect();
         debug_assert!(
             self.writes.values().all(|w| !w.waiting.contains(&osd)),
