@@ -226,6 +226,25 @@ fn cli_json(cluster: &DevCluster, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("duplex {args:?} --json: {e}"))
 }
 
+/// Writes `chunk(n)` at MiB `n` of `image`, from 0 on, until the cluster
+/// refuses one, within 5 minutes and `limit` MiB; the MiBs acknowledged,
+/// and the refusal, which must be "cluster full" (`NoSpace`).
+fn fill_until_refused(image: &duplex_client::Image, limit: u64, chunk: impl Fn(u64) -> Bytes) -> (u64, ClientError) {
+    const MIB: u64 = 1 << 20;
+    let started = Instant::now();
+    let mut acknowledged = 0;
+    let refusal = loop {
+        assert!(started.elapsed() < Duration::from_secs(300), "still writing after 5 minutes");
+        match image.write(acknowledged * MIB, chunk(acknowledged)) {
+            Ok(()) => acknowledged += 1,
+            Err(err) => break err,
+        }
+        assert!(acknowledged < limit, "the cluster took all {limit} MiB");
+    };
+    assert!(matches!(refusal, ClientError::NoSpace(_)), "refused with {refusal:?}, not 'cluster full'");
+    (acknowledged, refusal)
+}
+
 /// Writes `object` until the cluster takes it, while it answers "cluster
 /// full" for at most `within`; how long that took.
 fn write_once_not_full(client: &duplex_client::Client, pool: u32, object: &[u8], within: Duration) -> Duration {
@@ -437,17 +456,8 @@ fn a_cluster_filled_to_the_brim_refuses_writes_and_recovers_when_emptied() {
     let image = client.open_image(pool, "big").unwrap();
     let chunk = |n: u64| Bytes::from((0..MIB).map(|i| (n as u8) ^ (i as u8) ^ ((i >> 8) as u8)).collect::<Vec<u8>>());
     let started = Instant::now();
-    let mut acknowledged = 0;
-    let refusal = loop {
-        assert!(started.elapsed() < Duration::from_secs(300), "still writing after 5 minutes");
-        match image.write(acknowledged * MIB, chunk(acknowledged)) {
-            Ok(()) => acknowledged += 1,
-            Err(err) => break err,
-        }
-        assert!(acknowledged < 2048, "a 768 MiB cluster took 2 GiB");
-    };
+    let (mut acknowledged, refusal) = fill_until_refused(&image, 2048, chunk);
     let filled = started.elapsed();
-    assert!(matches!(refusal, ClientError::NoSpace(_)), "refused with {refusal:?}, not 'cluster full'");
     let df = cli_json(&cluster, &["df"]);
     let (used, capacity) = (df["raw"]["used_bytes"].as_u64().unwrap(), df["raw"]["capacity_bytes"].as_u64().unwrap());
     eprintln!(
@@ -1350,15 +1360,7 @@ fn a_lone_osd_fills_its_whole_store_before_it_refuses() {
     client.create_image(pool, "big", 1024 * MIB, CreateOptions::default()).unwrap();
     let image = client.open_image(pool, "big").unwrap();
     let chunk = |n: u64| Bytes::from((0..MIB).map(|i| (n as u8) ^ (i as u8) ^ ((i >> 7) as u8)).collect::<Vec<u8>>());
-    let mut acknowledged = 0;
-    let refusal = loop {
-        match image.write(acknowledged * MIB, chunk(acknowledged)) {
-            Ok(()) => acknowledged += 1,
-            Err(err) => break err,
-        }
-        assert!(acknowledged < 1024, "a 256 MiB store took 1 GiB");
-    };
-    assert!(matches!(refusal, ClientError::NoSpace(_)), "refused with {refusal:?}, not 'cluster full'");
+    let (acknowledged, refusal) = fill_until_refused(&image, 1024, chunk);
     // The raw use once the logs' entries are flushed and reported.
     let raw_of = |df: &serde_json::Value| {
         df["raw"]["used_bytes"].as_u64().unwrap() as f64 / df["raw"]["capacity_bytes"].as_u64().unwrap() as f64

@@ -632,6 +632,26 @@ fn a_resend_after_every_member_restarted_with_a_trimmed_log_is_not_applied_again
     assert!(cluster.metric_sum("duplex_osd_duplicate_requests_total") >= 1.0);
 }
 
+/// Polls monitor `monitor`'s map until OSD `id` is as `wanted` says,
+/// within `within`; the OSD as the map has it then.
+fn wait_for_osd(
+    cluster: &TestCluster,
+    monitor: u64,
+    id: u32,
+    within: Duration,
+    wanted: impl Fn(&duplex_map::OsdInfo) -> bool,
+) -> duplex_map::OsdInfo {
+    let started = std::time::Instant::now();
+    loop {
+        let osd = cluster.mon_client().map(monitor).unwrap().osds[&id].clone();
+        if wanted(&osd) {
+            return osd;
+        }
+        assert!(started.elapsed() < within, "osd.{id} not as wanted after {:?}: {osd:?}", started.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Issue 24: an OSD no peer can report (here the only one) is marked down
 /// at once when its process dies, not after the heartbeat grace (20 s
 /// here): the monitor sees the connection its heartbeats came on end,
@@ -646,14 +666,7 @@ fn a_dead_osd_without_peers_is_marked_down_by_the_monitor_at_once() {
     let monitor = cluster.monitors()[0].0;
     let killed = std::time::Instant::now();
     cluster.kill_osd(0);
-    loop {
-        let map = cluster.mon_client().map(monitor).unwrap();
-        if !map.osds[&0].up {
-            break;
-        }
-        assert!(killed.elapsed() < Duration::from_secs(5), "osd.0 still up {:?} after its kill", killed.elapsed());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_osd(&cluster, monitor, 0, Duration::from_secs(5), |osd| !osd.up);
     eprintln!("osd.0 marked down {:?} after its kill -9", killed.elapsed());
 }
 
@@ -672,14 +685,8 @@ fn an_osd_restarted_at_once_replaces_its_old_incarnation_and_stays_up() {
     let restarted = std::time::Instant::now();
     cluster.kill_osd(1);
     cluster.start_osd(1);
-    let after = loop {
-        let osd = cluster.mon_client().map(monitor).unwrap().osds[&1].clone();
-        if osd.up && osd.state_epoch > before {
-            break osd.state_epoch;
-        }
-        assert!(restarted.elapsed() < Duration::from_secs(10), "osd.1 not up as a new incarnation: {osd:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let after = wait_for_osd(&cluster, monitor, 1, Duration::from_secs(10), |osd| osd.up && osd.state_epoch > before)
+        .state_epoch;
     let up = restarted.elapsed();
     // Reports about the old process come within milliseconds: none may
     // take the new one down.

@@ -213,13 +213,9 @@ impl PeeringDriver {
         for (gauge, ratio) in metrics.full_ratios.iter().zip([ratios.nearfull, ratios.backfillfull, ratios.full]) {
             gauge.store(u64::from(ratio), std::sync::atomic::Ordering::Relaxed);
         }
-        let state = match fullness {
-            duplex_map::Fullness::Normal => 0,
-            duplex_map::Fullness::NearFull => 1,
-            duplex_map::Fullness::BackfillFull => 2,
-            duplex_map::Fullness::Full => 3,
-        };
-        metrics.fullness_state.store(state, std::sync::atomic::Ordering::Relaxed);
+        // Normal, near full, backfill full, full: 0 to 3, in declaration order.
+        const _: () = assert!(duplex_map::Fullness::Normal as u64 == 0 && duplex_map::Fullness::Full as u64 == 3);
+        metrics.fullness_state.store(fullness as u64, std::sync::atomic::Ordering::Relaxed);
         let reported = view.map.osds.get(&id).filter(|o| o.up)?.fullness;
         let asked_lately =
             self.fullness_asked.is_some_and(|(asked, at)| asked == fullness && now < at + RETRY_AFTER_US);
