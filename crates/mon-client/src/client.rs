@@ -12,6 +12,11 @@ pub struct MonClient {
     monitors: Vec<(u64, SocketAddr)>,
     credentials: Credentials,
     leader_guess: Option<u64>,
+    /// Where the next call without a leader guess starts: past the last
+    /// monitor that failed, so that a dead first monitor (a black hole
+    /// whose connect waits out its timeout) does not take every call's
+    /// whole budget (an OSD's heartbeat has one second).
+    next_monitor: usize,
     pub timeout: Duration,
     /// Keep the connection to the leader open between requests (an OSD's
     /// heartbeats: the monitor learns of the process's death when it
@@ -35,6 +40,7 @@ impl MonClient {
             monitors,
             credentials,
             leader_guess: None,
+            next_monitor: 0,
             timeout: Duration::from_secs(15),
             keep_connection: false,
             kept: None,
@@ -93,14 +99,15 @@ impl MonClient {
             return Err(ClientError::Unavailable(Duration::ZERO, "no monitor addresses configured".into()));
         }
         let started = Instant::now();
-        let mut turn = 0usize;
         let mut last_error = String::from("none");
         while started.elapsed() < self.timeout {
-            let id = self.leader_guess.unwrap_or(self.monitors[turn % self.monitors.len()].0);
-            turn += 1;
+            let id = self.leader_guess.unwrap_or(self.monitors[self.next_monitor % self.monitors.len()].0);
+            // Whatever happens, a call without a guess tries the one after.
+            let after = self.monitors.iter().position(|(m, _)| *m == id).map_or(0, |i| i + 1);
             match self.ask_kept(id, message) {
                 Ok(MonMessage::NotLeader { leader }) => {
                     self.leader_guess = leader.filter(|l| *l != id);
+                    self.next_monitor = after;
                     last_error = format!("monitor {id} is not the leader");
                 }
                 Ok(reply) => {
@@ -109,6 +116,7 @@ impl MonClient {
                 }
                 Err(err) => {
                     self.leader_guess = None;
+                    self.next_monitor = after;
                     last_error = format!("monitor {id}: {err}");
                 }
             }
@@ -244,5 +252,57 @@ impl Subscription {
             other => return Err(std::io::Error::other(format!("unexpected push {other:?}"))),
         }
         Ok(self.map.epoch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn credentials() -> Credentials {
+        Credentials { fsid: [7; 16], secret: b"secret".to_vec(), name: "test".into() }
+    }
+
+    /// A monitor that answers every heartbeat on each connection it accepts, until dropped.
+    fn answering_monitor() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                std::thread::spawn(move || {
+                    let Ok(mut conn) = Connection::accept(stream, &credentials(), Duration::from_secs(5)) else {
+                        return;
+                    };
+                    while let Ok(frame) = conn.recv() {
+                        let reply = MonMessage::HeartbeatReply { lease_ms: 1234 };
+                        if crate::wire::from_frame(&frame).is_err()
+                            || conn.send(&crate::wire::to_frame(&reply)).is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// The first monitor is a black hole (it takes connections and never
+    /// answers the handshake), and one call's budget is shorter than the
+    /// wait on it: the next call starts at the second monitor, instead of
+    /// spending its whole budget on the first again, for good.
+    #[test]
+    fn a_call_starts_past_the_monitor_that_failed_the_last_one() {
+        let black_hole = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let monitors = vec![(0, black_hole.local_addr().expect("addr")), (1, answering_monitor())];
+        let mut client = MonClient::new(monitors, credentials());
+        client.keep_connection = true;
+        client.timeout = Duration::from_millis(500);
+        assert!(client.heartbeat(3).is_err(), "the black hole took the first call's budget");
+        assert_eq!(client.heartbeat(3).expect("the second monitor answers"), Duration::from_millis(1234));
+        assert_eq!(client.heartbeat(3).expect("and keeps answering"), Duration::from_millis(1234));
+        drop(black_hole);
     }
 }

@@ -454,9 +454,13 @@ impl SimOsd {
         // (The event loop also fails the writes waiting for that replica
         // at once. Doing so here too, in session 32, made regression seed 7
         // with pool size 2, min_size 1 and two faults at once end with a
-        // client's read error, a checksum mismatch: docs/RELIABILITY.md,
-        // "Open". Until that is understood the simulator leaves them to
-        // their timeout, as before.)
+        // client's read error: a backfill target whose backfill ended was
+        // passed over as the authority, fixed in session 33
+        // (`whole_target_over`). It also made that mode meet the known
+        // gap "the one whole copy of a PG being filled" about ten times as
+        // often (6 of 1,000 seeds against 1 of 2,000): the simulator leaves
+        // those writes to their timeout until that gap is closed.
+        // docs/RELIABILITY.md has both.)
         if live.schedule.connection_broke(peer, at, &live.shared.metrics) {
             self.pump_peering(ctx);
         }

@@ -31,6 +31,33 @@ pub fn choose_authority(primary: OsdId, infos: &BTreeMap<OsdId, PeerInfo>, lost:
     best(false).or_else(|| if lost { best(true) } else { None })
 }
 
+/// A backfill target whose copy is whole (its backfill ended) and whose
+/// history outranks `authority`'s, the best member's, by the key of
+/// [`choose_authority`]: the best such target.
+///
+/// A target takes every write of its interval, like a member, so once
+/// its backfill ended its copy is as good as one: better, when the
+/// members lost their logs or fell behind. Simulator seed 7 (pool size
+/// 2, min_size 1, two faults at once): osd.2's backfill ended as the
+/// connection to the primary osd.3 broke, so osd.3 never made it a
+/// member; osd.3's power then went in a commit (a torn block, its log
+/// lost), and peering chose osd.3 over osd.2's whole copy and filled
+/// osd.2 again from the torn one: no good copy was left to repair from.
+/// Only a target with its whole log (`!log_lost`, `!position_lost`)
+/// qualifies, so that what it holds is known.
+pub fn whole_target_over(
+    authority: &PeerInfo,
+    targets: &BTreeMap<OsdId, (PeerInfo, Vec<duplex_proto::peering::LoggedRequest>)>,
+) -> Option<OsdId> {
+    let rank = |i: &PeerInfo| (i.last_active, !i.position_lost, i.last_seq);
+    targets
+        .iter()
+        .filter(|(_, (info, _))| !info.backfilling && !info.log_lost && !info.position_lost)
+        .filter(|(_, (info, _))| rank(info) > rank(authority))
+        .max_by_key(|(osd, (info, _))| (rank(info), std::cmp::Reverse(**osd)))
+        .map(|(osd, _)| *osd)
+}
+
 /// How `member` catches up with the authority in the interval that began
 /// at epoch `interval` (`None`: it already has).
 pub(super) fn plan_for(member: &PeerInfo, authority: &PeerInfo, interval: u64) -> Option<Plan> {

@@ -52,7 +52,7 @@ mod scrub;
 mod tests;
 
 pub use authority::choose_authority;
-use authority::plan_for;
+use authority::{plan_for, whole_target_over};
 
 /// What the driver does next.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,9 +91,16 @@ pub struct Peering {
     /// Backfill targets: up-set OSDs that do not hold the PG yet (the map
     /// pins it to `members` meanwhile). They are fenced and activated with
     /// the members, to take every write of the interval, but have no say
-    /// in its history. One that cannot be reached is left out; the PG
-    /// goes active without it.
+    /// in its history, unless one's copy is whole and newer than every
+    /// member's ([`Peering::whole_targets`]). One that cannot be reached is
+    /// left out; the PG goes active without it.
     targets: Vec<OsdId>,
+    /// Targets that answered with a whole copy: a backfill that ended in
+    /// an interval whose primary missed the end (the connection broke as
+    /// it came). Such a copy took every write of that interval, like a
+    /// member's; one that outranks every member's is the authority
+    /// (`authority::whole_target_over`), else it is filled again.
+    whole_targets: BTreeMap<OsdId, (PeerInfo, Vec<LoggedRequest>)>,
     phase: Phase,
     next_tag: u64,
     pub progress: Progress,
@@ -270,6 +277,7 @@ impl Peering {
             interval,
             members: members.clone(),
             targets: targets.clone(),
+            whole_targets: BTreeMap::new(),
             phase: Phase::Stuck,
             next_tag: 1,
             progress: Progress::default(),
@@ -284,7 +292,8 @@ impl Peering {
         };
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
-        // Targets are queried only to fence them: their answers are not used.
+        // Targets are queried to fence them; their answers count only if
+        // whole (`whole_targets`).
         for osd in members.into_iter().chain(targets) {
             let tag = peering.tag();
             waiting.insert(tag, osd);
@@ -494,6 +503,8 @@ impl Peering {
                 if !self.targets.contains(&osd) {
                     debug_assert!(self.members.contains(&osd), "a query went to osd.{osd}, no member nor target");
                     infos.insert(osd, (info, requests));
+                } else if !info.backfilling && !info.log_lost && !info.position_lost {
+                    self.whole_targets.insert(osd, (info, requests));
                 }
                 if !waiting.is_empty() {
                     self.phase = Phase::Querying { waiting, infos };

@@ -50,6 +50,24 @@ impl Peering {
             infos.values().filter(|i| i.backfilling == info.backfilling).all(|i| rank(i) <= rank(&info)),
             "an authority behind another member it was chosen over"
         );
+        // A target whose backfill ended, newer than every member: the
+        // members recover from it inside peering (a PG with targets fills
+        // nothing in the background), and it is filled again from the
+        // primary afterwards, which finds it level.
+        let (authority, info) = match whole_target_over(&info, &self.whole_targets) {
+            Some(target) => {
+                let (target_info, requests) = self.whole_targets[&target].clone();
+                tracing::info!(
+                    pg = self.pg,
+                    target,
+                    member = authority,
+                    "a backfill target's whole copy is newer than every member's: the members recover from it"
+                );
+                logged.insert(target, requests);
+                (target, target_info)
+            }
+            None => (authority, info),
+        };
         let mut on_history = BTreeSet::from([authority]);
         let mut targets = VecDeque::new();
         for (osd, member) in infos.iter().filter(|(osd, _)| **osd != authority) {
@@ -394,7 +412,10 @@ impl Peering {
             + usize::from(recovery.scrub.as_ref().is_some_and(|s| s.listing.is_some()))
             + usize::from(recovery.ec.as_ref().is_some_and(|ec| ec.waits()));
         debug_assert_eq!(in_progress, 1, "one recovery stage waits for each answer");
-        debug_assert!(self.members.contains(&to), "requests go to the PG's members only");
+        debug_assert!(
+            self.members.contains(&to) || self.whole_targets.contains_key(&to),
+            "requests go to the PG's members only (and to a whole target, the authority)"
+        );
         let tag = self.tag();
         recovery.waiting = Some(tag);
         self.phase = Phase::Recovering(recovery);

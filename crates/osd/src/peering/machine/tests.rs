@@ -908,9 +908,10 @@ fn a_recovery_cut_short_leaves_whole_objects_with_their_ids_and_no_seq_is_reused
 #[test]
 fn targets_are_fenced_and_activated_but_have_no_say_and_an_unreachable_one_is_left_out() {
     let member = active_member(&[("a", b"1")]);
-    // A target claims a newer interval and more entries: ignored.
+    // An unfinished backfill claims a newer interval and more entries: ignored.
     let mut target = active_member(&[("a", b"9"), ("z", b"9")]);
     target.last_active = 8;
+    target.backfilling = true;
     let mut members = [member.clone(), member, target];
     let (mut machine, actions) = Peering::start_with_targets(7, 9, vec![0, 1], vec![2, 3], None, Some(vec![0, 1]));
     let mut queue: VecDeque<Action> = actions.into();
@@ -934,4 +935,51 @@ fn targets_are_fenced_and_activated_but_have_no_say_and_an_unreachable_one_is_le
     assert_eq!(members[2].last_active, 9);
     assert!(members[2].rebuilt);
     assert_eq!(members[1].objects, members[0].objects, "nothing moved because of the target's claims");
+}
+
+/// Simulator seed 7: a target's backfill ended as its connection to the
+/// primary broke, so the primary never made it a member; then the
+/// primary's power went in a commit (its log lost, a block torn). The
+/// target's whole copy, with its log, outranks the primary's: the primary
+/// recovers from it (the torn object too) and fills it again afterwards.
+/// An unfinished target, or a whole one no newer, has no say.
+#[test]
+fn a_target_whose_backfill_ended_is_the_authority_over_members_that_lost_their_logs() {
+    let mut primary = active_member(&[("a", b"1"), ("b", b"2")]);
+    let target = primary.clone();
+    primary.log_lost = true;
+    primary.damaged.insert(b"a".to_vec());
+    let peer = |members: &mut [Member; 2]| {
+        let (mut machine, actions) = Peering::start_with_targets(7, 9, vec![0], vec![1], None, Some(vec![0]));
+        drive(members, 9, &mut machine, actions)
+    };
+    let mut members = [primary.clone(), target.clone()];
+    let outcome = peer(&mut members);
+    assert!(
+        matches!(&outcome, Action::Active { authority: 1, last_seq: 2, recovered_objects: 1, backfill } if backfill == &[1]),
+        "{outcome:?}"
+    );
+    assert!(members[0].damaged.is_empty(), "the torn object was copied from the target");
+    assert_eq!(members[0].objects, target.objects);
+    assert_eq!(members[0].logged, target.logged, "the target's ids are the PG's");
+    assert!(members[1].rebuilt, "the target is filled again (level: nothing moves)");
+
+    // An unfinished backfill has no say: the primary stays the authority.
+    let mut unfinished = target.clone();
+    unfinished.backfilling = true;
+    let mut members = [primary.clone(), unfinished];
+    let outcome = peer(&mut members);
+    assert!(matches!(&outcome, Action::Active { authority: 0, recovered_objects: 0, .. }), "{outcome:?}");
+    // Nor does a whole one that is no newer than the primary's copy.
+    let mut kept_log = primary.clone();
+    kept_log.log_lost = false;
+    let mut members = [kept_log, target.clone()];
+    let outcome = peer(&mut members);
+    assert!(matches!(&outcome, Action::Active { authority: 0, recovered_objects: 0, .. }), "{outcome:?}");
+    // One of an older interval neither.
+    let mut older = target;
+    older.last_active = 4;
+    let mut members = [primary, older];
+    let outcome = peer(&mut members);
+    assert!(matches!(&outcome, Action::Active { authority: 0, .. }), "{outcome:?}");
 }
