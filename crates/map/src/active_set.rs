@@ -28,7 +28,8 @@
 //!   when such a member, recorded, led after the whole ones died).
 //! - **A pin dropped after backfill** ([`Command::ClearPgTemp`]) records
 //!   the up set in the same epoch: the targets hold everything by then, and
-//!   the OSDs of the pin may leave the PG at once.
+//!   the OSDs of the pin may leave the PG at once. Never an empty up set
+//!   (every OSD of it down): that would read as "marked lost".
 //! - **An OSD the operator marks lost** ([`Command::MarkLost`]) leaves
 //!   every set and pin: the PG is given up to the OSDs still named. A set
 //!   left empty means "its last copies are lost": peering then takes the

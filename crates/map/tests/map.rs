@@ -346,6 +346,39 @@ fn a_new_osd_is_backfilled_while_the_old_acting_sets_serve() {
     assert_eq!(map.pg_temp.len(), moved.len() - 1);
 }
 
+/// A pinned PG whose whole up set is down: its primary went active alone
+/// with nothing to fill, and asked for the pin to go with an empty up set.
+/// Granting it recorded an empty last active set ("marked lost"), and the
+/// next OSD up served its own old copy while the pin's OSD held every
+/// write (simulator seed 5300047, size 2, min_size 1). The pin stays.
+#[test]
+fn a_pin_stays_while_its_whole_up_set_is_down() {
+    let mut map = small_cluster();
+    let pool = map.pool_by_name("rbd").unwrap().clone();
+    map.run(&boot(6, "host-3")).unwrap();
+    let hierarchy = map.hierarchy();
+    let pg = (0..64).find(|pg| map.pg_temp.contains_key(&(pool.id, *pg))).expect("a pinned PG");
+    let temp = map.pg_temp[&(pool.id, pg)].clone();
+    for osd in map.up_set(&hierarchy, &pool, pg) {
+        if !temp.contains(&osd) {
+            map.run(&Command::MarkDown { id: osd }).unwrap();
+        }
+    }
+    // The pin's OSDs that are also in the up set go down last: all of it is down now.
+    for osd in map.up_set(&map.hierarchy(), &pool, pg) {
+        map.run(&Command::MarkDown { id: osd }).unwrap();
+    }
+    let hierarchy = map.hierarchy();
+    assert!(map.up_set(&hierarchy, &pool, pg).is_empty(), "the whole up set is down");
+    assert!(!map.acting(&hierarchy, &pool, pg).is_empty(), "a pinned OSD still serves");
+    let record = map.active_sets.get(&(pool.id, pg)).cloned();
+    let clear = Command::ClearPgTemp { interval: map.epoch, pgs: vec![(pool.id, pg, Vec::new())] };
+    assert_eq!(map.run(&clear), Ok(None), "a pin dropped for an empty up set");
+    assert!(map.pg_temp.contains_key(&(pool.id, pg)), "the pin stays");
+    assert_eq!(map.active_sets.get(&(pool.id, pg)).cloned(), record, "no empty record");
+    map.validate().unwrap();
+}
+
 #[test]
 fn pins_follow_failures_and_further_moves() {
     let mut map = small_cluster();

@@ -612,3 +612,26 @@ fn the_dedup_engine_under_faults() {
         "the engine did every kind of work: {counts:?}"
     );
 }
+
+/// A pinned PG whose whole up set was down went active on its pin's one
+/// OSD with nothing to fill, and asked for the pin to go with an empty up
+/// set; the monitor granted it and recorded an empty last active set,
+/// which means "its copies were marked lost". The next OSD up served its
+/// own empty copy: a stale read of block 23 (seed 5300047, with no power
+/// fault at all: osd.0 cut from the monitor, osd.2 isolated), and an
+/// acknowledged write lost (5301127). The pin now stays while its up set
+/// is down. (Found by the first sweep of size 2, min_size 1 with every
+/// fault two at once, session 33; diagnosed by a helper session.)
+#[test]
+fn regression_seeds_5300047_and_5301127_a_pin_stays_while_its_up_set_is_down() {
+    for seed in [5300047, 5301127] {
+        let mut config = every_fault_config(seed);
+        config.pool_size = 2;
+        config.min_size = 1;
+        if let Err(failure) = run(&config) {
+            panic!(
+                "{failure}\n  reproduce: duplex-sim --seed {seed} --pool-size 2 --min-size 1 --concurrent-faults 2 --faults <all>"
+            );
+        }
+    }
+}

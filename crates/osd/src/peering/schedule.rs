@@ -69,7 +69,13 @@ impl Wanted {
     /// between the backfill and the request), or never made.
     pub fn pin_may_go_once_active(&self, backfill: &[OsdId]) -> bool {
         // An erasure-coded PG's pin is the map's to drop (`duplex_map::pg_temp`).
-        backfill.is_empty() && self.targets.is_empty() && self.is_pinned() && self.erasure.is_none()
+        // Nor while every OSD of the up set is down: the monitor keeps
+        // such a pin (`pg_temp::may_clear`), and asking again is noise.
+        backfill.is_empty()
+            && self.targets.is_empty()
+            && !self.up.is_empty()
+            && self.is_pinned()
+            && self.erasure.is_none()
     }
 }
 
