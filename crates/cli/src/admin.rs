@@ -495,6 +495,16 @@ pub enum ImageCommand {
     },
     /// Delete an image and its objects.
     Remove { name: String },
+    /// Set an image's limits, `KEY=VALUE` each: qos_iops, qos_read_iops,
+    /// qos_write_iops (operations a second), qos_bps, qos_read_bps,
+    /// qos_write_bps (bytes a second, K/M/G/T suffixes), qos_burst_s
+    /// (seconds of each rate an idle image may spend at once; 1 if unset).
+    /// 0 removes a limit. Running gateways apply them within a second.
+    Set {
+        name: String,
+        #[arg(required = true, value_parser = parse_setting)]
+        settings: Vec<(String, String)>,
+    },
     /// Write an image's bytes (IMAGE, or IMAGE@SNAP for a snapshot) to a
     /// file (sparse: holes are seeked over) or to standard output (`-`).
     Export {
@@ -596,6 +606,13 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
                 let mut value = serde_json::to_value(&info)?;
                 value["parent"] = serde_json::to_value(&parent)?;
                 value["snapshots"] = serde_json::to_value(&snapshots)?;
+                let limits: serde_json::Map<String, serde_json::Value> = client
+                    .image_limits(pool, &name)?
+                    .settings()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), serde_json::Value::String(v)))
+                    .collect();
+                value["limits"] = serde_json::Value::Object(limits);
                 println!("{}", serde_json::to_string_pretty(&value)?);
             } else {
                 println!("image:        {}", info.name);
@@ -611,6 +628,9 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
                         map.pools.get(&data_pool).map_or(format!("id {data_pool} (deleted)"), |p| p.name.clone());
                     println!("data pool:    {name}");
                 }
+                let limits = client.image_limits(pool, &name)?.settings();
+                let limits: Vec<String> = limits.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!("limits:       {}", if limits.is_empty() { "none".to_string() } else { limits.join(" ") });
                 let snaps = client.list_snapshots(pool, &name)?;
                 let names: Vec<&str> = snaps.iter().map(|s| s.name.as_str()).collect();
                 println!("snapshots:    {}", if names.is_empty() { "none".to_string() } else { names.join(", ") });
@@ -623,6 +643,14 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
                     );
                 }
             }
+        }
+        ImageCommand::Set { name, settings } => {
+            let limits = client.set_image_limits(pool, &name, &settings)?.settings();
+            let shown: Vec<String> = limits.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!(
+                "image {pool_name}/{name}: limits {}",
+                if shown.is_empty() { "none (unlimited)".to_string() } else { shown.join(" ") }
+            );
         }
         ImageCommand::Resize { name, size, allow_shrink } => {
             let info = client.image_info(pool, &name)?;
@@ -978,4 +1006,12 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
         println!("note:     {} of {up} up OSDs did not report counters", up - after.4 as usize);
     }
     Ok(())
+}
+
+/// `KEY=VALUE`, for `image set`.
+fn parse_setting(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.trim().to_string(), value.trim().to_string())),
+        _ => Err(format!("'{text}' is not KEY=VALUE (say qos_iops=2000)")),
+    }
 }

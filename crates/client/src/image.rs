@@ -477,8 +477,11 @@ impl Client {
     pub fn open_image(&self, pool: u32, name: &str) -> Result<Image, ClientError> {
         let info = self.image_info(pool, name)?;
         let layer = self.layer_of(pool, &info)?;
-        let watch = crate::watch::Watch::start(self, pool, header_object(&info.id))?;
-        Ok(Image { client: self.clone(), pool, info, watch: Some(watch), read_snap: None, layer })
+        // The watch sets the limits from the header at each renewal, the first before it returns.
+        let throttle = Arc::new(crate::qos::Throttle::new(duplex_qos::Limits::default()));
+        let watch = crate::watch::Watch::start(self, pool, header_object(&info.id), Some(Arc::downgrade(&throttle)))?;
+        let core = ImageCore { client: self.clone(), pool, info, watch: Some(watch), read_snap: None, layer };
+        Ok(Image { core: Arc::new(core), throttle: Some(throttle) })
     }
 
     /// Opens snapshot `snap` of an image, read-only: the image as it was
@@ -488,7 +491,8 @@ impl Client {
         let snapshot = self.snapshot_info(pool, name, snap)?;
         let layer = self.layer_of(pool, &info)?;
         info.size = snapshot.size;
-        Ok(Image { client: self.clone(), pool, info, watch: None, read_snap: Some(snapshot), layer })
+        let core = ImageCore { client: self.clone(), pool, info, watch: None, read_snap: Some(snapshot), layer };
+        Ok(Image { core: Arc::new(core), throttle: None })
     }
 
     fn layer_of(&self, pool: u32, info: &ImageInfo) -> Result<Option<Arc<crate::layering::Layer>>, ClientError> {
@@ -548,9 +552,9 @@ fn submit_next(client: &Client, queue: &Arc<Mutex<std::vec::IntoIter<ObjectOp>>>
     );
 }
 
-/// An open image. Cheap to share behind an `Arc`; every method may be
-/// called from many threads at once.
-pub struct Image {
+/// What an open image's I/O needs, shared with the I/O its limits hold
+/// back (crate::qos); [`Image`] is its face.
+struct ImageCore {
     client: Client,
     pool: u32,
     info: ImageInfo,
@@ -571,7 +575,7 @@ struct Piece {
     at: usize,
 }
 
-impl Image {
+impl ImageCore {
     pub fn info(&self) -> &ImageInfo {
         &self.info
     }
@@ -782,11 +786,6 @@ impl Image {
         self.run_writes(ops, true, done);
     }
 
-    /// Discard: the same as writing zeros (reads after a discard return zeros).
-    pub fn discard_async(&self, offset: u64, len: u64, done: Done<()>) {
-        self.write_zeroes_async(offset, len, done)
-    }
-
     /// Every acknowledged write is already in every replica's log: nothing to do.
     pub fn flush_async(&self, done: Done<()>) {
         done(Ok(()))
@@ -801,6 +800,91 @@ impl Image {
             snap: if read { self.read_snap.as_ref().map_or(0, |s| s.id) } else { 0 },
             ..ObjectOp::new(self.info.data_pool_in(self.pool), kind, piece.object.clone())
         }
+    }
+}
+
+/// An open image. Cheap to share behind an `Arc`; every method may be
+/// called from many threads at once. Its I/O keeps to the image's limits
+/// (crate::qos) when it has any.
+pub struct Image {
+    core: Arc<ImageCore>,
+    /// The image's limits (`None`: opened at a snapshot, read-only and unlimited).
+    throttle: Option<Arc<crate::qos::Throttle>>,
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        // The I/O its limits hold goes now, and their thread ends.
+        if let Some(throttle) = &self.throttle {
+            throttle.stop();
+        }
+    }
+}
+
+impl Image {
+    pub fn info(&self) -> &ImageInfo {
+        self.core.info()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.core.size()
+    }
+
+    /// Ends this gateway's watch (crate::watch) at once: a process about
+    /// to exit calls it, so that no `snap create` waits for it to be
+    /// found dead. Writes after it fail.
+    pub fn close(&self) {
+        self.core.close()
+    }
+
+    /// The snapshot this image was opened at (read-only), if any.
+    pub fn snapshot(&self) -> Option<&crate::snapshot::SnapInfo> {
+        self.core.snapshot()
+    }
+
+    /// The limits this gateway keeps to (its share of the image's), and
+    /// how many I/Os waited for them since it opened the image.
+    pub fn limits(&self) -> Option<(duplex_qos::Limits, u64)> {
+        self.throttle.as_ref().map(|t| (t.limits(), t.held()))
+    }
+
+    /// Runs `start` now if the limits allow an I/O of `bytes` going
+    /// `direction`, else once they do.
+    fn limited(&self, direction: duplex_qos::Direction, bytes: u64, start: impl FnOnce(&ImageCore) + Send + 'static) {
+        match &self.throttle {
+            Some(throttle) if !throttle.pass(direction, bytes) => {
+                let core = self.core.clone();
+                throttle.hold(direction, bytes, Box::new(move || start(&core)));
+            }
+            _ => start(&self.core),
+        }
+    }
+
+    /// Reads `len` bytes from `offset`; `done` gets exactly `len` bytes.
+    pub fn read_async(&self, offset: u64, len: u32, done: Done<Bytes>) {
+        self.limited(duplex_qos::Direction::Read, len as u64, move |core| core.read_async(offset, len, done))
+    }
+
+    /// Writes `data` at `offset`. Acknowledged means: in the log of every replica.
+    pub fn write_async(&self, offset: u64, data: Bytes, done: Done<()>) {
+        let bytes = data.len() as u64;
+        self.limited(duplex_qos::Direction::Write, bytes, move |core| core.write_async(offset, data, done))
+    }
+
+    /// Makes `len` bytes from `offset` read as zeros (one write I/O to the
+    /// limits, counted without bytes: nothing is sent).
+    pub fn write_zeroes_async(&self, offset: u64, len: u64, done: Done<()>) {
+        self.limited(duplex_qos::Direction::Write, 0, move |core| core.write_zeroes_async(offset, len, done))
+    }
+
+    /// Discard: the same as writing zeros (reads after a discard return zeros).
+    pub fn discard_async(&self, offset: u64, len: u64, done: Done<()>) {
+        self.write_zeroes_async(offset, len, done)
+    }
+
+    /// Every acknowledged write is already in every replica's log: nothing to do.
+    pub fn flush_async(&self, done: Done<()>) {
+        self.core.flush_async(done)
     }
 
     pub fn read(&self, offset: u64, len: u32) -> Result<Bytes, ClientError> {

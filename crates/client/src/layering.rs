@@ -390,7 +390,7 @@ impl Client {
         // A watcher of its own for the flatten's length: a gateway serving
         // the clone, alone until now, forgets which objects it found absent
         // (crate::watch, "Alone") before any is copied up.
-        let watch = crate::watch::Watch::start(self, pool, header_object(&info.id))?;
+        let watch = crate::watch::Watch::start(self, pool, header_object(&info.id), None)?;
         if watch.alone().is_none() {
             std::thread::sleep(crate::watch::FENCE);
         }

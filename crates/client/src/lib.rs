@@ -33,6 +33,7 @@ pub mod layering;
 pub mod load;
 pub mod object;
 mod placement;
+pub mod qos;
 mod runtime;
 pub mod snapshot;
 pub mod tier;

@@ -164,7 +164,14 @@ pub struct Watch {
 impl Watch {
     /// Registers a watcher on `header` and starts renewing; returns once
     /// the first renewal went through, with the newest live snapshot.
-    pub fn start(client: &Client, pool: u32, header: Vec<u8>) -> Result<Watch, ClientError> {
+    /// `throttle`: the image's limits, which each renewal sets from the
+    /// header's `qos.` attributes (a share of them per live watcher).
+    pub fn start(
+        client: &Client,
+        pool: u32,
+        header: Vec<u8>,
+        throttle: Option<std::sync::Weak<crate::qos::Throttle>>,
+    ) -> Result<Watch, ClientError> {
         let id = loop {
             let id = rand::random::<u64>();
             if id != 0 {
@@ -197,6 +204,8 @@ impl Watch {
             acked: 0,
             quiesced_since: None,
             others: Default::default(),
+            throttle,
+            bad_limits_reported: false,
         };
         match renewer.renew(&state) {
             // Registered, or (a full cluster) not, but the table was read.
@@ -334,6 +343,10 @@ struct Renewer {
     quiesced_since: Option<Instant>,
     /// Other watchers: their counter, and since when it stood at that.
     others: std::collections::HashMap<Vec<u8>, (u64, Instant)>,
+    /// The image's limits, set from the header at each renewal.
+    throttle: Option<std::sync::Weak<crate::qos::Throttle>>,
+    /// A setting this client cannot read was logged (once).
+    bad_limits_reported: bool,
 }
 
 impl Renewer {
@@ -434,7 +447,17 @@ impl Renewer {
             state.adopting.store(false, Ordering::SeqCst);
             self.quiesced_since = None;
         }
+        let (limits, errors) = crate::qos::limits_of(&attrs);
         self.look_for_others(state, sent, attrs)?;
+        if let Some(throttle) = self.throttle.as_ref().and_then(std::sync::Weak::upgrade) {
+            if let (Some(err), false) = (errors.first(), self.bad_limits_reported) {
+                tracing::warn!(%err, "an image's QoS setting is not understood; the others apply");
+                self.bad_limits_reported = true;
+            }
+            // Each live gateway takes an equal share: together they keep the image's limits.
+            let gateways = self.others.len() + 1;
+            throttle.set_limits(limits.scaled(1.0 / gateways as f64));
+        }
         state.renewed_at.store(sent.max(1), Ordering::Release);
         state.wake.1.notify_all();
         registered

@@ -1,0 +1,342 @@
+//! An open image's limits (issue 31): where one gateway's traffic to an
+//! image is seen whole, so a limit holds across all its objects and PGs.
+//!
+//! The limits live in the image's header as attributes `qos.<name>` (see
+//! [`attr_name`]), written by `duplex image set`. Each gateway's watch
+//! reads them at every renewal (every half second, crate::watch), so a
+//! change applies to running gateways within a second, without
+//! reconnecting. When several gateways serve an image, each takes an
+//! equal share of its limits (the watch counts the live ones), so the
+//! image as a whole stays within them; a gateway that is idle leaves its
+//! share unused (not work-conserving across gateways; the OSD's scheduler
+//! is what shares a server's spare capacity).
+//!
+//! An image with no limit set costs its I/O one atomic load here.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use duplex_qos::{Direction, Limiter, Limits};
+
+use crate::client::Client;
+use crate::error::ClientError;
+
+/// The prefix of the header attributes that hold an image's limits.
+pub const ATTR_PREFIX: &[u8] = b"qos.";
+
+/// The header attribute of setting `key` (`qos_iops` → `qos.iops`).
+pub fn attr_name(key: &str) -> Vec<u8> {
+    let short = key.strip_prefix("qos_").unwrap_or(key);
+    [ATTR_PREFIX, short.as_bytes()].concat()
+}
+
+/// The limits the header's attributes `attrs` hold. Settings this client
+/// does not know (a newer one wrote them) or cannot read are skipped and
+/// returned as errors, for the caller to report.
+pub fn limits_of(attrs: &[(Vec<u8>, Vec<u8>)]) -> (Limits, Vec<duplex_qos::LimitError>) {
+    let mut limits = Limits::default();
+    let mut errors = Vec::new();
+    for (name, value) in attrs {
+        let Some(short) = name.strip_prefix(ATTR_PREFIX) else { continue };
+        let key = format!("qos_{}", String::from_utf8_lossy(short));
+        if let Err(err) = limits.set(&key, &String::from_utf8_lossy(value)) {
+            errors.push(err);
+        }
+    }
+    (limits, errors)
+}
+
+/// An I/O held back until its limits let it go.
+type Start = Box<dyn FnOnce() + Send + 'static>;
+
+/// Holds an image's I/O to its limits: an I/O passes at once while they
+/// allow it, else it waits in arrival order and a thread of the image's
+/// own starts it when they do.
+pub struct Throttle {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct Shared {
+    /// No limit is set: I/O passes without taking the lock.
+    unlimited: AtomicBool,
+    state: Mutex<State>,
+    wake: Condvar,
+    base: Instant,
+    /// I/Os that had to wait, since the image was opened.
+    held: AtomicU64,
+}
+
+struct State {
+    limiter: Limiter,
+    queue: VecDeque<(Direction, u64, Start)>,
+    stopped: bool,
+}
+
+impl Shared {
+    fn now(&self) -> u64 {
+        self.base.elapsed().as_micros() as u64
+    }
+}
+
+impl Throttle {
+    pub fn new(limits: Limits) -> Throttle {
+        let base = Instant::now();
+        let shared = Arc::new(Shared {
+            unlimited: AtomicBool::new(limits.is_unlimited()),
+            state: Mutex::new(State { limiter: Limiter::new(limits, 0), queue: VecDeque::new(), stopped: false }),
+            wake: Condvar::new(),
+            base,
+            held: AtomicU64::new(0),
+        });
+        Throttle { shared, thread: Mutex::new(None) }
+    }
+
+    /// The limits in force (this gateway's share).
+    pub fn limits(&self) -> Limits {
+        *self.lock().limiter.limits()
+    }
+
+    /// I/Os that waited for the limits since the image was opened.
+    pub fn held(&self) -> u64 {
+        self.shared.held.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// New limits, in force for the next I/O; the waiting ones are looked at again.
+    pub fn set_limits(&self, limits: Limits) {
+        let mut state = self.lock();
+        if *state.limiter.limits() == limits {
+            return;
+        }
+        let now = self.shared.now();
+        state.limiter.set_limits(limits, now);
+        let unlimited = limits.is_unlimited();
+        // Set under the lock: an I/O that saw "limited" queues behind the
+        // waiting ones, and the thread lets them all go once unlimited.
+        self.shared.unlimited.store(unlimited, Ordering::Release);
+        drop(state);
+        self.shared.wake.notify_all();
+    }
+
+    fn start_thread(&self) -> Result<(), ClientError> {
+        let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        if thread.is_none() {
+            let shared = self.shared.clone();
+            let handle = std::thread::Builder::new()
+                .name("duplex-qos".into())
+                .spawn(move || release_when_allowed(&shared))
+                .map_err(|e| ClientError::Unavailable(format!("cannot start the image's QoS thread: {e}")))?;
+            *thread = Some(handle);
+        }
+        Ok(())
+    }
+
+    /// Whether an I/O of `bytes` going `direction` may start now; if so,
+    /// it is counted. `false`: hand it to [`Throttle::hold`].
+    pub fn pass(&self, direction: Direction, bytes: u64) -> bool {
+        if self.shared.unlimited.load(Ordering::Acquire) {
+            return true;
+        }
+        let mut state = self.lock();
+        let now = self.shared.now();
+        state.stopped || (state.queue.is_empty() && state.limiter.admit(direction, bytes, now).is_ok())
+    }
+
+    /// Starts `start` once the limits allow an I/O of `bytes` going
+    /// `direction`, after the I/Os waiting before it.
+    pub fn hold(&self, direction: Direction, bytes: u64, start: Start) {
+        if let Err(err) = self.start_thread() {
+            // Nothing would start it: it goes now, over the limit.
+            tracing::warn!(%err, "an image's I/O goes unthrottled");
+            return start();
+        }
+        let mut state = self.lock();
+        if state.stopped {
+            drop(state);
+            return start();
+        }
+        state.queue.push_back((direction, bytes, start));
+        self.shared.held.fetch_add(1, Ordering::Relaxed);
+        drop(state);
+        self.shared.wake.notify_all();
+    }
+
+    /// Lets every waiting I/O go and ends the thread (the image is closing).
+    pub fn stop(&self) {
+        self.lock().stopped = true;
+        self.shared.wake.notify_all();
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            // Its own last start may drop the image, and with it this.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The throttle's thread: starts the waiting I/Os, in order, as the
+/// limits let them go (all of them once stopped or unlimited).
+fn release_when_allowed(shared: &Shared) {
+    let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let mut ready = Vec::new();
+        let mut wait = None;
+        let free = state.stopped || shared.unlimited.load(Ordering::Acquire);
+        while let Some((direction, bytes)) = state.queue.front().map(|(d, b, _)| (*d, *b)) {
+            let now = shared.now();
+            match state.limiter.admit(direction, bytes, now) {
+                Err(at) if !free => {
+                    wait = Some(Duration::from_micros(at - now));
+                    break;
+                }
+                _ => ready.extend(state.queue.pop_front().map(|(_, _, start)| start)),
+            }
+        }
+        if !ready.is_empty() {
+            // Started outside the lock: an I/O's start may submit at once.
+            drop(state);
+            for start in ready {
+                start();
+            }
+            state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            continue;
+        }
+        if state.stopped {
+            debug_assert!(state.queue.is_empty(), "a stopped throttle kept I/O waiting");
+            return;
+        }
+        state = match wait {
+            Some(wait) => shared.wake.wait_timeout(state, wait).unwrap_or_else(|p| p.into_inner()).0,
+            None => shared.wake.wait(state).unwrap_or_else(|p| p.into_inner()),
+        };
+    }
+}
+
+impl Client {
+    /// The limits set on image `name` (its header's `qos.` attributes).
+    pub fn image_limits(&self, pool: u32, name: &str) -> Result<Limits, ClientError> {
+        let info = self.image_info(pool, name)?;
+        let attrs = self.list_attrs(pool, &crate::image::header_object(&info.id))?;
+        let (limits, errors) = limits_of(&attrs);
+        if let Some(err) = errors.first() {
+            return Err(ClientError::Corrupt(format!("image '{name}': {err}")));
+        }
+        Ok(limits)
+    }
+
+    /// Sets limits on image `name` from `key=value` settings (the keys of
+    /// [`duplex_qos::limit::KEYS`]; 0 removes a limit): all are checked
+    /// before any is written. Running gateways apply them within a second.
+    /// Returns the limits now set.
+    pub fn set_image_limits(
+        &self,
+        pool: u32,
+        name: &str,
+        settings: &[(String, String)],
+    ) -> Result<Limits, ClientError> {
+        let info = self.image_info(pool, name)?;
+        let header = crate::image::header_object(&info.id);
+        let mut limits = self.image_limits(pool, name)?;
+        for (key, value) in settings {
+            limits.set(key, value).map_err(|err| ClientError::Invalid(err.to_string()))?;
+        }
+        let set: Vec<(&str, String)> = limits.settings();
+        for key in duplex_qos::limit::KEYS {
+            let attr = attr_name(key);
+            match set.iter().find(|(k, _)| *k == key) {
+                Some((_, value)) => self.set_attr(pool, &header, &attr, value.as_bytes())?,
+                None => match self.remove_attr(pool, &header, &attr) {
+                    Ok(()) | Err(ClientError::NotFound) => {}
+                    Err(err) => return Err(err),
+                },
+            }
+        }
+        Ok(limits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    fn limits(iops: u64) -> Limits {
+        Limits { iops, ..Limits::default() }
+    }
+
+    #[test]
+    fn attributes_name_their_settings_and_read_back() {
+        assert_eq!(attr_name("qos_write_bps"), b"qos.write_bps".to_vec());
+        let attrs = vec![
+            (b"qos.iops".to_vec(), b"2000".to_vec()),
+            (b"qos.burst_s".to_vec(), b"5".to_vec()),
+            (b"qos.unknown".to_vec(), b"1".to_vec()),
+            (b"watch.0123".to_vec(), b"xx".to_vec()),
+        ];
+        let (read, errors) = limits_of(&attrs);
+        assert_eq!((read.iops, read.burst_seconds), (2000, 5.0));
+        assert_eq!(errors.len(), 1, "the unknown setting is reported, the rest read");
+    }
+
+    #[test]
+    fn an_unlimited_image_passes_everything_and_starts_no_thread() {
+        let throttle = Throttle::new(Limits::default());
+        for _ in 0..10_000 {
+            assert!(throttle.pass(Direction::Write, 4096));
+        }
+        assert!(throttle.thread.lock().unwrap().is_none());
+        assert_eq!(throttle.held(), 0);
+    }
+
+    #[test]
+    fn held_ios_start_in_order_at_the_limits_pace_and_all_go_when_stopped() {
+        // 200 IOPS with a bucket of 20 (0.1 s): 20 at once, then one every 5 ms.
+        let throttle = Throttle::new(Limits { burst_seconds: 0.1, ..limits(200) });
+        let (sent, started) = mpsc::channel();
+        let began = Instant::now();
+        let mut passed = 0;
+        for i in 0..60u32 {
+            if throttle.pass(Direction::Read, 4096) {
+                passed += 1;
+                sent.send((i, began.elapsed())).unwrap();
+            } else {
+                let sent = sent.clone();
+                throttle.hold(Direction::Read, 4096, Box::new(move || sent.send((i, began.elapsed())).unwrap()));
+            }
+        }
+        assert_eq!(passed, 20, "the burst passes at once; once one waits, all after it wait");
+        let order: Vec<(u32, Duration)> =
+            (0..60).map(|_| started.recv_timeout(Duration::from_secs(5)).unwrap()).collect();
+        assert!(order.windows(2).all(|w| w[0].0 < w[1].0), "in arrival order");
+        let last = order.last().unwrap().1;
+        // 40 waited, 5 ms apart: about 200 ms (a loaded machine may be late, never early).
+        assert!(last >= Duration::from_millis(195), "the 40 held ones took {last:?}");
+        assert_eq!(throttle.held(), 40);
+        // A change to unlimited lets the waiting ones go at once.
+        throttle.set_limits(limits(1));
+        for i in 0..5 {
+            let sent = sent.clone();
+            if !throttle.pass(Direction::Read, 1) {
+                throttle.hold(Direction::Read, 1, Box::new(move || sent.send((100 + i, began.elapsed())).unwrap()));
+            }
+        }
+        throttle.set_limits(Limits::default());
+        for _ in 0..4 {
+            started.recv_timeout(Duration::from_secs(1)).expect("released by the change");
+        }
+        throttle.stop();
+    }
+}
