@@ -412,7 +412,9 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
                         }));
                         let consistency = if p.is_eventual() { "eventual" } else { "strong" };
                         let max_lag_ms = p.eventual.map(|e| e.max_lag_ms);
-                        serde_json::json!({"id": p.id, "name": p.name, "size": p.size, "min_size": p.min_size, "pg_num": p.pg_num, "consistency": consistency, "max_lag_ms": max_lag_ms, "erasure": erasure, "dedup": dedup, "chunks": chunks})
+                        let limits: serde_json::Map<String, serde_json::Value> =
+                            p.qos.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+                        serde_json::json!({"id": p.id, "name": p.name, "size": p.size, "min_size": p.min_size, "pg_num": p.pg_num, "consistency": consistency, "max_lag_ms": max_lag_ms, "erasure": erasure, "dedup": dedup, "chunks": chunks, "image_limits": limits})
                     })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&pools)?);
@@ -439,6 +441,11 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
                             None => "replicated".into(),
                         },
                     };
+                    let mut kind = kind;
+                    if !p.qos.is_empty() {
+                        let limits: Vec<String> = p.qos.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                        kind.push_str(&format!("; image limits {}", limits.join(" ")));
+                    }
                     println!("{:<6} {:<20} {:>5} {:>9} {:>7}  {kind}", p.id, p.name, p.size, p.min_size, p.pg_num);
                 }
             }

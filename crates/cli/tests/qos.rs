@@ -97,10 +97,26 @@ fn an_image_limit_holds_across_two_gateways_and_changes_apply_within_a_second() 
     let raised = rate_over(&done, Duration::from_secs(2));
     assert!(raised > limited * 1.4 && raised <= 920.0, "{raised:.0} IOPS against a limit of 800");
 
+    // A pool's default applies to an image with no setting of that key;
+    // the image's own wins over it.
+    run_ok(cluster.cli().args(["pool", "set", "rbd", "qos_iops=600"]));
+    run_ok(cluster.cli().args(["pool", "set", "rbd", "qos_write_iops=300"]));
+    let pools = String::from_utf8_lossy(&run_ok(cluster.cli().args(["pool", "list"])).stdout).to_string();
+    assert!(pools.contains("image limits qos_iops=600 qos_write_iops=300"), "{pools}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // The pool's write limit, shared by two gateways; the image's own IOPS limit stays.
+    while a.limits().unwrap().0.write_iops != 150 {
+        assert!(Instant::now() < deadline, "{:?}", a.limits());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(a.limits().unwrap().0.iops, 400, "the image's own setting wins over the pool's");
+    run_ok(cluster.cli().args(["pool", "set", "rbd", "qos_write_iops=0"]));
+
     // Removed: unlimited again.
     run_ok(cluster.cli().args(["image", "set", "disk", "qos_iops=0"]));
     let info = String::from_utf8_lossy(&run_ok(cluster.cli().args(["image", "info", "disk"])).stdout).to_string();
-    assert!(info.contains("limits:       qos_burst_s=0.25"), "{info}");
+    assert!(info.contains("limits:       qos_iops=600 qos_burst_s=0.25"), "{info}");
+    run_ok(cluster.cli().args(["pool", "set", "rbd", "qos_iops=0"]));
     wait_for_share(&a, 0);
     stop.store(true, Ordering::Relaxed);
     for thread in threads {

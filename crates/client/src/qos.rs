@@ -2,7 +2,8 @@
 //! image is seen whole, so a limit holds across all its objects and PGs.
 //!
 //! The limits live in the image's header as attributes `qos.<name>` (see
-//! [`attr_name`]), written by `duplex image set`. Each gateway's watch
+//! [`attr_name`]), written by `duplex image set`, over its pool's defaults
+//! (`duplex pool set POOL qos_…`, in the map). Each gateway's watch
 //! reads them at every renewal (every half second, crate::watch), so a
 //! change applies to running gateways within a second, without
 //! reconnecting. When several gateways serve an image, each takes an
@@ -33,11 +34,12 @@ pub fn attr_name(key: &str) -> Vec<u8> {
     [ATTR_PREFIX, short.as_bytes()].concat()
 }
 
-/// The limits the header's attributes `attrs` hold. Settings this client
-/// does not know (a newer one wrote them) or cannot read are skipped and
-/// returned as errors, for the caller to report.
-pub fn limits_of(attrs: &[(Vec<u8>, Vec<u8>)]) -> (Limits, Vec<duplex_qos::LimitError>) {
-    let mut limits = Limits::default();
+/// The limits the header's attributes `attrs` set over `base` (the
+/// pool's defaults): an image's own setting of a key wins. Settings this
+/// client does not know (a newer one wrote them) or cannot read are
+/// skipped and returned as errors, for the caller to report.
+pub fn limits_of(base: Limits, attrs: &[(Vec<u8>, Vec<u8>)]) -> (Limits, Vec<duplex_qos::LimitError>) {
+    let mut limits = base;
     let mut errors = Vec::new();
     for (name, value) in attrs {
         let Some(short) = name.strip_prefix(ATTR_PREFIX) else { continue };
@@ -226,11 +228,22 @@ fn release_when_allowed(shared: &Shared) {
 }
 
 impl Client {
-    /// The limits set on image `name` (its header's `qos.` attributes).
+    /// The limits image `name` keeps to: its pool's defaults, and its
+    /// header's `qos.` attributes over them.
     pub fn image_limits(&self, pool: u32, name: &str) -> Result<Limits, ClientError> {
+        self.image_limits_over(pool, name, self.pool_limits(pool))
+    }
+
+    /// The default limits of pool `pool`'s images (`duplex pool set POOL qos_…`).
+    pub fn pool_limits(&self, pool: u32) -> Limits {
+        self.map().pools.get(&pool).map(duplex_map::Pool::default_limits).unwrap_or_default()
+    }
+
+    /// The limits image `name`'s own settings make of `base`.
+    fn image_limits_over(&self, pool: u32, name: &str, base: Limits) -> Result<Limits, ClientError> {
         let info = self.image_info(pool, name)?;
         let attrs = self.list_attrs(pool, &crate::image::header_object(&info.id))?;
-        let (limits, errors) = limits_of(&attrs);
+        let (limits, errors) = limits_of(base, &attrs);
         if let Some(err) = errors.first() {
             return Err(ClientError::Corrupt(format!("image '{name}': {err}")));
         }
@@ -249,7 +262,8 @@ impl Client {
     ) -> Result<Limits, ClientError> {
         let info = self.image_info(pool, name)?;
         let header = crate::image::header_object(&info.id);
-        let mut limits = self.image_limits(pool, name)?;
+        // The image's own settings only: the pool's defaults stay the pool's.
+        let mut limits = self.image_limits_over(pool, name, Limits::default())?;
         for (key, value) in settings {
             limits.set(key, value).map_err(|err| ClientError::Invalid(err.to_string()))?;
         }
@@ -286,7 +300,7 @@ mod tests {
             (b"qos.unknown".to_vec(), b"1".to_vec()),
             (b"watch.0123".to_vec(), b"xx".to_vec()),
         ];
-        let (read, errors) = limits_of(&attrs);
+        let (read, errors) = limits_of(Limits::default(), &attrs);
         assert_eq!((read.iops, read.burst_seconds), (2000, 5.0));
         assert_eq!(errors.len(), 1, "the unknown setting is reported, the rest read");
     }

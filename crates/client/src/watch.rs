@@ -447,7 +447,7 @@ impl Renewer {
             state.adopting.store(false, Ordering::SeqCst);
             self.quiesced_since = None;
         }
-        let (limits, errors) = crate::qos::limits_of(&attrs);
+        let (limits, errors) = crate::qos::limits_of(self.client.pool_limits(self.pool), &attrs);
         self.look_for_others(state, sent, attrs)?;
         if let Some(throttle) = self.throttle.as_ref().and_then(std::sync::Weak::upgrade) {
             if let (Some(err), false) = (errors.first(), self.bad_limits_reported) {

@@ -138,6 +138,10 @@ pub struct Pool {
     /// `Some`: an eventually consistent pool ([`eventual`]): writes are
     /// acknowledged from the primary's log and replicated in the background.
     pub eventual: Option<Eventual>,
+    /// Its images' limits unless an image sets its own (issue 31): QoS
+    /// settings as `duplex image set` takes them (`qos_iops`, ...), checked
+    /// when set, an image's own setting of a key winning over the pool's.
+    pub qos: Vec<(String, String)>,
 }
 
 impl Pool {
@@ -152,7 +156,18 @@ impl Pool {
     /// A pool of its kind with none of the options (a replicated pool
     /// unless `erasure`).
     pub fn new(id: PoolId, name: String, size: u8, min_size: u8, pg_num: u32, erasure: Option<ErasureCode>) -> Pool {
-        Pool { id, name, size, min_size, pg_num, erasure, dedup: None, chunks: None, eventual: None }
+        Pool { id, name, size, min_size, pg_num, erasure, dedup: None, chunks: None, eventual: None, qos: Vec::new() }
+    }
+
+    /// The limits its images keep to unless they set their own.
+    pub fn default_limits(&self) -> duplex_qos::Limits {
+        let mut limits = duplex_qos::Limits::default();
+        for (key, value) in &self.qos {
+            // Checked when set ([`Command::PoolSet`]): none fails here.
+            let checked = limits.set(key, value);
+            debug_assert!(checked.is_ok(), "pool '{}' holds the unchecked setting {key}={value}", self.name);
+        }
+        limits
     }
 }
 

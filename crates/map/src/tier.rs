@@ -174,7 +174,7 @@ impl Default for ChunkStore {
 }
 
 /// The keys [`crate::Command::PoolSet`] takes.
-pub const POOL_SET_KEYS: &str = "dedup_low_watermark, dedup_high_watermark, dedup_mode (a deduplicated pool); compression, compression_min_saving (a chunk pool); max_lag (an eventual pool)";
+pub const POOL_SET_KEYS: &str = "dedup_low_watermark, dedup_high_watermark, dedup_mode (a deduplicated pool); compression, compression_min_saving (a chunk pool); max_lag (an eventual pool); qos_iops, qos_read_iops, qos_write_iops, qos_bps, qos_read_bps, qos_write_bps, qos_burst_s (its images' limits unless an image sets its own)";
 
 /// Pool `pool` given a tier in `chunk_pool`, cut into `chunk_size` chunks
 /// by `chunking`. `Ok(None)`: it has that tier already. A tier is set
@@ -277,6 +277,11 @@ pub fn pool_set(pool: &Pool, key: &str, value: &str) -> Result<Option<Pool>, Com
             }
         }
         "max_lag" => new = crate::eventual::set_max_lag(pool, value)?,
+        key if key.starts_with("qos_") => {
+            let mut limits = pool.default_limits();
+            limits.set(key, value).map_err(|err| invalid(err.to_string()))?;
+            new.qos = limits.settings().into_iter().map(|(key, value)| (key.to_string(), value)).collect();
+        }
         _ => return Err(invalid(format!("no pool setting '{key}' (there are: {POOL_SET_KEYS})"))),
     }
     Ok((new != *pool).then_some(new))
@@ -312,6 +317,30 @@ mod tests {
 
     fn set(map: &mut ClusterMap, name: &str, key: &str, value: &str) -> Result<(), CommandError> {
         map.run(&Command::PoolSet { name: name.into(), key: key.into(), value: value.into() }).map(|_| ())
+    }
+
+    #[test]
+    fn a_pools_default_image_limits_are_checked_and_kept_in_order() {
+        let mut map = map();
+        set(&mut map, "vms", "qos_iops", "2000").unwrap();
+        set(&mut map, "vms", "qos_write_bps", "100M").unwrap();
+        let pool = map.pool_by_name("vms").unwrap();
+        assert_eq!(pool.qos, vec![("qos_iops".into(), "2000".into()), ("qos_write_bps".into(), "104857600".into())]);
+        assert_eq!((pool.default_limits().iops, pool.default_limits().write_bps), (2000, 100 << 20));
+        let epoch = map.epoch;
+        assert_eq!(
+            map.run(&Command::PoolSet { name: "vms".into(), key: "qos_iops".into(), value: "2000".into() }),
+            Ok(None),
+            "the same limit: no new epoch"
+        );
+        assert_eq!(map.epoch, epoch);
+        for (key, bad) in [("qos_iops", "-1"), ("qos_iosp", "5"), ("qos_burst_s", "0")] {
+            let err = set(&mut map, "vms", key, bad).unwrap_err();
+            assert!(err.to_string().contains("qos_"), "{key}={bad}: {err}");
+        }
+        set(&mut map, "vms", "qos_iops", "0").unwrap();
+        assert_eq!(map.pool_by_name("vms").unwrap().qos.len(), 1, "0 removes a default");
+        assert_eq!(crate::codec::decode_map(&crate::codec::encode_map(&map)).unwrap(), map);
     }
 
     #[test]
