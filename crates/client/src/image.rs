@@ -834,7 +834,11 @@ impl Image {
     /// to exit calls it, so that no `snap create` waits for it to be
     /// found dead. Writes after it fail.
     pub fn close(&self) {
-        self.core.close()
+        self.core.close();
+        // The I/O its limits hold goes now (and fails: the watch ended).
+        if let Some(throttle) = &self.throttle {
+            throttle.stop();
+        }
     }
 
     /// The snapshot this image was opened at (read-only), if any.

@@ -209,12 +209,19 @@ pub(crate) fn may_clear(
     // positions: recording it as the last active set would name OSDs for
     // shards they do not hold (simulator `--ec 2+1` seed 246 read one data
     // shard's bytes for another's). Its pin goes by `settle` only.
-    // An empty up set (all its OSDs down) would be recorded as the last
-    // active set, and an empty one means "its copies were marked lost: any
-    // copy will do": the next OSD up served its own old or empty copy,
-    // while the pin's OSD held every write (simulator seeds 5300047 and
-    // 5301127 of size 2, min_size 1). The pin stays while its up set is down.
-    if up.is_empty() || pg >= info.pg_num || info.is_erasure() || map.up_set(hierarchy, info, pg) != up {
+    if pg >= info.pg_num || info.is_erasure() || map.up_set(hierarchy, info, pg) != up {
+        return false;
+    }
+    // Only a whole up set: every OSD placement names is up. With one down
+    // the primary sees no target to fill, yet the up set it names lacks
+    // that OSD: dropping the pin would shed the pin's other whole copies
+    // and record fewer holders than there are. Worst, with the whole up
+    // set down it would record an empty last active set, which means "its
+    // copies were marked lost: any copy will do": the next OSD up served
+    // its own old or empty copy while the pin's OSD held every write
+    // (simulator seeds 5300047 and 5301127 of size 2, min_size 1). The pin
+    // stays until the missing OSDs are back and filled.
+    if up.is_empty() || map.pg_osds(hierarchy, info, pg) != up {
         return false;
     }
     temp.iter().chain(up).all(|osd| map.osds.get(osd).is_some_and(|o| o.state_epoch <= interval))

@@ -346,13 +346,14 @@ fn a_new_osd_is_backfilled_while_the_old_acting_sets_serve() {
     assert_eq!(map.pg_temp.len(), moved.len() - 1);
 }
 
-/// A pinned PG whose whole up set is down: its primary went active alone
-/// with nothing to fill, and asked for the pin to go with an empty up set.
+/// A pinned PG whose up set is partly or wholly down: its primary went
+/// active with nothing to fill, and asked for the pin to go with the up set
+/// it saw (at worst empty).
 /// Granting it recorded an empty last active set ("marked lost"), and the
 /// next OSD up served its own old copy while the pin's OSD held every
 /// write (simulator seed 5300047, size 2, min_size 1). The pin stays.
 #[test]
-fn a_pin_stays_while_its_whole_up_set_is_down() {
+fn a_pin_stays_while_its_up_set_is_not_whole() {
     let mut map = small_cluster();
     let pool = map.pool_by_name("rbd").unwrap().clone();
     map.run(&boot(6, "host-3")).unwrap();
@@ -364,6 +365,12 @@ fn a_pin_stays_while_its_whole_up_set_is_down() {
             map.run(&Command::MarkDown { id: osd }).unwrap();
         }
     }
+    // Part of the up set down (the primary sees no target to fill): the
+    // pin stays, or its other whole copies would leave with it.
+    let partial = map.up_set(&map.hierarchy(), &pool, pg);
+    assert!(!partial.is_empty(), "the pin shares an OSD with the up set (the case needs one)");
+    let clear = Command::ClearPgTemp { interval: map.epoch, pgs: vec![(pool.id, pg, partial)] };
+    assert_eq!(map.run(&clear), Ok(None), "a pin dropped while an up-set OSD is down");
     // The pin's OSDs that are also in the up set go down last: all of it is down now.
     for osd in map.up_set(&map.hierarchy(), &pool, pg) {
         map.run(&Command::MarkDown { id: osd }).unwrap();

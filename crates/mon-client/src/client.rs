@@ -103,10 +103,12 @@ impl MonClient {
         while started.elapsed() < self.timeout {
             let id = self.leader_guess.unwrap_or(self.monitors[self.next_monitor % self.monitors.len()].0);
             // Whatever happens, a call without a guess tries the one after.
+            // (`leader_guess` only holds monitors this client knows.)
             let after = self.monitors.iter().position(|(m, _)| *m == id).map_or(0, |i| i + 1);
             match self.ask_kept(id, message) {
                 Ok(MonMessage::NotLeader { leader }) => {
-                    self.leader_guess = leader.filter(|l| *l != id);
+                    let known = |l: &u64| self.monitors.iter().any(|(m, _)| m == l);
+                    self.leader_guess = leader.filter(|l| *l != id && known(l));
                     self.next_monitor = after;
                     last_error = format!("monitor {id} is not the leader");
                 }

@@ -69,11 +69,14 @@ impl Wanted {
     /// between the backfill and the request), or never made.
     pub fn pin_may_go_once_active(&self, backfill: &[OsdId]) -> bool {
         // An erasure-coded PG's pin is the map's to drop (`duplex_map::pg_temp`).
-        // Nor while every OSD of the up set is down: the monitor keeps
-        // such a pin (`pg_temp::may_clear`), and asking again is noise.
+        // Only a pin of the up set's own OSDs (a hand-over): one whose
+        // OSDs are not all in the up set holds copies the up set lacks (an
+        // up-set OSD down, so no target shows), and the monitor keeps it
+        // (`pg_temp::may_clear`); asking would be noise.
         backfill.is_empty()
             && self.targets.is_empty()
             && !self.up.is_empty()
+            && self.acting.iter().all(|osd| self.up.contains(osd))
             && self.is_pinned()
             && self.erasure.is_none()
     }

@@ -54,7 +54,10 @@ impl Peering {
         // members recover from it inside peering (a PG with targets fills
         // nothing in the background), and it is filled again from the
         // primary afterwards, which finds it level.
-        let (authority, info) = match whole_target_over(&info, &self.whole_targets) {
+        // (Not before a scrub: it compares the members' copies with the
+        // authority's, a member's; the next peering will choose it.)
+        let over = if self.scrub.is_none() { whole_target_over(&info, &self.whole_targets) } else { None };
+        let (authority, info) = match over {
             Some(target) => {
                 let (target_info, requests) = self.whole_targets[&target].clone();
                 tracing::info!(
