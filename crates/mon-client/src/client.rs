@@ -8,6 +8,14 @@ use duplex_map::{ClusterMap, Command};
 
 use crate::wire::{Connection, Credentials, MonMessage, WireOutcome};
 
+/// How long one step of a monitor call (connect, handshake, answer) waits.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A step's timeout within `budget` (never zero: a socket timeout of zero means none).
+fn step_timeout(budget: Duration) -> Duration {
+    CALL_TIMEOUT.min(budget).max(Duration::from_millis(10))
+}
+
 pub struct MonClient {
     monitors: Vec<(u64, SocketAddr)>,
     credentials: Credentials,
@@ -56,17 +64,23 @@ impl MonClient {
     }
 
     fn ask(&self, id: u64, message: &MonMessage) -> std::io::Result<MonMessage> {
+        self.ask_within(id, message, CALL_TIMEOUT)
+    }
+
+    /// [`MonClient::ask`] on a connection of its own, waiting at most
+    /// `budget` (and [`CALL_TIMEOUT`]) for each step.
+    fn ask_within(&self, id: u64, message: &MonMessage, budget: Duration) -> std::io::Result<MonMessage> {
         let addr = self.addr_of(id)?;
-        let mut conn = Connection::connect(addr, &self.credentials, Duration::from_secs(2))?;
+        let mut conn = Connection::connect(addr, &self.credentials, step_timeout(budget))?;
         conn.call(message)
     }
 
     /// [`MonClient::ask`] on the kept connection to monitor `id`, if
     /// `keep_connection` (a new one when there is none, or the kept one
     /// is to another monitor or failed).
-    fn ask_kept(&mut self, id: u64, message: &MonMessage) -> std::io::Result<MonMessage> {
+    fn ask_kept(&mut self, id: u64, message: &MonMessage, budget: Duration) -> std::io::Result<MonMessage> {
         if !self.keep_connection {
-            return self.ask(id, message);
+            return self.ask_within(id, message, budget);
         }
         if let Some((kept_id, mut conn)) = self.kept.take() {
             if kept_id == id {
@@ -86,8 +100,10 @@ impl MonClient {
             }
         }
         let addr = self.addr_of(id)?;
-        let mut conn = Connection::connect(addr, &self.credentials, Duration::from_secs(2))?;
+        let mut conn = Connection::connect(addr, &self.credentials, step_timeout(budget))?;
         let reply = conn.call(message)?;
+        // Kept: its later calls wait the usual time, not this call's rest.
+        conn.set_read_timeout(Some(CALL_TIMEOUT))?;
         self.kept = Some((id, conn));
         Ok(reply)
     }
@@ -105,7 +121,11 @@ impl MonClient {
             // Whatever happens, a call without a guess tries the one after.
             // (`leader_guess` only holds monitors this client knows.)
             let after = self.monitors.iter().position(|(m, _)| *m == id).map_or(0, |i| i + 1);
-            match self.ask_kept(id, message) {
+            // A connect to a monitor that takes connections and never
+            // answers waits this call's rest, not more: an OSD's heartbeat
+            // has a second, and the connect's own timeout is two.
+            let budget = self.timeout.saturating_sub(started.elapsed());
+            match self.ask_kept(id, message, budget) {
                 Ok(MonMessage::NotLeader { leader }) => {
                     let known = |l: &u64| self.monitors.iter().any(|(m, _)| m == l);
                     self.leader_guess = leader.filter(|l| *l != id && known(l));
@@ -165,7 +185,7 @@ impl MonClient {
     /// map's changes as they happen.
     pub fn subscribe(&self, id: u64, from: ClusterMap) -> std::io::Result<Subscription> {
         let addr = self.addr_of(id)?;
-        let mut conn = Connection::connect(addr, &self.credentials, Duration::from_secs(2))?;
+        let mut conn = Connection::connect(addr, &self.credentials, CALL_TIMEOUT)?;
         conn.send(&crate::wire::to_frame(&MonMessage::Subscribe { from_epoch: from.epoch }))?;
         Ok(Subscription { conn, map: from })
     }
@@ -302,7 +322,10 @@ mod tests {
         let mut client = MonClient::new(monitors, credentials());
         client.keep_connection = true;
         client.timeout = Duration::from_millis(500);
+        let began = Instant::now();
         assert!(client.heartbeat(3).is_err(), "the black hole took the first call's budget");
+        // Its budget, not the connect's own 2 s.
+        assert!(began.elapsed() < Duration::from_millis(1200), "the first call took {:?}", began.elapsed());
         assert_eq!(client.heartbeat(3).expect("the second monitor answers"), Duration::from_millis(1234));
         assert_eq!(client.heartbeat(3).expect("and keeps answering"), Duration::from_millis(1234));
         drop(black_hole);
