@@ -412,8 +412,7 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
                         }));
                         let consistency = if p.is_eventual() { "eventual" } else { "strong" };
                         let max_lag_ms = p.eventual.map(|e| e.max_lag_ms);
-                        let limits: serde_json::Map<String, serde_json::Value> =
-                            p.qos.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+                        let limits = settings_json(&p.qos);
                         serde_json::json!({"id": p.id, "name": p.name, "size": p.size, "min_size": p.min_size, "pg_num": p.pg_num, "consistency": consistency, "max_lag_ms": max_lag_ms, "erasure": erasure, "dedup": dedup, "chunks": chunks, "image_limits": limits})
                     })
                     .collect();
@@ -443,8 +442,7 @@ pub fn pool(client: &Client, command: PoolCommand) -> Result<()> {
                     };
                     let mut kind = kind;
                     if !p.qos.is_empty() {
-                        let limits: Vec<String> = p.qos.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                        kind.push_str(&format!("; image limits {}", limits.join(" ")));
+                        kind.push_str(&format!("; image limits {}", settings_text(&p.qos)));
                     }
                     println!("{:<6} {:<20} {:>5} {:>9} {:>7}  {kind}", p.id, p.name, p.size, p.min_size, p.pg_num);
                 }
@@ -613,13 +611,7 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
                 let mut value = serde_json::to_value(&info)?;
                 value["parent"] = serde_json::to_value(&parent)?;
                 value["snapshots"] = serde_json::to_value(&snapshots)?;
-                let limits: serde_json::Map<String, serde_json::Value> = client
-                    .image_limits(pool, &name)?
-                    .settings()
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), serde_json::Value::String(v)))
-                    .collect();
-                value["limits"] = serde_json::Value::Object(limits);
+                value["limits"] = settings_json(&client.image_limits(pool, &name)?.settings());
                 println!("{}", serde_json::to_string_pretty(&value)?);
             } else {
                 println!("image:        {}", info.name);
@@ -636,8 +628,10 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
                     println!("data pool:    {name}");
                 }
                 let limits = client.image_limits(pool, &name)?.settings();
-                let limits: Vec<String> = limits.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                println!("limits:       {}", if limits.is_empty() { "none".to_string() } else { limits.join(" ") });
+                println!(
+                    "limits:       {}",
+                    if limits.is_empty() { "none".to_string() } else { settings_text(&limits) }
+                );
                 let snaps = client.list_snapshots(pool, &name)?;
                 let names: Vec<&str> = snaps.iter().map(|s| s.name.as_str()).collect();
                 println!("snapshots:    {}", if names.is_empty() { "none".to_string() } else { names.join(", ") });
@@ -653,10 +647,9 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
         }
         ImageCommand::Set { name, settings } => {
             let limits = client.set_image_limits(pool, &name, &settings)?.settings();
-            let shown: Vec<String> = limits.iter().map(|(k, v)| format!("{k}={v}")).collect();
             println!(
                 "image {pool_name}/{name}: limits {}",
-                if shown.is_empty() { "none (unlimited)".to_string() } else { shown.join(" ") }
+                if limits.is_empty() { "none (unlimited)".to_string() } else { settings_text(&limits) }
             );
         }
         ImageCommand::Resize { name, size, allow_shrink } => {
@@ -1021,4 +1014,17 @@ fn parse_setting(text: &str) -> Result<(String, String), String> {
         Some((key, value)) if !key.is_empty() => Ok((key.trim().to_string(), value.trim().to_string())),
         _ => Err(format!("'{text}' is not KEY=VALUE (say qos_iops=2000)")),
     }
+}
+
+/// QoS settings as `key=value` words, as `image set` takes them.
+fn settings_text<K: std::fmt::Display>(settings: &[(K, String)]) -> String {
+    let words: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    words.join(" ")
+}
+
+/// QoS settings as a JSON object of strings.
+fn settings_json<K: ToString>(settings: &[(K, String)]) -> serde_json::Value {
+    serde_json::Value::Object(
+        settings.iter().map(|(k, v)| (k.to_string(), serde_json::Value::String(v.clone()))).collect(),
+    )
 }

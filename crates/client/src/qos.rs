@@ -160,7 +160,9 @@ impl Throttle {
     }
 
     /// Starts `start` once the limits allow an I/O of `bytes` going
-    /// `direction`, after the I/Os waiting before it.
+    /// `direction`, after the I/Os waiting before it. The queue is bounded
+    /// by the callers' I/O in flight (an NBD server's gate, a benchmark's
+    /// queue depth), not here.
     pub fn hold(&self, direction: Direction, bytes: u64, start: Start) {
         if let Err(err) = self.start_thread() {
             // Nothing would start it: it goes now, over the limit.

@@ -12,7 +12,7 @@
 //! goes back to its owner's page list without a lock. That is the LALCA
 //! paper's per-core memory pools (issue 30) for every buffer, not only
 //! requests: with threads pinned, a heap is a core's. Measured against
-//! glibc's malloc (docs/BENCHMARKS.md, "Session 33"): 8–12% less CPU per
+//! glibc's malloc (docs/BENCHMARKS.md, "Session 33"): 5–12% less CPU per
 //! 4 KiB write, about 20 MiB more resident memory per OSD.
 
 use std::alloc::{GlobalAlloc, Layout};
@@ -49,8 +49,8 @@ pub fn uncounted_thread() {
     let _ = UNCOUNTED.try_with(|uncounted| uncounted.set(true));
 }
 
-/// The heap allocator (mimalloc, or glibc's without the feature), counting allocations (and reallocations, which
-/// may move) but not frees.
+/// The heap allocator (mimalloc, or glibc's without the feature), counting
+/// allocations (and reallocations, which may move) but not frees.
 pub struct CountingAllocator;
 
 fn count() {

@@ -23,9 +23,7 @@ pub fn choose_authority(primary: OsdId, infos: &BTreeMap<OsdId, PeerInfo>, lost:
         infos
             .iter()
             .filter(|(_, info)| info.backfilling == unfinished)
-            .max_by_key(|(osd, info)| {
-                (info.last_active, !info.position_lost, info.last_seq, **osd == primary, std::cmp::Reverse(**osd))
-            })
+            .max_by_key(|(osd, info)| (rank(info), **osd == primary, std::cmp::Reverse(**osd)))
             .map(|(osd, info)| (*osd, *info))
     };
     best(false).or_else(|| if lost { best(true) } else { None })
@@ -49,13 +47,23 @@ pub fn whole_target_over(
     authority: &PeerInfo,
     targets: &BTreeMap<OsdId, (PeerInfo, Vec<duplex_proto::peering::LoggedRequest>)>,
 ) -> Option<OsdId> {
-    let rank = |i: &PeerInfo| (i.last_active, !i.position_lost, i.last_seq);
     targets
         .iter()
-        .filter(|(_, (info, _))| !info.backfilling && !info.log_lost && !info.position_lost)
-        .filter(|(_, (info, _))| rank(info) > rank(authority))
+        .filter(|(_, (info, _))| whole_with_its_log(info) && rank(info) > rank(authority))
         .max_by_key(|(osd, (info, _))| (rank(info), std::cmp::Reverse(**osd)))
         .map(|(osd, _)| *osd)
+}
+
+/// How one copy's history ranks against another's: newest `last_active`,
+/// then a known position over a lost one, then highest `last_seq`.
+pub(super) fn rank(info: &PeerInfo) -> (u64, bool, u64) {
+    (info.last_active, !info.position_lost, info.last_seq)
+}
+
+/// A copy holding the whole PG with the log that places it: a target's
+/// answer counts only then ([`whole_target_over`]).
+pub(super) fn whole_with_its_log(info: &PeerInfo) -> bool {
+    !info.backfilling && !info.log_lost && !info.position_lost
 }
 
 /// How `member` catches up with the authority in the interval that began

@@ -52,7 +52,7 @@ mod scrub;
 mod tests;
 
 pub use authority::choose_authority;
-use authority::{plan_for, whole_target_over};
+use authority::{plan_for, rank, whole_target_over, whole_with_its_log};
 
 /// What the driver does next.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -503,7 +503,7 @@ impl Peering {
                 if !self.targets.contains(&osd) {
                     debug_assert!(self.members.contains(&osd), "a query went to osd.{osd}, no member nor target");
                     infos.insert(osd, (info, requests));
-                } else if !info.backfilling && !info.log_lost && !info.position_lost {
+                } else if whole_with_its_log(&info) {
                     self.whole_targets.insert(osd, (info, requests));
                 }
                 if !waiting.is_empty() {

@@ -45,7 +45,6 @@ impl Peering {
         };
         debug_assert!(self.members.contains(&authority), "the authority osd.{authority} is no member");
         // The authority's key is the greatest among the copies it was chosen from.
-        let rank = |i: &PeerInfo| (i.last_active, !i.position_lost, i.last_seq);
         debug_assert!(
             infos.values().filter(|i| i.backfilling == info.backfilling).all(|i| rank(i) <= rank(&info)),
             "an authority behind another member it was chosen over"
