@@ -500,11 +500,14 @@ pub enum ImageCommand {
     },
     /// Delete an image and its objects.
     Remove { name: String },
-    /// Set an image's limits, `KEY=VALUE` each: qos_iops, qos_read_iops,
-    /// qos_write_iops (operations a second), qos_bps, qos_read_bps,
-    /// qos_write_bps (bytes a second, K/M/G/T suffixes), qos_burst_s
-    /// (seconds of each rate an idle image may spend at once; 1 if unset).
-    /// 0 removes a limit. Running gateways apply them within a second.
+    /// Set an image's QoS, `KEY=VALUE` each. Limits: qos_iops,
+    /// qos_read_iops, qos_write_iops (operations a second), qos_bps,
+    /// qos_read_bps, qos_write_bps (bytes a second, K/M/G/T suffixes),
+    /// qos_burst_s (seconds of each rate an idle image may spend at once;
+    /// 1 if unset); 0 removes a limit. Scheduling at each OSD under
+    /// contention: qos_reservation_iops (4 KiB operations a second it is
+    /// owed), qos_weight (its share of the rest; 1 if unset). Running
+    /// gateways and OSDs apply them within a second.
     Set {
         name: String,
         #[arg(required = true, value_parser = parse_setting)]
@@ -611,7 +614,10 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
                 let mut value = serde_json::to_value(&info)?;
                 value["parent"] = serde_json::to_value(&parent)?;
                 value["snapshots"] = serde_json::to_value(&snapshots)?;
-                value["limits"] = settings_json(&client.image_limits(pool, &name)?.settings());
+                let qos = client.image_qos(pool, &name)?;
+                value["limits"] = settings_json(&qos.limits.settings());
+                value["reservation_iops"] = qos.reservation_iops.into();
+                value["weight"] = qos.weight.into();
                 println!("{}", serde_json::to_string_pretty(&value)?);
             } else {
                 println!("image:        {}", info.name);
@@ -627,11 +633,13 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
                         map.pools.get(&data_pool).map_or(format!("id {data_pool} (deleted)"), |p| p.name.clone());
                     println!("data pool:    {name}");
                 }
-                let limits = client.image_limits(pool, &name)?.settings();
+                let qos = client.image_qos(pool, &name)?;
+                let limits = qos.limits.settings();
                 println!(
                     "limits:       {}",
                     if limits.is_empty() { "none".to_string() } else { settings_text(&limits) }
                 );
+                println!("reservation:  {} IOPS (4 KiB) at each OSD; weight {}", qos.reservation_iops, qos.weight);
                 let snaps = client.list_snapshots(pool, &name)?;
                 let names: Vec<&str> = snaps.iter().map(|s| s.name.as_str()).collect();
                 println!("snapshots:    {}", if names.is_empty() { "none".to_string() } else { names.join(", ") });
@@ -646,10 +654,10 @@ pub fn image(client: &Client, pool_name: &str, command: ImageCommand) -> Result<
             }
         }
         ImageCommand::Set { name, settings } => {
-            let limits = client.set_image_limits(pool, &name, &settings)?.settings();
+            let own = client.set_image_qos(pool, &name, &settings)?.settings();
             println!(
-                "image {pool_name}/{name}: limits {}",
-                if limits.is_empty() { "none (unlimited)".to_string() } else { settings_text(&limits) }
+                "image {pool_name}/{name}: {}",
+                if own.is_empty() { "no QoS settings of its own".to_string() } else { settings_text(&own) }
             );
         }
         ImageCommand::Resize { name, size, allow_shrink } => {

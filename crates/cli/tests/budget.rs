@@ -16,13 +16,10 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{require_tool, run_ok, DevCluster};
+use common::{osds, require_tool, run_ok, scrape, DevCluster, Osd};
 
 const BLOCK: u64 = 4096;
 const REPLICAS: f64 = 2.0;
@@ -167,40 +164,6 @@ fn the_work_per_write_and_per_read_stays_within_budget() {
     assert!(over.is_empty(), "over budget:\n{over:#?}\n(all: {text:#?})");
 }
 
-struct Osd {
-    pid: u32,
-    admin: SocketAddr,
-}
-
-/// The OSDs of a `dev up` cluster: pids from `state.json`, admin (metrics)
-/// addresses from the line each logs when it starts serving.
-fn osds(dir: &Path) -> Vec<Osd> {
-    let state: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).expect("state.json")).expect("json");
-    let processes = state["processes"].as_array().expect("processes");
-    processes
-        .iter()
-        .filter_map(|process| {
-            let name = process["name"].as_str()?;
-            name.starts_with("osd.").then(|| {
-                let pid = process["pid"].as_u64().expect("pid") as u32;
-                let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).expect("OSD log");
-                // The line it prints when it serves: "... serving on ADDR admin ADDR ...".
-                let admin = log
-                    .lines()
-                    .find(|line| line.contains(" serving on "))
-                    .unwrap_or_default()
-                    .split_whitespace()
-                    .skip_while(|word| *word != "admin")
-                    .nth(1)
-                    .and_then(|addr| addr.parse().ok())
-                    .unwrap_or_else(|| panic!("{name} logged no admin address:\n{log}"));
-                Osd { pid, admin }
-            })
-        })
-        .collect()
-}
-
 fn fio(uri: &str, name: &str, rw: &str, bs: &str, iodepth: u32, io_size: &str) {
     let output = run_ok(
         Command::new("fio")
@@ -343,21 +306,6 @@ impl Delta {
 }
 
 /// The counters of an OSD's `/metrics` page, by name with labels.
-fn scrape(admin: SocketAddr) -> HashMap<String, f64> {
-    let mut stream = TcpStream::connect_timeout(&admin, Duration::from_secs(5)).expect("metrics endpoint");
-    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").expect("request");
-    let mut page = String::new();
-    stream.read_to_string(&mut page).expect("metrics page");
-    page.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let (name, value) = line.rsplit_once(' ')?;
-            Some((name.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
 /// Voluntary context switches of every live thread of `pid`.
 fn voluntary_switches(pid: u32) -> u64 {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process runs");

@@ -43,6 +43,18 @@ fn wait_for_share(image: &Image, iops: u64) {
     }
 }
 
+/// Client operations the OSDs' schedulers took, and those their
+/// limiters held, summed over the OSDs.
+fn qos_ops(cluster: &DevCluster) -> (f64, f64) {
+    let mut sums = (0.0, 0.0);
+    for osd in common::osds(cluster.path()) {
+        let metrics = common::scrape(osd.admin);
+        sums.0 += metrics.get("duplex_osd_qos_ops_total{by=\"scheduler\"}").copied().unwrap_or(0.0);
+        sums.1 += metrics.get("duplex_osd_qos_ops_total{by=\"limiter\"}").copied().unwrap_or(0.0);
+    }
+    sums
+}
+
 /// Completions counted over `span`, after the gateways settled.
 fn rate_over(done: &AtomicU64, span: Duration) -> f64 {
     let before = done.load(Ordering::Relaxed);
@@ -86,6 +98,11 @@ fn an_image_limit_holds_across_two_gateways_and_changes_apply_within_a_second() 
     // The two shares' buckets (0.25 s each) may add 200 I/Os to the 3 s.
     assert!((360.0..=470.0).contains(&limited), "{limited:.0} IOPS against a limit of 400");
     assert!(a.limits().unwrap().1 > 0 && b.limits().unwrap().1 > 0, "both gateways held I/O back");
+    // The OSDs scheduled the image's operations but never held one: the
+    // gateways kept to their shares (the OSDs allow twice their burst).
+    let (scheduled, limited) = qos_ops(&cluster);
+    assert!(scheduled > 1000.0, "{scheduled} operations went through the OSDs' schedulers");
+    assert_eq!(limited, 0.0, "an OSD held honest gateways' operations");
 
     // Raised live: both gateways take the new share within a second.
     let changed = Instant::now();
@@ -122,4 +139,73 @@ fn an_image_limit_holds_across_two_gateways_and_changes_apply_within_a_second() 
     for thread in threads {
         thread.join().expect("a writer");
     }
+}
+
+/// Writes one object of the image's with `depth` threads of one client
+/// that knows nothing of limits, until `stop`.
+fn raw_load(
+    client: Arc<duplex_client::Client>,
+    pool: u32,
+    object: Vec<u8>,
+    depth: usize,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..depth)
+        .map(|thread| {
+            let (client, object, stop, done) = (client.clone(), object.clone(), stop.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let offset = (thread as u64 % 64) * 4096;
+                    client.write(pool, &object, offset, Bytes::from(vec![thread as u8; 4096])).expect("a write");
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn an_osd_holds_a_client_that_ignores_its_images_limit() {
+    let cluster = DevCluster::start();
+    run_ok(cluster.cli().args(["image", "create", "disk", "--size", "64M"]));
+    let client = Arc::new(cluster.client());
+    let pool = client.pool_id("rbd").expect("the pool");
+    let id = client.image_info(pool, "disk").expect("the image").id;
+    // One data object: one PG, one primary OSD.
+    let object = format!("{id}.{:016x}", 3).into_bytes();
+    let (stop, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let threads = raw_load(client.clone(), pool, object, 16, stop.clone(), done.clone());
+    std::thread::sleep(Duration::from_millis(500));
+    let free = rate_over(&done, Duration::from_secs(2));
+    assert!(free > 1000.0, "unlimited, one object takes {free:.0} writes a second: too few for the test");
+
+    // The image's limit reaches the OSDs through the map within a second;
+    // the client's own writes never asked its throttle.
+    run_ok(cluster.cli().args(["image", "set", "disk", "qos_write_iops=200", "qos_burst_s=0.25"]));
+    std::thread::sleep(Duration::from_millis(1500));
+    let held = rate_over(&done, Duration::from_secs(3));
+    // The OSD's burst is twice the image's (0.5 s): at most 100 more in 3 s.
+    assert!((150.0..=240.0).contains(&held), "{held:.0} writes a second against an OSD limit of 200");
+    assert!(qos_ops(&cluster).1 > 100.0, "the limiter's holds are counted");
+
+    // Reservations and weights are taken too, and shown; removing the
+    // settings frees the client again.
+    run_ok(cluster.cli().args(["image", "set", "disk", "qos_reservation_iops=100", "qos_weight=3"]));
+    let info = String::from_utf8_lossy(&run_ok(cluster.cli().args(["image", "info", "disk"])).stdout).to_string();
+    assert!(info.contains("reservation:  100 IOPS (4 KiB) at each OSD; weight 3"), "{info}");
+    let out = cluster.cli().args(["image", "set", "disk", "qos_reservation_iops=500"]).output().expect("duplex runs");
+    assert!(!out.status.success(), "a reservation above the image's limit was taken");
+    run_ok(cluster.cli().args(["image", "set", "disk", "qos_write_iops=0", "qos_burst_s=1"]));
+    std::thread::sleep(Duration::from_millis(1500));
+    let freed = rate_over(&done, Duration::from_secs(2));
+    eprintln!("one object's writes a second: {free:.0} free, {held:.0} held, {freed:.0} freed");
+    assert!(freed > 3.0 * held, "{freed:.0} writes a second once the limit went, {held:.0} before");
+    stop.store(true, Ordering::Relaxed);
+    for thread in threads {
+        thread.join().expect("a writer");
+    }
+    // Removing the image takes its settings out of the map.
+    run_ok(cluster.cli().args(["image", "remove", "disk"]));
+    assert!(cluster.client().map().image_qos.is_empty(), "the removed image's settings stay in the map");
 }

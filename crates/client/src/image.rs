@@ -465,6 +465,7 @@ impl Client {
         let ops = objects.into_iter().map(|n| ObjectOp::new(pool, OpKind::Delete, Bytes::from(n)));
         self.run_all(ops, true)?;
         self.delete(pool, &directory_object(name))?;
+        self.forget_image_qos(info.data_pool_in(pool), &info.id);
         // The parent's snapshot may be unprotected once no clone is left.
         match link {
             Some(link) => self.unregister_child(&link, &info.id),

@@ -27,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use duplex_qos::{Direction, Limiter, Limits};
+use duplex_qos::{ClassSettings, Direction, Limiter, Limits};
 
 use crate::client::Client;
 use crate::error::ClientError;
@@ -41,21 +41,27 @@ pub fn attr_name(key: &str) -> Vec<u8> {
     [ATTR_PREFIX, short.as_bytes()].concat()
 }
 
-/// The limits the header's attributes `attrs` set over `base` (the
+/// The settings the header's attributes `attrs` set over `base` (the
 /// pool's defaults): an image's own setting of a key wins. Settings this
 /// client does not know (a newer one wrote them) or cannot read are
 /// skipped and returned as errors, for the caller to report.
-pub fn limits_of(base: Limits, attrs: &[(Vec<u8>, Vec<u8>)]) -> (Limits, Vec<duplex_qos::LimitError>) {
-    let mut limits = base;
+pub fn settings_of(base: ClassSettings, attrs: &[(Vec<u8>, Vec<u8>)]) -> (ClassSettings, Vec<duplex_qos::LimitError>) {
+    let mut settings = base;
     let mut errors = Vec::new();
     for (name, value) in attrs {
         let Some(short) = name.strip_prefix(ATTR_PREFIX) else { continue };
         let key = format!("qos_{}", String::from_utf8_lossy(short));
-        if let Err(err) = limits.set(&key, &String::from_utf8_lossy(value)) {
+        if let Err(err) = settings.set(&key, &String::from_utf8_lossy(value)) {
             errors.push(err);
         }
     }
-    (limits, errors)
+    (settings, errors)
+}
+
+/// The limits of [`settings_of`].
+pub fn limits_of(base: Limits, attrs: &[(Vec<u8>, Vec<u8>)]) -> (Limits, Vec<duplex_qos::LimitError>) {
+    let (settings, errors) = settings_of(ClassSettings { limits: base, ..ClassSettings::default() }, attrs);
+    (settings.limits, errors)
 }
 
 /// An I/O held back until its limits let it go.
@@ -247,7 +253,14 @@ impl Client {
     /// The limits image `name` keeps to: its pool's defaults, and its
     /// header's `qos.` attributes over them.
     pub fn image_limits(&self, pool: u32, name: &str) -> Result<Limits, ClientError> {
-        self.image_limits_over(pool, name, self.pool_limits(pool))
+        Ok(self.image_qos(pool, name)?.limits)
+    }
+
+    /// Image `name`'s QoS settings: its pool's defaults, and its header's
+    /// `qos.` attributes over them.
+    pub fn image_qos(&self, pool: u32, name: &str) -> Result<ClassSettings, ClientError> {
+        let base = self.map().pools.get(&pool).map(duplex_map::Pool::default_settings).unwrap_or_default();
+        self.image_qos_over(pool, name, base)
     }
 
     /// The default limits of pool `pool`'s images (`duplex pool set POOL qos_…`).
@@ -255,37 +268,41 @@ impl Client {
         self.map().pools.get(&pool).map(duplex_map::Pool::default_limits).unwrap_or_default()
     }
 
-    /// The limits image `name`'s own settings make of `base`.
-    fn image_limits_over(&self, pool: u32, name: &str, base: Limits) -> Result<Limits, ClientError> {
+    /// The settings image `name`'s own make of `base`.
+    fn image_qos_over(&self, pool: u32, name: &str, base: ClassSettings) -> Result<ClassSettings, ClientError> {
         let info = self.image_info(pool, name)?;
         let attrs = self.list_attrs(pool, &crate::image::header_object(&info.id))?;
-        let (limits, errors) = limits_of(base, &attrs);
+        let (settings, errors) = settings_of(base, &attrs);
         for err in errors {
             // A newer client's setting, say: the rest still apply (as in the watch).
             tracing::warn!(image = name, %err, "an image's QoS setting is not understood; the others apply");
         }
-        Ok(limits)
+        Ok(settings)
     }
 
-    /// Sets limits on image `name` from `key=value` settings (the keys of
-    /// [`duplex_qos::limit::KEYS`]; 0 removes a limit): all are checked
-    /// before any is written. Running gateways apply them within a second.
-    /// Returns the limits now set.
-    pub fn set_image_limits(
+    /// Sets image `name`'s own QoS from `key=value` settings (the keys of
+    /// [`duplex_qos::settings::KEYS`]; 0 removes a limit): all are checked
+    /// before any is written. Its header keeps them for the gateways,
+    /// which apply limits within a second; the map keeps them for the
+    /// OSDs' schedulers and limiters. Returns the image's own settings now.
+    pub fn set_image_qos(
         &self,
         pool: u32,
         name: &str,
         settings: &[(String, String)],
-    ) -> Result<Limits, ClientError> {
+    ) -> Result<ClassSettings, ClientError> {
         let info = self.image_info(pool, name)?;
         let header = crate::image::header_object(&info.id);
         // The image's own settings only: the pool's defaults stay the pool's.
-        let mut limits = self.image_limits_over(pool, name, Limits::default())?;
+        let mut own = self.image_qos_over(pool, name, ClassSettings::default())?;
         for (key, value) in settings {
-            limits.set(key, value).map_err(|err| ClientError::Invalid(err.to_string()))?;
+            own.set(key, value).map_err(|err| ClientError::Invalid(err.to_string()))?;
         }
-        let set: Vec<(&str, String)> = limits.settings();
-        for key in duplex_qos::limit::KEYS {
+        own.check().map_err(|err| ClientError::Invalid(err.to_string()))?;
+        let set: Vec<(&str, String)> = own.settings();
+        // The map first: a refusal there leaves the header as it was.
+        self.publish_image_qos(info.data_pool_in(pool), &info.id, &set)?;
+        for key in duplex_qos::settings::KEYS {
             let attr = attr_name(key);
             match set.iter().find(|(k, _)| *k == key) {
                 Some((_, value)) => self.set_attr(pool, &header, &attr, value.as_bytes())?,
@@ -295,7 +312,41 @@ impl Client {
                 },
             }
         }
-        Ok(limits)
+        Ok(own)
+    }
+
+    /// A removed image's settings leave the map. Its name is gone already,
+    /// so a failure here only leaves an entry no object matches: warned.
+    pub(crate) fn forget_image_qos(&self, data_pool: u32, id: &str) {
+        let known =
+            u64::from_str_radix(id, 16).is_ok_and(|image| self.map().image_qos.contains_key(&(data_pool, image)));
+        if known {
+            if let Err(err) = self.publish_image_qos(data_pool, id, &[]) {
+                tracing::warn!(image = id, %err, "a removed image's QoS settings stay in the map");
+            }
+        }
+    }
+
+    /// Tells the monitors image `id`'s own settings (empty: none), for the
+    /// OSDs of its data pool `data_pool`.
+    pub(crate) fn publish_image_qos(
+        &self,
+        data_pool: u32,
+        id: &str,
+        settings: &[(&str, String)],
+    ) -> Result<(), ClientError> {
+        let image = u64::from_str_radix(id, 16)
+            .map_err(|_| ClientError::Corrupt(format!("image id '{id}' is not 16 hex digits")))?;
+        let command = duplex_map::Command::ImageQosSet {
+            pool: data_pool,
+            image,
+            settings: settings.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+        };
+        match self.monitor().command(&command) {
+            Ok(duplex_mon_client::WireOutcome::Refused(why)) => Err(ClientError::Invalid(why)),
+            Ok(_) => Ok(()),
+            Err(err) => Err(ClientError::Unavailable(format!("the monitors did not take the QoS settings: {err}"))),
+        }
     }
 }
 

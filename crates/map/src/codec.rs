@@ -17,8 +17,8 @@ use crate::{ClusterMap, MapDelta};
 /// 2: temporary acting sets (`pg_temp`); 3: last active sets (`active_sets`);
 /// 4: fullness; 5: upmap items and the balancer's spread; 6: erasure-coded
 /// pools; 7: deduplicated and chunk pools; 8: a tier's chunking; 9:
-/// eventual pools; 10: pools' default image limits.
-pub const FORMAT_VERSION: u16 = 10;
+/// eventual pools; 10: pools' default image limits; 11: images' QoS settings.
+pub const FORMAT_VERSION: u16 = 11;
 const MAP_MAGIC: [u8; 4] = *b"DPXM";
 const DELTA_MAGIC: [u8; 4] = *b"DPXD";
 

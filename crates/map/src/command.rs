@@ -88,6 +88,14 @@ pub enum Command {
         key: String,
         value: String,
     },
+    /// Set image `image`'s own QoS settings (issue 31): the whole set,
+    /// `key=value` as `duplex image set` takes them, checked as a whole;
+    /// empty removes them. `pool` is the image's data pool.
+    ImageQosSet {
+        pool: PoolId,
+        image: u64,
+        settings: Vec<(String, String)>,
+    },
     /// Grow the PG count (PGs split; shrinking is not supported yet).
     PoolSetPgNum {
         name: String,
@@ -358,6 +366,22 @@ impl ClusterMap {
                     Some(pool) => vec![Change::SetPool(pool)],
                     None => return Ok(None),
                 }
+            }
+            Command::ImageQosSet { pool, image, settings } => {
+                if !self.pools.contains_key(pool) {
+                    return Err(CommandError::Invalid(format!("no pool with id {pool}")));
+                }
+                let checked =
+                    duplex_qos::ClassSettings::from_pairs(settings.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                        .map_err(|err| CommandError::Invalid(err.to_string()))?;
+                // Kept in their canonical text, defaults left out, so the
+                // same settings always make the same map.
+                let settings: Vec<(String, String)> =
+                    checked.settings().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+                if self.image_qos.get(&(*pool, *image)).map_or(settings.is_empty(), |old| *old == settings) {
+                    return Ok(None);
+                }
+                vec![Change::SetImageQos { pool: *pool, image: *image, settings }]
             }
             Command::PoolCreateErasure { name, code, min_size, pg_num } => {
                 check_name("pool", name)?;

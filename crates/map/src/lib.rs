@@ -161,14 +161,27 @@ impl Pool {
 
     /// The limits its images keep to unless they set their own.
     pub fn default_limits(&self) -> duplex_qos::Limits {
-        let mut limits = duplex_qos::Limits::default();
-        for (key, value) in &self.qos {
-            // Checked when set ([`Command::PoolSet`]): none fails here.
-            let checked = limits.set(key, value);
-            debug_assert!(checked.is_ok(), "pool '{}' holds the unchecked setting {key}={value}", self.name);
-        }
-        limits
+        self.default_settings().limits
     }
+
+    /// The QoS settings its images have unless they set their own.
+    pub fn default_settings(&self) -> duplex_qos::ClassSettings {
+        settings_over(duplex_qos::ClassSettings::default(), &self.qos, &self.name)
+    }
+}
+
+/// `base` with `pairs` (checked when they were set) over it.
+pub fn settings_over(
+    mut base: duplex_qos::ClassSettings,
+    pairs: &[(String, String)],
+    whose: &str,
+) -> duplex_qos::ClassSettings {
+    for (key, value) in pairs {
+        // Checked when set ([`Command::PoolSet`], [`Command::ImageQosSet`]): none fails here.
+        let checked = base.set(key, value);
+        debug_assert!(checked.is_ok(), "{whose} holds the unchecked setting {key}={value}");
+    }
+    base
 }
 
 /// An erasure-coded pool's code: each PG holds `k` data shards and `m`
@@ -243,6 +256,10 @@ pub struct ClusterMap {
     /// The balancer moves PGs while the fullest and the emptiest OSDs that
     /// are in differ by more than this, per mille of their stores (0: off).
     pub balancer_max_spread: u16,
+    /// Per image (its data pool, its id), its own QoS settings as
+    /// `duplex image set` takes them, over its pool's defaults: what the
+    /// OSDs' schedulers and limiters hold it to (issue 31).
+    pub image_qos: BTreeMap<(PoolId, u64), Vec<(String, String)>>,
 }
 
 /// The balancer's default: OSDs within 2% of each other are left alone.
@@ -289,6 +306,12 @@ pub enum Change {
         items: Vec<(OsdId, OsdId)>,
     },
     SetBalancerMaxSpread(u16),
+    /// Sets an image's QoS settings (empty: removes them).
+    SetImageQos {
+        pool: PoolId,
+        image: u64,
+        settings: Vec<(String, String)>,
+    },
 }
 
 /// The change from epoch `epoch - 1` to `epoch`.
@@ -321,6 +344,7 @@ impl ClusterMap {
             full_ratios: FullRatios::default(),
             pg_upmap: BTreeMap::new(),
             balancer_max_spread: DEFAULT_BALANCER_MAX_SPREAD,
+            image_qos: BTreeMap::new(),
         }
     }
 
@@ -356,11 +380,15 @@ impl ClusterMap {
                     self.pg_temp.retain(|(pool, _), _| pool != id);
                     self.active_sets.retain(|(pool, _), _| pool != id);
                     self.pg_upmap.retain(|(pool, _), _| pool != id);
+                    self.image_qos.retain(|(pool, _), _| pool != id);
                 }
                 Change::SetPgTemp { pool, pg, osds } => set_or_remove(&mut self.pg_temp, (*pool, *pg), osds),
                 Change::SetFullRatios(ratios) => self.full_ratios = *ratios,
                 Change::SetPgUpmap { pool, pg, items } => set_or_remove(&mut self.pg_upmap, (*pool, *pg), items),
                 Change::SetBalancerMaxSpread(spread) => self.balancer_max_spread = *spread,
+                Change::SetImageQos { pool, image, settings } => {
+                    set_or_remove(&mut self.image_qos, (*pool, *image), settings)
+                }
                 Change::SetActiveSet { pool, pg, set } => match set {
                     Some(set) => {
                         self.active_sets.insert((*pool, *pg), set.clone());
@@ -390,6 +418,17 @@ impl ClusterMap {
         }
         if !self.full_ratios.is_valid() {
             return Err(format!("full ratios out of order: {:?}", self.full_ratios));
+        }
+        // Decoded settings are hostile input like any other: a default_settings
+        // or settings_over call must find them checked.
+        let pools = self.pools.values().map(|p| (format!("pool '{}'", p.name), &p.qos));
+        let images = self.image_qos.iter().map(|((pool, image), v)| (format!("image {image:016x} in pool {pool}"), v));
+        for (whose, pairs) in pools.chain(images) {
+            duplex_qos::ClassSettings::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .map_err(|err| format!("the QoS settings of {whose}: {err}"))?;
+        }
+        if let Some((pool, image)) = self.image_qos.keys().find(|(pool, _)| !self.pools.contains_key(pool)) {
+            return Err(format!("image {image:016x}'s QoS settings name pool {pool}, which is not in the map"));
         }
         let mut host_ids: Vec<u32> = self.hosts.values().copied().collect();
         host_ids.sort_unstable();
@@ -568,7 +607,7 @@ pub fn primary_of(acting: &[OsdId]) -> Option<OsdId> {
 }
 
 /// A per-PG entry set to `value`, or removed when it is empty.
-fn set_or_remove<T: Clone>(entries: &mut BTreeMap<(PoolId, u32), Vec<T>>, key: (PoolId, u32), value: &[T]) {
+fn set_or_remove<K: Ord, T: Clone>(entries: &mut BTreeMap<K, Vec<T>>, key: K, value: &[T]) {
     if value.is_empty() {
         entries.remove(&key);
     } else {

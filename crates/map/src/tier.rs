@@ -174,7 +174,7 @@ impl Default for ChunkStore {
 }
 
 /// The keys [`crate::Command::PoolSet`] takes.
-pub const POOL_SET_KEYS: &str = "dedup_low_watermark, dedup_high_watermark, dedup_mode (a deduplicated pool); compression, compression_min_saving (a chunk pool); max_lag (an eventual pool); qos_iops, qos_read_iops, qos_write_iops, qos_bps, qos_read_bps, qos_write_bps, qos_burst_s (its images' limits unless an image sets its own)";
+pub const POOL_SET_KEYS: &str = "dedup_low_watermark, dedup_high_watermark, dedup_mode (a deduplicated pool); compression, compression_min_saving (a chunk pool); max_lag (an eventual pool); qos_iops, qos_read_iops, qos_write_iops, qos_bps, qos_read_bps, qos_write_bps, qos_burst_s, qos_reservation_iops, qos_weight (its images' QoS unless an image sets its own)";
 
 /// Pool `pool` given a tier in `chunk_pool`, cut into `chunk_size` chunks
 /// by `chunking`. `Ok(None)`: it has that tier already. A tier is set
@@ -278,9 +278,10 @@ pub fn pool_set(pool: &Pool, key: &str, value: &str) -> Result<Option<Pool>, Com
         }
         "max_lag" => new = crate::eventual::set_max_lag(pool, value)?,
         key if key.starts_with("qos_") => {
-            let mut limits = pool.default_limits();
-            limits.set(key, value).map_err(|err| invalid(err.to_string()))?;
-            new.qos = limits.settings().into_iter().map(|(key, value)| (key.to_string(), value)).collect();
+            let mut settings = pool.default_settings();
+            settings.set(key, value).map_err(|err| invalid(err.to_string()))?;
+            settings.check().map_err(|err| invalid(err.to_string()))?;
+            new.qos = settings.settings().into_iter().map(|(key, value)| (key.to_string(), value)).collect();
         }
         _ => return Err(invalid(format!("no pool setting '{key}' (there are: {POOL_SET_KEYS})"))),
     }
@@ -341,6 +342,42 @@ mod tests {
         set(&mut map, "vms", "qos_iops", "0").unwrap();
         assert_eq!(map.pool_by_name("vms").unwrap().qos.len(), 1, "0 removes a default");
         assert_eq!(crate::codec::decode_map(&crate::codec::encode_map(&map)).unwrap(), map);
+    }
+
+    #[test]
+    fn an_images_qos_settings_are_checked_kept_canonical_and_go_with_their_pool() {
+        let mut map = map();
+        let pool = map.pool_by_name("vms").unwrap().id;
+        let image_set = |map: &mut ClusterMap, pairs: &[(&str, &str)]| {
+            let settings = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            map.run(&Command::ImageQosSet { pool, image: 0xabc, settings })
+        };
+        image_set(&mut map, &[("qos_reservation_iops", "500"), ("qos_weight", "2"), ("qos_bps", "1M")]).unwrap();
+        let kept = &map.image_qos[&(pool, 0xabc)];
+        assert_eq!(kept.len(), 3);
+        assert!(kept.contains(&("qos_bps".to_string(), "1048576".to_string())), "{kept:?}");
+        let epoch = map.epoch;
+        assert_eq!(
+            image_set(&mut map, &[("qos_bps", "1024K"), ("qos_weight", "2.0"), ("qos_reservation_iops", "500")]),
+            Ok(None)
+        );
+        assert_eq!(map.epoch, epoch, "the same settings in other words: no new epoch");
+        for bad in [("qos_weight", "0"), ("qos_reservation_iops", "x"), ("qos_nope", "1")] {
+            let err = image_set(&mut map, &[bad]).unwrap_err();
+            assert!(err.to_string().contains(bad.0), "{bad:?}: {err}");
+        }
+        let err = map.run(&Command::ImageQosSet { pool: 99, image: 1, settings: vec![] }).unwrap_err();
+        assert!(err.to_string().contains("99"), "{err}");
+        assert_eq!(crate::codec::decode_map(&crate::codec::encode_map(&map)).unwrap(), map);
+        // A hostile map with unchecked settings is refused when decoded.
+        let mut hostile = map.clone();
+        hostile.image_qos.insert((pool, 1), vec![("qos_weight".into(), "-3".into())]);
+        assert!(crate::codec::decode_map(&crate::codec::encode_map(&hostile)).is_err());
+        image_set(&mut map, &[("qos_weight", "1")]).unwrap();
+        assert!(map.image_qos.is_empty(), "default settings remove the entry");
+        image_set(&mut map, &[("qos_weight", "3")]).unwrap();
+        map.run(&Command::PoolDelete { name: "vms".into() }).unwrap();
+        assert!(map.image_qos.is_empty(), "a removed pool's images' settings go with it");
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub struct Shared {
     pub messenger: Arc<crate::io::messenger::Messenger>,
     /// `threading = lalca`: which priority thread owns each eventual PG now.
     pub owners: Option<crate::io::lalca::Owners>,
+    /// Client QoS: the limiters of images with limits, shared by the
+    /// priority threads (`crate::io::qos`).
+    pub qos_limits: crate::io::qos::OsdLimits,
     next_txid: AtomicU64,
 }
 
@@ -92,6 +95,7 @@ impl Shared {
             snap_trims: OnceLock::new(),
             ec_objects: Default::default(),
             tier_wake: OnceLock::new(),
+            qos_limits: Default::default(),
             next_txid: AtomicU64::new(1),
         }
     }

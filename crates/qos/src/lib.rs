@@ -9,9 +9,12 @@
 //!   client, recovery, backfill, scrub) a reservation, a weight and a
 //!   limit, and urgent classes (recovery of a PG that cannot serve I/O)
 //!   first.
+//! - [`settings`]: limits, reservation and weight as operators set them.
 
 pub mod limit;
 pub mod scheduler;
+pub mod settings;
 
 pub use limit::{Direction, LimitError, Limiter, Limits, TokenBucket};
 pub use scheduler::{ClassSpec, Phase, Pop, Scheduler, SpecError};
+pub use settings::{cost, ClassSettings};

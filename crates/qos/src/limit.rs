@@ -64,7 +64,7 @@ impl Default for Limits {
 
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum LimitError {
-    #[error("unknown QoS setting '{key}' (one of: {})", KEYS.join(", "))]
+    #[error("unknown QoS setting '{key}' (one of: {})", crate::settings::KEYS.join(", "))]
     UnknownKey { key: String },
     #[error("{key}: '{value}' is not {expected}")]
     BadValue { key: String, value: String, expected: &'static str },

@@ -3,8 +3,12 @@
 
 #![allow(dead_code)]
 
+pub mod metrics;
 pub mod netns;
 pub mod workload;
+
+#[allow(unused_imports)] // each test crate uses a part
+pub use metrics::{osds, scrape, Osd};
 
 use std::cell::Cell;
 use std::io::{BufRead, BufReader};

@@ -27,6 +27,7 @@ use crate::io::ops;
 use crate::io::order::Ticket;
 use crate::io::pending::{Finished, PendingWrites, WriteInfo, REPLICATION_TIMEOUT};
 use crate::io::pool::Pool;
+use crate::io::qos::{ClassKey, ClientQos, TURN_COST};
 use crate::messages::{
     ClientOp, ClientSlot, Completion, EcTask, Job, Mailbox, Outcome, PeerReplyTo, ScrubAsk, SyncDone, MAX_SCRUB_ASKS,
 };
@@ -84,6 +85,14 @@ pub struct PriorityThread {
     resume: Vec<usize>,
     /// Warnings about refused connections, at most one a second.
     refusals: WarnLimit,
+    /// Client QoS (`io::qos`): while the map has settings, client
+    /// operations wait here after they are read and run in the
+    /// scheduler's order, at most `TURN_COST` a turn.
+    qos: ClientQos<ClientOp>,
+    /// The scheduler had more than a turn's work: poll without waiting.
+    qos_ready: bool,
+    /// When the scheduler's or the limiter's next held operation may go.
+    qos_wake: Option<Instant>,
 }
 
 impl PriorityThread {
@@ -123,6 +132,9 @@ impl PriorityThread {
             touched: Vec::new(),
             resume: Vec::new(),
             refusals: WarnLimit::new(),
+            qos: ClientQos::default(),
+            qos_ready: false,
+            qos_wake: None,
         }
     }
 
@@ -146,6 +158,7 @@ impl PriorityThread {
             }
             let timeout = (!self.pending.is_empty() || !self.ec.is_empty() || self.shared.watchers.any())
                 .then(|| next_check.saturating_duration_since(Instant::now()));
+            let timeout = self.qos_timeout(timeout);
             if let Err(err) = self.poll.poll(&mut events, timeout) {
                 if err.kind() == std::io::ErrorKind::Interrupted {
                     continue;
@@ -180,9 +193,13 @@ impl PriorityThread {
                     self.on_readable(token);
                 }
             }
+            if self.qos.is_on() {
+                self.run_scheduled();
+            }
             let now = Instant::now();
             if now >= next_check {
                 self.expire_pending(now);
+                self.follow_qos(now);
                 let epoch = self.cache.view(&self.shared.map).epoch();
                 self.shared.watchers.expire(self.index, now, epoch);
                 next_check = now + PENDING_CHECK;
@@ -494,6 +511,11 @@ impl PriorityThread {
                         return Ok(false);
                     }
                 };
+                if self.qos.is_on() {
+                    // It runs in the scheduler's order, after this turn's reads.
+                    self.schedule(op);
+                    return Ok(false);
+                }
                 return Ok(self.run_client(op, false));
             }
             Inbound::Frame { frame, .. } => frame,
@@ -630,6 +652,98 @@ impl PriorityThread {
                 true
             }
         }
+    }
+
+    /// Takes the map's QoS settings when it moved to a new epoch: called
+    /// every `PENDING_CHECK`, and before each scheduled operation is queued.
+    fn follow_qos(&mut self, now: Instant) {
+        let view = self.cache.view(&self.shared.map);
+        let limits = &self.shared.qos_limits;
+        let micros = limits.micros(now);
+        self.qos.follow(&view.map, micros);
+        self.qos.sweep(limits, micros);
+    }
+
+    /// Queues a client operation in the QoS scheduler (its lane, on a
+    /// shared connection, waits until it has run).
+    fn schedule(&mut self, op: ClientOp) {
+        let key = ClassKey::of(&op.request, op.token);
+        let (direction, bytes) = if op.request.kind.is_data_read() {
+            (duplex_qos::Direction::Read, u64::from(op.request.length))
+        } else {
+            (duplex_qos::Direction::Write, op.request.data.len() as u64)
+        };
+        let view = self.cache.view(&self.shared.map);
+        let limits = &self.shared.qos_limits;
+        let held = self.qos.push(&view.map, limits, key, op, direction, bytes, limits.micros(Instant::now()));
+        self.shared.metrics.qos_scheduled.add(1);
+        if held {
+            self.shared.metrics.qos_limited.add(1);
+        }
+    }
+
+    /// Runs what the QoS scheduler lets go this turn: at most `TURN_COST`,
+    /// then what is left waits for the next turn (polled without waiting)
+    /// or for the time the scheduler names.
+    fn run_scheduled(&mut self) {
+        let started = Instant::now();
+        let now = self.shared.qos_limits.micros(started);
+        {
+            let view = self.cache.view(&self.shared.map);
+            self.qos.follow(&view.map, now);
+        }
+        self.qos_wake = None;
+        let mut budget = TURN_COST;
+        while budget > 0.0 {
+            match self.qos.pop(&self.shared.qos_limits, now) {
+                duplex_qos::Pop::Ready { item: (op, cost), .. } => {
+                    budget -= cost;
+                    self.run_scheduled_op(op);
+                }
+                duplex_qos::Pop::Wait(until) => {
+                    self.qos_wake = Some(started + Duration::from_micros(until.saturating_sub(now)));
+                    break;
+                }
+                duplex_qos::Pop::Empty => break,
+            }
+        }
+        self.qos_ready = budget <= 0.0 && !self.qos.is_empty();
+    }
+
+    /// Runs an operation the scheduler let go, as `dispatch` would have.
+    fn run_scheduled_op(&mut self, mut op: ClientOp) {
+        let token = op.token;
+        // Its connection closed meanwhile: nobody waits for the answer
+        // (tokens are never reused).
+        let Some(cell) = self.conns.get(&token).filter(|c| !c.is_closed()).cloned() else { return };
+        {
+            let mut conn = cell.lock();
+            if !conn.parked.is_empty() {
+                // Operations wait for log room: it waits behind them.
+                conn.parked.push_back(op);
+                return;
+            }
+        }
+        op.thread = self.index;
+        let ticket = op.ticket;
+        if self.run_client(op, false) {
+            if let Some(ticket) = ticket {
+                if let Err(why) = self.advance(&cell, token, ticket) {
+                    self.drop_conn(token, ConnError::Protocol(why));
+                }
+            }
+        }
+    }
+
+    /// The poll's timeout with QoS: none while a turn's work waits, else
+    /// at most until the scheduler's next held operation may go.
+    fn qos_timeout(&self, timeout: Option<Duration>) -> Option<Duration> {
+        if self.qos_ready {
+            return Some(Duration::ZERO);
+        }
+        let Some(wake) = self.qos_wake else { return timeout };
+        let until = wake.saturating_duration_since(Instant::now());
+        Some(timeout.map_or(until, |t| t.min(until)))
     }
 
     /// `threading = lalca`: takes a claim on an eventual PG's owner slot

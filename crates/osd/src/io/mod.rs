@@ -13,6 +13,8 @@
 //!   [`ec_settle`]: what each does once its answers are in, for the event
 //!   loop and the simulator alike.
 //! - [`pool`]: the `threading = pool` ablation's workers.
+//! - [`qos`]: client QoS (issue 31): the OSD's limiter and each thread's
+//!   mClock scheduler, consulted only while the map has QoS settings.
 //! - [`conn_cell`]: a connection behind its lock, as the threads share it;
 //!   [`messenger`]: which threads serve each connection
 //!   (`connection_policy`), and what they carried; [`lcam`]: the
@@ -32,3 +34,4 @@ pub mod ops;
 pub mod order;
 pub mod pending;
 pub mod pool;
+pub mod qos;

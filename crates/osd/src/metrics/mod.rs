@@ -92,6 +92,10 @@ pub struct Metrics {
     /// forwarded to the PG's owner.
     pub lalca_owned: Counter,
     pub lalca_forwarded: Counter,
+    /// Client QoS: operations that went through a priority thread's
+    /// scheduler, and those the OSD's limiter held back first.
+    pub qos_scheduled: Counter,
+    pub qos_limited: Counter,
     /// Per primary PG of an eventual pool: its replication lag and the
     /// writes only this OSD holds (kept by the peering thread's tick).
     pub eventual_lags: std::sync::Mutex<Vec<duplex_proto::osd::PgLagStat>>,
@@ -389,6 +393,12 @@ impl Metrics {
             "duplex_osd_lalca_ops_total",
             "threading=lalca: eventual PGs' client operations by where they ran: on the thread that received them (it owned the PG), or forwarded to the PG's owner.",
             &[("{ran=\"received\"}", self.lalca_owned.get()), ("{ran=\"forwarded\"}", self.lalca_forwarded.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_qos_ops_total",
+            "Client operations QoS took: through a priority thread's scheduler (the map has QoS settings), and those of them the OSD's limiter held first (a client beyond its image's limit).",
+            &[("{by=\"scheduler\"}", self.qos_scheduled.get()), ("{by=\"limiter\"}", self.qos_limited.get())],
         );
         {
             let lags = self.eventual_lags.lock().expect("metrics lock");
