@@ -441,16 +441,8 @@ impl<K: Ord + Clone + Debug, T> Scheduler<K, T> {
     /// The next request to serve at `now_us`, or how long to wait.
     pub fn pop(&mut self, now_us: u64) -> Pop<K, T> {
         let now_us = self.advance_to(now_us);
-        if let Some((_, key)) = self.urgent_by_arrival.first() {
-            return self.serve(key.clone(), Phase::Urgent);
-        }
-        if let Some((_, key)) =
-            self.ready_by_reservation_tag.first().filter(|(reservation, _)| reservation.0 <= now_us as f64)
-        {
-            return self.serve(key.clone(), Phase::Reservation);
-        }
-        if let Some((_, key)) = self.ready_by_proportion_tag.first() {
-            return self.serve(key.clone(), Phase::Weight);
+        if let Some((key, phase)) = self.choose(now_us) {
+            return self.serve(key, phase);
         }
         if self.queued_total == 0 {
             return Pop::Empty;
@@ -462,6 +454,36 @@ impl<K: Ord + Clone + Debug, T> Scheduler<K, T> {
         let until_us = limit.0.ceil() as u64;
         assert!(until_us > now_us);
         Pop::Wait(until_us)
+    }
+
+    /// The next request if it is owed now (its class is urgent, or its
+    /// reservation is due): what [`Scheduler::pop`] would serve in
+    /// [`Phase::Urgent`] or [`Phase::Reservation`]. A request the weight
+    /// phase would serve stays queued, its tags untouched. So a caller
+    /// can run owed work the moment it arrives and leave the rest for a
+    /// batch.
+    pub fn pop_owed(&mut self, now_us: u64) -> Option<(K, T, Phase)> {
+        let now_us = self.advance_to(now_us);
+        match self.choose(now_us)? {
+            (key, phase @ (Phase::Urgent | Phase::Reservation)) => match self.serve(key, phase) {
+                Pop::Ready { key, item, phase } => Some((key, item, phase)),
+                _ => unreachable!("a chosen class serves its head"),
+            },
+            (_, Phase::Weight) => None,
+        }
+    }
+
+    /// The class [`Scheduler::pop`] serves at `now_us`, and in which phase.
+    fn choose(&self, now_us: u64) -> Option<(K, Phase)> {
+        if let Some((_, key)) = self.urgent_by_arrival.first() {
+            return Some((key.clone(), Phase::Urgent));
+        }
+        if let Some((_, key)) =
+            self.ready_by_reservation_tag.first().filter(|(reservation, _)| reservation.0 <= now_us as f64)
+        {
+            return Some((key.clone(), Phase::Reservation));
+        }
+        self.ready_by_proportion_tag.first().map(|(_, key)| (key.clone(), Phase::Weight))
     }
 
     /// Forgets `key` (its tags and spec), handing back its queued work in
@@ -685,6 +707,29 @@ mod tests {
         for item in 0..requests {
             scheduler.push(key, item, 1.0, now_us);
         }
+    }
+
+    #[test]
+    fn only_owed_work_is_popped_early_and_the_rest_keeps_its_tags() {
+        let mut scheduler: Scheduler<&str, u64> = Scheduler::new(spec(0.0, 1.0, 0.0));
+        scheduler.set_class("reserved", spec(1000.0, 1.0, 0.0), 0);
+        backlog(&mut scheduler, "noisy", 10, 0);
+        assert_eq!(scheduler.pop_owed(0), None, "weight-phase work waits for the batch");
+        assert_eq!(scheduler.len(), 10);
+        scheduler.push("reserved", 7, 1.0, 0);
+        assert_eq!(scheduler.pop_owed(0), Some(("reserved", 7, Phase::Reservation)));
+        // Its next is not due before 1 ms (1,000 a second).
+        scheduler.push("reserved", 8, 1.0, 0);
+        assert_eq!(scheduler.pop_owed(500), None);
+        assert_eq!(scheduler.pop_owed(1000), Some(("reserved", 8, Phase::Reservation)));
+        scheduler.set_urgent("recovery", true, 1000);
+        scheduler.push("recovery", 9, 1.0, 1000);
+        assert_eq!(scheduler.pop_owed(1000), Some(("recovery", 9, Phase::Urgent)));
+        scheduler.check_invariants();
+        // The rest goes in the weight phase, in order, as if never asked.
+        let served = serve_until(&mut scheduler, 1000, 10_000, 1);
+        assert_eq!(served.iter().map(|s| s.2).collect::<Vec<_>>(), (0..10).collect::<Vec<_>>());
+        assert!(served.iter().all(|s| s.3 == Phase::Weight));
     }
 
     #[test]

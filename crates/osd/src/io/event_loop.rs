@@ -93,6 +93,9 @@ pub struct PriorityThread {
     qos_ready: bool,
     /// When the scheduler's or the limiter's next held operation may go.
     qos_wake: Option<Instant>,
+    /// Owed operations ran as they were read: what they staged leaves
+    /// after the event that read them, not at the turn's end.
+    qos_flush: bool,
 }
 
 impl PriorityThread {
@@ -135,6 +138,7 @@ impl PriorityThread {
             qos: ClientQos::default(),
             qos_ready: false,
             qos_wake: None,
+            qos_flush: false,
         }
     }
 
@@ -173,6 +177,10 @@ impl PriorityThread {
                     Token(token) => {
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             self.on_readable(token);
+                            if self.qos_flush {
+                                self.qos_flush = false;
+                                self.write_touched();
+                            }
                         }
                         self.touched.push(token);
                     }
@@ -675,10 +683,17 @@ impl PriorityThread {
         };
         let view = self.cache.view(&self.shared.map);
         let limits = &self.shared.qos_limits;
-        let held = self.qos.push(&view.map, limits, key, op, direction, bytes, limits.micros(Instant::now()));
+        let now = limits.micros(Instant::now());
+        let held = self.qos.push(&view.map, limits, key, op, direction, bytes, now);
         self.shared.metrics.qos_scheduled.add(1);
         if held {
             self.shared.metrics.qos_limited.add(1);
+        }
+        // An operation owed its reservation runs now, ahead of what the
+        // rest of this turn reads (replicas' work included).
+        while let Some((op, _)) = self.qos.pop_owed(&self.shared.qos_limits, now) {
+            self.run_scheduled_op(op);
+            self.qos_flush = true;
         }
     }
 
@@ -693,12 +708,20 @@ impl PriorityThread {
             self.qos.follow(&view.map, now);
         }
         self.qos_wake = None;
+        // What this turn's events staged (replies, replicas' acks, sends)
+        // leaves before a turn's worth of operations runs, not after it.
+        self.write_touched();
         let mut budget = TURN_COST;
         while budget > 0.0 {
             match self.qos.pop(&self.shared.qos_limits, now) {
-                duplex_qos::Pop::Ready { item: (op, cost), .. } => {
+                duplex_qos::Pop::Ready { item: (op, cost), phase, .. } => {
                     budget -= cost;
                     self.run_scheduled_op(op);
+                    if phase != duplex_qos::Phase::Weight {
+                        // Owed or urgent: its replication (or its reply)
+                        // leaves now, not behind the rest of the turn.
+                        self.write_touched();
+                    }
                 }
                 duplex_qos::Pop::Wait(until) => {
                     self.qos_wake = Some(started + Duration::from_micros(until.saturating_sub(now)));

@@ -271,6 +271,13 @@ impl<T> ClientQos<T> {
         }
     }
 
+    /// The next item if it is owed now (its class's reservation is due):
+    /// run at once, not in the turn's batch. Others stay queued.
+    pub fn pop_owed(&mut self, limits: &OsdLimits, now: u64) -> Option<(T, f64)> {
+        self.release(limits, now);
+        self.scheduler.pop_owed(now).map(|(_, costed, _)| (costed.item, costed.cost))
+    }
+
     /// When the first held class may try its limiter again.
     fn held_until(&self) -> Option<u64> {
         self.held.values().map(|h| h.until).min()
