@@ -53,6 +53,17 @@ pub struct BenchArgs {
     /// Print the result as JSON (no progress bar).
     #[arg(long)]
     pub json: bool,
+    /// Open loop: start this many I/Os a second on a fixed schedule (at
+    /// most --qd in flight), each I/O's latency counted from when it was
+    /// due, so time spent waiting for a slot counts too. 0: closed loop,
+    /// --qd I/Os always in flight.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    pub rate: u64,
+    /// Also print, each second, that second's IOPS and latency as one line
+    /// of JSON on standard error (`unix_ms` is the second's end), with its
+    /// latencies (`[µs, count]` pairs) for merging seconds into a window.
+    #[arg(long)]
+    pub intervals: bool,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -168,15 +179,30 @@ pub fn run(client: &Client, pool_name: &str, args: &BenchArgs) -> Result<BenchRe
         bar
     };
     let mut latency = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("static bounds");
+    let mut second = latency.clone();
     let (mut ops, mut reads, mut writes, mut errors, mut in_flight) = (0u64, 0u64, 0u64, 0u64, 0usize);
     let mut first_error = None;
     let mut sequential = 0u64;
     let started = Instant::now();
     let deadline = started + duration;
     let (mut last_report, mut ops_at_report) = (started, 0u64);
+    let mut next_interval = started + Duration::from_secs(1);
+    // Open loop: the I/Os started so far, and when the next one is due.
+    let mut scheduled = 0u64;
+    let due = |n: u64| started + Duration::from_secs_f64(n as f64 / args.rate as f64);
     loop {
         let now = Instant::now();
         while now < deadline && in_flight < queue_depth {
+            let issued = if args.rate == 0 {
+                now
+            } else {
+                let at = due(scheduled);
+                if at > now || at >= deadline {
+                    break;
+                }
+                scheduled += 1;
+                at
+            };
             let read = match args.pattern {
                 Pattern::Randread | Pattern::Seqread => true,
                 Pattern::Randwrite | Pattern::Seqwrite => false,
@@ -190,7 +216,6 @@ pub fn run(client: &Client, pool_name: &str, args: &BenchArgs) -> Result<BenchRe
                 _ => rng.gen_range(0..blocks),
             };
             let tx = tx.clone();
-            let issued = Instant::now();
             target.start(
                 read,
                 index * block,
@@ -202,29 +227,62 @@ pub fn run(client: &Client, pool_name: &str, args: &BenchArgs) -> Result<BenchRe
             );
             in_flight += 1;
         }
-        if in_flight == 0 {
+        let open_loop_due = (args.rate > 0 && now < deadline).then(|| due(scheduled)).filter(|at| *at < deadline);
+        if in_flight == 0 && open_loop_due.is_none() {
             break;
         }
-        let Ok((read, issued, result)) = rx.recv_timeout(Duration::from_secs(60)) else {
-            bail!("no I/O completed for 60 s");
+        // Wait for a completion, or (open loop, a slot free) the next due I/O.
+        let wait = match open_loop_due {
+            Some(at) if in_flight < queue_depth => at.saturating_duration_since(Instant::now()),
+            _ => Duration::from_secs(60),
         };
-        in_flight -= 1;
-        match result {
-            Ok(()) => {
-                ops += 1;
-                if read {
-                    reads += 1;
-                } else {
-                    writes += 1;
+        let completion = match rx.recv_timeout(wait) {
+            Ok(completion) => Some(completion),
+            Err(_) if wait < Duration::from_secs(60) => None,
+            Err(_) => bail!("no I/O completed for 60 s"),
+        };
+        if let Some((read, issued, result)) = completion {
+            in_flight -= 1;
+            match result {
+                Ok(()) => {
+                    ops += 1;
+                    if read {
+                        reads += 1;
+                    } else {
+                        writes += 1;
+                    }
+                    let micros = issued.elapsed().as_micros().max(1) as u64;
+                    let _ = latency.record(micros);
+                    let _ = second.record(micros);
                 }
-                let _ = latency.record(issued.elapsed().as_micros().max(1) as u64);
-            }
-            Err(err) => {
-                errors += 1;
-                first_error.get_or_insert_with(|| err.to_string());
+                Err(err) => {
+                    errors += 1;
+                    first_error.get_or_insert_with(|| err.to_string());
+                }
             }
         }
         let now = Instant::now();
+        if args.intervals && now >= next_interval {
+            let unix_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            eprintln!(
+                "{}",
+                serde_json::json!({
+                    "unix_ms": unix_ms,
+                    "ops": second.len(),
+                    "p50_us": second.value_at_quantile(0.5),
+                    "p99_us": second.value_at_quantile(0.99),
+                    "max_us": second.max(),
+                    "errors": errors,
+                    // [µs, count] per recorded value (3 significant
+                    // digits): windows merge into exact percentiles.
+                    "latencies": second.iter_recorded().map(|v| [v.value_iterated_to(), v.count_at_value()]).collect::<Vec<_>>(),
+                })
+            );
+            second.reset();
+            next_interval += Duration::from_secs(1);
+        }
         if now.duration_since(last_report) >= Duration::from_millis(250) {
             let rate = (ops - ops_at_report) as f64 / now.duration_since(last_report).as_secs_f64();
             progress.set_position(now.duration_since(started).as_secs().min(duration.as_secs()));

@@ -376,6 +376,8 @@ fn demo(dir: &Path, seconds: u64, image_size: u64, up: &dev::UpArgs) -> Result<(
             read_percent: 70,
             objects: 0,
             json: false,
+            rate: 0,
+            intervals: false,
         };
         results.push(bench::run(&client, &up.pool, &args)?);
     }

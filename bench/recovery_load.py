@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Recovery under load (issue 31, docs/BENCHMARKS.md): a local cluster of 3
+OSDs (size 2) with a 2 GiB image filled, osd.0 marked out and its PGs moved
+to the others; then 4 KiB random writes at half the cluster's measured
+capacity (open loop, `duplex bench --rate`) while `duplex mark in 0`
+backfills osd.0's whole share back. Prints the client's p50/p99 in the
+steady seconds before and during the backfill, and the backfill's time,
+for each --osd-set variant given (default: the defaults, and recovery
+given 4x the bytes a second). Uses a release build; stops and wipes its
+clusters at the end, also on failure.
+
+    cargo build --release -p duplex-cli -p duplex-osd -p duplex-mon && bench/recovery_load.py
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DUPLEX = os.path.join(ROOT, "target", "release", "duplex")
+
+
+def duplex(*args, capture=False):
+    result = subprocess.run([DUPLEX, *args], check=True, capture_output=capture, text=True)
+    return result.stdout
+
+
+def status():
+    return json.loads(duplex("status", "--json", capture=True))
+
+
+def wait_clean(timeout_s=900):
+    """Waits until every PG is active+clean; returns when (time.time())."""
+    start = time.time()
+    while time.time() - start < timeout_s:
+        if all(state == "active+clean" for state in status()["pgs"]):
+            return time.time()
+        time.sleep(0.25)
+    sys.exit(f"PGs not clean after {timeout_s} s")
+
+
+def percentile(pairs, q):
+    """The q-quantile of merged [µs, count] pairs."""
+    pairs = sorted(pairs)
+    total = sum(count for _, count in pairs)
+    if total == 0:
+        return 0
+    seen = 0
+    for value, count in pairs:
+        seen += count
+        if seen >= q * total:
+            return value
+    return pairs[-1][0]
+
+
+def window(intervals, start_ms, end_ms):
+    """Latency pairs and ops of the seconds wholly inside [start, end]."""
+    pairs, ops, seconds = [], 0, 0
+    for line in intervals:
+        if start_ms + 1000 <= line["unix_ms"] <= end_ms:
+            pairs.extend(line["latencies"])
+            ops += line["ops"]
+            seconds += 1
+    return pairs, ops, seconds
+
+
+def one_run(args, variant):
+    directory = args.dir
+    os.environ["DUPLEX_CONF"] = os.path.join(directory, "client.toml")
+    up = ["dev", "up", "--dir", directory, "--osds", "3", "--osd-size", "4G"]
+    for setting in variant:
+        up += ["--osd-set", setting]
+    duplex(*up, capture=True)
+    try:
+        duplex("image", "create", "disk", "--size", f"{args.image_gib}G", capture=True)
+        duplex("bench", "--image", "disk", "--pattern", "seqwrite", "--bs", "4M", "--qd", "8",
+               "--seconds", str(args.fill_seconds), "--json", capture=True)
+        capacity = json.loads(duplex("bench", "--image", "disk", "--qd", "32", "--seconds", "10", "--json",
+                                     capture=True))["iops"]
+        duplex("mark", "out", "0", capture=True)
+        time.sleep(2)
+        wait_clean()
+        rate = int(capacity * args.load)
+        bench = subprocess.Popen([DUPLEX, "bench", "--image", "disk", "--qd", "256", "--rate", str(rate),
+                                  "--seconds", str(args.max_seconds), "--json", "--intervals"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        intervals = []
+
+        def read_intervals():
+            for line in bench.stderr:
+                if line.startswith("{"):
+                    intervals.append(json.loads(line))
+
+        reader = threading.Thread(target=read_intervals, daemon=True)
+        reader.start()
+        steady_start = time.time()
+        time.sleep(args.steady_seconds)
+        marked = time.time()
+        duplex("mark", "in", "0", capture=True)
+        time.sleep(2)
+        clean = wait_clean()
+        time.sleep(args.after_seconds)
+        bench.terminate()
+        bench.wait(timeout=30)
+        reader.join(timeout=10)
+        if args.save:
+            with open(args.save, "a") as out:
+                out.write(json.dumps({"variant": variant, "steady_start": steady_start, "marked": marked,
+                                      "clean": clean, "seconds": [{k: v for k, v in i.items() if k != "latencies"}
+                                                                  for i in intervals]}) + "\n")
+        steady, steady_ops, steady_s = window(intervals, steady_start * 1000 + 2000, marked * 1000)
+        during, during_ops, during_s = window(intervals, marked * 1000, clean * 1000)
+        errors = intervals[-1]["errors"] if intervals else -1
+        return {
+            "variant": " ".join(variant) or "defaults",
+            "capacity": capacity,
+            "rate": rate,
+            "steady": (percentile(steady, 0.5), percentile(steady, 0.99), steady_ops / max(steady_s, 1)),
+            "during": (percentile(during, 0.5), percentile(during, 0.99), during_ops / max(during_s, 1)),
+            "recovery_s": clean - marked,
+            "errors": errors,
+        }
+    finally:
+        duplex("dev", "down", "--dir", directory, "--wipe", capture=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default="/tmp/duplex-recovery-load")
+    parser.add_argument("--image-gib", type=int, default=2)
+    parser.add_argument("--fill-seconds", type=int, default=12)
+    parser.add_argument("--load", type=float, default=0.5, help="the open-loop rate, as a share of capacity")
+    parser.add_argument("--steady-seconds", type=int, default=15)
+    parser.add_argument("--after-seconds", type=int, default=3)
+    parser.add_argument("--max-seconds", type=int, default=1200)
+    parser.add_argument("--save", help="append each run's per-second figures to this file (JSON lines)")
+    parser.add_argument("--variant", action="append", default=None,
+                        help="space-separated KEY=VALUE --osd-set settings of one run (repeatable)")
+    args = parser.parse_args()
+    variants = [v.split() for v in args.variant] if args.variant else [[], ["recovery-bytes-per-sec=536870912"]]
+    print(f"{'variant':<40} {'capacity':>8} {'rate':>6} {'steady p50/p99 µs':>18} {'during p50/p99 µs':>18} "
+          f"{'during IOPS':>11} {'p99 x':>6} {'recovery s':>10}")
+    for variant in variants:
+        r = one_run(args, variant)
+        ratio = r["during"][1] / max(r["steady"][1], 1)
+        print(f"{r['variant']:<40} {r['capacity']:>8.0f} {r['rate']:>6} "
+              f"{r['steady'][0]:>8}/{r['steady'][1]:<9} {r['during'][0]:>8}/{r['during'][1]:<9} "
+              f"{r['during'][2]:>11.0f} {ratio:>6.2f} {r['recovery_s']:>10.1f}  errors {r['errors']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
