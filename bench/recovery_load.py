@@ -3,7 +3,9 @@
 OSDs (size 2) with a 2 GiB image filled, osd.0 marked out and its PGs moved
 to the others; then 4 KiB random writes at half the cluster's measured
 capacity (open loop, `duplex bench --rate`) while `duplex mark in 0`
-backfills osd.0's whole share back. Prints the client's p50/p99 in the
+backfills osd.0's share back (osd.0 kept its copies while out: the
+backfill compares them and sends the chunks the load changed, which after
+15 s of it are most of them). Prints the client's p50/p99 in the
 steady seconds before and during the backfill, and the backfill's time,
 for each --osd-set variant given (default: the defaults, and recovery
 given 4x the bytes a second). Uses a release build; stops and wipes its
@@ -18,6 +20,9 @@ import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rereplicate import backfill_sent  # noqa: E402  (the OSD logs' "backfill complete ... bytes=N")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DUPLEX = os.path.join(ROOT, "target", "release", "duplex")
@@ -98,10 +103,12 @@ def one_run(args, variant):
         reader.start()
         steady_start = time.time()
         time.sleep(args.steady_seconds)
+        sent_before = backfill_sent(directory)
         marked = time.time()
         duplex("mark", "in", "0", capture=True)
         time.sleep(2)
         clean = wait_clean()
+        sent = backfill_sent(directory) - sent_before
         time.sleep(args.after_seconds)
         bench.terminate()
         bench.wait(timeout=30)
@@ -121,6 +128,7 @@ def one_run(args, variant):
             "steady": (percentile(steady, 0.5), percentile(steady, 0.99), steady_ops / max(steady_s, 1)),
             "during": (percentile(during, 0.5), percentile(during, 0.99), during_ops / max(during_s, 1)),
             "recovery_s": clean - marked,
+            "sent_gib": sent / 2**30,
             "errors": errors,
         }
     finally:
@@ -148,7 +156,8 @@ def main():
         ratio = r["during"][1] / max(r["steady"][1], 1)
         print(f"{r['variant']:<40} {r['capacity']:>8.0f} {r['rate']:>6} "
               f"{r['steady'][0]:>8}/{r['steady'][1]:<9} {r['during'][0]:>8}/{r['during'][1]:<9} "
-              f"{r['during'][2]:>11.0f} {ratio:>6.2f} {r['recovery_s']:>10.1f}  errors {r['errors']}", flush=True)
+              f"{r['during'][2]:>11.0f} {ratio:>6.2f} {r['recovery_s']:>10.1f}  sent {r['sent_gib']:.2f} GiB"
+              f"  errors {r['errors']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ use std::path::Path;
 use std::time::Duration;
 
 pub struct Osd {
+    /// `osd.N`.
+    pub name: String,
     pub pid: u32,
     pub admin: SocketAddr,
 }
@@ -34,7 +36,7 @@ pub fn osds(dir: &Path) -> Vec<Osd> {
                     .nth(1)
                     .and_then(|addr| addr.parse().ok())
                     .unwrap_or_else(|| panic!("{name} logged no admin address:\n{log}"));
-                Osd { pid, admin }
+                Osd { name: name.to_string(), pid, admin }
             })
         })
         .collect()
