@@ -952,8 +952,18 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
             health = "HEALTH_WARN";
         }
     }
+    // Images their gateways hold to their limits (looked for only while
+    // some pool or image has QoS settings).
+    let throttled = client.throttled_images(THROTTLED_SCAN).map_err(|err| err.to_string());
     if json {
+        let (images, unchecked, error) = match &throttled {
+            Ok((images, unchecked)) => (images.clone(), *unchecked, None),
+            Err(err) => (Vec::new(), 0, Some(err.clone())),
+        };
         let value = serde_json::json!({
+            "throttled_images": images,
+            "throttled_unchecked_images": unchecked,
+            "throttled_error": error,
             "health": {"status": health, "reasons": reasons},
             "epoch": map.epoch,
             "osds": {"total": map.osds.len(), "up": up, "in": is_in, "reporting": after.4},
@@ -1010,11 +1020,28 @@ pub fn status(client: &Client, json: bool) -> Result<()> {
     if let Some(line) = &eventual.summary {
         println!("eventual: {line}");
     }
+    match &throttled {
+        Ok((images, unchecked)) => {
+            for image in images {
+                println!(
+                    "qos:      {}/{} held to its limits ({} gateway(s) holding {:.0} I/Os a second)",
+                    image.pool, image.image, image.holding.gateways, image.holding.held_per_second
+                );
+            }
+            if *unchecked > 0 {
+                println!("qos:      {unchecked} more images not looked at for throttling");
+            }
+        }
+        Err(err) => println!("qos:      could not look for throttled images: {err}"),
+    }
     if (after.4 as usize) < up {
         println!("note:     {} of {up} up OSDs did not report counters", up - after.4 as usize);
     }
     Ok(())
 }
+
+/// Images `duplex status` looks at for throttling, at most (two reads each).
+const THROTTLED_SCAN: usize = 256;
 
 /// `KEY=VALUE`, for `image set`.
 fn parse_setting(text: &str) -> Result<(String, String), String> {

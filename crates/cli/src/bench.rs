@@ -263,9 +263,8 @@ pub fn run(client: &Client, pool_name: &str, args: &BenchArgs) -> Result<BenchRe
         }
         let now = Instant::now();
         if args.intervals && now >= next_interval {
-            let unix_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64);
+            let unix_ms =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
             eprintln!(
                 "{}",
                 serde_json::json!({

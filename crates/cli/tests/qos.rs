@@ -100,6 +100,9 @@ fn an_image_limit_holds_across_two_gateways_and_changes_apply_within_a_second() 
     assert!(a.limits().unwrap().1 > 0 && b.limits().unwrap().1 > 0, "both gateways held I/O back");
     // The OSDs scheduled the image's operations but never held one: the
     // gateways kept to their shares (the OSDs allow twice their burst).
+    // `duplex status` names the image its gateways hold back.
+    let status = String::from_utf8_lossy(&run_ok(cluster.cli().args(["status"])).stdout).to_string();
+    assert!(status.contains("qos:      rbd/disk held to its limits (2 gateway(s) holding"), "{status}");
     let (scheduled, limited) = qos_ops(&cluster);
     assert!(scheduled > 1000.0, "{scheduled} operations went through the OSDs' schedulers");
     assert_eq!(limited, 0.0, "an OSD held honest gateways' operations");
@@ -135,6 +138,16 @@ fn an_image_limit_holds_across_two_gateways_and_changes_apply_within_a_second() 
     assert!(info.contains("limits:       qos_iops=600 qos_burst_s=0.25"), "{info}");
     run_ok(cluster.cli().args(["pool", "set", "rbd", "qos_iops=0"]));
     wait_for_share(&a, 0);
+    // Unlimited, the gateways withdraw their reports at their next renewal.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let status: serde_json::Value =
+            serde_json::from_slice(&run_ok(cluster.cli().args(["status", "--json"])).stdout).expect("JSON");
+        if status["throttled_images"].as_array().is_some_and(|images| images.is_empty()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still reported: {}", status["throttled_images"]);
+    }
     stop.store(true, Ordering::Relaxed);
     for thread in threads {
         thread.join().expect("a writer");

@@ -64,6 +64,115 @@ pub fn limits_of(base: Limits, attrs: &[(Vec<u8>, Vec<u8>)]) -> (Limits, Vec<dup
     (settings.limits, errors)
 }
 
+/// The header attributes by which a gateway says it holds the image's
+/// I/O back (`throttled.<its watch id>`), for `duplex status`.
+pub const THROTTLED_PREFIX: &[u8] = b"throttled.";
+
+/// How long a gateway's report counts without a newer one: a few of its
+/// watch's renewals (a gateway that died stops renewing it).
+pub const HOLDING_FRESH_MS: u64 = 3000;
+
+/// What a gateway reports: when (Unix ms), and how many I/Os it held in
+/// the span (ms) before.
+pub fn encode_holding(unix_ms: u64, held: u64, span_ms: u64) -> [u8; 24] {
+    let mut out = [0u8; 24];
+    for (at, word) in [unix_ms, held, span_ms].into_iter().enumerate() {
+        out[at * 8..at * 8 + 8].copy_from_slice(&word.to_le_bytes());
+    }
+    out
+}
+
+pub fn decode_holding(value: &[u8]) -> Option<(u64, u64, u64)> {
+    let value: &[u8; 24] = value.try_into().ok()?;
+    let word = |at: usize| u64::from_le_bytes(value[at * 8..at * 8 + 8].try_into().expect("8 bytes"));
+    Some((word(0), word(1), word(2)))
+}
+
+/// An image's gateways holding its I/O back now.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Holding {
+    pub gateways: usize,
+    /// I/Os a second they held, together.
+    pub held_per_second: f64,
+}
+
+/// The fresh reports among a header's attributes, as of `now_unix_ms`
+/// (None: no gateway holds the image's I/O).
+pub fn holding_of(attrs: &[(Vec<u8>, Vec<u8>)], now_unix_ms: u64) -> Option<Holding> {
+    let reports: Vec<(u64, u64)> = attrs
+        .iter()
+        .filter(|(name, _)| name.starts_with(THROTTLED_PREFIX))
+        .filter_map(|(_, value)| decode_holding(value))
+        .filter(|(at, held, _)| *held > 0 && now_unix_ms.saturating_sub(*at) < HOLDING_FRESH_MS)
+        .map(|(_, held, span)| (held, span.max(1)))
+        .collect();
+    (!reports.is_empty()).then(|| Holding {
+        gateways: reports.len(),
+        held_per_second: reports.iter().map(|(held, span)| *held as f64 * 1000.0 / *span as f64).sum(),
+    })
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A gateway's report of its holding, kept by its watch: written at a
+/// renewal after which it held I/O, removed at the first after which it
+/// held none (so an image under its limits costs no extra write).
+pub(crate) struct HoldingReport {
+    name: Vec<u8>,
+    held_seen: u64,
+    since: Instant,
+    published: bool,
+}
+
+impl HoldingReport {
+    /// For the watcher whose attribute is `watch_name` (`watch.<id>`).
+    pub(crate) fn new(watch_name: &[u8]) -> HoldingReport {
+        let id = watch_name.strip_prefix(crate::watch::WATCH_PREFIX).unwrap_or(watch_name);
+        HoldingReport { name: [THROTTLED_PREFIX, id].concat(), held_seen: 0, since: Instant::now(), published: false }
+    }
+
+    /// After a renewal: `held_total` I/Os held since the image was opened.
+    pub(crate) fn update(
+        &mut self,
+        client: &Client,
+        pool: u32,
+        header: &[u8],
+        held_total: u64,
+    ) -> Result<(), ClientError> {
+        let held = held_total.saturating_sub(self.held_seen);
+        let span_ms = self.since.elapsed().as_millis() as u64;
+        (self.held_seen, self.since) = (held_total, Instant::now());
+        if held > 0 {
+            client.set_attr(pool, header, &self.name, &encode_holding(unix_ms(), held, span_ms))?;
+            self.published = true;
+        } else if self.published {
+            self.clear(client, pool, header)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn clear(&mut self, client: &Client, pool: u32, header: &[u8]) -> Result<(), ClientError> {
+        if std::mem::take(&mut self.published) {
+            match client.remove_attr(pool, header, &self.name) {
+                Ok(()) | Err(ClientError::NotFound) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An image some gateway holds back to its limits.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ThrottledImage {
+    pub pool: String,
+    pub image: String,
+    #[serde(flatten)]
+    pub holding: Holding,
+}
+
 /// An I/O held back until its limits let it go.
 type Start = Box<dyn FnOnce() + Send + 'static>;
 
@@ -315,6 +424,39 @@ impl Client {
         Ok(own)
     }
 
+    /// The images whose gateways hold their I/O back to their limits now,
+    /// looked for only while some pool or image has QoS settings, in at
+    /// most `max_images` images. Returns them, and how many images were
+    /// not looked at.
+    pub fn throttled_images(&self, max_images: usize) -> Result<(Vec<ThrottledImage>, usize), ClientError> {
+        let map = self.map();
+        if map.image_qos.is_empty() && map.pools.values().all(|pool| pool.qos.is_empty()) {
+            return Ok((Vec::new(), 0));
+        }
+        let (mut throttled, mut looked, mut skipped) = (Vec::new(), 0, 0);
+        let now = unix_ms();
+        for pool in map.pools.values().filter(|pool| pool.chunks.is_none()) {
+            for name in self.list_images(pool.id)? {
+                if looked == max_images {
+                    skipped += 1;
+                    continue;
+                }
+                looked += 1;
+                let info = match self.image_info(pool.id, &name) {
+                    Ok(info) => info,
+                    // Removed meanwhile.
+                    Err(ClientError::NoSuchImage(_)) => continue,
+                    Err(err) => return Err(err),
+                };
+                let attrs = self.list_attrs(pool.id, &crate::image::header_object(&info.id))?;
+                if let Some(holding) = holding_of(&attrs, now) {
+                    throttled.push(ThrottledImage { pool: pool.name.clone(), image: name, holding });
+                }
+            }
+        }
+        Ok((throttled, skipped))
+    }
+
     /// A removed image's settings leave the map. Its name is gone already,
     /// so a failure here only leaves an entry no object matches: warned.
     pub(crate) fn forget_image_qos(&self, data_pool: u32, id: &str) {
@@ -353,6 +495,28 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fresh_reports_of_held_io_add_up_and_stale_or_idle_ones_do_not() {
+        let report = |id: &str, at: u64, held: u64, span: u64| {
+            ([THROTTLED_PREFIX, id.as_bytes()].concat(), encode_holding(at, held, span).to_vec())
+        };
+        let now = 1_000_000;
+        let attrs = vec![
+            report("a", now - 500, 100, 500),                  // 200 a second
+            report("b", now - 1000, 50, 1000),                 // 50 a second
+            report("c", now - HOLDING_FRESH_MS - 1, 900, 500), // a gateway gone: stale
+            report("d", now - 10, 0, 500),                     // holds nothing
+            (b"throttled.e".to_vec(), b"garbage".to_vec()),
+            (b"watch.a".to_vec(), encode_holding(now, 7, 1).to_vec()),
+        ];
+        let holding = holding_of(&attrs, now).expect("two gateways hold I/O");
+        assert_eq!(holding.gateways, 2);
+        assert!((holding.held_per_second - 250.0).abs() < 1e-9, "{holding:?}");
+        assert_eq!(holding_of(&attrs[2..], now), None);
+        assert_eq!(decode_holding(&encode_holding(1, 2, 3)), Some((1, 2, 3)));
+        assert_eq!(decode_holding(&[0; 23]), None);
+    }
     use std::sync::mpsc;
 
     fn limits(iops: u64) -> Limits {

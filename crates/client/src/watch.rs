@@ -199,13 +199,14 @@ impl Watch {
             client: client.clone(),
             pool,
             header,
-            name,
+            name: name.clone(),
             counter: 0,
             acked: 0,
             quiesced_since: None,
             others: Default::default(),
             throttle,
             bad_limits_reported: false,
+            holding: crate::qos::HoldingReport::new(&name),
         };
         match renewer.renew(&state) {
             // Registered, or (a full cluster) not, but the table was read.
@@ -347,6 +348,8 @@ struct Renewer {
     throttle: Option<std::sync::Weak<crate::qos::Throttle>>,
     /// A setting this client cannot read was logged (once).
     bad_limits_reported: bool,
+    /// Whether this gateway holds the image's I/O back, for `duplex status`.
+    holding: crate::qos::HoldingReport,
 }
 
 impl Renewer {
@@ -381,6 +384,7 @@ impl Renewer {
             }
             State::release(state);
         }
+        let _ = self.holding.clear(&self.client, self.pool, &self.header);
         // Gone: `snap create` need not wait for this watcher any more.
         let remove = ObjectOp {
             data: Bytes::copy_from_slice(&self.name),
@@ -457,6 +461,9 @@ impl Renewer {
             // Each live gateway takes an equal share: together they keep the image's limits.
             let gateways = self.others.len() + 1;
             throttle.set_limits(limits.scaled(1.0 / gateways as f64));
+            if let Err(err) = self.holding.update(&self.client, self.pool, &self.header, throttle.held()) {
+                tracing::debug!(%err, "reporting the image's held I/O failed; the next renewal tries again");
+            }
         }
         state.renewed_at.store(sent.max(1), Ordering::Release);
         state.wake.1.notify_all();
