@@ -1119,4 +1119,55 @@ mod tests {
         assert!(metrics.fullest_partition_permille() < 1000, "its real use again");
         assert_eq!(pg.lock().unwrap().log.entries().count(), 0, "the log is flushed whole");
     }
+    /// Issue 24: a flush refused for want of room holds back only the PGs
+    /// whose entries need it. Another PG's deletes in the same partition
+    /// go through and free the room, instead of waiting behind the first
+    /// PG's new data for ever (a mixed batch wedged both).
+    #[test]
+    fn a_pg_without_room_holds_back_only_itself_and_another_pgs_deletes_free_room() {
+        let store = crate::TestStore::new(1);
+        let logs = tempfile::tempdir().unwrap();
+        let (mut flusher, _poll) = flusher(&store, logs.path());
+        // B's objects, sorted after A's PG in the flush's order.
+        let (a, b) = (pg_key(1, 3).unwrap(), pg_key(1, 5).unwrap());
+        let (pg_a, pg_b) = (active_pg(&flusher, a), active_pg(&flusher, b));
+        for seq in 1..=64 {
+            let entry = write_entry(b, seq, format!("b-{seq}").into_bytes(), vec![7; 128 << 10]);
+            if log(&pg_b, &entry).is_err() {
+                flusher.flush(BTreeSet::from([b])).unwrap();
+                log(&pg_b, &entry).unwrap();
+            }
+        }
+        flusher.flush(BTreeSet::from([b])).unwrap();
+        // A fills the store until its flush is refused; its last entries stay logged.
+        let mut seq = 0;
+        loop {
+            seq += 1;
+            let entry = write_entry(a, seq, format!("a-{seq}").into_bytes(), vec![seq as u8; 128 << 10]);
+            if log(&pg_a, &entry).is_ok() {
+                continue;
+            }
+            if flusher.flush(BTreeSet::from([a])).is_err() {
+                break;
+            }
+            log(&pg_a, &entry).unwrap();
+            assert!(seq < 4000, "a 64 MiB store took 500 MiB");
+        }
+        assert!(pg_a.lock().unwrap().log.entries().count() > 0, "A's entries wait in its log");
+        // B deletes its objects, logged while the store is full.
+        for n in 1..=64u64 {
+            let mut delete = write_entry(b, 64 + n, format!("b-{n}").into_bytes(), Vec::new());
+            delete.op = duplex_oplog::OpKind::Delete;
+            log(&pg_b, &delete).unwrap();
+        }
+        let refused = flusher.flush_each(BTreeSet::from([a, b])).unwrap_err();
+        assert_eq!(refused, vec![a], "only A is held back");
+        assert_eq!(pg_b.lock().unwrap().log.entries().count(), 0, "B's deletes flushed");
+        assert!(flusher.partition.list_group(b, 100).is_empty(), "B's objects are gone");
+        assert!(flusher.metrics.partition_out_of_space[0].load(std::sync::atomic::Ordering::Relaxed));
+        // The room B freed takes A's entries at its next retry.
+        flusher.flush_each(BTreeSet::from([a])).expect("room again");
+        assert_eq!(pg_a.lock().unwrap().log.entries().count(), 0);
+        assert!(!flusher.metrics.partition_out_of_space[0].load(std::sync::atomic::Ordering::Relaxed));
+    }
 }

@@ -263,7 +263,7 @@ impl Flusher {
         }
         if pending.flush_due(now) {
             let started = Instant::now();
-            let flushed = self.flush(std::mem::take(&mut pending.dirty));
+            let flushed = self.flush_each(std::mem::take(&mut pending.dirty));
             record(histograms, Stage::Flush, started.elapsed().as_micros() as u64);
             pending.deadline = None;
             pending.flush_now = false;
@@ -400,7 +400,69 @@ impl Flusher {
     /// Returns the PGs whose logs took waiting replica entries after the
     /// trim, and whether more still wait; or, when the store failed, the
     /// PGs to flush again (nothing was trimmed).
-    pub(crate) fn flush(&mut self, mut dirty: BTreeSet<u32>) -> Result<Vec<(u32, bool)>, Vec<u32>> {
+    pub(crate) fn flush(&mut self, dirty: BTreeSet<u32>) -> Result<Vec<(u32, bool)>, Vec<u32>> {
+        let flushed = self.flush_passes(dirty);
+        self.note_space(matches!(flushed, Err(Refused { no_space: true, .. })));
+        flushed.map_err(|refused| refused.pgs)
+    }
+
+    /// [`Flusher::flush`] of every PG in `dirty`; one whose entries the
+    /// store has no room for holds back only itself. A flush is applied in
+    /// batches that mix PGs, so when it is refused for want of space each
+    /// PG is flushed again alone: those whose entries need no new room
+    /// (deletes, discards, overwrites in place) go through and free room,
+    /// instead of waiting behind another PG's new data for ever (issue 24).
+    pub(crate) fn flush_each(&mut self, dirty: BTreeSet<u32>) -> Result<Vec<(u32, bool)>, Vec<u32>> {
+        let flushed = match self.flush_passes(dirty) {
+            Err(Refused { pgs, no_space: true }) if pgs.len() > 1 => {
+                let (mut refilled, mut stuck, mut no_space) = (Vec::new(), Vec::new(), false);
+                for pg in pgs {
+                    match self.flush_passes(BTreeSet::from([pg])) {
+                        Ok(more) => refilled.extend(more),
+                        Err(refused) => {
+                            no_space |= refused.no_space;
+                            stuck.extend(refused.pgs);
+                        }
+                    }
+                }
+                if stuck.is_empty() {
+                    Ok(refilled)
+                } else {
+                    tracing::error!(
+                        partition = self.partition.index(),
+                        pgs = ?stuck,
+                        flushed = refilled.len(),
+                        "these PGs' log entries do not fit in the store; the partition's other PGs flushed"
+                    );
+                    // Their refilled logs are dirty and flush with the stuck ones' retry.
+                    stuck.extend(refilled.iter().map(|(pg, _)| *pg));
+                    Err(Refused { pgs: stuck, no_space })
+                }
+            }
+            other => other,
+        };
+        self.note_space(matches!(flushed, Err(Refused { no_space: true, .. })));
+        flushed.map_err(|refused| refused.pgs)
+    }
+
+    /// The store refused a flush (`no_space`: for want of room), or took
+    /// one again: the partition's fullness follows, loudly when it changes.
+    fn note_space(&self, no_space: bool) {
+        let index = self.partition.index() as usize;
+        if self.metrics.partition_out_of_space[index].swap(no_space, std::sync::atomic::Ordering::Relaxed) != no_space {
+            if no_space {
+                tracing::error!(
+                    partition = index,
+                    "the store is out of space: this OSD reports itself full until a flush goes through"
+                );
+            } else {
+                tracing::warn!(partition = index, "the store took a flush again: no longer out of space");
+            }
+            self.publish_use();
+        }
+    }
+
+    fn flush_passes(&mut self, mut dirty: BTreeSet<u32>) -> Result<Vec<(u32, bool)>, Refused> {
         // A pass stops a PG's entries where one needs the store to have
         // applied the ones before (Planner::needs_apply): it goes on with
         // those PGs at once, so that a flush leaves no live entry (reads
@@ -409,12 +471,12 @@ impl Flusher {
         loop {
             let (more, cut) = match self.flush_pass(dirty) {
                 Ok(pass) => pass,
-                Err(mut failed) => {
+                Err(mut refused) => {
                     // Earlier passes' refilled logs need their flush too.
-                    failed.extend(refilled.iter().map(|(pg, _)| *pg));
-                    failed.sort_unstable();
-                    failed.dedup();
-                    return Err(failed);
+                    refused.pgs.extend(refilled.iter().map(|(pg, _)| *pg));
+                    refused.pgs.sort_unstable();
+                    refused.pgs.dedup();
+                    return Err(refused);
                 }
             };
             refilled.extend(more);
@@ -427,7 +489,7 @@ impl Flusher {
 
     /// One pass of [`Flusher::flush`]; also returns the PGs it stopped
     /// short of their log's end.
-    fn flush_pass(&mut self, dirty: BTreeSet<u32>) -> Result<FlushPass, Vec<u32>> {
+    fn flush_pass(&mut self, dirty: BTreeSet<u32>) -> Result<FlushPass, Refused> {
         // Per PG: the last seq taken; the entries themselves become store ops.
         let mut taken = Vec::new();
         let mut cut = BTreeSet::new();
@@ -525,21 +587,7 @@ impl Flusher {
                 }
                 Err(err) => Err(err),
             };
-            let index = self.partition.index() as usize;
             let no_space = matches!(applied, Err(StoreError::NoSpace { .. }));
-            if self.metrics.partition_out_of_space[index].swap(no_space, std::sync::atomic::Ordering::Relaxed)
-                != no_space
-            {
-                if no_space {
-                    tracing::error!(
-                        partition = index,
-                        "the store is out of space: this OSD reports itself full until a flush goes through"
-                    );
-                } else {
-                    tracing::warn!(partition = index, "the store took a flush again: no longer out of space");
-                }
-                self.publish_use();
-            }
             if let Err(err) = applied {
                 // Nothing is trimmed: the entries stay in the log and are
                 // retried on the next flush (and replayed on restart).
@@ -547,14 +595,15 @@ impl Flusher {
                     self.metrics.flush_no_space.add(1);
                 }
                 tracing::error!(partition = self.partition.index(), %err, "flush failed; entries stay in the log");
-                return Err(taken
+                let pgs = taken
                     .iter()
                     .map(|(pg, _)| {
                         let mut guard = pg.lock().expect("PG lock");
                         guard.dirty = true;
                         guard.key
                     })
-                    .collect());
+                    .collect();
+                return Err(Refused { pgs, no_space });
             }
             self.metrics.flushes.add(1);
         }
@@ -1322,6 +1371,13 @@ fn reply_of(epoch: u64, result: Result<Bytes, StoreError>) -> OpReply {
 /// entries after its trim (and whether more still wait), and the PGs it
 /// stopped short of their log's end.
 type FlushPass = (Vec<(u32, bool)>, BTreeSet<u32>);
+
+/// A flush the store refused: the PGs to flush again (nothing of theirs
+/// was trimmed), and whether for want of room.
+struct Refused {
+    pgs: Vec<u32>,
+    no_space: bool,
+}
 
 #[cfg(test)]
 mod tests {
