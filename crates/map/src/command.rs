@@ -371,9 +371,8 @@ impl ClusterMap {
                 if !self.pools.contains_key(pool) {
                     return Err(CommandError::Invalid(format!("no pool with id {pool}")));
                 }
-                let checked =
-                    duplex_qos::ClassSettings::from_pairs(settings.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                        .map_err(|err| CommandError::Invalid(err.to_string()))?;
+                let checked = duplex_qos::ClassSettings::from_strings(settings)
+                    .map_err(|err| CommandError::Invalid(err.to_string()))?;
                 // Kept in their canonical text, defaults left out, so the
                 // same settings always make the same map.
                 let settings: Vec<(String, String)> =

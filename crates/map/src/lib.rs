@@ -424,7 +424,7 @@ impl ClusterMap {
         let pools = self.pools.values().map(|p| (format!("pool '{}'", p.name), &p.qos));
         let images = self.image_qos.iter().map(|((pool, image), v)| (format!("image {image:016x} in pool {pool}"), v));
         for (whose, pairs) in pools.chain(images) {
-            duplex_qos::ClassSettings::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            duplex_qos::ClassSettings::from_strings(pairs)
                 .map_err(|err| format!("the QoS settings of {whose}: {err}"))?;
         }
         if let Some((pool, image)) = self.image_qos.keys().find(|(pool, _)| !self.pools.contains_key(pool)) {

@@ -64,6 +64,11 @@ impl ClassSettings {
         Ok(settings)
     }
 
+    /// [`Self::from_pairs`] of owned text, as the map keeps it.
+    pub fn from_strings(pairs: &[(String, String)]) -> Result<ClassSettings, LimitError> {
+        ClassSettings::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+
     /// Sets `key` (one of [`KEYS`]) from its text. Call [`Self::check`]
     /// once every key is set.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), LimitError> {
