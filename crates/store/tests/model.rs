@@ -64,3 +64,14 @@ proptest! {
 fn long_sequence_matches_model() {
     run(0xD0D1E5, 400, IoBackend::Auto);
 }
+
+/// Found by CI's random cases in session 34 (the pread backend). A batch
+/// deleted obj-3, cloned it from obj-0, wrote obj-0 (copying the shared
+/// block), then wrote obj-3 past its end: growing it zeroed the tail of
+/// its last block in place, though its blocks came from a clone this
+/// batch (the write path copies those), and the write then copied the
+/// block it had just changed in place.
+#[test]
+fn regression_seed_10656689786654224125() {
+    run(10656689786654224125, 60, IoBackend::Pread);
+}

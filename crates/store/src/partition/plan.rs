@@ -495,15 +495,7 @@ impl Partition {
             let (block, newly_reserved) = match self.mapped(plan, key, logical) {
                 Some(block) => {
                     let newly_reserved = plan.objects[key].new_blocks.contains(&block);
-                    // An object made (again) by this batch maps blocks it
-                    // did not hold before only through a clone: their
-                    // durable contents are another object's, even when the
-                    // batch has since dropped that object's reference (a
-                    // truncate of the source). Written in place, a crash
-                    // with the record durable and the data not would show
-                    // the source's bytes here: copy them instead.
-                    let from_a_clone = !plan.objects[key].original_alive;
-                    if !newly_reserved && (from_a_clone || self.is_shared(plan, block)) {
+                    if !newly_reserved && self.must_copy(plan, key, block) {
                         (self.copy_on_write(plan, key, logical, block, from == 0 && to == BLOCK_SIZE)?, true)
                     } else {
                         (block, newly_reserved)
@@ -650,10 +642,11 @@ impl Partition {
                 self.unmap(plan, key, logical);
             } else if let Some(block) = self.mapped(plan, key, logical) {
                 let reserved = plan.reserved_blocks.len();
-                // A block shared with a clone is copied first, as any write's.
-                let shared = !plan.objects[key].new_blocks.contains(&block) && self.is_shared(plan, block);
+                // A block shared with a clone (or one from a clone made by
+                // this batch) is copied first, as any write's.
+                let copied = !plan.objects[key].new_blocks.contains(&block) && self.must_copy(plan, key, block);
                 self.plan_write(plan, key, position, &zeros[..(piece_end - position) as usize], false)?;
-                debug_assert!(shared || plan.reserved_blocks.len() == reserved, "zeroing a mapped block allocated one");
+                debug_assert!(copied || plan.reserved_blocks.len() == reserved, "zeroing a mapped block allocated one");
             }
             position = piece_end;
         }
@@ -748,7 +741,9 @@ impl Partition {
             return Ok(());
         };
         let mut newly_reserved = plan.objects[key].new_blocks.contains(&block);
-        if !newly_reserved && self.is_shared(plan, block) {
+        // As for a write into the block (a clone then grown past a partial
+        // last block met this: the simulator-free store model, session 34).
+        if !newly_reserved && self.must_copy(plan, key, block) {
             if !self.written.get(block as u64) && !self.deferred.contains_key(&block) {
                 return Ok(()); // reads as zeros already
             }
@@ -858,6 +853,18 @@ impl Partition {
 
     fn is_shared(&self, plan: &Plan, block: u32) -> bool {
         self.references(plan, block) > 1
+    }
+
+    /// Whether a change to `key`'s `block` (one the batch did not reserve)
+    /// must go to a copy. A shared block, of course. And an object made
+    /// (again) by this batch maps blocks it did not hold before only
+    /// through a clone: their durable contents are another object's, even
+    /// when the batch has since dropped that object's reference (a
+    /// truncate or a write of the source). Changed in place, a crash with
+    /// the record durable and the data not would show the source's bytes
+    /// here: copy them instead.
+    fn must_copy(&self, plan: &Plan, key: &Key, block: u32) -> bool {
+        !plan.objects[key].original_alive || self.is_shared(plan, block)
     }
 
     /// Drops one object's reference to `block`; whether it was the last
