@@ -74,7 +74,11 @@ def main():
     parser.add_argument("--reservation", type=int, default=2000, help="B's qos_reservation_iops")
     parser.add_argument("--a-limit", type=int, default=10000, help="A's qos_iops in the limited condition")
     parser.add_argument("--osd-set", action="append", default=[], help="KEY=VALUE for every OSD")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CI: one round of 1 s, three conditions (checks the script works, not the figure)")
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.seconds = 1, 1
     os.environ["DUPLEX_CONF"] = os.path.join(args.dir, "client.toml")
     up = ["dev", "up", "--dir", args.dir, "--osds", "3", "--osd-size", "4G"]
     for setting in args.osd_set:
@@ -99,6 +103,8 @@ def main():
             (f"B alone, B reserved {r} IOPS, weight 10", False,
              [("b", f"qos_reservation_iops={r}"), ("b", "qos_weight=10")]),
         ]
+        if args.smoke:
+            conditions = [conditions[0], conditions[3], conditions[5]]
         results = {name: [] for name, _, _ in conditions}
         for round_ in range(args.rounds):
             for name, noisy, settings in conditions:

@@ -80,11 +80,11 @@ def one_run(args, variant):
         up += ["--osd-set", setting]
     duplex(*up, capture=True)
     try:
-        duplex("image", "create", "disk", "--size", f"{args.image_gib}G", capture=True)
+        duplex("image", "create", "disk", "--size", f"{args.image_mib}M", capture=True)
         duplex("bench", "--image", "disk", "--pattern", "seqwrite", "--bs", "4M", "--qd", "8",
                "--seconds", str(args.fill_seconds), "--json", capture=True)
-        capacity = json.loads(duplex("bench", "--image", "disk", "--qd", "32", "--seconds", "10", "--json",
-                                     capture=True))["iops"]
+        capacity = json.loads(duplex("bench", "--image", "disk", "--qd", "32", "--seconds",
+                                     str(args.capacity_seconds), "--json", capture=True))["iops"]
         duplex("mark", "out", "0", capture=True)
         time.sleep(2)
         wait_clean()
@@ -138,7 +138,8 @@ def one_run(args, variant):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default="/tmp/duplex-recovery-load")
-    parser.add_argument("--image-gib", type=int, default=2)
+    parser.add_argument("--image-mib", type=int, default=2048)
+    parser.add_argument("--capacity-seconds", type=int, default=10)
     parser.add_argument("--fill-seconds", type=int, default=12)
     parser.add_argument("--load", type=float, default=0.5, help="the open-loop rate, as a share of capacity")
     parser.add_argument("--steady-seconds", type=int, default=15)
@@ -147,7 +148,12 @@ def main():
     parser.add_argument("--save", help="append each run's per-second figures to this file (JSON lines)")
     parser.add_argument("--variant", action="append", default=None,
                         help="space-separated KEY=VALUE --osd-set settings of one run (repeatable)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CI: a 64 MiB image, seconds-long phases, the defaults only (checks the script works)")
     args = parser.parse_args()
+    if args.smoke:
+        args.image_mib, args.fill_seconds, args.capacity_seconds = 64, 1, 1
+        args.steady_seconds, args.after_seconds, args.variant = 5, 0, [""]
     variants = [v.split() for v in args.variant] if args.variant else [[], ["recovery-bytes-per-sec=536870912"]]
     print(f"{'variant':<40} {'capacity':>8} {'rate':>6} {'steady p50/p99 µs':>18} {'during p50/p99 µs':>18} "
           f"{'during IOPS':>11} {'p99 x':>6} {'recovery s':>10}")
