@@ -22,19 +22,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rereplicate import backfill_sent  # noqa: E402  (the OSD logs' "backfill complete ... bytes=N")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DUPLEX = os.path.join(ROOT, "target", "release", "duplex")
-
-
-def duplex(*args, capture=False):
-    result = subprocess.run([DUPLEX, *args], check=True, capture_output=capture, text=True)
-    return result.stdout
-
-
-def status():
-    return json.loads(duplex("status", "--json", capture=True))
+# The release `duplex` and its helpers, and the OSD logs' "backfill complete ... bytes=N".
+from rereplicate import DUPLEX, backfill_sent, duplex, status  # noqa: E402
 
 
 def wait_clean(timeout_s=900):

@@ -12,26 +12,40 @@ use bytes::Bytes;
 use common::{run_ok, DevCluster};
 use duplex_client::image::Image;
 
-/// Writes 4 KiB blocks with `depth` threads until `stop`, counting them.
+/// `depth` threads each calling `write(thread, round)` until `stop`, counting the calls.
+fn writers(
+    depth: usize,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    write: impl Fn(usize, u64) + Send + Sync + 'static,
+) -> Vec<std::thread::JoinHandle<()>> {
+    let write = Arc::new(write);
+    (0..depth)
+        .map(|thread| {
+            let (write, stop, done) = (write.clone(), stop.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut round = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    write(thread, round);
+                    done.fetch_add(1, Ordering::Relaxed);
+                    round += 1;
+                }
+            })
+        })
+        .collect()
+}
+
+/// Writes 4 KiB blocks of `image` with `depth` threads until `stop`, counting them.
 fn load(
     image: Arc<Image>,
     depth: usize,
     stop: Arc<AtomicBool>,
     done: Arc<AtomicU64>,
 ) -> Vec<std::thread::JoinHandle<()>> {
-    (0..depth)
-        .map(|thread| {
-            let (image, stop, done) = (image.clone(), stop.clone(), done.clone());
-            std::thread::spawn(move || {
-                let mut block = thread as u64;
-                while !stop.load(Ordering::Relaxed) {
-                    image.write((block % 4096) * 4096, Bytes::from(vec![thread as u8; 4096])).expect("a write");
-                    done.fetch_add(1, Ordering::Relaxed);
-                    block += depth as u64;
-                }
-            })
-        })
-        .collect()
+    writers(depth, stop, done, move |thread, round| {
+        let block = (thread as u64 + round * depth as u64) % 4096;
+        image.write(block * 4096, Bytes::from(vec![thread as u8; 4096])).expect("a write");
+    })
 }
 
 /// Waits until `image`'s gateway keeps to `iops` (its watch read the header).
@@ -164,18 +178,10 @@ fn raw_load(
     stop: Arc<AtomicBool>,
     done: Arc<AtomicU64>,
 ) -> Vec<std::thread::JoinHandle<()>> {
-    (0..depth)
-        .map(|thread| {
-            let (client, object, stop, done) = (client.clone(), object.clone(), stop.clone(), done.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let offset = (thread as u64 % 64) * 4096;
-                    client.write(pool, &object, offset, Bytes::from(vec![thread as u8; 4096])).expect("a write");
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect()
+    writers(depth, stop, done, move |thread, _| {
+        let offset = (thread as u64 % 64) * 4096;
+        client.write(pool, &object, offset, Bytes::from(vec![thread as u8; 4096])).expect("a write");
+    })
 }
 
 #[test]
