@@ -758,36 +758,23 @@ fn osd_stats(client: &Client, addr: &str) -> Result<OsdStats> {
     Ok(OsdStats::decode(&frame.payload)?)
 }
 
-/// PG states over all pools: active+clean (all copies up), degraded (writes
-/// go on with fewer copies), inactive (fewer than min_size up: I/O waits),
-/// +backfilling: moved by placement, served by the OSDs that hold it while
-/// its new ones are filled in the background; and down: none of the OSDs
-/// it was last active on is up (I/O waits for one of them). With the down
-/// PGs ("pool.pg: osd.N, …"), at most `MAX_DOWN_LISTED`.
+/// PG states over all pools ([`duplex_map::PgState`]: active+clean,
+/// degraded, backfilling, recovering, peering, inactive, down), with the
+/// down PGs ("pool.pg waits for osd.N, …"), at most `MAX_DOWN_LISTED`.
 fn pg_states(map: &ClusterMap) -> (BTreeMap<&'static str, u32>, Vec<String>) {
     let hierarchy = map.hierarchy();
     let mut states = BTreeMap::new();
     let mut down = Vec::new();
     for pool in map.pools.values() {
         for pg in 0..pool.pg_num {
-            if let Some(waiting) = duplex_map::active_set::down_waiting_for(map, pool.id, pg) {
-                *states.entry("down").or_default() += 1;
-                if down.len() < MAX_DOWN_LISTED {
+            let state = duplex_map::pg_state(map, &hierarchy, pool, pg);
+            if state == duplex_map::PgState::Down && down.len() < MAX_DOWN_LISTED {
+                if let Some(waiting) = duplex_map::active_set::down_waiting_for(map, pool.id, pg) {
                     let names: Vec<String> = waiting.iter().map(|osd| format!("osd.{osd}")).collect();
                     down.push(format!("{}.{pg:x} waits for {}", pool.id, names.join(" or ")));
                 }
-                continue;
             }
-            let up = map.acting(&hierarchy, pool, pg).iter().filter(|osd| **osd != duplex_map::NO_OSD).count();
-            let backfilling = map.pg_temp.contains_key(&(pool.id, pg));
-            let state = match (up >= pool.size as usize, up >= pool.min_size as usize, backfilling) {
-                (true, _, false) => "active+clean",
-                (true, _, true) => "active+backfilling",
-                (false, true, false) => "active+degraded",
-                (false, true, true) => "active+degraded+backfilling",
-                (false, false, _) => "inactive",
-            };
-            *states.entry(state).or_default() += 1;
+            *states.entry(state.label()).or_default() += 1;
         }
     }
     (states, down)
@@ -855,7 +842,7 @@ fn pools_on(map: &ClusterMap, osds: &[u32]) -> Vec<String> {
 }
 
 /// The cluster's health as Ceph words it: `HEALTH_ERR` when some PGs
-/// cannot serve I/O, `HEALTH_WARN` when some are degraded or OSDs are down,
+/// cannot serve I/O, `HEALTH_WARN` when some are degraded or peering, or OSDs are down,
 /// else `HEALTH_OK`; with the reasons, for the text and the JSON alike.
 fn health(map: &ClusterMap, up: usize, states: &BTreeMap<&'static str, u32>) -> (&'static str, Vec<String>) {
     let mut reasons = Vec::new();
@@ -869,6 +856,9 @@ fn health(map: &ClusterMap, up: usize, states: &BTreeMap<&'static str, u32>) -> 
     let degraded: u32 = states.iter().filter(|(state, _)| state.contains("degraded")).map(|(_, n)| n).sum();
     if degraded > 0 {
         reasons.push(format!("{degraded} PGs degraded: fewer copies than the pool's size"));
+    }
+    if let Some(n) = states.get("peering") {
+        reasons.push(format!("{n} PGs peering: their I/O waits until their primaries have peered with their new OSDs"));
     }
     for (fullness, is_error, what) in [
         (duplex_map::Fullness::Full, true, "full: writes to their PGs are refused"),

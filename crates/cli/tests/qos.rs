@@ -248,13 +248,21 @@ fn clean_within(cluster: &DevCluster, within: Duration) -> bool {
     false
 }
 
+/// The backfill's unit: it compares and copies an object a chunk at a time.
+const CHUNK: u64 = duplex_proto::peering::CHUNK_BYTES as u64;
+
 #[test]
 fn recovery_completes_under_a_saturating_client() {
     let cluster = DevCluster::start();
+    // The PGs osd.0 holds are counted from the map at the end: no balancer
+    // moving them meanwhile.
+    run_ok(cluster.cli().args(["config", "set", "balancer_max_spread", "0"]));
     run_ok(cluster.cli().args(["image", "create", "disk", "--size", "64M"]));
     let client = cluster.client();
     let pool = client.pool_id("rbd").expect("the pool");
     let image = Arc::new(client.open_image(pool, "disk").expect("open"));
+    let object_size = u64::from(image.info().object_size);
+    assert!(object_size > CHUNK, "objects of {object_size} bytes: no chunk past the writers' first");
     // Every block written once, so the backfill has the whole image to move.
     for block in 0..64u64 {
         image.write(block << 20, Bytes::from(vec![block as u8; 1 << 20])).expect("a fill write");
@@ -267,9 +275,12 @@ fn recovery_completes_under_a_saturating_client() {
         image.write(block << 20, Bytes::from(vec![!(block as u8); 1 << 20])).expect("a rewrite");
     }
 
-    // 16 writers as fast as the cluster takes them, each on blocks of its own,
-    // remembering what it wrote last to each.
+    // 16 writers as fast as the cluster takes them, each on blocks of its
+    // own in the first 1 MiB chunk of every object, remembering what it
+    // wrote last to each. (Writing everywhere, they rewrote whole chunks
+    // before the backfill reached them, and it rightly had less to copy.)
     let stop = Arc::new(AtomicBool::new(false));
+    let objects = image.info().object_count();
     let writers: Vec<_> = (0..16u64)
         .map(|writer| {
             let (image, stop) = (image.clone(), stop.clone());
@@ -277,10 +288,11 @@ fn recovery_completes_under_a_saturating_client() {
                 let mut last = std::collections::HashMap::new();
                 let mut round = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let block = writer + 16 * (round % 1024);
+                    let slot = writer + 16 * ((round / objects) % (CHUNK / 4096 / 16));
+                    let offset = (round % objects) * object_size + slot * 4096;
                     let byte = (round % 251) as u8;
-                    image.write(block * 4096, Bytes::from(vec![byte; 4096])).expect("a write under recovery");
-                    last.insert(block, byte);
+                    image.write(offset, Bytes::from(vec![byte; 4096])).expect("a write under recovery");
+                    last.insert(offset, byte);
                     round += 1;
                 }
                 (last, round)
@@ -297,7 +309,6 @@ fn recovery_completes_under_a_saturating_client() {
     let before = backfilled();
     let marked = Instant::now();
     run_ok(cluster.cli().args(["mark", "in", "0"]));
-    std::thread::sleep(Duration::from_secs(2));
     let clean = clean_within(&cluster, Duration::from_secs(180));
     let took = marked.elapsed();
     stop.store(true, Ordering::Relaxed);
@@ -305,15 +316,30 @@ fn recovery_completes_under_a_saturating_client() {
     for writer in writers {
         let (last, rounds) = writer.join().expect("a writer");
         writes += rounds;
-        for (block, byte) in last {
-            let read = image.read(block * 4096, 4096).expect("a read back");
-            assert!(read.iter().all(|b| *b == byte), "block {block} lost its last write");
+        for (offset, byte) in last {
+            let read = image.read(offset, 4096).expect("a read back");
+            assert!(read.iter().all(|b| *b == byte), "the 4 KiB at {offset} lost their last write");
         }
     }
     assert!(clean, "the backfill did not finish under load in {took:?}: {}", pg_states(&cluster));
-    // osd.0's share (about 2/3 of 2 copies of 64 MiB) came back to it.
+    // Every object whose PG has osd.0 came back to it, at least the chunks
+    // past the writers' (each was rewritten while it was out). Counted from
+    // the map, not guessed: the image id is random, so osd.0's share of the
+    // 16 objects varies from run to run (8 in one CI run, 10.7 on average).
+    let map = cluster.client().map();
+    let hierarchy = map.hierarchy();
+    let data_pool = map.pools.get(&pool).expect("the pool's info");
+    let info = image.info();
+    let owed = (0..objects)
+        .filter(|number| {
+            let pg = duplex_placement::pg_of(&info.object_name(*number), data_pool.pg_num);
+            map.acting(&hierarchy, data_pool, pg).contains(&0)
+        })
+        .count() as u64;
     let moved = backfilled() - before;
-    assert!(moved > 32.0 * 1048576.0, "only {moved} bytes were backfilled");
-    eprintln!("osd.0 backfilled in {took:?} under {writes} client writes");
+    assert!(owed > 0, "no object of the image is placed on osd.0");
+    let least = (owed * (object_size - CHUNK)) as f64;
+    assert!(moved >= least, "{moved} bytes backfilled; osd.0's {owed} objects lacked {least} the writers left alone");
+    eprintln!("{moved} bytes backfilled to osd.0 ({owed} objects) in {took:?} under {writes} client writes");
     assert!(writes > 1000, "the client was not saturating: {writes} writes");
 }

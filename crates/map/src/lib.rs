@@ -30,6 +30,7 @@ pub mod codec;
 mod command;
 pub mod eventual;
 pub mod failure;
+pub mod pg_state;
 pub mod pg_temp;
 pub mod tier;
 pub mod upmap;
@@ -40,6 +41,7 @@ use serde::{Deserialize, Serialize};
 
 pub use active_set::ActiveSet;
 pub use eventual::Eventual;
+pub use pg_state::{pg_state, Filling, PgState};
 pub use tier::{ChunkStore, Chunking, Compression, DedupMode, DedupTier};
 
 pub use command::{Command, CommandError, MAX_PGS_PER_COMMAND};
