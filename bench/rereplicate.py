@@ -15,7 +15,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DUPLEX = os.path.join(ROOT, "target", "release", "duplex")
+# $DUPLEX_BIN: another build to compare (a copy of target/release/duplex).
+DUPLEX = os.environ.get("DUPLEX_BIN") or os.path.join(ROOT, "target", "release", "duplex")
 
 
 def duplex(*args, capture=False):

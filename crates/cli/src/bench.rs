@@ -187,6 +187,7 @@ pub fn run(client: &Client, pool_name: &str, args: &BenchArgs) -> Result<BenchRe
     let deadline = started + duration;
     let (mut last_report, mut ops_at_report) = (started, 0u64);
     let mut next_interval = started + Duration::from_secs(1);
+    let reporter = args.intervals.then(IntervalReporter::start);
     // Open loop: the I/Os started so far, and when the next one is due.
     let mut scheduled = 0u64;
     let due = |n: u64| started + Duration::from_secs_f64(n as f64 / args.rate as f64);
@@ -262,24 +263,14 @@ pub fn run(client: &Client, pool_name: &str, args: &BenchArgs) -> Result<BenchRe
             }
         }
         let now = Instant::now();
-        if args.intervals && now >= next_interval {
-            let unix_ms =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-            eprintln!(
-                "{}",
-                serde_json::json!({
-                    "unix_ms": unix_ms,
-                    "ops": second.len(),
-                    "p50_us": second.value_at_quantile(0.5),
-                    "p99_us": second.value_at_quantile(0.99),
-                    "max_us": second.max(),
-                    "errors": errors,
-                    // [µs, count] per recorded value (3 significant
-                    // digits): windows merge into exact percentiles.
-                    "latencies": second.iter_recorded().map(|v| [v.value_iterated_to(), v.count_at_value()]).collect::<Vec<_>>(),
-                })
-            );
-            second.reset();
+        if now >= next_interval {
+            if let Some(reporter) = &reporter {
+                let unix_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                let fresh = reporter.spare.try_recv().unwrap_or_else(|_| Histogram::new_from(&latency));
+                let _ = reporter.seconds.send((unix_ms, std::mem::replace(&mut second, fresh), errors));
+            }
             next_interval += Duration::from_secs(1);
         }
         if now.duration_since(last_report) >= Duration::from_millis(250) {
@@ -290,6 +281,9 @@ pub fn run(client: &Client, pool_name: &str, args: &BenchArgs) -> Result<BenchRe
         }
     }
     let seconds = started.elapsed().as_secs_f64().max(1e-9);
+    if let Some(reporter) = reporter {
+        reporter.finish();
+    }
     progress.finish_and_clear();
     Ok(BenchResult {
         target: label,
@@ -312,6 +306,71 @@ pub fn run(client: &Client, pool_name: &str, args: &BenchArgs) -> Result<BenchRe
         },
         first_error,
     })
+}
+
+/// `--intervals`: each second's histogram is printed by a thread of its
+/// own. Printed from the I/O loop, the JSON of a second's latencies (more
+/// distinct values, the more they spread) held the loop for milliseconds
+/// once a second, and the open-loop I/Os due meanwhile counted the pause:
+/// a tail the cluster never had, larger while it recovered.
+struct IntervalReporter {
+    seconds: crossbeam_channel::Sender<(u64, Histogram<u64>, u64)>,
+    /// Histograms printed and reset, handed back for the next second.
+    spare: crossbeam_channel::Receiver<Histogram<u64>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl IntervalReporter {
+    fn start() -> IntervalReporter {
+        let (seconds, to_print) = crossbeam_channel::unbounded::<(u64, Histogram<u64>, u64)>();
+        let (give_back, spare) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new()
+            .name("duplex-intervals".into())
+            .spawn(move || {
+                // Last in line for a CPU: on a machine of two, even this
+                // thread's milliseconds a second showed in the OSDs' tail.
+                // SAFETY: setpriority on this thread's own id touches no memory.
+                unsafe {
+                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+                }
+                for (unix_ms, mut second, errors) in to_print {
+                    eprintln!("{}", interval_json(unix_ms, &second, errors));
+                    second.reset();
+                    let _ = give_back.send(second);
+                }
+            })
+            .expect("a thread for --intervals");
+        IntervalReporter { seconds, spare, thread }
+    }
+
+    /// Prints what is left and waits for it.
+    fn finish(self) {
+        drop(self.seconds);
+        let _ = self.thread.join();
+    }
+}
+
+/// One second of `--intervals`: its ops, percentiles and errors so far,
+/// and `latencies`, [µs, count] per recorded value (3 significant digits),
+/// so that windows merge into exact percentiles. Written by hand: a JSON
+/// value per pair cost milliseconds a second.
+fn interval_json(unix_ms: u64, second: &Histogram<u64>, errors: u64) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(4096);
+    let _ = write!(
+        out,
+        r#"{{"unix_ms":{unix_ms},"ops":{},"p50_us":{},"p99_us":{},"max_us":{},"errors":{errors},"latencies":["#,
+        second.len(),
+        second.value_at_quantile(0.5),
+        second.value_at_quantile(0.99),
+        second.max(),
+    );
+    for (i, value) in second.iter_recorded().enumerate() {
+        let comma = if i == 0 { "" } else { "," };
+        let _ = write!(out, "{comma}[{},{}]", value.value_iterated_to(), value.count_at_value());
+    }
+    out.push_str("]}");
+    out
 }
 
 pub fn print_table(results: &[BenchResult]) {
@@ -338,5 +397,35 @@ pub fn print_table(results: &[BenchResult]) {
         if let Some(err) = &r.first_error {
             println!("first error ({:?}): {err}", r.pattern);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interval_line_is_json_whose_latencies_add_up_to_the_seconds_ops() {
+        let mut second = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap();
+        for micros in [90, 90, 250, 1_000, 12_345, 12_345, 12_346] {
+            second.record(micros).unwrap();
+        }
+        let line: serde_json::Value = serde_json::from_str(&interval_json(1_700_000_000_000, &second, 2)).unwrap();
+        assert_eq!(line["unix_ms"], 1_700_000_000_000u64);
+        assert_eq!(line["ops"], 7);
+        assert_eq!(line["errors"], 2);
+        assert_eq!(line["p50_us"], second.value_at_quantile(0.5));
+        let pairs: Vec<(u64, u64)> = line["latencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|pair| (pair[0].as_u64().unwrap(), pair[1].as_u64().unwrap()))
+            .collect();
+        assert_eq!(pairs.iter().map(|(_, count)| count).sum::<u64>(), 7);
+        assert_eq!(pairs.first(), Some(&(90, 2)));
+        assert!(pairs.iter().all(|(value, _)| second.equivalent(*value, second.highest_equivalent(*value))));
+        let empty = Histogram::<u64>::new_from(&second);
+        let line: serde_json::Value = serde_json::from_str(&interval_json(1, &empty, 0)).unwrap();
+        assert_eq!(line["latencies"], serde_json::json!([]));
     }
 }

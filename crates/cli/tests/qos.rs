@@ -248,8 +248,9 @@ fn clean_within(cluster: &DevCluster, within: Duration) -> bool {
     false
 }
 
-/// The backfill's unit: it compares and copies an object a chunk at a time.
-const CHUNK: u64 = duplex_proto::peering::CHUNK_BYTES as u64;
+/// The writers' span at the start of each object: the rest of it is
+/// theirs to leave alone, so the backfill must copy it.
+const WRITTEN: u64 = 1 << 20;
 
 #[test]
 fn recovery_completes_under_a_saturating_client() {
@@ -262,7 +263,7 @@ fn recovery_completes_under_a_saturating_client() {
     let pool = client.pool_id("rbd").expect("the pool");
     let image = Arc::new(client.open_image(pool, "disk").expect("open"));
     let object_size = u64::from(image.info().object_size);
-    assert!(object_size > CHUNK, "objects of {object_size} bytes: no chunk past the writers' first");
+    assert!(object_size > WRITTEN, "objects of {object_size} bytes: nothing past the writers' span");
     // Every block written once, so the backfill has the whole image to move.
     for block in 0..64u64 {
         image.write(block << 20, Bytes::from(vec![block as u8; 1 << 20])).expect("a fill write");
@@ -276,9 +277,9 @@ fn recovery_completes_under_a_saturating_client() {
     }
 
     // 16 writers as fast as the cluster takes them, each on blocks of its
-    // own in the first 1 MiB chunk of every object, remembering what it
-    // wrote last to each. (Writing everywhere, they rewrote whole chunks
-    // before the backfill reached them, and it rightly had less to copy.)
+    // own in the first 1 MiB of every object, remembering what it wrote
+    // last to each. (Writing everywhere, they rewrote whole chunks before
+    // the backfill reached them, and it rightly had less to copy.)
     let stop = Arc::new(AtomicBool::new(false));
     let objects = image.info().object_count();
     let writers: Vec<_> = (0..16u64)
@@ -288,7 +289,7 @@ fn recovery_completes_under_a_saturating_client() {
                 let mut last = std::collections::HashMap::new();
                 let mut round = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let slot = writer + 16 * ((round / objects) % (CHUNK / 4096 / 16));
+                    let slot = writer + 16 * ((round / objects) % (WRITTEN / 4096 / 16));
                     let offset = (round % objects) * object_size + slot * 4096;
                     let byte = (round % 251) as u8;
                     image.write(offset, Bytes::from(vec![byte; 4096])).expect("a write under recovery");
@@ -322,8 +323,8 @@ fn recovery_completes_under_a_saturating_client() {
         }
     }
     assert!(clean, "the backfill did not finish under load in {took:?}: {}", pg_states(&cluster));
-    // Every object whose PG has osd.0 came back to it, at least the chunks
-    // past the writers' (each was rewritten while it was out). Counted from
+    // Every object whose PG has osd.0 came back to it, at least the bytes
+    // past the writers' span (each was rewritten while it was out). Counted from
     // the map, not guessed: the image id is random, so osd.0's share of the
     // 16 objects varies from run to run (8 in one CI run, 10.7 on average).
     let map = cluster.client().map();
@@ -338,7 +339,7 @@ fn recovery_completes_under_a_saturating_client() {
         .count() as u64;
     let moved = backfilled() - before;
     assert!(owed > 0, "no object of the image is placed on osd.0");
-    let least = (owed * (object_size - CHUNK)) as f64;
+    let least = (owed * (object_size - WRITTEN)) as f64;
     assert!(moved >= least, "{moved} bytes backfilled; osd.0's {owed} objects lacked {least} the writers left alone");
     eprintln!("{moved} bytes backfilled to osd.0 ({owed} objects) in {took:?} under {writes} client writes");
     assert!(writes > 1000, "the client was not saturating: {writes} writes");

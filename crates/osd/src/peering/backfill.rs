@@ -17,9 +17,9 @@
 //!    it has none, the targets remove theirs. Otherwise each target that
 //!    holds a copy of that size and those attributes ([`PeerOp::Stat`])
 //!    *keeps* it; any other replaces it with an empty one (`PushStart`).
-//! 2. **Copy** its data a chunk at a time, each under a lock of just that
-//!    byte range (so writes elsewhere in the object go on): `Pull` from the
-//!    primary; a target that kept its copy reports its digest of the chunk
+//! 2. **Copy** its data a chunk ([`BACKFILL_CHUNK_BYTES`]) at a time,
+//!    each under a lock of just that byte range (so writes elsewhere in
+//!    the object go on): `Pull` from the primary; a target that kept its copy reports its digest of the chunk
 //!    ([`PeerOp::ChunkDigest`]) and gets the chunk (`PushData`) only if it
 //!    differs; a target that was reset gets every chunk but those of zeros
 //!    (its copy reads zeros there, or what writes since put there, which
@@ -52,9 +52,21 @@
 use std::collections::VecDeque;
 
 use duplex_map::OsdId;
-use duplex_proto::peering::{ObjectMeta, PeerOp, PeerReply, CHUNK_BYTES};
+use duplex_proto::peering::{ObjectMeta, PeerOp, PeerReply};
 
 use crate::peering::Progress;
+
+/// The bytes of one step: one lock, pull, compare and push. Each step is
+/// a burst of work (a read and a crc at the primary, a frame decoded on a
+/// priority thread of each target, a digest and a write at its flusher)
+/// that client operations on the same CPUs wait behind. With the
+/// protocol's largest (1 MiB, `CHUNK_BYTES`), clients' p99 during a
+/// backfill at a quarter load was 5.4-6.1 ms on a 2-vCPU machine; with
+/// 256 KiB, 2.7-3.8 ms, the backfill taking a third longer (it waits on
+/// round trips); 128 KiB gained nothing more and took longer still
+/// (docs/BENCHMARKS.md, session 35).
+pub const BACKFILL_CHUNK_BYTES: u64 = 256 << 10;
+const _: () = assert!(BACKFILL_CHUNK_BYTES <= duplex_proto::peering::CHUNK_BYTES as u64);
 
 /// What the driver does next.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -340,7 +352,7 @@ impl Backfill {
                     self.snapped |= meta.attrs.iter().any(|(name, _)| name == crate::snaps::SNAPSEQ_ATTR);
                     self.object_done(object)
                 } else {
-                    let len = (meta.size - offset).min(CHUNK_BYTES as u64);
+                    let len = (meta.size - offset).min(BACKFILL_CHUNK_BYTES);
                     let op = PeerOp::Pull { object: object.clone(), offset, len: len as u32 };
                     self.stage = Stage::Pulling { object, offset, len };
                     self.send(self.primary, op)
@@ -596,7 +608,7 @@ pub fn unfinished(backfill: Option<&Backfill>, targets: &[OsdId]) -> bool {
 }
 
 fn chunk_end(offset: u64) -> u64 {
-    offset.saturating_add(CHUNK_BYTES as u64)
+    offset.saturating_add(BACKFILL_CHUNK_BYTES)
 }
 
 #[cfg(test)]
@@ -787,9 +799,9 @@ mod tests {
 
     #[test]
     fn every_object_reaches_every_target_in_locked_chunks_and_zeros_are_skipped() {
-        let big = patterned(2 * CHUNK_BYTES as usize + 1000, 0);
-        let mut sparse = vec![0u8; 2 * CHUNK_BYTES as usize];
-        sparse[CHUNK_BYTES as usize + 5] = 9;
+        let big = patterned(2 * BACKFILL_CHUNK_BYTES as usize + 1000, 0);
+        let mut sparse = vec![0u8; 2 * BACKFILL_CHUNK_BYTES as usize];
+        sparse[BACKFILL_CHUNK_BYTES as usize + 5] = 9;
         let primary: Objects = [
             (b"a".to_vec(), b"small".to_vec()),
             (b"b".to_vec(), big),
@@ -813,14 +825,14 @@ mod tests {
         assert_eq!(model.locked, None, "the last lock is released");
         assert_eq!(machine.progress.objects_copied, 4);
         assert_eq!(machine.progress.objects_removed, 1, "the object deleted after the listing");
-        let nonzero_chunks = 5 + (2 * CHUNK_BYTES as u64 + 1000) + CHUNK_BYTES as u64;
+        let nonzero_chunks = 5 + (2 * BACKFILL_CHUNK_BYTES + 1000) + BACKFILL_CHUNK_BYTES;
         assert_eq!(machine.progress.bytes_copied, 2 * nonzero_chunks, "zero chunks are not sent");
         assert_eq!(model.sent.get("digest"), None, "a copy that was reset is not compared");
     }
 
     #[test]
     fn a_target_that_kept_its_copy_gets_only_what_differs_and_loses_what_the_primary_lacks() {
-        let chunk = CHUNK_BYTES as usize;
+        let chunk = BACKFILL_CHUNK_BYTES as usize;
         let same = patterned(3 * chunk, 1);
         let mut one_chunk_off = same.clone();
         one_chunk_off[chunk + 17] ^= 0xff;
