@@ -194,8 +194,9 @@ pub struct Metrics {
     pub partition_out_of_space: [std::sync::atomic::AtomicBool; duplex_store::MAX_PARTITIONS as usize],
     /// Flushes that met ENOSPC from the store.
     pub flush_no_space: Counter,
-    /// Bytes the PG logs hold: entries not yet in the store, for which the
-    /// store keeps room (they count toward the OSD's fullness).
+    /// Bytes the PG logs hold (entries not yet in the store), and the
+    /// request-id records their first flush allocates: the store keeps
+    /// room for them (they count toward the OSD's fullness).
     pub log_reserved_bytes: AtomicU64,
     /// This OSD's own fullness is `full`: its primary PGs refuse writes at
     /// once, before the map says so.
@@ -682,7 +683,7 @@ impl Metrics {
             ("duplex_osd_store_used_bytes", "Store data bytes in use.", self.store_used_bytes.load(Relaxed)),
             (
                 "duplex_osd_log_reserved_bytes",
-                "Bytes the PG logs hold, kept free in the store for their flush.",
+                "Bytes the PG logs hold and their PGs' request-id records not yet allocated, kept free in the store for their flush.",
                 self.log_reserved_bytes.load(Relaxed),
             ),
             (

@@ -191,7 +191,7 @@ impl PeeringDriver {
         for pg in self.shared.pgs.all() {
             if let Ok(pg) = pg.lock() {
                 entries += pg.log.len() as u64;
-                logged += pg.log.live_bytes();
+                logged += pg.reserved_bytes();
                 let eventual = view.pool(crate::pg::pool_of(pg.key)).is_some_and(|pool| pool.is_eventual());
                 let primary = pg.active.as_ref().is_some_and(|a| duplex_map::primary_of(&a.members) == Some(id));
                 if eventual && primary {

@@ -646,12 +646,25 @@ impl Pg {
     /// history ends is of no history it continues.
     pub fn load_stored_ids(&mut self, partition: &mut Partition, end: u64) -> Result<(), StoreError> {
         if !self.stored_ids_loaded {
-            let stored = stored_requests::read(partition, self.key)?;
-            let stored: Vec<LoggedRequest> = stored.into_iter().filter(|request| request.seq <= end).collect();
+            let stored = stored_requests::read_record(partition, self.key)?;
+            // Its room is taken already: no more to keep for it.
+            self.ids_record_created |= stored.is_some();
+            let stored: Vec<LoggedRequest> =
+                stored.unwrap_or_default().into_iter().filter(|request| request.seq <= end).collect();
             self.requests.load(&stored);
             self.stored_ids_loaded = true;
         }
         Ok(())
+    }
+
+    /// The store room this PG may still need for what it holds: its log's
+    /// entries, and its request-id record until that exists (its first
+    /// flush here allocates it whole, [`stored_requests::RECORD_BYTES`]).
+    /// The OSD counts it against its full ratio, so that an accepted write
+    /// always finds room when it is flushed (issue 24).
+    pub fn reserved_bytes(&self) -> u64 {
+        let record = if self.ids_record_created { 0 } else { stored_requests::RECORD_BYTES as u64 };
+        self.log.live_bytes() + record
     }
 
     /// The store operations that keep the ids of the entries `flushed`
@@ -931,6 +944,41 @@ mod tests {
         let table = table(dir.path(), 1 << 20);
         let shared = table.get_or_open(7).unwrap();
         (dir, table, shared)
+    }
+
+    #[test]
+    fn a_pg_keeps_room_for_its_log_and_for_its_id_record_until_that_exists() {
+        let (_dir, _table, shared) = pg_7();
+        let mut pg = shared.lock().unwrap();
+        let record = stored_requests::RECORD_BYTES as u64;
+        assert_eq!(pg.reserved_bytes(), record, "a new PG's first flush allocates its record");
+        offer(&mut pg, 1, 100, 1);
+        let logged = pg.log.live_bytes();
+        assert!(logged >= 100);
+        assert_eq!(pg.reserved_bytes(), logged + record);
+        let ops = pg.record_flushed_ids(0, 1..=1);
+        assert!(matches!(ops[0], Op::CreatePreallocated { size, .. } if size == record));
+        assert_eq!(pg.reserved_bytes(), logged, "the record is asked for with the flush");
+
+        // After a restart: a record the store holds needs no more room.
+        let test_store = crate::TestStore::new(1);
+        let mut store = test_store.open();
+        let partition = store.partition_mut(0);
+        let mut batch = duplex_store::Batch::new();
+        batch.push(stored_requests::create(0, 7));
+        partition.apply(&batch).unwrap();
+        let (_dir, _table, reopened) = pg_7();
+        let mut reopened = reopened.lock().unwrap();
+        assert_eq!(reopened.reserved_bytes(), record);
+        reopened.load_stored_ids(partition, 0).unwrap();
+        assert_eq!(reopened.reserved_bytes(), 0);
+        // And one it does not hold still does.
+        let (_dir, _table, other) = pg_7();
+        let mut other = other.lock().unwrap();
+        let empty = crate::TestStore::new(1);
+        let mut empty_store = empty.open();
+        other.load_stored_ids(empty_store.partition_mut(0), 0).unwrap();
+        assert_eq!(other.reserved_bytes(), record);
     }
 
     #[test]

@@ -205,12 +205,18 @@ pub fn decode(bytes: &[u8]) -> Vec<LoggedRequest> {
 }
 
 /// The ids this OSD's store holds for `pg`, by seq (none: never flushed).
+pub fn read(partition: &mut Partition, pg: u32) -> Result<Vec<LoggedRequest>, StoreError> {
+    read_record(partition, pg).map(Option::unwrap_or_default)
+}
+
+/// [`read`], and whether the record exists (`None`: this PG never flushed
+/// here, so its first flush allocates the record, [`RECORD_BYTES`]).
 /// A block the store finds damaged holds none, loudly: a resend of one of
 /// its writes then runs again, which is what happened before ids were
 /// kept, rather than the PG never peering again. The block is replaced
 /// (zeros: its ids are gone) so that the next flush's slots, which the
 /// store merges into the block, do not fail on it.
-pub fn read(partition: &mut Partition, pg: u32) -> Result<Vec<LoggedRequest>, StoreError> {
+pub fn read_record(partition: &mut Partition, pg: u32) -> Result<Option<Vec<LoggedRequest>>, StoreError> {
     let key = key(partition.index(), pg);
     let blocks: Vec<ReadRequest<'_>> = (0..BLOCKS)
         .map(|block| ReadRequest { key: key.as_bytes(), offset: (block * BLOCK_BYTES) as u64, len: BLOCK_BYTES as u64 })
@@ -224,7 +230,7 @@ pub fn read(partition: &mut Partition, pg: u32) -> Result<Vec<LoggedRequest>, St
                 let len = data.len().min(BLOCK_BYTES);
                 bytes[at..at + len].copy_from_slice(&data[..len]);
             }
-            Err(StoreError::NotFound) => return Ok(Vec::new()),
+            Err(StoreError::NotFound) => return Ok(None),
             Err(err @ StoreError::ChecksumMismatch { .. }) => {
                 tracing::warn!(pg, block, %err, "a block of the PG's stored request ids is damaged; its ids are lost (resends of those writes run again)");
                 repair.write_journaled(key.clone(), (block * BLOCK_BYTES) as u64, vec![0u8; BLOCK_BYTES]);
@@ -235,7 +241,7 @@ pub fn read(partition: &mut Partition, pg: u32) -> Result<Vec<LoggedRequest>, St
     if !repair.is_empty() {
         partition.apply(&repair)?;
     }
-    Ok(decode(&bytes))
+    Ok(Some(decode(&bytes)))
 }
 
 #[cfg(test)]
