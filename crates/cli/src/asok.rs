@@ -23,6 +23,13 @@ pub enum DaemonCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The OSD's client QoS classes per priority thread: what each has
+    /// queued and held by its limit, its reservation and weight, and what
+    /// it was served in each phase (docs/QOS.md).
+    Qos {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -90,7 +97,56 @@ pub fn run(socket: &Path, command: DaemonCommand) -> Result<()> {
             let reply = ask(socket, &json!({ "command": "connections" }))?;
             print_connections(&reply, json)
         }
+        DaemonCommand::Qos { json } => {
+            let reply = ask(socket, &json!({ "command": "qos" }))?;
+            print_qos(&reply, json)
+        }
     }
+}
+
+fn print_qos(reply: &Value, json: bool) -> Result<()> {
+    if json {
+        let shown = json!({
+            "on": reply["on"],
+            "threads": reply["threads"],
+            "scheduled_total": reply["scheduled_total"],
+            "held_by_limiter_total": reply["held_by_limiter_total"],
+        });
+        println!("{}", serde_json::to_string_pretty(&shown)?);
+        return Ok(());
+    }
+    let on = reply["on"].as_bool().unwrap_or(false);
+    println!(
+        "client QoS {} ({} operations scheduled, {} held by a limit, since start)",
+        if on { "on: some pool or image has a setting" } else { "off: no pool or image has a setting" },
+        reply["scheduled_total"],
+        reply["held_by_limiter_total"]
+    );
+    let threads = reply["threads"].as_array().cloned().unwrap_or_default();
+    if threads.is_empty() {
+        return Ok(());
+    }
+    println!(
+        "{:>6}  {:<28} {:>7} {:>6} {:>11} {:>7} {:>12} {:>12}",
+        "thread", "class", "queued", "held", "reservation", "weight", "served (R)", "served (W)"
+    );
+    for thread in &threads {
+        for class in thread["classes"].as_array().cloned().unwrap_or_default() {
+            println!(
+                "{:>6}  {:<28} {:>7} {:>6} {:>11} {:>7} {:>12} {:>12}",
+                thread["thread"],
+                class["class"].as_str().unwrap_or("?"),
+                class["queued"],
+                class["held"],
+                class["reservation"],
+                class["weight"],
+                class["served_reservation"],
+                class["served_weight"]
+            );
+        }
+    }
+    println!("(reservation in 4 KiB operations a second at each thread; served since the class was last met after 10 s idle)");
+    Ok(())
 }
 
 fn print_connections(reply: &Value, json: bool) -> Result<()> {

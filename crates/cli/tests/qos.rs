@@ -213,6 +213,27 @@ fn an_osd_holds_a_client_that_ignores_its_images_limit() {
     run_ok(cluster.cli().args(["image", "set", "disk", "qos_reservation_iops=100", "qos_weight=3"]));
     let info = String::from_utf8_lossy(&run_ok(cluster.cli().args(["image", "info", "disk"])).stdout).to_string();
     assert!(info.contains("reservation:  100 IOPS (4 KiB) at each OSD; weight 3"), "{info}");
+    // The OSD that holds the object shows the image's class, as scheduled
+    // (its threads publish every half second).
+    std::thread::sleep(Duration::from_millis(1500));
+    let class_name = format!("image {pool}/{id}");
+    let shown: Vec<serde_json::Value> = common::osds(cluster.path())
+        .iter()
+        .flat_map(|osd| {
+            let socket = cluster.path().join(&osd.name).join("admin.sock");
+            let out = run_ok(cluster.cli().arg("daemon").arg(&socket).args(["qos", "--json"]));
+            let reply: serde_json::Value = serde_json::from_slice(&out.stdout).expect("qos --json is JSON");
+            assert_eq!(reply["on"], true, "{}: {reply}", osd.name);
+            reply["threads"].as_array().cloned().unwrap_or_default()
+        })
+        .flat_map(|thread| thread["classes"].as_array().cloned().unwrap_or_default())
+        .filter(|class| class["class"] == class_name.as_str())
+        .collect();
+    assert!(!shown.is_empty(), "no OSD shows {class_name}");
+    assert!(shown.iter().all(|c| c["reservation"] == 100.0 && c["weight"] == 3.0), "{shown:?}");
+    let served: u64 =
+        shown.iter().map(|c| c["served_reservation"].as_u64().unwrap() + c["served_weight"].as_u64().unwrap()).sum();
+    assert!(served > 0, "{shown:?}");
     let out = cluster.cli().args(["image", "set", "disk", "qos_reservation_iops=500"]).output().expect("duplex runs");
     assert!(!out.status.success(), "a reservation above the image's limit was taken");
     run_ok(cluster.cli().args(["image", "set", "disk", "qos_write_iops=0", "qos_burst_s=1"]));

@@ -31,6 +31,16 @@ pub struct AdminTargets {
     pub mirror: Option<Arc<Mirror>>,
     /// The priority threads' connections (`connections`).
     pub messenger: Option<Arc<crate::io::messenger::Messenger>>,
+    /// The priority threads' QoS classes (`qos`), and what says whether
+    /// it is on. (Not `Shared`: it holds the flushers' job senders, and a
+    /// flusher ends when they all go.)
+    pub qos: Option<QosTarget>,
+}
+
+pub struct QosTarget {
+    pub views: Arc<crate::io::qos::QosViews>,
+    pub map: Arc<crate::cluster::MapCell>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Binds `path` (a stale socket there from a process before is removed;
@@ -107,9 +117,21 @@ fn run(line: &str, targets: &AdminTargets) -> Result<Value, String> {
             let conns = serde_json::to_value(messenger.report()).map_err(|e| e.to_string())?;
             Ok(json!({ "policy": policy, "connections": conns }))
         }
-        other => {
-            Err(format!("unknown command {other:?} (known: \"mirror status\", \"mirror replace\", \"connections\")"))
+        "qos" => {
+            let qos = targets.qos.as_ref().ok_or("this OSD is not serving yet")?;
+            let views = qos.views.lock().map_err(|_| "the QoS views lock is poisoned")?.clone();
+            let threads: Vec<Value> =
+                views.into_iter().map(|(thread, classes)| json!({ "thread": thread, "classes": classes })).collect();
+            Ok(json!({
+                "on": crate::io::qos::enabled(&qos.map.load().map),
+                "threads": threads,
+                "scheduled_total": qos.metrics.qos_scheduled.get(),
+                "held_by_limiter_total": qos.metrics.qos_limited.get(),
+            }))
         }
+        other => Err(format!(
+            "unknown command {other:?} (known: \"mirror status\", \"mirror replace\", \"connections\", \"qos\")"
+        )),
     }
 }
 
@@ -119,7 +141,7 @@ mod tests {
 
     #[test]
     fn bad_requests_are_answered_with_an_error_never_a_panic() {
-        let targets = AdminTargets { mirror: None, messenger: None };
+        let targets = AdminTargets { mirror: None, messenger: None, qos: None };
         for line in ["", "{", "[]", "{\"command\": 3}", "{\"command\": \"nope\"}", "{\"command\": \"mirror status\"}"] {
             let reply = answer(line, &targets);
             assert_eq!(reply["ok"], json!(false), "{line:?}: {reply}");
@@ -131,11 +153,11 @@ mod tests {
     fn the_socket_answers_its_owner_only_and_replaces_a_stale_one() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("admin.sock");
-        serve(&path, AdminTargets { mirror: None, messenger: None }).unwrap();
+        serve(&path, AdminTargets { mirror: None, messenger: None, qos: None }).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         // A second daemon on the same path (the first one's socket left behind) takes it over.
-        serve(&path, AdminTargets { mirror: None, messenger: None }).unwrap();
+        serve(&path, AdminTargets { mirror: None, messenger: None, qos: None }).unwrap();
         let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
         writeln!(stream, "{{\"command\": \"mirror status\"}}").unwrap();
         let mut line = String::new();
@@ -145,7 +167,7 @@ mod tests {
         let file = dir.path().join("plain");
         std::fs::write(&file, b"x").unwrap();
         assert!(
-            serve(&file, AdminTargets { mirror: None, messenger: None }).is_err(),
+            serve(&file, AdminTargets { mirror: None, messenger: None, qos: None }).is_err(),
             "a file that is not a socket is kept"
         );
     }

@@ -141,8 +141,15 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
         Arc::new(Shared::new(config.clone(), pgs.clone(), cell, metrics.clone(), flusher_senders, scrub_requests));
     let _ = metrics.messenger.set(shared.messenger.clone());
     if let Some(path) = &config.admin_socket {
-        let targets =
-            crate::admin_socket::AdminTargets { mirror: mirror.clone(), messenger: Some(shared.messenger.clone()) };
+        let targets = crate::admin_socket::AdminTargets {
+            mirror: mirror.clone(),
+            messenger: Some(shared.messenger.clone()),
+            qos: Some(crate::admin_socket::QosTarget {
+                views: shared.qos_views.clone(),
+                map: shared.map.clone(),
+                metrics: metrics.clone(),
+            }),
+        };
         match crate::admin_socket::serve(path, targets) {
             Ok(()) => tracing::info!(socket = %path.display(), "admin socket"),
             // The OSD serves without it; the operator is told why.

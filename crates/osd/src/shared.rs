@@ -56,6 +56,9 @@ pub struct Shared {
     /// Client QoS: the limiters of images with limits, shared by the
     /// priority threads (`crate::io::qos`).
     pub qos_limits: crate::io::qos::OsdLimits,
+    /// Each priority thread's QoS classes, as it last published them (every
+    /// `PENDING_CHECK` while scheduling is on): `duplex daemon SOCKET qos`.
+    pub qos_views: Arc<crate::io::qos::QosViews>,
     next_txid: AtomicU64,
 }
 
@@ -96,6 +99,7 @@ impl Shared {
             ec_objects: Default::default(),
             tier_wake: OnceLock::new(),
             qos_limits: Default::default(),
+            qos_views: Default::default(),
             next_txid: AtomicU64::new(1),
         }
     }

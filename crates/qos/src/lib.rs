@@ -16,5 +16,5 @@ pub mod scheduler;
 pub mod settings;
 
 pub use limit::{Direction, LimitError, Limiter, Limits, TokenBucket};
-pub use scheduler::{ClassSpec, Phase, Pop, Scheduler, SpecError};
+pub use scheduler::{ClassSpec, ClassStats, Phase, Pop, Scheduler, SpecError};
 pub use settings::{cost, ClassSettings};

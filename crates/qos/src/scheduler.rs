@@ -178,6 +178,19 @@ pub enum Phase {
     Weight,
 }
 
+/// One class as [`Scheduler::stats`] shows it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClassStats {
+    pub spec: ClassSpec,
+    pub urgent: bool,
+    pub queued: usize,
+    /// Requests served while the class was urgent, in its reservation
+    /// phase, and in the weight phase, since the class became known.
+    pub served_urgent: u64,
+    pub served_reservation: u64,
+    pub served_weight: u64,
+}
+
 /// What [`Scheduler::pop`] gives.
 #[derive(Debug, PartialEq)]
 pub enum Pop<K, T> {
@@ -260,6 +273,8 @@ struct Class<T> {
     active_since_us: u64,
     /// The virtual time when the class last became active: its `P` floor.
     proportion_floor: f64,
+    /// Requests served, by [`Phase`] (urgent, reservation, weight).
+    served: [u64; 3],
 }
 
 impl<T> Class<T> {
@@ -272,6 +287,7 @@ impl<T> Class<T> {
             head: None,
             head_ready: false,
             head_since_us: 0,
+            served: [0; 3],
             active_since_us: 0,
             proportion_floor: 0.0,
         }
@@ -486,6 +502,23 @@ impl<K: Ord + Clone + Debug, T> Scheduler<K, T> {
         self.ready_by_proportion_tag.first().map(|(_, key)| (key.clone(), Phase::Weight))
     }
 
+    /// Each known class's spec, queue and service so far, by key: what an
+    /// operator's view of the queues shows.
+    pub fn stats(&self) -> impl Iterator<Item = (&K, ClassStats)> + '_ {
+        self.classes.iter().map(|(key, class)| {
+            let [urgent, reservation, weight] = class.served;
+            let stats = ClassStats {
+                spec: class.spec,
+                urgent: class.urgent,
+                queued: class.queue.len(),
+                served_urgent: urgent,
+                served_reservation: reservation,
+                served_weight: weight,
+            };
+            (key, stats)
+        })
+    }
+
     /// Forgets `key` (its tags and spec), handing back its queued work in
     /// arrival order.
     pub fn remove_class(&mut self, key: &K) -> Vec<T> {
@@ -654,6 +687,7 @@ impl<K: Ord + Clone + Debug, T> Scheduler<K, T> {
         }
         let class = self.class_mut(&key);
         class.head_since_us = now_us;
+        class.served[phase as usize] += 1;
         assert!(self.queued_total > 0);
         self.queued_total -= 1;
         self.index_head(&key);
@@ -672,6 +706,33 @@ mod tests {
 
     /// What a server took: when, which class, the item, in which phase.
     type Served<K, T> = Vec<(u64, K, T, Phase)>;
+
+    #[test]
+    fn stats_count_each_classs_service_by_phase_and_its_queue() {
+        let mut scheduler: Scheduler<&str, u32> = Scheduler::new(spec(0.0, 1.0, 0.0));
+        scheduler.set_class("reserved", spec(100.0, 1.0, 0.0), 0);
+        scheduler.set_urgent("urgent", true, 0);
+        for i in 0..50 {
+            scheduler.push("reserved", i, 1.0, 0);
+            scheduler.push("best effort", i, 1.0, 0);
+        }
+        scheduler.push("urgent", 0, 1.0, 0);
+        let served = serve_until(&mut scheduler, 0, 200_000, 2_000);
+        let stats: BTreeMap<&str, ClassStats> = scheduler.stats().map(|(key, stats)| (*key, stats)).collect();
+        for (key, stats) in &stats {
+            let count = |phase| served.iter().filter(|(_, k, _, p)| k == key && *p == phase).count() as u64;
+            assert_eq!(stats.served_urgent, count(Phase::Urgent), "{key}");
+            assert_eq!(stats.served_reservation, count(Phase::Reservation), "{key}");
+            assert_eq!(stats.served_weight, count(Phase::Weight), "{key}");
+            assert_eq!(stats.queued, scheduler.queued(key), "{key}");
+        }
+        assert_eq!(stats["urgent"].served_urgent, 1);
+        assert!(stats["urgent"].urgent);
+        assert!(stats["reserved"].served_reservation >= 19, "{:?}", stats["reserved"]);
+        assert!(stats["best effort"].served_weight > 0 && stats["best effort"].served_reservation == 0);
+        assert_eq!(stats["reserved"].spec, spec(100.0, 1.0, 0.0));
+        assert!(stats.values().map(|s| s.queued).sum::<usize>() > 0, "the server was slower than the arrivals");
+    }
 
     /// A server taking `service_us` for each request, from `start_us` until
     /// `end_us` or nothing is queued, checking invariants after each pop.

@@ -98,6 +98,8 @@ pub struct PriorityThread {
     /// Owed operations ran as they were read: what they staged leaves
     /// after the event that read them, not at the turn's end.
     qos_flush: bool,
+    /// This thread's classes are in `Shared::qos_views`.
+    qos_published: bool,
 }
 
 impl PriorityThread {
@@ -141,6 +143,7 @@ impl PriorityThread {
             qos_ready: false,
             qos_wake: None,
             qos_flush: false,
+            qos_published: false,
         }
     }
 

@@ -62,6 +62,39 @@ impl ClassKey {
     }
 }
 
+impl std::fmt::Display for ClassKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClassKey::Image { pool, image } => write!(f, "image {pool}/{image:016x}"),
+            ClassKey::Client(id) if id >> 63 == 1 => write!(f, "connection {}", id & !(1 << 63)),
+            ClassKey::Client(id) => write!(f, "client {id:x}"),
+        }
+    }
+}
+
+/// Each priority thread's classes, as it last published them.
+pub type QosViews = Mutex<BTreeMap<usize, Vec<ClassView>>>;
+
+/// One class of one priority thread, as `duplex daemon SOCKET qos` shows it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ClassView {
+    /// `image POOL/ID` (the id as in the image's object names), `client
+    /// ID`, or `connection N` (a client that gave no id).
+    pub class: String,
+    /// Operations waiting in the scheduler, and behind the OSD's limiter.
+    pub queued: usize,
+    pub held: usize,
+    /// 4 KiB operations a second owed at each OSD's thread, and its share.
+    pub reservation: f64,
+    pub weight: f64,
+    pub urgent: bool,
+    /// Operations served in the reservation phase, by weight, and urgent,
+    /// since the class was last met after an idle spell.
+    pub served_reservation: u64,
+    pub served_weight: u64,
+    pub served_urgent: u64,
+}
+
 fn image_of(object: &[u8]) -> Option<u64> {
     if object.len() < 17 || object[16] != b'.' {
         return None;
@@ -337,6 +370,52 @@ impl<T> ClientQos<T> {
         limits.sweep(before);
     }
 
+    /// Each class this thread knows: its settings as scheduled, what waits
+    /// in its queue and behind the OSD's limiter, and what it was served,
+    /// for `duplex daemon SOCKET qos`.
+    pub fn view(&self) -> Vec<ClassView> {
+        let mut views: BTreeMap<ClassKey, ClassView> = self
+            .scheduler
+            .stats()
+            .map(|(key, stats)| {
+                let view = ClassView {
+                    class: key.to_string(),
+                    queued: stats.queued,
+                    held: 0,
+                    reservation: stats.spec.reservation(),
+                    weight: stats.spec.weight(),
+                    urgent: stats.urgent,
+                    served_reservation: stats.served_reservation,
+                    served_weight: stats.served_weight,
+                    served_urgent: stats.served_urgent,
+                };
+                (*key, view)
+            })
+            .collect();
+        for (key, held) in &self.held {
+            if let Some(view) = views.get_mut(key) {
+                view.held = held.queue.len();
+            } else {
+                let default = ClassSettings::default().class_spec();
+                views.insert(
+                    *key,
+                    ClassView {
+                        class: key.to_string(),
+                        queued: 0,
+                        held: held.queue.len(),
+                        reservation: default.reservation(),
+                        weight: default.weight(),
+                        urgent: false,
+                        served_reservation: 0,
+                        served_weight: 0,
+                        served_urgent: 0,
+                    },
+                );
+            }
+        }
+        views.into_values().collect()
+    }
+
     /// The scheduler's spec for `key`, for tests.
     pub fn spec_of(&self, key: &ClassKey) -> Option<ClassSpec> {
         self.scheduler.class_spec(key)
@@ -464,6 +543,10 @@ mod tests {
         for i in 0..500 {
             qos.push(&map, &limits, A, i, Direction::Read, 4096, 0);
         }
+        // The operator's view: 200 went into the scheduler, 300 are held.
+        let view = qos.view();
+        assert_eq!(view.len(), 1);
+        assert_eq!((view[0].class.as_str(), view[0].queued, view[0].held), ("image 1/0000000000000007", 200, 300));
         let mut served = Vec::new();
         let mut now = 0;
         while served.len() < 500 {
@@ -477,6 +560,8 @@ mod tests {
             }
         }
         assert!(served.windows(2).all(|w| w[0].0 < w[1].0), "a class's items keep their order");
+        let view = qos.view();
+        assert_eq!((view[0].queued, view[0].held, view[0].served_weight), (0, 0, 500));
         let at_once = served.iter().filter(|(_, at)| *at == 0).count();
         assert_eq!(at_once, 200, "the OSD's burst is twice the image's");
         let done = served.last().unwrap().1 as f64 / 1e6;

@@ -21,6 +21,17 @@ impl PriorityThread {
         let micros = limits.micros(now);
         self.qos.follow(&view.map, micros);
         self.qos.sweep(limits, micros);
+        // The operator's view: published while on, and once more when off.
+        if self.qos.is_on() || self.qos_published {
+            self.qos_published = self.qos.is_on();
+            let classes = if self.qos_published { self.qos.view() } else { Vec::new() };
+            let mut views = self.shared.qos_views.lock().expect("QoS views lock");
+            if classes.is_empty() {
+                views.remove(&self.index);
+            } else {
+                views.insert(self.index, classes);
+            }
+        }
     }
 
     /// Queues a client operation in the QoS scheduler (its lane, on a
