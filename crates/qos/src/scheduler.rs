@@ -687,7 +687,12 @@ impl<K: Ord + Clone + Debug, T> Scheduler<K, T> {
         }
         let class = self.class_mut(&key);
         class.head_since_us = now_us;
-        class.served[phase as usize] += 1;
+        let counter = match phase {
+            Phase::Urgent => 0,
+            Phase::Reservation => 1,
+            Phase::Weight => 2,
+        };
+        class.served[counter] += 1;
         assert!(self.queued_total > 0);
         self.queued_total -= 1;
         self.index_head(&key);
