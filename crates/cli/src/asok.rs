@@ -130,18 +130,20 @@ fn print_qos(reply: &Value, json: bool) -> Result<()> {
         "{:>6}  {:<28} {:>7} {:>6} {:>11} {:>7} {:>12} {:>12}",
         "thread", "class", "queued", "held", "reservation", "weight", "served (R)", "served (W)"
     );
+    // (A JSON value's Display ignores widths: numbers become strings first.)
+    let number = |value: &Value| value.as_f64().map_or("-".to_string(), |n| format!("{n}"));
     for thread in &threads {
         for class in thread["classes"].as_array().cloned().unwrap_or_default() {
             println!(
                 "{:>6}  {:<28} {:>7} {:>6} {:>11} {:>7} {:>12} {:>12}",
-                thread["thread"],
+                number(&thread["thread"]),
                 class["class"].as_str().unwrap_or("?"),
-                class["queued"],
-                class["held"],
-                class["reservation"],
-                class["weight"],
-                class["served_reservation"],
-                class["served_weight"]
+                number(&class["queued"]),
+                number(&class["held"]),
+                number(&class["reservation"]),
+                number(&class["weight"]),
+                number(&class["served_reservation"]),
+                number(&class["served_weight"])
             );
         }
     }
