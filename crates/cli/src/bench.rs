@@ -322,7 +322,10 @@ struct IntervalReporter {
 
 impl IntervalReporter {
     fn start() -> IntervalReporter {
-        let (seconds, to_print) = crossbeam_channel::unbounded::<(u64, Histogram<u64>, u64)>();
+        // Bounded: a reader that stopped reading (a full stderr pipe) holds
+        // the loop back after a few seconds, instead of a histogram a second
+        // piling up in memory.
+        let (seconds, to_print) = crossbeam_channel::bounded::<(u64, Histogram<u64>, u64)>(4);
         let (give_back, spare) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
             .name("duplex-intervals".into())

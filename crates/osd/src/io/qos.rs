@@ -374,46 +374,26 @@ impl<T> ClientQos<T> {
     /// in its queue and behind the OSD's limiter, and what it was served,
     /// for `duplex daemon SOCKET qos`.
     pub fn view(&self) -> Vec<ClassView> {
-        let mut views: BTreeMap<ClassKey, ClassView> = self
-            .scheduler
+        // A held class has limits, so the scheduler knows it (set_class
+        // when first met or when the map changed its settings).
+        debug_assert!(
+            self.held.keys().all(|key| self.scheduler.class_spec(key).is_some()),
+            "a class held by its limit that the scheduler does not know"
+        );
+        self.scheduler
             .stats()
-            .map(|(key, stats)| {
-                let view = ClassView {
-                    class: key.to_string(),
-                    queued: stats.queued,
-                    held: 0,
-                    reservation: stats.spec.reservation(),
-                    weight: stats.spec.weight(),
-                    urgent: stats.urgent,
-                    served_reservation: stats.served_reservation,
-                    served_weight: stats.served_weight,
-                    served_urgent: stats.served_urgent,
-                };
-                (*key, view)
+            .map(|(key, stats)| ClassView {
+                class: key.to_string(),
+                queued: stats.queued,
+                held: self.held.get(key).map_or(0, |held| held.queue.len()),
+                reservation: stats.spec.reservation(),
+                weight: stats.spec.weight(),
+                urgent: stats.urgent,
+                served_reservation: stats.served_reservation,
+                served_weight: stats.served_weight,
+                served_urgent: stats.served_urgent,
             })
-            .collect();
-        for (key, held) in &self.held {
-            if let Some(view) = views.get_mut(key) {
-                view.held = held.queue.len();
-            } else {
-                let default = ClassSettings::default().class_spec();
-                views.insert(
-                    *key,
-                    ClassView {
-                        class: key.to_string(),
-                        queued: 0,
-                        held: held.queue.len(),
-                        reservation: default.reservation(),
-                        weight: default.weight(),
-                        urgent: false,
-                        served_reservation: 0,
-                        served_weight: 0,
-                        served_urgent: 0,
-                    },
-                );
-            }
-        }
-        views.into_values().collect()
+            .collect()
     }
 
     /// The scheduler's spec for `key`, for tests.
