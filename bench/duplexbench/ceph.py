@@ -49,8 +49,11 @@ class CephCluster:
     name = "ceph"
     engine = "rbd"
 
-    def __init__(self, work_dir, osds=2, osd_size_gib=8, image_size_gib=4, pg_num=32, mon_port=43300, ports=(43400, 43499)):
+    def __init__(self, work_dir, osds=2, osd_size_gib=8, image_size_gib=4, pg_num=32, mon_port=43300, ports=(43400, 43499),
+                 extra_conf=None):
         self.dir = Path(work_dir) / "ceph"
+        # Extra `[global]` settings (name -> value), e.g. the OSDs' op queue.
+        self.extra_conf = dict(extra_conf or {})
         self.osds = osds
         self.osd_size_gib = osd_size_gib
         self.image_size_gib = image_size_gib
@@ -202,6 +205,7 @@ class CephCluster:
     def _conf(self, fsid):
         d = self.dir
         lo, hi = self.ports
+        extra = "\n".join(f"{key} = {value}" for key, value in self.extra_conf.items())
         debug = "\n".join(f"debug_{s} = 0/0" for s in [
             "ms", "osd", "bluestore", "bluefs", "bdev", "rocksdb", "objecter", "rados", "rbd", "objectcacher",
             "monc", "auth", "finisher", "journaler", "filestore", "paxos", "mgrc"])
@@ -250,6 +254,7 @@ mon_data_avail_warn = 5
 {debug}
 debug_mon = 1/5
 debug_mgr = 1/5
+{extra}
 
 [osd]
 osd_objectstore = bluestore

@@ -124,3 +124,36 @@ class Figures(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CephSettings(unittest.TestCase):
+    def test_extra_settings_land_in_the_global_section(self):
+        import tempfile
+
+        from duplexbench.ceph import CephCluster
+
+        with tempfile.TemporaryDirectory() as work:
+            ceph = CephCluster(work, extra_conf={"osd_op_queue": "mclock_scheduler", "mgr_stats_period": 1})
+            text = ceph._conf("fsid")
+        sections = text.split("\n[")
+        self.assertIn("osd_op_queue = mclock_scheduler", sections[0])
+        self.assertIn("mgr_stats_period = 1", sections[0])
+        self.assertNotIn("osd_op_queue", CephCluster(work)._conf("fsid"))
+
+
+class QosCeph(unittest.TestCase):
+    def test_percentiles_and_fio_logs(self):
+        import tempfile
+
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+        import qos_ceph
+
+        self.assertEqual(qos_ceph.percentile(list(range(1, 101)), 0.99), 100)
+        self.assertEqual(qos_ceph.percentile(list(range(1, 101)), 0.5), 51)
+        self.assertEqual(qos_ceph.percentile([], 0.99), 0)
+        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+            f.write("1795870462196, 34985, 1, 4096, 0\n1795870462197, 4510, 1, 4096, 0\n")
+        try:
+            self.assertEqual(qos_ceph.read_log(f.name), [(1795870462196, 34985), (1795870462197, 4510)])
+        finally:
+            os.unlink(f.name)

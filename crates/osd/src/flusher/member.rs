@@ -656,8 +656,17 @@ mod tests {
     /// A flusher over a fresh one-partition store and a file-backed log
     /// directory (the poll keeps the mailbox's waker valid).
     fn flusher(store: &crate::TestStore, logs: &std::path::Path) -> (Flusher, mio::Poll) {
+        let (flusher, poll, _inbox) = flusher_and_inbox(store, logs);
+        (flusher, poll)
+    }
+
+    /// [`flusher`], and its one priority thread's mailbox.
+    fn flusher_and_inbox(
+        store: &crate::TestStore,
+        logs: &std::path::Path,
+    ) -> (Flusher, mio::Poll, crossbeam_channel::Receiver<crate::messages::Completion>) {
         let poll = mio::Poll::new().unwrap();
-        let (mailbox, _inbox) = Mailbox::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let (mailbox, inbox) = Mailbox::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
         let (_sender, jobs) = crossbeam_channel::unbounded();
         let flusher = Flusher {
             id: 1,
@@ -672,7 +681,7 @@ mod tests {
             snap_heads: Default::default(),
             syncer: None,
         };
-        (flusher, poll)
+        (flusher, poll, inbox)
     }
 
     fn ask(flusher: &mut Flusher, pg: u32, interval: u64, op: PeerOp) -> PeerReply {
@@ -684,6 +693,56 @@ mod tests {
             PeerReply::Info { info, requests } => (info, requests),
             other => panic!("a query answered {other:?}"),
         }
+    }
+
+    /// In one step, a peering request of a PG that is not active here is
+    /// answered before the client reads taken with it (its PG's clients
+    /// all wait on that peering); a backfill's request of an active PG,
+    /// after them.
+    #[test]
+    fn an_inactive_pgs_peering_goes_ahead_of_client_reads_and_a_backfills_step_behind() {
+        use crate::messages::{ClientSlot, Completion, Job, PeerReplyTo, ReadJob};
+        let store = crate::TestStore::new(1);
+        let logs = tempfile::tempdir().unwrap();
+        let (mut member, _poll, inbox) = flusher_and_inbox(&store, logs.path());
+        let (served, peering) = (pg_key(2, 1).unwrap(), pg_key(2, 2).unwrap());
+        let _active = active_pg(&member, served);
+        let histograms = member.metrics.histograms();
+        let mut pending = member.start();
+        let read = |slot| {
+            Job::Read(ReadJob {
+                kind: duplex_proto::osd::OpKind::Read,
+                pg: served,
+                object: bytes::Bytes::from_static(b"o"),
+                arg: bytes::Bytes::new(),
+                offset: 0,
+                len: 4096,
+                flush_first: false,
+                reply: ClientSlot { thread: 0, token: 5, slot },
+                map_epoch: 1,
+                snap: 0,
+            })
+        };
+        let peer = |pg, op, txid| Job::Peer {
+            request: PeerRequest { pg, interval: 0, op },
+            reply: PeerReplyTo::Remote(crate::pg::ReplyTo { thread: 0, token: 7, txid }),
+        };
+        let now = std::time::Instant::now();
+        member.take(read(1), &mut pending, now);
+        member.take(peer(peering, PeerOp::Stat { object: b"o".to_vec() }, 1), &mut pending, now);
+        member.take(peer(served, PeerOp::Stat { object: b"o".to_vec() }, 2), &mut pending, now);
+        member.take(read(2), &mut pending, now);
+        member.step(&mut pending, &histograms, now);
+        let order: Vec<String> = inbox
+            .try_iter()
+            .filter_map(|completion| match completion {
+                Completion::Reply { slot, .. } => Some(format!("read {slot}")),
+                Completion::Send { frame, .. } => Some(format!("peer {}", frame.header.transaction_id)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(order, ["peer 1", "read 1", "read 2", "peer 2"]);
+        assert_eq!(member.metrics.urgent_peer_requests.get(), 1);
     }
 
     fn id(seq: u64) -> LoggedRequest {

@@ -22,7 +22,7 @@ use duplex_proto::osd::{
     encode_attrs, encode_names, CloneInfo, ObjectStat, OpKind, OpReply, PgUsage, SnapDiff, SnapList, Status,
     UsageReply, LIST_LIMIT, MAX_CLONES_LISTED, RESERVED_NAME_BYTE,
 };
-use duplex_proto::peering::PeerRequest;
+use duplex_proto::peering::{PeerOp, PeerRequest};
 use duplex_store::{Batch, Key, Op, Partition, ReadRequest, StoreError};
 
 use crate::messages::{
@@ -77,6 +77,12 @@ pub struct Pending {
     reads: Vec<ReadJob>,
     /// Reads the store answers only after the flush (`Flusher::read_now`).
     after_flush: Vec<ReadJob>,
+    /// Peering requests of PGs not active here ([`Flusher::is_urgent`]):
+    /// their PG serves no client until its peering ends, so they go ahead
+    /// of client work (issue 31).
+    urgent: Vec<(PeerRequest, PeerReplyTo)>,
+    /// The others (a backfill's steps, a scrub's pages, of active PGs):
+    /// after client work.
     peering: Vec<(PeerRequest, PeerReplyTo)>,
     syncs: Vec<(Entry, SyncDone)>,
     dirty: BTreeSet<u32>,
@@ -120,6 +126,7 @@ impl Pending {
             || !self.syncs.is_empty()
             || !self.reads.is_empty()
             || !self.after_flush.is_empty()
+            || !self.urgent.is_empty()
             || !self.peering.is_empty()
             || self.strays.as_ref().is_some_and(|work| work.next_at <= now)
     }
@@ -141,6 +148,7 @@ impl Flusher {
         Pending {
             reads: Vec::new(),
             after_flush: Vec::new(),
+            urgent: Vec::new(),
             peering: Vec::new(),
             syncs: Vec::new(),
             dirty: BTreeSet::new(),
@@ -247,9 +255,20 @@ impl Flusher {
         }
     }
 
-    /// One pass over the work taken, as of `now`: the flush if one is due,
-    /// then sync applies, reads, and peering requests.
+    /// One pass over the work taken, as of `now`: the peering requests of
+    /// inactive PGs, then reads, the flush if one is due, sync applies,
+    /// and the other peering requests.
     pub fn step(&mut self, pending: &mut Pending, histograms: &crate::metrics::Histograms, now: Instant) {
+        // An inactive PG's clients all wait on its peering, which waits on
+        // these, one round trip at a time: each would otherwise wait behind
+        // this step's reads and flush (milliseconds under load), and a
+        // peering takes several. A query fences its PG here first; a read
+        // of that PG in this step, admitted while it was active, then reads
+        // the store after the query applied the log, as a read taken in the
+        // next step would.
+        for (request, to) in std::mem::take(&mut pending.urgent) {
+            self.answer_peer(request, to);
+        }
         // Reads first: most need no flush (the log's entries for their
         // object lay on the store's bytes), and none of those waits behind
         // one, which on a disk without power-loss protection takes
@@ -314,20 +333,10 @@ impl Flusher {
                 Err(err) => tracing::warn!(pg = load.pg, %err, "loading a deduplicated PG's index failed"),
             }
         }
-        // After the client work: peering waits on no one else, and a
-        // query flushes its PG itself.
+        // After the client work: the background's steps of active PGs (each
+        // flushes its PG itself where it must).
         for (request, to) in std::mem::take(&mut pending.peering) {
-            let reply = self.peer_request(request);
-            match to {
-                PeerReplyTo::Local(sender) => {
-                    let _ = sender.send(reply);
-                }
-                PeerReplyTo::Remote(to) => {
-                    debug_assert!(to.thread < self.mailboxes.len(), "a peering answer for thread {}", to.thread);
-                    let frame = reply.to_frame(to.txid);
-                    self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
-                }
-            }
+            self.answer_peer(request, to);
         }
         // Last, and paced: a stray copy's removal frees room, but no one waits on it.
         self.remove_strays(pending, now);
@@ -365,6 +374,10 @@ impl Flusher {
             // A read that needs the flush asks for it when `step` finds so.
             Job::Read(read) => pending.reads.push(read),
             Job::SyncApply { entry, done } => pending.syncs.push((entry, done)),
+            Job::Peer { request, reply } if self.is_urgent(&request) => {
+                self.metrics.urgent_peer_requests.add(1);
+                pending.urgent.push((request, reply));
+            }
             Job::Peer { request, reply } => pending.peering.push((request, reply)),
             Job::Strays(view) => self.take_strays(view, pending, now),
             Job::TrimScan(scan) => {
@@ -394,6 +407,29 @@ impl Flusher {
             }
         }
         debug_assert!(pending.dirty_is_due(), "a dirty PG with no flush due: its entries would wait for ever");
+    }
+
+    /// Whether a peering request goes ahead of client work: a query (it
+    /// starts a peering), or any request of a PG that is not active here
+    /// (peering, or a recovery inside it: below min_size a PG is never
+    /// active). A backfill's or a scrub's requests come to active PGs.
+    fn is_urgent(&self, request: &PeerRequest) -> bool {
+        matches!(request.op, PeerOp::Query)
+            || self.pgs.get(request.pg).is_none_or(|pg| pg.lock().expect("PG lock").active.is_none())
+    }
+
+    fn answer_peer(&mut self, request: PeerRequest, to: PeerReplyTo) {
+        let reply = self.peer_request(request);
+        match to {
+            PeerReplyTo::Local(sender) => {
+                let _ = sender.send(reply);
+            }
+            PeerReplyTo::Remote(to) => {
+                debug_assert!(to.thread < self.mailboxes.len(), "a peering answer for thread {}", to.thread);
+                let frame = reply.to_frame(to.txid);
+                self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
+            }
+        }
     }
 
     /// Applies the live entries of `dirty` PGs, then trims them.

@@ -173,6 +173,9 @@ pub struct Metrics {
     pub backfill_objects: Counter,
     pub backfill_bytes: Counter,
     pub backfilled_pgs: Counter,
+    /// Peering requests a flusher took ahead of client work (their PG was
+    /// not active here).
+    pub urgent_peer_requests: Counter,
     /// This OSD's primary PGs with backfill targets still to fill.
     pub backfilling_pgs: AtomicU64,
     /// This OSD's primary PGs not active right now (peering or stuck).
@@ -587,6 +590,12 @@ impl Metrics {
             "duplex_osd_backfilled_pgs_total",
             "PGs whose backfill targets this OSD's primaries filled completely.",
             &[("", self.backfilled_pgs.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_urgent_peer_requests_total",
+            "Peering requests of PGs not active here, which the flushers took ahead of client work.",
+            &[("", self.urgent_peer_requests.get())],
         );
         counter(
             &mut out,
