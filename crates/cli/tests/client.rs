@@ -1390,3 +1390,52 @@ fn a_lone_osd_fills_its_whole_store_before_it_refuses() {
     assert!(asked.elapsed() < Duration::from_secs(10), "the refusal took {:?}", asked.elapsed());
     assert_eq!(cli_json(&cluster, &["status"])["osds"]["up"], 1, "the OSD did not exit");
 }
+
+/// Issue 24: an object takes onode slots (its metadata) as well as data
+/// blocks. A lone OSD with the default format (64 KiB of data a slot)
+/// takes 4 KiB objects until its fullest partition's slots, with those
+/// its logs may still need, reach the full ratio, then refuses with
+/// "cluster full" while most of its data is free, before any flush meets
+/// ENOSPC from the store; every acknowledged object reads back, and
+/// deleting some lets writes go on.
+#[test]
+fn a_lone_osd_out_of_onode_slots_refuses_small_objects_before_a_flush_fails() {
+    let _alone = common::alone();
+    let cluster = DevCluster::with_args(&["--osd-size", "256M", "--osds", "1", "--replicas", "1"]);
+    let client = cluster.client();
+    let pool = client.pool_id("rbd").unwrap();
+    let object = |n: u64| format!("small.{n:06}").into_bytes();
+    let data = |n: u64| Bytes::from(vec![n as u8; 4096]);
+    let started = Instant::now();
+    let mut acknowledged = 0;
+    let refusal = loop {
+        assert!(started.elapsed() < Duration::from_secs(300), "still writing after 5 minutes");
+        match client.write(pool, &object(acknowledged), 0, data(acknowledged)) {
+            Ok(()) => acknowledged += 1,
+            Err(err) => break err,
+        }
+        assert!(acknowledged < 20_000, "the OSD took {acknowledged} objects: more than its onode slots");
+    };
+    assert!(matches!(refusal, ClientError::NoSpace(_)), "refused with {refusal:?}, not 'cluster full'");
+    let osd = common::osds(cluster.path()).pop().expect("the OSD");
+    let metrics = common::scrape(osd.admin);
+    let gauge = |name: &str| metrics.get(name).copied().unwrap_or_else(|| panic!("no {name} in the metrics"));
+    let (onodes, data_used) =
+        (gauge("duplex_osd_store_onode_permille"), gauge("duplex_osd_store_fullest_partition_permille"));
+    eprintln!(
+        "onode fill: {acknowledged} objects of 4 KiB acknowledged in {:?}, then {refusal}; onode slots {onodes}‰, data {data_used}‰",
+        started.elapsed()
+    );
+    assert!(onodes >= 900.0, "refused with the onode slots at {onodes}‰");
+    assert!(data_used < 300.0, "the data was {data_used}‰ used: not a refusal for the slots");
+    assert_eq!(gauge("duplex_osd_flush_no_space_total"), 0.0, "a flush met ENOSPC from the store");
+    for n in 0..acknowledged {
+        assert_eq!(client.read(pool, &object(n), 0, 4096).unwrap(), data(n), "acknowledged object {n} reads back");
+    }
+    for n in 0..acknowledged / 4 {
+        client.delete(pool, &object(n)).expect("a delete on a full OSD");
+    }
+    let waited = write_once_not_full(&client, pool, b"small.after", Duration::from_secs(30));
+    eprintln!("onode fill: writes went on {waited:?} after a quarter of the objects were deleted");
+    assert_eq!(cli_json(&cluster, &["status"])["osds"]["up"], 1, "the OSD did not exit");
+}

@@ -86,6 +86,21 @@ impl OpKind {
     pub fn from_u8(value: u8) -> Option<OpKind> {
         OpKind::try_from(value).ok()
     }
+
+    /// Of an entry of this kind with `data_len` bytes of data and this
+    /// `offset`: the bytes that go into its object's metadata (attributes,
+    /// omap entries, a chunk map) rather than its data, at most. The store
+    /// keeps an object's metadata in a chain of onode slots, so this is
+    /// what applying the entry may add to that chain besides its extents.
+    pub fn metadata_bytes(self, data_len: u64, offset: u64) -> u64 {
+        match self {
+            OpKind::SetAttr | OpKind::OmapSet | OpKind::TierUpdate => data_len,
+            // The reference (an omap key) is the first `offset` bytes; the
+            // rest is the chunk's data.
+            OpKind::ChunkPut => offset.min(data_len),
+            _ => 0,
+        }
+    }
 }
 
 /// Who asked for an operation: the client instance and its transaction id.

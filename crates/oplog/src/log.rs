@@ -15,7 +15,7 @@
 //! Recovery reads entries from there while each one is whole (crc) and
 //! carries the next seq; anything after is stale or torn.
 
-use crate::entry::{Entry, EntryRef, HEADER_LEN as ENTRY_HEADER_LEN};
+use crate::entry::{Entry, EntryRef, OpKind, HEADER_LEN as ENTRY_HEADER_LEN};
 use crate::region::Region;
 
 const HEADER_SLOT: u64 = 64;
@@ -51,8 +51,11 @@ pub struct PgLog<R: Region> {
     /// Where the next entry goes, and its seq.
     head: u64,
     next_seq: u64,
-    /// Live entries in order: (seq, offset, epoch), for trimming and replay.
-    live: std::collections::VecDeque<(u64, u64, u32)>,
+    /// Live entries in order: (seq, offset, epoch, metadata bytes), for
+    /// trimming and replay.
+    live: std::collections::VecDeque<(u64, u64, u32, u32)>,
+    /// The live entries' metadata bytes ([`crate::OpKind::metadata_bytes`]).
+    live_metadata: u64,
     last_active: u64,
     /// The epoch of entry `tail_seq - 1` (0: none, or unknown).
     before_tail_epoch: u32,
@@ -125,6 +128,7 @@ impl<R: Region> PgLog<R> {
             head: tail,
             next_seq: tail_seq,
             live: Default::default(),
+            live_metadata: 0,
             last_active,
             before_tail_epoch,
         };
@@ -149,7 +153,9 @@ impl<R: Region> PgLog<R> {
             if wrapped && position + entry.encoded_len() as u64 > tail {
                 break;
             }
-            log.live.push_back((entry.seq, position, entry.epoch));
+            let metadata = entry.op.metadata_bytes(entry.data.len() as u64, entry.offset) as u32;
+            log.live.push_back((entry.seq, position, entry.epoch, metadata));
+            log.live_metadata += u64::from(metadata);
             position += entry.encoded_len() as u64;
             log.head = position;
             log.next_seq += 1;
@@ -186,6 +192,13 @@ impl<R: Region> PgLog<R> {
         } else {
             (self.region.len() - self.tail) + (self.head - RING_START)
         }
+    }
+
+    /// What the live entries add to their objects' metadata (attributes,
+    /// omap entries, chunk maps) when they are applied, in bytes at most:
+    /// the room in the store's onodes their flush may need.
+    pub fn live_metadata_bytes(&self) -> u64 {
+        self.live_metadata
     }
 
     /// Appends `entry` (whose seq must be [`PgLog::next_seq`]); when this
@@ -250,7 +263,12 @@ impl<R: Region> PgLog<R> {
             self.tail_seq = seq;
         }
         let epoch = u32::from_le_bytes(encoded[24..28].try_into().expect("4 bytes"));
-        self.live.push_back((seq, at, epoch));
+        let data_len = u32::from_le_bytes(encoded[32..36].try_into().expect("4 bytes"));
+        let offset = u64::from_le_bytes(encoded[40..48].try_into().expect("8 bytes"));
+        let metadata =
+            OpKind::from_u8(encoded[28]).map_or(0, |kind| kind.metadata_bytes(u64::from(data_len), offset)) as u32;
+        self.live.push_back((seq, at, epoch, metadata));
+        self.live_metadata += u64::from(metadata);
         self.head = at + len;
         self.next_seq += 1;
         debug_assert!(self.head <= self.region.len(), "head past the region");
@@ -261,11 +279,12 @@ impl<R: Region> PgLog<R> {
     /// Drops every entry with seq <= `through` (they are in the store now).
     pub fn trim(&mut self, through: u64) -> Result<(), LogError> {
         let mut before_tail_epoch = self.before_tail_epoch;
-        while let Some((_, _, epoch)) = self.live.front().filter(|(seq, ..)| *seq <= through) {
+        while let Some((_, _, epoch, metadata)) = self.live.front().filter(|(seq, ..)| *seq <= through) {
             before_tail_epoch = *epoch;
+            self.live_metadata -= u64::from(*metadata);
             self.live.pop_front();
         }
-        let (tail, tail_seq) = self.live.front().map_or((self.head, self.next_seq), |(seq, at, _)| (*at, *seq));
+        let (tail, tail_seq) = self.live.front().map_or((self.head, self.next_seq), |(seq, at, ..)| (*at, *seq));
         if (tail, tail_seq) == (self.tail, self.tail_seq) {
             return Ok(());
         }
@@ -286,7 +305,7 @@ impl<R: Region> PgLog<R> {
         if dropped == 0 {
             return Ok(0);
         }
-        let (first, at, _) = self.live[keep];
+        let (first, at, ..) = self.live[keep];
         debug_assert_eq!(first, seq + 1, "live entries are consecutive");
         // Every dropped entry's header goes, the first one first (a crash
         // between two writes leaves the first gone: recovery stops there).
@@ -294,9 +313,10 @@ impl<R: Region> PgLog<R> {
         // length as the first dropped one ends where the second dropped one
         // begins, whose seq follows the new one's, and a recovery took it
         // back (the file log's model test found it).
-        for (_, offset, _) in self.live.range(keep..) {
+        for (_, offset, ..) in self.live.range(keep..) {
             self.region.write(*offset, &[0u8; ENTRY_HEADER_LEN])?;
         }
+        self.live_metadata -= self.live.range(keep..).map(|(.., metadata)| u64::from(*metadata)).sum::<u64>();
         self.live.truncate(keep);
         self.head = at;
         self.next_seq = first;
@@ -321,7 +341,7 @@ impl<R: Region> PgLog<R> {
     /// none, or unknown). With `next_seq - 1` it names the log's end:
     /// two logs that end at the same (seq, epoch) hold the same history.
     pub fn last_epoch(&self) -> u32 {
-        self.live.back().map_or(self.before_tail_epoch, |(_, _, epoch)| *epoch)
+        self.live.back().map_or(self.before_tail_epoch, |(_, _, epoch, _)| *epoch)
     }
 
     /// The interval in which this PG last went active on this OSD (0: never,
@@ -358,13 +378,13 @@ impl<R: Region> PgLog<R> {
 
     /// Where each live entry is, oldest first (as `append` returned).
     pub fn offsets(&self) -> impl Iterator<Item = u64> + '_ {
-        self.live.iter().map(|(_, at, _)| *at)
+        self.live.iter().map(|(_, at, ..)| *at)
     }
 
     /// The live entries, oldest first. A live entry that no longer decodes
     /// is an error, never skipped: a flush that skipped it would trim it
     /// and lose an acknowledged write.
     pub fn entries(&self) -> impl Iterator<Item = Result<Entry, LogError>> + '_ {
-        self.live.iter().map(|(seq, at, _)| self.read(*at).ok_or(LogError::Damaged { seq: *seq }))
+        self.live.iter().map(|(seq, at, ..)| self.read(*at).ok_or(LogError::Damaged { seq: *seq }))
     }
 }

@@ -53,7 +53,12 @@ fn run<R: Region>(open: impl Fn() -> R, steps: Vec<Step>) -> Result<(), TestCase
     for step in steps {
         match step {
             Step::Append(size) => {
-                let e = entry(log.next_seq(), size, log.next_seq() as u8);
+                // Kinds whose data goes into their object's metadata, and some whose does not.
+                let kinds = [OpKind::Write, OpKind::SetAttr, OpKind::OmapSet, OpKind::ChunkPut, OpKind::Zero];
+                let e = Entry {
+                    op: kinds[log.next_seq() as usize % kinds.len()],
+                    ..entry(log.next_seq(), size, log.next_seq() as u8)
+                };
                 match log.append(&e) {
                     Ok(_) => model.push_back(e),
                     Err(LogError::Full) => {
@@ -104,6 +109,9 @@ fn run<R: Region>(open: impl Fn() -> R, steps: Vec<Step>) -> Result<(), TestCase
         let live: u64 = model.iter().map(|e| e.encoded_len() as u64).sum();
         prop_assert!(log.live_bytes() >= live && log.live_bytes() <= 16 << 10, "{} for {live}", log.live_bytes());
         prop_assert_eq!(log.live_bytes() == 0, model.is_empty());
+        // What it reserves in the store's onodes: the live entries' metadata bytes, exactly.
+        let metadata: u64 = model.iter().map(|e| e.op.metadata_bytes(e.data.len() as u64, e.offset)).sum();
+        prop_assert_eq!(log.live_metadata_bytes(), metadata);
     }
     drop(log);
     let (_, recovered) = PgLog::open(open(), 7).unwrap();

@@ -50,6 +50,12 @@ pub struct OsdArgs {
     /// Partitions (and flusher threads) when formatting.
     #[arg(long, default_value_t = 2)]
     mkfs_partitions: u32,
+    /// When formatting: data bytes per onode slot (each object's metadata
+    /// takes at least one). The default suits 4 MiB image objects; a pool
+    /// of many small objects (a dedup tier's chunks) wants fewer bytes per
+    /// slot, or its OSDs fill by slots with data to spare.
+    #[arg(long, default_value_t = MkfsOptions::default().bytes_per_onode)]
+    mkfs_bytes_per_onode: u64,
     /// Use buffered I/O where the file system refuses O_DIRECT (tmpfs), instead of failing.
     #[arg(long)]
     allow_buffered_io: bool,
@@ -264,8 +270,12 @@ pub fn run(args: OsdArgs) -> Result<()> {
     };
     if let Some(size) = args.mkfs_size {
         if !data.exists() {
-            let options =
-                MkfsOptions { partitions: args.mkfs_partitions, size_bytes: Some(size), ..MkfsOptions::default() };
+            let options = MkfsOptions {
+                partitions: args.mkfs_partitions,
+                size_bytes: Some(size),
+                bytes_per_onode: args.mkfs_bytes_per_onode,
+                ..MkfsOptions::default()
+            };
             duplex_store::mkfs(&data, &options, &store_config)
                 .with_context(|| format!("formatting {}", data.display()))?;
             tracing::info!(path = %data.display(), size, mirrored = args.data.len() == 2, "formatted a new store");

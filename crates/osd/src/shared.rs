@@ -112,7 +112,12 @@ impl Shared {
     /// The flusher of the store partition holding `pg`'s objects: the
     /// store's rule (`Store::partition_of`: key group modulo partitions).
     pub fn flusher_of(&self, pg: u32) -> &Sender<Job> {
-        &self.flushers[pg as usize % self.flushers.len()]
+        &self.flushers[self.partition_of(pg)]
+    }
+
+    /// The store partition (and flusher) that holds PG `pg`'s objects.
+    pub fn partition_of(&self, pg: u32) -> usize {
+        pg as usize % self.flushers.len()
     }
 
     /// A connection to peer `osd` broke: have its address probed (it may

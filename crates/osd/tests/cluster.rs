@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::TestCluster;
 use duplex_client::ClientError;
@@ -289,7 +289,15 @@ fn a_flood_of_garbage_on_every_port_is_refused_and_the_cluster_stays_healthy() {
     assert_eq!(client.read(pool, b"steady", 0, 6).unwrap().as_ref(), b"after!");
     let map = cluster.mon_client().map(cluster.monitors()[0].0).unwrap();
     assert!(map.osds.values().all(|osd| osd.up), "no OSD went down under the flood: {:?}", map.osds);
-    assert!(cluster.metric_sum("duplex_osd_connections_refused_total") >= 1000.0, "the OSDs refused the garbage");
+    // The OSDs may still be reading the last connections (CI runs other
+    // clusters beside this one): their count catches up within seconds.
+    let counted = Instant::now();
+    let mut refused = cluster.metric_sum("duplex_osd_connections_refused_total");
+    while refused < 1000.0 && counted.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(200));
+        refused = cluster.metric_sum("duplex_osd_connections_refused_total");
+    }
+    assert!(refused >= 1000.0, "the OSDs refused {refused} connections of garbage, not all of them");
 }
 
 /// A short random workload against the model: writes (aligned and not),
@@ -617,7 +625,7 @@ fn a_resend_after_every_member_restarted_with_a_trimmed_log_is_not_applied_again
     cluster.wait_all_up();
     let mut client = cluster.client();
     // The PG peers first: the resend is answered Retry until it is active.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         client.refresh_map();
         match write(&mut client, b"first", 1) {

@@ -217,6 +217,10 @@ impl Flusher {
         };
         debug_assert!(index < self.metrics.partition_used_permille.len(), "partition {index} past MAX_PARTITIONS");
         self.metrics.partition_used_permille[index].store(used_permille, std::sync::atomic::Ordering::Relaxed);
+        let slots = self.partition.onode_slots();
+        self.metrics.partition_onode_slots[index].store(slots, std::sync::atomic::Ordering::Relaxed);
+        let used = self.partition.used_onode_slots();
+        self.metrics.partition_used_onode_slots[index].store(used, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Runs until every job sender is gone; returns the partition to close.

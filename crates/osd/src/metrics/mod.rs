@@ -195,6 +195,14 @@ pub struct Metrics {
     /// itself full (writes to its PGs are refused, `duplex status` says
     /// HEALTH_ERR) instead of retrying in silence.
     pub partition_out_of_space: [std::sync::atomic::AtomicBool; duplex_store::MAX_PARTITIONS as usize],
+    /// Each store partition's onode slots, and those in use (its flusher
+    /// keeps them), and those its PGs' logs may still need
+    /// (`Pg::reserved_onode_slots`; the peering thread sums them): objects
+    /// take slots as well as data blocks, and many small ones run out of
+    /// slots first.
+    pub partition_onode_slots: [AtomicU64; duplex_store::MAX_PARTITIONS as usize],
+    pub partition_used_onode_slots: [AtomicU64; duplex_store::MAX_PARTITIONS as usize],
+    pub partition_reserved_onode_slots: [AtomicU64; duplex_store::MAX_PARTITIONS as usize],
     /// Flushes that met ENOSPC from the store.
     pub flush_no_space: Counter,
     /// Bytes the PG logs hold (entries not yet in the store), and the
@@ -302,12 +310,30 @@ impl Metrics {
 
     /// The OSD's fullness, per mille: its fullest partition's use plus the
     /// room kept for what the PG logs hold (every logged write must find
-    /// room when it is flushed).
+    /// room when it is flushed), in data blocks or in onode slots,
+    /// whichever is fuller.
     pub fn fullness_permille(&self) -> u64 {
         let capacity = self.store_capacity_bytes.load(std::sync::atomic::Ordering::Relaxed).max(1);
         let reserved = self.log_reserved_bytes.load(std::sync::atomic::Ordering::Relaxed);
         let reserved_permille = (u128::from(reserved) * 1000 / u128::from(capacity)).min(1000) as u64;
-        (self.fullest_partition_permille() + reserved_permille).min(1000)
+        let data = (self.fullest_partition_permille() + reserved_permille).min(1000);
+        data.max(self.onode_fullness_permille())
+    }
+
+    /// The onode slots of the fullest partition that are in use or kept
+    /// for its PGs' logs, per mille.
+    pub fn onode_fullness_permille(&self) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let partitions = self.partition_onode_slots.iter().zip(&self.partition_used_onode_slots);
+        partitions
+            .zip(&self.partition_reserved_onode_slots)
+            .filter_map(|((slots, used), reserved)| {
+                let slots = slots.load(Relaxed);
+                let taken = used.load(Relaxed).saturating_add(reserved.load(Relaxed));
+                (slots > 0).then(|| (u128::from(taken) * 1000 / u128::from(slots)).min(1000) as u64)
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// The eventual PGs' lags for `OsdStats`: the largest, at most as many
@@ -676,7 +702,7 @@ impl Metrics {
             "Connections dropped for failing the handshake or sending malformed frames.",
             &[("", self.connections_refused.get())],
         );
-        let gauges: [(&str, &str, u64); 8] = [
+        let gauges: [(&str, &str, u64); 10] = [
             ("duplex_osd_log_entries", "Live entries in all PG logs.", self.log_entries.load(Relaxed)),
             (
                 "duplex_osd_backfilling_pgs",
@@ -699,6 +725,16 @@ impl Metrics {
                 "duplex_osd_fullness_permille",
                 "The OSD's fullness, per mille: its fullest partition's use plus the room kept for its logs (judged against the full ratios).",
                 self.fullness_permille(),
+            ),
+            (
+                "duplex_osd_store_onode_permille",
+                "The onode slots (objects' metadata) of the store's fullest partition in use or kept for its PG logs, per mille (part of the fullness).",
+                self.onode_fullness_permille(),
+            ),
+            (
+                "duplex_osd_log_reserved_onode_slots",
+                "Onode slots the PG logs' entries may still need when they are flushed, kept free in the store.",
+                self.partition_reserved_onode_slots.iter().map(|r| r.load(Relaxed)).sum::<u64>(),
             ),
             (
                 "duplex_osd_store_fullest_partition_permille",

@@ -184,6 +184,7 @@ impl PeeringDriver {
         // One walk of the logs keeps the log gauges and the eventual PGs'
         // lags (the metrics page and `OsdStats` read them).
         let (mut entries, mut logged) = (0u64, 0u64);
+        let mut onode_slots = [0u64; duplex_store::MAX_PARTITIONS as usize];
         let view = self.shared.map.load();
         let id = self.shared.config.id;
         let mut lags = Vec::new();
@@ -192,6 +193,7 @@ impl PeeringDriver {
             if let Ok(pg) = pg.lock() {
                 entries += pg.log.len() as u64;
                 logged += pg.reserved_bytes();
+                onode_slots[self.shared.partition_of(pg.key)] += pg.reserved_onode_slots();
                 let eventual = view.pool(crate::pg::pool_of(pg.key)).is_some_and(|pool| pool.is_eventual());
                 let primary = pg.active.as_ref().is_some_and(|a| duplex_map::primary_of(&a.members) == Some(id));
                 if eventual && primary {
@@ -207,6 +209,9 @@ impl PeeringDriver {
         *metrics.eventual_lags.lock().expect("metrics lock") = lags;
         metrics.log_entries.store(entries, std::sync::atomic::Ordering::Relaxed);
         metrics.log_reserved_bytes.store(logged, std::sync::atomic::Ordering::Relaxed);
+        for (gauge, slots) in metrics.partition_reserved_onode_slots.iter().zip(onode_slots) {
+            gauge.store(slots, std::sync::atomic::Ordering::Relaxed);
+        }
         let ratios = view.map.full_ratios;
         let fullness = ratios.classify(metrics.fullness_permille());
         metrics.locally_full.store(fullness == duplex_map::Fullness::Full, std::sync::atomic::Ordering::Relaxed);
@@ -223,7 +228,14 @@ impl PeeringDriver {
             return None;
         }
         self.fullness_asked = Some((fullness, now));
-        tracing::warn!(?fullness, was = ?reported, permille = metrics.fullness_permille(), log_reserved_bytes = logged, "the store's fullness changed");
+        tracing::warn!(
+            ?fullness,
+            was = ?reported,
+            permille = metrics.fullness_permille(),
+            onode_permille = metrics.onode_fullness_permille(),
+            log_reserved_bytes = logged,
+            "the store's fullness changed"
+        );
         Some(duplex_map::Command::SetOsdFullness { id, fullness })
     }
 

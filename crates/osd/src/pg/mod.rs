@@ -667,6 +667,32 @@ impl Pg {
         self.log.live_bytes() + record
     }
 
+    /// The onode slots this PG's flush may still need in its partition (an
+    /// object's metadata is a chain of slots, `duplex_store::onode`),
+    /// counted against the OSD's full ratios like [`Pg::reserved_bytes`]:
+    /// - each entry may create its object (a head slot), and may split or
+    ///   add a couple of extents (the slack);
+    /// - a write's extents take 12 bytes of the chain for each 4 KiB it
+    ///   maps at most;
+    /// - an attribute's, omap's or chunk map's entry puts its bytes in it;
+    /// - the request-id record needs its chain until it exists.
+    ///
+    /// Not counted: the clone a write makes of its head under a new
+    /// snapshot, whose chain is the head's (the full ratio's margin covers
+    /// a few).
+    pub fn reserved_onode_slots(&self) -> u64 {
+        const FRAGMENT: u64 = duplex_store::onode::FRAGMENT_CAPACITY as u64;
+        const SLACK: u64 = 32;
+        let entries = self.log.len() as u64;
+        let chain_bytes = self.log.live_bytes() * 12 / 4096 + self.log.live_metadata_bytes() + SLACK * entries;
+        let record = if self.ids_record_created {
+            0
+        } else {
+            1 + (stored_requests::RECORD_BYTES as u64 / 4096 * 12).div_ceil(FRAGMENT)
+        };
+        entries + chain_bytes.div_ceil(FRAGMENT) + record
+    }
+
     /// The store operations that keep the ids of the entries `flushed`
     /// (now in the store, in log order) past the log's trim.
     pub fn record_flushed_ids(&mut self, partition: u32, flushed: RangeInclusive<u64>) -> Vec<Op> {

@@ -261,6 +261,18 @@ impl Partition {
         self.alloc.count_ones()
     }
 
+    /// This partition's onode slots: each object's metadata takes a chain
+    /// of them (`MkfsOptions::bytes_per_onode` sized the area).
+    pub fn onode_slots(&self) -> u64 {
+        self.slots.len()
+    }
+
+    /// Onode slots in use, a deleted object's included until the commit
+    /// that frees its blocks frees them too.
+    pub fn used_onode_slots(&self) -> u64 {
+        self.slots.count_ones()
+    }
+
     /// Chunks this partition owns, and the data blocks in them.
     pub fn owned_chunks(&self) -> (usize, u64) {
         (self.alloc.owned_chunks().len(), self.alloc.len())
