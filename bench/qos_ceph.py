@@ -88,7 +88,8 @@ def limits(args, out_dir):
     try:
         ceph.up()
         fio(ceph, "fill", "--rw=write", "--bs=1m", "--iodepth=8", "--size=1g", out_dir=out_dir)
-        for limit, burst_s in [(0, 0)] + [(r, b) for r in args.limits for b in (1,)]:
+        # Unlimited first (0), then each limit with a burst of 1 s, as Duplex's figure has.
+        for limit, burst_s in [(0, 0)] + [(rate, 1) for rate in args.limits]:
             image = f"{ceph.pool}/{ceph.image}"
             ceph.run("rbd", "config", "image", "set", image, "rbd_qos_iops_limit", str(limit))
             ceph.run("rbd", "config", "image", "set", image, "rbd_qos_iops_burst_seconds", str(max(burst_s, 1)))
