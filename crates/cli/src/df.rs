@@ -33,6 +33,9 @@ struct OsdReport {
     /// in partition order. The partitions share the store's data space, so
     /// each reports the same capacity.
     partitions: Vec<(u64, u64)>,
+    /// (onode slots, slots in use) of each store partition, in partition
+    /// order (an OSD from before they were reported: none).
+    onodes: Vec<(u64, u64)>,
     /// PG key → (objects, logical bytes, allocated bytes).
     pgs: HashMap<u32, (u64, u64, u64)>,
 }
@@ -51,6 +54,13 @@ impl OsdReport {
         self.used_bytes() * 1000 / self.capacity_bytes().max(1)
     }
 
+    /// The onode slots (objects' metadata) its fullest partition uses, per
+    /// mille: many small objects fill them before the data.
+    fn onode_permille(&self) -> u64 {
+        let permille = |(slots, used): &(u64, u64)| (*slots > 0).then(|| used.min(slots) * 1000 / slots);
+        self.onodes.iter().filter_map(permille).max().unwrap_or(0)
+    }
+
     /// Bytes it can still take before its store reaches `full` (per mille).
     fn room_bytes(&self, full: u64) -> u64 {
         let limit = u128::from(self.capacity_bytes()) * u128::from(full) / 1000;
@@ -66,6 +76,9 @@ pub struct OsdUsage {
     /// The use of its fullest store partition, per mille (its fullness is judged by it).
     /// The store's use, per mille (its partitions share its data space).
     pub used_permille: u64,
+    /// The onode slots its fullest partition uses, per mille (an OSD is
+    /// full when these are, whatever its data).
+    pub onode_used_permille: u64,
     pub partitions: usize,
     /// PGs with objects in its store.
     pub pgs: usize,
@@ -173,6 +186,7 @@ fn compute(map: &ClusterMap, reports: &BTreeMap<OsdId, OsdReport>) -> Df {
             capacity_bytes: report.capacity_bytes(),
             used_bytes: report.used_bytes(),
             used_permille: report.used_permille(),
+            onode_used_permille: report.onode_permille(),
             partitions: report.partitions.len(),
             pgs: report.pgs.keys().filter(|key| map.pools.contains_key(&duplex_osd::pg::pool_of(**key))).count(),
             fullness: map.osds.get(id).map_or("unknown".into(), |o| format!("{:?}", o.fullness)),
@@ -250,7 +264,7 @@ fn osd_report(client: &Client, addr: &str) -> Result<OsdReport> {
     let deadline = Instant::now() + OSD_TIMEOUT;
     let mut pgs: HashMap<u32, (u64, u64, u64)> = HashMap::new();
     let mut answered: Vec<u32> = Vec::new();
-    let mut partitions: Vec<(u32, u64, u64)> = Vec::new();
+    let mut partitions: Vec<(u32, u64, u64, u64, u64)> = Vec::new();
     let mut expected = None;
     while expected.is_none_or(|n| answered.len() < n as usize) {
         if Instant::now() > deadline {
@@ -266,7 +280,13 @@ fn osd_report(client: &Client, addr: &str) -> Result<OsdReport> {
         }
         expected = Some(reply.partitions);
         answered.push(reply.partition);
-        partitions.push((reply.partition, reply.capacity_bytes, reply.used_bytes));
+        partitions.push((
+            reply.partition,
+            reply.capacity_bytes,
+            reply.used_bytes,
+            reply.onode_slots,
+            reply.used_onode_slots,
+        ));
         for row in reply.pgs {
             let entry = pgs.entry(row.pg).or_default();
             entry.0 += row.objects;
@@ -275,7 +295,9 @@ fn osd_report(client: &Client, addr: &str) -> Result<OsdReport> {
         }
     }
     partitions.sort_unstable();
-    Ok(OsdReport { partitions: partitions.into_iter().map(|(_, capacity, used)| (capacity, used)).collect(), pgs })
+    let onodes = partitions.iter().map(|(.., slots, used)| (*slots, *used)).collect();
+    let partitions = partitions.into_iter().map(|(_, capacity, used, ..)| (capacity, used)).collect();
+    Ok(OsdReport { partitions, onodes, pgs })
 }
 
 fn print_text(usage: &Df) {
@@ -291,14 +313,15 @@ fn print_text(usage: &Df) {
     );
     println!();
     println!("OSDS");
-    println!("  {:<6} {:>10} {:>10} {:>6} {:>5} {:>13}", "OSD", "SIZE", "USED", "%USE", "PGS", "STATE");
+    println!("  {:<6} {:>10} {:>10} {:>6} {:>7} {:>5} {:>13}", "OSD", "SIZE", "USED", "%USE", "%ONODE", "PGS", "STATE");
     for osd in &usage.osds {
         println!(
-            "  {:<6} {:>10} {:>10} {:>5.1}% {:>5} {:>13}",
+            "  {:<6} {:>10} {:>10} {:>5.1}% {:>6.1}% {:>5} {:>13}",
             format!("osd.{}", osd.id),
             format_size(osd.capacity_bytes),
             format_size(osd.used_bytes),
             osd.used_permille as f64 / 10.0,
+            osd.onode_used_permille as f64 / 10.0,
             osd.pgs,
             osd.fullness,
         );
@@ -358,7 +381,14 @@ mod tests {
     fn reports(map: &ClusterMap, capacity: u64, used: [u64; 3]) -> BTreeMap<OsdId, OsdReport> {
         let hierarchy = map.hierarchy();
         let mut reports: BTreeMap<OsdId, OsdReport> = (0..3)
-            .map(|id| (id, OsdReport { partitions: vec![(capacity, used[id as usize])], pgs: HashMap::new() }))
+            .map(|id| {
+                let report = OsdReport {
+                    partitions: vec![(capacity, used[id as usize])],
+                    onodes: vec![(4096, 40)],
+                    pgs: HashMap::new(),
+                };
+                (id, report)
+            })
             .collect();
         for pg in 0..pool(map).pg_num {
             let key = duplex_osd::pg::pg_key(pool(map).id, pg).unwrap();
@@ -401,10 +431,14 @@ mod tests {
     /// against the one capacity.
     #[test]
     fn an_osds_partitions_share_its_capacity() {
-        let report =
-            OsdReport { partitions: vec![(1000 << 20, 100 << 20), (1000 << 20, 800 << 20)], pgs: HashMap::new() };
+        let report = OsdReport {
+            partitions: vec![(1000 << 20, 100 << 20), (1000 << 20, 800 << 20)],
+            onodes: vec![(4096, 4000), (4096, 1024)],
+            pgs: HashMap::new(),
+        };
         assert_eq!((report.capacity_bytes(), report.used_bytes()), (1000 << 20, 900 << 20));
         assert_eq!(report.used_permille(), 900);
+        assert_eq!(report.onode_permille(), 976, "the fullest partition's slots");
         assert_eq!(report.room_bytes(950), 50 << 20);
         assert_eq!(report.room_bytes(900), 0);
         let map = map_of(3, 950);
@@ -413,6 +447,7 @@ mod tests {
         let usage = compute(&map, &reports);
         assert_eq!(usage.raw.available_bytes, 3 * (50 << 20));
         assert_eq!(usage.osds[1].used_permille, 900);
+        assert_eq!((usage.osds[1].onode_used_permille, usage.osds[0].onode_used_permille), (976, 9));
         assert_eq!(usage.osds[1].partitions, 2);
     }
 

@@ -1429,6 +1429,11 @@ fn a_lone_osd_out_of_onode_slots_refuses_small_objects_before_a_flush_fails() {
     assert!(onodes >= 900.0, "refused with the onode slots at {onodes}‰");
     assert!(data_used < 300.0, "the data was {data_used}‰ used: not a refusal for the slots");
     assert_eq!(gauge("duplex_osd_flush_no_space_total"), 0.0, "a flush met ENOSPC from the store");
+    // `duplex df` says why: the data is far from full, the slots are not.
+    let df = cli_json(&cluster, &["df"]);
+    let osd_row = &df["osds"][0];
+    let (used, onode) = (osd_row["used_permille"].as_u64().unwrap(), osd_row["onode_used_permille"].as_u64().unwrap());
+    assert!(used < 300 && onode >= 900, "df shows {used}‰ of the data and {onode}‰ of the onode slots used: {df}");
     for n in 0..acknowledged {
         assert_eq!(client.read(pool, &object(n), 0, 4096).unwrap(), data(n), "acknowledged object {n} reads back");
     }

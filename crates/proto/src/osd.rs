@@ -671,9 +671,15 @@ pub struct UsageReply {
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     pub pgs: Vec<PgUsage>,
+    /// This partition's onode slots (objects' metadata), and those in use:
+    /// many small objects fill them before the data. A trailing section
+    /// (after the rows), so a reply without it decodes, as zeros.
+    pub onode_slots: u64,
+    pub used_onode_slots: u64,
 }
 
 const USAGE_HEADER_LEN: usize = 28;
+const USAGE_ONODES_LEN: usize = 16;
 const PG_USAGE_LEN: usize = 28;
 /// The most PG rows one reply carries (a partition with more sends the
 /// first ones): 1 MiB of rows, well inside a frame.
@@ -682,7 +688,7 @@ pub const MAX_USAGE_ROWS: usize = (1 << 20) / PG_USAGE_LEN;
 impl UsageReply {
     pub fn to_frame(&self, transaction_id: u64) -> Frame {
         let rows = &self.pgs[..self.pgs.len().min(MAX_USAGE_ROWS)];
-        let mut out = BytesMut::with_capacity(USAGE_HEADER_LEN + rows.len() * PG_USAGE_LEN);
+        let mut out = BytesMut::with_capacity(USAGE_HEADER_LEN + rows.len() * PG_USAGE_LEN + USAGE_ONODES_LEN);
         out.put_u32_le(self.partition);
         out.put_u32_le(self.partitions);
         out.put_u64_le(self.capacity_bytes);
@@ -694,6 +700,8 @@ impl UsageReply {
             out.put_u64_le(row.logical_bytes);
             out.put_u64_le(row.allocated_bytes);
         }
+        out.put_u64_le(self.onode_slots);
+        out.put_u64_le(self.used_onode_slots);
         Frame::new(MessageType::OsdUsageReply, transaction_id, out.freeze())
     }
 
@@ -714,8 +722,13 @@ impl UsageReply {
             return Err(DecodeError::Inconsistent("more usage rows than a reply carries"));
         }
         let need = USAGE_HEADER_LEN + count * PG_USAGE_LEN;
-        if payload.len() != need {
-            return Err(DecodeError::Short { need, got: payload.len() });
+        let (onode_slots, used_onode_slots) = match payload.len() {
+            len if len == need => (0, 0),
+            len if len == need + USAGE_ONODES_LEN => (le_u64(payload, need), le_u64(payload, need + 8)),
+            len => return Err(DecodeError::Short { need: need + USAGE_ONODES_LEN, got: len }),
+        };
+        if used_onode_slots > onode_slots {
+            return Err(DecodeError::Inconsistent("a partition uses more onode slots than it has"));
         }
         let pgs = (0..count)
             .map(|i| {
@@ -728,7 +741,7 @@ impl UsageReply {
                 }
             })
             .collect();
-        Ok(UsageReply { partition, partitions, capacity_bytes, used_bytes, pgs })
+        Ok(UsageReply { partition, partitions, capacity_bytes, used_bytes, pgs, onode_slots, used_onode_slots })
     }
 }
 
@@ -1006,9 +1019,18 @@ mod tests {
             rows in proptest::collection::vec((any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>()), 0..50),
             partition in 0u32..28,
             txid in any::<u64>(),
+            slots in any::<u64>(),
         ) {
             let pgs = rows.into_iter().map(|(pg, objects, logical_bytes, allocated_bytes)| PgUsage { pg, objects, logical_bytes, allocated_bytes }).collect();
-            let reply = UsageReply { partition, partitions: partition + 1, capacity_bytes: txid, used_bytes: txid / 2, pgs };
+            let reply = UsageReply {
+                partition,
+                partitions: partition + 1,
+                capacity_bytes: txid,
+                used_bytes: txid / 2,
+                pgs,
+                onode_slots: slots,
+                used_onode_slots: slots / 3,
+            };
             let frame = reply.to_frame(txid);
             prop_assert_eq!(frame.header.message_type, MessageType::OsdUsageReply as u8);
             prop_assert_eq!(UsageReply::decode(&frame.payload), Ok(reply));
@@ -1104,9 +1126,19 @@ mod tests {
             capacity_bytes: 1 << 30,
             used_bytes: 1 << 20,
             pgs: vec![PgUsage { pg: 7, objects: 1, logical_bytes: 2, allocated_bytes: 3 }],
+            onode_slots: 4096,
+            used_onode_slots: 100,
         };
         let good = reply.to_frame(1).payload;
-        assert_eq!(UsageReply::decode(&good), Ok(reply));
+        assert_eq!(UsageReply::decode(&good), Ok(reply.clone()));
+        // From an OSD before the onode section: zeros.
+        let without = UsageReply::decode(&good[..good.len() - 16]).unwrap();
+        assert_eq!((without.onode_slots, without.used_onode_slots, without.pgs), (0, 0, reply.pgs));
+        let mut slots_overused = BytesMut::from(&good[..]);
+        let at = good.len() - 8;
+        slots_overused[at..].copy_from_slice(&5000u64.to_le_bytes());
+        assert!(matches!(UsageReply::decode(&slots_overused), Err(DecodeError::Inconsistent(_))));
+        assert!(matches!(UsageReply::decode(&good[..good.len() - 1]), Err(DecodeError::Short { .. })));
         let mut past = BytesMut::from(&good[..]);
         past[0] = 2; // partition 2 of 2
         assert!(matches!(UsageReply::decode(&past), Err(DecodeError::Inconsistent(_))));

@@ -197,6 +197,8 @@ impl Flusher {
             capacity_bytes: self.partition.data_blocks() * block,
             used_bytes: self.partition.used_blocks() * block,
             pgs,
+            onode_slots: self.partition.onode_slots(),
+            used_onode_slots: self.partition.used_onode_slots(),
         };
         debug_assert!(reply.partition < reply.partitions, "partition {} of {}", reply.partition, reply.partitions);
         reply
