@@ -13,7 +13,9 @@
 //! The rules, applied after every command that moves PGs ([`settle`]):
 //! - the new up set has an OSD the OSDs holding the PG lack (its pin, or
 //!   else its old acting set and the OSDs of its last active set, down
-//!   ones too): pin the PG to those;
+//!   ones too), or none of its last active set's OSDs (the up set's may
+//!   be OSDs that served it unfinished; peering waits for one of those):
+//!   pin the PG to those;
 //! - the new up set needs nothing new: no pin.
 //!
 //! A pin stays while none of its OSDs is up, and the PG has no acting set
@@ -120,7 +122,12 @@ fn moved_pins(old: &ClusterMap, new: &ClusterMap, new_hierarchy: &duplex_placeme
                     current.clone()
                 };
                 let new_up = new.up_set(new_hierarchy, pool, pg);
-                let needs_data = new_up.iter().any(|osd| !holders.contains(osd));
+                // The up set takes new OSDs, or none of the OSDs known to
+                // hold every acknowledged write (its last active set): then
+                // peering at the up set alone would wait for one of them.
+                let recorded = old.active_sets.get(&(pool.id, pg)).map(|set| set.osds.as_slice()).unwrap_or(&[]);
+                let without_record = !recorded.is_empty() && !recorded.iter().any(|osd| new_up.contains(osd));
+                let needs_data = new_up.iter().any(|osd| !holders.contains(osd)) || without_record;
                 let wanted = if needs_data && !holders.is_empty() { holders } else { Vec::new() };
                 if wanted != current {
                     changes.push(Change::SetPgTemp { pool: pool.id, pg, osds: wanted });

@@ -301,6 +301,31 @@ fn regression_seed_7634_a_journaled_block_is_never_overwritten_in_place() {
     assert!(report.power_cuts_in_commit > 0, "the seed no longer cuts the power in a commit: it tests nothing");
 }
 
+/// A PG's last active set was [osd.1] when osd.1 was marked out and in
+/// again, and placement then gave the PG [0, 3], OSDs that had served it
+/// (osd.0 filled in the background, its record not yet written): no pin
+/// put osd.1 back into the acting set, though it was up and held the PG,
+/// so peering at [0, 3] waited for it for good ("PG is down: it was last
+/// active on osd.1"). Now a PG whose up set holds none of its recorded
+/// active set is pinned to its holders, that set's OSDs with them.
+/// (Session 36's sweep, size 2, min_size 1, two faults at once, no power
+/// fault in the run.)
+#[test]
+fn regression_seed_9920536_a_pg_is_pinned_back_to_its_recorded_holder() {
+    use duplex_sim::FaultKind::{Crash, CutPeer, Isolate, MarkOut, PowerLoss};
+    let mut config = SimConfig::new(9920536);
+    config.pool_size = 2;
+    config.min_size = 1;
+    config.concurrent_faults = 2;
+    config.faults = vec![Crash, PowerLoss, Isolate, CutPeer, MarkOut];
+    if let Err(failure) = run(&config) {
+        panic!(
+            "{failure}\n  reproduce: duplex-sim --seed 9920536 --pool-size 2 --min-size 1 --concurrent-faults 2 \
+             --faults crash,power-loss,isolate,cut-peer,mark-out"
+        );
+    }
+}
+
 /// Known gap, "The one whole copy of a PG being filled"
 /// (docs/RELIABILITY.md): with min_size 1 a PG served by its one whole OSD
 /// while others are backfilled takes writes, which reach the backfill
