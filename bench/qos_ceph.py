@@ -55,11 +55,16 @@ def ensure_ceph():
         subprocess.run(["apt-get", "install", "-y", "fio"], check=True, stdout=subprocess.DEVNULL)
 
 
+def fio_command(ceph, name, *args):
+    """fio's rbd engine against the cluster's image, JSON out."""
+    return ["fio", f"--name={name}", "--ioengine=rbd", "--clientname=admin", f"--pool={ceph.pool}",
+            f"--rbdname={ceph.image}", "--direct=1", "--output-format=json", *args]
+
+
 def fio(ceph, name, *args, out_dir, timeout=600):
-    """Runs fio's rbd engine against the cluster's image; its JSON result."""
-    command = ["fio", f"--name={name}", "--ioengine=rbd", "--clientname=admin", f"--pool={ceph.pool}",
-               f"--rbdname={ceph.image}", "--direct=1", "--output-format=json", *args]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env=ceph.env(), cwd=out_dir,
+    """Runs fio_command; its JSON result."""
+    out = subprocess.run(fio_command(ceph, name, *args), check=True, capture_output=True, text=True, env=ceph.env(),
+                         cwd=out_dir,
                          timeout=timeout).stdout
     return json.loads(out[out.index("{"):])
 
@@ -142,10 +147,9 @@ def recovery(args, out_dir, queue):
         wait_clean(ceph)
         rate = int(capacity * args.load)
         prefix = "load"
-        command = ["fio", "--name=load", "--ioengine=rbd", "--clientname=admin", f"--pool={ceph.pool}",
-                   f"--rbdname={ceph.image}", "--direct=1", "--rw=randwrite", "--bs=4k", "--iodepth=256",
-                   f"--rate_iops={rate}", "--time_based", f"--runtime={args.max_seconds}", f"--size={size}",
-                   f"--write_lat_log={prefix}", "--log_avg_msec=0", "--log_unix_epoch=1", "--output-format=json"]
+        command = fio_command(ceph, prefix, "--rw=randwrite", "--bs=4k", "--iodepth=256", f"--rate_iops={rate}",
+                              "--time_based", f"--runtime={args.max_seconds}", f"--size={size}",
+                              f"--write_lat_log={prefix}", "--log_avg_msec=0", "--log_unix_epoch=1")
         load = subprocess.Popen(command, env=ceph.env(), cwd=out_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
         output = {}

@@ -284,6 +284,7 @@ impl<R: Region> PgLog<R> {
             self.live_metadata -= u64::from(*metadata);
             self.live.pop_front();
         }
+        debug_assert!(!self.live.is_empty() || self.live_metadata == 0, "metadata bytes left with no live entry");
         let (tail, tail_seq) = self.live.front().map_or((self.head, self.next_seq), |(seq, at, ..)| (*at, *seq));
         if (tail, tail_seq) == (self.tail, self.tail_seq) {
             return Ok(());
@@ -318,6 +319,7 @@ impl<R: Region> PgLog<R> {
         }
         self.live_metadata -= self.live.range(keep..).map(|(.., metadata)| u64::from(*metadata)).sum::<u64>();
         self.live.truncate(keep);
+        debug_assert!(!self.live.is_empty() || self.live_metadata == 0, "metadata bytes left with no live entry");
         self.head = at;
         self.next_seq = first;
         debug_assert_eq!(self.live.len() as u64, self.next_seq - self.tail_seq, "live entries are tail_seq..next_seq");

@@ -404,11 +404,7 @@ impl Flusher {
                     UsageTo::Local(sender) => {
                         let _ = sender.send(reply);
                     }
-                    UsageTo::Remote(to) => {
-                        debug_assert!(to.thread < self.mailboxes.len(), "a usage answer for thread {}", to.thread);
-                        let frame = reply.to_frame(to.txid);
-                        self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
-                    }
+                    UsageTo::Remote(to) => self.send_frame(&to, reply.to_frame(to.txid)),
                 }
             }
         }
@@ -430,12 +426,15 @@ impl Flusher {
             PeerReplyTo::Local(sender) => {
                 let _ = sender.send(reply);
             }
-            PeerReplyTo::Remote(to) => {
-                debug_assert!(to.thread < self.mailboxes.len(), "a peering answer for thread {}", to.thread);
-                let frame = reply.to_frame(to.txid);
-                self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
-            }
+            PeerReplyTo::Remote(to) => self.send_frame(&to, reply.to_frame(to.txid)),
         }
+    }
+
+    /// Sends `frame` on the connection a remote request came on, through
+    /// the priority thread that owns it.
+    fn send_frame(&self, to: &crate::pg::ReplyTo, frame: duplex_proto::Frame) {
+        debug_assert!(to.thread < self.mailboxes.len(), "an answer for thread {}", to.thread);
+        self.mailboxes[to.thread].post_and_wake(Completion::Send { token: to.token, frame });
     }
 
     /// Applies the live entries of `dirty` PGs, then trims them.
