@@ -29,6 +29,13 @@
 //! | create pre-allocated | the size | none |
 //! | zero | where | the length, u64 little-endian (8 bytes) |
 //! | copy up | where | the bytes (written only if the object is absent) |
+//! | elided | 0 | none |
+//!
+//! An *elided* entry is what a backfill target gets of a write to an
+//! object the backfill has not reached yet (docs/QOS.md, step 6): the
+//! write's seq, object, request id and snapshot sequence, so that the
+//! target's log and history stay whole, but not its effect, which the
+//! backfill copies later. Applying it changes nothing.
 
 use num_enum::TryFromPrimitive;
 
@@ -73,6 +80,10 @@ pub enum OpKind {
     /// `duplex_proto::tier` actions): chunk map entries set and removed,
     /// bytes zeroed and written, in one store batch.
     TierUpdate = 14,
+    /// A write this OSD takes by copy, not by applying it: a backfill
+    /// target's entry for an object the walk has not reached (the module
+    /// documentation). Applying it changes nothing; it has no data.
+    Elided = 15,
 }
 
 /// A zero entry's (or request's) length, from its 8 bytes of data; `None`
@@ -149,7 +160,14 @@ pub struct EntryRef<'a> {
     pub snap: u64,
 }
 
-impl EntryRef<'_> {
+impl<'a> EntryRef<'a> {
+    /// This entry as a backfill target gets it when the backfill has not
+    /// reached its object yet: [`OpKind::Elided`], with its seq, object,
+    /// request id and snapshot sequence, without its data.
+    pub fn elided(&self) -> EntryRef<'a> {
+        EntryRef { op: OpKind::Elided, offset: 0, data: &[], ..*self }
+    }
+
     /// The bytes the checksum covers: header, object, data and snap.
     fn used_len(&self) -> usize {
         HEADER_LEN + self.object.len() + self.data.len() + if self.snap != 0 { 8 } else { 0 }
@@ -308,7 +326,7 @@ mod tests {
             any::<u32>(),
             any::<u64>(),
             any::<u64>(),
-            1u8..9,
+            1u8..16,
             proptest::collection::vec(any::<u8>(), 0..40),
             any::<u64>(),
             proptest::collection::vec(any::<u8>(), 0..600),
@@ -319,7 +337,7 @@ mod tests {
                 epoch,
                 version,
                 seq,
-                op: OpKind::from_u8(op).expect("1..8"),
+                op: OpKind::from_u8(op).expect("every value in 1..16 is a kind"),
                 object,
                 offset,
                 data,
@@ -333,10 +351,30 @@ mod tests {
         for byte in 0..=u8::MAX {
             match OpKind::from_u8(byte) {
                 Some(op) => assert_eq!(op as u8, byte),
-                None => assert!(!(1..=8).contains(&byte), "{byte}"),
+                None => assert!(!(1..=15).contains(&byte), "{byte}"),
             }
             assert_eq!(OpKind::try_from(byte).ok(), OpKind::from_u8(byte));
         }
+    }
+
+    #[test]
+    fn an_elided_entry_keeps_the_writes_place_and_id_but_not_its_effect() {
+        let write = Entry {
+            pg: 7,
+            epoch: 3,
+            version: 41,
+            seq: 41,
+            op: OpKind::Write,
+            object: b"rbd_data.1.0000000000000002".to_vec(),
+            offset: 8192,
+            data: vec![0xab; 4096],
+            request: RequestId { client: 9, tid: 12 },
+            snap: 5,
+        };
+        let elided = Entry::decode(&write.as_ref().elided().encode()).expect("decodes");
+        assert_eq!(elided, Entry { op: OpKind::Elided, offset: 0, data: Vec::new(), ..write.clone() });
+        assert!(elided.encoded_len() < 128, "no data travels: {} bytes", elided.encoded_len());
+        assert_eq!(OpKind::Elided.metadata_bytes(0, 0), 0);
     }
 
     proptest! {

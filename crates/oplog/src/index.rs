@@ -128,6 +128,8 @@ impl IndexCache {
                 // which the store knows.)
                 // (A copy-up's bytes count only if the store lacked the object.)
                 // (A chunk put's bytes too; an unref may delete.)
+                // (An elided write's effect is not here at all: the
+                // store gets it from a backfill's copy.)
                 OpKind::Truncate
                 | OpKind::Delete
                 | OpKind::CreatePreallocated
@@ -135,7 +137,8 @@ impl IndexCache {
                 | OpKind::CopyUp
                 | OpKind::ChunkPut
                 | OpKind::ChunkUnref
-                | OpKind::TierUpdate => break,
+                | OpKind::TierUpdate
+                | OpKind::Elided => break,
                 // Attributes and omaps are not data.
                 OpKind::SetAttr | OpKind::RemoveAttr => {}
                 OpKind::OmapSet | OpKind::OmapRemove | OpKind::OmapRemoveRange => {}

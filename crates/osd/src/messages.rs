@@ -200,6 +200,9 @@ pub enum Outcome {
         /// Their answers then only settle the PG's replication lag, and
         /// must all come within `max_lag` (`crate::io::pending`).
         answered: Option<std::time::Duration>,
+        /// The entry as backfill targets get it while their walk has not
+        /// reached its object (`crate::pg::elide`): sent to those instead.
+        elided: Option<Box<ElidedEntry>>,
     },
     /// The flusher has it; the reply comes back as a completion.
     Queued,
@@ -210,6 +213,13 @@ pub enum Outcome {
     /// An erasure-coded PG's operation at its primary: send its shard
     /// reads, then carry on with `then` (`crate::backend::erasure`).
     Erasure(Box<EcTask>),
+}
+
+/// A write's entry without its data (`duplex_oplog::OpKind::Elided`), and
+/// the replicas of [`Outcome::Replicate`] that get it in place of the whole.
+pub struct ElidedEntry {
+    pub entry: Bytes,
+    pub to: Vec<OsdId>,
 }
 
 /// An erasure-coded PG's client operation at its primary, from its

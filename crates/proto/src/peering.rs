@@ -119,6 +119,12 @@ pub enum PeerOp {
     /// `None`: just release), and once none is in flight, apply the log and
     /// report the object ([`PeerReply::Meta`]); [`PeerReply::Busy`] while
     /// writes to that range are still in flight (ask again).
+    ///
+    /// The primary sends its targets writes to objects its walk has not
+    /// reached without their data, and the walk owes each such object a
+    /// visit. So a lock of a whole object (the walk stepping onto it), and
+    /// [`PeerOp::backfill_end`], are answered [`PeerReply::Names`] when the
+    /// walk owes objects before it: it walks those first, then asks again.
     BackfillLock {
         object: Option<Vec<u8>>,
         start: u64,
@@ -242,6 +248,20 @@ pub struct Inconsistency {
     pub bad: Vec<u32>,
     /// No member holds a good copy: nothing to repair from.
     pub unrepairable: bool,
+}
+
+impl PeerOp {
+    /// Background backfill's last request to the primary: release the
+    /// lock; the walk is over unless it is answered [`PeerReply::Names`]
+    /// (objects it still owes a visit, see [`PeerOp::BackfillLock`]).
+    pub fn backfill_end() -> PeerOp {
+        PeerOp::BackfillLock { object: None, start: 0, end: u64::MAX }
+    }
+
+    /// Whether this is [`PeerOp::backfill_end`].
+    pub fn is_backfill_end(&self) -> bool {
+        matches!(self, PeerOp::BackfillLock { object: None, start: 0, end: u64::MAX })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

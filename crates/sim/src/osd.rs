@@ -355,11 +355,13 @@ impl SimOsd {
         self.damaged_before + self.live.as_ref().map_or(0, |l| l.shared.metrics.damaged_objects.get())
     }
 
-    /// PGs this incarnation backfilled to the end, and objects it copied.
-    pub fn backfills(&self) -> (u64, u64) {
-        self.live
-            .as_ref()
-            .map_or((0, 0), |l| (l.shared.metrics.backfilled_pgs.get(), l.shared.metrics.backfill_objects.get()))
+    /// PGs this incarnation backfilled to the end, objects it copied, and
+    /// writes it sent targets without their data.
+    pub fn backfills(&self) -> (u64, u64, u64) {
+        self.live.as_ref().map_or((0, 0, 0), |l| {
+            let metrics = &l.shared.metrics;
+            (metrics.backfilled_pgs.get(), metrics.backfill_objects.get(), metrics.backfill_elided_writes.get())
+        })
     }
 
     /// What this OSD's deduplication engines did, over all its incarnations.
@@ -596,10 +598,12 @@ impl SimOsd {
                 pg,
                 request,
                 answered,
+                elided,
             } => {
                 assert!(local.is_none(), "the simulator runs the oplog write path");
                 let txid = write;
                 let frame = Frame::new(MessageType::RepOp, txid, entry);
+                let elided = elided.map(|e| (Frame::new(MessageType::RepOp, txid, e.entry), e.to));
                 let info = WriteInfo { reply_to: (token as u32, slot), arrived, map_epoch, pg, request, answered };
                 if answered.is_some() {
                     let reply = OpReply::ok(map_epoch);
@@ -608,6 +612,10 @@ impl SimOsd {
                 // The simulated network takes every message (it may lose
                 // it later): no replica is unreachable at send time.
                 let finished = live.writes.register(txid, info, replicas, false, ctx.instant(), |osd| {
+                    let frame = match &elided {
+                        Some((elided, to)) if to.contains(&osd) => elided,
+                        _ => &frame,
+                    };
                     ctx.send(Node::Osd(osd), Msg::Frame(frame.clone()));
                     true
                 });

@@ -213,6 +213,8 @@ pub struct RunReport {
     /// objects copied, and pins the monitor dropped after.
     pub backfilled_pgs: u64,
     pub backfill_objects: u64,
+    /// Writes sent to backfill targets without their data (duplex_osd::pg::elide).
+    pub elided_writes: u64,
     pub pins_cleared: u64,
     /// PGs the balancer moved (runs that balance).
     pub balancer_moves: u64,
@@ -1023,12 +1025,13 @@ impl World {
         format!("{:?}", history.ops).hash(&mut digest);
         let (peerings, recovered_objects) =
             self.osds.iter().map(|o| o.activations()).fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
-        let (backfilled_pgs, backfill_objects) =
-            self.osds.iter().map(|o| o.backfills()).fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+        let (backfilled_pgs, backfill_objects, elided_writes) =
+            self.osds.iter().map(|o| o.backfills()).fold((0, 0, 0), |(a, b, c), (d, e, f)| (a + d, b + e, c + f));
         let writers = &self.clients[..self.clients.len() - 1];
         Ok(RunReport {
             backfilled_pgs,
             backfill_objects,
+            elided_writes,
             pins_cleared: self.pins_cleared,
             balancer_moves: self.balancer_moves,
             snapshots: self.snapshots,

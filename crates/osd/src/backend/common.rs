@@ -215,6 +215,12 @@ pub(crate) fn check_limits(op: LogOp, offset: u64, data: &[u8]) -> Result<(), St
             }
             Err(err) => return Err(format!("a tier update: {err}")),
         },
+        LogOp::Elided => {
+            if offset != 0 || !data.is_empty() {
+                return Err("an elided write carries neither an offset nor data".into());
+            }
+            0
+        }
     };
     if end > limit {
         return Err(format!("the operation reaches byte {end}; objects end at {limit}"));

@@ -17,7 +17,7 @@ use crate::backend::common::{
 };
 use crate::backend::write_path::{Mutation, Offered, Refusal, WritePath};
 use crate::backend::{PgBackend, Primary, WriteEnd};
-use crate::messages::{ClientOp, ClientSlot, Job, Outcome, ReadJob};
+use crate::messages::{ClientOp, ClientSlot, ElidedEntry, Job, Outcome, ReadJob};
 use crate::metrics::{record, Histograms, Stage};
 use crate::peering::schedule::{start_peering, PeeringBackend, Wanted};
 use crate::peering::{Action, Peering};
@@ -326,6 +326,13 @@ pub(crate) fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp, max_l
         "lock_served checked the interval"
     );
     debug_assert!(!replicas.contains(&shared.config.id), "the primary replicates to itself: {replicas:?}");
+    // A write ahead of the backfill's walk goes to its targets without
+    // its data, which the walk copies when it gets there (pg/elide.rs).
+    let elided_to = guard
+        .elide
+        .as_mut()
+        .filter(|_| path.may_elide())
+        .and_then(|elide| elide.elides(&request.object).then(|| elide.targets().to_vec()));
     let early = match max_lag {
         // The ideal of an eventual pool answers what it received: no log,
         // no lag to keep.
@@ -385,6 +392,12 @@ pub(crate) fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp, max_l
     if replicas.is_empty() && local.is_none() {
         return ok_reply(&op, epoch);
     }
+    let elided = elided_to.map(|to| {
+        debug_assert!(to.iter().all(|target| replicas.contains(target)), "elided to {to:?}, not among {replicas:?}");
+        let whole = EntryRef::decode(&encoded).expect("the entry encoded just now decodes");
+        metrics.backfill_elided_writes.add(1);
+        Box::new(ElidedEntry { entry: Bytes::from(whole.elided().encode()), to })
+    });
     Outcome::Replicate {
         write,
         token: op.token,
@@ -397,5 +410,6 @@ pub(crate) fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp, max_l
         pg: key,
         request: request_id,
         answered: max_lag.filter(|_| early.is_some()),
+        elided,
     }
 }

@@ -70,6 +70,13 @@ pub(crate) trait WritePath: Send + Sync {
         true
     }
 
+    /// Whether backfill targets may be sent writes ahead of their walk
+    /// without the data (`crate::pg::elide`): only where replicas log
+    /// entries (a sync replica applies what it gets at once).
+    fn may_elide(&self) -> bool {
+        false
+    }
+
     /// Replica: the answer before the entry is even looked at in a PG, if
     /// this path gives one.
     fn acknowledge_on_receipt(&self) -> bool {
@@ -93,6 +100,10 @@ pub(crate) struct SyncApply;
 pub(crate) struct Ideal;
 
 impl WritePath for Logged {
+    fn may_elide(&self) -> bool {
+        true
+    }
+
     fn take(&self, shared: &Shared, mut guard: MutexGuard<'_, Pg>, m: &Mutation<'_>) -> Result<Taken, Refusal> {
         debug_assert!(
             matches!(guard.requests.get(m.request), None | Some(RequestState::Failed)),

@@ -89,7 +89,8 @@ fn size_step(size: Option<u64>, entry: &Entry) -> Option<u64> {
         OpKind::SetAttr | OpKind::OmapSet => size.or(Some(0)),
         OpKind::Zero | OpKind::RemoveAttr | OpKind::OmapRemove | OpKind::OmapRemoveRange => size,
         // Never overlaid (`overlays_bytes`): the read waits for the flush.
-        OpKind::ChunkPut | OpKind::ChunkUnref | OpKind::TierUpdate => {
+        // (An elided write is a backfill target's, of a replicated PG.)
+        OpKind::ChunkPut | OpKind::ChunkUnref | OpKind::TierUpdate | OpKind::Elided => {
             debug_assert!(false, "a size after a {:?} entry", entry.op);
             size
         }

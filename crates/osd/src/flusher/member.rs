@@ -13,6 +13,7 @@ use duplex_store::{Batch, Key, StoreError};
 
 use crate::flusher::Flusher;
 use crate::messages::Completion;
+use crate::pg::elide::owed_before_lock;
 use crate::pg::{stored_interval, stored_requests};
 use crate::pg::{Ack, Activation, SharedPg, StagedCopy};
 
@@ -167,10 +168,19 @@ impl Flusher {
                     } else if !guard.log.is_empty() {
                         return Err("the log took entries while peering".to_string());
                     }
+                    // The primary sends the targets that are no members
+                    // only elided writes ahead of its walk (pg/elide.rs).
+                    let elided_to: Vec<u32> = if duplex_map::primary_of(&members) == Some(self.id) {
+                        backfill.iter().filter(|t| !members.contains(t)).copied().collect()
+                    } else {
+                        Vec::new()
+                    };
                     let activation = Activation { interval, members, backfill };
-                    guard
+                    let replaced = guard
                         .activate(last_seq, last_epoch, activation, rebuilt || target, &requests)
-                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())?;
+                    guard.elide = crate::pg::elide::Elide::new(elided_to);
+                    replaced
                 };
                 if !target {
                     // The store too, which outlives an `shm` log (stored_interval.rs).
@@ -275,6 +285,12 @@ impl Flusher {
             let mut guard = pg.lock().expect("PG lock");
             if guard.active.as_ref().is_none_or(|a| a.interval != interval) {
                 return Err(format!("the PG is not active in interval {interval} here"));
+            }
+            // The walk steps onto an object, or ends: not before it visited
+            // the objects it owes for elided writes (pg/elide.rs).
+            if let Some(objects) = owed_before_lock(&mut guard.elide, object.as_deref(), start, end) {
+                guard.backfill_lock = None;
+                return Ok(PeerReply::Names { objects, more: false });
             }
             guard.backfill_lock = object.as_ref().map(|o| (bytes::Bytes::copy_from_slice(o), start, end));
             let Some(object) = &object else { return Ok(PeerReply::Done) };

@@ -1383,6 +1383,10 @@ pub(crate) fn overlay_held(
             duplex_oplog::OpKind::ChunkPut | duplex_oplog::OpKind::ChunkUnref | duplex_oplog::OpKind::TierUpdate => {
                 return Err(StoreError::InvalidArgument("a tier operation held in an erasure-coded log".into()))
             }
+            // Only a replicated PG's backfill target logs one.
+            duplex_oplog::OpKind::Elided => {
+                return Err(StoreError::InvalidArgument("an elided write held in an erasure-coded log".into()))
+            }
         }
     }
     if exists {
@@ -1395,7 +1399,13 @@ pub(crate) fn overlay_held(
 /// Whether [`overlay_held`] lays an entry of this kind on the store's
 /// bytes as applying it would leave them: every kind but the tier's.
 fn overlays_bytes(op: duplex_oplog::OpKind) -> bool {
-    !matches!(op, duplex_oplog::OpKind::ChunkPut | duplex_oplog::OpKind::ChunkUnref | duplex_oplog::OpKind::TierUpdate)
+    !matches!(
+        op,
+        duplex_oplog::OpKind::ChunkPut
+            | duplex_oplog::OpKind::ChunkUnref
+            | duplex_oplog::OpKind::TierUpdate
+            | duplex_oplog::OpKind::Elided
+    )
 }
 
 fn reply_of(epoch: u64, result: Result<Bytes, StoreError>) -> OpReply {

@@ -756,6 +756,7 @@ impl PriorityThread {
                 pg,
                 request,
                 answered,
+                elided,
             } => {
                 let txid = write;
                 debug_assert!(
@@ -773,9 +774,13 @@ impl PriorityThread {
                     answered,
                 };
                 let mut pending = std::mem::take(&mut self.pending);
+                let elided = elided.map(|e| (Frame::new(MessageType::RepOp, txid, e.entry), e.to));
                 let finished = pending.register(txid, info, replicas, local.is_some(), Instant::now(), |osd| {
                     let Some(peer) = self.peer(osd) else { return false };
-                    self.send(peer, &frame);
+                    match &elided {
+                        Some((elided, to)) if to.contains(&osd) => self.send(peer, elided),
+                        _ => self.send(peer, &frame),
+                    }
                     true
                 });
                 self.pending = pending;

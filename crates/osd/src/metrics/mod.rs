@@ -168,6 +168,9 @@ pub struct Metrics {
     pub uncommitted_retries: Counter,
     /// Writes answered `Retry` because their object was being copied to a backfill target.
     pub backfill_retries: Counter,
+    /// Writes sent to backfill targets without their data, ahead of the
+    /// walk that copies it (crate::pg::elide).
+    pub backfill_elided_writes: Counter,
     /// Background backfill by this OSD's primaries: objects and bytes
     /// copied (bytes once per target), and PGs backfilled to the end.
     pub backfill_objects: Counter,
@@ -598,6 +601,12 @@ impl Metrics {
             "duplex_osd_backfill_write_retries_total",
             "Writes answered Retry because their object was being copied to a backfill target.",
             &[("", self.backfill_retries.get())],
+        );
+        counter(
+            &mut out,
+            "duplex_osd_backfill_elided_writes_total",
+            "Writes sent to backfill targets without their data, ahead of the walk that copies it.",
+            &[("", self.backfill_elided_writes.get())],
         );
         counter(
             &mut out,

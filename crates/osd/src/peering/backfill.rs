@@ -303,6 +303,12 @@ impl Backfill {
                 listing.names.extend(objects);
                 self.next_object()
             }
+            // Objects the primary sent the targets elided writes of, which
+            // the walk must visit first (pg/elide.rs).
+            (Stage::Locking { object }, PeerReply::Names { objects, more: false }) => {
+                return self.walk_owed(objects, Some(object));
+            }
+            (Stage::Unlocking, PeerReply::Names { objects, more: false }) => return self.walk_owed(objects, None),
             (Stage::Locking { object }, PeerReply::Busy) => {
                 let op = PeerOp::BackfillLock { object: Some(object.clone()), start: 0, end: u64::MAX };
                 self.stage = Stage::Locking { object };
@@ -441,6 +447,31 @@ impl Backfill {
         vec![step]
     }
 
+    /// The primary answered the walk's step onto `next` (or its end, `None`)
+    /// with `owed`: objects it sent the targets elided writes of, which
+    /// sort before `next` (so no listing holds them any more, or ever did:
+    /// created after their page was listed) and after the last object
+    /// walked. They are walked first, then `next`.
+    fn walk_owed(&mut self, owed: Vec<Vec<u8>>, next: Option<Vec<u8>>) -> Vec<Step> {
+        let sorted = owed.windows(2).all(|w| w[0] < w[1]);
+        let before_next = next.as_ref().is_none_or(|next| owed.last().is_some_and(|last| last < next));
+        if owed.is_empty() || !sorted || !before_next {
+            return self.stuck(format!("the primary owes the walk objects out of order: {owed:?} before {next:?}"));
+        }
+        let first = &mut self.listings[0];
+        debug_assert!(
+            first.names.front().is_none_or(|front| next.as_ref().is_none_or(|next| front > next)),
+            "the walk's next object was not the least name queued"
+        );
+        if let Some(next) = next {
+            first.names.push_front(next);
+        }
+        for name in owed.into_iter().rev() {
+            first.names.push_front(name);
+        }
+        vec![self.next_object()]
+    }
+
     /// The object just walked is done: its clones next, if it has snapshots.
     fn object_done(&mut self, object: Vec<u8>) -> Step {
         if std::mem::take(&mut self.snapped) {
@@ -485,7 +516,7 @@ impl Backfill {
         }
         let Some(object) = self.listings.iter().filter_map(|l| l.names.front()).min().cloned() else {
             self.stage = Stage::Unlocking;
-            return self.send(self.primary, PeerOp::BackfillLock { object: None, start: 0, end: 0 });
+            return self.send(self.primary, PeerOp::backfill_end());
         };
         for listing in &mut self.listings {
             if listing.names.front() == Some(&object) {
@@ -635,6 +666,16 @@ mod tests {
         clone_on_lock: Option<(Vec<u8>, Vec<u8>, Vec<u8>)>,
         /// Heads that have snapshots (their metadata says so).
         snapped: Vec<Vec<u8>>,
+        /// The primary's eliding (crate::pg::elide), as its store answers.
+        elide: Option<crate::pg::elide::Elide>,
+        /// Client writes made at the primary when the walk first asks to
+        /// lock the object named first: (that object, written object,
+        /// its new bytes). Elided ones do not reach the targets.
+        writes_on_lock: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)>,
+        /// Writes the targets got without their data.
+        elided: u32,
+        /// Lock requests answered with objects the walk owed.
+        owed_answers: u32,
     }
 
     fn meta(data: &[u8]) -> ObjectMeta {
@@ -660,6 +701,10 @@ mod tests {
                 sent: BTreeMap::new(),
                 clone_on_lock: None,
                 snapped: Vec::new(),
+                elide: None,
+                writes_on_lock: Vec::new(),
+                elided: 0,
+                owed_answers: 0,
             }
         }
 
@@ -725,6 +770,25 @@ mod tests {
             match op {
                 PeerOp::List { cursor } => page(&self.primary, &cursor),
                 PeerOp::BackfillLock { object, start, end } => {
+                    let due: Vec<_> =
+                        self.writes_on_lock.iter().filter(|(on, ..)| Some(on) == object.as_ref()).cloned().collect();
+                    self.writes_on_lock.retain(|(on, ..)| Some(on) != object.as_ref());
+                    for (_, written, data) in due {
+                        self.primary.insert(written.clone(), data.clone());
+                        if self.elide.as_mut().is_some_and(|elide| elide.elides(&written)) {
+                            self.elided += 1;
+                        } else {
+                            for store in self.targets.values_mut() {
+                                store.insert(written.clone(), data.clone());
+                            }
+                        }
+                    }
+                    let owed = crate::pg::elide::owed_before_lock(&mut self.elide, object.as_deref(), start, end);
+                    if let Some(objects) = owed {
+                        self.owed_answers += 1;
+                        self.locked = None;
+                        return PeerReply::Names { objects, more: false };
+                    }
                     self.locked = object.clone().map(|o| (o, start, end));
                     let Some(object) = object else { return PeerReply::Done };
                     if self.busy > 0 {
@@ -766,6 +830,49 @@ mod tests {
         assert_eq!(end, Step::Complete);
         assert!(model.primary.contains_key(&clone), "the write made the clone");
         assert_eq!(model.targets[&1], model.primary, "the clone the listings missed was copied, the stale one removed");
+    }
+
+    #[test]
+    fn objects_written_ahead_of_the_walk_without_their_data_are_walked_even_when_no_listing_names_them() {
+        // Pages of two names: the first is [a, c]; "b" and "bb" are created
+        // after it was listed, ahead of the walk, and "e" changed ahead of
+        // it: the target gets those writes elided. "a" is written once the
+        // walk is past it: that write goes whole.
+        let primary: Objects =
+            [(b"a".to_vec(), vec![1; 10]), (b"c".to_vec(), vec![2; 10]), (b"e".to_vec(), vec![3; 10])].into();
+        let stale: Objects = [(b"a".to_vec(), vec![1; 10]), (b"e".to_vec(), vec![9; 10])].into();
+        let mut model = Model::new(primary, [(1, stale)].into());
+        model.elide = crate::pg::elide::Elide::new(vec![1]);
+        model.writes_on_lock = vec![
+            (b"a".to_vec(), b"bb".to_vec(), vec![5; 7]),
+            (b"a".to_vec(), b"e".to_vec(), vec![4; 10]),
+            (b"c".to_vec(), b"b".to_vec(), vec![6; 3]),
+            (b"c".to_vec(), b"a".to_vec(), vec![7; 10]),
+        ];
+        let (machine, end) = run(&mut model, None);
+        assert_eq!(end, Step::Complete);
+        assert_eq!(model.targets[&1], model.primary, "every elided write's effect was copied");
+        assert_eq!(model.elided, 3, "the writes to b, bb and e went without their data; a's went whole");
+        // At c's step ("b" and "bb" owed), and at the end (none: "e" is listed).
+        assert_eq!(model.owed_answers, 1);
+        assert!(model.elide.is_none(), "the walk ended: nothing is elided any more");
+        assert_eq!(model.done, vec![1]);
+        assert_eq!(machine.progress.objects_copied, 4, "b, bb, c and e (a was level)");
+    }
+
+    #[test]
+    fn a_walk_may_not_end_while_it_owes_an_object() {
+        // The last object is walked; then a write creates one after it.
+        let primary: Objects = [(b"a".to_vec(), vec![1; 10])].into();
+        let mut model = Model::new(primary, [(1, Objects::new())].into());
+        model.elide = crate::pg::elide::Elide::new(vec![1]);
+        // Made while "a" is walked (at its first chunk's lock), past it.
+        model.writes_on_lock = vec![(b"a".to_vec(), b"z".to_vec(), vec![8; 4])];
+        let (_, end) = run(&mut model, None);
+        assert_eq!(end, Step::Complete);
+        assert_eq!(model.elided, 1);
+        assert_eq!(model.owed_answers, 1, "the end was answered with z");
+        assert_eq!(model.targets[&1], model.primary);
     }
 
     fn run(model: &mut Model, mut deleted_after_listing: Option<Vec<u8>>) -> (Backfill, Step) {

@@ -6,6 +6,7 @@
 //! sits behind its own mutex: the "PG log lock" of DESIGN.md §4, held for an
 //! append or a trim, never across I/O other than the log region's own.
 
+pub mod elide;
 pub mod lag;
 pub mod object_queue;
 pub mod replay;
@@ -151,6 +152,10 @@ pub struct Pg {
     /// between would reach a target and then be overwritten there by the
     /// older copy.
     pub backfill_lock: Option<(Bytes, u64, u64)>,
+    /// Primary side, background backfill: writes to objects the walk has
+    /// not reached go to the targets without their data (`elide.rs`).
+    /// Set at activation, when there are targets that are no members.
+    pub elide: Option<elide::Elide>,
     /// Member side, peering's recovery: the object being copied here, its
     /// bytes kept in memory until it is installed whole in one store batch
     /// (at most `duplex_store::MAX_OBJECT_SIZE`). A fence drops it.
@@ -298,6 +303,7 @@ impl Pg {
             asked_interval: 0,
             history: VecDeque::new(),
             backfill_lock: None,
+            elide: None,
             staged: None,
             apply_limit: 0,
             holds_back: false,
@@ -394,6 +400,7 @@ impl Pg {
         self.asked_interval = interval;
         self.active = None;
         self.backfill_lock = None;
+        self.elide = None;
         self.staged = None;
         self.gap_since = None;
         self.gap_reported = false;
@@ -513,6 +520,7 @@ impl Pg {
         self.requests.replace(requests);
         self.stored_ids_loaded = true;
         self.backfill_lock = None;
+        self.elide = None;
         self.lag.clear();
         self.moving = false;
         self.active = Some(activation);

@@ -51,6 +51,8 @@ pub fn store_key(entry: &Entry) -> Result<Key, ReplayError> {
 pub fn store_ops(entry: Entry) -> Result<Vec<(Op, bool)>, ReplayError> {
     let (seq, kind) = (entry.seq, entry.op);
     Ok(match kind {
+        // A backfill target's: the backfill copies the write's effect.
+        OpKind::Elided => Vec::new(),
         OpKind::ChunkPut => {
             let key = store_key(&entry)?;
             let mut data = entry.data;
@@ -98,7 +100,9 @@ pub fn store_ops(entry: Entry) -> Result<Vec<(Op, bool)>, ReplayError> {
 /// without converting it (its data stays where it is).
 pub fn entry_needs_apply(planner: &Planner, entry: &Entry, planned: &[Op]) -> bool {
     let if_absent = matches!(entry.op, OpKind::CopyUp | OpKind::ChunkPut);
-    if !if_absent && entry.snap == 0 {
+    // An elided write's snapshot sequence clones nothing here (it stays in
+    // the entry for the history's sake: `Pg::touched`).
+    if (!if_absent && entry.snap == 0) || entry.op == OpKind::Elided {
         return false;
     }
     let Ok(key) = store_key(entry) else { return false };
@@ -134,10 +138,10 @@ pub fn store_op(entry: Entry) -> Result<Op, ReplayError> {
             let range = duplex_proto::omap::decode_range(&entry.data).map_err(bad)?;
             Op::OmapRemoveRange { key, start: range.start, end: range.end }
         }
-        OpKind::ChunkPut | OpKind::ChunkUnref | OpKind::TierUpdate => {
+        OpKind::ChunkPut | OpKind::ChunkUnref | OpKind::TierUpdate | OpKind::Elided => {
             return Err(ReplayError::BadOmap {
                 seq: entry.seq,
-                why: "a tier operation is several store operations".into(),
+                why: "a tier operation is several store operations, an elided write none".into(),
             })
         }
     })

@@ -1,0 +1,165 @@
+//! A primary's writes to its backfill targets, without the data the
+//! backfill will copy anyway (docs/QOS.md, step 6).
+//!
+//! During a backfill every write to the PG also went to each target in
+//! full: a third copy, on a machine whose CPU is what client latency
+//! waits for (docs/BENCHMARKS.md, session 34). Like Ceph's
+//! `should_send_op`, a write to an object the walk has not reached yet
+//! now goes to a target as an *elided* entry (`duplex_oplog::OpKind::Elided`):
+//! its seq, object, request id and snapshot sequence, so the target's log
+//! stays whole, but nothing to apply. The walk then copies the object's
+//! state, those writes included, when it gets there.
+//!
+//! What makes that safe is that the walk reaches every object a write was
+//! elided for, after that write. The walk's listings cannot promise it:
+//! an object created after its page was listed is in none. So the primary
+//! keeps the names itself, under the PG's lock with the write's append,
+//! and its store answers the walk's step onto an object, and the walk's
+//! end, with the names it still owes (`Elide::start`, `Elide::end`). The
+//! walk goes to those first (crate::peering::backfill). Once it has
+//! ended, every write goes whole again.
+//!
+//! A target's copy is marked incomplete until its backfill ends, and an
+//! incomplete copy is never peering's authority nor level with a member
+//! (it reports no log: `flusher::member`'s query), so the entries it
+//! holds without their data are never anyone's source of data.
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+
+use bytes::Bytes;
+
+/// A primary PG's state while it has backfill targets that are not members.
+#[derive(Debug)]
+pub struct Elide {
+    /// The object the walk is on (or last stepped onto): writes to it and
+    /// to every object before it go whole. Empty: the walk has not begun.
+    after: Bytes,
+    /// Objects after `after` whose writes went elided: each is walked
+    /// before the walk may end.
+    owed: BTreeSet<Bytes>,
+    /// The backfill targets that are not members: only they take elided
+    /// writes (a member filled in the background is sent every write).
+    targets: Vec<u32>,
+}
+
+impl Elide {
+    /// The state for an interval whose backfill fills `targets` (those
+    /// that are not members); `None` when there are none.
+    pub fn new(targets: Vec<u32>) -> Option<Elide> {
+        (!targets.is_empty()).then(|| Elide { after: Bytes::new(), owed: BTreeSet::new(), targets })
+    }
+
+    pub fn targets(&self) -> &[u32] {
+        &self.targets
+    }
+
+    /// Whether a write to `object` goes to the targets elided (the walk is
+    /// not on it yet); if so, the walk owes it a visit.
+    pub fn elides(&mut self, object: &[u8]) -> bool {
+        if object <= &self.after[..] {
+            return false;
+        }
+        // A copy, not a slice of the request: that would keep its whole
+        // frame (the write's data) alive until the walk gets there.
+        if !self.owed.contains(object) {
+            self.owed.insert(Bytes::copy_from_slice(object));
+        }
+        true
+    }
+
+    /// The walk asks to step onto `object`: the names it owes before it
+    /// (to walk first: `Some`), or none, and `object` is where it is now.
+    /// Asked again (its lock was busy), it answers the same way.
+    pub fn start(&mut self, object: &[u8]) -> Option<Vec<Vec<u8>>> {
+        let before: Vec<Vec<u8>> =
+            self.owed.range::<[u8], _>((Bound::Unbounded, Bound::Excluded(object))).map(|name| name.to_vec()).collect();
+        if !before.is_empty() {
+            return Some(before);
+        }
+        self.owed.remove(object);
+        self.after = Bytes::copy_from_slice(object);
+        debug_assert!(self.owed.iter().all(|name| *name > self.after), "an owed name at or before the walk");
+        None
+    }
+
+    /// The walk asks to end: the names it still owes (`Some`), or none,
+    /// and the caller stops eliding (every write goes whole from now).
+    pub fn end(&mut self) -> Option<Vec<Vec<u8>>> {
+        (!self.owed.is_empty()).then(|| self.owed.iter().map(|name| name.to_vec()).collect())
+    }
+}
+
+/// The primary's side of a backfill lock request (`PeerOp::BackfillLock`
+/// of `object`'s bytes `start..end`) as far as eliding goes: the objects
+/// the walk owes before it may step onto a whole object, or end (`Some`:
+/// the answer, and no lock is taken), or `None`: carry on. Once the walk
+/// ends owing nothing, eliding stops: every write goes whole again.
+pub fn owed_before_lock(
+    elide: &mut Option<Elide>,
+    object: Option<&[u8]>,
+    start: u64,
+    end: u64,
+) -> Option<Vec<Vec<u8>>> {
+    let state = elide.as_mut()?;
+    match object {
+        Some(object) if start == 0 && end == u64::MAX => state.start(object),
+        Some(_) => None,
+        None if start == 0 && end == u64::MAX => {
+            let owed = state.end();
+            if owed.is_none() {
+                *elide = None;
+            }
+            owed
+        }
+        // A chunk's lock released between chunks.
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_targets_outside_the_members_means_nothing_to_elide() {
+        assert!(Elide::new(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn writes_ahead_of_the_walk_are_owed_and_walked_before_it_moves_past_them() {
+        let mut elide = Elide::new(vec![3]).expect("a target");
+        // Before the walk's first step, every write is ahead of it.
+        assert!(elide.elides(b"m"));
+        assert!(elide.elides(b"m"), "a second write to the same object");
+        assert!(elide.elides(b"c"));
+        // The walk's listing starts at "d": "c" was created after it was listed.
+        assert_eq!(elide.start(b"d"), Some(vec![b"c".to_vec()]));
+        assert_eq!(elide.start(b"c"), None, "the walk goes to c first");
+        assert!(!elide.elides(b"c"), "the walk is on it: its writes go whole");
+        assert!(!elide.elides(b"a"), "behind the walk");
+        assert_eq!(elide.start(b"d"), None);
+        assert!(elide.elides(b"e"));
+        assert_eq!(elide.start(b"m"), Some(vec![b"e".to_vec()]));
+        assert_eq!(elide.start(b"e"), None);
+        assert_eq!(elide.start(b"e"), None, "asked again after a busy lock");
+        assert_eq!(elide.end(), Some(vec![b"m".to_vec()]), "the walk may not end owing m");
+        assert_eq!(elide.start(b"m"), None);
+        assert_eq!(elide.end(), None);
+    }
+
+    #[test]
+    fn the_lock_requests_answer_owed_objects_and_the_end_stops_eliding() {
+        let mut elide = Elide::new(vec![3]);
+        assert!(elide.as_mut().expect("a target").elides(b"k"));
+        assert_eq!(owed_before_lock(&mut elide, Some(b"z"), 0, 256), None, "a chunk's lock owes nothing");
+        assert_eq!(owed_before_lock(&mut elide, None, 0, 0), None, "nor does its release");
+        assert_eq!(owed_before_lock(&mut elide, Some(b"z"), 0, u64::MAX), Some(vec![b"k".to_vec()]));
+        assert_eq!(owed_before_lock(&mut elide, None, 0, u64::MAX), Some(vec![b"k".to_vec()]), "nor may it end");
+        assert!(elide.is_some());
+        assert_eq!(owed_before_lock(&mut elide, Some(b"k"), 0, u64::MAX), None);
+        assert_eq!(owed_before_lock(&mut elide, None, 0, u64::MAX), None);
+        assert!(elide.is_none(), "the walk ended: every write goes whole");
+        assert_eq!(owed_before_lock(&mut elide, Some(b"a"), 0, u64::MAX), None);
+    }
+}
