@@ -5,7 +5,9 @@
 //! The map pins a PG that moved onto new OSDs to the OSDs that hold it
 //! (duplex_map::pg_temp). Peering activated the new ones as *backfill
 //! targets*: each marked its copy incomplete (keeping what it held) and
-//! takes every write of the interval from then on. What it lacks is what
+//! takes every write of the interval from then on: whole once the walk
+//! below has stepped onto the write's object, before that elided (its
+//! log entry without its data, crate::pg::elide). What it lacks is what
 //! was written before, and what it holds may be stale. This machine makes
 //! each target's copy equal to the primary's, object by object, in the
 //! name order of the primary's and the targets' listings merged (so a
@@ -29,6 +31,11 @@
 //! 3. Next object. After the last one, the lock is released and each
 //!    target is told its copy is complete ([`PeerOp::BackfillDone`]),
 //!    which it records durably.
+//!
+//! The primary owes the walk every object it elided a write of: its
+//! answer to a step onto a whole object, and to the end
+//! ([`PeerOp::backfill_end`]), names those before it (an object created
+//! after its page was listed is in no listing), and they are walked first.
 //!
 //! Then [`Step::Complete`]: the driver asks the monitor to drop the pin,
 //! and the up set takes over with nothing left to copy. An object created
