@@ -304,6 +304,11 @@ impl<'a> EntryRef<'a> {
     }
 }
 
+/// The seq field of an encoded entry, unverified.
+pub fn peek_seq(bytes: &[u8]) -> Option<u64> {
+    bytes.get(8..16).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+}
+
 /// The PG field of an encoded entry, unverified: for routing an entry
 /// before whoever handles it checks it.
 pub fn peek_pg(bytes: &[u8]) -> Option<u32> {
@@ -371,7 +376,9 @@ mod tests {
             request: RequestId { client: 9, tid: 12 },
             snap: 5,
         };
-        let elided = Entry::decode(&write.as_ref().elided().encode()).expect("decodes");
+        let encoded = write.as_ref().elided().encode();
+        assert_eq!(peek_seq(&encoded), Some(41));
+        let elided = Entry::decode(&encoded).expect("decodes");
         assert_eq!(elided, Entry { op: OpKind::Elided, offset: 0, data: Vec::new(), ..write.clone() });
         assert!(elided.encoded_len() < 128, "no data travels: {} bytes", elided.encoded_len());
         assert_eq!(OpKind::Elided.metadata_bytes(0, 0), 0);

@@ -257,11 +257,6 @@ impl PeerOp {
     pub fn backfill_end() -> PeerOp {
         PeerOp::BackfillLock { object: None, start: 0, end: u64::MAX }
     }
-
-    /// Whether this is [`PeerOp::backfill_end`].
-    pub fn is_backfill_end(&self) -> bool {
-        matches!(self, PeerOp::BackfillLock { object: None, start: 0, end: u64::MAX })
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -143,6 +143,19 @@ impl<P: WritePath> PgBackend for Replicated<P> {
             );
             return Ok(Outcome::Acks { pg: key, acks: vec![Ack { seq: entry.seq, to }], status: Status::Retry });
         }
+        let me = shared.config.id;
+        let elided_here = |a: &crate::pg::Activation| a.backfill.contains(&me) && !a.members.contains(&me);
+        if entry.op == duplex_oplog::OpKind::Elided && !guard.active.as_ref().is_some_and(elided_here) {
+            // Only a backfill target may take a write without its data (the
+            // walk copies it there): a member would lose the write.
+            drop(guard);
+            tracing::error!(
+                pg = key,
+                seq = entry.seq,
+                "refusing a write without its data: this OSD is no backfill target"
+            );
+            return Ok(Outcome::Acks { pg: key, acks: vec![Ack { seq: entry.seq, to }], status: Status::Invalid });
+        }
         let outcome = self.0.take_replica(shared, guard, &Offered { entry: &entry, payload, to });
         record(histograms, Stage::LogAppend, started.elapsed().as_micros() as u64);
         Ok(outcome)
@@ -394,9 +407,9 @@ pub(crate) fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp, max_l
     }
     let elided = elided_to.map(|to| {
         debug_assert!(to.iter().all(|target| replicas.contains(target)), "elided to {to:?}, not among {replicas:?}");
-        let whole = EntryRef::decode(&encoded).expect("the entry encoded just now decodes");
+        let seq = duplex_oplog::entry::peek_seq(&encoded).expect("an encoded entry has a header");
         metrics.backfill_elided_writes.add(1);
-        Box::new(ElidedEntry { entry: Bytes::from(whole.elided().encode()), to })
+        Box::new(ElidedEntry { entry: Bytes::from(entry_at(seq).elided().encode()), to })
     });
     Outcome::Replicate {
         write,

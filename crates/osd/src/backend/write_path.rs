@@ -225,6 +225,10 @@ impl WritePath for SyncApply {
     fn take_replica(&self, shared: &Shared, guard: MutexGuard<'_, Pg>, offered: &Offered<'_>) -> Outcome {
         drop(guard);
         let Offered { entry, to, .. } = *offered;
+        if entry.op == duplex_oplog::OpKind::Elided {
+            // A backfill target's (its primary logs entries): nothing to apply.
+            return Outcome::Acks { pg: entry.pg, acks: vec![Ack { seq: entry.seq, to }], status: Status::Ok };
+        }
         shared.send_job(entry.pg, Job::SyncApply { entry: entry.to_owned(), done: SyncDone::Replica(to) });
         Outcome::Queued
     }

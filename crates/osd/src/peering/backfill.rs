@@ -882,6 +882,25 @@ mod tests {
         assert_eq!(model.targets[&1], model.primary);
     }
 
+    #[test]
+    fn a_writer_creating_objects_past_the_last_one_cannot_keep_the_walk_from_ending() {
+        // Each object the walk owes gets a successor created while it is
+        // walked, sorting after it (a sequential fill): once the walk asked
+        // to end, those writes go whole, so what it owes only shrinks.
+        let primary: Objects = [(b"a".to_vec(), vec![1; 10])].into();
+        let mut model = Model::new(primary, [(1, Objects::new())].into());
+        model.elide = crate::pg::elide::Elide::new(vec![1]);
+        model.writes_on_lock = vec![
+            (b"a".to_vec(), b"b".to_vec(), vec![2; 10]),
+            (b"b".to_vec(), b"c".to_vec(), vec![3; 10]),
+            (b"c".to_vec(), b"d".to_vec(), vec![4; 10]),
+        ];
+        let (_, end) = run(&mut model, None);
+        assert_eq!(end, Step::Complete);
+        assert_eq!(model.elided, 1, "only b, made before the walk asked to end");
+        assert_eq!(model.owed_answers, 1);
+    }
+
     fn run(model: &mut Model, mut deleted_after_listing: Option<Vec<u8>>) -> (Backfill, Step) {
         let targets = model.targets.keys().copied().collect();
         let (mut machine, steps) = Backfill::start(7, 9, 0, targets);

@@ -41,13 +41,17 @@ pub struct Elide {
     /// The backfill targets that are not members: only they take elided
     /// writes (a member filled in the background is sent every write).
     targets: Vec<u32>,
+    /// The walk asked to end: nothing more is elided, so what it owes only
+    /// shrinks. Otherwise a writer creating objects that sort after
+    /// every other (a sequential fill) could keep it owing for ever.
+    closing: bool,
 }
 
 impl Elide {
     /// The state for an interval whose backfill fills `targets` (those
     /// that are not members); `None` when there are none.
     pub fn new(targets: Vec<u32>) -> Option<Elide> {
-        (!targets.is_empty()).then(|| Elide { after: Bytes::new(), owed: BTreeSet::new(), targets })
+        (!targets.is_empty()).then(|| Elide { after: Bytes::new(), owed: BTreeSet::new(), targets, closing: false })
     }
 
     pub fn targets(&self) -> &[u32] {
@@ -57,7 +61,7 @@ impl Elide {
     /// Whether a write to `object` goes to the targets elided (the walk is
     /// not on it yet); if so, the walk owes it a visit.
     pub fn elides(&mut self, object: &[u8]) -> bool {
-        if object <= &self.after[..] {
+        if self.closing || object <= &self.after[..] {
             return false;
         }
         // A copy, not a slice of the request: that would keep its whole
@@ -84,8 +88,11 @@ impl Elide {
     }
 
     /// The walk asks to end: the names it still owes (`Some`), or none,
-    /// and the caller stops eliding (every write goes whole from now).
+    /// and the caller drops this state. Either way nothing more is elided:
+    /// a write from now goes whole, even to an object still owed (the
+    /// walk then compares it, as it would have before eliding existed).
     pub fn end(&mut self) -> Option<Vec<Vec<u8>>> {
+        self.closing = true;
         (!self.owed.is_empty()).then(|| self.owed.iter().map(|name| name.to_vec()).collect())
     }
 }
@@ -144,6 +151,7 @@ mod tests {
         assert_eq!(elide.start(b"e"), None);
         assert_eq!(elide.start(b"e"), None, "asked again after a busy lock");
         assert_eq!(elide.end(), Some(vec![b"m".to_vec()]), "the walk may not end owing m");
+        assert!(!elide.elides(b"z"), "once it asked to end, writes go whole: what it owes only shrinks");
         assert_eq!(elide.start(b"m"), None);
         assert_eq!(elide.end(), None);
     }
