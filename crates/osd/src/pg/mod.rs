@@ -678,8 +678,12 @@ impl Pg {
     /// The onode slots this PG's flush may still need in its partition (an
     /// object's metadata is a chain of slots, `duplex_store::onode`),
     /// counted against the OSD's full ratios like [`Pg::reserved_bytes`]:
-    /// - each entry may create its object (a head slot), and may split or
-    ///   add a couple of extents (the slack);
+    /// - each object the log names may be created (a head slot): one per
+    ///   object, not per entry, or a burst of small writes to a few objects
+    ///   made an OSD with a small store refuse writes as full at once, with
+    ///   most of its slots free (`lcam_keeps_each_pgs_writes_in_connection_order_at_primary_and_replica`
+    ///   in CI, session 37);
+    /// - each entry may split or add a couple of extents (the slack);
     /// - a write's extents take 12 bytes of the chain for each 4 KiB it
     ///   maps at most;
     /// - an attribute's, omap's or chunk map's entry puts its bytes in it;
@@ -698,7 +702,10 @@ impl Pg {
         } else {
             1 + (stored_requests::RECORD_BYTES as u64 / 4096 * 12).div_ceil(FRAGMENT)
         };
-        entries + chain_bytes.div_ceil(FRAGMENT) + record
+        // Every live entry is indexed, so the index names each object once.
+        let heads = self.index.len() as u64;
+        debug_assert!(heads <= entries, "the index names an object with no live entry");
+        heads + chain_bytes.div_ceil(FRAGMENT) + record
     }
 
     /// The store operations that keep the ids of the entries `flushed`
