@@ -119,6 +119,35 @@ pub(crate) fn lose(map: &ClusterMap, osd: OsdId) -> Vec<Change> {
     changes
 }
 
+/// An erasure-coded PG's record once `stale`, OSDs it names, leave holes
+/// at their positions (`Command::UnrecordShards`): its primary, peering
+/// in the interval that began at epoch `interval`, found their copies no
+/// longer hold their positions' shards as recorded (a recovery that no
+/// activation ended changed them, or their log was lost). Then the PG's
+/// pin goes back to the recorded holders that do (`pg_temp::erasure_pin`),
+/// where the monitor would otherwise count those copies and leave the PG
+/// on a placement that holds fewer than `k` current shards for good
+/// (simulator `--ec 2+1` with two faults at once, seed 10610699). `None`:
+/// nothing to change, or not allowed: not erasure-coded, no record, a
+/// record newer than the interval, an OSD it does not name, or no holder
+/// left (an empty record means "marked lost", which only the operator
+/// says).
+pub(crate) fn unrecorded(
+    map: &ClusterMap,
+    (pool, pg): (PoolId, u32),
+    interval: u64,
+    stale: &[OsdId],
+) -> Option<ActiveSet> {
+    let info = map.pools.get(&pool).filter(|info| info.is_erasure() && pg < info.pg_num)?;
+    let set = map.active_sets.get(&(pool, pg)).filter(|set| set.since <= interval && interval <= map.epoch)?;
+    debug_assert_eq!(set.osds.len(), info.size as usize, "an erasure-coded record is positional");
+    if stale.is_empty() || stale.iter().any(|osd| *osd == crate::NO_OSD || !set.osds.contains(osd)) {
+        return None;
+    }
+    let osds: Vec<OsdId> = set.osds.iter().map(|osd| if stale.contains(osd) { crate::NO_OSD } else { *osd }).collect();
+    osds.iter().any(|osd| *osd != crate::NO_OSD).then_some(ActiveSet { since: set.since, osds })
+}
+
 /// Whether none of a PG's last active OSDs is up: it cannot go active
 /// until one comes back or is marked lost (`None`: not down).
 pub fn down_waiting_for(map: &ClusterMap, pool: PoolId, pg: u32) -> Option<&[OsdId]> {

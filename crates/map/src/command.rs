@@ -104,7 +104,9 @@ pub enum Command {
     /// A primary backfilled these PGs' up sets in the interval that began
     /// at map epoch `interval`: their temporary acting sets may go
     /// (crate::pg_temp). A PG whose up set or members moved on since is
-    /// left pinned.
+    /// left pinned. For an erasure-coded PG: it is active on a pin the
+    /// monitor held for it past its record (crate::pg_temp::may_release),
+    /// which goes; its record stays.
     ClearPgTemp {
         interval: u64,
         pgs: Vec<(PoolId, u32, Vec<OsdId>)>,
@@ -165,6 +167,15 @@ pub enum Command {
         min_size: u8,
         pg_num: u32,
         eventual: crate::Eventual,
+    },
+    /// An erasure-coded PG's primary found these OSDs of its last active
+    /// set no longer holding their positions' shards as recorded, in the
+    /// interval that began at the given epoch: each leaves a hole in the
+    /// record, and the PG's pin follows the holders left
+    /// (crate::active_set::unrecorded). A PG for which that is not
+    /// allowed is left.
+    UnrecordShards {
+        pgs: Vec<(PoolId, u32, u64, Vec<OsdId>)>,
     },
 }
 
@@ -442,6 +453,15 @@ impl ClusterMap {
                     return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
                 }
                 let hierarchy = self.hierarchy();
+                let erasure = |pool: &PoolId| self.pools.get(pool).is_some_and(|p| p.is_erasure());
+                // An erasure-coded PG's pin held for its primary goes, and
+                // its record stays (pg_temp::may_release).
+                let released = pgs
+                    .iter()
+                    .filter(|(pool, pg, _)| {
+                        erasure(pool) && pg_temp::may_release(self, &hierarchy, (*pool, *pg), *interval)
+                    })
+                    .map(|(pool, pg, _)| Change::SetPgTemp { pool: *pool, pg: *pg, osds: Vec::new() });
                 let changes: Vec<Change> = pgs
                     .iter()
                     .filter(|(pool, pg, up)| pg_temp::may_clear(self, &hierarchy, (*pool, *pg), up, *interval))
@@ -454,6 +474,7 @@ impl ClusterMap {
                             Change::SetActiveSet { pool: *pool, pg: *pg, set: Some(set) },
                         ]
                     })
+                    .chain(released)
                     .collect();
                 if changes.is_empty() {
                     return Ok(None);
@@ -495,6 +516,24 @@ impl ClusterMap {
                         changes.push(Change::SetActiveSet { pool: *pool, pg: *pg, set: Some(set) });
                     }
                 }
+                if changes.is_empty() {
+                    return Ok(None);
+                }
+                changes
+            }
+            Command::UnrecordShards { pgs } => {
+                if pgs.len() > MAX_PGS_PER_COMMAND {
+                    return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
+                }
+                let mut named = std::collections::BTreeSet::new();
+                let changes: Vec<Change> = pgs
+                    .iter()
+                    .filter(|(pool, pg, ..)| named.insert((*pool, *pg)))
+                    .filter_map(|(pool, pg, interval, stale)| {
+                        let set = active_set::unrecorded(self, (*pool, *pg), *interval, stale)?;
+                        Some(Change::SetActiveSet { pool: *pool, pg: *pg, set: Some(set) })
+                    })
+                    .collect();
                 if changes.is_empty() {
                     return Ok(None);
                 }

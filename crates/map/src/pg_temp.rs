@@ -61,7 +61,10 @@ pub(crate) fn settle(old: &ClusterMap, new: &ClusterMap) -> Vec<Change> {
     for pool in new.pools.values().filter(|pool| pool.is_erasure()) {
         for pg in 0..pool.pg_num {
             let current = new.pg_temp.get(&(pool.id, pg)).cloned().unwrap_or_default();
-            let wanted = erasure_pin(new, &new_hierarchy, pool, pg);
+            let mut wanted = erasure_pin(new, &new_hierarchy, pool, pg);
+            if wanted.is_empty() && held_for_its_primary(new, pool.id, pg) {
+                wanted = current.clone();
+            }
             if wanted != current {
                 changes.push(Change::SetPgTemp { pool: pool.id, pg, osds: wanted });
             }
@@ -173,6 +176,58 @@ fn erasure_pin(map: &ClusterMap, hierarchy: &duplex_placement::Hierarchy, pool: 
         return Vec::new();
     }
     wanted
+}
+
+/// Whether an erasure-coded PG's pin stays, though placement now keeps
+/// `k` of its recorded holders (so [`erasure_pin`] wants none), until its
+/// primary says it served there ([`may_release`]): the PG's record names
+/// the pin's OSDs, all up. The record is made before the PG serves, and a
+/// member rebuilt whole reports its position as unknown until it is
+/// activated. Dropping the pin with the record moved the PG before that:
+/// the rebuilt member's position stayed unknown, the pin's other current
+/// holder was no member any more, and the PG waited for good (simulator
+/// `--ec 2+1` seeds 98 and 10480169).
+fn held_for_its_primary(map: &ClusterMap, pool: PoolId, pg: u32) -> bool {
+    let Some(pin) = map.pg_temp.get(&(pool, pg)) else { return false };
+    map.active_sets.get(&(pool, pg)).is_some_and(|set| set.osds == *pin)
+        && pin.iter().all(|osd| *osd == crate::NO_OSD || map.is_up(*osd))
+}
+
+/// Whether an erasure-coded PG's pin is held only for its primary
+/// ([`held_for_its_primary`]): placement alone would drop it, so the
+/// primary asks ([`Command::ClearPgTemp`]) once the PG is active there.
+///
+/// [`Command::ClearPgTemp`]: crate::Command::ClearPgTemp
+pub fn erasure_pin_may_go(
+    map: &ClusterMap,
+    hierarchy: &duplex_placement::Hierarchy,
+    pool: &crate::Pool,
+    pg: u32,
+) -> bool {
+    pool.is_erasure() && held_for_its_primary(map, pool.id, pg) && erasure_pin(map, hierarchy, pool, pg).is_empty()
+}
+
+/// Whether an erasure-coded PG's pin may go at its primary's word
+/// ([`Command::ClearPgTemp`]), which it sends once the PG is active in the
+/// interval that began at epoch `interval`: the pin is held only for it
+/// ([`erasure_pin_may_go`]), its record is of that interval or older, and
+/// none of the pin's OSDs restarted since. Unlike a replicated PG's, its
+/// record stays: the pin's OSDs hold their positions' shards, the up
+/// set's may not (simulator `--ec 2+1` seed 246).
+///
+/// [`Command::ClearPgTemp`]: crate::Command::ClearPgTemp
+pub(crate) fn may_release(
+    map: &ClusterMap,
+    hierarchy: &duplex_placement::Hierarchy,
+    (pool, pg): (PoolId, u32),
+    interval: u64,
+) -> bool {
+    let (Some(info), Some(pin)) = (map.pools.get(&pool), map.pg_temp.get(&(pool, pg))) else { return false };
+    pg < info.pg_num
+        && interval <= map.epoch
+        && erasure_pin_may_go(map, hierarchy, info, pg)
+        && map.active_sets.get(&(pool, pg)).is_some_and(|set| set.since <= interval)
+        && pin.iter().all(|osd| *osd == crate::NO_OSD || map.osds.get(osd).is_some_and(|o| o.state_epoch <= interval))
 }
 
 /// Whether a primary may hand a PG over ([`Command::HandOver`]): `osds`

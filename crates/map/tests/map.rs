@@ -709,6 +709,57 @@ fn an_erasure_coded_pg_keeps_its_shards_on_their_holders_when_an_osd_joins() {
     }
 }
 
+/// Simulator `--ec 2+1` seeds 98, 10480169 and 10610699: placement kept
+/// two of a PG's recorded holders in place, so the monitor pinned nothing,
+/// but one of those two had lost its shard; the third current holder was
+/// no member, and the PG waited for good. Its primary now takes the stale
+/// holder out of the record, the PG is pinned back to the holders that
+/// have their shards, and that pin stays past the record made before the
+/// PG serves, until its primary says it is active there.
+#[test]
+fn an_erasure_coded_pg_goes_back_to_its_current_holders_and_stays_until_it_served() {
+    let mut map = ClusterMap::new([1; 16]);
+    for id in 0..5 {
+        map.run(&boot(id, &format!("host-{id}"))).unwrap();
+    }
+    map.run(&Command::PoolCreateErasure { name: "cold".into(), code: ec(2, 1), min_size: Some(2), pg_num: 8 }).unwrap();
+    let pool = map.pool_by_name("cold").unwrap().clone();
+    let pg = 3;
+    let placed = map.acting(&map.hierarchy(), &pool, pg);
+    let (a, b, c) = (placed[0], placed[1], placed[2]);
+    map.run(&Command::RecordActive { pgs: vec![(pool.id, pg, map.epoch, placed.clone())] }).unwrap().unwrap();
+    // c goes out: placement keeps a and b, so the PG goes to placement.
+    map.run(&Command::MarkOut { id: c }).unwrap().unwrap();
+    let moved = map.acting(&map.hierarchy(), &pool, pg);
+    assert_eq!(&moved[..2], &[a, b]);
+    assert!(moved[2] != c && !map.pg_temp.contains_key(&(pool.id, pg)), "{moved:?}");
+    let interval = map.epoch;
+    // Its primary finds b's shard lost: stale requests, and ones that
+    // would leave no holder, change nothing.
+    let unrecord =
+        |interval: u64, stale: &[u32]| Command::UnrecordShards { pgs: vec![(pool.id, pg, interval, stale.to_vec())] };
+    let since = map.active_sets[&(pool.id, pg)].since;
+    assert_eq!(map.run(&unrecord(since - 1, &[b])).unwrap(), None, "older than the record");
+    assert_eq!(map.run(&unrecord(interval, &[a, b, c])).unwrap(), None, "no holder left");
+    assert_eq!(map.run(&unrecord(interval, &[moved[2]])).unwrap(), None, "not recorded");
+    map.run(&unrecord(interval, &[b])).unwrap().unwrap();
+    assert_eq!(map.active_sets[&(pool.id, pg)].osds, vec![a, NO_OSD, c]);
+    // Pinned back to the holders (b's position to placement's OSD, b).
+    assert_eq!(map.pg_temp.get(&(pool.id, pg)), Some(&vec![a, b, c]));
+    let pinned_interval = map.epoch;
+    // Its peering rebuilds b and records the pin's OSDs before serving:
+    // the pin stays, though placement alone would drop it now.
+    map.run(&Command::RecordActive { pgs: vec![(pool.id, pg, pinned_interval, vec![a, b, c])] }).unwrap().unwrap();
+    assert_eq!(map.pg_temp.get(&(pool.id, pg)), Some(&vec![a, b, c]), "the pin went with the record");
+    assert!(duplex_map::pg_temp::erasure_pin_may_go(&map, &map.hierarchy(), &pool, pg));
+    // Once active there, its primary asks: the pin goes, the record stays.
+    let up = map.up_set(&map.hierarchy(), &pool, pg);
+    map.run(&Command::ClearPgTemp { interval: pinned_interval, pgs: vec![(pool.id, pg, up)] }).unwrap().unwrap();
+    assert!(!map.pg_temp.contains_key(&(pool.id, pg)));
+    assert_eq!(map.active_sets[&(pool.id, pg)].osds, vec![a, b, c], "the holders stay recorded");
+    assert_eq!(map.acting(&map.hierarchy(), &pool, pg), moved);
+}
+
 #[test]
 fn an_eventual_pool_keeps_its_lag_through_deltas_and_encodings_and_only_it_has_one() {
     let mut map = small_cluster();

@@ -358,47 +358,33 @@ fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
     }
 }
 
-/// Found in session 36 (failing identically at dfec435 before that
-/// session's changes): an erasure-coded 2+1 pool with every fault two at
-/// once. Every PG ends stuck with "only 1 of its members hold its newest
-/// state; 2 are needed", so the cluster never settles. Diagnosed in
-/// session 37 on seed 10480169 below, which fails the same way with one
-/// fault at a time; this one shows the same message ("lost its log" is
-/// a copy whose position is unknown). Run with `-- --ignored`.
+/// Erasure-coded PGs that waited for good for a shard holder nobody
+/// asked (session 37; each failed identically at 6e63205, before it).
+/// - 10480169 (`--ec 2+1`, one fault at a time): PG 1.5, recorded on
+///   [2, 1, 3], was pinned there after a mark-out and an isolation, and
+///   its peering rebuilt osd.2 whole (its position unknown until an
+///   activation, seed 230675's rule). The record made before the PG
+///   served left two holders at placement's positions, so the monitor
+///   dropped the pin in that epoch; on [2, 1, 0] osd.2's position stayed
+///   unknown, osd.0 was stale, and osd.3 was no member any more. Now the
+///   pin stays until its primary says the PG is active there
+///   (`duplex_map::pg_temp::may_release`).
+/// - 98 and 10610699 (`--ec 2+1`, two faults at once): placement kept two
+///   recorded holders in place, so nothing was pinned, but one of them had
+///   lost its shard's position, and the third holder was no member. Now
+///   the primary has such members taken out of the record
+///   (`Command::UnrecordShards`), and the PG is pinned back to the holders.
 #[test]
-#[ignore = "known gap: an erasure-coded member rebuilt whole loses its position when its pin goes before it activates"]
-fn open_seed_98_erasure_coded_2_plus_1_under_two_faults_never_settles() {
-    let mut config = every_fault_config(98);
-    config.erasure = Some((2, 1));
-    if let Err(failure) = run(&config) {
-        panic!("{failure}\n  reproduce: duplex-sim --seed 98 --ec 2+1 --concurrent-faults 2 --faults <all>");
-    }
-}
-
-/// Known gap (session 37, `--ec 2+1`, one fault at a time, 1 seed of 400
-/// from 10480000; fails identically at 6e63205). PG 1.5, recorded on
-/// [2, 1, 3]: a mark-out ends, osd.2 is isolated and comes back; peering
-/// on [2, 1, 3] rebuilds osd.2 whole (marking its position unknown until
-/// an activation, seed 230675's rule), and the monitor records [2, 1, 3]
-/// before the PG serves. That record leaves two holders at their
-/// placement's positions, so the monitor drops the PG's pin in the same
-/// epoch (`pg_temp::erasure_pin`), and the PG moves to [2, 1, 0] before it
-/// activated: osd.2's position stays unknown, osd.0 is stale, and osd.3,
-/// the other current holder, is no member any more and never asked.
-/// Session 37 tried having the primary take such members out of the
-/// record (the pin then goes back to [2, 1, 3]), but the same record
-/// drops the pin again before activation. What is missing is a member's
-/// rebuild that ends its unknown position itself (its log settled to the
-/// PG's position, its ids past it dropped), or a pin kept until the PG
-/// serves in its interval. Run with `-- --ignored`.
-#[test]
-#[ignore = "known gap: an erasure-coded member rebuilt whole loses its position when its pin goes before it activates"]
-fn open_seed_10480169_erasure_coded_2_plus_1_a_rebuilt_member_moved_before_it_activated() {
-    let mut config = SimConfig::new(10480169);
-    config.faults = duplex_sim::FaultKind::ALL.to_vec();
-    config.erasure = Some((2, 1));
-    if let Err(failure) = run(&config) {
-        panic!("{failure}\n  reproduce: duplex-sim --seed 10480169 --ec 2+1 --faults <all>");
+fn regression_seeds_98_10480169_10610699_an_erasure_coded_pg_goes_back_to_its_current_holders() {
+    for (seed, concurrent) in [(98, 2), (10480169, 1), (10610699, 2)] {
+        let mut config = every_fault_config(seed);
+        config.concurrent_faults = concurrent;
+        config.erasure = Some((2, 1));
+        if let Err(failure) = run(&config) {
+            panic!(
+                "{failure}\n  reproduce: duplex-sim --seed {seed} --ec 2+1 --concurrent-faults {concurrent} --faults <all>"
+            );
+        }
     }
 }
 

@@ -52,6 +52,9 @@ pub struct Wanted {
     pub pinned: bool,
     /// An erasure-coded pool's code (`None`: replicated).
     pub erasure: Option<duplex_map::ErasureCode>,
+    /// An erasure-coded PG's pin is held only until its primary says the
+    /// PG is active there (`duplex_map::pg_temp::erasure_pin_may_go`).
+    pub erasure_pin_may_go: bool,
 }
 
 impl Wanted {
@@ -171,7 +174,20 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
             let recorded_since = recorded.map(|set| set.since);
             let min_size = usize::from(pool.min_size);
             let erasure = pool.erasure;
-            let want = Wanted { identity, acting, targets, up, active_set, recorded_since, min_size, pinned, erasure };
+            let erasure_pin_may_go =
+                pinned && duplex_map::pg_temp::erasure_pin_may_go(&view.map, &view.hierarchy, pool, number);
+            let want = Wanted {
+                identity,
+                acting,
+                targets,
+                up,
+                active_set,
+                recorded_since,
+                min_size,
+                pinned,
+                erasure,
+                erasure_pin_may_go,
+            };
             wanted.insert(key, want);
         }
     }
@@ -182,16 +198,23 @@ pub fn primary_intervals(view: &MapView, me: OsdId) -> BTreeMap<u32, Wanted> {
 /// their members ([`Action::Record`]) or hand their PG over
 /// ([`Action::HandOver`]); others are skipped.
 pub fn map_commands<'a>(machines: impl IntoIterator<Item = (u32, &'a Peering)>) -> Vec<duplex_map::Command> {
-    let (mut records, mut hand_overs) = (Vec::new(), Vec::new());
+    let (mut records, mut hand_overs, mut unrecords) = (Vec::new(), Vec::new(), Vec::new());
     for (key, peering) in machines {
         if let Some(acting) = peering.handing_over() {
             hand_overs.push((key, peering.interval, acting.to_vec()));
         } else if peering.is_recording() {
             records.push((key, peering.interval, peering.record_members()));
+        } else if let Some(stale) = peering.unrecording() {
+            unrecords.push((pool_of(key), pg_number(key), peering.interval, stale.to_vec()));
         }
     }
     let mut commands = record_commands(records);
     commands.extend(hand_over_commands(hand_overs));
+    commands.extend(
+        unrecords
+            .chunks(duplex_map::MAX_PGS_PER_COMMAND)
+            .map(|chunk| duplex_map::Command::UnrecordShards { pgs: chunk.to_vec() }),
+    );
     commands
 }
 
@@ -409,6 +432,11 @@ impl Schedule {
                 let next = machine.peering.on_recorded(want.active_set.as_deref());
                 for action in next.into_iter().rev() {
                     self.queue.push_front((key, action));
+                }
+                // An erasure-coded PG active on a pin the monitor holds for
+                // it: the pin may go now (duplex_map::pg_temp::may_release).
+                if want.erasure_pin_may_go && machine.peering.is_active() && machine.clear_due.is_none() {
+                    machine.clear_due = Some(now);
                 }
             }
             if self.machines.get(&key).is_none_or(|m| !m.peering.is_active()) {
@@ -746,6 +774,10 @@ impl Schedule {
                 tracing::warn!(pg = key, %why, "peering stopped; trying again shortly");
                 if let Some(machine) = self.machines.get_mut(&key) {
                     machine.retry_at = Some(now + RETRY_AFTER_US);
+                    if machine.peering.unrecording().is_some() {
+                        // Its stale shards go out of the record (erasure.rs).
+                        machine.record_due = Some(now);
+                    }
                 }
                 self.queue.retain(|(pg, _)| *pg != key);
             }
@@ -873,7 +905,8 @@ impl Schedule {
     pub fn map_commands_due(&mut self, now: u64, may_move: &mut dyn FnMut(u32) -> bool) -> Vec<Command> {
         let mut due = Vec::new();
         for (key, machine) in &mut self.machines {
-            if machine.peering.waits_for_map() && machine.record_due.is_some_and(|at| now >= at) {
+            let asks = machine.peering.waits_for_map() || machine.peering.unrecording().is_some();
+            if asks && machine.record_due.is_some_and(|at| now >= at) {
                 machine.record_due = Some(now + RETRY_AFTER_US);
                 due.push(*key);
             }

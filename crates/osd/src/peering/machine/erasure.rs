@@ -178,6 +178,7 @@ impl Peering {
     ) -> Vec<Action> {
         let pg = self.pg;
         let k = profile.k();
+        self.unrecord.clear();
         debug_assert_eq!(self.shards.len(), profile.shards(), "an erasure-coded machine knows its positions");
         tracing::debug!(pg, shards = ?self.shards, active_set = ?self.active_set, ?infos, "erasure-coded members answered");
         let position = |osd: OsdId| self.shards.iter().position(|s| *s == osd);
@@ -227,6 +228,19 @@ impl Peering {
                     };
                     format!("osd.{m}: {why}")
                 })
+                .collect();
+            // Members the record names at their positions whose copies lost
+            // their shards: the monitor takes them out of the record, and
+            // the PG's pin then goes back to recorded holders that still
+            // hold theirs, if any is up (simulator `--ec 2+1` with two
+            // faults, seed 10610699: such a holder, outside the acting
+            // set, was never asked, and the PG waited for good).
+            self.unrecord = self
+                .members
+                .iter()
+                .copied()
+                .filter(|m| self.active_set.is_some() && recorded(*m))
+                .filter(|m| infos[m].position_lost || infos[m].backfilling)
                 .collect();
             return self.stuck(format!(
                 "PG {pg:#x} is erasure-coded ({profile}) and only {} of its members ({current:?}) hold its newest \

@@ -129,6 +129,12 @@ pub struct Peering {
     /// [`duplex_map::NO_OSD`]: what it records and activates (empty:
     /// replicated).
     shards: Vec<OsdId>,
+    /// An erasure-coded PG stuck for want of current shards: the members
+    /// at their recorded positions whose copies no longer hold those
+    /// shards, for the monitor to take out of the record
+    /// (`duplex_map::Command::UnrecordShards`) so that the PG's pin goes
+    /// back to the holders that do (`erasure.rs`). Empty: none to ask.
+    unrecord: Vec<OsdId>,
 }
 
 enum Phase {
@@ -289,6 +295,7 @@ impl Peering {
             fill_only: Some(BTreeSet::new()),
             erasure: None,
             shards: Vec::new(),
+            unrecord: Vec::new(),
         };
         let mut waiting = BTreeMap::new();
         let mut actions = Vec::new();
@@ -533,6 +540,12 @@ impl Peering {
     /// Whether the machine waits for the map to record its members.
     pub fn is_recording(&self) -> bool {
         matches!(self.phase, Phase::Recording(_))
+    }
+
+    /// Stuck for want of current shards: the recorded members whose copies
+    /// lost their shards, for the monitor to take out of the PG's record.
+    pub fn unrecording(&self) -> Option<&[OsdId]> {
+        (self.is_stuck() && !self.unrecord.is_empty()).then_some(&self.unrecord[..])
     }
 
     /// It waits for the map: to record its members, or to hand the PG over.
