@@ -169,8 +169,13 @@ impl Flusher {
                         return Err("the log took entries while peering".to_string());
                     }
                     // The primary sends the targets that are no members
-                    // only elided writes ahead of its walk (pg/elide.rs).
-                    let elided_to: Vec<u32> = if duplex_map::primary_of(&members) == Some(self.id) {
+                    // only elided writes ahead of its walk (pg/elide.rs),
+                    // unless it is the PG's one whole copy: then the targets
+                    // are the only other place its writes live (the known
+                    // gap "The one whole copy of a PG being filled" in
+                    // docs/RELIABILITY.md would be closed from them).
+                    let whole = members.iter().filter(|m| **m != duplex_map::NO_OSD).count();
+                    let elided_to: Vec<u32> = if whole >= 2 && duplex_map::primary_of(&members) == Some(self.id) {
                         backfill.iter().filter(|t| !members.contains(t)).copied().collect()
                     } else {
                         Vec::new()

@@ -19,6 +19,11 @@
 //! walk goes to those first (crate::peering::backfill). Once it has
 //! ended, every write goes whole again.
 //!
+//! Not while the primary is its PG's one whole copy (a size 2, min_size 1
+//! PG with one member): the targets are then the only other place its
+//! writes live, and closing the known gap "The one whole copy of a PG
+//! being filled" (docs/RELIABILITY.md) would take them from there.
+//!
 //! A target's copy is marked incomplete until its backfill ends, and an
 //! incomplete copy is never peering's authority nor level with a member
 //! (it reports no log: `flusher::member`'s query), so the entries it
