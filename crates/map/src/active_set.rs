@@ -134,14 +134,31 @@ pub(crate) fn lose(map: &ClusterMap, osd: OsdId) -> Vec<Change> {
 /// says).
 pub(crate) fn unrecorded(
     map: &ClusterMap,
+    hierarchy: &duplex_placement::Hierarchy,
     (pool, pg): (PoolId, u32),
-    interval: u64,
+    (interval, acting): (u64, &[OsdId]),
     stale: &[OsdId],
 ) -> Option<ActiveSet> {
     let info = map.pools.get(&pool).filter(|info| info.is_erasure() && pg < info.pg_num)?;
     let set = map.active_sets.get(&(pool, pg)).filter(|set| set.since <= interval && interval <= map.epoch)?;
     debug_assert_eq!(set.osds.len(), info.size as usize, "an erasure-coded record is positional");
     if stale.is_empty() || stale.iter().any(|osd| *osd == crate::NO_OSD || !set.osds.contains(osd)) {
+        return None;
+    }
+    // Only while the PG is still in the interval it was asked in: its
+    // acting set the same, none of it restarted or went down and up since,
+    // and each stale OSD at its recorded position there. A late request
+    // must not take out a member rebuilt and activated since (the record
+    // is not made again when its members are the same).
+    let same_interval = map.acting(hierarchy, info, pg) == acting
+        && acting
+            .iter()
+            .all(|osd| *osd == crate::NO_OSD || map.osds.get(osd).is_some_and(|o| o.state_epoch <= interval))
+        && stale.iter().all(|osd| {
+            let at = set.osds.iter().position(|o| o == osd);
+            at.is_some() && at == acting.iter().position(|o| o == osd)
+        });
+    if !same_interval {
         return None;
     }
     let osds: Vec<OsdId> = set.osds.iter().map(|osd| if stale.contains(osd) { crate::NO_OSD } else { *osd }).collect();

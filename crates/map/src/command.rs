@@ -16,6 +16,10 @@ pub const MAX_NAME_LEN: usize = 128;
 /// PGs one [`Command::ClearPgTemp`] or [`Command::RecordActive`] may name.
 pub const MAX_PGS_PER_COMMAND: usize = 1 << 16;
 
+/// One PG of [`Command::UnrecordShards`]: (pool, PG, the interval it peered,
+/// the stale OSDs, the acting set it peered by position).
+pub type UnrecordRequest = (PoolId, u32, u64, Vec<OsdId>, Vec<OsdId>);
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Command {
     /// An OSD starts: registers (or re-registers) its address, host and weight, and is marked up and in.
@@ -168,14 +172,15 @@ pub enum Command {
         pg_num: u32,
         eventual: crate::Eventual,
     },
-    /// An erasure-coded PG's primary found these OSDs of its last active
-    /// set no longer holding their positions' shards as recorded, in the
-    /// interval that began at the given epoch: each leaves a hole in the
-    /// record, and the PG's pin follows the holders left
+    /// An erasure-coded PG's primary, peering on the acting set given (by
+    /// position) in the interval that began at the given epoch, found
+    /// these OSDs of its last active set no longer holding their
+    /// positions' shards as recorded: each leaves a hole in the record,
+    /// and the PG's pin follows the holders left
     /// (crate::active_set::unrecorded). A PG for which that is not
-    /// allowed is left.
+    /// allowed, or whose interval has moved on, is left.
     UnrecordShards {
-        pgs: Vec<(PoolId, u32, u64, Vec<OsdId>)>,
+        pgs: Vec<UnrecordRequest>,
     },
 }
 
@@ -525,12 +530,13 @@ impl ClusterMap {
                 if pgs.len() > MAX_PGS_PER_COMMAND {
                     return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
                 }
+                let hierarchy = self.hierarchy();
                 let mut named = std::collections::BTreeSet::new();
                 let changes: Vec<Change> = pgs
                     .iter()
                     .filter(|(pool, pg, ..)| named.insert((*pool, *pg)))
-                    .filter_map(|(pool, pg, interval, stale)| {
-                        let set = active_set::unrecorded(self, (*pool, *pg), *interval, stale)?;
+                    .filter_map(|(pool, pg, interval, stale, acting)| {
+                        let set = active_set::unrecorded(self, &hierarchy, (*pool, *pg), (*interval, acting), stale)?;
                         Some(Change::SetActiveSet { pool: *pool, pg: *pg, set: Some(set) })
                     })
                     .collect();

@@ -736,12 +736,15 @@ fn an_erasure_coded_pg_goes_back_to_its_current_holders_and_stays_until_it_serve
     let interval = map.epoch;
     // Its primary finds b's shard lost: stale requests, and ones that
     // would leave no holder, change nothing.
-    let unrecord =
-        |interval: u64, stale: &[u32]| Command::UnrecordShards { pgs: vec![(pool.id, pg, interval, stale.to_vec())] };
+    let unrecord = |interval: u64, stale: &[u32]| Command::UnrecordShards {
+        pgs: vec![(pool.id, pg, interval, stale.to_vec(), moved.clone())],
+    };
     let since = map.active_sets[&(pool.id, pg)].since;
     assert_eq!(map.run(&unrecord(since - 1, &[b])).unwrap(), None, "older than the record");
     assert_eq!(map.run(&unrecord(interval, &[a, b, c])).unwrap(), None, "no holder left");
     assert_eq!(map.run(&unrecord(interval, &[moved[2]])).unwrap(), None, "not recorded");
+    let elsewhere = Command::UnrecordShards { pgs: vec![(pool.id, pg, interval, vec![b], placed.clone())] };
+    assert_eq!(map.run(&elsewhere).unwrap(), None, "asked on an acting set the PG no longer has");
     map.run(&unrecord(interval, &[b])).unwrap().unwrap();
     assert_eq!(map.active_sets[&(pool.id, pg)].osds, vec![a, NO_OSD, c]);
     // Pinned back to the holders (b's position to placement's OSD, b).

@@ -204,8 +204,8 @@ pub fn map_commands<'a>(machines: impl IntoIterator<Item = (u32, &'a Peering)>) 
             hand_overs.push((key, peering.interval, acting.to_vec()));
         } else if peering.is_recording() {
             records.push((key, peering.interval, peering.record_members()));
-        } else if let Some(stale) = peering.unrecording() {
-            unrecords.push((pool_of(key), pg_number(key), peering.interval, stale.to_vec()));
+        } else if let Some((stale, acting)) = peering.unrecording() {
+            unrecords.push((pool_of(key), pg_number(key), peering.interval, stale.to_vec(), acting.to_vec()));
         }
     }
     let mut commands = record_commands(records);

@@ -543,9 +543,11 @@ impl Peering {
     }
 
     /// Stuck for want of current shards: the recorded members whose copies
-    /// lost their shards, for the monitor to take out of the PG's record.
-    pub fn unrecording(&self) -> Option<&[OsdId]> {
-        (self.is_stuck() && !self.unrecord.is_empty()).then_some(&self.unrecord[..])
+    /// lost their shards, for the monitor to take out of the PG's record,
+    /// and the acting set by position it peered (the monitor checks it is
+    /// still the PG's).
+    pub fn unrecording(&self) -> Option<(&[OsdId], &[OsdId])> {
+        (self.is_stuck() && !self.unrecord.is_empty()).then_some((&self.unrecord[..], &self.shards[..]))
     }
 
     /// It waits for the map: to record its members, or to hand the PG over.
