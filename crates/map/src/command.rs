@@ -20,6 +20,14 @@ pub const MAX_PGS_PER_COMMAND: usize = 1 << 16;
 /// the stale OSDs, the acting set it peered by position).
 pub type UnrecordRequest = (PoolId, u32, u64, Vec<OsdId>, Vec<OsdId>);
 
+/// Refuses a command naming more than [`MAX_PGS_PER_COMMAND`] PGs whole.
+fn at_most_max_pgs(pgs: usize) -> Result<(), CommandError> {
+    if pgs > MAX_PGS_PER_COMMAND {
+        return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
+    }
+    Ok(())
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Command {
     /// An OSD starts: registers (or re-registers) its address, host and weight, and is marked up and in.
@@ -311,9 +319,7 @@ impl ClusterMap {
                 vec![Change::SetFullRatios(ratios)]
             }
             Command::SetPgUpmap { pgs } => {
-                if pgs.len() > MAX_PGS_PER_COMMAND {
-                    return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
-                }
+                at_most_max_pgs(pgs.len())?;
                 let mut named = std::collections::BTreeSet::new();
                 let mut changes = Vec::new();
                 for (pool, pg, items) in pgs {
@@ -454,9 +460,7 @@ impl ClusterMap {
                 vec![Change::SetPool(pool)]
             }
             Command::ClearPgTemp { interval, pgs } => {
-                if pgs.len() > MAX_PGS_PER_COMMAND {
-                    return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
-                }
+                at_most_max_pgs(pgs.len())?;
                 let hierarchy = self.hierarchy();
                 let erasure = |pool: &PoolId| self.pools.get(pool).is_some_and(|p| p.is_erasure());
                 // An erasure-coded PG's pin held for its primary goes, and
@@ -487,9 +491,7 @@ impl ClusterMap {
                 changes
             }
             Command::HandOver { interval, pgs } => {
-                if pgs.len() > MAX_PGS_PER_COMMAND {
-                    return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
-                }
+                at_most_max_pgs(pgs.len())?;
                 let hierarchy = self.hierarchy();
                 let mut named = std::collections::BTreeSet::new();
                 let changes: Vec<Change> = pgs
@@ -506,9 +508,7 @@ impl ClusterMap {
                 changes
             }
             Command::RecordActive { pgs } => {
-                if pgs.len() > MAX_PGS_PER_COMMAND {
-                    return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
-                }
+                at_most_max_pgs(pgs.len())?;
                 let hierarchy = self.hierarchy();
                 let mut changes: Vec<Change> = Vec::new();
                 let mut named = std::collections::BTreeSet::new();
@@ -527,9 +527,7 @@ impl ClusterMap {
                 changes
             }
             Command::UnrecordShards { pgs } => {
-                if pgs.len() > MAX_PGS_PER_COMMAND {
-                    return Err(CommandError::Invalid(format!("at most {MAX_PGS_PER_COMMAND} PGs per command")));
-                }
+                at_most_max_pgs(pgs.len())?;
                 let hierarchy = self.hierarchy();
                 let mut named = std::collections::BTreeSet::new();
                 let changes: Vec<Change> = pgs

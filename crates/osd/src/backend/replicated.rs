@@ -144,8 +144,7 @@ impl<P: WritePath> PgBackend for Replicated<P> {
             return Ok(Outcome::Acks { pg: key, acks: vec![Ack { seq: entry.seq, to }], status: Status::Retry });
         }
         let me = shared.config.id;
-        let elided_here = |a: &crate::pg::Activation| a.backfill.contains(&me) && !a.members.contains(&me);
-        if entry.op == duplex_oplog::OpKind::Elided && !guard.active.as_ref().is_some_and(elided_here) {
+        if entry.op == duplex_oplog::OpKind::Elided && !guard.active.as_ref().is_some_and(|a| a.takes_elided(me)) {
             // Only a backfill target may take a write without its data (the
             // walk copies it there): a member would lose the write.
             drop(guard);

@@ -168,19 +168,9 @@ impl Flusher {
                     } else if !guard.log.is_empty() {
                         return Err("the log took entries while peering".to_string());
                     }
-                    // The primary sends the targets that are no members
-                    // only elided writes ahead of its walk (pg/elide.rs),
-                    // unless it is the PG's one whole copy: then the targets
-                    // are the only other place its writes live (the known
-                    // gap "The one whole copy of a PG being filled" in
-                    // docs/RELIABILITY.md would be closed from them).
-                    let whole = members.iter().filter(|m| **m != duplex_map::NO_OSD).count();
-                    let elided_to: Vec<u32> = if whole >= 2 && duplex_map::primary_of(&members) == Some(self.id) {
-                        backfill.iter().filter(|t| !members.contains(t)).copied().collect()
-                    } else {
-                        Vec::new()
-                    };
                     let activation = Activation { interval, members, backfill };
+                    // Writes ahead of the backfill's walk go without data (pg/elide.rs).
+                    let elided_to = activation.elided_targets(self.id);
                     let replaced = guard
                         .activate(last_seq, last_epoch, activation, rebuilt || target, &requests)
                         .map_err(|e| e.to_string())?;

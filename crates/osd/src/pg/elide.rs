@@ -139,6 +139,19 @@ mod tests {
     }
 
     #[test]
+    fn only_a_primary_with_another_whole_member_elides_and_only_to_outside_targets() {
+        let activation =
+            |members: Vec<u32>, backfill: Vec<u32>| crate::pg::Activation { interval: 9, members, backfill };
+        // osd.2 is a member filled in the background: it gets every write whole.
+        let pinned = activation(vec![0, 1, 2], vec![2, 3]);
+        assert_eq!(pinned.elided_targets(0), vec![3]);
+        assert!(pinned.elided_targets(1).is_empty(), "only the primary sends writes");
+        assert!(pinned.takes_elided(3) && !pinned.takes_elided(2) && !pinned.takes_elided(1));
+        // The PG's one whole copy: its target is the only other place its writes live.
+        assert!(activation(vec![0], vec![3]).elided_targets(0).is_empty());
+    }
+
+    #[test]
     fn writes_ahead_of_the_walk_are_owed_and_walked_before_it_moves_past_them() {
         let mut elide = Elide::new(vec![3]).expect("a target");
         // Before the walk's first step, every write is ahead of it.

@@ -267,11 +267,34 @@ impl Activation {
     /// Where the primary sends each write: the other members, then the
     /// backfill targets.
     pub fn replicas(&self) -> Vec<u32> {
-        // A member filled in the background is a member and a target.
-        let targets = self.backfill.iter().filter(|t| !self.members.contains(t));
-        let replicas: Vec<u32> = self.members[1..].iter().chain(targets).copied().collect();
+        let replicas: Vec<u32> = self.members[1..].iter().chain(self.outside_targets()).copied().collect();
         debug_assert!(!replicas.contains(&self.members[0]), "the primary is among its own replicas: {self:?}");
         replicas
+    }
+
+    /// The backfill targets that are not members (a member filled in the
+    /// background is a member and a target).
+    pub fn outside_targets(&self) -> impl Iterator<Item = &u32> {
+        self.backfill.iter().filter(|t| !self.members.contains(t))
+    }
+
+    /// The targets `osd`, this interval's primary, sends writes ahead of
+    /// the backfill's walk without their data (`elide.rs`): the outside
+    /// ones, unless the primary is the PG's one whole copy. Its targets are
+    /// then the only other place its writes live, where closing the known
+    /// gap "The one whole copy of a PG being filled" (docs/RELIABILITY.md)
+    /// would take them from.
+    pub fn elided_targets(&self, osd: u32) -> Vec<u32> {
+        let whole = self.members.iter().filter(|m| **m != duplex_map::NO_OSD).count();
+        if whole < 2 || duplex_map::primary_of(&self.members) != Some(osd) {
+            return Vec::new();
+        }
+        self.outside_targets().copied().collect()
+    }
+
+    /// Whether `osd` takes this interval's writes without their data.
+    pub fn takes_elided(&self, osd: u32) -> bool {
+        self.outside_targets().any(|t| *t == osd)
     }
 }
 
