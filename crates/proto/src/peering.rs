@@ -182,6 +182,21 @@ pub enum PeerOp {
         to: u64,
         replaced: bool,
     },
+    /// Background backfill's first request, to the primary itself: the
+    /// backfill targets of `targets` that are no members took no write of
+    /// the interval yet (they are *dormant*: a PG waiting for its turn
+    /// costs its targets nothing). Hold the PG's client writes, and once
+    /// none is in flight, answer [`PeerReply::Join`] with what the targets
+    /// are activated at again; [`PeerReply::Busy`] while writes are in
+    /// flight (ask again).
+    BackfillJoin {
+        targets: Vec<u32>,
+    },
+    /// Background backfill, to the primary itself: the targets of the
+    /// [`PeerReply::Join`] are activated at its seq; send them the PG's
+    /// writes from the next seq on, and release the hold. Refused if the
+    /// hold expired meanwhile (the targets stay dormant).
+    BackfillJoined,
 }
 
 /// What a member reports when queried.
@@ -292,6 +307,17 @@ pub enum PeerReply {
     /// A block of the range failed its checksum ([`PeerOp::Pull`]): this
     /// member's copy is damaged there.
     Damaged(String),
+    /// The answer to [`PeerOp::BackfillJoin`]: the dormant targets to
+    /// activate again ([`PeerOp::Activate`] with these fields; none: no
+    /// target is dormant, nothing is held), at the primary's last seq.
+    Join {
+        targets: Vec<u32>,
+        last_seq: u64,
+        last_epoch: u32,
+        members: Vec<u32>,
+        backfill: Vec<u32>,
+        requests: Vec<LoggedRequest>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -421,6 +447,8 @@ mod tests {
                     requests,
                     authority_seq,
                 }),
+            proptest::collection::vec(any::<u32>(), 0..3).prop_map(|targets| PeerOp::BackfillJoin { targets }),
+            Just(PeerOp::BackfillJoined),
         ]
     }
 
@@ -492,6 +520,22 @@ mod tests {
             ".{0,20}".prop_map(PeerReply::Refused),
             ".{0,20}".prop_map(PeerReply::Damaged),
             requests().prop_map(PeerReply::Requests),
+            (
+                proptest::collection::vec(any::<u32>(), 0..3),
+                any::<u64>(),
+                any::<u32>(),
+                proptest::collection::vec(any::<u32>(), 0..4),
+                proptest::collection::vec(any::<u32>(), 0..3),
+                requests()
+            )
+                .prop_map(|(targets, last_seq, last_epoch, members, backfill, requests)| PeerReply::Join {
+                    targets,
+                    last_seq,
+                    last_epoch,
+                    members,
+                    backfill,
+                    requests
+                }),
         ]
     }
 

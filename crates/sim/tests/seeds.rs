@@ -349,7 +349,11 @@ fn regression_seed_9920536_a_pg_is_pinned_back_to_its_recorded_holder() {
 /// 10930077 (a write acknowledged as osd.2's power went in a commit reads
 /// back as never written) and 10930206 (PG 1.6 stays pinned after osd.0's
 /// power cut in a commit tore two blocks), session 37's sweep, both
-/// failing identically at 6e63205. Closing the gap needs the targets' log
+/// failing identically at 6e63205; 11430137 (osd.3, PG 1.5's one whole
+/// copy while osd.0 was isolated, lost its power in a commit that tore
+/// block 67: reads and peering meet it damaged with no good copy),
+/// session 38's sweep, failing at 157693a too (its PG never settled
+/// there). Closing the gap needs the targets' log
 /// entries merged into the authority's history (which is why a primary
 /// that is its PG's one whole copy sends its targets whole writes, not
 /// elided ones: `flusher/member.rs`, pg/elide.rs). Run with `-- --ignored` to
@@ -358,8 +362,9 @@ fn regression_seed_9920536_a_pg_is_pinned_back_to_its_recorded_holder() {
 #[ignore = "known gap: the one whole copy of a PG being filled (docs/RELIABILITY.md)"]
 fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
     run_two_faults_at_once(5300225);
-    for seed in [5300053, 5300225, 5301527, 5900100, 5900942, 5901064, 7700615, 10200295, 10200394, 10930077, 10930206]
-    {
+    for seed in [
+        5300053, 5300225, 5301527, 5900100, 5900942, 5901064, 7700615, 10200295, 10200394, 10930077, 10930206, 11430137,
+    ] {
         run_size_two_every_fault(seed);
     }
 }

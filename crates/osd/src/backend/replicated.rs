@@ -331,8 +331,20 @@ pub(crate) fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp, max_l
         metrics.backfill_retries.add(1);
         return reply(&op, Status::Retry, epoch, "the object is being copied to a new replica");
     }
-    // The members and the backfill targets of the interval it serves.
-    let replicas = guard.active.as_ref().map(|a| a.replicas()).unwrap_or_default();
+    // A backfill's walk joins its targets to the PG's writes (pg/elide.rs):
+    // meanwhile the writes wait, so that none is missed between the seq
+    // the targets are activated at and the first they are sent.
+    if guard.elide.as_mut().is_some_and(|elide| elide.holds(shared.now())) {
+        drop(guard);
+        metrics.backfill_retries.add(1);
+        return reply(&op, Status::Retry, epoch, "a backfill target is joining the PG");
+    }
+    // The members and the backfill targets of the interval it serves, but
+    // the targets whose walk has not begun (they take no write yet).
+    let mut replicas = guard.active.as_ref().map(|a| a.replicas()).unwrap_or_default();
+    if let Some(elide) = &guard.elide {
+        replicas.retain(|osd| !elide.is_dormant(*osd));
+    }
     debug_assert!(
         guard.active.as_ref().is_some_and(|a| a.members == interval.acting),
         "lock_served checked the interval"
@@ -344,7 +356,7 @@ pub(crate) fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp, max_l
         .elide
         .as_mut()
         .filter(|_| path.may_elide())
-        .and_then(|elide| elide.elides(&request.object).then(|| elide.targets().to_vec()));
+        .and_then(|elide| elide.elides(&request.object).then(|| elide.joined().to_vec()));
     let early = match max_lag {
         // The ideal of an eventual pool answers what it received: no log,
         // no lag to keep.

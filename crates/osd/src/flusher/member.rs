@@ -217,6 +217,51 @@ impl Flusher {
                 self.flush_pg(key)?;
                 Ok(PeerReply::Done)
             }
+            PeerOp::BackfillJoin { targets } => {
+                let mut guard = pg.lock().expect("PG lock");
+                let Some(active) = guard.active.as_ref().filter(|a| a.interval == interval) else {
+                    return Err(format!("the PG is not active in interval {interval} here"));
+                };
+                let (members, backfill) = (active.members.clone(), active.backfill.clone());
+                let targets = guard.elide.as_mut().map_or_else(Vec::new, |elide| elide.begin_join(&targets));
+                if !targets.is_empty() && (!guard.uncommitted.is_empty() || guard.lag.unreplicated() > 0) {
+                    // Held from now on; those in flight end soon.
+                    return Ok(PeerReply::Busy);
+                }
+                if !targets.is_empty() && guard.has_applicable_entries() {
+                    // The walk lists the store: an object only the log
+                    // creates would be in no listing, and the targets never
+                    // got its writes. Held, the log only shrinks meanwhile.
+                    drop(guard);
+                    self.flush_pg(key)?;
+                    guard = pg.lock().expect("PG lock");
+                    // (Entries held back are listed from the log: held.rs.)
+                    if !guard.elide.as_ref().is_some_and(|elide| elide.is_joining(&targets))
+                        || guard.has_applicable_entries()
+                    {
+                        // The hold ended meanwhile: start again.
+                        return Ok(PeerReply::Busy);
+                    }
+                }
+                Ok(PeerReply::Join {
+                    targets,
+                    last_seq: guard.last_seq(),
+                    last_epoch: guard.log.last_epoch(),
+                    members,
+                    backfill,
+                    requests: guard.requests.logged(),
+                })
+            }
+            PeerOp::BackfillJoined => {
+                let mut guard = pg.lock().expect("PG lock");
+                if guard.active.as_ref().is_none_or(|a| a.interval != interval) {
+                    return Err(format!("the PG is not active in interval {interval} here"));
+                }
+                if !guard.elide.as_mut().is_some_and(|elide| elide.finish_join()) {
+                    return Err("no join of backfill targets is under way (its hold expired)".into());
+                }
+                Ok(PeerReply::Done)
+            }
             PeerOp::List { cursor } => self.list_names(key, &cursor),
             PeerOp::BackfillLock { object, start, end } => self.backfill_lock(pg, key, interval, object, start, end),
             PeerOp::BackfillDone => {
@@ -782,6 +827,71 @@ mod tests {
         let pg = flusher.pgs.get_or_open(key).unwrap();
         pg.lock().unwrap().active = Some(crate::pg::Activation { interval: 1, members: vec![1], backfill: Vec::new() });
         pg
+    }
+
+    /// The primary's side of a walk's join (pg/elide.rs): while a write is
+    /// in flight it is asked again; then the log goes to the store first,
+    /// so that the walk's listings name every object written before the
+    /// join; the answer names the dormant targets and the seq and ids they
+    /// are activated at; a join whose hold expired is not ended.
+    #[test]
+    fn a_join_flushes_the_log_first_and_names_only_dormant_targets() {
+        let store = crate::TestStore::new(1);
+        let logs = tempfile::tempdir().unwrap();
+        let (mut member, _poll) = flusher(&store, logs.path());
+        let key = pg_key(2, 1).unwrap();
+        let pg = active_pg(&member, key);
+        {
+            let mut guard = pg.lock().unwrap();
+            // osd.1 (this one) primary, osd.2 a member, osd.3 outside.
+            guard.active = Some(crate::pg::Activation { interval: 1, members: vec![1, 2], backfill: vec![3] });
+            guard.asked_interval = 1;
+            guard.elide = crate::pg::elide::Elide::new(vec![3]);
+        }
+        let mut entry = write_entry(key, 1, b"new".to_vec(), vec![7; 512]);
+        entry.request = duplex_oplog::entry::RequestId { client: 9, tid: 101 };
+        log(&pg, &entry).unwrap();
+        pg.lock().unwrap().uncommitted.begin(77, bytes::Bytes::from_static(b"new"), 0, 512);
+        let join = PeerOp::BackfillJoin { targets: vec![3, 2] };
+        assert_eq!(ask(&mut member, key, 1, join.clone()), PeerReply::Busy, "a write is in flight");
+        let now = std::time::Instant::now();
+        assert!(pg.lock().unwrap().elide.as_mut().unwrap().holds(now), "new writes are held meanwhile");
+        pg.lock().unwrap().uncommitted.end(77);
+        let listed = |member: &mut Flusher| match ask(member, key, 1, PeerOp::List { cursor: Vec::new() }) {
+            PeerReply::Names { objects, .. } => objects,
+            other => panic!("a listing answered {other:?}"),
+        };
+        assert_eq!(
+            ask(&mut member, key, 1, join.clone()),
+            PeerReply::Join {
+                targets: vec![3],
+                last_seq: 1,
+                last_epoch: 1,
+                members: vec![1, 2],
+                backfill: vec![3],
+                requests: vec![LoggedRequest { client: 9, tid: 101, seq: 1 }],
+            }
+        );
+        assert!(pg.lock().unwrap().log.is_empty(), "the log went to the store before the answer");
+        assert_eq!(listed(&mut member), vec![b"new".to_vec()]);
+        assert_eq!(ask(&mut member, key, 1, PeerOp::BackfillJoined), PeerReply::Done);
+        {
+            let mut guard = pg.lock().unwrap();
+            let elide = guard.elide.as_mut().unwrap();
+            assert!(!elide.is_dormant(3) && !elide.holds(now), "joined: writes go to it, none held");
+        }
+        // Nothing dormant is left: the next join holds nothing.
+        match ask(&mut member, key, 1, join) {
+            PeerReply::Join { targets, .. } => assert!(targets.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        // An expired hold's join is not ended.
+        pg.lock().unwrap().elide = crate::pg::elide::Elide::new(vec![3]);
+        assert!(matches!(ask(&mut member, key, 1, PeerOp::BackfillJoin { targets: vec![3] }), PeerReply::Join { .. }));
+        assert!(pg.lock().unwrap().elide.as_mut().unwrap().holds(now));
+        assert!(!pg.lock().unwrap().elide.as_mut().unwrap().holds(now + crate::pg::elide::JOIN_HOLD));
+        assert!(matches!(ask(&mut member, key, 1, PeerOp::BackfillJoined), PeerReply::Refused(_)));
+        assert!(pg.lock().unwrap().elide.as_ref().unwrap().is_dormant(3));
     }
 
     /// Logs `entry` in `pg` as a committed replica entry.

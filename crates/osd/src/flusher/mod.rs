@@ -416,8 +416,12 @@ impl Flusher {
     /// (peering, or a recovery inside it: below min_size a PG is never
     /// active). A backfill's or a scrub's requests come to active PGs.
     fn is_urgent(&self, request: &PeerRequest) -> bool {
-        matches!(request.op, PeerOp::Query)
-            || self.pgs.get(request.pg).is_none_or(|pg| pg.lock().expect("PG lock").active.is_none())
+        // A join holds its PG's client writes; an activation (peering's,
+        // or a join's) is what a PG or a join waits on.
+        matches!(
+            request.op,
+            PeerOp::Query | PeerOp::Activate { .. } | PeerOp::BackfillJoin { .. } | PeerOp::BackfillJoined
+        ) || self.pgs.get(request.pg).is_none_or(|pg| pg.lock().expect("PG lock").active.is_none())
     }
 
     fn answer_peer(&mut self, request: PeerRequest, to: PeerReplyTo) {

@@ -4,14 +4,20 @@
 //!
 //! The map pins a PG that moved onto new OSDs to the OSDs that hold it
 //! (duplex_map::pg_temp). Peering activated the new ones as *backfill
-//! targets*: each marked its copy incomplete (keeping what it held) and
-//! takes every write of the interval from then on: whole once the walk
+//! targets*: each marked its copy incomplete (keeping what it held). A
+//! target that is no member takes no write until this machine's first
+//! step joins it (crate::pg::elide: the primary holds the PG's writes,
+//! applies its log, and the target is activated again at its last seq),
+//! and every write of the interval from then on: whole once the walk
 //! below has stepped onto the write's object, before that elided (its
-//! log entry without its data, crate::pg::elide). What it lacks is what
+//! log entry without its data). What it lacks is what
 //! was written before, and what it holds may be stale. This machine makes
 //! each target's copy equal to the primary's, object by object, in the
 //! name order of the primary's and the targets' listings merged (so a
 //! stale object only a target holds is met too):
+//!
+//! 0. **Join** the dormant targets ([`PeerOp::BackfillJoin`], then a
+//!    [`PeerOp::Activate`] to each, then [`PeerOp::BackfillJoined`]).
 //!
 //! 1. **Lock** the object at the primary ([`PeerOp::BackfillLock`]): new
 //!    client writes to it wait; once those in flight are on every replica
@@ -130,6 +136,17 @@ struct Listing {
 }
 
 enum Stage {
+    /// The primary joins the targets that took no write yet to the PG's
+    /// writes ([`PeerOp::BackfillJoin`], crate::pg::elide).
+    Joining,
+    /// `targets[next]` of the join is activated again at the join's seq.
+    Activating {
+        activate: PeerOp,
+        joining: Vec<OsdId>,
+        next: usize,
+    },
+    /// The primary sends the joined targets the writes from now on.
+    Joined,
     /// A page of `listings[source]`.
     Listing {
         source: usize,
@@ -201,18 +218,21 @@ impl Backfill {
     /// Starts backfilling `targets` from `primary` (this OSD) in the
     /// interval that began at map epoch `interval`.
     pub fn start(pg: u32, interval: u64, primary: OsdId, targets: Vec<OsdId>) -> (Backfill, Vec<Step>) {
-        Backfill::start_with(pg, interval, primary, targets, None)
+        Backfill::start_with(pg, interval, primary, targets, None, true)
     }
 
     /// The same, walking only `only` (when `Some`) instead of every object
     /// the primary and the targets list: members behind by history, whose
-    /// copies lack only what the authority's history names since.
+    /// copies lack only what the authority's history names since. With
+    /// `join` (a replicated PG's full walk), the walk first joins the
+    /// targets that take no write yet (crate::pg::elide).
     pub fn start_with(
         pg: u32,
         interval: u64,
         primary: OsdId,
         targets: Vec<OsdId>,
         only: Option<Vec<Vec<u8>>>,
+        join: bool,
     ) -> (Backfill, Vec<Step>) {
         assert!(!targets.is_empty() && !targets.contains(&primary), "targets are other OSDs");
         let listings = match only {
@@ -245,7 +265,14 @@ impl Backfill {
             "a listing per target, after the primary's"
         );
         backfill.bounded = !backfill.listings[0].more;
-        let step = backfill.next_object();
+        // A bounded walk's targets may include outside ones too: no walk
+        // begins with a dormant target.
+        let step = if join {
+            backfill.stage = Stage::Joining;
+            backfill.send(primary, PeerOp::BackfillJoin { targets: backfill.targets.clone() })
+        } else {
+            backfill.next_object()
+        };
         (backfill, vec![step])
     }
 
@@ -296,6 +323,28 @@ impl Backfill {
         }
         let stage = std::mem::replace(&mut self.stage, Stage::Stuck);
         let step = match (stage, reply) {
+            (Stage::Joining, PeerReply::Busy) => {
+                self.stage = Stage::Joining;
+                self.send_later(PeerOp::BackfillJoin { targets: self.targets.clone() })
+            }
+            (Stage::Joining, PeerReply::Join { targets, .. }) if targets.is_empty() => self.next_object(),
+            (Stage::Joining, PeerReply::Join { targets, last_seq, last_epoch, members, backfill, requests }) => {
+                if targets.iter().any(|t| !self.targets.contains(t)) {
+                    return self
+                        .stuck(format!("the primary joined {targets:?}, not all targets of {:?}", self.targets));
+                }
+                let activate = PeerOp::Activate { last_seq, last_epoch, members, rebuilt: false, requests, backfill };
+                self.activate_on(activate, targets, 0)
+            }
+            (Stage::Activating { activate, joining, next }, PeerReply::Done) => {
+                if next + 1 < joining.len() {
+                    self.activate_on(activate, joining, next + 1)
+                } else {
+                    self.stage = Stage::Joined;
+                    self.send(self.primary, PeerOp::BackfillJoined)
+                }
+            }
+            (Stage::Joined, PeerReply::Done) => self.next_object(),
             (Stage::Listing { source }, PeerReply::Names { objects, more }) => {
                 let listing = &mut self.listings[source];
                 match objects.last() {
@@ -499,6 +548,12 @@ impl Backfill {
         self.send(self.source(source), PeerOp::List { cursor })
     }
 
+    fn activate_on(&mut self, activate: PeerOp, joining: Vec<OsdId>, next: usize) -> Step {
+        let to = joining[next];
+        self.stage = Stage::Activating { activate: activate.clone(), joining, next };
+        self.send(to, activate)
+    }
+
     fn send_later(&mut self, op: PeerOp) -> Step {
         let Step::Send { to, tag, op } = self.send(self.primary, op) else { unreachable!("send sends") };
         Step::SendLater { to, tag, op }
@@ -683,6 +738,10 @@ mod tests {
         elided: u32,
         /// Lock requests answered with objects the walk owed.
         owed_answers: u32,
+        /// Join requests answered Busy (writes in flight) before one is not.
+        join_busy: u32,
+        /// Dormant targets activated again by the walk's join.
+        activated: Vec<OsdId>,
     }
 
     fn meta(data: &[u8]) -> ObjectMeta {
@@ -712,6 +771,8 @@ mod tests {
                 writes_on_lock: Vec::new(),
                 elided: 0,
                 owed_answers: 0,
+                join_busy: 0,
+                activated: Vec::new(),
             }
         }
 
@@ -771,6 +832,14 @@ mod tests {
                         self.done.push(to);
                         PeerReply::Done
                     }
+                    PeerOp::Activate { .. } => {
+                        assert!(
+                            self.elide.as_ref().is_some_and(|e| e.is_dormant(to)),
+                            "only a dormant target is activated again"
+                        );
+                        self.activated.push(to);
+                        PeerReply::Done
+                    }
                     other => panic!("{other:?} sent to a target"),
                 };
             }
@@ -785,8 +854,10 @@ mod tests {
                         if self.elide.as_mut().is_some_and(|elide| elide.elides(&written)) {
                             self.elided += 1;
                         } else {
-                            for store in self.targets.values_mut() {
-                                store.insert(written.clone(), data.clone());
+                            for (to, store) in self.targets.iter_mut() {
+                                if !self.elide.as_ref().is_some_and(|e| e.is_dormant(*to)) {
+                                    store.insert(written.clone(), data.clone());
+                                }
                             }
                         }
                     }
@@ -817,9 +888,68 @@ mod tests {
                     let data = &self.primary[&object];
                     PeerReply::Data(data[offset as usize..(offset + len as u64) as usize].to_vec())
                 }
+                PeerOp::BackfillJoin { targets } => {
+                    let targets = self.elide.as_mut().map_or_else(Vec::new, |e| e.begin_join(&targets));
+                    if !targets.is_empty() && self.join_busy > 0 {
+                        self.join_busy -= 1;
+                        return PeerReply::Busy;
+                    }
+                    PeerReply::Join {
+                        targets,
+                        last_seq: 5,
+                        last_epoch: 1,
+                        members: vec![0],
+                        backfill: self.targets.keys().copied().collect(),
+                        requests: Vec::new(),
+                    }
+                }
+                PeerOp::BackfillJoined => {
+                    if self.elide.as_mut().is_some_and(|e| e.finish_join()) {
+                        PeerReply::Done
+                    } else {
+                        PeerReply::Refused("no join under way".into())
+                    }
+                }
                 other => panic!("{other:?} sent to the primary"),
             }
         }
+    }
+
+    #[test]
+    fn a_walk_first_joins_its_dormant_targets_and_asks_again_while_writes_are_in_flight() {
+        let (_, steps) = Backfill::start(7, 9, 0, vec![1, 2]);
+        assert_eq!(
+            steps,
+            vec![Step::Send { to: 0, tag: 1, op: PeerOp::BackfillJoin { targets: vec![1, 2] } }],
+            "nothing is walked before the join"
+        );
+        // osd.1 is outside the members and dormant; osd.2 is a member
+        // filled in the background, which took every write all along.
+        let primary: Objects = [(b"a".to_vec(), vec![1; 10]), (b"c".to_vec(), vec![2; 10])].into();
+        let mut model = Model::new(primary, [(1, Objects::new()), (2, Objects::new())].into());
+        model.elide = crate::pg::elide::Elide::new(vec![1]);
+        model.join_busy = 2;
+        // Written once the walk steps onto "c": after the join, ahead of the walk.
+        model.writes_on_lock = vec![(b"c".to_vec(), b"d".to_vec(), vec![4; 3])];
+        let (_, end) = run(&mut model, None);
+        assert_eq!(end, Step::Complete);
+        assert_eq!(model.activated, vec![1], "only the dormant target is activated again");
+        assert_eq!(model.later, 2, "the join is asked again while writes are in flight");
+        assert_eq!(model.elided, 1, "the joined target got the write ahead of the walk elided");
+        assert_eq!(model.targets[&1], model.primary, "the joined target holds the whole PG");
+        assert_eq!(model.targets[&2], model.primary);
+        assert_eq!(model.done, vec![1, 2]);
+    }
+
+    #[test]
+    fn a_join_with_no_dormant_target_holds_nothing_and_the_walk_goes_on() {
+        let primary: Objects = [(b"a".to_vec(), vec![1; 10])].into();
+        let mut model = Model::new(primary, [(1, Objects::new())].into());
+        model.join_busy = 5;
+        let (_, end) = run(&mut model, None);
+        assert_eq!(end, Step::Complete);
+        assert!(model.activated.is_empty() && model.later == 0, "no join, no hold, no wait");
+        assert_eq!(model.targets[&1], model.primary);
     }
 
     #[test]
@@ -1030,7 +1160,8 @@ mod tests {
         ]
         .into();
         let mut model = Model::new(primary, [(1, held)].into());
-        let (mut machine, steps) = Backfill::start_with(7, 9, 0, vec![1], Some(vec![b"z".to_vec(), b"a".to_vec()]));
+        let (mut machine, steps) =
+            Backfill::start_with(7, 9, 0, vec![1], Some(vec![b"z".to_vec(), b"a".to_vec()]), false);
         let mut queue: VecDeque<Step> = steps.into();
         let mut end = None;
         while let Some(step) = queue.pop_front() {

@@ -574,10 +574,15 @@ impl Schedule {
     pub fn throttle(&mut self, pg: u32, step: &Step, now: u64, view: &MapView, metrics: &Metrics) -> bool {
         let Step::Send { op, to, .. } = step else { return true };
         let me = self.me;
+        let full = |osd: &OsdId| {
+            *osd != me && view.map.osds.get(osd).is_some_and(|osd| osd.fullness >= duplex_map::Fullness::BackfillFull)
+        };
+        // A join waits before it holds the PG's writes, not in the middle
+        // (its activations move no data).
         let waits = |step: &Step| match step {
-            Step::Send { to, .. } => {
-                *to != me && view.map.osds.get(to).is_some_and(|osd| osd.fullness >= duplex_map::Fullness::BackfillFull)
-            }
+            Step::Send { op: PeerOp::BackfillJoin { targets }, .. } => targets.iter().any(full),
+            Step::Send { op: PeerOp::Activate { .. }, .. } => false,
+            Step::Send { to, .. } => full(to),
             _ => false,
         };
         if waits(step) {
@@ -818,7 +823,12 @@ impl Schedule {
         }
         let only = machine.peering.fill_only();
         let objects = only.as_ref().map(Vec::len);
-        let (backfill, steps) = Backfill::start_with(key, machine.peering.interval, self.me, targets, only);
+        // An erasure-coded PG's targets take its shards' entries from
+        // activation on: only a replicated PG's wait for their walk, which
+        // must not begin without them (a dormant target it walked would
+        // miss the writes behind it).
+        let join = self.wanted.get(&key).is_some_and(|w| w.erasure.is_none());
+        let (backfill, steps) = Backfill::start_with(key, machine.peering.interval, self.me, targets, only, join);
         tracing::info!(pg = key, targets = ?backfill.targets(), ?objects, "backfill starts");
         machine.backfill = Some(backfill);
         self.backfill_queue.extend(steps.into_iter().map(|s| (key, s)));

@@ -24,6 +24,24 @@
 //! writes live, and closing the known gap "The one whole copy of a PG
 //! being filled" (docs/RELIABILITY.md) would take them from there.
 //!
+//! **Dormant targets.** A target takes no write at all until its PG's walk
+//! begins. A primary walks one PG at a time, and an OSD marked in is the
+//! target of most of the PGs that move to it at once: each write to every
+//! one of them used to cost it a frame, a log append and an
+//! acknowledgement (an elided write costs the target nearly what a whole
+//! one does: the per-write work, not the 4 KiB, is what a 2-vCPU machine
+//! spends; docs/BENCHMARKS.md, session 38). The walk's first step
+//! *joins* its targets ([`Elide::begin_join`], `PeerOp::BackfillJoin`):
+//! the primary holds the PG's client writes (they are answered `Retry`),
+//! and once none is in flight, the targets are activated again at the
+//! primary's last seq with its request ids, as peering activated them
+//! (their logs are empty: they took nothing). Then the writes go to them
+//! from the next seq on ([`Elide::finish_join`]), and the hold ends. A
+//! hold that lasts [`JOIN_HOLD`] from the first write it held ends by
+//! itself (a target that does not answer holds no PG's writes for long);
+//! the targets stay dormant and the walk starts over with the PG's next
+//! peering.
+//!
 //! A target's copy is marked incomplete until its backfill ends, and an
 //! incomplete copy is never peering's authority nor level with a member
 //! (it reports no log: `flusher::member`'s query), so the entries it
@@ -31,8 +49,14 @@
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+
+/// How long a join may hold a PG's client writes, from the first it held.
+/// A join takes a round trip to each target and two through the
+/// primary's own store thread: milliseconds.
+pub const JOIN_HOLD: Duration = Duration::from_secs(1);
 
 /// A primary PG's state while it has backfill targets that are not members.
 #[derive(Debug)]
@@ -50,23 +74,97 @@ pub struct Elide {
     /// shrinks. Otherwise a writer creating objects that sort after
     /// every other (a sequential fill) could keep it owing for ever.
     closing: bool,
+    /// The targets that joined the PG's writes: they take every write
+    /// from then on, whole or elided. The others are dormant: no write
+    /// goes to them.
+    joined: Vec<u32>,
+    /// A join under way: its targets, and when its hold first held a write.
+    joining: Option<Joining>,
+}
+
+#[derive(Debug)]
+struct Joining {
+    targets: Vec<u32>,
+    since: Option<Instant>,
 }
 
 impl Elide {
     /// The state for an interval whose backfill fills `targets` (those
     /// that are not members); `None` when there are none.
     pub fn new(targets: Vec<u32>) -> Option<Elide> {
-        (!targets.is_empty()).then(|| Elide { after: Bytes::new(), owed: BTreeSet::new(), targets, closing: false })
+        (!targets.is_empty()).then(|| Elide {
+            after: Bytes::new(),
+            owed: BTreeSet::new(),
+            targets,
+            closing: false,
+            joined: Vec::new(),
+            joining: None,
+        })
     }
 
-    pub fn targets(&self) -> &[u32] {
-        &self.targets
+    /// The targets that take the PG's writes (whole, or elided).
+    pub fn joined(&self) -> &[u32] {
+        &self.joined
     }
 
-    /// Whether a write to `object` goes to the targets elided (the walk is
-    /// not on it yet); if so, the walk owes it a visit.
+    /// Whether `osd` is a target that takes no write yet.
+    pub fn is_dormant(&self, osd: u32) -> bool {
+        self.targets.contains(&osd) && !self.joined.contains(&osd)
+    }
+
+    /// Whether a client write to the PG must wait (answered `Retry`): a
+    /// join holds them, for at most [`JOIN_HOLD`] from the first it held.
+    pub fn holds(&mut self, now: Instant) -> bool {
+        let Some(joining) = self.joining.as_mut() else { return false };
+        let since = *joining.since.get_or_insert(now);
+        if now.saturating_duration_since(since) < JOIN_HOLD {
+            return true;
+        }
+        tracing::warn!(targets = ?joining.targets, "a backfill join held writes too long; its targets stay dormant");
+        self.joining = None;
+        false
+    }
+
+    /// The walk begins (`PeerOp::BackfillJoin` of `asked`): the dormant
+    /// targets among them, whose join now holds the PG's writes; none:
+    /// nothing to join, nothing held. Asked again (writes were in
+    /// flight), the hold goes on from when it began.
+    pub fn begin_join(&mut self, asked: &[u32]) -> Vec<u32> {
+        let mut dormant: Vec<u32> = asked.iter().copied().filter(|t| self.is_dormant(*t)).collect();
+        dormant.sort_unstable();
+        dormant.dedup();
+        match &self.joining {
+            _ if dormant.is_empty() => {}
+            Some(joining) if joining.targets == dormant => {}
+            _ => self.joining = Some(Joining { targets: dormant.clone(), since: None }),
+        }
+        dormant
+    }
+
+    /// Whether a join of exactly `targets` is under way.
+    pub fn is_joining(&self, targets: &[u32]) -> bool {
+        self.joining.as_ref().is_some_and(|joining| joining.targets == targets)
+    }
+
+    /// `PeerOp::BackfillJoined`: the join's targets take the writes from
+    /// now on, and the hold ends; `false` if no join is under way (its
+    /// hold expired: they stay dormant).
+    pub fn finish_join(&mut self) -> bool {
+        let Some(joining) = self.joining.take() else { return false };
+        self.joined.extend(joining.targets);
+        debug_assert!(
+            self.joined.iter().all(|t| self.targets.contains(t)),
+            "joined {:?} of {:?}",
+            self.joined,
+            self.targets
+        );
+        true
+    }
+
+    /// Whether a write to `object` goes to the joined targets elided (the
+    /// walk is not on it yet); if so, the walk owes it a visit.
     pub fn elides(&mut self, object: &[u8]) -> bool {
-        if self.closing || object <= &self.after[..] {
+        if self.joined.is_empty() || self.closing || object <= &self.after[..] {
             return false;
         }
         // A copy, not a slice of the request: that would keep its whole
@@ -151,9 +249,43 @@ mod tests {
         assert!(activation(vec![0], vec![3]).elided_targets(0).is_empty());
     }
 
+    fn joined(targets: Vec<u32>) -> Elide {
+        let mut elide = Elide::new(targets.clone()).expect("a target");
+        assert_eq!(elide.begin_join(&targets), targets);
+        assert!(elide.finish_join());
+        elide
+    }
+
+    #[test]
+    fn dormant_targets_take_nothing_until_a_join_which_holds_writes_for_a_while() {
+        let mut elide = Elide::new(vec![3, 4]).expect("targets");
+        assert!(elide.is_dormant(3) && elide.is_dormant(4) && !elide.is_dormant(1));
+        assert!(!elide.elides(b"a"), "a dormant target is sent nothing, so nothing is owed");
+        let now = Instant::now();
+        assert!(!elide.holds(now), "no join: writes go on");
+        assert!(!elide.finish_join(), "no join under way");
+        // The walk names osd.4 and osd.5 (osd.5 is a member filled in the
+        // background: never dormant); osd.3 stays dormant.
+        assert_eq!(elide.begin_join(&[5, 4, 4]), vec![4]);
+        assert!(elide.holds(now), "the join holds the PG's writes");
+        assert_eq!(elide.begin_join(&[4, 5]), vec![4], "asked again: the same join");
+        assert!(elide.holds(now + JOIN_HOLD / 2), "held from the first write it held");
+        assert!(!elide.holds(now + JOIN_HOLD), "a hold ends by itself");
+        assert!(!elide.finish_join(), "the expired join ends nothing: osd.4 stays dormant");
+        assert!(elide.is_dormant(4));
+        assert_eq!(elide.begin_join(&[4]), vec![4]);
+        assert!(elide.finish_join());
+        assert!(!elide.is_dormant(4) && elide.is_dormant(3));
+        assert_eq!(elide.joined(), &[4]);
+        assert!(!elide.holds(now + JOIN_HOLD * 3), "joined: no hold");
+        assert!(elide.begin_join(&[4]).is_empty(), "joined already: nothing to join");
+        assert!(!elide.holds(now + JOIN_HOLD * 3));
+        assert!(elide.elides(b"a"), "writes ahead of the walk go to the joined target elided");
+    }
+
     #[test]
     fn writes_ahead_of_the_walk_are_owed_and_walked_before_it_moves_past_them() {
-        let mut elide = Elide::new(vec![3]).expect("a target");
+        let mut elide = joined(vec![3]);
         // Before the walk's first step, every write is ahead of it.
         assert!(elide.elides(b"m"));
         assert!(elide.elides(b"m"), "a second write to the same object");
@@ -176,7 +308,7 @@ mod tests {
 
     #[test]
     fn the_lock_requests_answer_owed_objects_and_the_end_stops_eliding() {
-        let mut elide = Elide::new(vec![3]);
+        let mut elide = Some(joined(vec![3]));
         assert!(elide.as_mut().expect("a target").elides(b"k"));
         assert_eq!(owed_before_lock(&mut elide, Some(b"z"), 0, 256), None, "a chunk's lock owes nothing");
         assert_eq!(owed_before_lock(&mut elide, None, 0, 0), None, "nor does its release");

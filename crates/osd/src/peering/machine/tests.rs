@@ -174,7 +174,12 @@ impl Member {
             PeerOp::PushStart { .. } | PeerOp::PushData { .. } | PeerOp::Remove { .. } => {
                 PeerReply::Refused("peering installs objects whole; pushes are background backfill's".into())
             }
-            PeerOp::List { .. } | PeerOp::BackfillLock { .. } | PeerOp::BackfillDone | PeerOp::ChunkDigest { .. } => {
+            PeerOp::List { .. }
+            | PeerOp::BackfillLock { .. }
+            | PeerOp::BackfillDone
+            | PeerOp::ChunkDigest { .. }
+            | PeerOp::BackfillJoin { .. }
+            | PeerOp::BackfillJoined => {
                 PeerReply::Refused("background backfill is not peering's (backfill.rs tests it)".into())
             }
         }
