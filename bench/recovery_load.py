@@ -22,8 +22,38 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from duplexbench import procs  # noqa: E402
 # The release `duplex` and its helpers, and the OSD logs' "backfill complete ... bytes=N".
 from rereplicate import DUPLEX, backfill_sent, duplex, status  # noqa: E402
+
+
+def cluster_processes(directory):
+    """{pid: name} of the cluster's daemons (`osd.0`, `mon.1`: their
+    config file's name) and of a running `duplex bench` (`bench`)."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                argv = f.read().split("\0")
+        except OSError:
+            continue
+        configs = [a for a in argv if a.startswith(directory) and a.endswith(".toml")]
+        if configs:
+            found[int(pid)] = os.path.basename(configs[0])[: -len(".toml")]
+        elif len(argv) > 1 and argv[0] == DUPLEX and argv[1] == "bench":
+            found[int(pid)] = "bench"
+    return found
+
+
+def cpu_sample(pids):
+    """CPU seconds per (process, thread class) of `pids` ({pid: name})."""
+    return {(name, thread): seconds for pid, name in pids.items()
+            for thread, seconds in procs.thread_cpu(pid).items()}
+
+
+def cores(before, after, seconds):
+    """Cores used per (process, thread class) between two samples."""
+    return {key: (after.get(key, 0.0) - before.get(key, 0.0)) / max(seconds, 1e-9) for key in after}
 
 
 def wait_clean(timeout_s=900):
@@ -91,12 +121,17 @@ def one_run(args, variant):
         reader = threading.Thread(target=read_intervals, daemon=True)
         reader.start()
         steady_start = time.time()
-        time.sleep(args.steady_seconds)
+        time.sleep(2)
+        pids = cluster_processes(directory)
+        cpu_steady = (time.time(), cpu_sample(pids))
+        time.sleep(max(args.steady_seconds - 2, 1))
         sent_before = backfill_sent(directory)
         marked = time.time()
+        cpu_marked = cpu_sample(pids)
         duplex("mark", "in", "0", capture=True)
         time.sleep(2)
         clean = wait_clean()
+        cpu_clean = cpu_sample(pids)
         sent = backfill_sent(directory) - sent_before
         time.sleep(args.after_seconds)
         bench.terminate()
@@ -119,6 +154,7 @@ def one_run(args, variant):
             "recovery_s": clean - marked,
             "sent_gib": sent / 2**30,
             "errors": errors,
+            "cpu": (cores(cpu_steady[1], cpu_marked, marked - cpu_steady[0]), cores(cpu_marked, cpu_clean, clean - marked)),
         }
     finally:
         duplex("dev", "down", "--dir", directory, "--wipe", capture=True)
@@ -137,6 +173,8 @@ def main():
     parser.add_argument("--save", help="append each run's per-second figures to this file (JSON lines)")
     parser.add_argument("--variant", action="append", default=None,
                         help="space-separated KEY=VALUE --osd-set settings of one run (repeatable)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="also print the cores each daemon's thread classes used, steady and during the backfill")
     parser.add_argument("--smoke", action="store_true",
                         help="CI: a 64 MiB image, seconds-long phases, the defaults only (checks the script works)")
     args = parser.parse_args()
@@ -153,6 +191,13 @@ def main():
               f"{r['steady'][0]:>8}/{r['steady'][1]:<9} {r['during'][0]:>8}/{r['during'][1]:<9} "
               f"{r['during'][2]:>11.0f} {ratio:>6.2f} {r['recovery_s']:>10.1f}  sent {r['sent_gib']:.2f} GiB"
               f"  errors {r['errors']}", flush=True)
+        if args.cpu:
+            steady, during = r["cpu"]
+            print("  cores used, steady -> during the backfill, per process and thread class:")
+            for key in sorted(set(steady) | set(during)):
+                if steady.get(key, 0) >= 0.01 or during.get(key, 0) >= 0.01:
+                    print(f"    {key[0]:<8} {key[1]:<16} {steady.get(key, 0):5.2f} -> {during.get(key, 0):5.2f}")
+            print(f"    {'total':<25} {sum(steady.values()):5.2f} -> {sum(during.values()):5.2f}", flush=True)
 
 
 if __name__ == "__main__":

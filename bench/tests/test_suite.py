@@ -122,6 +122,15 @@ class Figures(unittest.TestCase):
         self.assertIn("`osd-prio` 3.0", text)
 
 
+class RecoveryLoadCpu(unittest.TestCase):
+    def test_cores_are_the_cpu_seconds_between_two_samples_over_their_time(self):
+        import recovery_load
+        before = {("osd.0", "osd-prio"): 1.0}
+        after = {("osd.0", "osd-prio"): 3.0, ("osd.1", "osd-flush"): 0.5}
+        self.assertEqual(recovery_load.cores(before, after, 2.0),
+                         {("osd.0", "osd-prio"): 1.0, ("osd.1", "osd-flush"): 0.25})
+
+
 if __name__ == "__main__":
     unittest.main()
 
@@ -157,3 +166,4 @@ class QosCeph(unittest.TestCase):
             self.assertEqual(qos_ceph.read_log(f.name), [(1795870462196, 34985), (1795870462197, 4510)])
         finally:
             os.unlink(f.name)
+

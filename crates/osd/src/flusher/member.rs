@@ -243,6 +243,14 @@ impl Flusher {
                         return Ok(PeerReply::Busy);
                     }
                 }
+                debug_assert!(
+                    targets.iter().all(|t| backfill.contains(t) && !members.contains(t)),
+                    "dormant targets {targets:?} that are not outside targets of {members:?}"
+                );
+                debug_assert!(
+                    targets.is_empty() || guard.uncommitted.is_empty(),
+                    "a write in flight as the join's seq is taken"
+                );
                 Ok(PeerReply::Join {
                     targets,
                     last_seq: guard.last_seq(),
@@ -260,6 +268,10 @@ impl Flusher {
                 if !guard.elide.as_mut().is_some_and(|elide| elide.finish_join()) {
                     return Err("no join of backfill targets is under way (its hold expired)".into());
                 }
+                debug_assert!(
+                    guard.elide.as_ref().is_some_and(|elide| !elide.joined().is_empty()),
+                    "a join ended with no target joined"
+                );
                 Ok(PeerReply::Done)
             }
             PeerOp::List { cursor } => self.list_names(key, &cursor),
