@@ -148,6 +148,9 @@ impl Flusher {
                     return Err(format!("backfill targets {backfill:?} include the primary of {members:?}"));
                 }
                 let target = backfill.contains(&self.id);
+                // Also when its walk's join activates it again (pg/elide.rs),
+                // though this interval marked it already: a late join's
+                // activation then never leaves a copy marked complete.
                 if target {
                     self.begin_backfill(key)?;
                 }
@@ -218,6 +221,12 @@ impl Flusher {
                 Ok(PeerReply::Done)
             }
             PeerOp::BackfillJoin { targets } => {
+                // The log to the store before the hold, which then waits
+                // only for what came since.
+                let dormant = pg.lock().expect("PG lock").elide.as_ref().is_some_and(|e| e.any_dormant(&targets));
+                if dormant {
+                    self.flush_pg(key)?;
+                }
                 let mut guard = pg.lock().expect("PG lock");
                 let Some(active) = guard.active.as_ref().filter(|a| a.interval == interval) else {
                     return Err(format!("the PG is not active in interval {interval} here"));

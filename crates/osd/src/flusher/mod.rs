@@ -77,9 +77,10 @@ pub struct Pending {
     reads: Vec<ReadJob>,
     /// Reads the store answers only after the flush (`Flusher::read_now`).
     after_flush: Vec<ReadJob>,
-    /// Peering requests of PGs not active here ([`Flusher::is_urgent`]):
-    /// their PG serves no client until its peering ends, so they go ahead
-    /// of client work (issue 31).
+    /// Peering requests of PGs not active here, activations, and a
+    /// backfill's join ([`Flusher::is_urgent`]): their PG serves no client
+    /// (or holds its writes) until they are done, so they go ahead of
+    /// client work (issue 31).
     urgent: Vec<(PeerRequest, PeerReplyTo)>,
     /// The others (a backfill's steps, a scrub's pages, of active PGs):
     /// after client work.
@@ -412,9 +413,11 @@ impl Flusher {
     }
 
     /// Whether a peering request goes ahead of client work: a query (it
-    /// starts a peering), or any request of a PG that is not active here
-    /// (peering, or a recovery inside it: below min_size a PG is never
-    /// active). A backfill's or a scrub's requests come to active PGs.
+    /// starts a peering), an activation, a backfill's join (it holds its
+    /// PG's client writes: pg/elide.rs), or any request of a PG that is
+    /// not active here (peering, or a recovery inside it: below min_size a
+    /// PG is never active). A backfill's other requests, and a scrub's,
+    /// come to active PGs.
     fn is_urgent(&self, request: &PeerRequest) -> bool {
         // A join holds its PG's client writes; an activation (peering's,
         // or a join's) is what a PG or a join waits on.

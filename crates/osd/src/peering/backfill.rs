@@ -265,8 +265,8 @@ impl Backfill {
             "a listing per target, after the primary's"
         );
         backfill.bounded = !backfill.listings[0].more;
-        // A bounded walk's targets may include outside ones too: no walk
-        // begins with a dormant target.
+        // Every replicated walk asks, bounded or not: no walk may begin
+        // with a dormant target (it would miss the writes behind it).
         let step = if join {
             backfill.stage = Stage::Joining;
             backfill.send(primary, PeerOp::BackfillJoin { targets: backfill.targets.clone() })
@@ -286,6 +286,13 @@ impl Backfill {
 
     pub fn is_stuck(&self) -> bool {
         matches!(self.stage, Stage::Stuck)
+    }
+
+    /// Whether the walk is joining its targets: the primary may hold the
+    /// PG's client writes until it ends (crate::pg::elide), so its steps
+    /// go ahead of other work.
+    pub fn is_joining(&self) -> bool {
+        matches!(self.stage, Stage::Joining | Stage::Activating { .. } | Stage::Joined)
     }
 
     fn send(&mut self, to: OsdId, op: PeerOp) -> Step {

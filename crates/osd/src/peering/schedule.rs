@@ -558,6 +558,14 @@ impl Schedule {
         if self.outstanding.is_some() {
             return None;
         }
+        // A walk joining its targets may hold its PG's client writes
+        // (pg/elide.rs): its steps, a round trip each, go first.
+        let joining = self.backfill_queue.front().is_some_and(|(pg, _)| {
+            self.machines.get(pg).and_then(|m| m.backfill.as_ref()).is_some_and(Backfill::is_joining)
+        });
+        if joining && now >= self.backfill_due {
+            return self.backfill_queue.pop_front().map(|(pg, step)| Next::Backfill(pg, step));
+        }
         if let Some((pg, action)) = self.queue.pop_front() {
             return Some(Next::Peering(pg, action));
         }
@@ -588,7 +596,8 @@ impl Schedule {
         if waits(step) {
             if self.full_warned_at == 0 || now >= self.full_warned_at + RETRY_AFTER_US {
                 self.full_warned_at = now.max(1);
-                tracing::warn!(pg, osd = to, "backfill waits: the target is backfill full");
+                // (A join is sent to the primary: it waits for its targets.)
+                tracing::warn!(pg, to, ?op, "backfill waits: a target is backfill full");
             }
             // This PG waits; the others go on (two primaries each filling
             // the other's full OSD waited on each other for good, with
@@ -1038,6 +1047,34 @@ mod tests {
 
     /// A PG whose target is backfill full does not hold up the others: its
     /// steps go behind theirs, in their order.
+    #[test]
+    fn a_join_waits_for_a_full_target_before_it_holds_writes_but_not_in_its_middle() {
+        let mut map = crate::test_map(3, 0);
+        map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::BackfillFull }).unwrap();
+        let view = MapView::new(map);
+        let metrics = Metrics::default();
+        let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
+        // To the primary itself, naming osd.1: it waits (the hold is not taken yet).
+        let join = Step::Send { to: 0, tag: 1, op: PeerOp::BackfillJoin { targets: vec![2, 1] } };
+        assert!(!schedule.throttle(7, &join, 100, &view, &metrics));
+        let free = Step::Send { to: 0, tag: 1, op: PeerOp::BackfillJoin { targets: vec![2] } };
+        assert!(schedule.throttle(8, &free, 100, &view, &metrics));
+        // Once it holds writes, its activation of osd.1 moves no data: it goes.
+        let activate = Step::Send {
+            to: 1,
+            tag: 2,
+            op: PeerOp::Activate {
+                last_seq: 3,
+                last_epoch: 1,
+                members: vec![0, 2],
+                rebuilt: false,
+                requests: Vec::new(),
+                backfill: vec![1],
+            },
+        };
+        assert!(schedule.throttle(9, &activate, 100, &view, &metrics));
+    }
+
     #[test]
     fn a_backfill_waiting_on_a_full_target_lets_the_next_pg_go() {
         let mut map = crate::test_map(3, 0);

@@ -112,6 +112,11 @@ impl Elide {
         self.targets.contains(&osd) && !self.joined.contains(&osd)
     }
 
+    /// Whether any of `asked` is a dormant target.
+    pub fn any_dormant(&self, asked: &[u32]) -> bool {
+        asked.iter().any(|t| self.is_dormant(*t))
+    }
+
     /// Whether a client write to the PG must wait (answered `Retry`): a
     /// join holds them, for at most [`JOIN_HOLD`] from the first it held.
     pub fn holds(&mut self, now: Instant) -> bool {
