@@ -341,10 +341,7 @@ pub(crate) fn mutate(path: &dyn WritePath, at: &Primary<'_>, op: ClientOp, max_l
     }
     // The members and the backfill targets of the interval it serves, but
     // the targets whose walk has not begun (they take no write yet).
-    let mut replicas = guard.active.as_ref().map(|a| a.replicas()).unwrap_or_default();
-    if let Some(elide) = &guard.elide {
-        replicas.retain(|osd| !elide.is_dormant(*osd));
-    }
+    let replicas = guard.replicas();
     debug_assert!(
         guard.active.as_ref().is_some_and(|a| a.members == interval.acting),
         "lock_served checked the interval"

@@ -220,55 +220,7 @@ impl Flusher {
                 self.flush_pg(key)?;
                 Ok(PeerReply::Done)
             }
-            PeerOp::BackfillJoin { targets } => {
-                // The log to the store before the hold, which then waits
-                // only for what came since.
-                let dormant = pg.lock().expect("PG lock").elide.as_ref().is_some_and(|e| e.any_dormant(&targets));
-                if dormant {
-                    self.flush_pg(key)?;
-                }
-                let mut guard = pg.lock().expect("PG lock");
-                let Some(active) = guard.active.as_ref().filter(|a| a.interval == interval) else {
-                    return Err(format!("the PG is not active in interval {interval} here"));
-                };
-                let (members, backfill) = (active.members.clone(), active.backfill.clone());
-                let targets = guard.elide.as_mut().map_or_else(Vec::new, |elide| elide.begin_join(&targets));
-                if !targets.is_empty() && (!guard.uncommitted.is_empty() || guard.lag.unreplicated() > 0) {
-                    // Held from now on; those in flight end soon.
-                    return Ok(PeerReply::Busy);
-                }
-                if !targets.is_empty() && guard.has_applicable_entries() {
-                    // The walk lists the store: an object only the log
-                    // creates would be in no listing, and the targets never
-                    // got its writes. Held, the log only shrinks meanwhile.
-                    drop(guard);
-                    self.flush_pg(key)?;
-                    guard = pg.lock().expect("PG lock");
-                    // (Entries held back are listed from the log: held.rs.)
-                    if !guard.elide.as_ref().is_some_and(|elide| elide.is_joining(&targets))
-                        || guard.has_applicable_entries()
-                    {
-                        // The hold ended meanwhile: start again.
-                        return Ok(PeerReply::Busy);
-                    }
-                }
-                debug_assert!(
-                    targets.iter().all(|t| backfill.contains(t) && !members.contains(t)),
-                    "dormant targets {targets:?} that are not outside targets of {members:?}"
-                );
-                debug_assert!(
-                    targets.is_empty() || guard.uncommitted.is_empty(),
-                    "a write in flight as the join's seq is taken"
-                );
-                Ok(PeerReply::Join {
-                    targets,
-                    last_seq: guard.last_seq(),
-                    last_epoch: guard.log.last_epoch(),
-                    members,
-                    backfill,
-                    requests: guard.requests.logged(),
-                })
-            }
+            PeerOp::BackfillJoin { targets } => self.backfill_join(pg, key, interval, &targets),
             PeerOp::BackfillJoined => {
                 let mut guard = pg.lock().expect("PG lock");
                 if guard.active.as_ref().is_none_or(|a| a.interval != interval) {
@@ -330,6 +282,60 @@ impl Flusher {
         self.apply(&mark).map_err(|e| e.to_string())?;
         tracing::info!(pg = key, "backfill into this OSD begins; its copy of the PG is incomplete until it ends");
         Ok(())
+    }
+
+    /// The primary's side of a walk's join of its dormant targets
+    /// (`PeerOp::BackfillJoin`, crate::pg::elide): holds the PG's client
+    /// writes, and once none is in flight and the log is in the store (the
+    /// walk lists the store: an object only the log created would be in no
+    /// listing, and the targets never got its writes), answers with the
+    /// seq and ids they are activated at again. The log goes to the store
+    /// before the hold too, which then waits only for what came since.
+    fn backfill_join(&mut self, pg: &SharedPg, key: u32, interval: u64, asked: &[u32]) -> Result<PeerReply, String> {
+        let dormant = pg.lock().expect("PG lock").elide.as_ref().map_or_else(Vec::new, |e| e.dormant_among(asked));
+        if !dormant.is_empty() {
+            self.flush_pg(key)?;
+        }
+        let mut guard = pg.lock().expect("PG lock");
+        let Some(active) = guard.active.as_ref().filter(|a| a.interval == interval) else {
+            return Err(format!("the PG is not active in interval {interval} here"));
+        };
+        let (members, backfill) = (active.members.clone(), active.backfill.clone());
+        let targets = guard.elide.as_mut().map_or_else(Vec::new, |elide| elide.begin_join(asked));
+        if !targets.is_empty() {
+            if !guard.uncommitted.is_empty() || guard.lag.unreplicated() > 0 {
+                // Held from now on; those in flight end soon.
+                return Ok(PeerReply::Busy);
+            }
+            if guard.has_applicable_entries() {
+                // Held, the log only shrinks meanwhile. (Entries held back
+                // are listed from the log: held.rs.)
+                drop(guard);
+                self.flush_pg(key)?;
+                guard = pg.lock().expect("PG lock");
+                let held = guard.elide.as_ref().is_some_and(|elide| elide.is_joining(&targets));
+                if !held || guard.has_applicable_entries() {
+                    // The hold ended meanwhile: start again.
+                    return Ok(PeerReply::Busy);
+                }
+            }
+        }
+        debug_assert!(
+            targets.iter().all(|t| backfill.contains(t) && !members.contains(t)),
+            "dormant targets {targets:?} that are not outside targets of {members:?}"
+        );
+        debug_assert!(
+            targets.is_empty() || guard.uncommitted.is_empty(),
+            "a write in flight as the join's seq is taken"
+        );
+        Ok(PeerReply::Join {
+            targets,
+            last_seq: guard.last_seq(),
+            last_epoch: guard.log.last_epoch(),
+            members,
+            backfill,
+            requests: guard.requests.logged(),
+        })
     }
 
     /// The primary's side of copying one object to the backfill targets.

@@ -1045,15 +1045,17 @@ mod tests {
         assert!(schedule.throttle(7, &step, 200, &MapView::new(map), &metrics), "room again: it goes");
     }
 
-    /// A PG whose target is backfill full does not hold up the others: its
-    /// steps go behind theirs, in their order.
-    #[test]
-    fn a_join_waits_for_a_full_target_before_it_holds_writes_but_not_in_its_middle() {
+    /// Three OSDs, osd.1 past backfillfull; osd.0's schedule.
+    fn osd_1_backfill_full() -> (MapView, Metrics, Schedule) {
         let mut map = crate::test_map(3, 0);
         map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::BackfillFull }).unwrap();
-        let view = MapView::new(map);
-        let metrics = Metrics::default();
-        let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
+        (MapView::new(map), Metrics::default(), Schedule::new(0, 0, u64::MAX, crate::backend::peering_for))
+    }
+
+    /// A join waits for a full target before it holds its PG's writes.
+    #[test]
+    fn a_join_waits_for_a_full_target_before_it_holds_writes_but_not_in_its_middle() {
+        let (view, metrics, mut schedule) = osd_1_backfill_full();
         // To the primary itself, naming osd.1: it waits (the hold is not taken yet).
         let join = Step::Send { to: 0, tag: 1, op: PeerOp::BackfillJoin { targets: vec![2, 1] } };
         assert!(!schedule.throttle(7, &join, 100, &view, &metrics));
@@ -1075,13 +1077,11 @@ mod tests {
         assert!(schedule.throttle(9, &activate, 100, &view, &metrics));
     }
 
+    /// A PG whose target is backfill full does not hold up the others: its
+    /// steps go behind theirs, in their order.
     #[test]
     fn a_backfill_waiting_on_a_full_target_lets_the_next_pg_go() {
-        let mut map = crate::test_map(3, 0);
-        map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::BackfillFull }).unwrap();
-        let view = MapView::new(map);
-        let metrics = Metrics::default();
-        let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
+        let (view, metrics, mut schedule) = osd_1_backfill_full();
         let send = |to, tag| Step::Send { to, tag, op: PeerOp::Remove { object: b"x".to_vec() } };
         schedule.backfill_queue.extend([(7, send(1, 2)), (8, send(2, 1))]);
         // PG 7's first step, popped, waits on osd.1: PG 8's goes next.

@@ -112,9 +112,12 @@ impl Elide {
         self.targets.contains(&osd) && !self.joined.contains(&osd)
     }
 
-    /// Whether any of `asked` is a dormant target.
-    pub fn any_dormant(&self, asked: &[u32]) -> bool {
-        asked.iter().any(|t| self.is_dormant(*t))
+    /// The dormant targets among `asked`, in order, once each.
+    pub fn dormant_among(&self, asked: &[u32]) -> Vec<u32> {
+        let mut dormant: Vec<u32> = asked.iter().copied().filter(|t| self.is_dormant(*t)).collect();
+        dormant.sort_unstable();
+        dormant.dedup();
+        dormant
     }
 
     /// Whether a client write to the PG must wait (answered `Retry`): a
@@ -135,9 +138,7 @@ impl Elide {
     /// nothing to join, nothing held. Asked again (writes were in
     /// flight), the hold goes on from when it began.
     pub fn begin_join(&mut self, asked: &[u32]) -> Vec<u32> {
-        let mut dormant: Vec<u32> = asked.iter().copied().filter(|t| self.is_dormant(*t)).collect();
-        dormant.sort_unstable();
-        dormant.dedup();
+        let dormant = self.dormant_among(asked);
         match &self.joining {
             _ if dormant.is_empty() => {}
             Some(joining) if joining.targets == dormant => {}
@@ -252,6 +253,8 @@ mod tests {
         assert!(pinned.takes_elided(3) && !pinned.takes_elided(2) && !pinned.takes_elided(1));
         // The PG's one whole copy: its target is the only other place its writes live.
         assert!(activation(vec![0], vec![3]).elided_targets(0).is_empty());
+        // A member filled in the background is not whole yet: osd.0 is still the one whole copy.
+        assert!(activation(vec![0, 2], vec![2, 3]).elided_targets(0).is_empty());
     }
 
     fn joined(targets: Vec<u32>) -> Elide {

@@ -280,12 +280,13 @@ impl Activation {
 
     /// The targets `osd`, this interval's primary, sends writes ahead of
     /// the backfill's walk without their data (`elide.rs`): the outside
-    /// ones, unless the primary is the PG's one whole copy. Its targets are
-    /// then the only other place its writes live, where closing the known
-    /// gap "The one whole copy of a PG being filled" (docs/RELIABILITY.md)
-    /// would take them from.
+    /// ones, unless the primary is the PG's one whole copy (a member filled
+    /// in the background is not whole yet). Its targets are then the only
+    /// other place its writes live, where closing the known gap "The one
+    /// whole copy of a PG being filled" (docs/RELIABILITY.md) would take
+    /// them from.
     pub fn elided_targets(&self, osd: u32) -> Vec<u32> {
-        let whole = self.members.iter().filter(|m| **m != duplex_map::NO_OSD).count();
+        let whole = self.members.iter().filter(|m| **m != duplex_map::NO_OSD && !self.backfill.contains(m)).count();
         if whole < 2 || duplex_map::primary_of(&self.members) != Some(osd) {
             return Vec::new();
         }
@@ -749,6 +750,17 @@ impl Pg {
     pub fn flushed_ids(&mut self) -> Vec<LoggedRequest> {
         let flushed = self.flushed_through();
         self.requests.logged().into_iter().filter(|request| request.seq <= flushed).collect()
+    }
+
+    /// Where this PG's primary sends a write: the other members, and the
+    /// backfill targets but those whose walk has not begun (dormant:
+    /// `elide.rs`).
+    pub fn replicas(&self) -> Vec<u32> {
+        let mut replicas = self.active.as_ref().map(Activation::replicas).unwrap_or_default();
+        if let Some(elide) = &self.elide {
+            replicas.retain(|osd| !elide.is_dormant(*osd));
+        }
+        replicas
     }
 
     /// The seq of the newest entry in the store: the log holds the ones
