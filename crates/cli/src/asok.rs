@@ -108,6 +108,7 @@ fn print_qos(reply: &Value, json: bool) -> Result<()> {
     if json {
         let shown = json!({
             "on": reply["on"],
+            "background": reply["background"],
             "threads": reply["threads"],
             "scheduled_total": reply["scheduled_total"],
             "held_by_limiter_total": reply["held_by_limiter_total"],
@@ -122,6 +123,33 @@ fn print_qos(reply: &Value, json: bool) -> Result<()> {
         reply["scheduled_total"],
         reply["held_by_limiter_total"]
     );
+    // (A JSON value's Display ignores widths: numbers become strings first.)
+    let number = |value: &Value| value.as_f64().map_or("-".to_string(), |n| format!("{n}"));
+    let background = reply["background"].as_array().cloned().unwrap_or_default();
+    if !background.is_empty() {
+        println!("background work, behind client work at each flusher (device scheduler):");
+        println!(
+            "  {:<10} {:>7} {:>10} {:>12} {:>11} {:>7} {:>10}",
+            "class", "queued", "served", "cost", "reservation", "weight", "limit"
+        );
+        for class in &background {
+            let limit =
+                class["limit"]
+                    .as_f64()
+                    .map_or("-".to_string(), |l| if l == 0.0 { "none".into() } else { format!("{l}") });
+            println!(
+                "  {:<10} {:>7} {:>10} {:>12} {:>11} {:>7} {:>10}",
+                class["class"].as_str().unwrap_or("?"),
+                number(&class["queued"]),
+                number(&class["served"]),
+                number(&class["cost"]),
+                number(&class["reservation"]),
+                number(&class["weight"]),
+                limit
+            );
+        }
+        println!("  (cost, reservation and limit in 4 KiB units, a second for the rates; served since start)");
+    }
     let threads = reply["threads"].as_array().cloned().unwrap_or_default();
     if threads.is_empty() {
         return Ok(());
@@ -130,8 +158,6 @@ fn print_qos(reply: &Value, json: bool) -> Result<()> {
         "{:>6}  {:<28} {:>7} {:>6} {:>11} {:>7} {:>12} {:>12}",
         "thread", "class", "queued", "held", "reservation", "weight", "served (R)", "served (W)"
     );
-    // (A JSON value's Display ignores widths: numbers become strings first.)
-    let number = |value: &Value| value.as_f64().map_or("-".to_string(), |n| format!("{n}"));
     for thread in &threads {
         for class in thread["classes"].as_array().cloned().unwrap_or_default() {
             println!(

@@ -224,6 +224,15 @@ fn an_osd_holds_a_client_that_ignores_its_images_limit() {
             let out = run_ok(cluster.cli().arg("daemon").arg(&socket).args(["qos", "--json"]));
             let reply: serde_json::Value = serde_json::from_slice(&out.stdout).expect("qos --json is JSON");
             assert_eq!(reply["on"], true, "{}: {reply}", osd.name);
+            // The flushers' background classes, with the OSD's defaults
+            // (128 MiB/s of backfill in 4 KiB units, 500 trims a second).
+            let background = reply["background"].as_array().cloned().unwrap_or_default();
+            let limits: Vec<(String, f64)> = background
+                .iter()
+                .map(|c| (c["class"].as_str().unwrap_or("?").to_string(), c["limit"].as_f64().unwrap_or(-1.0)))
+                .collect();
+            let expected = [("backfill", 32_768.0), ("scrub", 0.0), ("trim", 500.0), ("strays", 16_000.0)];
+            assert_eq!(limits, expected.map(|(c, l)| (c.to_string(), l)), "{}: {reply}", osd.name);
             reply["threads"].as_array().cloned().unwrap_or_default()
         })
         .flat_map(|thread| thread["classes"].as_array().cloned().unwrap_or_default())
@@ -364,4 +373,17 @@ fn recovery_completes_under_a_saturating_client() {
     assert!(moved >= least, "{moved} bytes backfilled; osd.0's {owed} objects lacked {least} the writers left alone");
     eprintln!("{moved} bytes backfilled to osd.0 ({owed} objects) in {took:?} under {writes} client writes");
     assert!(writes > 1000, "the client was not saturating: {writes} writes");
+    // The backfill went through the flushers' backfill class: at least
+    // the chunks written at targets (one unit per 4 KiB), and the
+    // primaries' chunk locks on top (flusher::device).
+    let backfill_cost: f64 = common::osds(cluster.path())
+        .iter()
+        .map(|osd| {
+            common::scrape(osd.admin)
+                .get("duplex_osd_background_cost_total{class=\"backfill\"}")
+                .copied()
+                .unwrap_or(0.0)
+        })
+        .sum();
+    assert!(backfill_cost >= moved / 4096.0, "the backfill class was charged {backfill_cost} units for {moved} bytes");
 }

@@ -38,6 +38,8 @@ pub struct AdminTargets {
 }
 
 pub struct QosTarget {
+    /// The flushers' background classes (crate::flusher::device).
+    pub device: crate::flusher::device::DeviceSpecs,
     pub views: Arc<crate::io::qos::QosViews>,
     pub map: Arc<crate::cluster::MapCell>,
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -122,8 +124,25 @@ fn run(line: &str, targets: &AdminTargets) -> Result<Value, String> {
             let views = qos.views.lock().map_err(|_| "the QoS views lock is poisoned")?.clone();
             let threads: Vec<Value> =
                 views.into_iter().map(|(thread, classes)| json!({ "thread": thread, "classes": classes })).collect();
+            let metrics = &qos.metrics;
+            let background: Vec<Value> = crate::flusher::device::DeviceClass::ALL
+                .iter()
+                .map(|class| {
+                    let (spec, at) = (qos.device.of(*class), *class as usize);
+                    json!({
+                        "class": class.name(),
+                        "queued": metrics.background_queued[at].load(std::sync::atomic::Ordering::Relaxed),
+                        "served": metrics.background_served[at].get(),
+                        "cost": metrics.background_cost[at].get(),
+                        "reservation": spec.reservation(),
+                        "weight": spec.weight(),
+                        "limit": spec.limit(),
+                    })
+                })
+                .collect();
             Ok(json!({
                 "on": crate::io::qos::enabled(&qos.map.load().map),
+                "background": background,
                 "threads": threads,
                 "scheduled_total": qos.metrics.qos_scheduled.get(),
                 "held_by_limiter_total": qos.metrics.qos_limited.get(),

@@ -131,11 +131,14 @@ pub struct OsdArgs {
     /// never). A scrub reports bad copies; `duplex pg repair` fixes them.
     #[arg(long, default_value_t = 7 * 24 * 3600)]
     scrub_interval_s: u64,
-    /// The recovery throttle: bytes per second this OSD's background
-    /// backfill sends to, or compares on, the replicas it fills (0: no
-    /// limit).
+    /// The backfill class's limit at each store partition: bytes per
+    /// second a background backfill reads or writes there (0: no limit).
     #[arg(long, default_value_t = crate::config::DEFAULT_RECOVERY_BYTES_PER_SEC)]
     recovery_bytes_per_sec: u64,
+    /// The snapshot trim class's limit at each store partition: clones
+    /// deleted per second (0: no limit).
+    #[arg(long, default_value_t = crate::config::DEFAULT_TRIMS_PER_SEC)]
+    trims_per_sec: u32,
     /// A deduplicated pool's object is deduplicated (its cold chunks moved
     /// to the chunk pool) once it has not been written for this many
     /// seconds.
@@ -232,6 +235,8 @@ pub fn run(args: OsdArgs) -> Result<()> {
     config.lcam_interval = Duration::from_millis(args.lcam_interval_ms);
     config.scrub_interval = Duration::from_secs(args.scrub_interval_s);
     config.recovery_bytes_per_sec = args.recovery_bytes_per_sec;
+    config.trims_per_sec = args.trims_per_sec;
+    config.device_specs().context("--recovery-bytes-per-sec or --trims-per-sec")?;
     config.dedup_cold_after = Duration::from_secs(args.dedup_cold_s);
 
     let faults = watch_faults(args.inject_device_faults.as_ref())?;

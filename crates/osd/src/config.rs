@@ -104,12 +104,15 @@ pub struct OsdConfig {
     /// How often each PG this OSD is primary of is deep-scrubbed (its
     /// copies compared, reported, not repaired); zero: never.
     pub scrub_interval: Duration,
-    /// The recovery throttle: bytes per second background backfill sends
-    /// to, or compares on, the replicas it fills, over all of this OSD's
-    /// PGs (0: no limit). Client
-    /// I/O goes on meanwhile; a higher rate moves data sooner and takes
-    /// more of the disks and the network from it.
+    /// The backfill class's limit at each flusher (flusher::device): bytes
+    /// a second a backfill's requests read or write there, at the primary
+    /// and at its targets (0: no limit). Client I/O goes on meanwhile; a
+    /// higher rate moves data sooner and takes more of the disks and the
+    /// network from it.
     pub recovery_bytes_per_sec: u64,
+    /// The trim class's limit at each flusher: snapshot clones the
+    /// trimmer deletes a second (0: no limit).
+    pub trims_per_sec: u32,
     /// The deduplication tier's hotness rule: an object of a deduplicated
     /// pool is passed (its chunks moved to the chunk pool, evicted) once
     /// it has not been written for this long (docs/DEDUP.md).
@@ -120,8 +123,17 @@ pub struct OsdConfig {
 /// still fills at about 450 GB an hour.
 pub const DEFAULT_RECOVERY_BYTES_PER_SEC: u64 = 128 << 20;
 
+/// 500 clone deletes a second: each is a replicated write, and a snapshot
+/// of a large image leaves many.
+pub const DEFAULT_TRIMS_PER_SEC: u32 = 500;
+
 impl OsdConfig {
     /// A configuration with the defaults, for the given identity and places.
+    /// The background classes' shares of each flusher, from the knobs.
+    pub fn device_specs(&self) -> Result<crate::flusher::device::DeviceSpecs, duplex_qos::SpecError> {
+        crate::flusher::device::DeviceSpecs::new(self.recovery_bytes_per_sec, self.trims_per_sec)
+    }
+
     pub fn new(id: u32, data: PathBuf, oplog_dir: PathBuf, monitors: Vec<(u64, SocketAddr)>) -> OsdConfig {
         OsdConfig {
             id,
@@ -150,6 +162,7 @@ impl OsdConfig {
             heartbeat_interval: Duration::from_secs(1),
             scrub_interval: Duration::from_secs(7 * 24 * 3600),
             recovery_bytes_per_sec: DEFAULT_RECOVERY_BYTES_PER_SEC,
+            trims_per_sec: DEFAULT_TRIMS_PER_SEC,
             dedup_cold_after: Duration::from_secs(30),
         }
     }

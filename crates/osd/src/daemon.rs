@@ -104,6 +104,8 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
     let shared_cores = non_priority_cores(&config.priority_cores);
     let mut flusher_senders = Vec::new();
     let scrub_requests = ScrubRequests::default();
+    let device_specs =
+        config.device_specs().map_err(|err| std::io::Error::new(std::io::ErrorKind::InvalidInput, err))?;
     for partition in store.into_partitions() {
         let index = partition.index();
         // Shared::flusher_of finds a PG's flusher by position: keep them in partition order.
@@ -126,6 +128,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             repairs_asked: HashMap::new(),
             snap_heads: Default::default(),
             syncer: Some(syncer),
+            device: device_specs,
         };
         let cores = shared_cores.clone();
         std::thread::Builder::new().name(format!("osd-flush-{index}")).spawn(move || {
@@ -145,6 +148,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             mirror: mirror.clone(),
             messenger: Some(shared.messenger.clone()),
             qos: Some(crate::admin_socket::QosTarget {
+                device: device_specs,
                 views: shared.qos_views.clone(),
                 map: shared.map.clone(),
                 metrics: metrics.clone(),

@@ -120,11 +120,16 @@ pub struct TierLoaded {
 }
 
 /// Which clones of a PG's objects whose names start with `prefix` no
-/// snapshot in `live` reads, for the snapshot trimmer (`crate::trimmer`).
+/// snapshot in `live` reads, for the snapshot trimmer (`crate::trimmer`):
+/// `limit` at most, those after `after` in name order. A batch is what the
+/// trimmer then deletes, and what the flusher's `Trim` class paces
+/// (flusher::device).
 pub struct TrimScan {
     pub pg: u32,
     pub prefix: Bytes,
     pub live: Vec<u64>,
+    pub after: Option<DeadClone>,
+    pub limit: usize,
     pub reply: crossbeam_channel::Sender<Result<Vec<DeadClone>, String>>,
 }
 

@@ -9,9 +9,10 @@
 //! dead (after a flush, so that a clone an entry in the log makes is seen),
 //! then deletes each as a client's `TrimClone` would be, through admission
 //! and the replicated write path, so that the replicas delete it too and a
-//! primary that lost its PG refuses. At most [`TRIMS_PER_SEC`] deletes a
-//! second: trimming waits behind client I/O, as backfill does behind its
-//! throttle.
+//! primary that lost its PG refuses. It scans for [`TRIM_BATCH`] dead
+//! clones at a time, and deletes each batch before it asks for the next:
+//! the flusher's `Trim` class (crate::flusher::device) serves those scans
+//! behind client work, at most `--trims-per-sec` clones' worth a second.
 //!
 //! A newer job for the same PG and image replaces one still waiting (its
 //! live set is the newer table's). The deletes are fire-and-forget (their
@@ -39,8 +40,8 @@ use crate::shared::Shared;
 /// Jobs waiting for the trimmer at most, in its channel and again among
 /// those it took (a `TrimSnaps` past it: Retry).
 pub const TRIM_QUEUE: usize = 1024;
-/// Clone deletes a second at most.
-pub const TRIMS_PER_SEC: u32 = 500;
+/// Dead clones one scan finds at most: the deletes issued together.
+pub const TRIM_BATCH: usize = 50;
 /// A job looks for dead clones again this long after its deletes.
 pub const RESCAN_AFTER: Duration = Duration::from_secs(2);
 /// Scans of one job at most.
@@ -71,7 +72,6 @@ pub fn run(shared: Arc<Shared>, jobs: Receiver<TrimJob>, mailboxes: Vec<Mailbox>
         // The deletes' request ids: a client id of its own, new at each
         // start, so that no id of an earlier run is taken for a resend.
         client: rand::random::<u64>() | 1,
-        pace: Pace::new(),
         shared,
         mailboxes,
     };
@@ -128,25 +128,42 @@ struct Trimmer {
     cache: ActingCache,
     histograms: crate::metrics::Histograms,
     client: u64,
-    pace: Pace,
 }
 
 impl Trimmer {
-    /// Scans `job`'s PG and deletes its dead clones; how many it found.
+    /// Scans `job`'s PG and deletes its dead clones, a batch at a time;
+    /// how many it found.
     fn pass(&mut self, job: &TrimJob) -> usize {
-        let dead = match scan(&self.shared, job) {
-            Ok(dead) => dead,
-            Err(err) => {
-                tracing::warn!(pg = job.pg, %err, "a snapshot trim could not scan its PG");
-                return 0;
+        let mut found = 0;
+        let mut after = None;
+        loop {
+            let dead = match scan(&self.shared, job, after.take()) {
+                Ok(dead) => dead,
+                Err(err) => {
+                    tracing::warn!(pg = job.pg, %err, "a snapshot trim could not scan its PG");
+                    return found;
+                }
+            };
+            debug_assert!(dead.len() <= TRIM_BATCH, "a scan found {} at once", dead.len());
+            if !dead.is_empty() {
+                tracing::debug!(pg = job.pg, clones = dead.len(), "trimming dead snapshot clones");
             }
-        };
-        if !dead.is_empty() {
-            tracing::debug!(pg = job.pg, clones = dead.len(), "trimming dead snapshot clones");
+            found += dead.len();
+            let full = dead.len() == TRIM_BATCH;
+            after = dead.last().cloned();
+            if !self.delete(job, dead) {
+                return 0; // no longer this PG's primary: its new one trims
+            }
+            if !full {
+                return found;
+            }
         }
-        let found = dead.len();
+    }
+
+    /// Deletes `dead` clones of `job`'s PG; false if this OSD is no longer
+    /// its primary.
+    fn delete(&mut self, job: &TrimJob, dead: Vec<crate::messages::DeadClone>) -> bool {
         for (head, seq) in dead {
-            self.pace.wait();
             let request = OpRequest {
                 kind: OpKind::TrimClone,
                 pool: pool_of(job.pg),
@@ -173,9 +190,7 @@ impl Trimmer {
             self.shared.metrics.snap_trims.add(1);
             match ops::client_op(&self.shared, &mut self.cache, &self.histograms, op) {
                 Outcome::Queued => {}
-                Outcome::Reply { reply, .. } if reply.status == Status::WrongOsd => {
-                    return 0; // no longer this PG's primary: its new one trims
-                }
+                Outcome::Reply { reply, .. } if reply.status == Status::WrongOsd => return false,
                 Outcome::Reply { reply, .. } => {
                     if reply.status != Status::Ok {
                         tracing::debug!(pg = job.pg, status = ?reply.status, "a clone delete was refused");
@@ -187,41 +202,22 @@ impl Trimmer {
                 outcome => self.mailboxes[0].post_and_wake(Completion::Worked(Box::new(outcome))),
             }
         }
-        found
+        true
     }
 }
 
-/// The dead clones of `job`'s PG, from its flusher.
-fn scan(shared: &Shared, job: &TrimJob) -> Result<Vec<(Vec<u8>, u64)>, String> {
+/// The next [`TRIM_BATCH`] dead clones of `job`'s PG after `after`, from
+/// its flusher (as its `Trim` class allows).
+fn scan(
+    shared: &Shared,
+    job: &TrimJob,
+    after: Option<crate::messages::DeadClone>,
+) -> Result<Vec<crate::messages::DeadClone>, String> {
     let (reply, answer) = crossbeam_channel::bounded(1);
-    let scan = TrimScan { pg: job.pg, prefix: job.prefix.clone(), live: job.live.clone(), reply };
+    let scan =
+        TrimScan { pg: job.pg, prefix: job.prefix.clone(), live: job.live.clone(), after, limit: TRIM_BATCH, reply };
     shared.send_job(job.pg, Job::TrimScan(scan));
     answer.recv().map_err(|_| "the flusher ended".to_string())?
-}
-
-/// Spaces deletes at [`TRIMS_PER_SEC`] (in bursts of 50).
-struct Pace {
-    since: Instant,
-    count: u32,
-}
-
-impl Pace {
-    fn new() -> Pace {
-        Pace { since: Instant::now(), count: 0 }
-    }
-
-    fn wait(&mut self) {
-        const BURST: u32 = 50;
-        if self.count == BURST {
-            let due = Duration::from_secs(1) * BURST / TRIMS_PER_SEC;
-            if let Some(rest) = due.checked_sub(self.since.elapsed()) {
-                std::thread::sleep(rest);
-            }
-            self.since = Instant::now();
-            self.count = 0;
-        }
-        self.count += 1;
-    }
 }
 
 #[cfg(test)]
@@ -247,15 +243,5 @@ mod tests {
             "the newer live set, passes anew"
         );
         assert_eq!(queue[1].job.prefix, Bytes::from_static(b"img-b."));
-    }
-
-    #[test]
-    fn the_pace_waits_after_a_burst() {
-        let mut pace = Pace::new();
-        let started = Instant::now();
-        for _ in 0..51 {
-            pace.wait();
-        }
-        assert!(started.elapsed() >= Duration::from_secs(1) * 50 / TRIMS_PER_SEC, "the next waits its share");
     }
 }

@@ -228,7 +228,7 @@ fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {
     format!(
         "seed {seed}: ok in {real_s:.1}s real, {:.1}s virtual: {} writes acknowledged, {} unknown, {} reads; \
          {} faults ({} power cuts in a commit, {} damaged copies found), {} marked down, {} peerings, {} objects recovered; \
-         {} PGs backfilled ({} objects, {} writes elided), {} pins dropped, {} handed over, {} filled in the background, {} active-set records, {} balancer moves, {} snapshots ({} reads of them){}{}; {} messages ({} lost); digest {:016x}",
+         {} PGs backfilled ({} objects, {} writes elided), {} background requests ({} local waits), {} pins dropped, {} handed over, {} filled in the background, {} active-set records, {} balancer moves, {} snapshots ({} reads of them){}{}; {} messages ({} lost); digest {:016x}",
         report.virtual_us as f64 / 1e6,
         report.acknowledged_writes,
         report.unknown_writes,
@@ -242,6 +242,8 @@ fn ok_line(seed: u64, real_s: f64, report: &RunReport) -> String {
         report.backfilled_pgs,
         report.backfill_objects,
         report.elided_writes,
+        report.background_requests,
+        report.local_waits,
         report.pins_cleared,
         report.hand_overs,
         report.background_fills,

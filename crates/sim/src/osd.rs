@@ -150,6 +150,20 @@ pub struct Live {
     strays: StrayWatch,
     /// The deduplication engine (runs with `--dedup`).
     engine: Option<SimEngine>,
+    /// A peering request to this OSD's own flusher that its device queue
+    /// has not served yet (the OSD's peering thread blocks on it): no
+    /// other action goes meanwhile.
+    local: Option<LocalWait>,
+    /// Times the peering thread waited so (the device queue held it back).
+    local_waits: u64,
+}
+
+/// A request to the own flusher, waiting for its answer.
+struct LocalWait {
+    answer: Receiver<PeerReply>,
+    pg: u32,
+    tag: u64,
+    backfill: bool,
 }
 
 fn store_config(faults: Arc<DeviceFaults>) -> StoreConfig {
@@ -238,15 +252,12 @@ impl SimOsd {
             snap_heads: Default::default(),
             // Flushes on the flusher's own thread: a run stays deterministic.
             syncer: None,
+            device: config.device_specs()?,
         };
         let pending = flusher.start();
         let cell = Arc::new(MapCell::new(ClusterMap::new([0; 16])));
-        let schedule = Schedule::new(
-            self.id,
-            config.scrub_interval.as_micros() as u64,
-            config.recovery_bytes_per_sec,
-            duplex_osd::backend::peering_for,
-        );
+        let schedule =
+            Schedule::new(self.id, config.scrub_interval.as_micros() as u64, duplex_osd::backend::peering_for);
         let shared = Shared::new(config, pgs, cell.clone(), metrics.clone(), vec![sender], scrub_requests);
         shared.serving.store(true, std::sync::atomic::Ordering::Release);
         let held_lease = Arc::new(Lease::default());
@@ -283,6 +294,8 @@ impl SimOsd {
             booting: true,
             flush_timer: None,
             backfill_timer: None,
+            local: None,
+            local_waits: 0,
         });
         ctx.send(Node::Monitor, Msg::Boot);
         ctx.timer(ctx.now + HEARTBEAT_US, Timer::OsdHeartbeat);
@@ -355,12 +368,19 @@ impl SimOsd {
         self.damaged_before + self.live.as_ref().map_or(0, |l| l.shared.metrics.damaged_objects.get())
     }
 
-    /// PGs this incarnation backfilled to the end, objects it copied, and
-    /// writes it sent targets without their data.
-    pub fn backfills(&self) -> (u64, u64, u64) {
-        self.live.as_ref().map_or((0, 0, 0), |l| {
+    /// PGs this incarnation backfilled to the end, objects it copied,
+    /// writes it sent targets without their data, and background requests
+    /// its flusher served (of which its own peering waited on how many).
+    pub fn backfills(&self) -> (u64, u64, u64, u64, u64) {
+        self.live.as_ref().map_or((0, 0, 0, 0, 0), |l| {
             let metrics = &l.shared.metrics;
-            (metrics.backfilled_pgs.get(), metrics.backfill_objects.get(), metrics.backfill_elided_writes.get())
+            (
+                metrics.backfilled_pgs.get(),
+                metrics.backfill_objects.get(),
+                metrics.backfill_elided_writes.get(),
+                metrics.background_served.iter().map(|c| c.get()).sum(),
+                l.local_waits,
+            )
         })
     }
 
@@ -754,6 +774,13 @@ impl SimOsd {
                 ctx.timer(at.max(ctx.now), Timer::OsdFlush);
             }
         }
+        // The own flusher answered the peering thread: it goes on now.
+        if live.local.as_ref().is_some_and(|wait| !wait.answer.is_empty())
+            && live.backfill_timer.is_none_or(|t| t > ctx.now)
+        {
+            live.backfill_timer = Some(ctx.now);
+            ctx.timer(ctx.now, Timer::OsdBackfill);
+        }
         if retry_parked {
             let parked: Vec<ClientOp> = live.parked.drain(..).collect();
             for op in parked {
@@ -763,8 +790,30 @@ impl SimOsd {
         }
     }
 
+    /// Hands the own flusher's answer to the schedule, if one was waited
+    /// for; false while it is still to come.
+    fn take_local_answer(&mut self) -> bool {
+        let Some(live) = self.live.as_mut() else { return true };
+        let Some(wait) = live.local.take() else { return true };
+        let outcome = match wait.answer.try_recv() {
+            Ok(reply) => Ok(reply),
+            Err(crossbeam_channel::TryRecvError::Empty) => {
+                live.local = Some(wait);
+                return false;
+            }
+            Err(crossbeam_channel::TryRecvError::Disconnected) => Err("the local store did not answer".to_string()),
+        };
+        let metrics = live.shared.metrics.clone();
+        live.schedule.on_local_answer(wait.pg, wait.tag, wait.backfill, outcome, &metrics);
+        true
+    }
+
     /// Carries out peering actions until one waits on another OSD.
     fn pump_peering(&mut self, ctx: &mut Ctx) {
+        // The peering thread waits on its own flusher's answer first.
+        if !self.take_local_answer() {
+            return;
+        }
         let me = self.id;
         let Some(live) = self.live.as_mut() else { return };
         live.schedule.timed_out(ctx.now, &live.shared.metrics);
@@ -795,8 +844,8 @@ impl SimOsd {
                     continue;
                 }
                 Next::Backfill(pg, step @ Step::Send { .. }) => {
-                    // The recovery throttle, on the simulated clock.
-                    if !live.schedule.throttle(pg, &step, ctx.now, &view, &metrics) {
+                    // A full target waits, on the simulated clock.
+                    if !live.schedule.may_send(pg, &step, ctx.now, &view, &metrics) {
                         continue;
                     }
                     let Step::Send { to, tag, op } = step else { unreachable!("matched above") };
@@ -814,10 +863,13 @@ impl SimOsd {
                 let (sender, receiver) = crossbeam_channel::bounded(1);
                 let job = Job::Peer { request, reply: PeerReplyTo::Local(sender) };
                 live.flusher.take(job, &mut live.pending, ctx.instant());
+                self.live.as_mut().expect("running").local = Some(LocalWait { answer: receiver, pg, tag, backfill });
                 self.drain(ctx);
-                let live = self.live.as_mut().expect("running");
-                let outcome = receiver.try_recv().map_err(|_| "the local store did not answer".to_string());
-                live.schedule.on_local_answer(pg, tag, backfill, outcome, &metrics);
+                if !self.take_local_answer() {
+                    // Its device queue serves it later: `drain` goes on then.
+                    self.live.as_mut().expect("running").local_waits += 1;
+                    return;
+                }
             } else {
                 let txid = live.schedule.send(pg, tag, to, ctx.now, backfill);
                 ctx.send(Node::Osd(to), Msg::Frame(request.to_frame(txid)));

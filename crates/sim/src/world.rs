@@ -215,6 +215,10 @@ pub struct RunReport {
     pub backfill_objects: u64,
     /// Writes sent to backfill targets without their data (duplex_osd::pg::elide).
     pub elided_writes: u64,
+    /// Background requests the flushers served after client work, and the
+    /// times a primary's peering waited on its own flusher's device queue.
+    pub background_requests: u64,
+    pub local_waits: u64,
     pub pins_cleared: u64,
     /// PGs the balancer moved (runs that balance).
     pub balancer_moves: u64,
@@ -1025,13 +1029,18 @@ impl World {
         format!("{:?}", history.ops).hash(&mut digest);
         let (peerings, recovered_objects) =
             self.osds.iter().map(|o| o.activations()).fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
-        let (backfilled_pgs, backfill_objects, elided_writes) =
-            self.osds.iter().map(|o| o.backfills()).fold((0, 0, 0), |(a, b, c), (d, e, f)| (a + d, b + e, c + f));
+        let (backfilled_pgs, backfill_objects, elided_writes, background_requests, local_waits) = self
+            .osds
+            .iter()
+            .map(|o| o.backfills())
+            .fold((0, 0, 0, 0, 0), |(a, b, c, d, e), (f, g, h, i, j)| (a + f, b + g, c + h, d + i, e + j));
         let writers = &self.clients[..self.clients.len() - 1];
         Ok(RunReport {
             backfilled_pgs,
             backfill_objects,
             elided_writes,
+            background_requests,
+            local_waits,
             pins_cleared: self.pins_cleared,
             balancer_moves: self.balancer_moves,
             snapshots: self.snapshots,

@@ -763,6 +763,7 @@ mod tests {
             repairs_asked: HashMap::new(),
             snap_heads: Default::default(),
             syncer: None,
+            device: Default::default(),
         };
         (flusher, poll, inbox)
     }
@@ -1326,6 +1327,53 @@ mod tests {
         assert!(metrics.fullest_partition_permille() < 1000, "its real use again");
         assert_eq!(pg.lock().unwrap().log.entries().count(), 0, "the log is flushed whole");
     }
+    /// The snapshot trimmer's scans (crate::trimmer): a batch of `limit`
+    /// dead clones at most, the next after the last one's name, so that
+    /// the batches together name every dead clone once, and a live one
+    /// never.
+    #[test]
+    fn dead_clones_come_in_batches_after_a_cursor_each_once() {
+        let store = crate::TestStore::new(1);
+        let logs = tempfile::tempdir().unwrap();
+        let (mut flusher, _poll) = flusher(&store, logs.path());
+        let key = pg_key(1, 2).unwrap();
+        // Clones `name@seq` of heads last changed under 0 (no snapseq
+        // attribute): snapshot 4 reads each clone with seq >= 4.
+        let mut batch = duplex_store::Batch::new();
+        let mut all = Vec::new();
+        for (name, seqs) in
+            [(&b"img.a"[..], &[2u64, 5, 9][..]), (b"img.b", &[1, 3]), (b"img.c", &[7, 8, 11]), (b"other", &[1])]
+        {
+            for &seq in seqs {
+                batch.push(duplex_store::Op::Write {
+                    key: crate::snaps::clone_key(key, name, seq).unwrap(),
+                    offset: 0,
+                    data: vec![1; 16],
+                });
+                all.push((name.to_vec(), seq));
+            }
+        }
+        flusher.partition.apply(&batch).unwrap();
+        let live = [4u64];
+        let expected: Vec<(Vec<u8>, u64)> =
+            all.into_iter().filter(|(name, seq)| name.starts_with(b"img.") && *seq < 4).collect();
+        assert_eq!(expected.len(), 3, "img.a@2, img.b@1 and img.b@3 are dead");
+        let mut found = Vec::new();
+        let mut after = None;
+        loop {
+            let dead = flusher.dead_clones(key, b"img.", &live, after.as_ref(), 2).unwrap();
+            assert!(dead.len() <= 2, "{dead:?}");
+            found.extend(dead.iter().cloned());
+            after = dead.last().cloned();
+            if dead.len() < 2 {
+                break;
+            }
+        }
+        assert_eq!(found, expected, "every dead clone once, in name order");
+        let whole = flusher.dead_clones(key, b"img.", &live, None, 0).unwrap();
+        assert_eq!(whole, expected, "limit 0: no limit");
+    }
+
     /// Issue 24: a flush refused for want of room holds back only the PGs
     /// whose entries need it. Another PG's deletes in the same partition
     /// go through and free the room, instead of waiting behind the first

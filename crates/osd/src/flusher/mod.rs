@@ -6,6 +6,7 @@
 //! store in batches (one device flush each), trims the logs and index
 //! caches, and posts completions to the priority threads.
 
+pub mod device;
 pub mod held;
 pub mod member;
 pub mod strays;
@@ -62,6 +63,18 @@ pub struct Flusher {
     /// Where the commits' device flushes go, so that reads go on meanwhile
     /// (None: they block this thread, as the simulator wants).
     pub syncer: Option<syncer::Syncer>,
+    /// The background classes' shares of this flusher ([`device`]).
+    pub device: device::DeviceSpecs,
+}
+
+/// Background work, queued by class in [`Pending`]'s device queue.
+pub enum Background {
+    /// A backfill's step or a scrub's page, of a PG active here.
+    Peer(PeerRequest, PeerReplyTo),
+    /// A batch of the snapshot trimmer's, answered after a flush.
+    TrimScan(crate::messages::TrimScan),
+    /// A removal batch of stray copies ([`strays`]).
+    Strays,
 }
 
 /// A PG asked for repair this recently is not asked again.
@@ -82,9 +95,9 @@ pub struct Pending {
     /// (or holds its writes) until they are done, so they go ahead of
     /// client work (issue 31).
     urgent: Vec<(PeerRequest, PeerReplyTo)>,
-    /// The others (a backfill's steps, a scrub's pages, of active PGs):
-    /// after client work.
-    peering: Vec<(PeerRequest, PeerReplyTo)>,
+    /// The background (the other peering requests, trim scans, stray
+    /// removal), by class: after client work, one request a step.
+    device: device::DeviceQueue<Background>,
     syncs: Vec<(Entry, SyncDone)>,
     dirty: BTreeSet<u32>,
     deadline: Option<Instant>,
@@ -96,17 +109,18 @@ pub struct Pending {
     usage: Option<(Instant, Vec<PgUsage>)>,
     /// Stray copies being removed ([`strays`]).
     strays: Option<strays::StrayWork>,
-    /// The snapshot trimmer's scans, answered after the flush.
-    trim_scans: Vec<crate::messages::TrimScan>,
+    /// Whether the device queue holds the request for their next batch.
+    stray_batch_queued: bool,
     tier_loads: Vec<crate::messages::TierLoad>,
+    /// This flusher's share of `Metrics::background_queued`, as last published.
+    queued_published: [u64; 4],
 }
 
 impl Pending {
     /// When the flusher next has work without another job (None: not
-    /// before one comes): a flush, or a stray copy's removal.
+    /// before one comes): a flush, or background work.
     pub fn deadline(&self) -> Option<Instant> {
-        let strays = self.strays.as_ref().map(|work| work.next_at);
-        match (self.deadline, strays) {
+        match (self.deadline, self.device.next_at()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -128,8 +142,12 @@ impl Pending {
             || !self.reads.is_empty()
             || !self.after_flush.is_empty()
             || !self.urgent.is_empty()
-            || !self.peering.is_empty()
-            || self.strays.as_ref().is_some_and(|work| work.next_at <= now)
+            || self.device.next_at().is_some_and(|at| at <= now)
+    }
+
+    /// Background requests queued, of `class`.
+    pub fn background_queued(&self, class: device::DeviceClass) -> usize {
+        self.device.queued(class)
     }
 }
 
@@ -150,7 +168,7 @@ impl Flusher {
             reads: Vec::new(),
             after_flush: Vec::new(),
             urgent: Vec::new(),
-            peering: Vec::new(),
+            device: device::DeviceQueue::new(&self.device),
             syncs: Vec::new(),
             dirty: BTreeSet::new(),
             deadline: None,
@@ -159,7 +177,8 @@ impl Flusher {
             used,
             usage: None,
             strays: None,
-            trim_scans: Vec::new(),
+            stray_batch_queued: false,
+            queued_published: [0; 4],
             tier_loads: Vec::new(),
         }
     }
@@ -264,7 +283,7 @@ impl Flusher {
 
     /// One pass over the work taken, as of `now`: the peering requests of
     /// inactive PGs, then reads, the flush if one is due, sync applies,
-    /// and the other peering requests.
+    /// and one background request if its class may go ([`device`]).
     pub fn step(&mut self, pending: &mut Pending, histograms: &crate::metrics::Histograms, now: Instant) {
         // An inactive PG's clients all wait on its peering, which waits on
         // these, one round trip at a time: each would otherwise wait behind
@@ -276,6 +295,7 @@ impl Flusher {
         for (request, to) in std::mem::take(&mut pending.urgent) {
             self.answer_peer(request, to);
         }
+        let client_reads = pending.reads.len();
         // Reads first: most need no flush (the log's entries for their
         // object lay on the store's bytes), and none of those waits behind
         // one, which on a disk without power-loss protection takes
@@ -288,29 +308,7 @@ impl Flusher {
             }
         }
         if pending.flush_due(now) {
-            let started = Instant::now();
-            let flushed = self.flush_each(std::mem::take(&mut pending.dirty));
-            record(histograms, Stage::Flush, started.elapsed().as_micros() as u64);
-            pending.deadline = None;
-            pending.flush_now = false;
-            let refilled = match flushed {
-                Ok(refilled) => refilled,
-                Err(failed) => {
-                    // The entries stay in their logs: try these PGs again later.
-                    pending.dirty.extend(failed);
-                    pending.deadline = Some(now + FLUSH_RETRY);
-                    Vec::new()
-                }
-            };
-            // Replica entries that waited for room went into the logs this
-            // flush trimmed: they need a flush of their own, at once if
-            // more are still waiting (their primary waits for the acks).
-            // (A deadline, not `flush_now`: the loop blocks for jobs unless one is set.)
-            for (pg, more_waiting) in refilled {
-                pending.dirty.insert(pg);
-                let due = if more_waiting { now } else { now + self.timeout };
-                pending.deadline = Some(pending.deadline.map_or(due, |d| d.min(due)));
-            }
+            self.flush_dirty(pending, histograms, now);
         }
         if !pending.syncs.is_empty() {
             let started = Instant::now();
@@ -325,10 +323,6 @@ impl Flusher {
                 .collect();
             self.read(reads, held);
         }
-        for scan in std::mem::take(&mut pending.trim_scans) {
-            let dead = self.dead_clones(scan.pg, &scan.prefix, &scan.live).map_err(|err| err.to_string());
-            let _ = scan.reply.send(dead);
-        }
         for load in std::mem::take(&mut pending.tier_loads) {
             match self.tier_index(load.pg) {
                 Ok(loaded) => {
@@ -340,13 +334,19 @@ impl Flusher {
                 Err(err) => tracing::warn!(pg = load.pg, %err, "loading a deduplicated PG's index failed"),
             }
         }
-        // After the client work: the background's steps of active PGs (each
-        // flushes its PG itself where it must).
-        for (request, to) in std::mem::take(&mut pending.peering) {
-            self.answer_peer(request, to);
+        // After the client work, the background: one request, if its class
+        // may go. What this step did for clients (its store operations,
+        // which only this thread makes, and its reads) is their share.
+        if pending.device.next_at().is_some() {
+            let client_ops = self.partition.stats().ops.saturating_sub(pending.counted.ops);
+            let client_cost = (client_ops + client_reads as u64) as f64;
+            if let Some((class, work, cost)) = pending.device.next(now, client_cost) {
+                debug_assert!(cost >= 1.0, "{class:?} served at cost {cost}");
+                self.metrics.background_served[class as usize].add(1);
+                self.metrics.background_cost[class as usize].add(cost as u64);
+                self.serve_background(work, pending, histograms, now);
+            }
         }
-        // Last, and paced: a stray copy's removal frees room, but no one waits on it.
-        self.remove_strays(pending, now);
         let now = self.partition.stats();
         let (was, metrics) = (&pending.counted, &self.metrics);
         metrics.device_bytes_written.add(now.io.bytes_written.saturating_sub(was.io.bytes_written));
@@ -364,7 +364,72 @@ impl Flusher {
         gauge.fetch_add(now_used.wrapping_sub(pending.used), std::sync::atomic::Ordering::Relaxed);
         pending.used = now_used;
         self.publish_use();
+        if !pending.device.is_empty() || pending.queued_published != [0; 4] {
+            for class in device::DeviceClass::ALL {
+                let (queued, was) =
+                    (pending.device.queued(class) as u64, &mut pending.queued_published[class as usize]);
+                let gauge = &self.metrics.background_queued[class as usize];
+                gauge.fetch_add(queued.wrapping_sub(*was), std::sync::atomic::Ordering::Relaxed);
+                *was = queued;
+            }
+        }
         debug_assert!(pending.dirty_is_due(), "a dirty PG with no flush due: its entries would wait for ever");
+    }
+
+    /// Applies the dirty PGs' entries to the store (the flush `step` makes
+    /// when one is due).
+    fn flush_dirty(&mut self, pending: &mut Pending, histograms: &crate::metrics::Histograms, now: Instant) {
+        let started = Instant::now();
+        let flushed = self.flush_each(std::mem::take(&mut pending.dirty));
+        record(histograms, Stage::Flush, started.elapsed().as_micros() as u64);
+        pending.deadline = None;
+        pending.flush_now = false;
+        let refilled = match flushed {
+            Ok(refilled) => refilled,
+            Err(failed) => {
+                // The entries stay in their logs: try these PGs again later.
+                pending.dirty.extend(failed);
+                pending.deadline = Some(now + FLUSH_RETRY);
+                Vec::new()
+            }
+        };
+        // Replica entries that waited for room went into the logs this
+        // flush trimmed: they need a flush of their own, at once if
+        // more are still waiting (their primary waits for the acks).
+        // (A deadline, not `flush_now`: the loop blocks for jobs unless one is set.)
+        for (pg, more_waiting) in refilled {
+            pending.dirty.insert(pg);
+            let due = if more_waiting { now } else { now + self.timeout };
+            pending.deadline = Some(pending.deadline.map_or(due, |d| d.min(due)));
+        }
+    }
+
+    /// Carries out one background request the device queue chose.
+    fn serve_background(
+        &mut self,
+        work: Background,
+        pending: &mut Pending,
+        histograms: &crate::metrics::Histograms,
+        now: Instant,
+    ) {
+        match work {
+            // (A backfill's step flushes its PG itself where it must.)
+            Background::Peer(request, to) => self.answer_peer(request, to),
+            Background::TrimScan(scan) => {
+                // After a flush: a clone that an entry in the log makes is seen.
+                pending.dirty.insert(scan.pg);
+                self.flush_dirty(pending, histograms, now);
+                let dead = self
+                    .dead_clones(scan.pg, &scan.prefix, &scan.live, scan.after.as_ref(), scan.limit)
+                    .map_err(|err| err.to_string());
+                debug_assert!(
+                    dead.as_ref().map_or(true, |dead| scan.limit == 0 || dead.len() <= scan.limit),
+                    "a scan past its limit"
+                );
+                let _ = scan.reply.send(dead);
+            }
+            Background::Strays => self.remove_strays(pending, now),
+        }
     }
 
     /// Takes one job into `pending`, as of `now`.
@@ -385,13 +450,15 @@ impl Flusher {
                 self.metrics.urgent_peer_requests.add(1);
                 pending.urgent.push((request, reply));
             }
-            Job::Peer { request, reply } => pending.peering.push((request, reply)),
+            Job::Peer { request, reply } => {
+                let (class, cost) = device::peer_class(&request.op);
+                pending.device.push(class, Background::Peer(request, reply), cost, now);
+            }
             Job::Strays(view) => self.take_strays(view, pending, now),
             Job::TrimScan(scan) => {
-                // After a flush: a clone that an entry in the log makes is seen.
-                pending.dirty.insert(scan.pg);
-                pending.flush_now = true;
-                pending.trim_scans.push(scan);
+                // Its cost is the deletes it may lead to.
+                let cost = scan.limit as f64;
+                pending.device.push(device::DeviceClass::Trim, Background::TrimScan(scan), cost, now);
             }
             Job::TierLoad(load) => {
                 // After a flush: the store holds every entry's effect.
@@ -1203,7 +1270,15 @@ impl Flusher {
     /// The clones of `pg`'s objects named `prefix...` that no snapshot in
     /// `live` reads: a clone `name@seq` whose head was last changed under
     /// `from` holds what the snapshots in `(from, seq]` saw (crate::snaps).
-    fn dead_clones(&mut self, pg: u32, prefix: &[u8], live: &[u64]) -> Result<Vec<(Vec<u8>, u64)>, StoreError> {
+    /// `limit` at most, the first in name order after the clone `after`.
+    fn dead_clones(
+        &mut self,
+        pg: u32,
+        prefix: &[u8],
+        live: &[u64],
+        after: Option<&crate::messages::DeadClone>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, u64)>, StoreError> {
         const PAGE: usize = 1024;
         let start: Vec<u8> = pg.to_be_bytes().iter().chain(prefix).copied().collect();
         // The first key past every one that starts with `start`.
@@ -1212,7 +1287,15 @@ impl Flusher {
             end[at] += 1;
             end
         });
-        let mut cursor = start.clone();
+        let mut cursor = match after {
+            Some((head, seq)) => {
+                let mut cursor: Vec<u8> =
+                    pg.to_be_bytes().iter().copied().chain(crate::snaps::clone_name(head, *seq)).collect();
+                cursor.push(0); // the smallest name after it
+                cursor.max(start.clone())
+            }
+            None => start.clone(),
+        };
         let mut dead = Vec::new();
         loop {
             let keys = self.partition.list(&cursor, end.as_deref(), PAGE);
@@ -1224,6 +1307,9 @@ impl Flusher {
                 let from = crate::snaps::snapseq_of(&mut self.partition, bytes)?;
                 if !live.iter().any(|&snap| from < snap && snap <= seq) {
                     dead.push((head.to_vec(), seq));
+                    if dead.len() == limit {
+                        return Ok(dead);
+                    }
                 }
             }
             match keys.last() {

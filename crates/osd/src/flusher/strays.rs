@@ -33,25 +33,26 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use duplex_map::OsdId;
 use duplex_store::{Batch, Op};
 
-use super::{Flusher, Pending};
+use super::device::DeviceClass;
+use super::{Background, Flusher, Pending};
 use crate::cluster::MapView;
 use crate::pg::{pg_number, pool_of, stored_interval};
 
-/// Objects one removal batch deletes.
+/// Objects one removal batch deletes: its cost in the device queue's
+/// `Strays` class, which paces the batches behind client work.
 const STRAY_BATCH: usize = 32;
-/// Between two removal batches: client work and flushes go first.
-const STRAY_PACE: Duration = Duration::from_millis(2);
 
-/// The removal under way: the map it was judged by, and the PGs still to look at.
+/// The removal under way: the map it was judged by, and the PGs still to
+/// look at. While it lasts, one `Background::Strays` waits in the device
+/// queue for the next batch (`Pending::stray_batch_queued`).
 pub struct StrayWork {
     view: Arc<MapView>,
     candidates: VecDeque<u32>,
-    pub(super) next_at: Instant,
 }
 
 /// When the flushers are given a map to judge stray copies by: each new
@@ -114,13 +115,16 @@ impl Flusher {
     pub(super) fn take_strays(&self, view: Arc<MapView>, pending: &mut Pending, now: Instant) {
         let candidates: VecDeque<u32> =
             self.partition.groups().into_iter().filter(|key| is_stray(&view, self.id, *key)).collect();
-        pending.strays = (!candidates.is_empty()).then_some(StrayWork { view, candidates, next_at: now });
+        pending.strays = (!candidates.is_empty()).then_some(StrayWork { view, candidates });
+        queue_batch(pending, now);
     }
 
-    /// One removal batch, if one is due: up to [`STRAY_BATCH`] objects of
-    /// the first stray PG left.
+    /// One removal batch, as the device queue allows: up to
+    /// [`STRAY_BATCH`] objects of the first stray PG left.
     pub(super) fn remove_strays(&mut self, pending: &mut Pending, now: Instant) {
-        let Some(work) = pending.strays.as_mut().filter(|work| work.next_at <= now) else { return };
+        debug_assert!(pending.stray_batch_queued, "a removal batch served that was never queued");
+        pending.stray_batch_queued = false;
+        let Some(work) = pending.strays.as_mut() else { return };
         while let Some(&key) = work.candidates.front() {
             // Asked about since (a member again), or holding entries: kept.
             let keep = self.pgs.get(key).is_some_and(|pg| {
@@ -148,11 +152,20 @@ impl Flusher {
                     work.candidates.pop_front();
                 }
             }
-            work.next_at = now + STRAY_PACE;
+            queue_batch(pending, now);
             return;
         }
         pending.strays = None;
     }
+}
+
+/// Queues the next removal batch of the work in hand, unless one is queued.
+fn queue_batch(pending: &mut Pending, now: Instant) {
+    if pending.strays.is_some() && !pending.stray_batch_queued {
+        pending.stray_batch_queued = true;
+        pending.device.push(DeviceClass::Strays, Background::Strays, STRAY_BATCH as f64, now);
+    }
+    debug_assert!(pending.strays.is_none() || pending.stray_batch_queued, "stray work with no batch queued");
 }
 
 #[cfg(test)]

@@ -132,6 +132,7 @@ mod tests {
             repairs_asked: HashMap::new(),
             snap_heads: Default::default(),
             syncer: Some(syncer),
+            device: Default::default(),
         };
         let (flushed_pg, read_pg) = (pg_key(1, 0).unwrap(), pg_key(1, 1).unwrap());
         log(&pgs, flushed_pg, &write(flushed_pg, 1, b"a", b"aaaa"));

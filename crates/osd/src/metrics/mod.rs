@@ -179,6 +179,12 @@ pub struct Metrics {
     /// Peering requests a flusher took ahead of client work (their PG was
     /// not active here).
     pub urgent_peer_requests: Counter,
+    /// Background requests the flushers' device schedulers served, and
+    /// their cost units (4 KiB), by class (flusher::device::DeviceClass).
+    pub background_served: [Counter; 4],
+    pub background_cost: [Counter; 4],
+    /// Background requests waiting in the flushers' device queues, by class.
+    pub background_queued: [AtomicU64; 4],
     /// This OSD's primary PGs with backfill targets still to fill.
     pub backfilling_pgs: AtomicU64,
     /// This OSD's primary PGs not active right now (peering or stuck).
@@ -632,6 +638,26 @@ impl Metrics {
             "Peering requests of PGs not active here, which the flushers took ahead of client work.",
             &[("", self.urgent_peer_requests.get())],
         );
+        let by_class = |counters: &[Counter; 4]| {
+            crate::flusher::device::DeviceClass::ALL
+                .iter()
+                .map(|class| (format!("{{class=\"{}\"}}", class.name()), counters[*class as usize].get()))
+                .collect::<Vec<_>>()
+        };
+        let served = by_class(&self.background_served);
+        let cost = by_class(&self.background_cost);
+        counter(
+            &mut out,
+            "duplex_osd_background_requests_total",
+            "Background requests the flushers served after client work, by class (backfill, scrub, trim, strays).",
+            &served.iter().map(|(label, n)| (label.as_str(), *n)).collect::<Vec<_>>(),
+        );
+        counter(
+            &mut out,
+            "duplex_osd_background_cost_total",
+            "Cost units (4 KiB read or written) of the background requests the flushers served, by class.",
+            &cost.iter().map(|(label, n)| (label.as_str(), *n)).collect::<Vec<_>>(),
+        );
         counter(
             &mut out,
             "duplex_osd_peering_retries_total",
@@ -711,6 +737,14 @@ impl Metrics {
             "Connections dropped for failing the handshake or sending malformed frames.",
             &[("", self.connections_refused.get())],
         );
+        let _ = writeln!(
+            out,
+            "# HELP duplex_osd_background_queued Background requests waiting in the flushers' device queues, by class.\n# TYPE duplex_osd_background_queued gauge"
+        );
+        for class in crate::flusher::device::DeviceClass::ALL {
+            let queued = self.background_queued[class as usize].load(Relaxed);
+            let _ = writeln!(out, "duplex_osd_background_queued{{class=\"{}\"}} {queued}", class.name());
+        }
         let gauges: [(&str, &str, u64); 10] = [
             ("duplex_osd_log_entries", "Live entries in all PG logs.", self.log_entries.load(Relaxed)),
             (

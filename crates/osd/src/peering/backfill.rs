@@ -1,6 +1,7 @@
 //! Background backfill of one PG, run by its primary while the PG serves
 //! I/O: a sans-I/O state machine like [`crate::peering`], carried out by
-//! the peering thread (or a simulator) at the recovery throttle's pace.
+//! the peering thread (or a simulator), at the pace the flushers' `Backfill`
+//! class allows (crate::flusher::device).
 //!
 //! The map pins a PG that moved onto new OSDs to the OSDs that hold it
 //! (duplex_map::pg_temp). Peering activated the new ones as *backfill
@@ -641,8 +642,8 @@ impl Backfill {
         }
         let offset = chunk.offset + chunk.data.len() as u64;
         if chunk.sent {
-            // Released before the throttle's pause (which comes before the
-            // next lock), not held through it.
+            // Released before the pause the next lock may wait at the
+            // primary's flusher (its chunk's cost), not held through it.
             self.stage = Stage::Releasing { object: chunk.object, offset };
             self.send(self.primary, PeerOp::BackfillLock { object: None, start: 0, end: 0 })
         } else {
@@ -666,37 +667,6 @@ impl Backfill {
     fn finish_on(&mut self, next: usize) -> Step {
         self.stage = Stage::Finishing { next };
         self.send(self.targets[next], PeerOp::BackfillDone)
-    }
-}
-
-/// The recovery throttle (`--recovery-bytes-per-sec`) of one OSD's
-/// backfill: the bytes its steps read or write on targets (chunks sent,
-/// chunks compared) are owed, and paid off by a pause before the next lock
-/// is taken, so that no lock is held through a pause.
-#[derive(Debug, Default)]
-pub struct Throttle {
-    owed: u64,
-}
-
-impl Throttle {
-    /// Counts what `op` costs, once it was carried out.
-    pub fn charge(&mut self, op: &PeerOp) {
-        self.owed += match op {
-            PeerOp::PushData { data, .. } => data.len() as u64,
-            PeerOp::ChunkDigest { len, .. } => u64::from(*len),
-            _ => 0,
-        };
-    }
-
-    /// Before sending `op`: how long to wait first, in microseconds, at
-    /// `bytes_per_sec` (0: no limit). The debt is paid by that wait.
-    pub fn pause_before(&mut self, op: &PeerOp, bytes_per_sec: u64) -> Option<u64> {
-        let takes_lock = matches!(op, PeerOp::BackfillLock { object: Some(_), .. });
-        if !takes_lock || bytes_per_sec == 0 || self.owed == 0 {
-            return None;
-        }
-        let owed = std::mem::take(&mut self.owed);
-        Some((u128::from(owed) * 1_000_000 / u128::from(bytes_per_sec)).min(u128::from(u64::MAX)) as u64)
     }
 }
 
@@ -1187,21 +1157,6 @@ mod tests {
         assert_eq!(target[&b"b".to_vec()], b"BBBB".to_vec(), "not named: not walked");
         assert_eq!(model.sent.get("list"), None, "nothing listed");
         assert_eq!(model.done, vec![1]);
-    }
-
-    #[test]
-    fn the_throttle_pauses_only_before_taking_a_lock() {
-        let mut throttle = Throttle::default();
-        let lock = PeerOp::BackfillLock { object: Some(b"x".to_vec()), start: 0, end: 10 };
-        let release = PeerOp::BackfillLock { object: None, start: 0, end: 0 };
-        assert_eq!(throttle.pause_before(&lock, 1_000_000), None, "nothing owed");
-        throttle.charge(&PeerOp::PushData { object: b"x".to_vec(), offset: 0, data: vec![1; 500_000] });
-        throttle.charge(&PeerOp::ChunkDigest { object: b"x".to_vec(), offset: 0, len: 250_000 });
-        throttle.charge(&PeerOp::Pull { object: b"x".to_vec(), offset: 0, len: 1_000_000 });
-        assert_eq!(throttle.pause_before(&release, 1_000_000), None, "a release never waits");
-        assert_eq!(throttle.pause_before(&lock, 0), None, "0: no limit");
-        assert_eq!(throttle.pause_before(&lock, 1_000_000), Some(750_000), "750 kB at 1 MB/s");
-        assert_eq!(throttle.pause_before(&lock, 1_000_000), None, "paid");
     }
 
     #[test]

@@ -67,7 +67,7 @@ impl PeeringDriver {
         let credentials =
             Credentials { fsid: config.fsid, secret: config.secret.clone(), name: format!("osd.{}", config.id) };
         let scrub_interval_us = config.scrub_interval.as_micros().min(u64::MAX as u128) as u64;
-        let schedule = Schedule::new(config.id, scrub_interval_us, config.recovery_bytes_per_sec, backend_of);
+        let schedule = Schedule::new(config.id, scrub_interval_us, backend_of);
         let to_monitor = ToMonitor::start(config.monitors.clone(), credentials.clone(), CONNECT_TIMEOUT)?;
         Ok(PeeringDriver {
             shared,
@@ -122,7 +122,7 @@ impl PeeringDriver {
             Next::Peering(pg, Action::Send { to, tag, op }) => (pg, to, tag, op, false),
             Next::Peering(pg, end) => return self.schedule.on_end(pg, end, now, &metrics),
             Next::Backfill(pg, step @ Step::Send { .. }) => {
-                if !self.schedule.throttle(pg, &step, now, &self.shared.map.load(), &metrics) {
+                if !self.schedule.may_send(pg, &step, now, &self.shared.map.load(), &metrics) {
                     return;
                 }
                 let Step::Send { to, tag, op } = step else { unreachable!("matched above") };

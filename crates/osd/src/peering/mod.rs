@@ -4,7 +4,8 @@
 //! - [`machine`]: the sans-I/O peering machine of one PG (query, choose
 //!   the authority, recover, record, activate; a deep scrub after).
 //! - [`backfill`]: the sans-I/O background copy of a PG to members that
-//!   joined whole-less, throttled.
+//!   joined whole-less, paced by the flushers'
+//!   `Backfill` class.
 //! - [`schedule`]: which PGs peer when, one request at a time, and the
 //!   background backfill after: sans I/O, driven by the OSD's thread and
 //!   by the simulator alike.

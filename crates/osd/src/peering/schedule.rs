@@ -1,7 +1,8 @@
 //! The peering thread's schedule, sans I/O: which PGs this OSD (their
 //! primary) peers and when, one request at a time, a stuck machine's next
 //! attempt, scrubs asked for and scheduled, the background backfill after
-//! (throttled), and the monitor commands the machines wait on.
+//! (paced where its requests are served: each flusher's `Backfill` class,
+//! crate::flusher::device), and the monitor commands the machines wait on.
 //!
 //! Time is microseconds on the runtime's clock. The OSD's peering thread
 //! ([`crate::peering::driver`]) drives it with the wall clock and blocking
@@ -16,7 +17,7 @@ use duplex_proto::peering::{PeerOp, PeerReply};
 use crate::cluster::MapView;
 use crate::messages::ScrubAsk;
 use crate::metrics::Metrics;
-use crate::peering::backfill::{Backfill, Step, Throttle};
+use crate::peering::backfill::{Backfill, Step};
 use crate::peering::{Action, Peering};
 use crate::pg::{pg_key, pg_number, pool_of, ReplyTo};
 
@@ -313,8 +314,6 @@ pub struct Schedule {
     backend_of: PeeringBackendOf,
     /// Deep scrubs every this often (0: never).
     scrub_interval_us: u64,
-    /// The recovery throttle's rate.
-    recovery_bytes_per_sec: u64,
     machines: BTreeMap<u32, Machine>,
     /// Actions to carry out, oldest first, with the PG they belong to.
     queue: VecDeque<(u32, Action)>,
@@ -327,12 +326,11 @@ pub struct Schedule {
     next_txid: u64,
     /// Backfill steps to carry out (one PG's at a time, to its end, unless
     /// its target is backfill full: then the next PG's), and when the next
-    /// may go: the recovery throttle spaces them.
+    /// may go (after a lock retry's pause, or a full target's).
     backfill_queue: VecDeque<(u32, Step)>,
     backfill_due: u64,
     /// When a backfill waiting on a full target was last logged.
     full_warned_at: u64,
-    throttle: Throttle,
     /// Scrub requesters to answer (the runtime sends them).
     answers: Vec<(ReplyTo, PeerReply)>,
     /// Members activated to be filled in the background, over all machines.
@@ -340,17 +338,11 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    pub fn new(
-        me: OsdId,
-        scrub_interval_us: u64,
-        recovery_bytes_per_sec: u64,
-        backend_of: PeeringBackendOf,
-    ) -> Schedule {
+    pub fn new(me: OsdId, scrub_interval_us: u64, backend_of: PeeringBackendOf) -> Schedule {
         Schedule {
             me,
             backend_of,
             scrub_interval_us,
-            recovery_bytes_per_sec,
             machines: BTreeMap::new(),
             queue: VecDeque::new(),
             seen_epoch: 0,
@@ -361,7 +353,6 @@ impl Schedule {
             backfill_queue: VecDeque::new(),
             backfill_due: 0,
             full_warned_at: 0,
-            throttle: Throttle::default(),
             answers: Vec::new(),
             background_fills: 0,
         }
@@ -552,8 +543,8 @@ impl Schedule {
     }
 
     /// The next action to carry out, unless a request is still out:
-    /// peering first (its PGs wait for it), then backfill when the
-    /// throttle lets it go.
+    /// peering first (its PGs wait for it), then backfill when its pause
+    /// is over.
     pub fn next(&mut self, now: u64) -> Option<Next> {
         if self.outstanding.is_some() {
             return None;
@@ -575,11 +566,11 @@ impl Schedule {
         self.backfill_queue.pop_front().map(|(pg, step)| Next::Backfill(pg, step))
     }
 
-    /// The recovery throttle, before a backfill request goes out: `false`
-    /// when it must wait (the step is queued again, due after the pause).
-    /// A target past `backfillfull` (in `view`'s map) waits too: backfill
-    /// into it goes on once it reports it has room again.
-    pub fn throttle(&mut self, pg: u32, step: &Step, now: u64, view: &MapView, metrics: &Metrics) -> bool {
+    /// Before a backfill request goes out: `false` when it must wait (the
+    /// step is queued again). A target past `backfillfull` (in `view`'s
+    /// map) waits: backfill into it goes on once it reports it has room
+    /// again. (The backfill's rate is the flushers' to keep.)
+    pub fn may_send(&mut self, pg: u32, step: &Step, now: u64, view: &MapView, metrics: &Metrics) -> bool {
         let Step::Send { op, to, .. } = step else { return true };
         let me = self.me;
         let full = |osd: &OsdId| {
@@ -613,19 +604,13 @@ impl Schedule {
             }
             return false;
         }
-        if let Some(pause) = self.throttle.pause_before(op, self.recovery_bytes_per_sec) {
-            self.backfill_due = now + pause;
-            self.backfill_queue.push_front((pg, step.clone()));
-            return false;
-        }
-        self.throttle.charge(op);
         if let PeerOp::PushData { data, .. } = op {
             metrics.backfill_bytes.add(data.len() as u64);
         }
         true
     }
 
-    /// When the next step is due without a new event: the throttle's or a
+    /// When the next step is due without a new event: a full target's or a
     /// lock retry's pause, the next pass, or a request's deadline.
     pub fn wakes_at(&self) -> u64 {
         let mut at = self.next_pass;
@@ -638,7 +623,7 @@ impl Schedule {
         at
     }
 
-    /// When backfill work waits on the throttle or a lock retry.
+    /// When backfill work waits on a full target or a lock retry.
     pub fn backfill_waits_until(&self) -> Option<u64> {
         (!self.backfill_queue.is_empty()).then_some(self.backfill_due)
     }
@@ -1036,20 +1021,20 @@ mod tests {
         let mut map = crate::test_map(2, 0);
         map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::BackfillFull }).unwrap();
         let metrics = Metrics::default();
-        let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
+        let mut schedule = Schedule::new(0, 0, crate::backend::peering_for);
         let step = Step::Send { to: 1, tag: 1, op: PeerOp::Remove { object: b"x".to_vec() } };
         let full = MapView::new(map.clone());
-        assert!(!schedule.throttle(7, &step, 100, &full, &metrics), "the target is backfill full");
+        assert!(!schedule.may_send(7, &step, 100, &full, &metrics), "the target is backfill full");
         assert_eq!(schedule.backfill_waits_until(), Some(100 + RETRY_AFTER_US), "held, to be tried again");
         map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::NearFull }).unwrap();
-        assert!(schedule.throttle(7, &step, 200, &MapView::new(map), &metrics), "room again: it goes");
+        assert!(schedule.may_send(7, &step, 200, &MapView::new(map), &metrics), "room again: it goes");
     }
 
     /// Three OSDs, osd.1 past backfillfull; osd.0's schedule.
     fn osd_1_backfill_full() -> (MapView, Metrics, Schedule) {
         let mut map = crate::test_map(3, 0);
         map.run(&duplex_map::Command::SetOsdFullness { id: 1, fullness: duplex_map::Fullness::BackfillFull }).unwrap();
-        (MapView::new(map), Metrics::default(), Schedule::new(0, 0, u64::MAX, crate::backend::peering_for))
+        (MapView::new(map), Metrics::default(), Schedule::new(0, 0, crate::backend::peering_for))
     }
 
     /// A join waits for a full target before it holds its PG's writes.
@@ -1058,9 +1043,9 @@ mod tests {
         let (view, metrics, mut schedule) = osd_1_backfill_full();
         // To the primary itself, naming osd.1: it waits (the hold is not taken yet).
         let join = Step::Send { to: 0, tag: 1, op: PeerOp::BackfillJoin { targets: vec![2, 1] } };
-        assert!(!schedule.throttle(7, &join, 100, &view, &metrics));
+        assert!(!schedule.may_send(7, &join, 100, &view, &metrics));
         let free = Step::Send { to: 0, tag: 1, op: PeerOp::BackfillJoin { targets: vec![2] } };
-        assert!(schedule.throttle(8, &free, 100, &view, &metrics));
+        assert!(schedule.may_send(8, &free, 100, &view, &metrics));
         // Once it holds writes, its activation of osd.1 moves no data: it goes.
         let activate = Step::Send {
             to: 1,
@@ -1074,7 +1059,7 @@ mod tests {
                 backfill: vec![1],
             },
         };
-        assert!(schedule.throttle(9, &activate, 100, &view, &metrics));
+        assert!(schedule.may_send(9, &activate, 100, &view, &metrics));
     }
 
     /// A PG whose target is backfill full does not hold up the others: its
@@ -1085,7 +1070,7 @@ mod tests {
         let send = |to, tag| Step::Send { to, tag, op: PeerOp::Remove { object: b"x".to_vec() } };
         schedule.backfill_queue.extend([(7, send(1, 2)), (8, send(2, 1))]);
         // PG 7's first step, popped, waits on osd.1: PG 8's goes next.
-        assert!(!schedule.throttle(7, &send(1, 1), 100, &view, &metrics));
+        assert!(!schedule.may_send(7, &send(1, 1), 100, &view, &metrics));
         let order: Vec<(u32, u64)> = schedule
             .backfill_queue
             .iter()
@@ -1094,10 +1079,10 @@ mod tests {
         assert_eq!(order, vec![(8, 1), (7, 1), (7, 2)]);
         assert_eq!(schedule.backfill_due, 0, "not paused: PG 8 can go");
         let Some(Next::Backfill(8, next)) = schedule.next(100) else { panic!("PG 8 is next") };
-        assert!(schedule.throttle(8, &next, 100, &view, &metrics));
+        assert!(schedule.may_send(8, &next, 100, &view, &metrics));
         // Only PG 7 is left, and it waits: now the queue pauses.
         let Some(Next::Backfill(7, next)) = schedule.next(100) else { panic!("PG 7 is next") };
-        assert!(!schedule.throttle(7, &next, 100, &view, &metrics));
+        assert!(!schedule.may_send(7, &next, 100, &view, &metrics));
         assert_eq!(schedule.backfill_waits_until(), Some(100 + RETRY_AFTER_US));
     }
 
@@ -1105,7 +1090,7 @@ mod tests {
     fn osd0_schedule(map: &duplex_map::ClusterMap, metrics: &Metrics) -> (Schedule, u32, Wanted) {
         let view = MapView::new(map.clone());
         let (pg, want) = primary_intervals(&view, 0).into_iter().next().expect("osd.0 is primary of some PG");
-        let mut schedule = Schedule::new(0, 0, u64::MAX, crate::backend::peering_for);
+        let mut schedule = Schedule::new(0, 0, crate::backend::peering_for);
         schedule.reconcile(&view, 0, Vec::new(), metrics, |_| false);
         (schedule, pg, want)
     }
@@ -1185,7 +1170,7 @@ mod tests {
             })
             .expect("marking osd.3 in pins some PG with osd.3 to fill");
         let member = *want.acting.iter().find(|osd| **osd != me).expect("a member besides the primary");
-        let mut schedule = Schedule::new(me, 0, u64::MAX, crate::backend::peering_for);
+        let mut schedule = Schedule::new(me, 0, crate::backend::peering_for);
         schedule.reconcile(&view, 0, Vec::new(), &metrics, |_| false);
         // Peering reached a member to fill in the background, not osd.3.
         schedule.start_backfill(key, vec![member], 100);
