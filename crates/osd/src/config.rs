@@ -128,12 +128,12 @@ pub const DEFAULT_RECOVERY_BYTES_PER_SEC: u64 = 128 << 20;
 pub const DEFAULT_TRIMS_PER_SEC: u32 = 500;
 
 impl OsdConfig {
-    /// A configuration with the defaults, for the given identity and places.
     /// The background classes' shares of each flusher, from the knobs.
-    pub fn device_specs(&self) -> Result<crate::flusher::device::DeviceSpecs, duplex_qos::SpecError> {
+    pub fn device_specs(&self) -> Result<crate::flusher::device::DeviceSpecs, crate::flusher::device::DeviceSpecError> {
         crate::flusher::device::DeviceSpecs::new(self.recovery_bytes_per_sec, self.trims_per_sec)
     }
 
+    /// A configuration with the defaults, for the given identity and places.
     pub fn new(id: u32, data: PathBuf, oplog_dir: PathBuf, monitors: Vec<(u64, SocketAddr)>) -> OsdConfig {
         OsdConfig {
             id,

@@ -129,6 +129,7 @@ pub fn start(config: OsdConfig, store_config: StoreConfig) -> Result<Running> {
             snap_heads: Default::default(),
             syncer: Some(syncer),
             device: device_specs,
+            scrub_read_bytes: 0,
         };
         let cores = shared_cores.clone();
         std::thread::Builder::new().name(format!("osd-flush-{index}")).spawn(move || {

@@ -130,6 +130,9 @@ pub struct TrimScan {
     pub live: Vec<u64>,
     pub after: Option<DeadClone>,
     pub limit: usize,
+    /// The deletes the trimmer made since its last scan: what this one
+    /// pays for in the flusher's `Trim` class.
+    pub deletes_before: usize,
     pub reply: crossbeam_channel::Sender<Result<Vec<DeadClone>, String>>,
 }
 

@@ -72,6 +72,7 @@ pub fn run(shared: Arc<Shared>, jobs: Receiver<TrimJob>, mailboxes: Vec<Mailbox>
         // The deletes' request ids: a client id of its own, new at each
         // start, so that no id of an earlier run is taken for a resend.
         client: rand::random::<u64>() | 1,
+        unpaid: 0,
         shared,
         mailboxes,
     };
@@ -128,6 +129,8 @@ struct Trimmer {
     cache: ActingCache,
     histograms: crate::metrics::Histograms,
     client: u64,
+    /// Deletes made since the last scan: the next one pays for them.
+    unpaid: usize,
 }
 
 impl Trimmer {
@@ -137,7 +140,10 @@ impl Trimmer {
         let mut found = 0;
         let mut after = None;
         loop {
-            let dead = match scan(&self.shared, job, after.take()) {
+            // The next scan pays for the deletes since the last one, of
+            // whichever job.
+            let deleted = std::mem::take(&mut self.unpaid);
+            let dead = match scan(&self.shared, job, after.take(), deleted) {
                 Ok(dead) => dead,
                 Err(err) => {
                     tracing::warn!(pg = job.pg, %err, "a snapshot trim could not scan its PG");
@@ -151,6 +157,7 @@ impl Trimmer {
             found += dead.len();
             let full = dead.len() == TRIM_BATCH;
             after = dead.last().cloned();
+            self.unpaid = dead.len();
             if !self.delete(job, dead) {
                 return 0; // no longer this PG's primary: its new one trims
             }
@@ -207,15 +214,24 @@ impl Trimmer {
 }
 
 /// The next [`TRIM_BATCH`] dead clones of `job`'s PG after `after`, from
-/// its flusher (as its `Trim` class allows).
+/// its flusher, as its `Trim` class allows: the scan pays for the
+/// `deleted` clones the one before it led to.
 fn scan(
     shared: &Shared,
     job: &TrimJob,
     after: Option<crate::messages::DeadClone>,
+    deleted: usize,
 ) -> Result<Vec<crate::messages::DeadClone>, String> {
     let (reply, answer) = crossbeam_channel::bounded(1);
-    let scan =
-        TrimScan { pg: job.pg, prefix: job.prefix.clone(), live: job.live.clone(), after, limit: TRIM_BATCH, reply };
+    let scan = TrimScan {
+        pg: job.pg,
+        prefix: job.prefix.clone(),
+        live: job.live.clone(),
+        after,
+        limit: TRIM_BATCH,
+        deletes_before: deleted,
+        reply,
+    };
     shared.send_job(job.pg, Job::TrimScan(scan));
     answer.recv().map_err(|_| "the flusher ended".to_string())?
 }

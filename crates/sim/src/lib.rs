@@ -85,7 +85,8 @@ pub enum Timer {
     OsdHeartbeat,
     /// The flusher's deadline.
     OsdFlush,
-    /// Backfill may go on (the recovery throttle let it, or a lock retry is due).
+    /// Backfill may go on (a lock retry or a full target's wait is due), or
+    /// the own flusher answered the peering thread.
     OsdBackfill,
     MonitorTick,
     MonitorGossip,

@@ -253,6 +253,7 @@ impl SimOsd {
             // Flushes on the flusher's own thread: a run stays deterministic.
             syncer: None,
             device: config.device_specs()?,
+            scrub_read_bytes: 0,
         };
         let pending = flusher.start();
         let cell = Arc::new(MapCell::new(ClusterMap::new([0; 16])));
@@ -882,7 +883,7 @@ impl SimOsd {
         for command in commands {
             ctx.send(Node::Monitor, Msg::Command(command));
         }
-        // Backfill held back by the throttle (or a lock retry) wakes the OSD then.
+        // Backfill held back by a lock retry (or a full target) wakes the OSD then.
         if let Some(at) = live.schedule.backfill_waits_until().filter(|at| *at > ctx.now) {
             if live.backfill_timer.is_none_or(|t| t <= ctx.now || at < t) {
                 live.backfill_timer = Some(at);

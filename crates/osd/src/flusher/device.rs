@@ -10,12 +10,19 @@
 //! [`duplex_qos::Scheduler`], the same mClock scheduler the priority
 //! threads run for clients:
 //!
-//! - [`DeviceClass::Backfill`]: a backfill's steps at an active PG, at the
-//!   primary and at its targets. Its limit is `--recovery-bytes-per-sec`
-//!   (this replaced the peering thread's own throttle).
-//! - [`DeviceClass::Scrub`]: a scrub's digest pages of an active PG.
-//! - [`DeviceClass::Trim`]: the snapshot trimmer's scans, a batch of clone
-//!   deletes each. Its limit is `--trims-per-sec`.
+//! - [`DeviceClass::Backfill`]: a backfill's locks at its primary. A walk
+//!   moves its data under them, so each lock pays, before it is taken,
+//!   for the bytes the walk pulled since the one before (as the peering
+//!   thread's throttle, which this replaced, paused before each lock).
+//!   The steps under a lock (pull, compare, push, release) are not
+//!   queued: they run in the step that takes them, after client work,
+//!   so that no lock waits in a queue and a primary's requests never
+//!   wait in another OSD's. Its limit is `--recovery-bytes-per-sec`.
+//! - [`DeviceClass::Scrub`]: a scrub's digest pages of an active PG, each
+//!   paying for the bytes the pages before it read.
+//! - [`DeviceClass::Trim`]: the snapshot trimmer's scans, each paying for
+//!   the clone deletes the scan before it led to. Its limit is
+//!   `--trims-per-sec`.
 //! - [`DeviceClass::Strays`]: removal batches of stray copies.
 //!
 //! Each class has a reservation (cost units a second it gets however busy
@@ -104,7 +111,10 @@ impl DeviceSpecs {
     /// second and the trimmer's clone deletes a second at each flusher (0:
     /// no limit). Each class is owed a sixteenth of its limit; the scrub
     /// and the strays are limited by what a client's weight leaves them.
-    pub fn new(recovery_bytes_per_sec: u64, trims_per_sec: u32) -> Result<DeviceSpecs, SpecError> {
+    pub fn new(recovery_bytes_per_sec: u64, trims_per_sec: u32) -> Result<DeviceSpecs, DeviceSpecError> {
+        if recovery_bytes_per_sec != 0 && recovery_bytes_per_sec < RECOVERY_BYTES_PER_SEC_MIN {
+            return Err(DeviceSpecError::RecoveryTooSlow(recovery_bytes_per_sec));
+        }
         let limited = |limit: f64| {
             if limit == 0.0 {
                 ClassSpec::new(RESERVATION_UNLIMITED, 1.0, 0.0)
@@ -135,21 +145,42 @@ impl Default for DeviceSpecs {
     }
 }
 
-/// The class and cost of a peering request that is background work (its
-/// PG is active here). A backfill pays for a chunk where it locks it at
-/// the primary, before the lock is taken, so that its pause never holds
-/// the lock (the primary's pull under it then costs 1); a target pays for
-/// what it reads to compare a chunk and what it writes.
-pub fn peer_class(op: &PeerOp) -> (DeviceClass, f64) {
+/// The class of a peering request of a PG active here that waits for its
+/// turn (see the module doc); None: it runs in the step that takes it,
+/// after client work.
+pub fn peer_class(op: &PeerOp) -> Option<DeviceClass> {
     match op {
-        PeerOp::Digests { .. } => (DeviceClass::Scrub, 1.0),
-        PeerOp::BackfillLock { object: Some(_), start, end } if *end != u64::MAX => {
-            (DeviceClass::Backfill, duplex_qos::cost(end.saturating_sub(*start)))
-        }
-        PeerOp::ChunkDigest { len, .. } => (DeviceClass::Backfill, duplex_qos::cost(u64::from(*len))),
-        PeerOp::PushData { data, .. } => (DeviceClass::Backfill, duplex_qos::cost(data.len() as u64)),
-        _ => (DeviceClass::Backfill, 1.0),
+        PeerOp::Digests { .. } => Some(DeviceClass::Scrub),
+        PeerOp::BackfillLock { object: Some(_), .. } => Some(DeviceClass::Backfill),
+        _ => None,
     }
+}
+
+/// The cost units of `bytes` read or written, at least 1.
+pub fn bytes_cost(bytes: u64) -> f64 {
+    duplex_qos::cost(bytes)
+}
+
+/// The least `--recovery-bytes-per-sec` but 0 (none): at 1 MiB/s a
+/// 256 KiB chunk waits 250 ms for its lock, and 4 s at the class's
+/// reservation; the primary's peering thread waits that long, and a wait
+/// past [`STALE_AFTER`] is refused as given up.
+pub const RECOVERY_BYTES_PER_SEC_MIN: u64 = 1 << 20;
+
+/// A queued request older than this is refused when its turn comes: its
+/// requester (the peering thread, which gives up after 10 s) may have
+/// given up on it and moved on, and what it asked must not happen after.
+pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A bad knob.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DeviceSpecError {
+    #[error(
+        "a backfill limit of {0} bytes a second is below the least, {RECOVERY_BYTES_PER_SEC_MIN} (or 0: no limit)"
+    )]
+    RecoveryTooSlow(u64),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
 }
 
 /// A flusher's queued background work (see the module doc).
@@ -282,6 +313,24 @@ mod tests {
         assert_eq!(unlimited.of(DeviceClass::Backfill).limit(), 0.0, "0: no limit");
         assert_eq!(unlimited.of(DeviceClass::Backfill).reservation(), RESERVATION_UNLIMITED);
         assert_eq!(unlimited.of(DeviceClass::Scrub).limit(), 0.0);
+        assert_eq!(DeviceSpecs::new(512 << 10, 500), Err(DeviceSpecError::RecoveryTooSlow(512 << 10)));
+    }
+
+    #[test]
+    fn only_locks_and_scrub_pages_wait_their_turn() {
+        let lock = PeerOp::BackfillLock { object: Some(b"o".to_vec()), start: 0, end: 1 << 18 };
+        assert_eq!(peer_class(&lock), Some(DeviceClass::Backfill));
+        assert_eq!(peer_class(&PeerOp::Digests { cursor: Vec::new() }), Some(DeviceClass::Scrub));
+        // Under a lock: at once, so that no lock waits in a queue.
+        for op in [
+            PeerOp::BackfillLock { object: None, start: 0, end: 0 },
+            PeerOp::Pull { object: b"o".to_vec(), offset: 0, len: 1 << 18 },
+            PeerOp::ChunkDigest { object: b"o".to_vec(), offset: 0, len: 1 << 18 },
+            PeerOp::PushData { object: b"o".to_vec(), offset: 0, data: vec![0; 16] },
+            PeerOp::Stat { object: b"o".to_vec() },
+        ] {
+            assert_eq!(peer_class(&op), None, "{op:?}");
+        }
     }
 
     #[test]

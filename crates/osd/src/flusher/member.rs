@@ -533,6 +533,8 @@ impl Flusher {
     /// without one are those from before omaps).
     fn digest(&mut self, key: &[u8]) -> Result<u32, StoreError> {
         let info = self.partition.stat(key)?;
+        // What the next page pays for in the scrub class (device.rs).
+        self.scrub_read_bytes += info.size;
         let mut crc = crc32c::crc32c(&info.size.to_le_bytes());
         let mut offset = 0;
         while offset < info.size {
@@ -764,6 +766,7 @@ mod tests {
             snap_heads: Default::default(),
             syncer: None,
             device: Default::default(),
+            scrub_read_bytes: 0,
         };
         (flusher, poll, inbox)
     }
@@ -827,6 +830,59 @@ mod tests {
             .collect();
         assert_eq!(order, ["peer 1", "read 1", "read 2", "peer 2"]);
         assert_eq!(member.metrics.urgent_peer_requests.get(), 1);
+    }
+
+    /// A backfill's lock waits in the device queue's backfill class
+    /// (flusher::device) and pays for the bytes pulled before it; the
+    /// steps under a lock do not wait; and a lock that waited past
+    /// `STALE_AFTER` (its requester may have given up) is refused, not
+    /// taken.
+    #[test]
+    fn a_backfill_lock_pays_for_the_pulls_before_it_and_one_that_waited_too_long_is_refused() {
+        use crate::messages::{Completion, Job, PeerReplyTo};
+        let store = crate::TestStore::new(1);
+        let logs = tempfile::tempdir().unwrap();
+        let (mut member, _poll, inbox) = flusher_and_inbox(&store, logs.path());
+        let key = pg_key(2, 1).unwrap();
+        let _active = active_pg(&member, key);
+        let histograms = member.metrics.histograms();
+        let mut pending = member.start();
+        let peer = |op, txid| Job::Peer {
+            request: PeerRequest { pg: key, interval: 1, op },
+            reply: PeerReplyTo::Remote(crate::pg::ReplyTo { thread: 0, token: 7, txid }),
+        };
+        let lock = || PeerOp::BackfillLock { object: Some(b"o".to_vec()), start: 0, end: 256 << 10 };
+        let replies = |inbox: &crossbeam_channel::Receiver<Completion>| -> Vec<(u64, PeerReply)> {
+            inbox
+                .try_iter()
+                .filter_map(|completion| match completion {
+                    Completion::Send { frame, .. } => {
+                        Some((frame.header.transaction_id, PeerReply::decode(&frame.payload).unwrap()))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let now = std::time::Instant::now();
+        member.take(peer(PeerOp::Pull { object: b"o".to_vec(), offset: 0, len: 256 << 10 }, 1), &mut pending, now);
+        member.take(peer(lock(), 2), &mut pending, now);
+        assert_eq!(
+            pending.background_queued(crate::flusher::device::DeviceClass::Backfill),
+            1,
+            "the lock waits its turn"
+        );
+        member.step(&mut pending, &histograms, now);
+        let answered: Vec<u64> = replies(&inbox).into_iter().map(|(txid, _)| txid).collect();
+        assert_eq!(answered, [1, 2], "the pull at once, the lock after it (nothing else waits)");
+        let backfill = crate::flusher::device::DeviceClass::Backfill as usize;
+        assert_eq!(member.metrics.background_cost[backfill].get(), 64, "the lock paid for the 256 KiB pulled");
+        // A lock taken now and served past STALE_AFTER is refused.
+        member.take(peer(lock(), 3), &mut pending, now);
+        let late = now + crate::flusher::device::STALE_AFTER + std::time::Duration::from_millis(1);
+        member.step(&mut pending, &histograms, late);
+        let answers = replies(&inbox);
+        assert!(matches!(&answers[..], [(3, PeerReply::Refused(why))] if why.contains("for its turn")), "{answers:?}");
+        assert_eq!(member.metrics.background_cost[backfill].get(), 65, "nothing pulled since: 1 unit");
     }
 
     fn id(seq: u64) -> LoggedRequest {

@@ -65,12 +65,16 @@ pub struct Flusher {
     pub syncer: Option<syncer::Syncer>,
     /// The background classes' shares of this flusher ([`device`]).
     pub device: device::DeviceSpecs,
+    /// Bytes its scrubs' digest pages read, since the start: a page pays
+    /// for what the pages before it read.
+    pub scrub_read_bytes: u64,
 }
 
 /// Background work, queued by class in [`Pending`]'s device queue.
 pub enum Background {
-    /// A backfill's step or a scrub's page, of a PG active here.
-    Peer(PeerRequest, PeerReplyTo),
+    /// A backfill's lock or a scrub's page, of a PG active here, and when
+    /// it was taken.
+    Peer(PeerRequest, PeerReplyTo, Instant),
     /// A batch of the snapshot trimmer's, answered after a flush.
     TrimScan(crate::messages::TrimScan),
     /// A removal batch of stray copies ([`strays`]).
@@ -95,9 +99,17 @@ pub struct Pending {
     /// (or holds its writes) until they are done, so they go ahead of
     /// client work (issue 31).
     urgent: Vec<(PeerRequest, PeerReplyTo)>,
-    /// The background (the other peering requests, trim scans, stray
-    /// removal), by class: after client work, one request a step.
+    /// The other peering requests of active PGs (a backfill's steps under
+    /// its lock, listings): after client work, in the step that took them.
+    prompt: Vec<(PeerRequest, PeerReplyTo)>,
+    /// The background (a backfill's locks, a scrub's pages, trim scans,
+    /// stray removal), by class: after client work, one request a step.
     device: device::DeviceQueue<Background>,
+    /// Bytes the backfills pulled here since the last lock was queued: the
+    /// next lock's cost.
+    backfill_owed: u64,
+    /// `Flusher::scrub_read_bytes` when a scrub page was last queued.
+    scrub_charged: u64,
     syncs: Vec<(Entry, SyncDone)>,
     dirty: BTreeSet<u32>,
     deadline: Option<Instant>,
@@ -142,6 +154,7 @@ impl Pending {
             || !self.reads.is_empty()
             || !self.after_flush.is_empty()
             || !self.urgent.is_empty()
+            || !self.prompt.is_empty()
             || self.device.next_at().is_some_and(|at| at <= now)
     }
 
@@ -168,7 +181,10 @@ impl Flusher {
             reads: Vec::new(),
             after_flush: Vec::new(),
             urgent: Vec::new(),
+            prompt: Vec::new(),
             device: device::DeviceQueue::new(&self.device),
+            backfill_owed: 0,
+            scrub_charged: self.scrub_read_bytes,
             syncs: Vec::new(),
             dirty: BTreeSet::new(),
             deadline: None,
@@ -334,12 +350,19 @@ impl Flusher {
                 Err(err) => tracing::warn!(pg = load.pg, %err, "loading a deduplicated PG's index failed"),
             }
         }
-        // After the client work, the background: one request, if its class
-        // may go. What this step did for clients (its store operations,
-        // which only this thread makes, and its reads) is their share.
+        // After the client work: the steps of active PGs' backfills under
+        // their locks (each flushes its PG itself where it must).
+        for (request, to) in std::mem::take(&mut pending.prompt) {
+            self.answer_peer(request, to);
+        }
+        // Then the background: one request, if its class may go. What this
+        // step did for clients (its store writes, which only this thread
+        // makes, in 4 KiB units, and its reads) is their share.
         if pending.device.next_at().is_some() {
-            let client_ops = self.partition.stats().ops.saturating_sub(pending.counted.ops);
-            let client_cost = (client_ops + client_reads as u64) as f64;
+            let stats = self.partition.stats();
+            let ops = stats.ops.saturating_sub(pending.counted.ops);
+            let written = stats.user_bytes_written.saturating_sub(pending.counted.user_bytes_written);
+            let client_cost = (ops.max(written.div_ceil(4096)) + client_reads as u64) as f64;
             if let Some((class, work, cost)) = pending.device.next(now, client_cost) {
                 debug_assert!(cost >= 1.0, "{class:?} served at cost {cost}");
                 self.metrics.background_served[class as usize].add(1);
@@ -413,8 +436,18 @@ impl Flusher {
         now: Instant,
     ) {
         match work {
-            // (A backfill's step flushes its PG itself where it must.)
-            Background::Peer(request, to) => self.answer_peer(request, to),
+            Background::Peer(request, to, taken) => {
+                let waited = now.saturating_duration_since(taken);
+                if waited > device::STALE_AFTER {
+                    // Its requester may have given up and gone on.
+                    tracing::warn!(pg = request.pg, ?waited, op = ?request.op, "a background request waited too long");
+                    let why = format!("waited {waited:?} for its turn on the device");
+                    self.send_peer_reply(duplex_proto::peering::PeerReply::Refused(why), to);
+                } else {
+                    // (A lock flushes its PG itself where it must.)
+                    self.answer_peer(request, to);
+                }
+            }
             Background::TrimScan(scan) => {
                 // After a flush: a clone that an entry in the log makes is seen.
                 pending.dirty.insert(scan.pg);
@@ -450,14 +483,27 @@ impl Flusher {
                 self.metrics.urgent_peer_requests.add(1);
                 pending.urgent.push((request, reply));
             }
-            Job::Peer { request, reply } => {
-                let (class, cost) = device::peer_class(&request.op);
-                pending.device.push(class, Background::Peer(request, reply), cost, now);
-            }
+            Job::Peer { request, reply } => match device::peer_class(&request.op) {
+                None => {
+                    if let PeerOp::Pull { len, .. } = &request.op {
+                        pending.backfill_owed += u64::from(*len);
+                    }
+                    pending.prompt.push((request, reply));
+                }
+                Some(class) => {
+                    let bytes = match class {
+                        device::DeviceClass::Scrub => self
+                            .scrub_read_bytes
+                            .saturating_sub(std::mem::replace(&mut pending.scrub_charged, self.scrub_read_bytes)),
+                        _ => std::mem::take(&mut pending.backfill_owed),
+                    };
+                    pending.device.push(class, Background::Peer(request, reply, now), device::bytes_cost(bytes), now);
+                }
+            },
             Job::Strays(view) => self.take_strays(view, pending, now),
             Job::TrimScan(scan) => {
-                // Its cost is the deletes it may lead to.
-                let cost = scan.limit as f64;
+                // It pays for the deletes the scan before it led to.
+                let cost = scan.deletes_before.max(1) as f64;
                 pending.device.push(device::DeviceClass::Trim, Background::TrimScan(scan), cost, now);
             }
             Job::TierLoad(load) => {
@@ -496,6 +542,10 @@ impl Flusher {
 
     fn answer_peer(&mut self, request: PeerRequest, to: PeerReplyTo) {
         let reply = self.peer_request(request);
+        self.send_peer_reply(reply, to);
+    }
+
+    fn send_peer_reply(&self, reply: duplex_proto::peering::PeerReply, to: PeerReplyTo) {
         match to {
             PeerReplyTo::Local(sender) => {
                 let _ = sender.send(reply);

@@ -133,6 +133,7 @@ mod tests {
             snap_heads: Default::default(),
             syncer: Some(syncer),
             device: Default::default(),
+            scrub_read_bytes: 0,
         };
         let (flushed_pg, read_pg) = (pg_key(1, 0).unwrap(), pg_key(1, 1).unwrap());
         log(&pgs, flushed_pg, &write(flushed_pg, 1, b"a", b"aaaa"));
