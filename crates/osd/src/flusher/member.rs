@@ -844,7 +844,7 @@ mod tests {
         let logs = tempfile::tempdir().unwrap();
         let (mut member, _poll, inbox) = flusher_and_inbox(&store, logs.path());
         let key = pg_key(2, 1).unwrap();
-        let _active = active_pg(&member, key);
+        let active = active_pg(&member, key);
         let histograms = member.metrics.histograms();
         let mut pending = member.start();
         let peer = |op, txid| Job::Peer {
@@ -864,8 +864,14 @@ mod tests {
                 .collect()
         };
         let now = std::time::Instant::now();
+        // The walk holds the object's lock; asking for its first chunk lets
+        // go of it at once, not after the wait; asking for the same range
+        // again (after Busy) keeps it.
+        let held = |range: (u64, u64)| Some((bytes::Bytes::from_static(b"o"), range.0, range.1));
+        active.lock().unwrap().backfill_lock = held((0, u64::MAX));
         member.take(peer(PeerOp::Pull { object: b"o".to_vec(), offset: 0, len: 256 << 10 }, 1), &mut pending, now);
         member.take(peer(lock(), 2), &mut pending, now);
+        assert_eq!(active.lock().unwrap().backfill_lock, None, "let go before the wait");
         assert_eq!(
             pending.background_queued(crate::flusher::device::DeviceClass::Backfill),
             1,
@@ -877,7 +883,9 @@ mod tests {
         let backfill = crate::flusher::device::DeviceClass::Backfill as usize;
         assert_eq!(member.metrics.background_cost[backfill].get(), 64, "the lock paid for the 256 KiB pulled");
         // A lock taken now and served past STALE_AFTER is refused.
+        active.lock().unwrap().backfill_lock = held((0, 256 << 10));
         member.take(peer(lock(), 3), &mut pending, now);
+        assert_eq!(active.lock().unwrap().backfill_lock, held((0, 256 << 10)), "the same range is kept");
         let late = now + crate::flusher::device::STALE_AFTER + std::time::Duration::from_millis(1);
         member.step(&mut pending, &histograms, late);
         let answers = replies(&inbox);

@@ -491,6 +491,7 @@ impl Flusher {
                     pending.prompt.push((request, reply));
                 }
                 Some(class) => {
+                    self.let_go_before_waiting(&request);
                     let bytes = match class {
                         device::DeviceClass::Scrub => self
                             .scrub_read_bytes
@@ -523,6 +524,23 @@ impl Flusher {
             }
         }
         debug_assert!(pending.dirty_is_due(), "a dirty PG with no flush due: its entries would wait for ever");
+    }
+
+    /// A walk asks for its next lock only once it is done with the one it
+    /// holds (whose chunk it left equal, or whose object it left, on
+    /// every target): that one is let go now, not after the new one's
+    /// wait in the device queue, so that no lock is held through it. A
+    /// walk asking for the range it holds again (the last answer was
+    /// Busy) keeps it: new writes to it wait meanwhile, as they should.
+    fn let_go_before_waiting(&self, request: &PeerRequest) {
+        let PeerOp::BackfillLock { object: Some(object), start, end } = &request.op else { return };
+        let Some(pg) = self.pgs.get(request.pg) else { return };
+        let mut guard = pg.lock().expect("PG lock");
+        let same =
+            guard.backfill_lock.as_ref().is_some_and(|(held, s, e)| held[..] == object[..] && s == start && e == end);
+        if !same && guard.active.as_ref().is_some_and(|a| a.interval == request.interval) {
+            guard.backfill_lock = None;
+        }
     }
 
     /// Whether a peering request goes ahead of client work: a query (it
