@@ -53,13 +53,14 @@ fn the_same_seed_replays_the_same_run() {
 #[test]
 fn power_cuts_in_the_middle_of_a_commit_tear_blocks_that_peering_replaces() {
     let (mut cuts, mut damaged) = (0, 0);
-    // Seed 41 tears a block that peering then finds (since issue 32 a
-    // member that lost its log is compared or filled in the background
-    // more often than listed as the authority, so fewer seeds count one;
-    // it was seed 6 until broken connections failed peering requests at
-    // once, and seed 19 until backfill requests waited in the flushers'
-    // device queues (issue 31), each of which moved every seed's course).
-    for seed in [0, 1, 41] {
+    // Seeds 24, 28 and 169 each tear a block that peering then finds
+    // (about 1 seed in 40 does: since issue 32 a member that lost its log
+    // is compared or filled in the background more often than listed as
+    // the authority). It was seed 6 until broken connections failed
+    // peering requests at once, and seed 19 until backfill locks waited in
+    // the flushers' device queues (issue 31): each moved every seed's
+    // course, and the next such change will need new seeds here.
+    for seed in [24, 28, 169] {
         let mut config = SimConfig::new(seed);
         config.faults = vec![duplex_sim::FaultKind::PowerLossInCommit];
         let report = match run(&config) {
