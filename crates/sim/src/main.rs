@@ -88,6 +88,11 @@ struct Cli {
     /// more].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=64))]
     osds: Option<u32>,
+    /// The OSDs' backfill limit, bytes a second (0: none, else at least
+    /// 1 MiB/s): at the least, a backfill's locks wait in the flushers'
+    /// device queues (docs/OSD.md), and the primary's peering with them.
+    #[arg(long)]
+    recovery_bytes_per_sec: Option<u64>,
 }
 
 fn parse_code(code: &str) -> Result<(u8, u8), String> {
@@ -120,6 +125,7 @@ impl Cli {
         config.dedup = self.dedup;
         config.chunking = self.chunking;
         config.eventual = self.eventual;
+        config.recovery_bytes_per_sec = self.recovery_bytes_per_sec;
         let shards = self.ec.map_or(0, |(k, m)| u32::from(k) + u32::from(m));
         config.osds = self.osds.unwrap_or(config.osds.max(shards));
         config
@@ -153,6 +159,9 @@ impl Cli {
         }
         if self.dedup {
             line += " --dedup";
+        }
+        if let Some(rate) = self.recovery_bytes_per_sec {
+            line += &format!(" --recovery-bytes-per-sec {rate}");
         }
         if let Some(max_lag_ms) = self.eventual {
             line += &format!(" --eventual {max_lag_ms}");

@@ -60,6 +60,8 @@ pub struct SimOsd {
     pub report_usage: bool,
     /// Runs the deduplication engine, with this hotness rule (`--dedup`).
     pub dedup_cold_after: Option<std::time::Duration>,
+    /// Its `--recovery-bytes-per-sec`, if not the default.
+    pub recovery_bytes_per_sec: Option<u64>,
     /// The engine's counters of earlier incarnations ([`DedupCounts`]).
     dedup_before: DedupCounts,
 }
@@ -209,6 +211,7 @@ impl SimOsd {
             damaged_before: 0,
             report_usage: false,
             dedup_cold_after: None,
+            recovery_bytes_per_sec: None,
             dedup_before: DedupCounts::default(),
         })
     }
@@ -232,6 +235,9 @@ impl SimOsd {
         config.oplog_pg_bytes = log_bytes;
         if let Some(cold_after) = self.dedup_cold_after {
             config.dedup_cold_after = cold_after;
+        }
+        if let Some(rate) = self.recovery_bytes_per_sec {
+            config.recovery_bytes_per_sec = rate;
         }
         let poll = mio::Poll::new()?;
         let (mailbox, inbox) = Mailbox::new(mio::Waker::new(poll.registry(), mio::Token(0))?);

@@ -149,6 +149,9 @@ pub struct SimConfig {
     /// eventual mode judges the history (a failure may lose the writes
     /// acknowledged within max_lag of it, nothing else).
     pub eventual: Option<u32>,
+    /// The OSDs' `--recovery-bytes-per-sec` (None: the default): a low
+    /// one makes a backfill's locks wait in the flushers' device queues.
+    pub recovery_bytes_per_sec: Option<u64>,
 }
 
 impl SimConfig {
@@ -181,6 +184,7 @@ impl SimConfig {
             dedup: false,
             chunking: duplex_map::Chunking::Fixed,
             eventual: None,
+            recovery_bytes_per_sec: None,
         }
     }
 }
@@ -359,6 +363,7 @@ pub fn run(config: &SimConfig) -> Result<RunReport, SimFailure> {
         let mut osd =
             SimOsd::create(id, dir.path(), config.store_bytes).map_err(|e| broken(format!("osd.{id}: {e:#}")))?;
         osd.report_usage = config.balancer;
+        osd.recovery_bytes_per_sec = config.recovery_bytes_per_sec;
         osds.push(osd);
     }
     let mut monitor = SimMonitor::new([7; 16], config.failure);
