@@ -156,11 +156,6 @@ pub fn peer_class(op: &PeerOp) -> Option<DeviceClass> {
     }
 }
 
-/// The cost units of `bytes` read or written, at least 1.
-pub fn bytes_cost(bytes: u64) -> f64 {
-    duplex_qos::cost(bytes)
-}
-
 /// The least `--recovery-bytes-per-sec` but 0 (none): at 1 MiB/s a
 /// 256 KiB chunk waits 250 ms for its lock, and 4 s at the class's
 /// reservation; the primary's peering thread waits that long, and a wait
@@ -171,6 +166,12 @@ pub const RECOVERY_BYTES_PER_SEC_MIN: u64 = 1 << 20;
 /// requester (the peering thread, which gives up after 10 s) may have
 /// given up on it and moved on, and what it asked must not happen after.
 pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Background requests a flusher keeps queued at most; a peering request
+/// past it is refused (each primary has one request out at a time, so only
+/// a misbehaving peer gets there; the trimmer's scans and the strays'
+/// batch are one each).
+pub const QUEUE_MAX: usize = 4096;
 
 /// A bad knob.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -234,6 +235,7 @@ impl<T> DeviceQueue<T> {
     /// Queues `item` of `class`, costing `cost` units (at least 1).
     pub fn push(&mut self, class: DeviceClass, item: T, cost: f64, now: Instant) {
         debug_assert!(cost.is_finite(), "a request costing {cost}");
+        debug_assert!(self.len() <= QUEUE_MAX + 2, "{} queued: the flusher's bound is not kept", self.len());
         let cost = cost.clamp(1.0, duplex_qos::scheduler::COST_MAX);
         let now_us = self.micros(now);
         self.scheduler.push(class, (item, cost), cost, now_us);
@@ -333,40 +335,30 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_busy_client_leaves_the_background_its_reservation_and_its_weight_share() {
+    /// Cost units served in a second to a backlog of 64-unit backfill
+    /// chunks, with `client_cost` of client work in each 100 µs step.
+    fn backfill_served_beside(client_cost: f64) -> f64 {
         let start = Instant::now();
         let mut queue = DeviceQueue::new(&specs());
-        // A backlog of 64-unit backfill chunks, and client work of 30 units
-        // every 100 µs for a second: the client earns 100 units a
-        // millisecond, a third of it for the background (33/ms, 33k/s) —
-        // above the backfill's limit of 2,048/s.
         for n in 0..1_000 {
             queue.push(DeviceClass::Backfill, n, 64.0, start);
         }
-        let mut served = 0.0;
-        for step in 0..10_000u64 {
-            let now = start + Duration::from_micros(step * 100);
-            if queue.next(now, 30.0).is_some() {
-                served += 64.0;
-            }
-        }
-        // Held to its limit (plus the burst the scheduler allows).
+        let steps =
+            (0..10_000u64).filter(|step| queue.next(start + Duration::from_micros(step * 100), client_cost).is_some());
+        steps.count() as f64 * 64.0
+    }
+
+    #[test]
+    fn a_busy_client_leaves_the_background_its_reservation_and_its_weight_share() {
+        // Client work of 30 units every 100 µs earns the background a third
+        // of 300 units a millisecond (100/ms), above the backfill's limit
+        // of 2,048/s: held to its limit (plus the burst the scheduler
+        // allows).
+        let served = backfill_served_beside(30.0);
         assert!((1_900.0..=2_048.0 + 128.0).contains(&served), "served {served} units in 1 s");
-        // Now a client too busy to earn much: 1 unit a step. The backfill
+        // A client too busy to earn much: 0.3 units a step. The backfill
         // still gets its reservation (128/s), not more than it earns.
-        let mut queue = DeviceQueue::new(&specs());
-        for n in 0..1_000 {
-            queue.push(DeviceClass::Backfill, n, 64.0, start);
-        }
-        let mut served = 0.0;
-        for step in 0..10_000u64 {
-            let now = start + Duration::from_micros(step * 100);
-            if queue.next(now, 0.3).is_some() {
-                served += 64.0;
-            }
-        }
-        // Reservation 128/s plus the credit, 10,000 × 0.1 = 1,000 units.
+        let served = backfill_served_beside(0.3);
         assert!((128.0 + 900.0..=128.0 + 1_000.0 + 128.0).contains(&served), "served {served} units in 1 s");
     }
 

@@ -891,6 +891,19 @@ mod tests {
         let answers = replies(&inbox);
         assert!(matches!(&answers[..], [(3, PeerReply::Refused(why))] if why.contains("for its turn")), "{answers:?}");
         assert_eq!(member.metrics.background_cost[backfill].get(), 65, "nothing pulled since: 1 unit");
+        // A peer past the queue's bound is refused at once, not kept.
+        let max = crate::flusher::device::QUEUE_MAX;
+        for txid in 0..max as u64 {
+            member.take(peer(lock(), 10 + txid), &mut pending, late);
+        }
+        assert!(replies(&inbox).is_empty());
+        member.take(peer(lock(), 9), &mut pending, late);
+        assert_eq!(pending.background_queued(crate::flusher::device::DeviceClass::Backfill), max);
+        let answers = replies(&inbox);
+        assert!(
+            matches!(&answers[..], [(9, PeerReply::Refused(why))] if why.contains("wait here already")),
+            "{answers:?}"
+        );
     }
 
     fn id(seq: u64) -> LoggedRequest {

@@ -490,6 +490,13 @@ impl Flusher {
                     }
                     pending.prompt.push((request, reply));
                 }
+                // Peers are one request out each (a primary's peering
+                // thread waits on its answer): more than this is a
+                // misbehaving peer, refused rather than kept.
+                Some(_) if pending.device.len() >= device::QUEUE_MAX => {
+                    let why = format!("{} background requests wait here already", device::QUEUE_MAX);
+                    self.send_peer_reply(duplex_proto::peering::PeerReply::Refused(why), reply);
+                }
                 Some(class) => {
                     self.let_go_before_waiting(&request);
                     let bytes = match class {
@@ -498,7 +505,7 @@ impl Flusher {
                             .saturating_sub(std::mem::replace(&mut pending.scrub_charged, self.scrub_read_bytes)),
                         _ => std::mem::take(&mut pending.backfill_owed),
                     };
-                    pending.device.push(class, Background::Peer(request, reply, now), device::bytes_cost(bytes), now);
+                    pending.device.push(class, Background::Peer(request, reply, now), duplex_qos::cost(bytes), now);
                 }
             },
             Job::Strays(view) => self.take_strays(view, pending, now),
