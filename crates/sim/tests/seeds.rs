@@ -372,6 +372,14 @@ fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
     ] {
         run_size_two_every_fault(seed);
     }
+    // The same gap with the backfill at its least rate (a slower backfill
+    // keeps the other copy unfinished for longer).
+    let seed = 11920034;
+    let config =
+        SimConfig { pool_size: 2, min_size: 1, recovery_bytes_per_sec: Some(1 << 20), ..every_fault_config(seed) };
+    if let Err(failure) = run(&config) {
+        panic!("{failure}\n  reproduce: duplex-sim --seed {seed} --pool-size 2 --min-size 1 --concurrent-faults 2 --faults <all> --recovery-bytes-per-sec 1048576");
+    }
 }
 
 /// Erasure-coded PGs that waited for good for a shard holder nobody
