@@ -14,7 +14,7 @@
 //! client resends within its request timeout, while the table holds the
 //! last [`TRACKED_REQUESTS`] mutations of the PG.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use duplex_oplog::RequestId;
 use duplex_proto::peering::LoggedRequest;
@@ -37,7 +37,75 @@ pub struct RequestTable {
     /// Each id's state and the seq of its entry.
     states: HashMap<RequestId, (RequestState, u64)>,
     /// The ids by seq, for eviction (a seq names one entry of one history).
-    by_seq: BTreeMap<u64, RequestId>,
+    by_seq: BySeq,
+}
+
+/// Ids by seq, sorted, with no seq twice: a log's seqs come in order, so
+/// nearly every insert is a push at the back and every eviction a pop at
+/// the front, where a B-tree searched and rebalanced on each write (4.6%
+/// of an OSD's CPU under 4 KiB random writes, session 40).
+#[derive(Debug, Default)]
+struct BySeq(VecDeque<(u64, RequestId)>);
+
+impl BySeq {
+    fn find(&self, seq: u64) -> Result<usize, usize> {
+        // A log's seqs are consecutive but for rollbacks and reruns: the
+        // seq's distance from the first is nearly always its place.
+        if let Some(at) = self.0.front().and_then(|(first, _)| usize::try_from(seq.checked_sub(*first)?).ok()) {
+            if self.0.get(at).is_some_and(|(s, _)| *s == seq) {
+                return Ok(at);
+            }
+        }
+        self.0.binary_search_by_key(&seq, |(s, _)| *s)
+    }
+
+    /// Puts `id` at `seq`; returns the id that was there.
+    fn insert(&mut self, seq: u64, id: RequestId) -> Option<RequestId> {
+        if self.0.back().is_none_or(|(last, _)| *last < seq) {
+            // A full table holds one past its bound until `set` evicts:
+            // room for exactly that, not a doubling.
+            if self.0.len() == self.0.capacity() && self.0.len() >= TRACKED_REQUESTS {
+                self.0.reserve_exact(1);
+            }
+            self.0.push_back((seq, id));
+            return None;
+        }
+        match self.find(seq) {
+            Ok(at) => Some(std::mem::replace(&mut self.0[at].1, id)),
+            Err(at) => {
+                self.0.insert(at, (seq, id));
+                None
+            }
+        }
+    }
+
+    fn remove(&mut self, seq: u64) {
+        if let Ok(at) = self.find(seq) {
+            self.0.remove(at);
+        }
+    }
+
+    fn get(&self, seq: u64) -> Option<RequestId> {
+        self.find(seq).ok().map(|at| self.0[at].1)
+    }
+
+    fn pop_first(&mut self) -> Option<(u64, RequestId)> {
+        self.0.pop_front()
+    }
+
+    /// Removes and returns the ids at `first` and after.
+    fn split_off(&mut self, first: u64) -> VecDeque<(u64, RequestId)> {
+        let at = self.0.partition_point(|(seq, _)| *seq < first);
+        self.0.split_off(at)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(u64, RequestId)> {
+        self.0.iter()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
 }
 
 impl RequestTable {
@@ -53,7 +121,7 @@ impl RequestTable {
             return;
         }
         if let Some((_, old_seq)) = self.states.insert(id, (state, seq)) {
-            self.by_seq.remove(&old_seq);
+            self.by_seq.remove(old_seq);
         }
         if let Some(displaced) = self.by_seq.insert(seq, id) {
             // Another id at this seq: a log rolled back and reused it.
@@ -73,7 +141,7 @@ impl RequestTable {
     /// of one of them runs again).
     pub fn forget_after(&mut self, after: u64) {
         let Some(first) = after.checked_add(1) else { return };
-        for (_, id) in self.by_seq.split_off(&first) {
+        for (_, id) in self.by_seq.split_off(first) {
             self.states.remove(&id);
         }
         debug_assert_eq!(self.states.len(), self.by_seq.len(), "every tracked id is at one seq");
@@ -103,7 +171,11 @@ impl RequestTable {
     /// among them were rolled back with its divergent log, and are forgotten.
     pub fn replace(&mut self, committed: &[LoggedRequest]) {
         *self = RequestTable::default();
-        for request in committed {
+        // In seq order, each goes at the back (stable: an id listed twice
+        // at one seq keeps the later one, as before).
+        let mut committed = committed.to_vec();
+        committed.sort_by_key(|request| request.seq);
+        for request in &committed {
             self.set(RequestId { client: request.client, tid: request.tid }, RequestState::Committed, request.seq);
         }
         debug_assert!(
@@ -114,16 +186,18 @@ impl RequestTable {
 
     /// The id of the entry at `seq`, if this table tracks it.
     pub fn at_seq(&self, seq: u64) -> Option<RequestId> {
-        self.by_seq.get(&seq).copied()
+        self.by_seq.get(seq)
     }
 
     /// Adds ids the store kept for entries flushed before this OSD started
     /// (stored_requests.rs): as committed, as the log's own are at start.
     /// The log's ids win: an id or a seq the table already has is skipped.
     pub fn load(&mut self, stored: &[LoggedRequest]) {
-        for request in stored {
+        let mut stored = stored.to_vec();
+        stored.sort_by_key(|request| request.seq);
+        for request in &stored {
             let id = RequestId { client: request.client, tid: request.tid };
-            if !self.states.contains_key(&id) && !self.by_seq.contains_key(&request.seq) {
+            if !self.states.contains_key(&id) && self.by_seq.get(request.seq).is_none() {
                 self.set(id, RequestState::Committed, request.seq);
             }
         }
@@ -134,7 +208,7 @@ impl RequestTable {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_seq.is_empty()
+        self.by_seq.len() == 0
     }
 }
 
@@ -160,6 +234,45 @@ mod tests {
 
     fn id(tid: u64) -> RequestId {
         RequestId { client: 7, tid }
+    }
+
+    proptest::proptest! {
+        /// The sorted deque answers as the B-tree it replaced, over mostly
+        /// rising seqs with rewinds (rollbacks), removals and evictions.
+        #[test]
+        fn ids_by_seq_behave_as_a_sorted_map(ops in proptest::collection::vec((0u8..6, 0u64..12), 0..300)) {
+            let (mut deque, mut model) = (BySeq::default(), BTreeMap::new());
+            let mut next = 1u64;
+            for (op, n) in ops {
+                match op {
+                    0 | 1 => {
+                        next += n % 3;
+                        proptest::prop_assert_eq!(deque.insert(next, id(n)), model.insert(next, id(n)));
+                    }
+                    2 => {
+                        let seq = next.saturating_sub(n);
+                        proptest::prop_assert_eq!(deque.insert(seq, id(n)), model.insert(seq, id(n)));
+                    }
+                    3 => {
+                        let seq = next.saturating_sub(n);
+                        deque.remove(seq);
+                        model.remove(&seq);
+                    }
+                    4 => proptest::prop_assert_eq!(deque.pop_first(), model.pop_first()),
+                    _ => {
+                        let first = next.saturating_sub(n);
+                        let cut: Vec<_> = deque.split_off(first).into_iter().collect();
+                        let model_cut: Vec<_> = model.split_off(&first).into_iter().collect();
+                        proptest::prop_assert_eq!(cut, model_cut);
+                    }
+                }
+                proptest::prop_assert_eq!(deque.len(), model.len());
+                proptest::prop_assert!(deque.iter().copied().eq(model.iter().map(|(s, i)| (*s, *i))));
+                for seq in 0..next + 2 {
+                    proptest::prop_assert_eq!(deque.get(seq), model.get(&seq).copied());
+                }
+            }
+        }
     }
 
     #[test]
