@@ -390,6 +390,21 @@ fn contiguous_runs<T: AsRef<[u8]>>(requests: &[(u64, T)]) -> impl Iterator<Item 
     })
 }
 
+/// The bytes a positioned vectored call moved, called again when a signal
+/// interrupted it (as `read_exact_at` and `write_all_at` do).
+fn retry_interrupted(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let moved = call();
+        if moved >= 0 {
+            return Ok(moved as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
 fn iovec_of_mut(buf: &mut [u8]) -> libc::iovec {
     libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() }
 }
@@ -435,13 +450,9 @@ impl BlockIo for PreadIo {
                 let iovecs: Vec<libc::iovec> = run.iter_mut().map(|(_, buf)| iovec_of_mut(buf)).collect();
                 // SAFETY: each iovec names a live, exclusively borrowed buffer
                 // of `run`, which outlives the call; at most MAX_RUN_REQUESTS.
-                let read = unsafe {
+                retry_interrupted(|| unsafe {
                     libc::preadv(self.file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as libc::c_int, offset as i64)
-                };
-                if read < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                read as usize
+                })?
             };
             // A short vectored read ends one request at a time (and fails as
             // `read_exact_at` does past the device's end).
@@ -476,13 +487,9 @@ impl BlockIo for PreadIo {
                 let iovecs: Vec<libc::iovec> = run.iter().map(|(_, buf)| iovec_of(buf)).collect();
                 // SAFETY: each iovec names a live buffer of `run`, which
                 // outlives the call; the count is at most MAX_RUN_REQUESTS.
-                let written = unsafe {
+                retry_interrupted(|| unsafe {
                     libc::pwritev(self.file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as libc::c_int, offset as i64)
-                };
-                if written < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                written as usize
+                })?
             };
             // A short vectored write (buffered fallback only) ends one request at a time.
             let mut at = offset;
