@@ -145,7 +145,7 @@ pub struct Pg {
     /// entry: peering recovers a member that is only a little behind by
     /// copying just these objects.
     /// (seq, epoch, object, snapshot sequence the entry was logged under).
-    history: VecDeque<(u64, u32, Bytes, u64)>,
+    history: VecDeque<(u64, u32, Vec<u8>, u64)>,
     /// Primary side, background backfill: the object, and its byte range,
     /// being copied to the backfill targets. Client writes to it wait (are
     /// answered `Retry`) until the copy is on every target: one landing in
@@ -439,10 +439,15 @@ impl Pg {
     fn remember(&mut self, seq: u64, epoch: u32, object: &[u8], snap: u64) {
         self.newest_epoch = Some(self.newest_epoch.map_or(epoch, |e| e.max(epoch)));
         debug_assert!(self.history.back().is_none_or(|(last, ..)| *last + 1 == seq), "the history is contiguous");
-        if self.history.len() == HISTORY_LEN {
-            self.history.pop_front();
-        }
-        self.history.push_back((seq, epoch, Bytes::copy_from_slice(object), snap));
+        // The name falling out lends its buffer to the new one: no
+        // allocation per write once the history is full.
+        let mut name = match self.history.len() == HISTORY_LEN {
+            true => self.history.pop_front().map(|(.., name, _)| name).unwrap_or_default(),
+            false => Vec::new(),
+        };
+        name.clear();
+        name.extend_from_slice(object);
+        self.history.push_back((seq, epoch, name, snap));
         debug_assert!(self.history.len() <= HISTORY_LEN, "the recent history outgrew its bound");
     }
 
@@ -489,7 +494,7 @@ impl Pg {
     pub fn requests_touching(&self, object: &[u8]) -> Vec<LoggedRequest> {
         self.history
             .iter()
-            .filter(|(_, _, touched, _)| touched.as_ref() == object)
+            .filter(|(_, _, touched, _)| touched[..] == *object)
             .filter_map(|(seq, ..)| {
                 self.requests.at_seq(*seq).map(|id| LoggedRequest { client: id.client, tid: id.tid, seq: *seq })
             })
