@@ -20,8 +20,14 @@ use bytes::Bytes;
 
 /// The most writes a PG's primary holds alone: past it, writes wait for
 /// their replicas whatever the lag (the queue, and every thread's pending
-/// writes, stay bounded under a long max_lag at a high rate).
-pub const MAX_UNREPLICATED: usize = 4096;
+/// writes, stay bounded under a long max_lag at a high rate). Half what a
+/// replica keeps waiting for its log's room ([`crate::pg::MAX_EARLY_ENTRIES`]):
+/// a replica slow to flush holds every write its primary acknowledged
+/// early, and the writes that wait for it besides, and refuses past its
+/// bound, which makes the PG peer again. At 4,096 a replica with a small
+/// log refused under pipelined writes (the lalca connection-order test,
+/// about one run in four, session 40).
+pub const MAX_UNREPLICATED: usize = crate::pg::MAX_EARLY_ENTRIES / 2;
 
 #[derive(Debug, Default)]
 pub struct ReplicationLag {
