@@ -33,7 +33,7 @@ pub enum IoBackend {
     Auto,
     /// io_uring or fail.
     Uring,
-    /// pread/pwrite, one request at a time.
+    /// pread/pwrite, one request (or one run of adjacent ones, vectored) at a time.
     Pread,
 }
 
@@ -354,6 +354,10 @@ pub fn create_file(path: &Path, size_bytes: u64) -> Result<()> {
     file.set_len(size_bytes).map_err(|e| StoreError::io(format!("sizing {}", path.display()), e))
 }
 
+/// How many times in a row `io_uring_enter` may answer EAGAIN or EBUSY
+/// (1 ms apart) before a ring with requests in flight is given up on.
+const MAX_BUSY_WAITS: u32 = 10_000;
+
 /// Most requests one vectored write carries (well under the kernel's
 /// `IOV_MAX`, 1,024), and most bytes: a longer run is cut into several.
 const MAX_RUN_REQUESTS: usize = 256;
@@ -550,16 +554,38 @@ impl UringIo {
                 let entry = entry.clone().user_data(index as u64);
                 // SAFETY: the buffers behind each entry outlive this call, which
                 // waits for every completion before returning.
-                unsafe { self.ring.submission().push(&entry) }
-                    .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+                let pushed = unsafe { self.ring.submission().push(&entry) };
+                // A window fits the queue, which every call leaves empty.
+                // Were it full, entries pushed before would go out with a
+                // later call, after their buffers were freed: stop here.
+                assert!(pushed.is_ok(), "io_uring submission queue full at entry {index} of a window of {window}");
             }
             let mut remaining = chunk.len();
+            let mut busy_waits = 0u32;
             while remaining > 0 {
                 self.stats.submissions += 1;
                 match self.ring.submit_and_wait(remaining.min(chunk.len())) {
-                    Ok(_) => {}
-                    Err(err) if err.raw_os_error() == Some(libc::EINTR) => continue,
-                    Err(err) => return Err(err),
+                    Ok(_) => busy_waits = 0,
+                    Err(err) if err.raw_os_error() == Some(libc::EINTR) => {}
+                    // The kernel short of room for now: reap what completed
+                    // and wait again, for up to about 10 s.
+                    Err(err)
+                        if matches!(err.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY))
+                            && busy_waits < MAX_BUSY_WAITS =>
+                    {
+                        busy_waits += 1;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(err) => {
+                        // Requests of this window may still be in flight
+                        // with the caller's buffers (and a vectored one's
+                        // iovecs): returning would let the kernel use freed
+                        // memory, and a write put other bytes on the device
+                        // than the store records. Only a crash is safe.
+                        tracing::error!(error = %err, remaining, "io_uring_enter failed with requests in flight; aborting");
+                        eprintln!("io_uring_enter failed with {remaining} requests in flight ({err}); aborting");
+                        std::process::abort();
+                    }
                 }
                 for cqe in self.ring.completion() {
                     debug_assert!(remaining > 0, "more completions than submissions");

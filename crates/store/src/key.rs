@@ -42,11 +42,25 @@ impl Key {
 
     /// A key made of a group id followed by a name: the layout the OSD uses.
     pub fn in_group(group: u32, name: &[u8]) -> Result<Key, StoreError> {
-        let mut bytes = Vec::with_capacity(4 + name.len());
-        bytes.extend_from_slice(&group.to_be_bytes());
-        bytes.extend_from_slice(name);
-        let key = Key::new(&bytes);
+        let len = 4 + name.len();
+        let key = if len <= INLINE_CAPACITY {
+            let mut bytes = [0u8; INLINE_CAPACITY];
+            bytes[..4].copy_from_slice(&group.to_be_bytes());
+            bytes[4..len].copy_from_slice(name);
+            Key::new(&bytes[..len])
+        } else if len > MAX_KEY_LEN {
+            Err(StoreError::invalid(format!("key length {len} is outside 1..={MAX_KEY_LEN}")))
+        } else {
+            // Built where it stays: one allocation per key, not a
+            // buffer and then its copy (a flush makes a key per entry).
+            let mut bytes = Vec::with_capacity(len);
+            bytes.extend_from_slice(&group.to_be_bytes());
+            bytes.extend_from_slice(name);
+            debug_assert_eq!(bytes.capacity(), len, "boxing reallocates nothing");
+            Ok(Key(Repr::Heap(bytes.into_boxed_slice())))
+        };
         debug_assert!(key.as_ref().ok().is_none_or(|k| k.group() == group), "the key lost its group");
+        debug_assert!(key.as_ref().ok().is_none_or(|k| k.as_bytes()[4..] == *name), "the key lost its name");
         key
     }
 
@@ -134,6 +148,19 @@ mod tests {
         assert!(Key::new(b"").is_err());
         assert!(Key::new(&[0u8; MAX_KEY_LEN + 1]).is_err());
         assert!(Key::new(&[0u8; MAX_KEY_LEN]).is_ok());
+    }
+
+    #[test]
+    fn a_grouped_key_is_its_group_then_its_name_at_every_length() {
+        for len in 0..=MAX_KEY_LEN - 4 + 2 {
+            let name: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let mut whole = 0x0a0b0c0du32.to_be_bytes().to_vec();
+            whole.extend_from_slice(&name);
+            match Key::in_group(0x0a0b0c0d, &name) {
+                Ok(key) => assert_eq!(key, Key::new(&whole).unwrap(), "name of {len} bytes"),
+                Err(_) => assert!(whole.len() > MAX_KEY_LEN, "name of {len} bytes refused"),
+            }
+        }
     }
 
     #[test]
