@@ -42,6 +42,8 @@ struct WriteBudget {
     writes: u64,
     /// Store device write requests (io_uring entries or `pwrite`s): the
     /// data block on each replica, plus journal records and checkpoints.
+    /// Blocks adjacent on the device go as one vectored request and count
+    /// once (session 40); random 4 KiB writes rarely have a neighbour.
     device_writes: f64,
     /// Times a store waited for the device (submission, then fdatasync).
     submissions: f64,
