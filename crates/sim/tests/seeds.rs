@@ -357,7 +357,10 @@ fn regression_seed_9920536_a_pg_is_pinned_back_to_its_recorded_holder() {
 /// session 38's sweep, failing at 157693a too (its PG never settled
 /// there); 11530200 (osd.1's power cut in a commit tore blocks 71 and 73
 /// of PG 1.5, whose peering then meets them damaged for good), session
-/// 38's second sweep, failing identically at 157693a. Closing the gap needs the targets' log
+/// 38's second sweep, failing identically at 157693a; 11982006 (osd.3 the one copy a
+/// write was acknowledged on under min_size 1, its power cut 3 ms later:
+/// the write reads back as never written), session 40's sweep, failing
+/// identically at 636da3e. Closing the gap needs the targets' log
 /// entries merged into the authority's history (which is why a primary
 /// that is its PG's one whole copy sends its targets whole writes, not
 /// elided ones: `flusher/member.rs`, pg/elide.rs). Run with `-- --ignored` to
@@ -368,7 +371,7 @@ fn known_gap_the_one_whole_copy_of_a_pg_being_filled() {
     run_two_faults_at_once(5300225);
     for seed in [
         5300053, 5300225, 5301527, 5900100, 5900942, 5901064, 7700615, 10200295, 10200394, 10930077, 10930206,
-        11430137, 11530200,
+        11430137, 11530200, 11982006,
     ] {
         run_size_two_every_fault(seed);
     }
