@@ -409,6 +409,26 @@ fn retry_interrupted(mut call: impl FnMut() -> isize) -> io::Result<usize> {
     }
 }
 
+/// The requests of a run (by their lengths, in order) that `done` bytes
+/// from its start did not cover whole: each one's index and the bytes of
+/// it already moved.
+fn unfinished(lens: impl Iterator<Item = usize>, done: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut start = 0;
+    lens.enumerate().filter_map(move |(index, len)| {
+        let from = done.saturating_sub(start);
+        start += len;
+        (from < len).then_some((index, from))
+    })
+}
+
+fn check_run<T: AsRef<[u8]>>(run: &[(u64, T)]) {
+    for (offset, buf) in run {
+        let buf = buf.as_ref();
+        check_aligned(*offset, buf.len(), buf.as_ptr());
+    }
+    debug_assert!(run.windows(2).all(|pair| adjacent(&pair[0], &pair[1])), "a run of requests that are not adjacent");
+}
+
 fn iovec_of_mut(buf: &mut [u8]) -> libc::iovec {
     libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() }
 }
@@ -442,36 +462,27 @@ impl BlockIo for PreadIo {
         let runs: Vec<_> = contiguous_runs(requests).collect();
         for run in runs {
             let run = &mut requests[run];
-            let offset = run[0].0;
-            let bytes: usize = run.iter().map(|(_, buf)| buf.len()).sum();
-            for (offset, buf) in run.iter() {
-                check_aligned(*offset, buf.len(), buf.as_ptr());
-            }
+            check_run(run);
             let done = if run.len() == 1 {
-                self.file.read_exact_at(run[0].1, offset)?;
-                bytes
+                0
             } else {
                 let iovecs: Vec<libc::iovec> = run.iter_mut().map(|(_, buf)| iovec_of_mut(buf)).collect();
                 // SAFETY: each iovec names a live, exclusively borrowed buffer
                 // of `run`, which outlives the call; at most MAX_RUN_REQUESTS.
                 retry_interrupted(|| unsafe {
-                    libc::preadv(self.file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as libc::c_int, offset as i64)
+                    libc::preadv(self.file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as libc::c_int, run[0].0 as i64)
                 })?
             };
-            // A short vectored read ends one request at a time (and fails as
-            // `read_exact_at` does past the device's end).
-            let mut at = offset;
-            for (_, buf) in run.iter_mut() {
-                let end = at + buf.len() as u64;
-                if end > offset + done as u64 {
-                    let from = (offset + done as u64).saturating_sub(at) as usize;
-                    self.file.read_exact_at(&mut buf[from..], at + from as u64)?;
-                }
-                at = end;
+            // A lone request, or what a short vectored read left (past the
+            // device's end this fails, as `read_exact_at` does).
+            let left: Vec<_> = unfinished(run.iter().map(|(_, buf)| buf.len()), done).collect();
+            for (index, from) in left {
+                let (offset, buf) = &mut run[index];
+                self.file.read_exact_at(&mut buf[from..], *offset + from as u64)?;
             }
             self.stats.reads += 1;
             self.stats.submissions += 1;
-            self.stats.bytes_read += bytes as u64;
+            self.stats.bytes_read += run.iter().map(|(_, buf)| buf.len() as u64).sum::<u64>();
         }
         Ok(())
     }
@@ -479,35 +490,26 @@ impl BlockIo for PreadIo {
     fn write_many(&mut self, requests: &[(u64, &[u8])]) -> io::Result<()> {
         for run in contiguous_runs(requests) {
             let run = &requests[run];
-            let (offset, first) = run[0];
-            let bytes: usize = run.iter().map(|(_, buf)| buf.len()).sum();
-            for (offset, buf) in run {
-                check_aligned(*offset, buf.len(), buf.as_ptr());
-            }
+            check_run(run);
             let done = if run.len() == 1 {
-                self.file.write_all_at(first, offset)?;
-                bytes
+                0
             } else {
                 let iovecs: Vec<libc::iovec> = run.iter().map(|(_, buf)| iovec_of(buf)).collect();
                 // SAFETY: each iovec names a live buffer of `run`, which
                 // outlives the call; the count is at most MAX_RUN_REQUESTS.
                 retry_interrupted(|| unsafe {
-                    libc::pwritev(self.file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as libc::c_int, offset as i64)
+                    libc::pwritev(self.file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as libc::c_int, run[0].0 as i64)
                 })?
             };
-            // A short vectored write (buffered fallback only) ends one request at a time.
-            let mut at = offset;
-            for (_, buf) in run {
-                let end = at + buf.len() as u64;
-                if end > offset + done as u64 {
-                    let from = (offset + done as u64).saturating_sub(at) as usize;
-                    self.file.write_all_at(&buf[from..], at + from as u64)?;
-                }
-                at = end;
+            // A lone request, or what a short vectored write left (buffered
+            // fallback only).
+            for (index, from) in unfinished(run.iter().map(|(_, buf)| buf.len()), done) {
+                let (offset, buf) = run[index];
+                self.file.write_all_at(&buf[from..], offset + from as u64)?;
             }
             self.stats.writes += 1;
             self.stats.submissions += 1;
-            self.stats.bytes_written += bytes as u64;
+            self.stats.bytes_written += run.iter().map(|(_, buf)| buf.len() as u64).sum::<u64>();
         }
         Ok(())
     }
@@ -761,6 +763,17 @@ mod tests {
             }
             prop_assert_eq!(next, requests.len());
         }
+    }
+
+    #[test]
+    fn what_a_short_transfer_left_is_finished_request_by_request() {
+        let lens = [4096usize, 4096, 8192];
+        let left = |done| unfinished(lens.iter().copied(), done).collect::<Vec<_>>();
+        assert_eq!(left(0), vec![(0, 0), (1, 0), (2, 0)]);
+        assert_eq!(left(4096), vec![(1, 0), (2, 0)]);
+        assert_eq!(left(5000), vec![(1, 904), (2, 0)]);
+        assert_eq!(left(12288), vec![(2, 4096)]);
+        assert_eq!(left(16384), vec![]);
     }
 
     /// Both engines write and read merged runs byte for byte where each

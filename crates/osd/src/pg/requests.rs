@@ -171,11 +171,7 @@ impl RequestTable {
     /// among them were rolled back with its divergent log, and are forgotten.
     pub fn replace(&mut self, committed: &[LoggedRequest]) {
         *self = RequestTable::default();
-        // In seq order, each goes at the back (stable: an id listed twice
-        // at one seq keeps the later one, as before).
-        let mut committed = committed.to_vec();
-        committed.sort_by_key(|request| request.seq);
-        for request in &committed {
+        for request in in_seq_order(committed).iter() {
             self.set(RequestId { client: request.client, tid: request.tid }, RequestState::Committed, request.seq);
         }
         debug_assert!(
@@ -193,9 +189,7 @@ impl RequestTable {
     /// (stored_requests.rs): as committed, as the log's own are at start.
     /// The log's ids win: an id or a seq the table already has is skipped.
     pub fn load(&mut self, stored: &[LoggedRequest]) {
-        let mut stored = stored.to_vec();
-        stored.sort_by_key(|request| request.seq);
-        for request in &stored {
+        for request in in_seq_order(stored).iter() {
             let id = RequestId { client: request.client, tid: request.tid };
             if !self.states.contains_key(&id) && self.by_seq.get(request.seq).is_none() {
                 self.set(id, RequestState::Committed, request.seq);
@@ -226,6 +220,18 @@ pub fn merge_logged<'a>(tables: impl IntoIterator<Item = &'a [LoggedRequest]>) -
     debug_assert!(merged.len() <= TRACKED_REQUESTS, "more merged ids than a table tracks");
     debug_assert!(merged.windows(2).all(|w| w[0].seq < w[1].seq), "merged ids are one per seq, in seq order");
     merged
+}
+
+/// `requests` in seq order, so that each goes in at the deque's back:
+/// as given when they already are (every caller's list is), else a
+/// sorted copy (stable: of two at one seq the later still wins).
+fn in_seq_order(requests: &[LoggedRequest]) -> std::borrow::Cow<'_, [LoggedRequest]> {
+    if requests.is_sorted_by_key(|request| request.seq) {
+        return std::borrow::Cow::Borrowed(requests);
+    }
+    let mut sorted = requests.to_vec();
+    sorted.sort_by_key(|request| request.seq);
+    std::borrow::Cow::Owned(sorted)
 }
 
 #[cfg(test)]
